@@ -1,0 +1,65 @@
+"""The model-provider port used by the conversation actor's turn handler.
+
+Implementations: the built-in offline provider (embedded default, no upstream) and an
+OpenAI-compatible upstream over aiohttp. Deltas stream back to the caller; only the turn's
+outcome (content, usage, finish reason) becomes an event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    model: str
+    messages: tuple[ChatMessage, ...]
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    finish_reason: str
+    usage: Usage
+
+
+ModelEvent = TextDelta | Finished
+
+
+class ModelProvider(Protocol):
+    name: str
+
+    def serves(self, model: str) -> bool:
+        """True when this provider answers for `model` (a model or agent name)."""
+        ...
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        """Yield text deltas, then exactly one `Finished`. Raises `UpstreamError` or
+        `UpstreamTimeout` (from schemas.errors) on failure."""
+        ...

