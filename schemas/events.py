@@ -88,7 +88,9 @@ class EventRegistry:
         try:
             return cls.model_validate(self.upcast(type_name, version, data))
         except ValidationError as exc:
-            raise InvalidInput(f"stored {type_name!r} event does not match its schema: {exc}") from exc
+            raise InvalidInput(
+                f"stored {type_name!r} event does not match its schema: {exc}"
+            ) from exc
 
 
 EVENTS = EventRegistry()
