@@ -1,0 +1,100 @@
+"""SVC's event store: an append-only log in PostgreSQL read gap-free by transaction id.
+
+`open_store(dsn)` is the one way in for the service: it connects, applies migrations, checks
+the xid horizon and wires the commit notifier and the log tailer to the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
+from eventstore.db import Database, PoolStats, translate_errors
+from eventstore.errors import (
+    ConcurrencyConflict,
+    InvalidAppend,
+    InvalidCursor,
+    StoreError,
+    StoreUnavailable,
+)
+from eventstore.metrics import OpenTxAgeSampler
+from eventstore.migrate import STORE_MIGRATIONS, MigrationSource, apply_migrations
+from eventstore.notify import CommitNotifier
+from eventstore.port import ANY_VERSION, EventStore
+from eventstore.records import AppendResult, NewEvent, RecordedEvent, Snapshot
+from eventstore.store import PostgresEventStore, check_xid_horizon
+from eventstore.tailer import LogTailer, SubscriberTooSlow
+
+__all__ = [
+    "ANY_VERSION",
+    "ORIGIN",
+    "STORE_MIGRATIONS",
+    "AppendResult",
+    "CommitNotifier",
+    "ConcurrencyConflict",
+    "Database",
+    "EventStore",
+    "InvalidAppend",
+    "InvalidCursor",
+    "LogPoint",
+    "LogTailer",
+    "MigrationSource",
+    "NewEvent",
+    "PoolStats",
+    "PostgresEventStore",
+    "RecordedEvent",
+    "Snapshot",
+    "StoreError",
+    "StoreUnavailable",
+    "SubscriberTooSlow",
+    "apply_migrations",
+    "check_xid_horizon",
+    "decode_cursor",
+    "encode_cursor",
+    "open_store",
+    "translate_errors",
+]
+
+
+async def open_store(
+    dsn: str,
+    *,
+    migrations: Sequence[MigrationSource] = (),
+    min_size: int = 1,
+    max_size: int = 20,
+    statement_timeout_ms: int = 30000,
+    idle_in_tx_timeout_ms: int = 10000,
+    connect_timeout_s: float = 5.0,
+    poll_interval_s: float = 0.075,
+    notify_channel: str = "svc_events",
+    sample_open_tx_every_s: float = 5.0,
+) -> PostgresEventStore:
+    """Connect, migrate (the store's own migrations, then `migrations` in order), refuse a
+    store restored from a logical dump, and start the commit notifier, the log tailer and the
+    open-transaction sampler. `await store.close()` stops them all and closes the pool."""
+    db = await Database.connect(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        statement_timeout_ms=statement_timeout_ms,
+        idle_in_tx_timeout_ms=idle_in_tx_timeout_ms,
+        connect_timeout_s=connect_timeout_s,
+    )
+    try:
+        await apply_migrations(db, [STORE_MIGRATIONS, *migrations])
+        await check_xid_horizon(db)
+        notifier = CommitNotifier(db, channel=notify_channel)
+        tailer = LogTailer(db, notifier, poll_interval_s=poll_interval_s)
+        sampler = OpenTxAgeSampler(db, interval_s=sample_open_tx_every_s)
+        await notifier.start()
+        await tailer.start()
+        sampler.start()
+    except BaseException:
+        await db.close()
+        raise
+    return PostgresEventStore(
+        db,
+        on_commit=notifier.committed,
+        subscriber=tailer,
+        on_close=(tailer.stop, notifier.stop, sampler.stop, db.close),
+    )

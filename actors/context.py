@@ -1,0 +1,250 @@
+"""One activation of a logical actor: its state, its stream version and `execute`.
+
+An `Activation` is the `ActorContext` a behaviour's handler receives. It owns the only copy of
+the actor's state in this process; the table guarantees one command at a time per activation,
+so nothing here needs a lock. Across processes the event store is the fence (ARCHITECTURE
+decision 2): every append names the version this state was built from, and a stale writer
+gets `ConcurrencyConflict` instead of forking the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
+
+from pydantic import BaseModel, ValidationError
+
+from actors.behaviour import ActorKey, Behaviour, CommandOutcome
+from actors.errors import ConflictRetriesExhausted, StoreRequired
+from eventstore.errors import ConcurrencyConflict
+from eventstore.port import EventStore
+from eventstore.records import AppendResult, NewEvent, RecordedEvent, Snapshot
+from schemas.commands import Command
+from schemas.errors import Conflict, SvcError
+from schemas.events import Event, EventRegistry
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S", bound=BaseModel)
+
+
+@dataclass(slots=True)
+class Counters:
+    """Monotonic counters shared by every activation of one table (read by `stats()`)."""
+
+    activations: int = 0
+    events_replayed: int = 0
+    events_appended: int = 0
+    snapshots_loaded: int = 0
+    snapshots_ignored: int = 0
+    snapshots_saved: int = 0
+    conflicts_retried: int = 0
+    duplicates: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionPolicy:
+    snapshot_every: int = 100
+    conflict_retries: int = 3
+
+
+class Activation(Generic[S]):
+    """The live state of one logical actor (implements `ActorContext`)."""
+
+    __slots__ = (
+        "_behaviour",
+        "_counters",
+        "_key",
+        "_policy",
+        "_registry",
+        "_state",
+        "_store",
+        "_version",
+        "snapshot_version",
+    )
+
+    def __init__(
+        self,
+        key: ActorKey,
+        behaviour: Behaviour[S],
+        store: EventStore | None,
+        registry: EventRegistry,
+        policy: ExecutionPolicy,
+        counters: Counters,
+    ) -> None:
+        self._key = key
+        self._behaviour = behaviour
+        self._store = store
+        self._registry = registry
+        self._policy = policy
+        self._counters = counters
+        self._state: S = behaviour.initial_state(key)
+        self._version = 0
+        self.snapshot_version = 0
+
+    @property
+    def key(self) -> ActorKey:
+        return self._key
+
+    @property
+    def behaviour(self) -> Behaviour[S]:
+        return self._behaviour
+
+    @property
+    def state(self) -> S:
+        return self._state
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def unsnapshotted(self) -> int:
+        return self._version - self.snapshot_version
+
+    # --- activation ---------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Latest usable snapshot, then replay of every later event."""
+        self._counters.activations += 1
+        self._state = self._behaviour.initial_state(self._key)
+        self._version = 0
+        self.snapshot_version = 0
+        if self._store is None:
+            return
+        snapshot = await self._store.load_snapshot(self._key.stream_id)
+        if snapshot is not None:
+            self._restore(snapshot)
+        await self._catch_up()
+
+    def _restore(self, snapshot: Snapshot) -> None:
+        # A snapshot of an older state schema is ignored, never migrated: the log is the
+        # truth and a full replay rebuilds the new shape from it.
+        if snapshot.schema_version != self._behaviour.state_schema_version:
+            self._counters.snapshots_ignored += 1
+            return
+        try:
+            state = self._behaviour.state_type.model_validate(snapshot.state)
+        except ValidationError:
+            log.warning("snapshot of %s does not validate; replaying in full", self._key)
+            self._counters.snapshots_ignored += 1
+            return
+        self._state = cast(S, state)
+        self._version = self.snapshot_version = snapshot.version
+        self._counters.snapshots_loaded += 1
+
+    async def _catch_up(self) -> None:
+        # Versions are dense and immutable, so the state at version v plus the events after v
+        # equals a fresh load: catching up is the cheap form of "drop state and reload".
+        assert self._store is not None
+        recorded = await self._store.read_stream(self._key.stream_id, self._version + 1)
+        state = self._state
+        for rec in recorded:
+            state = self._behaviour.evolve(state, self._decode(rec))
+        self._state = state
+        if recorded:
+            self._version = recorded[-1].version
+        self._counters.events_replayed += len(recorded)
+
+    def _decode(self, rec: RecordedEvent) -> Event:
+        return self._registry.decode(rec.type, rec.schema_version, rec.data)
+
+    # --- commands -----------------------------------------------------------------------
+
+    async def execute(self, command: Command) -> CommandOutcome:
+        """decide -> append(expected version, command id) -> evolve, retrying conflicts."""
+        store = self._require_store()
+        for _ in range(self._policy.conflict_retries + 1):
+            events = tuple(self._behaviour.decide(self._state, command))
+            if not events:
+                return CommandOutcome(self._key, (), self._version, self._version, "")
+            try:
+                result = await store.append(
+                    self._key.stream_id,
+                    [self._encode(e, command) for e in events],
+                    expected_version=self._version,
+                    command_id=command.command_id,
+                    workspace_id=command.workspace_id,
+                )
+            except ConcurrencyConflict:
+                self._counters.conflicts_retried += 1
+                await self._catch_up()
+                continue
+            if result.duplicate:
+                return await self._duplicate(command, result)
+            self._apply(events, result.last_version)
+            await self._maybe_snapshot()
+            return CommandOutcome(
+                self._key, events, result.first_version, result.last_version, result.cursor
+            )
+        raise ConflictRetriesExhausted(
+            f"{self._key} could not record {type(command).__name__}: other writers moved the "
+            f"stream {self._policy.conflict_retries + 1} times in a row; retry the request"
+        )
+
+    async def _duplicate(self, command: Command, result: AppendResult) -> CommandOutcome:
+        # The processed-commands ledger said this command id already ran: nothing was written.
+        # The first run's events are in the store; catch up so the state includes them, and
+        # hand back exactly those events.
+        self._counters.duplicates += 1
+        if result.stream_id != self._key.stream_id:
+            raise Conflict(
+                f"command id {command.command_id!r} was already used for {result.stream_id}; "
+                "send a new Idempotency-Key for a different request",
+                code="idempotency_key_reused",
+            )
+        await self._catch_up()
+        store = self._require_store()
+        recorded = await store.read_stream(self._key.stream_id, result.first_version)
+        events = tuple(self._decode(r) for r in recorded if r.version <= result.last_version)
+        return CommandOutcome(
+            self._key, events, result.first_version, result.last_version, result.cursor, True
+        )
+
+    def _apply(self, events: Sequence[Event], last_version: int) -> None:
+        state = self._state
+        for e in events:
+            state = self._behaviour.evolve(state, e)
+        self._state = state
+        self._version = last_version
+        self._counters.events_appended += len(events)
+
+    def _encode(self, event: Event, command: Command) -> NewEvent:
+        type_name, schema_version, data = self._registry.encode(event)
+        metadata: dict[str, Any] = {
+            "command_type": type(command).__name__,
+            "command_id": command.command_id,
+            "actor": self._key.stream_id,
+        }
+        return NewEvent(type_name, data, schema_version, metadata)
+
+    # --- snapshots ----------------------------------------------------------------------
+
+    async def _maybe_snapshot(self) -> None:
+        if self.unsnapshotted >= self._policy.snapshot_every:
+            await self.save_snapshot()
+
+    async def save_snapshot(self) -> None:
+        """Best effort: a failed snapshot costs a longer replay later, never a command."""
+        if self._store is None or self.unsnapshotted <= 0:
+            return
+        snapshot = Snapshot(
+            stream_id=self._key.stream_id,
+            version=self._version,
+            schema_version=self._behaviour.state_schema_version,
+            state=self._state.model_dump(mode="json"),
+        )
+        try:
+            await self._store.save_snapshot(snapshot)
+        except SvcError as exc:
+            log.warning("snapshot of %s at version %d failed: %s", self._key, self._version, exc)
+            return
+        self.snapshot_version = self._version
+        self._counters.snapshots_saved += 1
+
+    def _require_store(self) -> EventStore:
+        if self._store is None:
+            raise StoreRequired.of(self._key.stream_id)
+        return self._store

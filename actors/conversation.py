@@ -1,0 +1,646 @@
+"""The conversation actor (`conversation:<id>`): messages, model turns, title, tags, folder.
+
+The pure core records what happened; `handle` wraps a RunTurn around the model call:
+
+1. execute RunTurn -> UserMessageReceived + TurnStarted are appended BEFORE the model is
+   called. The append claims the command id in the store's ledger and moves the stream
+   version, so a stale duplicate activation (another host, a retried request) either gets a
+   concurrency conflict or a duplicate result and never starts a second paid model call
+   (ARCHITECTURE decision 2).
+2. stream the model through the provider that serves the requested model; every TextDelta
+   goes to the caller as it arrives (deltas are not events, decision 5).
+3. execute CompleteTurn (AssistantMessageCompleted with usage and duration), or FailTurn on
+   an error, which is then re-raised.
+
+The last item yielded is a `TurnResult`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict
+
+from actors.behaviour import ActorContext, ActorKey, Behaviour
+from actors.errors import RecordedTurnFailure
+from actors.models.port import (
+    ChatMessage,
+    Finished,
+    ModelProvider,
+    ModelRequest,
+    TextDelta,
+    Usage,
+)
+from schemas.commands import Command
+from schemas.conversation import (
+    MAX_TITLE,
+    AssistantMessageCompleted,
+    CompleteTurn,
+    ConversationDeleted,
+    ConversationMovedToFolder,
+    ConversationRenamed,
+    ConversationStarted,
+    ConversationTagged,
+    DeleteConversation,
+    FailTurn,
+    MoveConversationToFolder,
+    RenameConversation,
+    RunTurn,
+    StartConversation,
+    TagConversation,
+    TurnFailed,
+    TurnStarted,
+    UserMessageReceived,
+)
+from schemas.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    RateLimited,
+    SvcError,
+    Unavailable,
+    UpstreamError,
+    UpstreamTimeout,
+)
+from schemas.events import Event
+
+log = logging.getLogger(__name__)
+
+KIND = "conversation"
+RECENT_TURNS = 16
+
+
+def conversation_key(conversation_id: str) -> ActorKey:
+    return ActorKey(KIND, conversation_id)
+
+
+# --- state ----------------------------------------------------------------------------------
+
+
+class TurnRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    turn_id: str
+    command_id: str
+    model: str
+    status: Literal["running", "completed", "failed"]
+    started_at: AwareDatetime
+    ended_at: AwareDatetime | None = None
+    message_id: str | None = None
+    content: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    duration_ms: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    retryable: bool = False
+
+
+class ConversationState(BaseModel):
+    """`turns` and `turn_by_command` hold the outcome of the most recent RECENT_TURNS turns
+    (and of every turn still running): a retried RunTurn (same command id) is answered from
+    here instead of calling the model again. The window keeps the state, and so its snapshot,
+    small whatever the conversation's length (activation from a snapshot stays about a
+    millisecond); a retry of an older turn is refused as expired, never run twice, because
+    the store's ledger still knows its command id."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    conversation_id: str
+    workspace_id: str | None = None
+    started_by: str | None = None
+    deleted: bool = False
+    title: str | None = None
+    project_id: str | None = None
+    folder: str | None = None
+    tags: tuple[str, ...] = ()
+    agent: str | None = None
+    model: str | None = None
+    created_at: AwareDatetime | None = None
+    updated_at: AwareDatetime | None = None
+    message_count: int = 0
+    turn_count: int = 0
+    turns: dict[str, TurnRecord] = {}
+    turn_by_command: dict[str, str] = {}
+
+    @property
+    def exists(self) -> bool:
+        return self.started_by is not None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """The final item of a RunTurn. `cursor` is the log cursor of the append that recorded
+    the answer; None when `duplicate` (the answer was recorded by an earlier run)."""
+
+    conversation_id: str
+    turn_id: str
+    message_id: str
+    model: str
+    content: str
+    finish_reason: str
+    usage: Usage
+    duration_ms: int
+    cursor: str | None
+    duplicate: bool = False
+
+
+# --- decide ---------------------------------------------------------------------------------
+
+
+def _require_live(state: ConversationState, command: Command) -> None:
+    # A conversation of another workspace answers exactly like a missing one.
+    if not state.exists or state.workspace_id != command.workspace_id:
+        raise NotFound(f"conversation {state.conversation_id} does not exist")
+    if state.deleted:
+        raise NotFound(f"conversation {state.conversation_id} was deleted")
+
+
+def _title_from(content: str) -> str | None:
+    line = " ".join(content.split())
+    if not line:
+        return None
+    return line if len(line) <= 80 else line[:79] + "…"
+
+
+def _decide_start(state: ConversationState, c: StartConversation) -> list[Event]:
+    if state.started_by == c.command_id:
+        return []
+    if state.exists:
+        raise Conflict(f"conversation {state.conversation_id} already exists")
+    return [
+        ConversationStarted(
+            conversation_id=state.conversation_id,
+            workspace_id=c.workspace_id,
+            title=c.title,
+            project_id=c.project_id,
+            folder=c.folder,
+            tags=c.tags,
+            agent=c.agent,
+            model=c.model,
+            command_id=c.command_id,
+            at=c.at,
+        )
+    ]
+
+
+def _decide_run(state: ConversationState, c: RunTurn) -> list[Event]:
+    if c.command_id in state.turn_by_command:
+        return []
+    user = next((m for m in reversed(c.messages) if m.role == "user"), None)
+    if user is None:
+        raise InvalidInput("messages must contain at least one message with role 'user'")
+    events: list[Event] = []
+    if not state.exists:
+        title = c.title or _title_from(user.content)
+        events.append(
+            ConversationStarted(
+                conversation_id=state.conversation_id,
+                workspace_id=c.workspace_id,
+                title=title[:MAX_TITLE] if title else None,
+                project_id=c.project_id,
+                folder=c.folder,
+                tags=c.tags,
+                agent=c.agent,
+                model=c.model,
+                command_id=c.command_id,
+                at=c.at,
+            )
+        )
+    else:
+        _require_live(state, c)
+    if c.turn_id in state.turns:
+        raise Conflict(f"turn id {c.turn_id} is already used in this conversation")
+    events.append(
+        UserMessageReceived(
+            conversation_id=state.conversation_id,
+            message_id=c.message_id,
+            content=user.content,
+            name=user.name,
+            turn_id=c.turn_id,
+            at=c.at,
+        )
+    )
+    events.append(
+        TurnStarted(
+            conversation_id=state.conversation_id,
+            turn_id=c.turn_id,
+            command_id=c.command_id,
+            model=c.model,
+            params=c.params,
+            request_messages=len(c.messages),
+            at=c.at,
+        )
+    )
+    return events
+
+
+def _running_turn(state: ConversationState, c: CompleteTurn | FailTurn) -> TurnRecord:
+    _require_live(state, c)
+    turn = state.turns.get(c.turn_id)
+    if turn is None:
+        raise NotFound(f"turn {c.turn_id} does not exist in conversation {state.conversation_id}")
+    if turn.status != "running":
+        raise Conflict(f"turn {c.turn_id} already ended ({turn.status})")
+    return turn
+
+
+def _decide_complete(state: ConversationState, c: CompleteTurn) -> list[Event]:
+    _running_turn(state, c)
+    return [
+        AssistantMessageCompleted(
+            conversation_id=state.conversation_id,
+            turn_id=c.turn_id,
+            message_id=c.message_id,
+            content=c.content,
+            finish_reason=c.finish_reason,
+            prompt_tokens=c.prompt_tokens,
+            completion_tokens=c.completion_tokens,
+            total_tokens=c.prompt_tokens + c.completion_tokens,
+            duration_ms=c.duration_ms,
+            at=c.at,
+        )
+    ]
+
+
+def _decide_fail(state: ConversationState, c: FailTurn) -> list[Event]:
+    _running_turn(state, c)
+    return [
+        TurnFailed(
+            conversation_id=state.conversation_id,
+            turn_id=c.turn_id,
+            error_code=c.error_code,
+            error_message=c.error_message,
+            duration_ms=c.duration_ms,
+            retryable=c.retryable,
+            at=c.at,
+        )
+    ]
+
+
+def _decide_rename(state: ConversationState, c: RenameConversation) -> list[Event]:
+    _require_live(state, c)
+    if state.title == c.title:
+        return []
+    return [ConversationRenamed(conversation_id=state.conversation_id, title=c.title, at=c.at)]
+
+
+def _decide_tag(state: ConversationState, c: TagConversation) -> list[Event]:
+    _require_live(state, c)
+    if state.tags == c.tags:
+        return []
+    return [ConversationTagged(conversation_id=state.conversation_id, tags=c.tags, at=c.at)]
+
+
+def _decide_move(state: ConversationState, c: MoveConversationToFolder) -> list[Event]:
+    _require_live(state, c)
+    if state.folder == c.folder:
+        return []
+    cid = state.conversation_id
+    return [ConversationMovedToFolder(conversation_id=cid, folder=c.folder, at=c.at)]
+
+
+def _decide_delete(state: ConversationState, c: DeleteConversation) -> list[Event]:
+    # Deleting is idempotent: a second delete (a retry, or a race) changes nothing.
+    if state.deleted and state.workspace_id == c.workspace_id:
+        return []
+    _require_live(state, c)
+    return [ConversationDeleted(conversation_id=state.conversation_id, at=c.at)]
+
+
+_DECIDERS: dict[type[Command], Callable[[ConversationState, Any], list[Event]]] = {
+    StartConversation: _decide_start,
+    RunTurn: _decide_run,
+    CompleteTurn: _decide_complete,
+    FailTurn: _decide_fail,
+    RenameConversation: _decide_rename,
+    TagConversation: _decide_tag,
+    MoveConversationToFolder: _decide_move,
+    DeleteConversation: _decide_delete,
+}
+
+
+# --- evolve ---------------------------------------------------------------------------------
+
+
+def _with_turn(state: ConversationState, turn: TurnRecord, at: datetime) -> ConversationState:
+    turns = dict(state.turns)
+    turns[turn.turn_id] = turn
+    by_command = state.turn_by_command
+    if len(turns) > RECENT_TURNS:
+        ended = [t for t in turns.values() if t.status != "running"]
+        expired = ended[: len(turns) - RECENT_TURNS]
+        by_command = dict(by_command)
+        for old in expired:
+            del turns[old.turn_id]
+            by_command.pop(old.command_id, None)
+    return state.model_copy(
+        update={"turns": turns, "turn_by_command": by_command, "updated_at": at}
+    )
+
+
+def _evolve(state: ConversationState, event: Event) -> ConversationState:
+    if isinstance(event, ConversationStarted):
+        return state.model_copy(
+            update={
+                "workspace_id": event.workspace_id,
+                "title": event.title,
+                "project_id": event.project_id,
+                "folder": event.folder,
+                "tags": event.tags,
+                "agent": event.agent,
+                "model": event.model,
+                "created_at": event.at,
+                "updated_at": event.at,
+                "started_by": event.command_id or "",
+            }
+        )
+    if isinstance(event, UserMessageReceived):
+        return state.model_copy(
+            update={"message_count": state.message_count + 1, "updated_at": event.at}
+        )
+    if isinstance(event, TurnStarted):
+        turn = TurnRecord(
+            turn_id=event.turn_id,
+            command_id=event.command_id,
+            model=event.model,
+            status="running",
+            started_at=event.at,
+        )
+        by_command = dict(state.turn_by_command)
+        by_command[event.command_id] = event.turn_id
+        new = state.model_copy(
+            update={"turn_by_command": by_command, "turn_count": state.turn_count + 1}
+        )
+        return _with_turn(new, turn, event.at)
+    if isinstance(event, AssistantMessageCompleted | TurnFailed) and (
+        event.turn_id not in state.turns
+    ):
+        # Only a running turn can end, and running turns never leave the window.
+        return state.model_copy(update={"updated_at": event.at})
+    if isinstance(event, AssistantMessageCompleted):
+        turn = state.turns[event.turn_id].model_copy(
+            update={
+                "status": "completed",
+                "ended_at": event.at,
+                "message_id": event.message_id,
+                "content": event.content,
+                "finish_reason": event.finish_reason,
+                "prompt_tokens": event.prompt_tokens,
+                "completion_tokens": event.completion_tokens,
+                "duration_ms": event.duration_ms,
+            }
+        )
+        new = _with_turn(state, turn, event.at)
+        return new.model_copy(update={"message_count": state.message_count + 1})
+    if isinstance(event, TurnFailed):
+        turn = state.turns[event.turn_id].model_copy(
+            update={
+                "status": "failed",
+                "ended_at": event.at,
+                "duration_ms": event.duration_ms,
+                "error_code": event.error_code,
+                "error_message": event.error_message,
+                "retryable": event.retryable,
+            }
+        )
+        return _with_turn(state, turn, event.at)
+    if isinstance(event, ConversationRenamed):
+        return state.model_copy(update={"title": event.title, "updated_at": event.at})
+    if isinstance(event, ConversationTagged):
+        return state.model_copy(update={"tags": event.tags, "updated_at": event.at})
+    if isinstance(event, ConversationMovedToFolder):
+        return state.model_copy(update={"folder": event.folder, "updated_at": event.at})
+    if isinstance(event, ConversationDeleted):
+        return state.model_copy(update={"deleted": True, "updated_at": event.at})
+    return state
+
+
+# --- the behaviour --------------------------------------------------------------------------
+
+
+def derived_command_id(command_id: str, step: str) -> str:
+    """The id of a follow-up command of `command_id` (complete, fail): stable across retries
+    so the ledger recognises them, and within the 200-character bound."""
+    derived = f"{command_id}:{step}"
+    if len(derived) <= 200:
+        return derived
+    return f"{hashlib.sha256(command_id.encode()).hexdigest()}:{step}"
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _new_message_id() -> str:
+    return f"msg_{uuid.uuid4().hex}"
+
+
+def recorded_result(
+    state: ConversationState, command: Command, first_events: Sequence[Event] = ()
+) -> TurnResult:
+    """What a retried RunTurn returns: the first run's outcome, never a second model call.
+    `first_events` are the events the first run of this command id recorded, if known."""
+    if state.workspace_id != command.workspace_id:
+        raise NotFound(f"conversation {state.conversation_id} does not exist")
+    command_id = command.command_id
+    turn_id = state.turn_by_command.get(command_id)
+    if turn_id is None:
+        started = next((e for e in first_events if isinstance(e, TurnStarted)), None)
+        if started is not None:
+            raise Conflict(
+                f"turn {started.turn_id} of conversation {state.conversation_id} ran long ago "
+                f"and its result is no longer held (the last {RECENT_TURNS} turns are); "
+                "send a new Idempotency-Key",
+                code="idempotency_key_expired",
+            )
+        raise Conflict(
+            f"command id {command_id!r} was already used for another request on conversation "
+            f"{state.conversation_id}; send a new Idempotency-Key",
+            code="idempotency_key_reused",
+        )
+    turn = state.turns[turn_id]
+    if turn.status == "running":
+        raise Conflict(
+            f"turn {turn_id} of conversation {state.conversation_id} is still in progress; "
+            "retry shortly with the same Idempotency-Key",
+            code="turn_in_progress",
+        )
+    if turn.status == "failed":
+        raise RecordedTurnFailure(
+            f"{turn.error_message} (recorded result of the first attempt; "
+            "send a new Idempotency-Key to try again)",
+            code=turn.error_code,
+        )
+    return TurnResult(
+        conversation_id=state.conversation_id,
+        turn_id=turn.turn_id,
+        message_id=turn.message_id or "",
+        model=turn.model,
+        content=turn.content,
+        finish_reason=turn.finish_reason or "",
+        usage=Usage(turn.prompt_tokens, turn.completion_tokens),
+        duration_ms=turn.duration_ms or 0,
+        cursor=None,
+        duplicate=True,
+    )
+
+
+def _failure_facts(exc: BaseException) -> tuple[str, str, bool]:
+    """(error_code, message safe to show, retryable) for a failed turn."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "interrupted", "the service stopped while the turn was running", True
+    if isinstance(exc, SvcError):
+        retryable = isinstance(exc, UpstreamError | UpstreamTimeout | Unavailable | RateLimited)
+        return exc.code, exc.message, retryable
+    return "internal_error", "internal error while running the turn", False
+
+
+class ConversationBehaviour(Behaviour[ConversationState]):
+    """`providers` are asked in order; the first whose `serves(model)` is true runs a turn.
+    `clock` stamps the commands the handler builds (decide itself never reads a clock)."""
+
+    kind: ClassVar[str] = KIND
+    state_type: ClassVar[type[BaseModel]] = ConversationState
+    state_schema_version: ClassVar[int] = 1
+
+    def __init__(
+        self,
+        providers: Sequence[ModelProvider] = (),
+        *,
+        clock: Callable[[], datetime] = _utcnow,
+        new_message_id: Callable[[], str] = _new_message_id,
+    ) -> None:
+        self._providers = tuple(providers)
+        self._clock = clock
+        self._new_message_id = new_message_id
+
+    def initial_state(self, key: ActorKey) -> ConversationState:
+        return ConversationState(conversation_id=key.id)
+
+    def decide(self, state: ConversationState, command: Command) -> Sequence[Event]:
+        decider = _DECIDERS.get(type(command))
+        if decider is None:
+            raise InvalidInput(f"a conversation does not handle {type(command).__name__}")
+        return decider(state, command)
+
+    def evolve(self, state: ConversationState, event: Event) -> ConversationState:
+        return _evolve(state, event)
+
+    def provider_for(self, model: str) -> ModelProvider:
+        for provider in self._providers:
+            if provider.serves(model):
+                return provider
+        raise NotFound(
+            f"model {model!r} is not available on this instance; "
+            "list the available models with GET /v1/models",
+            code="model_not_found",
+        )
+
+    async def handle(
+        self, ctx: ActorContext[ConversationState], command: Command
+    ) -> AsyncIterator[Any]:
+        if not isinstance(command, RunTurn):
+            yield await ctx.execute(command)
+            return
+        if command.command_id in ctx.state.turn_by_command:
+            yield recorded_result(ctx.state, command)
+            return
+        provider = self.provider_for(command.model)
+        started = await ctx.execute(command)
+        if started.duplicate or not started.events:
+            yield recorded_result(ctx.state, command, started.events)
+            return
+        async for item in self._run_model(ctx, command, provider):
+            yield item
+
+    async def _run_model(
+        self, ctx: ActorContext[ConversationState], command: RunTurn, provider: ModelProvider
+    ) -> AsyncIterator[Any]:
+        began = time.monotonic()
+        parts: list[str] = []
+        finished: Finished | None = None
+        try:
+            async for item in provider.stream(_request(command)):
+                if isinstance(item, TextDelta):
+                    parts.append(item.text)
+                    yield item
+                else:
+                    finished = item
+            if finished is None:
+                raise UpstreamError(f"model {command.model!r} ended its answer without finishing")
+        except (Exception, asyncio.CancelledError) as exc:
+            await self._record_failure(ctx, command, exc, _elapsed_ms(began))
+            raise
+        duration_ms = _elapsed_ms(began)
+        complete = CompleteTurn(
+            command_id=derived_command_id(command.command_id, "complete"),
+            workspace_id=command.workspace_id,
+            turn_id=command.turn_id,
+            message_id=self._new_message_id(),
+            content="".join(parts),
+            finish_reason=finished.finish_reason,
+            prompt_tokens=finished.usage.prompt_tokens,
+            completion_tokens=finished.usage.completion_tokens,
+            duration_ms=duration_ms,
+            at=self._clock(),
+        )
+        outcome = await ctx.execute(complete)
+        yield TurnResult(
+            conversation_id=ctx.key.id,
+            turn_id=command.turn_id,
+            message_id=complete.message_id,
+            model=command.model,
+            content=complete.content,
+            finish_reason=complete.finish_reason,
+            usage=finished.usage,
+            duration_ms=duration_ms,
+            cursor=outcome.cursor,
+            duplicate=outcome.duplicate,
+        )
+
+    async def _record_failure(
+        self,
+        ctx: ActorContext[ConversationState],
+        command: RunTurn,
+        exc: BaseException,
+        duration_ms: int,
+    ) -> None:
+        code, message, retryable = _failure_facts(exc)
+        fail = FailTurn(
+            command_id=derived_command_id(command.command_id, "fail"),
+            workspace_id=command.workspace_id,
+            turn_id=command.turn_id,
+            error_code=code[:100],
+            error_message=message[:2000],
+            duration_ms=duration_ms,
+            retryable=retryable,
+            at=self._clock(),
+        )
+        try:
+            await ctx.execute(fail)
+        except Exception:
+            # The original error matters more to the caller; the turn stays "running" in the
+            # log and a retry with the same command id answers "still in progress".
+            log.exception("could not record the failure of turn %s", command.turn_id)
+
+
+def _request(command: RunTurn) -> ModelRequest:
+    return ModelRequest(
+        model=command.model,
+        messages=tuple(ChatMessage(m.role, m.content, m.name) for m in command.messages),
+        temperature=command.params.temperature,
+        top_p=command.params.top_p,
+        max_tokens=command.params.max_tokens,
+    )
+
+
+def _elapsed_ms(began: float) -> int:
+    return max(0, round((time.monotonic() - began) * 1000))

@@ -1,0 +1,65 @@
+"""Errors raised by the actor runtime itself (domain errors come from schemas.errors).
+
+Each takes the message as its only positional argument so that it pickles (the `ray`
+runtime raises them in a host process and re-raises them in the caller).
+"""
+
+from __future__ import annotations
+
+from schemas.errors import Conflict, InvalidInput, SvcError, Unavailable, UpstreamError
+
+
+class RuntimeStopping(Unavailable):
+    """The runtime is shutting down: the command was not started (or was interrupted at the
+    stop deadline). Safe to retry against another instance with the same command id."""
+
+    default_code = "runtime_stopping"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or "the actor runtime is stopping and did not run this command; retry shortly "
+            "with the same Idempotency-Key"
+        )
+
+
+class RuntimeNotStarted(Unavailable):
+    default_code = "runtime_not_started"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or "the actor runtime is not started yet; call start() first")
+
+
+class UnknownActorKind(InvalidInput):
+    default_code = "unknown_actor_kind"
+
+    @classmethod
+    def of(cls, kind: str, known: list[str]) -> UnknownActorKind:
+        return cls(f"no actor kind {kind!r} is registered; known kinds: {known}")
+
+
+class AskTimeout(SvcError):
+    """The caller stopped waiting; the command itself still runs to completion in the actor."""
+
+    http_status = 504
+    error_type = "server_error"
+    default_code = "actor_timeout"
+
+
+class ConflictRetriesExhausted(Conflict):
+    """Other writers kept moving the stream between reload and append."""
+
+    default_code = "concurrency_conflict"
+
+
+class StoreRequired(Unavailable):
+    default_code = "store_required"
+
+    @classmethod
+    def of(cls, stream_id: str) -> StoreRequired:
+        return cls(f"actor {stream_id} tried to record events but its table has no event store")
+
+
+class RecordedTurnFailure(UpstreamError):
+    """A retried RunTurn whose first attempt failed: the recorded failure is returned again
+    (idempotency); send a new Idempotency-Key to try the turn again."""

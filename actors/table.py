@@ -1,0 +1,427 @@
+"""The activation table: hosts many logical actors in one process (ARCHITECTURE decision 1).
+
+Each active actor has a mailbox (a deque) and one worker task that runs its commands one at a
+time, in arrival order. An actor is activated on its first command (latest snapshot, then the
+later events), passivated when idle for `idle_s` or when the table holds `max_active` actors
+and it is the least recently used one without work. The table is plain asyncio and
+everything it hands out (replies, outcomes, stats) is a dataclass or pydantic record, so the
+`ray` runtime can host the same table inside each of its host actors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from actors.behaviour import ActorKey, Behaviour
+from actors.context import Activation, Counters, ExecutionPolicy
+from actors.errors import RuntimeNotStarted, RuntimeStopping, UnknownActorKind
+from eventstore.port import EventStore
+from schemas.commands import Command
+from schemas.errors import SvcError
+from schemas.events import EVENTS, EventRegistry
+
+log = logging.getLogger(__name__)
+
+_DONE = object()
+
+
+class Reply:
+    """The items one command's handler yields, consumed as an async iterator.
+
+    The worker never waits for the consumer: items are buffered, so a slow or vanished client
+    cannot stall the actor (a turn whose client disconnected is still recorded). `discard()`
+    says nobody will read any more: later items are dropped and a failure is logged instead.
+    """
+
+    __slots__ = ("_discard", "_error", "_finished", "_items", "_waiter", "description")
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self._items: deque[Any] = deque()
+        self._finished = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._discard = False
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def push(self, item: Any) -> None:
+        if not self._discard:
+            self._items.append(item)
+            self._wake()
+
+    def close(self) -> None:
+        self._finished = True
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        if self._finished:
+            return
+        self._error = error
+        self._finished = True
+        if self._discard:
+            _log_failure(self.description, error)
+        self._wake()
+
+    def discard(self) -> None:
+        self._discard = True
+        self._items.clear()
+        if self._error is not None:
+            _log_failure(self.description, self._error)
+            self._error = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def __aiter__(self) -> Reply:
+        return self
+
+    async def __anext__(self) -> Any:
+        while True:
+            if self._items:
+                return self._items.popleft()
+            if self._finished:
+                if self._error is not None:
+                    error, self._error = self._error, None
+                    raise error
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    async def last(self) -> Any:
+        """Drain the reply and return the last item (None when the handler yielded nothing)."""
+        last: Any = None
+        async for item in self:
+            last = item
+        return last
+
+
+def _log_failure(description: str, error: BaseException) -> None:
+    if isinstance(error, SvcError):
+        log.warning("%s failed: %s", description, error.message)
+    else:
+        log.error("%s failed", description, exc_info=error)
+
+
+@dataclass(slots=True)
+class _Envelope:
+    command: Command
+    reply: Reply
+
+
+class _Slot:
+    """Mailbox and worker of one active actor."""
+
+    __slots__ = (
+        "activation",
+        "busy",
+        "closing",
+        "last_submit",
+        "last_used",
+        "mailbox",
+        "task",
+        "wake",
+    )
+
+    def __init__(self, activation: Activation[Any], now: float) -> None:
+        self.activation = activation
+        self.mailbox: deque[_Envelope] = deque()
+        self.busy = False
+        self.closing = False
+        self.last_submit = now
+        self.last_used = now
+        self.wake: asyncio.Future[None] | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def idle(self) -> bool:
+        return not self.busy and not self.mailbox
+
+    def notify(self) -> None:
+        wake = self.wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+
+@dataclass(frozen=True, slots=True)
+class TableStats:
+    """A point-in-time copy of the table's gauges and counters (metrics, cluster status)."""
+
+    active: int
+    busy: int
+    queued: int
+    activations: int
+    passivations: int
+    passivations_idle: int
+    passivations_lru: int
+    commands_processed: int
+    commands_failed: int
+    events_appended: int
+    events_replayed: int
+    snapshots_loaded: int
+    snapshots_ignored: int
+    snapshots_saved: int
+    conflicts_retried: int
+    duplicates: int
+
+
+class ActivationTable:
+    """Hosts logical actors of the registered behaviours, looked up by `ActorKey.kind`.
+
+    `store=None` makes a table without persistence, for behaviours that never call
+    `ctx.execute` (the mailbox benchmark); `execute` then raises `StoreRequired`.
+    """
+
+    def __init__(
+        self,
+        store: EventStore | None,
+        behaviours: Iterable[Behaviour[Any]],
+        *,
+        snapshot_every: int = 100,
+        idle_s: float = 300.0,
+        max_active: int = 10_000,
+        conflict_retries: int = 3,
+        registry: EventRegistry = EVENTS,
+    ) -> None:
+        if snapshot_every < 1 or max_active < 1 or idle_s <= 0 or conflict_retries < 0:
+            raise ValueError("snapshot_every, max_active and idle_s must be positive")
+        self._store = store
+        self._behaviours = {b.kind: b for b in behaviours}
+        self._policy = ExecutionPolicy(snapshot_every, conflict_retries)
+        self._idle_s = idle_s
+        self._max_active = max_active
+        self._registry = registry
+        self._counters = Counters()
+        self._active: OrderedDict[ActorKey, _Slot] = OrderedDict()
+        self._closing: set[asyncio.Task[None]] = set()
+        self._reaper: asyncio.Task[None] | None = None
+        self._accepting = False
+        self._stopped = False
+        self._passivations_idle = 0
+        self._passivations_lru = 0
+        self._processed = 0
+        self._failed = 0
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted(self._behaviours)
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._accepting:
+            return
+        self._accepting = True
+        self._stopped = False
+        self._reaper = asyncio.create_task(self._reap_idle(), name="actor-table-reaper")
+
+    async def stop(self, deadline_s: float = 10.0) -> None:
+        """Refuse new commands, fail queued ones, let running ones finish until the deadline
+        (then cancel them), snapshot and passivate every active actor."""
+        self._accepting = False
+        self._stopped = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+            self._reaper = None
+        slots = list(self._active.values())
+        for slot in slots:
+            while slot.mailbox:
+                slot.mailbox.popleft().reply.fail(RuntimeStopping())
+        for key in list(self._active):
+            self._passivate(key)
+        tasks = [t for t in self._closing if not t.done()]
+        if not tasks:
+            return
+        _, running = await asyncio.wait(tasks, timeout=deadline_s)
+        for task in running:
+            task.cancel()
+        if running:
+            # A cancelled turn records its failure on the way out: give that one short
+            # append a bounded grace period.
+            await asyncio.wait(running, timeout=5.0)
+
+    # --- commands -----------------------------------------------------------------------
+
+    def submit(self, key: ActorKey, command: Command) -> Reply:
+        """Queue `command` in the actor's mailbox; the reply yields what its handler yields."""
+        if not self._accepting:
+            raise RuntimeStopping() if self._stopped else RuntimeNotStarted()
+        slot = self._active.get(key)
+        now = time.monotonic()
+        if slot is None:
+            slot = self._activate(key, now)
+        else:
+            self._active.move_to_end(key)
+            slot.last_submit = now
+        reply = Reply(f"{type(command).__name__} to {key}")
+        slot.mailbox.append(_Envelope(command, reply))
+        slot.notify()
+        return reply
+
+    def _activate(self, key: ActorKey, now: float) -> _Slot:
+        behaviour = self._behaviours.get(key.kind)
+        if behaviour is None:
+            raise UnknownActorKind.of(key.kind, self.kinds)
+        if len(self._active) >= self._max_active:
+            self._evict_lru()
+        activation = Activation(
+            key, behaviour, self._store, self._registry, self._policy, self._counters
+        )
+        slot = _Slot(activation, now)
+        self._active[key] = slot
+        slot.task = asyncio.create_task(self._work(key, slot), name=f"actor {key}")
+        return slot
+
+    async def _work(self, key: ActorKey, slot: _Slot) -> None:
+        try:
+            slot.busy = True
+            await slot.activation.load()
+        except Exception as exc:
+            # An actor that cannot load takes no commands; the next submit activates afresh.
+            if self._active.get(key) is slot:
+                del self._active[key]
+            while slot.mailbox:
+                slot.mailbox.popleft().reply.fail(exc)
+            return
+        finally:
+            slot.busy = False
+        while True:
+            if not slot.mailbox:
+                if slot.closing:
+                    break
+                slot.wake = asyncio.get_running_loop().create_future()
+                try:
+                    await slot.wake
+                finally:
+                    slot.wake = None
+                continue
+            envelope = slot.mailbox.popleft()
+            slot.busy = True
+            try:
+                await self._run(slot, envelope)
+            finally:
+                slot.busy = False
+                slot.last_used = time.monotonic()
+        try:
+            await slot.activation.save_snapshot()
+        except Exception:
+            log.exception("snapshot of %s on passivation failed", key)
+
+    async def _run(self, slot: _Slot, envelope: _Envelope) -> None:
+        reply = envelope.reply
+        try:
+            activation = slot.activation
+            async for item in activation.behaviour.handle(activation, envelope.command):
+                reply.push(item)
+        except asyncio.CancelledError:
+            reply.fail(RuntimeStopping("the actor runtime stopped while this command ran"))
+            self._failed += 1
+            raise
+        except Exception as exc:
+            reply.fail(exc)
+            self._failed += 1
+        else:
+            reply.close()
+            self._processed += 1
+
+    # --- passivation --------------------------------------------------------------------
+
+    async def passivate(
+        self, keys: Iterable[ActorKey], *, timeout_s: float = 10.0
+    ) -> list[ActorKey]:
+        """Snapshot and passivate those of `keys` that are active and idle, and wait (up to
+        `timeout_s`) until they are gone; returns them. An actor with work is left alone:
+        call again once it is idle (a shard handing its actors to another host does)."""
+        done: list[ActorKey] = []
+        tasks: list[asyncio.Task[None]] = []
+        for key in keys:
+            slot = self._active.get(key)
+            if slot is None or not slot.idle:
+                continue
+            self._passivate(key)
+            done.append(key)
+            if slot.task is not None and not slot.task.done():
+                tasks.append(slot.task)
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        return done
+
+    def _passivate(self, key: ActorKey) -> None:
+        slot = self._active.pop(key)
+        slot.closing = True
+        slot.notify()
+        if slot.task is not None and not slot.task.done():
+            self._closing.add(slot.task)
+            slot.task.add_done_callback(self._closing.discard)
+
+    def _evict_lru(self) -> None:
+        # Never passivate an actor with a command queued or in progress: if every actor is
+        # busy the table runs over its cap until one finishes.
+        for key, slot in self._active.items():
+            if slot.idle:
+                self._passivate(key)
+                self._passivations_lru += 1
+                return
+        log.warning("actor table over its cap of %d: every actor is busy", self._max_active)
+
+    async def _reap_idle(self) -> None:
+        interval = max(0.01, min(self._idle_s / 4, 5.0))
+        while True:
+            await asyncio.sleep(interval)
+            self.passivate_idle()
+
+    def passivate_idle(self) -> int:
+        """Passivate actors idle for `idle_s`; returns how many (the reaper calls this)."""
+        cutoff = time.monotonic() - self._idle_s
+        expired: list[ActorKey] = []
+        # The dict is in submit order, so the scan stops at the first actor that received a
+        # command after the cutoff: it and every later one are not idle long enough.
+        for key, slot in self._active.items():
+            if slot.last_submit >= cutoff:
+                break
+            if slot.idle and slot.last_used < cutoff:
+                expired.append(key)
+        for key in expired:
+            self._passivate(key)
+        self._passivations_idle += len(expired)
+        return len(expired)
+
+    # --- introspection ------------------------------------------------------------------
+
+    def stats(self) -> TableStats:
+        c = self._counters
+        return TableStats(
+            active=len(self._active),
+            busy=sum(1 for s in self._active.values() if s.busy),
+            queued=sum(len(s.mailbox) for s in self._active.values()),
+            activations=c.activations,
+            passivations=self._passivations_idle + self._passivations_lru,
+            passivations_idle=self._passivations_idle,
+            passivations_lru=self._passivations_lru,
+            commands_processed=self._processed,
+            commands_failed=self._failed,
+            events_appended=c.events_appended,
+            events_replayed=c.events_replayed,
+            snapshots_loaded=c.snapshots_loaded,
+            snapshots_ignored=c.snapshots_ignored,
+            snapshots_saved=c.snapshots_saved,
+            conflicts_retried=c.conflicts_retried,
+            duplicates=c.duplicates,
+        )
+
+    def is_active(self, key: ActorKey) -> bool:
+        return key in self._active

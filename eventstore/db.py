@@ -1,0 +1,215 @@
+"""The connection pool and the one place where driver errors become the store's own.
+
+Every asyncpg call inside `eventstore` runs under `translate_errors()` (the pool's
+`acquire`/`transaction`/`scoped` already wrap their bodies in it), so no asyncpg or socket
+exception leaves the package. A database that is down fails fast (short connect and acquire
+timeouts) with `StoreUnavailable`; the pool drops dead connections and opens new ones on the
+next acquire, so the service recovers by itself when the database comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, NamedTuple, TypeAlias
+
+import asyncpg
+import orjson
+
+from eventstore.errors import StoreError, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+Connection: TypeAlias = Any
+"""An `asyncpg.Connection` (asyncpg ships no type information)."""
+
+READER_ROLE = "svc_reader"
+"""Least-privilege role for workspace-scoped reads; created by migration 0002."""
+
+# SQLSTATE classes and codes meaning "the database cannot serve us right now", as opposed to
+# "this statement is wrong": connection exceptions (08), insufficient resources such as too
+# many connections (53), operator intervention such as shutdown and statement timeout (57),
+# idle-in-transaction timeout (25P03), serialization failure and deadlock (40).
+_UNAVAILABLE_CLASSES = ("08", "53", "57", "40")
+_UNAVAILABLE_STATES = frozenset({"25P03"})
+
+
+class PoolStats(NamedTuple):
+    size: int
+    idle: int
+    max: int
+
+
+def _is_unavailable(exc: asyncpg.PostgresError) -> bool:
+    state: str = getattr(exc, "sqlstate", "") or ""
+    return state[:2] in _UNAVAILABLE_CLASSES or state in _UNAVAILABLE_STATES
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """Map driver, socket and timeout errors to `eventstore.errors`.
+
+    Messages carry the error class and the server's message, never the DSN (it may hold a
+    password). Errors the caller must tell apart (a unique violation meaning a concurrency
+    conflict) are caught by the caller inside this block before they reach it.
+    """
+    try:
+        yield
+    except StoreError:
+        raise
+    except asyncpg.PostgresError as exc:
+        if _is_unavailable(exc):
+            raise StoreUnavailable(
+                f"the event store database is unavailable ({type(exc).__name__}: {exc}); "
+                "retry shortly"
+            ) from exc
+        raise StoreError(
+            f"event store query failed ({exc.sqlstate} {type(exc).__name__}: {exc})"
+        ) from exc
+    except asyncpg.InterfaceError as exc:
+        if isinstance(exc, ValueError):
+            raise StoreError(f"event store query got bad parameters: {exc}") from exc
+        # Closed connection or pool, connection lost mid-query: nothing a retry can't fix.
+        raise StoreUnavailable(
+            f"the event store connection is unusable ({type(exc).__name__}: {exc}); retry shortly"
+        ) from exc
+    except OSError as exc:  # also TimeoutError (asyncio's included) on Python 3.11+
+        reason = "timed out" if isinstance(exc, TimeoutError) else f"is unreachable ({exc})"
+        raise StoreUnavailable(
+            f"the event store database {reason}; check that PostgreSQL is running and reachable"
+        ) from exc
+
+
+def _encode_jsonb(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+async def _init_connection(conn: Connection) -> None:
+    # Text format so the decoder is orjson.loads itself, a C function called per value with
+    # no Python frame in between: jsonb decoding is a large part of a catch-up read's cost.
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=_encode_jsonb,
+        decoder=orjson.loads,
+        schema="pg_catalog",
+        format="text",
+    )
+
+
+class Database:
+    """An asyncpg pool with the store's session settings and error translation."""
+
+    def __init__(
+        self,
+        pool: Any,
+        *,
+        dsn: str,
+        server_settings: dict[str, str],
+        connect_timeout_s: float,
+        acquire_timeout_s: float,
+    ) -> None:
+        self._pool = pool
+        self._dsn = dsn
+        self._server_settings = server_settings
+        self._connect_timeout_s = connect_timeout_s
+        self._acquire_timeout_s = acquire_timeout_s
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 20,
+        statement_timeout_ms: int = 30000,
+        idle_in_tx_timeout_ms: int = 10000,
+        connect_timeout_s: float = 5.0,
+        acquire_timeout_s: float | None = None,
+    ) -> Database:
+        """Open the pool; raise `StoreUnavailable` quickly when the database is down.
+
+        `idle_in_transaction_session_timeout` bounds how long a stuck client can hold a
+        transaction open, because every open writing transaction holds back gap-free readers.
+        """
+        settings = {
+            "statement_timeout": str(statement_timeout_ms),
+            "idle_in_transaction_session_timeout": str(idle_in_tx_timeout_ms),
+            "application_name": "svc",
+        }
+        with translate_errors():
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                timeout=connect_timeout_s,
+                server_settings=settings,
+                init=_init_connection,
+            )
+        if acquire_timeout_s is None:
+            acquire_timeout_s = connect_timeout_s + 1.0
+        return cls(
+            pool,
+            dsn=dsn,
+            server_settings=settings,
+            connect_timeout_s=connect_timeout_s,
+            acquire_timeout_s=acquire_timeout_s,
+        )
+
+    async def connect_dedicated(self) -> Connection:
+        """A connection outside the pool with the pool's settings and codecs, for a
+        long-lived use such as LISTEN. The caller closes it."""
+        with translate_errors():
+            conn = await asyncpg.connect(
+                self._dsn,
+                timeout=self._connect_timeout_s,
+                server_settings=self._server_settings,
+            )
+            try:
+                await _init_connection(conn)
+            except BaseException:
+                conn.terminate()
+                raise
+        return conn
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Close the pool, waiting for borrowed connections to come back; after `timeout_s`
+        terminate whatever is still out, so shutdown never hangs on a leaked connection."""
+        with translate_errors():
+            try:
+                await asyncio.wait_for(self._pool.close(), timeout_s)
+            except TimeoutError:
+                log.warning("event store pool did not close in %.1fs; terminating it", timeout_s)
+                self._pool.terminate()
+
+    @asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Connection]:
+        with translate_errors():
+            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+                yield conn
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Connection]:
+        async with self.acquire() as conn, conn.transaction():
+            yield conn
+
+    @asynccontextmanager
+    async def scoped(self, workspace_id: str) -> AsyncIterator[Connection]:
+        """A transaction as the least-privilege reader, seeing one workspace's rows.
+
+        Read-model tables carry row-level security on `current_setting('svc.workspace_id')`
+        (ARCHITECTURE.md decision 6). Both settings are transaction-local, so a pooled
+        connection never carries one request's workspace into the next.
+        """
+        if not workspace_id:
+            raise StoreError("a scoped transaction needs a workspace id")
+        async with self.transaction() as conn:
+            await conn.execute(f"SET LOCAL ROLE {READER_ROLE}")
+            await conn.execute("SELECT set_config('svc.workspace_id', $1, true)", workspace_id)
+            yield conn
+
+    def pool_stats(self) -> PoolStats:
+        return PoolStats(
+            self._pool.get_size(), self._pool.get_idle_size(), self._pool.get_max_size()
+        )

@@ -1,0 +1,114 @@
+"""Versioned SQL migrations, applied once each, safe to run from several processes at once.
+
+A source is a package directory of `NNNN_name.sql` files under a namespace (`eventstore`,
+`projections`, ...). Each file runs in its own transaction together with its row in
+`schema_migrations`, under one transaction-scoped advisory lock: a second process running the
+migrations at the same time waits, then sees the row and skips the file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+
+from eventstore.db import Connection, Database
+from eventstore.errors import StoreError
+
+_FILE_NAME = re.compile(r"^(\d{4})_([A-Za-z0-9_]+)\.sql$")
+
+# Arbitrary but fixed: every SVC process must agree on it. b"SVCMIGR\0" as a signed int8.
+_LOCK_KEY = 0x5356434D49475200
+
+_LEDGER_DDL = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    namespace  text NOT NULL,
+    version    integer NOT NULL,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (namespace, version)
+)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    namespace: str
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.namespace}/{self.version:04d}_{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationSource:
+    namespace: str
+    package: str
+
+    def migrations(self) -> list[Migration]:
+        """The source's migrations in version order; a duplicated version is an error."""
+        found: dict[int, Migration] = {}
+        for entry in resources.files(self.package).iterdir():
+            match = _FILE_NAME.match(entry.name)
+            if match is None or not entry.is_file():
+                continue
+            version = int(match.group(1))
+            if version in found:
+                raise StoreError(
+                    f"migration {self.namespace} version {version:04d} is defined twice "
+                    f"({found[version].name} and {match.group(2)}) in {self.package}"
+                )
+            sql = entry.read_text(encoding="utf-8")
+            found[version] = Migration(self.namespace, version, match.group(2), sql)
+        return [found[v] for v in sorted(found)]
+
+
+STORE_MIGRATIONS = MigrationSource("eventstore", "eventstore.migrations")
+
+
+async def _lock(conn: Connection) -> None:
+    # Migrations may build indexes for minutes and a second process may wait that long for
+    # the lock: the pool's statement timeout does not apply here.
+    await conn.execute("SET LOCAL statement_timeout = 0")
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+
+
+async def _apply_one(db: Database, migration: Migration) -> bool:
+    async with db.transaction() as conn:
+        await _lock(conn)
+        done = await conn.fetchval(
+            "SELECT 1 FROM schema_migrations WHERE namespace = $1 AND version = $2",
+            migration.namespace,
+            migration.version,
+        )
+        if done:
+            return False
+        await conn.execute(migration.sql)
+        await conn.execute(
+            "INSERT INTO schema_migrations (namespace, version, name) VALUES ($1, $2, $3)",
+            migration.namespace,
+            migration.version,
+            migration.name,
+        )
+        return True
+
+
+async def apply_migrations(db: Database, sources: Sequence[MigrationSource]) -> list[str]:
+    """Apply every pending migration, source by source in the given order.
+
+    Returns the labels (`namespace/NNNN_name`) of the migrations this call applied; an
+    up-to-date database gives an empty list.
+    """
+    async with db.transaction() as conn:
+        await _lock(conn)
+        await conn.execute(_LEDGER_DDL)
+    applied: list[str] = []
+    for source in sources:
+        for migration in source.migrations():
+            if await _apply_one(db, migration):
+                applied.append(migration.label)
+    return applied

@@ -1,0 +1,164 @@
+"""Commit wake-ups: an in-process after-commit signal plus PostgreSQL NOTIFY between processes.
+
+ARCHITECTURE.md decision 4: readers of the log are woken right after a commit in this process,
+and by a `NOTIFY` for commits made by other processes. The NOTIFY is sent after the commit on a
+pooled connection, never inside the append transaction: a NOTIFY inside the transaction takes a
+cluster-wide lock at commit and serialises every writer. Many commits in one burst share one
+NOTIFY. A lost or late notification only costs latency: readers also poll (see tailer.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from eventstore.db import Connection, Database
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[], None]
+
+
+class CommitNotifier:
+    def __init__(
+        self,
+        db: Database,
+        channel: str = "svc_events",
+        *,
+        coalesce_s: float = 0.001,
+        reconnect_s: float = 0.5,
+        ping_s: float = 10.0,
+    ) -> None:
+        self._db = db
+        self._channel = channel
+        self._coalesce_s = coalesce_s
+        self._reconnect_s = reconnect_s
+        self._ping_s = ping_s
+        # A NOTIFY from this process also reaches its own LISTEN connection; the payload names
+        # the sender so local listeners, already woken by committed(), are not woken twice.
+        self._token = uuid.uuid4().hex
+        self._listeners: list[Listener] = []
+        self._dirty = asyncio.Event()
+        self._lost = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._listen_conn: Connection | None = None
+        self._running = False
+        self.notifies_sent = 0
+        self.notifies_received = 0
+        self.listen_sessions = 0
+
+    @property
+    def channel(self) -> str:
+        return self._channel
+
+    @property
+    def listening(self) -> bool:
+        """True while the LISTEN connection is up (other processes' commits reach us)."""
+        return self._listen_conn is not None and not self._listen_conn.is_closed()
+
+    def add_listener(self, cb: Listener) -> None:
+        self._listeners.append(cb)
+
+    def remove_listener(self, cb: Listener) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(cb)
+
+    def committed(self) -> None:
+        """Called after every commit in this process: wake local listeners, schedule a NOTIFY."""
+        self._wake_local()
+        if self._running:
+            self._dirty.set()
+
+    async def start(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        self._tasks = [
+            asyncio.create_task(self._send_loop(), name="svc-notify-send"),
+            asyncio.create_task(self._listen_loop(), name="svc-notify-listen"),
+        ]
+
+    async def stop(self) -> None:
+        self._running = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    def _wake_local(self) -> None:
+        for cb in list(self._listeners):
+            try:
+                cb()
+            except Exception:
+                log.exception("commit listener failed")
+
+    async def _send_loop(self) -> None:
+        while True:
+            await self._dirty.wait()
+            # Coalesce: commits landing in the next millisecond ride on this NOTIFY.
+            await asyncio.sleep(self._coalesce_s)
+            self._dirty.clear()
+            try:
+                async with self._db.acquire() as conn:
+                    await conn.execute("SELECT pg_notify($1, $2)", self._channel, self._token)
+                self.notifies_sent += 1
+            except Exception as exc:
+                # Other processes fall back to their poll; nothing is lost.
+                log.debug("NOTIFY %s failed: %r", self._channel, exc)
+
+    async def _listen_loop(self) -> None:
+        while True:
+            try:
+                await self._listen_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("LISTEN %s connection failed, retrying: %r", self._channel, exc)
+            await asyncio.sleep(self._reconnect_s)
+
+    async def _listen_once(self) -> None:
+        # The LISTEN connection is borrowed from the pool for as long as it lives; releasing it
+        # runs the pool's reset, which UNLISTENs.
+        self._lost.clear()
+        async with self._db.acquire() as conn:
+            conn.add_termination_listener(self._on_terminated)
+            try:
+                await conn.add_listener(self._channel, self._on_notification)
+                self._listen_conn = conn
+                self.listen_sessions += 1
+                # Commits made while we were not listening sent notifications nobody heard.
+                self._wake_local()
+                await self._watch(conn)
+            finally:
+                self._listen_conn = None
+                conn.remove_termination_listener(self._on_terminated)
+                if not conn.is_closed():
+                    # asyncpg warns about a connection released with a listener attached.
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(
+                            conn.remove_listener(self._channel, self._on_notification), 1.0
+                        )
+
+    async def _watch(self, conn: Connection) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._lost.wait(), timeout=self._ping_s)
+            if self._lost.is_set() or conn.is_closed():
+                return
+            # A half-open TCP connection never reports termination; a ping does.
+            await asyncio.wait_for(conn.execute("SELECT 1"), timeout=self._ping_s)
+
+    def _on_terminated(self, _conn: Any) -> None:
+        self._lost.set()
+
+    def _on_notification(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        if payload == self._token:
+            return
+        self.notifies_received += 1
+        self._wake_local()

@@ -1,0 +1,333 @@
+"""The PostgreSQL adapter of the event store port (eventstore/port.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+import asyncpg
+
+from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
+from eventstore.db import Connection, Database
+from eventstore.errors import ConcurrencyConflict, InvalidAppend, InvalidCursor, StoreError
+from eventstore.metrics import APPEND_SECONDS
+from eventstore.reads import EVENT_COLUMNS, log_head, read_log, row_to_event
+from eventstore.records import AppendResult, NewEvent, RecordedEvent, Snapshot
+
+_MAX_INT8 = 2**63 - 1
+_MAX_BATCH = 10_000
+_MAX_READ_LIMIT = 10_000
+
+
+class LogSubscriber(Protocol):
+    """What `subscribe` delegates to: the process's log tailer (eventstore/tailer.py)."""
+
+    def subscribe(
+        self,
+        after: str | None = None,
+        *,
+        workspace_id: str | None = None,
+        types: Sequence[str] | None = None,
+    ) -> AsyncIterator[RecordedEvent]: ...
+
+
+# The idempotency ledger row is claimed first, in the append's own transaction: a concurrent
+# duplicate of the same command blocks on this row until the first append commits (then sees
+# it and returns the first result) or rolls back (then acts itself). Events and ledger commit
+# or vanish together, so a command can never take effect twice or be recorded without effect.
+_CLAIM_COMMAND = """
+INSERT INTO processed_commands
+    (workspace_id, command_id, stream_id, first_version, last_version, last_position)
+VALUES ($1, $2, $3, 0, 0, 0)
+ON CONFLICT DO NOTHING
+RETURNING 1
+"""
+_FIRST_RESULT = """
+SELECT stream_id, first_version, last_version, last_tx, last_position
+FROM processed_commands WHERE workspace_id = $1 AND command_id = $2
+"""
+_STREAM_HEAD = """
+SELECT version, workspace_id FROM events WHERE stream_id = $1 ORDER BY version DESC LIMIT 1
+"""
+# One statement writes the batch (versions base+1.., fenced by UNIQUE (stream_id, version):
+# never ON CONFLICT here, a second writer of a version must fail) and completes the ledger row.
+_INSERT_EVENTS = """
+WITH written AS (
+    INSERT INTO events
+        (stream_id, version, event_id, workspace_id, type, schema_version, data, metadata)
+    SELECT $3, $4 + e.n, e.event_id, $1, e.type, e.schema_version, e.data, e.metadata
+    FROM unnest($5::uuid[], $6::text[], $7::int2[], $8::jsonb[], $9::jsonb[])
+         WITH ORDINALITY AS e(event_id, type, schema_version, data, metadata, n)
+    ORDER BY e.n
+    RETURNING version, position, tx
+)
+UPDATE processed_commands
+SET first_version = w.first_version, last_version = w.last_version,
+    last_tx = w.last_tx, last_position = w.last_position
+FROM (SELECT min(version) AS first_version, max(version) AS last_version,
+             max(tx) AS last_tx, max(position) AS last_position FROM written) AS w
+WHERE workspace_id = $1 AND command_id = $2
+RETURNING w.first_version, w.last_version, w.last_tx, w.last_position
+"""
+_READ_STREAM = f"""
+SELECT {EVENT_COLUMNS} FROM events
+WHERE stream_id = $1 AND version >= $2
+ORDER BY version
+"""
+_READ_STREAM_WS = f"""
+SELECT {EVENT_COLUMNS} FROM events
+WHERE stream_id = $1 AND version >= $2 AND workspace_id = $3
+ORDER BY version
+"""
+# Snapshots only move forward: a slow writer holding an older state never replaces a newer one.
+_SAVE_SNAPSHOT = """
+INSERT INTO snapshots (stream_id, version, schema_version, state)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (stream_id) DO UPDATE
+SET version = excluded.version, schema_version = excluded.schema_version,
+    state = excluded.state, recorded_at = now()
+WHERE (snapshots.version, snapshots.schema_version)
+    < (excluded.version, excluded.schema_version)
+"""
+_LOAD_SNAPSHOT = """
+SELECT stream_id, version, schema_version, state FROM snapshots WHERE stream_id = $1
+"""
+_NEWEST_TX = "SELECT tx FROM events ORDER BY tx DESC LIMIT 1"
+_NEXT_XID = "SELECT pg_snapshot_xmax(pg_current_snapshot())"
+
+
+def _noop() -> None:
+    pass
+
+
+def _validate_append(
+    stream_id: str,
+    events: Sequence[NewEvent],
+    expected_version: int | None,
+    command_id: str,
+    workspace_id: str,
+) -> None:
+    if not stream_id:
+        raise InvalidAppend("an append needs a stream id")
+    if not workspace_id:
+        raise InvalidAppend("an append needs a workspace id")
+    if not command_id:
+        raise InvalidAppend("an append needs a command id (the idempotency key)")
+    if not events:
+        raise InvalidAppend(f"append to {stream_id!r} has no events")
+    if len(events) > _MAX_BATCH:
+        raise InvalidAppend(f"append to {stream_id!r} has more than {_MAX_BATCH} events")
+    if expected_version is not None and expected_version < 0:
+        raise InvalidAppend(f"expected version must be 0 or more, got {expected_version}")
+    if len({e.event_id for e in events}) != len(events):
+        raise InvalidAppend(f"append to {stream_id!r} repeats an event id")
+    for e in events:
+        if not e.type:
+            raise InvalidAppend(f"append to {stream_id!r} has an event without a type")
+        if not 0 < e.schema_version < 2**15:
+            raise InvalidAppend(f"event {e.type!r} has schema version {e.schema_version}")
+
+
+def _duplicate_result(row: Any) -> AppendResult:
+    return AppendResult(
+        stream_id=row["stream_id"],
+        first_version=row["first_version"],
+        last_version=row["last_version"],
+        cursor=encode_cursor(LogPoint(row["last_tx"], row["last_position"])),
+        duplicate=True,
+    )
+
+
+class PostgresEventStore:
+    """Append-only log in PostgreSQL; the single-writer fence and the idempotency ledger.
+
+    `on_commit` runs right after each append commits (the commit notifier's wake-up);
+    `subscriber` serves `subscribe` (the process's log tailer); `on_close` callbacks run on
+    `close()`, in order, to stop what `open_store` started.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        on_commit: Callable[[], None] = _noop,
+        subscriber: LogSubscriber | None = None,
+        on_close: Sequence[Callable[[], Awaitable[None]]] = (),
+    ) -> None:
+        self._db = db
+        self._on_commit = on_commit
+        self._subscriber = subscriber
+        self._on_close = list(on_close)
+
+    @property
+    def db(self) -> Database:
+        return self._db
+
+    async def close(self) -> None:
+        callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            await callback()
+
+    async def append(
+        self,
+        stream_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_version: int | None,
+        command_id: str,
+        workspace_id: str,
+    ) -> AppendResult:
+        _validate_append(stream_id, events, expected_version, command_id, workspace_id)
+        started = time.perf_counter()
+        try:
+            async with self._db.transaction() as conn:
+                result = await self._append_in(
+                    conn, stream_id, events, expected_version, command_id, workspace_id
+                )
+        finally:
+            APPEND_SECONDS.observe(time.perf_counter() - started)
+        if not result.duplicate:
+            self._on_commit()
+        return result
+
+    async def _append_in(
+        self,
+        conn: Connection,
+        stream_id: str,
+        events: Sequence[NewEvent],
+        expected_version: int | None,
+        command_id: str,
+        workspace_id: str,
+    ) -> AppendResult:
+        if await conn.fetchval(_CLAIM_COMMAND, workspace_id, command_id, stream_id) is None:
+            return _duplicate_result(await conn.fetchrow(_FIRST_RESULT, workspace_id, command_id))
+        head = await conn.fetchrow(_STREAM_HEAD, stream_id)
+        current = 0 if head is None else head["version"]
+        if head is not None and head["workspace_id"] != workspace_id:
+            raise InvalidAppend(f"stream {stream_id!r} belongs to another workspace")
+        if expected_version is not None and expected_version != current:
+            raise ConcurrencyConflict(stream_id, expected_version)
+        try:
+            row = await conn.fetchrow(
+                _INSERT_EVENTS,
+                workspace_id,
+                command_id,
+                stream_id,
+                current,
+                [e.event_id for e in events],
+                [e.type for e in events],
+                [e.schema_version for e in events],
+                [e.data for e in events],
+                [e.metadata for e in events],
+            )
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name == "events_stream_version":
+                raise ConcurrencyConflict(stream_id, expected_version) from None
+            if exc.constraint_name == "events_event_id_key":
+                raise InvalidAppend(
+                    "an event with one of these event ids is already recorded"
+                ) from None
+            raise
+        except asyncpg.DataError as exc:
+            # Raised for data the client cannot encode or PostgreSQL cannot store in jsonb
+            # (a non-JSON value, a \u0000 in a string).
+            raise InvalidAppend(f"event data or metadata cannot be stored as JSON: {exc}") from None
+        return AppendResult(
+            stream_id=stream_id,
+            first_version=row["first_version"],
+            last_version=row["last_version"],
+            cursor=encode_cursor(LogPoint(row["last_tx"], row["last_position"])),
+        )
+
+    async def read_stream(
+        self, stream_id: str, from_version: int = 1, *, workspace_id: str | None = None
+    ) -> list[RecordedEvent]:
+        # Stream versions are dense and each commits only after the previous one did (the
+        # fence), so a plain read of committed rows has no gaps: no snapshot filter needed.
+        async with self._db.acquire() as conn:
+            if workspace_id is None:
+                rows = await conn.fetch(_READ_STREAM, stream_id, max(from_version, 1))
+            else:
+                rows = await conn.fetch(
+                    _READ_STREAM_WS, stream_id, max(from_version, 1), workspace_id
+                )
+        return list(map(row_to_event, rows))
+
+    async def read_all(
+        self,
+        after: str | None = None,
+        limit: int = 1000,
+        *,
+        workspace_id: str | None = None,
+        types: Sequence[str] | None = None,
+    ) -> list[RecordedEvent]:
+        point = _checked_point(after)
+        if limit < 1:
+            return []
+        limit = min(limit, _MAX_READ_LIMIT)
+        async with self._db.acquire() as conn:
+            return await read_log(conn, point, limit, workspace_id, types)
+
+    def subscribe(
+        self,
+        after: str | None = None,
+        *,
+        workspace_id: str | None = None,
+        types: Sequence[str] | None = None,
+    ) -> AsyncIterator[RecordedEvent]:
+        if self._subscriber is None:
+            raise StoreError(
+                "this event store has no log tailer, so it cannot serve subscriptions; "
+                "open it with eventstore.open_store() or pass subscriber=LogTailer(...)"
+            )
+        _checked_point(after)
+        return self._subscriber.subscribe(after, workspace_id=workspace_id, types=types)
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        async with self._db.acquire() as conn:
+            await conn.execute(
+                _SAVE_SNAPSHOT,
+                snapshot.stream_id,
+                snapshot.version,
+                snapshot.schema_version,
+                snapshot.state,
+            )
+
+    async def load_snapshot(self, stream_id: str) -> Snapshot | None:
+        async with self._db.acquire() as conn:
+            row = await conn.fetchrow(_LOAD_SNAPSHOT, stream_id)
+        return None if row is None else Snapshot(*row)
+
+    async def head(self) -> str:
+        async with self._db.acquire() as conn:
+            point = await log_head(conn)
+        return "" if point == ORIGIN else encode_cursor(point)
+
+
+def _checked_point(after: str | None) -> LogPoint:
+    point = decode_cursor(after)
+    if point.tx > _MAX_INT8 or point.position > _MAX_INT8:
+        raise InvalidCursor("malformed cursor: it points outside the log; omit it to start over")
+    return point
+
+
+async def check_xid_horizon(db: Database) -> None:
+    """Refuse a store whose newest event is ahead of the cluster's transaction counter.
+
+    The gap-free read shows only rows below the oldest running xid. A logical dump
+    (pg_dump/pg_restore) restored into a new cluster keeps the stored `tx` values while the
+    new cluster counts xids from low numbers again: every new event would sort before the old
+    ones and readers past the old head would never see them. Physical backups keep xid order.
+    """
+    async with db.acquire() as conn:
+        newest = await conn.fetchval(_NEWEST_TX)
+        next_xid = await conn.fetchval(_NEXT_XID)
+    if newest is not None and newest >= next_xid:
+        raise StoreError(
+            f"the event store's newest transaction id ({newest}) is ahead of this database "
+            f"cluster's transaction counter ({next_xid}), as after restoring a logical dump "
+            "into a new cluster. New events would be invisible to log readers. Restore from a "
+            "physical backup instead, or advance the cluster's xid counter past it "
+            "(pg_resetwal --next-transaction-id with the server stopped), then start again."
+        )

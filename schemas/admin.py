@@ -1,0 +1,326 @@
+"""Requests and responses of the admin API (/v1/admin/*) and the frames of the SSE feeds.
+
+These models are the wire contract: handlers validate query strings and bodies with them and
+serialise responses through them, and the OpenAPI document is generated from them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas.workspace import API_KEY_SCOPES
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# -- paging -----------------------------------------------------------------------------------
+
+MAX_PAGE = 200
+DEFAULT_PAGE = 50
+
+
+class AdminRead(_Wire):
+    """Query parameters every admin read accepts."""
+
+    min_cursor: str | None = Field(
+        default=None,
+        description="read-your-writes: wait (up to 5 s) until the read models applied this "
+        "cursor (from a write's response or a feed frame); 503 projection_lagging otherwise",
+    )
+
+
+class PageQuery(AdminRead):
+    limit: int = Field(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE)
+    offset: int = Field(default=0, ge=0)
+
+
+# -- overview and analytics -------------------------------------------------------------------
+
+
+class ProjectionHealth(_Wire):
+    name: str
+    status: Literal["ok", "lagging", "stopped", "failed"]
+    lag_seconds: float
+
+
+class HealthStatus(_Wire):
+    status: Literal["ok", "degraded"]
+    database: Literal["ok"]
+    projections: list[ProjectionHealth]
+
+
+class OverviewCounts(_Wire):
+    conversations: int
+    messages: int
+    turns: int
+    turns_running: int
+    turns_failed: int
+    total_tokens: int
+    api_keys_active: int
+
+
+class OverviewResponse(_Wire):
+    workspace_id: str
+    workspace_name: str | None = None
+    counts: OverviewCounts
+    health: HealthStatus
+
+
+def _as_utc(value: datetime | None) -> datetime | None:
+    """ISO-8601 without an offset is read as UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+MAX_WINDOW = {"hour": timedelta(days=31), "day": timedelta(days=366)}
+
+
+class AnalyticsQuery(AdminRead):
+    """Window `[since, until)`; default `until` is now, default `since` 24 hours (bucket=hour)
+    or 7 days (bucket=day) before `until`."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    bucket: Literal["hour", "day"] = "day"
+
+    _utc = field_validator("since", "until")(_as_utc)
+
+    def window(self, now: datetime) -> tuple[datetime, datetime]:
+        until = self.until or now
+        default = timedelta(hours=24) if self.bucket == "hour" else timedelta(days=7)
+        since = self.since or until - default
+        if until <= since:
+            raise ValueError("until must be later than since")
+        if until - since > MAX_WINDOW[self.bucket]:
+            days = MAX_WINDOW[self.bucket].days
+            raise ValueError(f"with bucket={self.bucket} the window may span at most {days} days")
+        return since, until
+
+
+class UsageFigures(_Wire):
+    turns: int
+    completed: int
+    failed: int
+    running: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    avg_duration_ms: float | None
+    p95_duration_ms: float | None
+
+
+class UsageBucket(UsageFigures):
+    start: datetime
+
+
+class AnalyticsResponse(_Wire):
+    since: datetime
+    until: datetime
+    bucket: Literal["hour", "day"]
+    totals: UsageFigures
+    series: list[UsageBucket] = Field(description="every bucket of the window, empty ones too")
+
+
+# -- conversations ----------------------------------------------------------------------------
+
+
+class ConversationSummary(_Wire):
+    id: str
+    title: str | None
+    workspace_id: str
+    project_id: str | None = None
+    folder: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    agent: str | None = None
+    model: str | None = None
+    message_count: int = 0
+    deleted: bool = False
+    created_at: datetime
+    updated_at: datetime
+
+
+class ConversationList(_Wire):
+    conversations: list[ConversationSummary] = Field(description="most recently updated first")
+    total: int
+    limit: int
+    offset: int
+
+
+class MessagesQuery(AdminRead):
+    id: str = Field(min_length=1, max_length=200)
+
+
+class ConversationMessage(_Wire):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    name: str | None = None
+    turn_id: str | None = None
+    created_at: datetime
+
+
+class ConversationMessages(_Wire):
+    conversation_id: str
+    messages: list[ConversationMessage] = Field(description="oldest first")
+
+
+class TurnsQuery(AdminRead):
+    """Without `conversation_id`, the workspace's most recent turns."""
+
+    conversation_id: str | None = Field(default=None, min_length=1, max_length=200)
+    limit: int = Field(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE)
+
+
+class TurnError(_Wire):
+    code: str | None
+    message: str | None
+
+
+class TurnRecord(_Wire):
+    turn_id: str
+    conversation_id: str
+    status: Literal["running", "completed", "failed"]
+    model: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    tokens: int | None = Field(default=None, description="total tokens of the turn")
+    duration_ms: int | None = None
+    error: TurnError | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class TurnList(_Wire):
+    conversation_id: str | None
+    turns: list[TurnRecord] = Field(description="most recent first")
+
+
+class ExportQuery(AdminRead):
+    conversation_id: str = Field(min_length=1, max_length=200)
+    format: Literal["md", "json"] = "json"
+
+
+class ConversationExport(_Wire):
+    """The JSON export: the conversation record plus every message, oldest first."""
+
+    conversation: ConversationSummary
+    messages: list[ConversationMessage]
+    exported_at: datetime
+
+
+class HistoryQuery(_Wire):
+    id: str = Field(min_length=1, max_length=200)
+    at_version: int | None = Field(default=None, ge=0)
+
+
+class HistoryEvent(_Wire):
+    version: int
+    type: str
+    data: dict[str, Any]
+    recorded_at: datetime
+    cursor: str
+
+
+class ConversationHistory(_Wire):
+    conversation_id: str
+    version: int = Field(description="newest version of the stream")
+    at_version: int = Field(description="version the state was rebuilt up to")
+    events: list[HistoryEvent] = Field(description="every event up to at_version, oldest first")
+    state: dict[str, Any] = Field(description="state folded by the conversation's evolve")
+
+
+# -- api keys ---------------------------------------------------------------------------------
+
+
+class ApiKeyCreate(_Wire):
+    name: str = Field(min_length=1, max_length=200)
+    scopes: list[str] = Field(min_length=1, max_length=16)
+    rate_limit_rpm: int | None = Field(default=None, ge=1)
+    expires_at: datetime | None = None
+
+    @field_validator("scopes")
+    @classmethod
+    def _scopes(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - API_KEY_SCOPES)
+        if unknown:
+            raise ValueError(f"unknown scopes {unknown}; known: {sorted(API_KEY_SCOPES)}")
+        return list(dict.fromkeys(value))
+
+    @field_validator("expires_at")
+    @classmethod
+    def _expiry(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("must carry a UTC offset, e.g. 2027-01-01T00:00:00Z")
+        return value
+
+
+class ApiKeyRecord(_Wire):
+    """An API key as listed: never the key itself, never its hash."""
+
+    id: str
+    name: str
+    prefix: str
+    scopes: list[str]
+    rate_limit_rpm: int | None = None
+    expires_at: datetime | None = None
+    created_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+class NewApiKey(ApiKeyRecord):
+    key: str = Field(description="the bearer key; shown once, never retrievable again")
+    cursor: str = Field(description="log cursor of the issue; pass as min_cursor to read it")
+
+
+class RevokedApiKey(_Wire):
+    id: str
+    revoked_at: datetime
+    cursor: str = Field(description="log cursor of the revocation")
+
+
+class ApiKeyList(_Wire):
+    api_keys: list[ApiKeyRecord]
+
+
+# -- feeds ------------------------------------------------------------------------------------
+
+
+class FeedQuery(_Wire):
+    """Where a feed starts and what it carries. The `Last-Event-ID` header wins over `cursor`."""
+
+    cursor: str | None = Field(default=None, description="resume after this cursor (an SSE id)")
+    types: str | None = Field(default=None, description="comma-separated event types to keep")
+    start: Literal["earliest", "latest"] = Field(
+        default="earliest",
+        description="without a cursor: the start of the workspace's log, or its current head",
+    )
+
+
+class FeedEvent(_Wire):
+    """The `data:` of one SSE frame on /v1/events/stream and /v1/web/stream."""
+
+    type: str
+    stream_id: str
+    version: int
+    data: dict[str, Any]
+    recorded_at: datetime
+    cursor: str
+
+
+class FeedErrorBody(_Wire):
+    message: str
+    type: str
+    code: str
+
+
+class FeedClosing(_Wire):
+    """The last frame of a feed the service ends (`event: error` or `event: shutdown`):
+    resume from `cursor` to continue without skipping or repeating anything."""
+
+    error: FeedErrorBody
+    cursor: str

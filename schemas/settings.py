@@ -1,0 +1,122 @@
+"""Instance settings as events: the `settings:instance` stream (ARCHITECTURE.md decision 7).
+
+The effective value of a setting is catalog default < environment / env file < stored value;
+stored values are these events. Like workspace settings (schemas/workspace.py), a secret value
+never enters the log: the event records a marker (`secret=True`, `value=None`) and the value is
+kept in the gateway's `instance_secrets` table.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Self
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from schemas.commands import Command
+from schemas.events import Event, event
+
+SETTINGS_STREAM_ID = "instance"
+"""Id of the one settings actor: its stream is `settings:instance`."""
+
+INSTANCE_WORKSPACE_ID = "_instance"
+"""Workspace id carried by instance-level events; never a tenant's id, so no tenant feed or
+read model ever shows them."""
+
+SettingKey = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Z][A-Z0-9_]*$")]
+SettingText = Annotated[str, Field(max_length=100_000)]
+
+
+def _marker_only(secret: bool, value: str | None) -> None:
+    if secret and value is not None:
+        raise ValueError("a secret setting is recorded as a marker: value must be None")
+    if not secret and value is None:
+        raise ValueError("a non-secret setting needs a value")
+
+
+class SetSetting(Command):
+    key: SettingKey
+    value: SettingText | None
+    secret: bool = False
+    at: AwareDatetime
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        _marker_only(self.secret, self.value)
+        return self
+
+
+class UnsetSetting(Command):
+    key: SettingKey
+    at: AwareDatetime
+
+
+@event
+class SettingChanged(Event):
+    type_name: ClassVar[str] = "settings.changed"
+    key: SettingKey
+    value: SettingText | None
+    secret: bool
+    at: AwareDatetime
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        _marker_only(self.secret, self.value)
+        return self
+
+
+@event
+class SettingUnset(Event):
+    type_name: ClassVar[str] = "settings.unset"
+    key: SettingKey
+    at: AwareDatetime
+
+
+class StoredSetting(BaseModel):
+    """One stored value in the settings actor's state (`value` is None for a secret)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    value: SettingText | None
+    secret: bool
+    at: AwareDatetime
+
+
+class SettingsState(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    values: dict[str, StoredSetting] = Field(default_factory=dict)
+
+
+# --- HTTP / CLI views ----------------------------------------------------------------------
+
+
+class SettingView(BaseModel):
+    """A setting as listings show it: secrets are "********" or "unset", never the value."""
+
+    key: str
+    group: str
+    type: str
+    value: str
+    source: str = Field(description="default, environment, env_file or stored")
+    default: str
+    apply: str = Field(description="R (restart), L (live) or blank (not stated, treated as R)")
+    secret: bool
+    choices: list[str] = Field(default_factory=list)
+    effect: str
+    note: str = ""
+
+
+class SettingList(BaseModel):
+    settings: list[SettingView]
+    catalog_total_stated: int = Field(description="the total the spec states for its catalog")
+
+
+class SetSettingRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    value: SettingText
+
+
+class SettingChangeResult(BaseModel):
+    key: str
+    value: str
+    applied: bool = Field(description="true when the running service already uses the value")
+    restart_required: bool
+    message: str

@@ -1,0 +1,136 @@
+"""Workspace commands and events: the tenant, its settings and its API keys.
+
+A workspace is one logical actor (`workspace:<id>`). As in every actor kind, commands carry
+`at`, stamped by the caller, so that `decide()` stays pure (see schemas/conversation.py).
+
+Secrets never enter the log: an API key is hashed by the gateway before the command is built
+(`key_hash` is the sha256 hex digest; `prefix` its first 8 characters for display), and a
+secret setting is recorded only as a marker (`secret=True`, `value=None`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Self
+
+from pydantic import AfterValidator, AwareDatetime, Field, model_validator
+
+from schemas.commands import Command
+from schemas.events import Event, event
+
+API_KEY_SCOPES: frozenset[str] = frozenset({"*", "admin:read", "admin:write", "mcp", "chat"})
+"""Scopes an API key may carry. `chat` is the end-user ability to call /v1/chat/completions."""
+
+Id = Annotated[str, Field(min_length=1, max_length=200)]
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+SettingKey = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Z][A-Z0-9_]*$")]
+KeyHash = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+KeyPrefix = Annotated[str, Field(min_length=1, max_length=8)]
+
+
+def _known_scopes(scopes: tuple[str, ...]) -> tuple[str, ...]:
+    unknown = sorted(set(scopes) - API_KEY_SCOPES)
+    if unknown:
+        raise ValueError(f"unknown scopes {unknown}; known: {sorted(API_KEY_SCOPES)}")
+    if len(set(scopes)) != len(scopes):
+        raise ValueError("scopes must be unique")
+    return scopes
+
+
+Scopes = Annotated[
+    tuple[str, ...], Field(min_length=1, max_length=16), AfterValidator(_known_scopes)
+]
+SettingValue = Annotated[str, Field(max_length=100_000)]
+
+
+def _secret_has_no_value(secret: bool, value: str | None) -> None:
+    if secret and value is not None:
+        raise ValueError("a secret setting is recorded as a marker: value must be None")
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+class CreateWorkspace(Command):
+    name: Name
+    at: AwareDatetime
+
+
+class ChangeWorkspaceSetting(Command):
+    """Set `key` to `value`; `value=None` with `secret=False` resets it to its default.
+    For a secret the value itself is kept outside the log and only the marker is recorded."""
+
+    key: SettingKey
+    value: SettingValue | None
+    secret: bool = False
+    at: AwareDatetime
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        _secret_has_no_value(self.secret, self.value)
+        return self
+
+
+class IssueApiKey(Command):
+    key_id: Id
+    name: Name
+    key_hash: KeyHash
+    prefix: KeyPrefix
+    scopes: Scopes
+    rate_limit_rpm: int | None = Field(default=None, ge=1, le=1_000_000)
+    expires_at: AwareDatetime | None = None
+    at: AwareDatetime
+
+
+class RevokeApiKey(Command):
+    key_id: Id
+    at: AwareDatetime
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+@event
+class WorkspaceCreated(Event):
+    type_name: ClassVar[str] = "workspace.created"
+    workspace_id: Id
+    name: Name
+    # The creating command's id: a retried create is recognised even after a replay.
+    command_id: Id | None = None
+    at: AwareDatetime
+
+
+@event
+class WorkspaceSettingChanged(Event):
+    type_name: ClassVar[str] = "workspace.setting_changed"
+    workspace_id: Id
+    key: SettingKey
+    value: SettingValue | None
+    secret: bool
+    at: AwareDatetime
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        _secret_has_no_value(self.secret, self.value)
+        return self
+
+
+@event
+class ApiKeyIssued(Event):
+    type_name: ClassVar[str] = "workspace.api_key_issued"
+    workspace_id: Id
+    key_id: Id
+    name: Name
+    key_hash: KeyHash
+    prefix: KeyPrefix
+    scopes: Scopes
+    rate_limit_rpm: int | None = Field(ge=1, le=1_000_000)
+    expires_at: AwareDatetime | None
+    at: AwareDatetime
+
+
+@event
+class ApiKeyRevoked(Event):
+    type_name: ClassVar[str] = "workspace.api_key_revoked"
+    workspace_id: Id
+    key_id: Id
+    at: AwareDatetime

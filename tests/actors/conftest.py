@@ -1,0 +1,92 @@
+"""Fixtures of the actor tests: every runtime, over a real event store.
+
+`make_runtime(behaviours, **table_options)` builds and starts a runtime of the current
+parameter (runtimes built by one test share its database); `runtime` is one with the default
+test behaviours. A runtime parameter must provide the `ActorRuntime` port plus
+`async stats() -> actors.TableStats` (summed over its hosts), and accept the table options
+`snapshot_every`, `idle_s`, `max_active`, `conflict_retries`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _put_project_first() -> None:
+    """pytest puts tests/ on sys.path, where the folders tests/actors and tests/eventstore
+    shadow the real packages as namespace packages. Put the project root first and forget
+    any such namespace stand-in. (`pythonpath = ["."]` in pyproject's pytest options makes
+    this unnecessary.)"""
+    root = str(Path(__file__).resolve().parents[2])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    for name in ("actors", "eventstore", "gateway", "projections", "schemas"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None) is None:
+            for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+                del sys.modules[loaded]
+
+
+_put_project_first()
+
+import pytest  # noqa: E402
+from actor_doubles import (  # noqa: E402
+    CounterBehaviour,
+    MakeRuntime,
+    RuntimeUnderTest,
+    ScriptedProvider,
+)
+
+from actors import ActivationTable, Behaviour, ConversationBehaviour, LocalRuntime  # noqa: E402
+from eventstore import (  # noqa: E402
+    STORE_MIGRATIONS,
+    Database,
+    PostgresEventStore,
+    apply_migrations,
+)
+
+RUNTIMES = ["local"]
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[PostgresEventStore]:
+    """The real PostgreSQL store; actors need no log tailer, so none is started."""
+    db = await Database.connect(database_url, max_size=10)
+    try:
+        await apply_migrations(db, [STORE_MIGRATIONS])
+        yield PostgresEventStore(db)
+    finally:
+        await db.close()
+
+
+@pytest.fixture(params=RUNTIMES)
+async def make_runtime(
+    request: pytest.FixtureRequest, store: PostgresEventStore
+) -> AsyncIterator[MakeRuntime]:
+    started: list[RuntimeUnderTest] = []
+
+    async def make(behaviours: Sequence[Behaviour[Any]], **options: Any) -> RuntimeUnderTest:
+        if request.param == "local":
+            runtime = LocalRuntime(ActivationTable(store, behaviours, **options))
+        else:
+            raise AssertionError(f"unknown runtime {request.param}")
+        await runtime.start()
+        started.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in started:
+        await runtime.stop(deadline_s=5.0)
+
+
+@pytest.fixture
+def provider() -> ScriptedProvider:
+    return ScriptedProvider()
+
+
+@pytest.fixture
+async def runtime(make_runtime: MakeRuntime, provider: ScriptedProvider) -> RuntimeUnderTest:
+    return await make_runtime([CounterBehaviour(), ConversationBehaviour([provider])])

@@ -1,0 +1,231 @@
+"""RunTurn through every runtime: deltas stream back, the turn's facts land in the store."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from actor_doubles import MakeRuntime, RuntimeUnderTest, ScriptedProvider, answer
+
+from actors import (
+    ConversationBehaviour,
+    RecordedTurnFailure,
+    RuntimeStopping,
+    TurnResult,
+    conversation_key,
+)
+from actors.models.port import TextDelta
+from eventstore import PostgresEventStore
+from schemas.conversation import Message, RenameConversation, RunTurn, TurnParams
+from schemas.errors import Conflict, NotFound, UpstreamError
+
+WS = "ws-1"
+
+
+def run_turn(
+    text: str = "hi there", *, model: str = "scripted", command_id: str | None = None
+) -> RunTurn:
+    turn = uuid.uuid4().hex
+    return RunTurn(
+        command_id=command_id or uuid.uuid4().hex,
+        workspace_id=WS,
+        turn_id=f"turn-{turn}",
+        message_id=f"msg-{turn}",
+        model=model,
+        messages=(
+            Message(role="system", content="be brief"),
+            Message(role="user", content=text, name="ada"),
+        ),
+        params=TurnParams(temperature=0.5, max_tokens=64),
+        at=datetime.now(UTC),
+    )
+
+
+async def types_of(store: PostgresEventStore, conversation_id: str) -> list[str]:
+    return [r.type for r in await store.read_stream(conversation_key(conversation_id).stream_id)]
+
+
+async def eventually_recorded(store: PostgresEventStore, cid: str, last_type: str) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 20.0
+    while not (types := await types_of(store, cid)) or types[-1] != last_type:
+        if loop.time() > end:
+            pytest.fail(f"conversation {cid} never recorded {last_type}: {types}")
+        await asyncio.sleep(0.02)
+
+
+async def test_run_turn_streams_deltas_then_records_the_turn(
+    runtime: RuntimeUnderTest, store: PostgresEventStore, provider: ScriptedProvider
+) -> None:
+    cid = uuid.uuid4().hex
+    command = run_turn("hello, who are you?")
+    items = [item async for item in runtime.stream(conversation_key(cid), command)]
+
+    deltas, result = items[:-1], items[-1]
+    assert deltas == [TextDelta(t) for t in (*provider.deltas, " #1")]
+    assert isinstance(result, TurnResult)
+    assert (result.conversation_id, result.turn_id, result.model) == (
+        cid,
+        command.turn_id,
+        "scripted",
+    )
+    assert result.content == answer(provider, 1)
+    assert result.finish_reason == "stop"
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (6, 4)
+    assert result.cursor and not result.duplicate
+
+    recorded = await store.read_stream(conversation_key(cid).stream_id)
+    assert [(r.version, r.type) for r in recorded] == [
+        (1, "conversation.started"),
+        (2, "conversation.user_message_received"),
+        (3, "conversation.turn_started"),
+        (4, "conversation.assistant_message_completed"),
+    ]
+    started, user, turn, done = (r.data for r in recorded)
+    assert started["workspace_id"] == WS and started["title"] == "hello, who are you?"
+    assert (user["content"], user["name"], user["turn_id"]) == (
+        "hello, who are you?",
+        "ada",
+        command.turn_id,
+    )
+    assert turn["params"] == {"temperature": 0.5, "top_p": None, "max_tokens": 64}
+    assert (turn["request_messages"], turn["command_id"]) == (2, command.command_id)
+    assert done["content"] == result.content and done["message_id"] == result.message_id
+    assert (done["prompt_tokens"], done["completion_tokens"], done["total_tokens"]) == (6, 4, 10)
+    assert done["duration_ms"] == result.duration_ms >= 0
+    assert all(r.workspace_id == WS for r in recorded)
+
+
+async def test_second_turn_appends_to_the_same_conversation(
+    runtime: RuntimeUnderTest, store: PostgresEventStore, provider: ScriptedProvider
+) -> None:
+    cid = uuid.uuid4().hex
+    await runtime.ask(conversation_key(cid), run_turn("one"))
+    second = await runtime.ask(conversation_key(cid), run_turn("two"))
+    assert isinstance(second, TurnResult) and second.content == answer(provider, 2)
+    assert (await types_of(store, cid)).count("conversation.started") == 1
+    assert len(await types_of(store, cid)) == 7
+
+
+async def test_retried_turn_returns_the_first_answer_without_a_model_call(
+    make_runtime: MakeRuntime, runtime: RuntimeUnderTest, store: PostgresEventStore
+) -> None:
+    cid = uuid.uuid4().hex
+    first = await runtime.ask(conversation_key(cid), run_turn(command_id="turn-key"))
+    again = await runtime.ask(conversation_key(cid), run_turn(command_id="turn-key"))
+    assert isinstance(first, TurnResult) and isinstance(again, TurnResult)
+    assert again.duplicate and not first.duplicate
+    assert (again.turn_id, again.content, again.usage) == (
+        first.turn_id,
+        first.content,
+        first.usage,
+    )
+    # A fresh activation (another host, after a restart) must not call the model either: its
+    # provider would answer "#1" for its own first call.
+    other = await make_runtime([ConversationBehaviour([ScriptedProvider()])])
+    third = await other.ask(conversation_key(cid), run_turn(command_id="turn-key"))
+    assert isinstance(third, TurnResult) and third.duplicate and third.content == first.content
+    assert await types_of(store, cid) == [
+        "conversation.started",
+        "conversation.user_message_received",
+        "conversation.turn_started",
+        "conversation.assistant_message_completed",
+    ]
+
+
+async def test_abandoned_stream_still_records_the_turn(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    slow = ScriptedProvider(deltas=[f"w{i} " for i in range(10)], delay_s=0.05)
+    runtime = await make_runtime([ConversationBehaviour([slow])])
+    cid = uuid.uuid4().hex
+    stream = runtime.stream(conversation_key(cid), run_turn())
+    async for item in stream:
+        assert isinstance(item, TextDelta)
+        break
+    await stream.aclose()  # type: ignore[attr-defined]
+
+    await eventually_recorded(store, cid, "conversation.assistant_message_completed")
+    done = (await store.read_stream(conversation_key(cid).stream_id))[-1].data
+    assert done["content"] == answer(slow, 1)
+
+
+async def test_failing_provider_records_turn_failed_and_reraises(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    failing = ScriptedProvider(fail_after=1)
+    runtime = await make_runtime([ConversationBehaviour([failing])])
+    cid = uuid.uuid4().hex
+    command = run_turn()
+    seen: list[object] = []
+    with pytest.raises(UpstreamError, match="502"):
+        async for item in runtime.stream(conversation_key(cid), command):
+            seen.append(item)
+    assert seen == [TextDelta(failing.deltas[0])]
+
+    recorded = await store.read_stream(conversation_key(cid).stream_id)
+    assert recorded[-1].type == "conversation.turn_failed"
+    failed = recorded[-1].data
+    assert (failed["turn_id"], failed["error_code"], failed["retryable"]) == (
+        command.turn_id,
+        "upstream_error",
+        True,
+    )
+    # The retry gets the recorded failure; the model is not called again.
+    with pytest.raises(RecordedTurnFailure, match="first attempt"):
+        await runtime.ask(conversation_key(cid), command)
+    assert len(await store.read_stream(conversation_key(cid).stream_id)) == len(recorded)
+
+
+async def test_unknown_model_is_refused_before_anything_is_recorded(
+    runtime: RuntimeUnderTest, store: PostgresEventStore
+) -> None:
+    cid = uuid.uuid4().hex
+    with pytest.raises(NotFound, match="not available"):
+        await runtime.ask(conversation_key(cid), run_turn(model="no-such-model"))
+    assert await types_of(store, cid) == []
+
+
+async def test_commands_on_a_missing_conversation_say_so(runtime: RuntimeUnderTest) -> None:
+    rename = RenameConversation(
+        command_id=uuid.uuid4().hex, workspace_id=WS, title="x", at=datetime.now(UTC)
+    )
+    with pytest.raises(NotFound, match="does not exist"):
+        await runtime.ask(conversation_key(uuid.uuid4().hex), rename)
+
+
+async def test_retry_while_the_first_turn_runs_elsewhere_is_a_conflict(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    slow = ScriptedProvider(deltas=["a"] * 5, delay_s=0.2)
+    first_host = await make_runtime([ConversationBehaviour([slow])])
+    second_host = await make_runtime([ConversationBehaviour([ScriptedProvider()])])
+    cid = uuid.uuid4().hex
+    command = run_turn(command_id="busy-key")
+    running = asyncio.create_task(first_host.ask(conversation_key(cid), command))
+    await eventually_recorded(store, cid, "conversation.turn_started")
+    with pytest.raises(Conflict, match="still in progress"):
+        await second_host.ask(conversation_key(cid), command)
+    result = await running
+    assert isinstance(result, TurnResult) and result.content == answer(slow, 1)
+
+
+async def test_stop_past_the_deadline_records_the_interrupted_turn(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    hanging = ScriptedProvider(deltas=["x"], delay_s=60.0)
+    runtime = await make_runtime([ConversationBehaviour([hanging])])
+    cid = uuid.uuid4().hex
+    task = asyncio.create_task(runtime.ask(conversation_key(cid), run_turn()))
+    await eventually_recorded(store, cid, "conversation.turn_started")
+    await runtime.stop(deadline_s=0.1)
+    with pytest.raises(RuntimeStopping):
+        await task
+    recorded = await store.read_stream(conversation_key(cid).stream_id)
+    assert recorded[-1].type == "conversation.turn_failed"
+    assert (recorded[-1].data["error_code"], recorded[-1].data["retryable"]) == (
+        "interrupted",
+        True,
+    )

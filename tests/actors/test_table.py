@@ -1,0 +1,168 @@
+"""The activation table itself, below the runtime port."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import ClassVar
+
+import pytest
+from actor_doubles import COUNTER, AddToCounter, CounterBehaviour, ScriptedProvider
+
+from actors import (
+    ActivationTable,
+    ActorKey,
+    ConflictRetriesExhausted,
+    ConversationBehaviour,
+    ConversationState,
+    RuntimeNotStarted,
+    RuntimeStopping,
+    UnknownActorKind,
+    conversation_key,
+)
+from actors.context import Activation, Counters, ExecutionPolicy
+from eventstore import PostgresEventStore
+from schemas.conversation import Message, RenameConversation, RunTurn
+from schemas.errors import Conflict
+from schemas.events import EVENTS
+
+WS = "ws-1"
+
+
+def add(amount: int = 1, command_id: str | None = None) -> AddToCounter:
+    return AddToCounter(command_id=command_id or uuid.uuid4().hex, workspace_id=WS, amount=amount)
+
+
+class ConversationBehaviourV2(ConversationBehaviour):
+    state_schema_version: ClassVar[int] = 2
+
+
+async def load(
+    store: PostgresEventStore, key: ActorKey, behaviour: ConversationBehaviour
+) -> Activation[ConversationState]:
+    activation = Activation(key, behaviour, store, EVENTS, ExecutionPolicy(), Counters())
+    await activation.load()
+    return activation
+
+
+async def test_conversation_from_snapshot_equals_full_replay(store: PostgresEventStore) -> None:
+    table = ActivationTable(store, [ConversationBehaviour([ScriptedProvider()])], snapshot_every=5)
+    await table.start()
+    key = conversation_key(uuid.uuid4().hex)
+    for n in range(4):
+        turn = RunTurn(
+            command_id=uuid.uuid4().hex,
+            workspace_id=WS,
+            turn_id=f"t{n}",
+            message_id=f"m{n}",
+            model="scripted",
+            messages=(Message(role="user", content=f"question {n}"),),
+            at=datetime.now(UTC),
+        )
+        await table.submit(key, turn).last()
+    rename = RenameConversation(
+        command_id=uuid.uuid4().hex, workspace_id=WS, title="renamed", at=datetime.now(UTC)
+    )
+    await table.submit(key, rename).last()
+    await table.stop()
+
+    snapshot = await store.load_snapshot(key.stream_id)
+    # Appends end at versions 3, 4, 6, 7, 9, 10, 12, 13, 14: snapshots at 6 and 12 (five or
+    # more new events each), then at 14 when stop() passivates the actor.
+    assert snapshot is not None and snapshot.version == 14
+    assert table.stats().snapshots_saved == 3
+
+    recorded = await store.read_stream(key.stream_id)
+    behaviour = ConversationBehaviour()
+    folded = behaviour.initial_state(key)
+    for rec in recorded:
+        folded = behaviour.evolve(folded, EVENTS.decode(rec.type, rec.schema_version, rec.data))
+
+    from_snapshot = await load(store, key, ConversationBehaviour())
+    full = await load(store, key, ConversationBehaviourV2())
+    assert from_snapshot.state == full.state == folded
+    assert from_snapshot.version == full.version == len(recorded) == 14
+    assert folded.title == "renamed" and len(folded.turns) == 4
+
+
+async def test_conflict_retries_are_bounded(store: PostgresEventStore) -> None:
+    stale = ActivationTable(store, [CounterBehaviour()], conflict_retries=0)
+    fresh = ActivationTable(store, [CounterBehaviour()])
+    await stale.start()
+    await fresh.start()
+    key = ActorKey(COUNTER, uuid.uuid4().hex)
+    await stale.submit(key, add()).last()
+    await fresh.submit(key, add()).last()
+    with pytest.raises(ConflictRetriesExhausted, match="other writers moved the stream"):
+        await stale.submit(key, add()).last()
+    # The failed command left the actor usable: it caught up and the next one lands.
+    outcome = await stale.submit(key, add()).last()
+    assert outcome.last_version == 3
+    await stale.stop()
+    await fresh.stop()
+
+
+async def test_command_id_reused_on_another_actor_is_refused(store: PostgresEventStore) -> None:
+    table = ActivationTable(store, [CounterBehaviour()])
+    await table.start()
+    await table.submit(ActorKey(COUNTER, "a"), add(command_id="shared")).last()
+    with pytest.raises(Conflict, match="already used for counter:a"):
+        await table.submit(ActorKey(COUNTER, "b"), add(command_id="shared")).last()
+    await table.stop()
+
+
+async def test_submit_checks_lifecycle_and_kind(store: PostgresEventStore) -> None:
+    table = ActivationTable(store, [CounterBehaviour()])
+    with pytest.raises(RuntimeNotStarted):
+        table.submit(ActorKey(COUNTER, "a"), add())
+    await table.start()
+    with pytest.raises(UnknownActorKind, match="'nope'"):
+        table.submit(ActorKey("nope", "a"), add())
+    await table.stop()
+    with pytest.raises(RuntimeStopping):
+        table.submit(ActorKey(COUNTER, "a"), add())
+
+
+async def test_table_without_store_runs_queries_but_refuses_writes() -> None:
+    table = ActivationTable(None, [CounterBehaviour()])
+    await table.start()
+    from actors.errors import StoreRequired
+
+    with pytest.raises(StoreRequired, match="no event store"):
+        await table.submit(ActorKey(COUNTER, "a"), add()).last()
+    await table.stop()
+
+
+async def test_explicit_passivation_snapshots_idle_actors_only(store: PostgresEventStore) -> None:
+    table = ActivationTable(store, [CounterBehaviour()])
+    await table.start()
+    idle, busy = ActorKey(COUNTER, uuid.uuid4().hex), ActorKey(COUNTER, uuid.uuid4().hex)
+    await table.submit(idle, add(2)).last()
+    slow = table.submit(busy, AddToCounter(command_id="slow", workspace_id=WS, delay_s=1.0))
+    assert await table.passivate([idle, busy, ActorKey(COUNTER, "never-active")]) == [idle]
+    assert not table.is_active(idle) and table.is_active(busy)
+    snapshot = await store.load_snapshot(idle.stream_id)
+    assert snapshot is not None and snapshot.version == 1
+    await slow.last()
+    await table.stop()
+
+
+def test_runtime_errors_pickle_with_their_code() -> None:
+    import pickle
+
+    from actors import AskTimeout, RecordedTurnFailure
+    from actors.errors import StoreRequired
+
+    errors = [
+        RuntimeStopping(),
+        RuntimeNotStarted(),
+        UnknownActorKind.of("nope", ["counter"]),
+        StoreRequired.of("counter:a"),
+        AskTimeout("late"),
+        ConflictRetriesExhausted("moved"),
+        RecordedTurnFailure("502 from upstream", code="upstream_error"),
+    ]
+    for error in errors:
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error)
+        assert (copy.message, copy.code) == (error.message, error.code)
