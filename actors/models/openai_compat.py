@@ -1,0 +1,394 @@
+"""A model provider speaking the OpenAI chat-completions protocol to any compatible server.
+
+One pooled `aiohttp.ClientSession` per provider, opened on first use and closed by `aclose()`.
+Every call streams (`stream: true`, `stream_options.include_usage`), so deltas reach the
+client as the upstream produces them.
+
+Failure policy:
+- The call has one time budget (`call_timeout_s`, 0 = none) covering every attempt and the
+  back-off between them. When it runs out the call fails with `UpstreamTimeout`
+  (code `ErrCallTimeout`) and is never retried.
+- Transient failures (connection errors, HTTP 429, 502, 503, 504) are retried up to `retries`
+  times with exponential back-off and jitter, but only while no delta has been yielded: once
+  text reached the caller a retry would duplicate it.
+- Anything else becomes `UpstreamError` (502) carrying the upstream's message, shortened and
+  scrubbed of credentials. The API key is sent only in the Authorization header and never
+  appears in a log line or an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+
+from actors.models.port import ChatMessage, Finished, ModelEvent, ModelRequest, TextDelta, Usage
+from actors.models.tokens import estimate_prompt_tokens, estimate_tokens
+from schemas.errors import UpstreamError, UpstreamTimeout
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})
+_MAX_MESSAGE_CHARS = 300
+_SECRET_PATTERNS = (
+    re.compile(r"(?i)bearer\s+[^\s\"',;]+"),
+    re.compile(r"\bsk-[A-Za-z0-9_\-]{6,}"),
+    re.compile(
+        r"(?i)(api[_-]?key|authorization|token|secret|password)([\"']?\s*[:=]\s*)[^\s\"',;]+"
+    ),
+)
+
+
+class _Transient(Exception):
+    def __init__(self, reason: str, retry_after_s: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class OpenAICompatProvider:
+    """Serves `model` (or, when `model` is blank, any model name the client asks for)."""
+
+    name = "openai-compat"
+
+    def __init__(
+        self,
+        *,
+        base_url: str = "",
+        model: str = "",
+        api_key: str | None = None,
+        call_timeout_s: float = 120.0,
+        retries: int = 3,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        backoff_base_s: float = 0.25,
+        backoff_max_s: float = 8.0,
+        max_connections: int = 256,
+    ) -> None:
+        self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        self.model = model
+        self.model_names: tuple[str, ...] = (model,) if model else ()
+        self._url = f"{self.base_url}/chat/completions"
+        self._api_key = api_key or None
+        self._call_timeout_s = call_timeout_s
+        self._retries = max(0, retries)
+        self._temperature = temperature
+        self._top_p = top_p
+        self._backoff_base_s = backoff_base_s
+        self._backoff_max_s = backoff_max_s
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def __repr__(self) -> str:
+        return f"OpenAICompatProvider(base_url={self.base_url!r}, model={self.model!r})"
+
+    def serves(self, model: str) -> bool:
+        return not self.model or model == self.model
+
+    def reconfigure(
+        self, *, call_timeout_s: float, temperature: float | None, top_p: float | None
+    ) -> None:
+        """Apply the live (L) settings; calls already running keep the values they began with."""
+        self._call_timeout_s = call_timeout_s
+        self._temperature = temperature
+        self._top_p = top_p
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            headers = {"Accept": "text/event-stream"}
+            if self._api_key:
+                headers["Authorization"] = f"Bearer {self._api_key}"
+            self._session = aiohttp.ClientSession(
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=None),
+                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                raise_for_status=False,
+            )
+        return self._session
+
+    def payload(self, request: ModelRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model or request.model,
+            "messages": [_message(m) for m in request.messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        temperature = request.temperature if request.temperature is not None else self._temperature
+        top_p = request.top_p if request.top_p is not None else self._top_p
+        if temperature is not None:
+            body["temperature"] = temperature
+        if top_p is not None:
+            body["top_p"] = top_p
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
+        return body
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        loop = asyncio.get_running_loop()
+        budget = self._call_timeout_s
+        deadline = loop.time() + budget if budget > 0 else None
+        body = self.payload(request)
+        attempt = 0
+        while True:
+            yielded = False
+            try:
+                attempt_events = self._attempt(body, request.messages, deadline)
+                async with contextlib.aclosing(attempt_events) as events:
+                    async for item in events:
+                        yielded = True
+                        yield item
+                return
+            except _Transient as exc:
+                if yielded:
+                    raise UpstreamError(
+                        f"model server connection failed mid-answer: {exc.reason}",
+                        code="upstream_interrupted",
+                    ) from None
+                if attempt >= self._retries:
+                    raise UpstreamError(
+                        f"model server unavailable after {attempt + 1} attempts: {exc.reason}",
+                        code="upstream_unavailable",
+                    ) from None
+                delay = self._backoff(attempt, exc.retry_after_s)
+                if deadline is not None and loop.time() + delay >= deadline:
+                    raise _timeout(budget) from None
+                log.warning(
+                    "model call attempt %d failed (%s); retrying in %.2fs",
+                    attempt + 1,
+                    exc.reason,
+                    delay,
+                )
+                attempt += 1
+                await asyncio.sleep(delay)
+            except TimeoutError:
+                raise _timeout(budget) from None
+
+    def _backoff(self, attempt: int, retry_after_s: float | None) -> float:
+        ceiling = min(self._backoff_max_s, self._backoff_base_s * 2.0**attempt)
+        delay = ceiling / 2 + random.uniform(0, ceiling / 2)
+        if retry_after_s is not None:
+            delay = max(delay, min(retry_after_s, self._backoff_max_s))
+        return delay
+
+    async def _attempt(
+        self,
+        body: dict[str, Any],
+        messages: tuple[ChatMessage, ...],
+        deadline: float | None,
+    ) -> AsyncGenerator[ModelEvent, None]:
+        remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
+        if remaining is not None and remaining <= 0:
+            raise TimeoutError
+        timeout = aiohttp.ClientTimeout(total=remaining)
+        try:
+            async with self._client().post(self._url, json=body, timeout=timeout) as resp:
+                if resp.status != 200:
+                    await _raise_for_status(resp, self._api_key)
+                if resp.content_type == "application/json":
+                    async for event in _from_completion(await resp.json(), messages):
+                        yield event
+                    return
+                async for event in _from_stream(resp.content, messages):
+                    yield event
+        except aiohttp.ServerTimeoutError:
+            raise TimeoutError from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise _Transient(type(exc).__name__) from None
+        except ValueError:
+            # aiohttp's line reader refuses a line beyond its buffer limit.
+            raise UpstreamError(
+                "model server sent an oversized or malformed stream line",
+                code="upstream_bad_stream",
+            ) from None
+
+
+def _timeout(budget_s: float) -> UpstreamTimeout:
+    return UpstreamTimeout(
+        f"model call exceeded its {budget_s:g}s budget (SVC_LLM_CALL_TIMEOUT_S)",
+        code="ErrCallTimeout",
+    )
+
+
+async def _raise_for_status(resp: aiohttp.ClientResponse, api_key: str | None) -> None:
+    message = _scrub(await _error_message(resp), api_key)
+    status = resp.status
+    if status in TRANSIENT_STATUSES:
+        raise _Transient(f"HTTP {status}: {message}", _retry_after(resp.headers))
+    code = {
+        400: "upstream_rejected",
+        401: "upstream_auth_failed",
+        403: "upstream_auth_failed",
+        404: "upstream_model_not_found",
+        422: "upstream_rejected",
+    }.get(status, "upstream_error")
+    raise UpstreamError(f"model server answered HTTP {status}: {message}", code=code)
+
+
+async def _error_message(resp: aiohttp.ClientResponse) -> str:
+    try:
+        text = (await resp.content.read(8192)).decode("utf-8", "replace")
+    except (aiohttp.ClientError, TimeoutError):
+        return resp.reason or "no message"
+    with contextlib.suppress(ValueError):
+        data = json.loads(text)
+        if isinstance(data, dict):
+            error = data.get("error", data)
+            if isinstance(error, dict) and isinstance(error.get("message"), str):
+                return str(error["message"])
+            if isinstance(error, str):
+                return error
+    return text.strip() or resp.reason or "no message"
+
+
+def _scrub(message: str, api_key: str | None) -> str:
+    if api_key:
+        message = message.replace(api_key, "[redacted]")
+    for pattern in _SECRET_PATTERNS:
+        message = pattern.sub(_redact, message)
+    message = " ".join(message.split())
+    if len(message) > _MAX_MESSAGE_CHARS:
+        message = message[: _MAX_MESSAGE_CHARS - 3] + "..."
+    return message
+
+
+def _redact(match: re.Match[str]) -> str:
+    if match.re.groups >= 2:
+        return f"{match.group(1)}{match.group(2)}[redacted]"
+    return "[redacted]"
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def _message(message: ChatMessage) -> dict[str, str]:
+    out = {"role": message.role, "content": message.content}
+    if message.name:
+        out["name"] = message.name
+    return out
+
+
+async def _from_stream(
+    content: aiohttp.StreamReader, messages: tuple[ChatMessage, ...]
+) -> AsyncIterator[ModelEvent]:
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    completion_words = 0
+    async for data in _sse_data(content):
+        if data == "[DONE]":
+            break
+        chunk = _json_object(data)
+        if "error" in chunk:
+            raise UpstreamError(
+                f"model server failed mid-answer: {_scrub(_chunk_error(chunk), None)}",
+                code="upstream_interrupted",
+            )
+        usage = _usage(chunk.get("usage")) or usage
+        for choice in _choices(chunk):
+            delta = choice.get("delta")
+            text = delta.get("content") if isinstance(delta, dict) else None
+            if isinstance(text, str) and text:
+                completion_words += estimate_tokens(text)
+                yield TextDelta(text)
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                finish_reason = reason
+    else:
+        if finish_reason is None:
+            raise _Transient("stream ended before the answer finished")
+    if usage is None:
+        usage = Usage(estimate_prompt_tokens(messages), completion_words)
+    yield Finished(finish_reason=finish_reason or "stop", usage=usage)
+
+
+async def _from_completion(
+    data: object, messages: tuple[ChatMessage, ...]
+) -> AsyncIterator[ModelEvent]:
+    """Some servers ignore `stream: true` and answer with one `chat.completion` object."""
+    chunk = data if isinstance(data, dict) else {}
+    choices = _choices(chunk)
+    if not choices:
+        raise UpstreamError("model server answered without choices", code="upstream_error")
+    message = choices[0].get("message")
+    text = message.get("content") if isinstance(message, dict) else None
+    text = text if isinstance(text, str) else ""
+    if text:
+        yield TextDelta(text)
+    reason = choices[0].get("finish_reason")
+    usage = _usage(chunk.get("usage")) or Usage(
+        estimate_prompt_tokens(messages), estimate_tokens(text)
+    )
+    yield Finished(finish_reason=reason if isinstance(reason, str) else "stop", usage=usage)
+
+
+async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[str]:
+    """The `data` of each SSE event (multi-line data joined by newlines)."""
+    lines: list[str] = []
+    async for raw in content:
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not line:
+            if lines:
+                yield "\n".join(lines)
+                lines = []
+        elif line.startswith("data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(" ") else value)
+    if lines:
+        yield "\n".join(lines)
+
+
+def _json_object(data: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        raise UpstreamError(
+            "model server sent a stream chunk that is not JSON", code="upstream_bad_stream"
+        ) from None
+    if not isinstance(value, dict):
+        raise UpstreamError(
+            "model server sent a stream chunk that is not an object", code="upstream_bad_stream"
+        )
+    return value
+
+
+def _choices(chunk: Mapping[str, Any]) -> list[dict[str, Any]]:
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        return []
+    return [c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0]
+
+
+def _chunk_error(chunk: Mapping[str, Any]) -> str:
+    error = chunk.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    return str(error)
+
+
+def _usage(value: object) -> Usage | None:
+    if not isinstance(value, dict):
+        return None
+    prompt = value.get("prompt_tokens")
+    completion = value.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int):
+        return Usage(prompt_tokens=prompt, completion_tokens=completion)
+    return None

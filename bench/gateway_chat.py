@@ -1,0 +1,263 @@
+"""Chat-completions throughput and latency through the gateway, against the stub directly.
+
+Self-contained: `--spawn` starts the stub model server and a gateway using it (a fresh data
+directory, embedded PostgreSQL, a new chat key), measures, and stops both:
+
+    python bench/gateway_chat.py --spawn --quick
+
+Or against processes you started yourself:
+
+    python bench/stub_upstream.py --port 8790 --tokens 16 &
+    SVC_LLM_GATEWAY_URL=http://127.0.0.1:8790/v1 SVC_LLM_MODEL=stub svc serve &
+    python bench/gateway_chat.py --key <API_KEY> --model stub --gateway-pid <PID> --quick
+
+For each mode (JSON, streaming) and concurrency (1, 32, 128) it sends the same requests to
+the stub (the baseline: what the model server alone costs) and to the gateway, and prints
+requests/s, p50 and p99 latency (to the last byte), the latency the gateway adds at p50, and,
+given `--gateway-pid`, the gateway's CPU time per request and its resident memory, read from
+/proc/<pid>. Every gateway request is a new conversation turn: a user message, a turn start
+and its outcome recorded with durable commits. `--quick` sends fewer requests per level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    name: str
+    url: str
+    headers: dict[str, str]
+    pid: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    requests: int
+    errors: int
+    seconds: float
+    latencies: list[float]
+    cpu_s: float | None
+    rss_mb: float | None
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def body(model: str, stream: bool, n: int) -> bytes:
+    request: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"benchmark request {n}: say something"}],
+        "stream": stream,
+    }
+    if stream:
+        request["stream_options"] = {"include_usage": True}
+    return json.dumps(request).encode()
+
+
+async def one(
+    session: aiohttp.ClientSession, target: Target, model: str, stream: bool, n: int
+) -> float | None:
+    started = time.perf_counter()
+    async with session.post(target.url, data=body(model, stream, n), headers=target.headers) as r:
+        payload = await r.read()
+        if r.status != 200 or (stream and not payload.rstrip().endswith(b"data: [DONE]")):
+            return None
+    return time.perf_counter() - started
+
+
+async def run_level(
+    target: Target, model: str, stream: bool, concurrency: int, total: int
+) -> Result:
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    latencies: list[float] = []
+    errors = 0
+    counter = iter(range(total))
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await one(session, target, model, stream, -1)  # warm the connection and the path
+
+        async def worker() -> None:
+            nonlocal errors
+            for n in counter:
+                try:
+                    latency = await one(session, target, model, stream, n)
+                except aiohttp.ClientError:
+                    latency = None
+                if latency is None:
+                    errors += 1
+                else:
+                    latencies.append(latency)
+
+        cpu_before = cpu_seconds(target.pid) if target.pid else None
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        seconds = time.perf_counter() - started
+        cpu = None
+        if target.pid and cpu_before is not None:
+            cpu = cpu_seconds(target.pid) - cpu_before
+    return Result(
+        requests=len(latencies),
+        errors=errors,
+        seconds=seconds,
+        latencies=latencies,
+        cpu_s=cpu,
+        rss_mb=rss_mb(target.pid) if target.pid else None,
+    )
+
+
+def report(mode: str, concurrency: int, target: Target, r: Result, base: Result | None) -> None:
+    added = ""
+    if base is not None:
+        added = f"  added p50 {1000 * (r.percentile(0.5) - base.percentile(0.5)):7.2f} ms"
+    resources = ""
+    if r.cpu_s is not None and r.requests:
+        resources = f"  cpu/req {1000 * r.cpu_s / r.requests:6.2f} ms  rss {r.rss_mb:6.1f} MB"
+    print(
+        f"{mode:6} c={concurrency:<4} {target.name:8} {r.requests:6d} ok {r.errors:4d} err  "
+        f"{r.rps:8.1f} req/s  p50 {1000 * r.percentile(0.5):7.2f} ms  "
+        f"p99 {1000 * r.percentile(0.99):7.2f} ms{added}{resources}",
+        flush=True,
+    )
+
+
+@contextlib.contextmanager
+def spawned(args: argparse.Namespace) -> Any:
+    """Start the stub and a gateway in a fresh data directory; stop both on exit."""
+    bin_dir = Path(sys.executable).parent
+    with tempfile.TemporaryDirectory(prefix="svc-bench-") as data_dir:
+        env = {
+            **os.environ,
+            "SVC_DATA_DIR": data_dir,
+            "SVC_GATEWAY_ADDR": f"127.0.0.1:{args.gateway_port}",
+            "SVC_LLM_GATEWAY_URL": f"http://127.0.0.1:{args.stub_port}/v1",
+            "SVC_LLM_MODEL": args.model,
+        }
+        stub_script = Path(__file__).with_name("stub_upstream.py")
+        stub = subprocess.Popen(
+            [sys.executable, str(stub_script), "--port", str(args.stub_port), "--tokens", "16"]
+        )
+        key = subprocess.run(
+            [str(bin_dir / "svc"), "apikeys", "create", "--scopes", "chat"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        log = Path(data_dir, "serve.log").open("w")
+        gateway = subprocess.Popen(
+            [str(bin_dir / "svc"), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            args.key = key
+            args.gateway = f"http://127.0.0.1:{args.gateway_port}"
+            args.stub = f"http://127.0.0.1:{args.stub_port}/v1"
+            args.gateway_pid, args.stub_pid = gateway.pid, stub.pid
+            yield
+        finally:
+            for process in (gateway, stub):
+                process.terminate()
+            for process in (gateway, stub):
+                process.wait(30)
+            log.close()
+
+
+async def wait_until_up(url: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(300):
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(url):
+                    return
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"{url} did not come up")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gateway", default="http://127.0.0.1:8780")
+    parser.add_argument("--stub", default="http://127.0.0.1:8790/v1")
+    parser.add_argument("--key", default=os.environ.get("SVC_BENCH_KEY", ""))
+    parser.add_argument("--model", default="stub")
+    parser.add_argument("--gateway-pid", type=int)
+    parser.add_argument("--stub-pid", type=int)
+    parser.add_argument("--concurrency", default="1,32,128")
+    parser.add_argument("--requests", type=int, default=2000, help="requests per level")
+    parser.add_argument("--quick", action="store_true", help="a few requests per level")
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--spawn", action="store_true", help="start stub and gateway here")
+    parser.add_argument("--gateway-port", type=int, default=8787)
+    parser.add_argument("--stub-port", type=int, default=8797)
+    args = parser.parse_args()
+    if args.spawn:
+        with spawned(args):
+            await wait_until_up(args.stub)
+            await wait_until_up(args.gateway + "/healthz")
+            await run(args)
+    else:
+        await run(args)
+
+
+async def run(args: argparse.Namespace) -> None:
+
+    gateway = Target(
+        "gateway",
+        args.gateway.rstrip("/") + "/v1/chat/completions",
+        {"Authorization": f"Bearer {args.key}", "Content-Type": "application/json"},
+        args.gateway_pid,
+    )
+    stub = Target(
+        "stub",
+        args.stub.rstrip("/") + "/chat/completions",
+        {"Content-Type": "application/json"},
+        args.stub_pid,
+    )
+    levels = [int(c) for c in args.concurrency.split(",")]
+    print(f"# {os.cpu_count()} CPUs; durable commits as configured on the gateway's database")
+    for stream in (False, True):
+        mode = "stream" if stream else "json"
+        for concurrency in levels:
+            total = max(20, 4 * concurrency) if args.quick else max(args.requests, concurrency)
+            base = None
+            if not args.no_baseline:
+                base = await run_level(stub, args.model, stream, concurrency, total)
+                report(mode, concurrency, stub, base, None)
+            result = await run_level(gateway, args.model, stream, concurrency, total)
+            report(mode, concurrency, gateway, result, base)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

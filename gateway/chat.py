@@ -1,0 +1,387 @@
+"""POST /v1/chat/completions: the OpenAI-compatible chat endpoint.
+
+The handler authenticates, validates the body (`schemas.chat`), builds one `RunTurn` and asks
+the conversation actor (`conversation:<id>`) through the runtime; it never calls a model or
+appends an event itself. The actor records the user message and `TurnStarted` before calling
+the model and the outcome after, so the turn is durable whatever happens to this connection.
+
+Headers (see docs/chat.md):
+- `Idempotency-Key` (request): the RunTurn's command id. A retry with the same key returns
+  the recorded result of the first attempt without a second model call. Without one, a fresh
+  id is generated, so plain retries run a new turn.
+- `X-SVC-Conversation-Id` (request and response): the conversation to continue; a new one
+  when absent (derived from the Idempotency-Key when one is given, so a retry lands on the
+  same conversation). Every response, errors included, carries the id used.
+- `X-SVC-Cursor` (response): the cursor of the turn's last event, for read-your-writes on the
+  feeds and read models. A stream sends it as the SSE `id:` of its finishing chunk instead,
+  since headers leave before the turn ends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import Counter, Histogram
+
+from actors.behaviour import ActorKey
+from actors.conversation import TurnResult, conversation_key
+from actors.models.port import ModelProvider, TextDelta
+from actors.models.registry import ProviderSet, select
+from actors.runtime import ActorRuntime
+from gateway.auth import CHAT_PATH, CHAT_SCOPE, authenticate, require_scope
+from gateway.errors import read_json
+from gateway.openapi import document
+from gateway.sse import open_sse, send_event
+from gateway.state import MODEL_PROVIDERS, RUNTIME, Principal
+from schemas.chat import (
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessageOut,
+    ChoiceDelta,
+    ChunkChoice,
+    CompletionUsage,
+    ModelCard,
+    ModelList,
+)
+from schemas.conversation import Message, RunTurn, TurnParams
+from schemas.errors import InvalidInput, SvcError
+
+log = logging.getLogger(__name__)
+
+CONVERSATION_HEADER = "X-SVC-Conversation-Id"
+CURSOR_HEADER = "X-SVC-Cursor"
+MODELS_PATH = "/v1/models"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+_CONVERSATION_KEY: web.RequestKey[str] = web.RequestKey("svc_conversation_id", str)
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+_KEY_NAMESPACE = uuid.UUID("7f6b2f8e-4c1e-4f0e-9a51-2b1f3c1d5e00")
+
+TURN_DURATION = Histogram(
+    "svc_turn_duration_seconds",
+    "Wall time of chat turns (requests that reached the conversation actor), request to last byte.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+TURN_ERRORS = Counter(
+    "svc_turn_errors_total",
+    "Chat completion requests that ended in an error (refused ones included), by error code.",
+    ["code"],
+)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post(CHAT_PATH, chat_completions)
+    app.router.add_get(MODELS_PATH, list_models)
+    app.on_response_prepare.append(_conversation_header)
+    document(
+        "POST",
+        CHAT_PATH,
+        summary="Chat completion (OpenAI-compatible); stream=true answers text/event-stream "
+        "of chat.completion.chunk objects ending with data: [DONE]",
+        tag="Chat (compatible)",
+        request=ChatCompletionRequest,
+        response=ChatCompletionResponse,
+        extra_statuses=(502, 503, 504),
+    )
+    document(
+        "GET",
+        MODELS_PATH,
+        summary="Models this instance serves (OpenAI-compatible list); a blank "
+        "SVC_LLM_MODEL with an upstream serves any name, which is not listed",
+        tag="Chat (compatible)",
+        response=ModelList,
+    )
+
+
+def _providers(app: web.Application) -> list[ModelProvider] | None:
+    models = app.get(MODEL_PROVIDERS)
+    if isinstance(models, ProviderSet):
+        return list(models.providers)
+    if isinstance(models, list | tuple):
+        return list(models)
+    return None
+
+
+def _check_model(app: web.Application, model: str) -> None:
+    """Refuse an unknown model before anything is recorded (the actor checks it again)."""
+    providers = _providers(app)
+    if providers is not None:
+        select(providers, model)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    principal = await authenticate(request)
+    require_scope(principal, CHAT_SCOPE)
+    cards = [
+        ModelCard(id=name, owned_by=getattr(provider, "name", "svc"))
+        for provider in _providers(request.app) or []
+        for name in getattr(provider, "model_names", ())
+    ]
+    body = ModelList(data=cards).model_dump_json().encode()
+    return web.Response(body=body, content_type="application/json")
+
+
+@dataclass(frozen=True, slots=True)
+class _Turn:
+    key: ActorKey
+    command: RunTurn
+    completion_id: str
+    model: str
+    created: int
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    started = time.perf_counter()
+    turn: _Turn | None = None
+    try:
+        principal = await authenticate(request)
+        require_scope(principal, CHAT_SCOPE)
+        ids = _request_ids(request, principal)
+        body = await read_json(request, ChatCompletionRequest)
+        _check_model(request.app, body.model)
+        turn = _build_turn(ids, principal, body)
+        runtime = request.app[RUNTIME]
+        if body.stream:
+            return await _stream(request, runtime, turn, body.include_usage)
+        return await _complete(runtime, turn)
+    except SvcError as exc:
+        TURN_ERRORS.labels(exc.code).inc()
+        raise
+    except Exception:
+        TURN_ERRORS.labels("internal_error").inc()
+        raise
+    finally:
+        if turn is not None:
+            TURN_DURATION.observe(time.perf_counter() - started)
+
+
+def _request_ids(request: web.Request, principal: Principal) -> tuple[str, str]:
+    """(command id, conversation id) of this request; the conversation id goes out in the
+    response header from here on, error responses included."""
+    idempotency_key = _header_id(request, IDEMPOTENCY_HEADER)
+    command_id = idempotency_key or uuid.uuid4().hex
+    conversation_id = _header_id(request, CONVERSATION_HEADER)
+    if conversation_id is None:
+        conversation_id = (
+            _stable_id(principal.workspace_id, "conversation", idempotency_key)
+            if idempotency_key
+            else str(uuid.uuid4())
+        )
+    request[_CONVERSATION_KEY] = conversation_id
+    return command_id, conversation_id
+
+
+def _build_turn(ids: tuple[str, str], principal: Principal, body: ChatCompletionRequest) -> _Turn:
+    command_id, conversation_id = ids
+    turn_id = _stable_id(principal.workspace_id, "turn", f"{conversation_id}/{command_id}")
+    now = datetime.now(UTC)
+    command = RunTurn(
+        command_id=command_id,
+        workspace_id=principal.workspace_id,
+        turn_id=turn_id,
+        message_id=_stable_id(principal.workspace_id, "message", turn_id),
+        model=body.model,
+        messages=tuple(
+            Message(role=m.role, content=m.content, name=m.name or None) for m in body.messages
+        ),
+        params=TurnParams(
+            temperature=body.temperature, top_p=body.top_p, max_tokens=body.token_limit
+        ),
+        at=now,
+    )
+    return _Turn(
+        key=conversation_key(conversation_id),
+        command=command,
+        completion_id=f"chatcmpl-{turn_id}",
+        model=body.model,
+        created=int(now.timestamp()),
+    )
+
+
+def _header_id(request: web.Request, name: str) -> str | None:
+    value = request.headers.get(name)
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    if not _ID.match(value):
+        raise InvalidInput(
+            f"{name} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
+            code="invalid_header",
+        )
+    return value
+
+
+def _stable_id(workspace_id: str, kind: str, seed: str) -> str:
+    """Ids derived from the idempotency key stay the same on every retry of a request."""
+    return str(uuid.uuid5(_KEY_NAMESPACE, f"{workspace_id}/{kind}/{seed}"))
+
+
+async def _conversation_header(request: web.Request, response: web.StreamResponse) -> None:
+    conversation_id = request.get(_CONVERSATION_KEY)
+    if isinstance(conversation_id, str):
+        response.headers[CONVERSATION_HEADER] = conversation_id
+
+
+async def _complete(runtime: ActorRuntime, turn: _Turn) -> web.Response:
+    result = await runtime.ask(turn.key, turn.command)
+    if not isinstance(result, TurnResult):
+        raise TypeError(f"conversation actor answered {type(result).__name__}, not TurnResult")
+    response = ChatCompletionResponse(
+        id=turn.completion_id,
+        created=turn.created,
+        model=turn.model,
+        choices=[
+            ChatCompletionChoice(
+                message=ChatMessageOut(content=result.content),
+                finish_reason=result.finish_reason,
+            )
+        ],
+        usage=_usage(result),
+    )
+    return web.Response(
+        body=response.model_dump_json().encode(),
+        content_type="application/json",
+        headers=_cursor_header(result),
+    )
+
+
+def _usage(result: TurnResult) -> CompletionUsage:
+    usage = result.usage
+    return CompletionUsage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+    )
+
+
+def _cursor_header(result: TurnResult) -> dict[str, str]:
+    return {CURSOR_HEADER: result.cursor} if result.cursor else {}
+
+
+async def _stream(
+    request: web.Request, runtime: ActorRuntime, turn: _Turn, include_usage: bool
+) -> web.StreamResponse:
+    items = aiter(runtime.stream(turn.key, turn.command))
+    try:
+        # Failures before the first item (a foreign conversation, the upstream down before any
+        # text) still get their own HTTP status; after that, an SSE error frame.
+        first = await anext(items, None)
+        sender = _ChunkSender(await open_sse(request), turn, include_usage)
+        await _relay(sender, _prepend(first, items))
+    finally:
+        close = getattr(items, "aclose", None)
+        if close is not None:
+            await close()
+    await sender.close()
+    return sender.response
+
+
+async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None:
+    result: TurnResult | None = None
+    try:
+        async for item in items:
+            if isinstance(item, TextDelta):
+                await sender.delta(item.text)
+                if sender.client_gone:
+                    # The runtime runs the turn to its end and records it without a reader.
+                    return
+            elif isinstance(item, TurnResult):
+                result = item
+        if result is None:
+            raise RuntimeError("conversation actor ended the stream without a TurnResult")
+        await sender.finish(result)
+    except SvcError as exc:
+        TURN_ERRORS.labels(exc.code).inc()
+        await sender.error(exc.message, exc.error_type, exc.code)
+    except Exception:
+        error_id = f"svc-{uuid.uuid4()}"
+        log.exception("chat stream failed (%s)", error_id)
+        TURN_ERRORS.labels("internal_error").inc()
+        await sender.error(f"internal error (id {error_id})", "server_error", "internal_error")
+    finally:
+        await items.aclose()
+
+
+async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
+    if first is not None:
+        yield first
+    async for item in rest:
+        yield item
+
+
+class _ChunkSender:
+    """Writes `chat.completion.chunk` frames; notes when the client has gone away."""
+
+    def __init__(self, response: web.StreamResponse, turn: _Turn, include_usage: bool) -> None:
+        self.response = response
+        self._turn = turn
+        self._include_usage = include_usage
+        self._sent_role = False
+        self._sent_text = False
+        self.client_gone = False
+
+    def _chunk(
+        self,
+        delta: ChoiceDelta | None,
+        finish_reason: str | None = None,
+        usage: CompletionUsage | None = None,
+    ) -> bytes:
+        choices = [] if delta is None else [ChunkChoice(delta=delta, finish_reason=finish_reason)]
+        chunk = ChatCompletionChunk(
+            id=self._turn.completion_id,
+            created=self._turn.created,
+            model=self._turn.model,
+            choices=choices,
+            usage=usage,
+        )
+        return chunk.model_dump_json().encode()
+
+    async def _send(self, data: bytes, *, id: str | None = None) -> None:
+        if self.client_gone:
+            return
+        try:
+            await send_event(self.response, data, id=id)
+        except ConnectionResetError:
+            self.client_gone = True
+            log.info("chat client went away mid-stream; the turn continues and is recorded")
+
+    async def delta(self, text: str) -> None:
+        if not text:
+            return
+        role = None if self._sent_role else "assistant"
+        self._sent_role = self._sent_text = True
+        await self._send(self._chunk(ChoiceDelta(role=role, content=text)))
+
+    async def finish(self, result: TurnResult) -> None:
+        if not self._sent_text and result.content:
+            await self.delta(result.content)
+        role = None if self._sent_role else "assistant"
+        self._sent_role = True
+        final = self._chunk(ChoiceDelta(role=role), finish_reason=result.finish_reason)
+        await self._send(final, id=result.cursor or None)
+        if self._include_usage:
+            await self._send(self._chunk(None, usage=_usage(result)))
+        await self._send(b"[DONE]")
+
+    async def error(self, message: str, error_type: str, code: str | None) -> None:
+        body = {"error": {"message": message, "type": error_type, "code": code}}
+        await self._send(json.dumps(body).encode())
+
+    async def close(self) -> None:
+        if self.client_gone:
+            return
+        try:
+            await self.response.write_eof()
+        except ConnectionResetError:
+            self.client_gone = True

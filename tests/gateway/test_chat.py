@@ -1,0 +1,467 @@
+"""POST /v1/chat/completions through the real `openai` SDK against the whole service
+(create_app on the embedded PostgreSQL), with a stub OpenAI-compatible model server on
+127.0.0.1 as the upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+from aiohttp.test_utils import TestServer
+from test_admin_support import Service, SseReader, now, uid
+
+from actors.behaviour import CommandOutcome
+from actors.workspace import workspace_key
+from eventstore.records import RecordedEvent
+from gateway.app import create_app
+from gateway.auth import generate_key, hash_key
+from gateway.bootstrap import ensure_workspace
+from gateway.settings import Settings
+from gateway.state import RUNTIME, STORE
+from schemas.workspace import IssueApiKey
+
+UPSTREAM_MODEL = "stub-model"
+OFFLINE = "svc-offline"
+COMPLETED = "conversation.assistant_message_completed"
+FAILED = "conversation.turn_failed"
+HELLO = [{"role": "user", "content": "hello there, model"}]
+
+
+def _load_stub() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "bench" / "stub_upstream.py"
+    spec = importlib.util.spec_from_file_location("stub_upstream", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("stub_upstream", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+stub_upstream = _load_stub()
+
+
+@dataclass
+class Chat:
+    service: Service
+    stub: Any
+    workspace: str
+    key: str
+    clients: list[openai.AsyncOpenAI] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return self.service.url("/v1")
+
+    def client(self, key: str | None = None) -> openai.AsyncOpenAI:
+        client = openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=key or self.key, max_retries=0, timeout=30
+        )
+        self.clients.append(client)
+        return client
+
+    async def issue_key(
+        self, workspace: str, scopes: tuple[str, ...] = ("chat",), rpm: int | None = None
+    ) -> str:
+        runtime = self.service.app[RUNTIME]
+        await ensure_workspace(runtime, workspace)
+        key = generate_key()
+        outcome = await runtime.ask(
+            workspace_key(workspace),
+            IssueApiKey(
+                command_id=uid("cmd-"),
+                workspace_id=workspace,
+                key_id=uid("key-"),
+                name="chat test key",
+                key_hash=hash_key(key),
+                prefix=key[:8],
+                scopes=scopes,
+                rate_limit_rpm=rpm,
+                at=now(),
+            ),
+        )
+        assert isinstance(outcome, CommandOutcome)
+        await self.service.settle(outcome.cursor)
+        return key
+
+    async def events(self, conversation_id: str) -> list[RecordedEvent]:
+        return await self.service.app[STORE].read_stream(f"conversation:{conversation_id}")
+
+    async def wait_for_event(self, conversation_id: str, type_name: str) -> RecordedEvent:
+        async with asyncio.timeout(20):
+            while True:
+                for event in await self.events(conversation_id):
+                    if event.type == type_name:
+                        return event
+                await asyncio.sleep(0.05)
+
+    async def raw_post(self, body: dict[str, Any], **headers: str) -> aiohttp.ClientResponse:
+        return await self.service.http.post(
+            self.service.url("/v1/chat/completions"),
+            headers=self.service.auth(self.key, **headers),
+            json=body,
+        )
+
+
+@pytest.fixture
+async def chat(database_url: str, tmp_path: Path) -> AsyncIterator[Chat]:
+    stub = await stub_upstream.StubUpstream(tokens=5).start()
+    settings = Settings(
+        {
+            "SVC_DATABASE_URL": database_url,
+            "SVC_DATA_DIR": str(tmp_path),
+            "SVC_LLM_GATEWAY_URL": stub.base_url,
+            "SVC_LLM_MODEL": UPSTREAM_MODEL,
+            "SVC_LLM_RETRIES": "1",
+            "SVC_LLM_CALL_TIMEOUT_S": "30",
+        }
+    )
+    server = TestServer(create_app(settings), host="127.0.0.1")
+    await server.start_server()
+    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+    service = Service(server.app, server, http)
+    try:
+        workspace = uid("ws-")
+        chat = Chat(service, stub, workspace, "")
+        chat.key = await chat.issue_key(workspace)
+        yield chat
+        for client in chat.clients:
+            await client.close()
+    finally:
+        await http.close()
+        await server.close()
+        await stub.stop()
+
+
+# --- JSON mode ---------------------------------------------------------------------------------
+
+
+async def test_offline_model_answers_a_chat_completion(chat: Chat) -> None:
+    raw = await chat.client().chat.completions.with_raw_response.create(
+        model=OFFLINE, messages=HELLO
+    )
+    completion = raw.parse()
+    assert completion.object == "chat.completion"
+    assert completion.model == OFFLINE
+    (choice,) = completion.choices
+    assert choice.message.role == "assistant"
+    assert OFFLINE in (choice.message.content or "")
+    assert "hello there, model" in (choice.message.content or "")
+    assert choice.finish_reason == "stop"
+    usage = completion.usage
+    assert usage is not None and usage.completion_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    conversation_id = raw.headers["X-SVC-Conversation-Id"]
+    assert raw.headers["X-SVC-Cursor"]
+    types = [e.type for e in await chat.events(conversation_id)]
+    assert types[-3:] == [
+        "conversation.user_message_received",
+        "conversation.turn_started",
+        COMPLETED,
+    ]
+    assert chat.stub.calls == 0
+
+
+async def test_upstream_answer_and_usage(chat: Chat) -> None:
+    completion = await chat.client().chat.completions.create(
+        model=UPSTREAM_MODEL, messages=HELLO, max_tokens=3
+    )
+    assert completion.choices[0].message.content == "tok0 tok1 tok2 "
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage is not None and completion.usage.completion_tokens == 3
+    body = chat.stub.bodies[0]
+    assert body["model"] == UPSTREAM_MODEL and body["max_tokens"] == 3
+    assert "temperature" not in body and "top_p" not in body
+
+
+async def test_request_temperature_is_sent_upstream(chat: Chat) -> None:
+    await chat.client().chat.completions.create(
+        model=UPSTREAM_MODEL, messages=HELLO, temperature=0.3, top_p=0.5
+    )
+    assert (chat.stub.bodies[0]["temperature"], chat.stub.bodies[0]["top_p"]) == (0.3, 0.5)
+
+
+async def test_models_list(chat: Chat) -> None:
+    models = await chat.client().models.list()
+    assert {m.id for m in models.data} == {OFFLINE, UPSTREAM_MODEL}
+
+
+# --- streaming -------------------------------------------------------------------------------
+
+
+async def test_stream_sends_each_delta_as_its_own_chunk(chat: Chat) -> None:
+    stream = await chat.client().chat.completions.create(
+        model=UPSTREAM_MODEL, messages=HELLO, stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert len({c.id for c in chunks}) == 1
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert texts == ["tok0 ", "tok1 ", "tok2 ", "tok3 ", "tok4 "]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks] == [None] * 5 + ["stop"]
+    assert all(c.usage is None for c in chunks)
+
+
+async def test_stream_include_usage_adds_a_usage_chunk(chat: Chat) -> None:
+    stream = await chat.client().chat.completions.create(
+        model=UPSTREAM_MODEL,
+        messages=HELLO,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    last = chunks[-1]
+    assert last.choices == []
+    assert last.usage is not None
+    assert last.usage.completion_tokens == 5
+    assert last.usage.total_tokens == last.usage.prompt_tokens + 5
+
+
+async def test_stream_wire_format_ends_with_done_and_carries_the_cursor(chat: Chat) -> None:
+    resp = await chat.raw_post({"model": OFFLINE, "messages": HELLO, "stream": True})
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    assert resp.headers["X-SVC-Conversation-Id"]
+    reader = SseReader(resp)
+    frames = []
+    while (frame := await reader.frame()) is not None:
+        frames.append(frame)
+    assert frames[-1].data == "[DONE]"
+    chunks = [orjson.loads(f.data) for f in frames[:-1]]
+    words = [c["choices"][0]["delta"].get("content") for c in chunks[:-1]]
+    assert len(words) > 5 and all(w and len(w.split()) == 1 for w in words)
+    finishing = frames[-2]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert finishing.id
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+async def test_out_of_range_temperature_is_a_bad_request(chat: Chat) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        await chat.client().chat.completions.create(model=OFFLINE, messages=HELLO, temperature=3)
+    assert caught.value.status_code == 400
+    assert "temperature" in caught.value.message
+    assert chat.stub.calls == 0
+
+
+async def test_n_above_one_is_refused_clearly(chat: Chat) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        await chat.client().chat.completions.create(model=OFFLINE, messages=HELLO, n=2)
+    assert "n=1" in caught.value.message
+
+
+async def test_invalid_key_is_401(chat: Chat) -> None:
+    with pytest.raises(openai.AuthenticationError) as caught:
+        await chat.client("svc_not-a-real-key").chat.completions.create(
+            model=OFFLINE, messages=HELLO
+        )
+    assert caught.value.status_code == 401
+
+
+async def test_key_without_chat_scope_is_403(chat: Chat) -> None:
+    key = await chat.issue_key(chat.workspace, scopes=("admin:read",))
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        await chat.client(key).chat.completions.create(model=OFFLINE, messages=HELLO)
+    assert caught.value.status_code == 403
+
+
+async def test_unknown_model_is_404_listing_valid_models(chat: Chat) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        await chat.client().chat.completions.create(model="gpt-nope", messages=HELLO)
+    body = caught.value.body
+    assert isinstance(body, dict) and body["code"] == "model_not_found"
+    assert OFFLINE in caught.value.message and UPSTREAM_MODEL in caught.value.message
+
+
+async def test_rate_limited_key_gets_429(chat: Chat) -> None:
+    key = await chat.issue_key(chat.workspace, rpm=1)
+    client = chat.client(key)
+    await client.chat.completions.create(model=OFFLINE, messages=HELLO)
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client.chat.completions.create(model=OFFLINE, messages=HELLO)
+    assert caught.value.status_code == 429
+    assert caught.value.response.headers.get("Retry-After")
+
+
+async def test_upstream_failure_is_502_and_recorded(chat: Chat) -> None:
+    chat.stub.faults.append(stub_upstream.Fault(400, "context window exceeded"))
+    with pytest.raises(openai.InternalServerError) as caught:
+        await chat.client().chat.completions.with_raw_response.create(
+            model=UPSTREAM_MODEL, messages=HELLO
+        )
+    error = caught.value
+    assert error.status_code == 502
+    assert "context window exceeded" in error.message
+    conversation_id = error.response.headers["X-SVC-Conversation-Id"]
+    failed = await chat.wait_for_event(conversation_id, FAILED)
+    assert failed.data["error_code"] == "upstream_rejected"
+    assert chat.stub.calls == 1
+
+
+async def test_upstream_failure_before_streaming_keeps_its_status(chat: Chat) -> None:
+    chat.stub.faults.append(stub_upstream.Fault(401, "bad upstream key"))
+    with pytest.raises(openai.APIStatusError) as caught:
+        await chat.client().chat.completions.create(
+            model=UPSTREAM_MODEL, messages=HELLO, stream=True
+        )
+    assert caught.value.status_code == 502
+
+
+async def test_failure_mid_stream_is_an_error_frame(chat: Chat) -> None:
+    chat.stub.drop_after = 2
+    stream = await chat.client().chat.completions.create(
+        model=UPSTREAM_MODEL, messages=HELLO, stream=True
+    )
+    texts: list[str] = []
+    with pytest.raises(openai.APIError) as caught:
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                texts.append(chunk.choices[0].delta.content)
+    assert texts == ["tok0 ", "tok1 "]
+    assert "mid-answer" in caught.value.message
+    assert chat.stub.calls == 1
+
+
+# --- idempotency, conversations, disconnects ------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_idempotent_retry_makes_one_model_call(chat: Chat, stream: bool) -> None:
+    headers = {"Idempotency-Key": uid("idem-")}
+    answers = []
+    for _ in range(2):
+        raw = await chat.client().chat.completions.with_raw_response.create(
+            model=UPSTREAM_MODEL, messages=HELLO, stream=stream, extra_headers=headers
+        )
+        conversation = raw.headers["X-SVC-Conversation-Id"]
+        parsed = raw.parse()
+        if isinstance(parsed, openai.AsyncStream):
+            chunks = [c async for c in parsed]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            answers.append((conversation, chunks[0].id, text))
+        else:
+            answers.append((conversation, parsed.id, parsed.choices[0].message.content))
+    assert answers[0] == answers[1]
+    assert answers[0][2] == "tok0 tok1 tok2 tok3 tok4 "
+    assert chat.stub.calls == 1
+    completed = [e for e in await chat.events(answers[0][0]) if e.type == COMPLETED]
+    assert len(completed) == 1
+
+
+async def test_conversation_header_continues_a_conversation(chat: Chat) -> None:
+    client = chat.client()
+    first = await client.chat.completions.with_raw_response.create(model=OFFLINE, messages=HELLO)
+    conversation_id = first.headers["X-SVC-Conversation-Id"]
+    history = [
+        *HELLO,
+        {"role": "assistant", "content": first.parse().choices[0].message.content or ""},
+        {"role": "user", "content": "and a second question"},
+    ]
+    second = await client.chat.completions.with_raw_response.create(
+        model=OFFLINE,
+        messages=history,
+        extra_headers={"X-SVC-Conversation-Id": conversation_id},
+    )
+    assert second.headers["X-SVC-Conversation-Id"] == conversation_id
+    assert "and a second question" in (second.parse().choices[0].message.content or "")
+    events = await chat.events(conversation_id)
+    users = [e.data["content"] for e in events if e.type == "conversation.user_message_received"]
+    assert users == ["hello there, model", "and a second question"]
+    assert len([e for e in events if e.type == COMPLETED]) == 2
+
+
+async def test_another_workspace_cannot_continue_a_conversation(chat: Chat) -> None:
+    first = await chat.client().chat.completions.with_raw_response.create(
+        model=OFFLINE, messages=HELLO
+    )
+    conversation_id = first.headers["X-SVC-Conversation-Id"]
+    other = await chat.issue_key(uid("ws-"))
+    with pytest.raises(openai.NotFoundError):
+        await chat.client(other).chat.completions.create(
+            model=OFFLINE,
+            messages=HELLO,
+            extra_headers={"X-SVC-Conversation-Id": conversation_id},
+        )
+    assert len(await chat.events(conversation_id)) == len(
+        [e for e in await chat.events(conversation_id) if e.workspace_id == chat.workspace]
+    )
+
+
+async def test_malformed_conversation_header_is_a_bad_request(chat: Chat) -> None:
+    with pytest.raises(openai.BadRequestError):
+        await chat.client().chat.completions.create(
+            model=OFFLINE, messages=HELLO, extra_headers={"X-SVC-Conversation-Id": "a b/c"}
+        )
+
+
+async def test_disconnect_mid_stream_still_records_the_turn(chat: Chat) -> None:
+    chat.stub.tokens = 20
+    chat.stub.chunk_delay_s = 0.05
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
+    conversation_id = resp.headers["X-SVC-Conversation-Id"]
+    reader = SseReader(resp)
+    first = await reader.frame()
+    assert first is not None and "tok0" in first.data
+    resp.close()
+    completed = await chat.wait_for_event(conversation_id, COMPLETED)
+    assert completed.data["content"] == "".join(f"tok{i} " for i in range(20))
+    assert completed.data["finish_reason"] == "stop"
+    assert chat.stub.calls == 1
+
+
+async def test_turn_metrics_are_exported(chat: Chat) -> None:
+    await chat.client().chat.completions.create(model=OFFLINE, messages=HELLO)
+    with pytest.raises(openai.NotFoundError):
+        await chat.client().chat.completions.create(model="gpt-nope", messages=HELLO)
+    resp = await chat.service.http.get(chat.service.url("/metrics"))
+    text = await resp.text()
+    assert resp.status == 200
+    assert "svc_turn_duration_seconds_count" in text
+    assert 'svc_turn_errors_total{code="model_not_found"}' in text
+
+
+async def test_cursor_header_gives_read_your_writes(chat: Chat) -> None:
+    raw = await chat.client().chat.completions.with_raw_response.create(
+        model=OFFLINE, messages=[{"role": "user", "content": "remember the walrus"}]
+    )
+    answer = raw.parse().choices[0].message.content or ""
+    admin = await chat.issue_key(chat.workspace, scopes=("*",))
+    body = await chat.service.get_json(
+        "/v1/admin/conversations/messages",
+        admin,
+        id=raw.headers["X-SVC-Conversation-Id"],
+        min_cursor=raw.headers["X-SVC-Cursor"],
+    )
+    text = orjson.dumps(body).decode()
+    assert "remember the walrus" in text
+    assert answer[:40] in text
+
+
+async def test_disconnect_before_the_first_delta_still_records_the_turn(
+    chat: Chat, caplog: pytest.LogCaptureFixture
+) -> None:
+    chat.stub.delay_s = 1.0
+    key = uid("idem-")
+    body = {"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True}
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.3):
+            await chat.raw_post(body, **{"Idempotency-Key": key})
+    # The retry with the same key waits for the first attempt in the actor's mailbox.
+    resp = await chat.raw_post(body, **{"Idempotency-Key": key})
+    text = await resp.text()
+    assert resp.status == 200 and "tok4" in text and text.rstrip().endswith("data: [DONE]")
+    assert chat.stub.calls == 1
+    await asyncio.sleep(0.5)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

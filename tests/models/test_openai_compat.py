@@ -1,0 +1,200 @@
+"""The OpenAI-compatible provider against a real stub model server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from actors.models.openai_compat import OpenAICompatProvider
+from actors.models.port import ChatMessage, Finished, ModelEvent, ModelRequest, TextDelta
+from schemas.errors import UpstreamError, UpstreamTimeout
+
+API_KEY = "sk-test-secret-0123456789"
+
+
+def _load_stub() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "bench" / "stub_upstream.py"
+    spec = importlib.util.spec_from_file_location("stub_upstream", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("stub_upstream", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+stub_upstream = _load_stub()
+
+
+@pytest.fixture
+async def stub() -> AsyncIterator[Any]:
+    server = await stub_upstream.StubUpstream(tokens=5).start()
+    yield server
+    await server.stop()
+
+
+def provider(base_url: str, **kwargs: Any) -> OpenAICompatProvider:
+    options: dict[str, Any] = {
+        "base_url": base_url,
+        "model": "stub-model",
+        "api_key": API_KEY,
+        "retries": 3,
+        "backoff_base_s": 0.01,
+        "backoff_max_s": 0.05,
+    }
+    options.update(kwargs)
+    return OpenAICompatProvider(**options)
+
+
+def request(**kwargs: Any) -> ModelRequest:
+    messages = (ChatMessage("system", "be brief"), ChatMessage("user", "hello there"))
+    return ModelRequest(model="stub-model", messages=messages, **kwargs)
+
+
+async def collect(p: OpenAICompatProvider, req: ModelRequest) -> list[ModelEvent]:
+    try:
+        return [event async for event in p.stream(req)]
+    finally:
+        await p.aclose()
+
+
+async def test_streams_each_chunk_as_a_delta_then_usage(stub: Any) -> None:
+    events = await collect(provider(stub.base_url), request())
+
+    deltas = [e.text for e in events if isinstance(e, TextDelta)]
+    assert deltas == ["tok0 ", "tok1 ", "tok2 ", "tok3 ", "tok4 "]
+    finished = events[-1]
+    assert isinstance(finished, Finished)
+    assert finished.finish_reason == "stop"
+    assert (finished.usage.prompt_tokens, finished.usage.completion_tokens) == (4, 5)
+    body = stub.bodies[0]
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["model"] == "stub-model"
+    assert body["messages"][1] == {"role": "user", "content": "hello there"}
+    assert stub.headers[0]["Authorization"] == f"Bearer {API_KEY}"
+
+
+async def test_sampling_parameters_not_sent_when_blank(stub: Any) -> None:
+    await collect(provider(stub.base_url), request())
+    assert "temperature" not in stub.bodies[0]
+    assert "top_p" not in stub.bodies[0]
+    assert "max_tokens" not in stub.bodies[0]
+
+
+async def test_configured_sampling_sent_and_request_values_override(stub: Any) -> None:
+    await collect(provider(stub.base_url, temperature=0.2, top_p=0.9), request())
+    await collect(provider(stub.base_url, temperature=0.2), request(temperature=1.5, top_p=0.5))
+    assert (stub.bodies[0]["temperature"], stub.bodies[0]["top_p"]) == (0.2, 0.9)
+    assert (stub.bodies[1]["temperature"], stub.bodies[1]["top_p"]) == (1.5, 0.5)
+
+
+async def test_max_tokens_passed_and_length_reported(stub: Any) -> None:
+    events = await collect(provider(stub.base_url), request(max_tokens=2))
+    assert stub.bodies[0]["max_tokens"] == 2
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.finish_reason == "length"
+    assert len([e for e in events if isinstance(e, TextDelta)]) == 2
+
+
+async def test_timeout_fails_with_err_call_timeout_and_is_not_retried(stub: Any) -> None:
+    stub.delay_s = 2.0
+    with pytest.raises(UpstreamTimeout) as caught:
+        await collect(provider(stub.base_url, call_timeout_s=0.3), request())
+    assert caught.value.code == "ErrCallTimeout"
+    assert caught.value.http_status == 504
+    assert stub.calls == 1
+
+
+async def test_timeout_covers_a_slow_stream(stub: Any) -> None:
+    stub.chunk_delay_s = 0.5
+    events: list[ModelEvent] = []
+    p = provider(stub.base_url, call_timeout_s=0.8)
+    with pytest.raises(UpstreamTimeout):
+        async for event in p.stream(request()):
+            events.append(event)
+    await p.aclose()
+    assert 0 < len(events) < 5
+    assert stub.calls == 1
+
+
+async def test_transient_503_is_retried_then_succeeds(stub: Any) -> None:
+    stub.faults.extend([stub_upstream.Fault(503), stub_upstream.Fault(503)])
+    events = await collect(provider(stub.base_url), request())
+    assert isinstance(events[-1], Finished)
+    assert stub.calls == 3
+
+
+async def test_429_honours_retry_after_and_retries(stub: Any) -> None:
+    stub.faults.append(stub_upstream.Fault(429, "slow down", retry_after_s=0.01))
+    events = await collect(provider(stub.base_url), request())
+    assert isinstance(events[-1], Finished)
+    assert stub.calls == 2
+
+
+async def test_retries_are_bounded(stub: Any) -> None:
+    stub.faults.extend([stub_upstream.Fault(502)] * 10)
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url, retries=2), request())
+    assert caught.value.code == "upstream_unavailable"
+    assert stub.calls == 3
+
+
+async def test_400_is_not_retried_and_message_is_scrubbed(stub: Any) -> None:
+    leak = f"bad request; got Authorization: Bearer {API_KEY} and api_key=sk-other-abcdef123"
+    stub.faults.append(stub_upstream.Fault(400, leak))
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url), request())
+    assert stub.calls == 1
+    error = caught.value
+    assert error.http_status == 502
+    assert error.code == "upstream_rejected"
+    assert "bad request" in error.message
+    assert API_KEY not in error.message
+    assert "sk-other" not in error.message
+
+
+async def test_upstream_auth_failure_is_not_retried(stub: Any) -> None:
+    stub.faults.append(stub_upstream.Fault(401, "invalid key"))
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url), request())
+    assert caught.value.code == "upstream_auth_failed"
+    assert stub.calls == 1
+
+
+async def test_connection_drop_after_a_delta_is_not_retried(stub: Any) -> None:
+    stub.drop_after = 2
+    events: list[ModelEvent] = []
+    p = provider(stub.base_url)
+    with pytest.raises(UpstreamError) as caught:
+        async for event in p.stream(request()):
+            events.append(event)
+    await p.aclose()
+    assert caught.value.code == "upstream_interrupted"
+    assert [e for e in events if isinstance(e, TextDelta)]
+    assert stub.calls == 1
+
+
+async def test_connection_refused_is_retried_then_reported(stub: Any) -> None:
+    url = stub.base_url
+    await stub.stop()
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(url, retries=1), request())
+    assert caught.value.code == "upstream_unavailable"
+    assert "2 attempts" in caught.value.message
+
+
+async def test_one_pooled_session_reused_and_closed(stub: Any) -> None:
+    p = provider(stub.base_url)
+    for _ in range(3):
+        _ = [event async for event in p.stream(request())]
+    session = p._session
+    assert session is not None and not session.closed
+    await p.aclose()
+    assert session.closed
+    assert stub.calls == 3
