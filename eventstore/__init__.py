@@ -6,7 +6,7 @@ the xid horizon and wires the commit notifier and the log tailer to the store.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Database, PoolStats, translate_errors
@@ -80,6 +80,7 @@ async def open_store(
         idle_in_tx_timeout_ms=idle_in_tx_timeout_ms,
         connect_timeout_s=connect_timeout_s,
     )
+    stops: list[Callable[[], Awaitable[None]]] = [db.close]
     try:
         await apply_migrations(db, [STORE_MIGRATIONS, *migrations])
         await check_xid_horizon(db)
@@ -87,14 +88,13 @@ async def open_store(
         tailer = LogTailer(db, notifier, poll_interval_s=poll_interval_s)
         sampler = OpenTxAgeSampler(db, interval_s=sample_open_tx_every_s)
         await notifier.start()
+        stops.insert(0, notifier.stop)
         await tailer.start()
+        stops.insert(0, tailer.stop)
         sampler.start()
+        stops.insert(0, sampler.stop)
     except BaseException:
-        await db.close()
+        for stop in stops:
+            await stop()
         raise
-    return PostgresEventStore(
-        db,
-        on_commit=notifier.committed,
-        subscriber=tailer,
-        on_close=(tailer.stop, notifier.stop, sampler.stop, db.close),
-    )
+    return PostgresEventStore(db, on_commit=notifier.committed, subscriber=tailer, on_close=stops)

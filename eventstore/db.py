@@ -75,6 +75,8 @@ def translate_errors() -> Iterator[None]:
         raise StoreUnavailable(
             f"the event store connection is unusable ({type(exc).__name__}: {exc}); retry shortly"
         ) from exc
+    except asyncpg.InternalClientError as exc:
+        raise StoreError(f"event store driver failed internally: {exc}") from exc
     except OSError as exc:  # also TimeoutError (asyncio's included) on Python 3.11+
         reason = "timed out" if isinstance(exc, TimeoutError) else f"is unreachable ({exc})"
         raise StoreUnavailable(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import asyncpg
 
@@ -12,6 +12,7 @@ from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Connection, Database
 from eventstore.errors import ConcurrencyConflict, InvalidAppend, InvalidCursor, StoreError
 from eventstore.metrics import APPEND_SECONDS
+from eventstore.port import EventStore
 from eventstore.reads import EVENT_COLUMNS, log_head, read_log, row_to_event
 from eventstore.records import AppendResult, NewEvent, RecordedEvent, Snapshot
 
@@ -36,19 +37,26 @@ class LogSubscriber(Protocol):
 # duplicate of the same command blocks on this row until the first append commits (then sees
 # it and returns the first result) or rolls back (then acts itself). Events and ledger commit
 # or vanish together, so a command can never take effect twice or be recorded without effect.
+# The same statement reads the stream's head, saving a round trip on every append; when the
+# claim is lost the head is ignored.
 _CLAIM_COMMAND = """
-INSERT INTO processed_commands
-    (workspace_id, command_id, stream_id, first_version, last_version, last_position)
-VALUES ($1, $2, $3, 0, 0, 0)
-ON CONFLICT DO NOTHING
-RETURNING 1
+WITH claim AS (
+    INSERT INTO processed_commands
+        (workspace_id, command_id, stream_id, first_version, last_version, last_position)
+    VALUES ($1, $2, $3, 0, 0, 0)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT EXISTS (SELECT FROM claim) AS claimed, head.version, head.workspace_id
+FROM (SELECT) AS one
+LEFT JOIN LATERAL (
+    SELECT version, workspace_id FROM events WHERE stream_id = $3
+    ORDER BY version DESC LIMIT 1
+) AS head ON true
 """
 _FIRST_RESULT = """
 SELECT stream_id, first_version, last_version, last_tx, last_position
 FROM processed_commands WHERE workspace_id = $1 AND command_id = $2
-"""
-_STREAM_HEAD = """
-SELECT version, workspace_id FROM events WHERE stream_id = $1 ORDER BY version DESC LIMIT 1
 """
 # One statement writes the batch (versions base+1.., fenced by UNIQUE (stream_id, version):
 # never ON CONFLICT here, a second writer of a version must fail) and completes the ledger row.
@@ -178,6 +186,11 @@ class PostgresEventStore:
         command_id: str,
         workspace_id: str,
     ) -> AppendResult:
+        """Append `events` to `stream_id` in one transaction, once per `command_id`.
+
+        A `StoreUnavailable` raised while committing leaves the outcome unknown; retrying with
+        the same command id is safe: it either acts or returns the first result.
+        """
         _validate_append(stream_id, events, expected_version, command_id, workspace_id)
         started = time.perf_counter()
         try:
@@ -200,11 +213,13 @@ class PostgresEventStore:
         command_id: str,
         workspace_id: str,
     ) -> AppendResult:
-        if await conn.fetchval(_CLAIM_COMMAND, workspace_id, command_id, stream_id) is None:
+        claimed, head_version, head_workspace = await conn.fetchrow(
+            _CLAIM_COMMAND, workspace_id, command_id, stream_id
+        )
+        if not claimed:
             return _duplicate_result(await conn.fetchrow(_FIRST_RESULT, workspace_id, command_id))
-        head = await conn.fetchrow(_STREAM_HEAD, stream_id)
-        current = 0 if head is None else head["version"]
-        if head is not None and head["workspace_id"] != workspace_id:
+        current = head_version or 0
+        if head_workspace is not None and head_workspace != workspace_id:
             raise InvalidAppend(f"stream {stream_id!r} belongs to another workspace")
         if expected_version is not None and expected_version != current:
             raise ConcurrencyConflict(stream_id, expected_version)
@@ -229,10 +244,12 @@ class PostgresEventStore:
                     "an event with one of these event ids is already recorded"
                 ) from None
             raise
-        except asyncpg.DataError as exc:
-            # Raised for data the client cannot encode or PostgreSQL cannot store in jsonb
-            # (a non-JSON value, a \u0000 in a string).
-            raise InvalidAppend(f"event data or metadata cannot be stored as JSON: {exc}") from None
+        except asyncpg.DataError:
+            # The driver's message quotes the data, which may hold anything: keep it out.
+            raise InvalidAppend(
+                "event data or metadata cannot be stored as JSON "
+                "(a value that is not JSON, or a \\u0000 character in a string)"
+            ) from None
         return AppendResult(
             stream_id=stream_id,
             first_version=row["first_version"],
@@ -331,3 +348,9 @@ async def check_xid_horizon(db: Database) -> None:
             "physical backup instead, or advance the cluster's xid counter past it "
             "(pg_resetwal --next-transaction-id with the server stopped), then start again."
         )
+
+
+if TYPE_CHECKING:
+    # mypy proves the adapter satisfies the port.
+    def _conforms(store: PostgresEventStore) -> EventStore:
+        return store

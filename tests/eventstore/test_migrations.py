@@ -1,0 +1,182 @@
+"""Migrations, the reader role and the startup checks, on real PostgreSQL databases."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from eventstore.db import Database
+from eventstore.errors import StoreError
+from eventstore.migrate import STORE_MIGRATIONS, MigrationSource, apply_migrations
+from eventstore.records import NewEvent
+from eventstore.store import check_xid_horizon
+
+STORE_LABELS = ["eventstore/0001_event_store", "eventstore/0002_roles"]
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[Database]:
+    db = await Database.connect(database_url, max_size=4)
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
+@pytest.fixture
+def make_source(tmp_path: Path) -> Iterator[type[MigrationSource]]:
+    """Builds throwaway migration packages: `make(files)` -> MigrationSource."""
+    sys.path.insert(0, str(tmp_path))
+    yield MigrationSource
+    sys.path.remove(str(tmp_path))
+
+
+def write_package(root: Path, files: dict[str, str]) -> MigrationSource:
+    name = "svc_test_migrations_" + uuid.uuid4().hex[:8]
+    package = root / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for file_name, sql in files.items():
+        (package / file_name).write_text(sql)
+    return MigrationSource(name, name)
+
+
+async def recorded(db: Database) -> list[tuple[str, int, str]]:
+    async with db.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT namespace, version, name FROM schema_migrations ORDER BY namespace, version"
+        )
+    return [tuple(r) for r in rows]
+
+
+async def test_store_migrations_are_found_in_order() -> None:
+    found = STORE_MIGRATIONS.migrations()
+    assert [m.label for m in found] == STORE_LABELS
+
+
+async def test_concurrent_runs_on_a_fresh_database_apply_each_migration_once(
+    database_url: str,
+) -> None:
+    dbs = [await Database.connect(database_url, max_size=2) for _ in range(3)]
+    try:
+        results = await asyncio.gather(*(apply_migrations(d, [STORE_MIGRATIONS]) for d in dbs))
+        # Each migration applied by exactly one of the runs, whichever got there first.
+        assert sorted(label for r in results for label in r) == STORE_LABELS
+        assert await recorded(dbs[0]) == [
+            ("eventstore", 1, "event_store"),
+            ("eventstore", 2, "roles"),
+        ]
+        assert await apply_migrations(dbs[1], [STORE_MIGRATIONS]) == []
+    finally:
+        for d in dbs:
+            await d.close()
+
+
+async def test_sources_apply_in_order_and_a_failing_migration_leaves_no_trace(
+    db: Database, tmp_path: Path, make_source: type[MigrationSource]
+) -> None:
+    good = write_package(
+        tmp_path,
+        {
+            "0002_add_column.sql": "ALTER TABLE widgets ADD COLUMN size int;",
+            "0001_create.sql": "CREATE TABLE widgets (id int PRIMARY KEY);",
+            "README.txt": "not a migration",
+        },
+    )
+    bad = write_package(
+        tmp_path,
+        {
+            "0001_fine.sql": "CREATE TABLE gadgets (id int);",
+            "0002_broken.sql": "CREATE TABLE half_done (id int); SELECT no_such_function();",
+        },
+    )
+    applied = await apply_migrations(db, [STORE_MIGRATIONS, good])
+    assert applied == [
+        *STORE_LABELS,
+        f"{good.namespace}/0001_create",
+        f"{good.namespace}/0002_add_column",
+    ]
+    with pytest.raises(StoreError, match="no_such_function"):
+        await apply_migrations(db, [STORE_MIGRATIONS, good, bad])
+    async with db.acquire() as conn:
+        assert await conn.fetchval("SELECT to_regclass('half_done')") is None
+        assert await conn.fetchval("SELECT to_regclass('gadgets')") is not None
+    assert (bad.namespace, 2, "broken") not in await recorded(db)
+    assert (bad.namespace, 1, "fine") in await recorded(db)
+
+
+async def test_a_version_defined_twice_is_refused(
+    tmp_path: Path, make_source: type[MigrationSource]
+) -> None:
+    source = write_package(tmp_path, {"0001_a.sql": "SELECT 1;", "0001_b.sql": "SELECT 1;"})
+    with pytest.raises(StoreError, match="defined twice"):
+        source.migrations()
+
+
+async def test_scoped_transactions_run_as_the_reader_in_one_workspace(db: Database) -> None:
+    await apply_migrations(db, [STORE_MIGRATIONS])
+    async with db.scoped("ws-1") as conn:
+        who, ws = await conn.fetchrow(
+            "SELECT current_user, current_setting('svc.workspace_id', true)"
+        )
+    assert (who, ws) == ("svc_reader", "ws-1")
+    # Both settings were transaction-local: the pooled connection is back to normal.
+    async with db.acquire() as conn:
+        assert await conn.fetchval("SELECT current_user") != "svc_reader"
+        assert await conn.fetchval("SELECT current_setting('svc.workspace_id', true)") in (
+            None,
+            "",
+        )
+    # The reader role sees nothing of the store's own tables.
+    for table in ("events", "processed_commands", "snapshots"):
+        with pytest.raises(StoreError, match="permission denied"):
+            async with db.scoped("ws-1") as conn:
+                await conn.fetch(f"SELECT * FROM {table} LIMIT 1")
+
+
+async def test_a_store_restored_into_a_new_cluster_is_refused(db: Database) -> None:
+    await apply_migrations(db, [STORE_MIGRATIONS])
+    await check_xid_horizon(db)
+    async with db.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO events (stream_id, version, event_id, workspace_id, type, data)"
+            " VALUES ('s', 1, $1, 'w', 't', '{}')",
+            uuid.uuid4(),
+        )
+    await check_xid_horizon(db)
+    async with db.acquire() as conn:
+        # As if written by an older cluster that had consumed far more transaction ids.
+        await conn.execute("UPDATE events SET tx = '100000000000'::xid8")
+    with pytest.raises(StoreError, match="logical dump"):
+        await check_xid_horizon(db)
+
+
+async def test_open_store_migrates_wires_the_tailer_and_closes(database_url: str) -> None:
+    from eventstore import open_store
+
+    store = await open_store(database_url, max_size=4, sample_open_tx_every_s=0.05)
+    try:
+        feed = store.subscribe()
+        result = await store.append(
+            "s-1",
+            [NewEvent(type="t.Done", data={"a": 1})],
+            expected_version=0,
+            command_id="c-1",
+            workspace_id="w",
+        )
+        first = await asyncio.wait_for(anext(aiter(feed)), timeout=30)
+        assert (first.stream_id, first.cursor) == ("s-1", result.cursor)
+        await feed.aclose()  # type: ignore[attr-defined]
+    finally:
+        await asyncio.wait_for(store.close(), timeout=30)
+    check = await asyncpg.connect(database_url)
+    try:
+        assert await check.fetchval("SELECT count(*) FROM schema_migrations") == 2
+    finally:
+        await check.close()
