@@ -1,0 +1,90 @@
+"""What every admin handler shares: the acting principal with a scope, typed query parsing,
+typed JSON responses, commands to actors and the read-your-writes wait."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from actors.behaviour import ActorKey
+from eventstore.cursor import decode_cursor
+from gateway.auth import authenticate, require_scope
+from gateway.errors import describe_validation
+from gateway.state import PROJECTIONS, RUNTIME, Principal
+from schemas.commands import Command
+from schemas.errors import InvalidInput, Unavailable
+
+M = TypeVar("M", bound=BaseModel)
+
+READ = "admin:read"
+WRITE = "admin:write"
+READ_YOUR_WRITES_TIMEOUT_S = 5.0
+
+
+async def acting(request: web.Request, scope: str) -> Principal:
+    principal = await authenticate(request)
+    require_scope(principal, scope)
+    return principal
+
+
+def parse(model: type[M], values: Mapping[str, Any]) -> M:
+    try:
+        return model.model_validate(dict(values))
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation(exc)) from None
+
+
+def query(request: web.Request, model: type[M]) -> M:
+    """Validate the query string against `model`; an empty value counts as absent. Unknown
+    parameters are refused, so that a typo is a 400 rather than a silently ignored filter."""
+    values = {k: v for k, v in request.query.items() if v != ""}
+    return parse(model, values)
+
+
+def ok(model: BaseModel, *, status: int = 200) -> web.Response:
+    return web.Response(
+        status=status, body=model.model_dump_json(), content_type="application/json"
+    )
+
+
+def command_id(request: web.Request) -> str:
+    """The client's `Idempotency-Key`, else a fresh id (ARCHITECTURE.md decision 2)."""
+    given = request.headers.get("Idempotency-Key", "").strip()
+    if len(given) > 200:
+        raise InvalidInput(
+            "Idempotency-Key: at most 200 characters", code="invalid_idempotency_key"
+        )
+    return given or uuid.uuid4().hex
+
+
+async def ask(request: web.Request, key: ActorKey, command: Command) -> Any:
+    return await request.app[RUNTIME].ask(key, command)
+
+
+async def wait_applied(request: web.Request, cursor: str) -> bool:
+    """Wait (bounded) until every read model has applied `cursor`; False on timeout."""
+    reached: bool = await request.app[PROJECTIONS].wait_for(cursor, READ_YOUR_WRITES_TIMEOUT_S)
+    return reached
+
+
+def min_cursor(request: web.Request) -> str | None:
+    raw = request.query.get("min_cursor", "").strip()
+    if not raw:
+        return None
+    decode_cursor(raw)
+    return raw
+
+
+async def read_your_writes(request: web.Request) -> None:
+    """With `?min_cursor=<cursor>` (from a write's response or a feed), wait up to
+    READ_YOUR_WRITES_TIMEOUT_S until the read models have applied it, so the read sees it."""
+    cursor = min_cursor(request)
+    if cursor is not None and not await wait_applied(request, cursor):
+        raise Unavailable(
+            "the read models did not reach min_cursor in time; retry shortly",
+            code="projection_lagging",
+        )

@@ -1,0 +1,169 @@
+"""Conversation reads of the admin API, from the read models of the acting workspace:
+the list, one conversation's messages, turns, and its export as Markdown or JSON."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+from aiohttp import web
+
+from gateway.admin_common import READ, acting, ok, query, read_your_writes
+from gateway.state import DATABASE
+from projections import queries
+from schemas.admin import (
+    ConversationExport,
+    ConversationList,
+    ConversationMessage,
+    ConversationMessages,
+    ConversationSummary,
+    ExportQuery,
+    MessagesQuery,
+    PageQuery,
+    TurnError,
+    TurnList,
+    TurnRecord,
+    TurnsQuery,
+)
+from schemas.errors import NotFound
+
+_UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def summary(c: queries.Conversation) -> ConversationSummary:
+    return ConversationSummary(
+        id=c.id,
+        title=c.title,
+        workspace_id=c.workspace_id,
+        project_id=c.project_id,
+        folder=c.folder,
+        tags=list(c.tags),
+        agent=c.agent,
+        model=c.model,
+        message_count=c.message_count,
+        deleted=c.deleted,
+        created_at=c.created_at,
+        updated_at=c.updated_at,
+    )
+
+
+def message(m: queries.Message) -> ConversationMessage:
+    return ConversationMessage.model_validate(
+        {
+            "role": m.role,
+            "content": m.content,
+            "name": m.name,
+            "turn_id": m.turn_id,
+            "created_at": m.created_at,
+        }
+    )
+
+
+def turn(t: queries.Turn) -> TurnRecord:
+    failed = t.error_code is not None or t.error_message is not None
+    return TurnRecord.model_validate(
+        {
+            "turn_id": t.turn_id,
+            "conversation_id": t.conversation_id,
+            "status": t.status,
+            "model": t.model,
+            "prompt_tokens": t.prompt_tokens,
+            "completion_tokens": t.completion_tokens,
+            "tokens": t.total_tokens,
+            "duration_ms": t.duration_ms,
+            "error": TurnError(code=t.error_code, message=t.error_message) if failed else None,
+            "started_at": t.started_at,
+            "finished_at": t.finished_at,
+        }
+    )
+
+
+async def _conversation(request: web.Request, workspace_id: str, cid: str) -> queries.Conversation:
+    found = await queries.get_conversation(request.app[DATABASE], workspace_id, cid)
+    if found is None:
+        raise NotFound(f"conversation {cid!r} not found", code="conversation_not_found")
+    return found
+
+
+async def list_conversations(request: web.Request) -> web.Response:
+    principal = await acting(request, READ)
+    page = query(request, PageQuery)
+    await read_your_writes(request)
+    rows, total = await queries.list_conversations(
+        request.app[DATABASE], principal.workspace_id, limit=page.limit, offset=page.offset
+    )
+    return ok(
+        ConversationList(
+            conversations=[summary(c) for c in rows],
+            total=total,
+            limit=page.limit,
+            offset=page.offset,
+        )
+    )
+
+
+async def conversation_messages(request: web.Request) -> web.Response:
+    principal = await acting(request, READ)
+    params = query(request, MessagesQuery)
+    await read_your_writes(request)
+    await _conversation(request, principal.workspace_id, params.id)
+    rows = await queries.get_messages(request.app[DATABASE], principal.workspace_id, params.id)
+    return ok(ConversationMessages(conversation_id=params.id, messages=[message(m) for m in rows]))
+
+
+async def conversation_turns(request: web.Request) -> web.Response:
+    principal = await acting(request, READ)
+    params = query(request, TurnsQuery)
+    await read_your_writes(request)
+    if params.conversation_id is not None:
+        await _conversation(request, principal.workspace_id, params.conversation_id)
+    rows = await queries.list_turns(
+        request.app[DATABASE],
+        principal.workspace_id,
+        params.conversation_id,
+        limit=params.limit,
+    )
+    return ok(TurnList(conversation_id=params.conversation_id, turns=[turn(t) for t in rows]))
+
+
+def to_markdown(export: ConversationExport) -> str:
+    c = export.conversation
+    lines = [f"# {c.title or 'Conversation ' + c.id}", ""]
+    lines.append(f"- id: `{c.id}`")
+    lines.append(f"- created: {c.created_at.isoformat()}")
+    lines.append(f"- updated: {c.updated_at.isoformat()}")
+    if c.folder:
+        lines.append(f"- folder: {c.folder}")
+    if c.tags:
+        lines.append(f"- tags: {', '.join(c.tags)}")
+    lines.append(f"- exported: {export.exported_at.isoformat()}")
+    for m in export.messages:
+        author = f"{m.role} ({m.name})" if m.name else m.role
+        lines += ["", f"## {author} · {m.created_at.isoformat()}", "", m.content]
+    return "\n".join(lines) + "\n"
+
+
+async def export_conversation(request: web.Request) -> web.Response:
+    principal = await acting(request, READ)
+    params = query(request, ExportQuery)
+    await read_your_writes(request)
+    found = await _conversation(request, principal.workspace_id, params.conversation_id)
+    rows = await queries.get_messages(request.app[DATABASE], principal.workspace_id, found.id)
+    export = ConversationExport(
+        conversation=summary(found),
+        messages=[message(m) for m in rows],
+        exported_at=datetime.now(UTC),
+    )
+    stem = _UNSAFE_FILENAME.sub("_", found.id)[:100] or "conversation"
+    if params.format == "md":
+        body, content_type = to_markdown(export), "text/markdown"
+    else:
+        body, content_type = export.model_dump_json(indent=2), "application/json"
+    return web.Response(
+        text=body,
+        content_type=content_type,
+        charset="utf-8",
+        headers={
+            "Content-Disposition": f'attachment; filename="conversation-{stem}.{params.format}"'
+        },
+    )

@@ -1,0 +1,127 @@
+"""API key administration: issue (POST /v1/admin/apikeys), list (GET /v1/admin/apikeys) and
+revoke (POST /v1/admin/apikeys/{key_id}/revoke).
+
+Issuing and revoking are commands to the workspace actor; the handler never writes a table.
+The key is generated here, returned once, and only its sha256 enters the log. Both writes wait
+(bounded) for the read models to apply them before answering, so a new key authenticates at
+once, and a revoked key is refused within the authenticator's cache TTL (gateway/auth.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from aiohttp import web
+
+from actors.behaviour import CommandOutcome
+from actors.workspace import workspace_key
+from gateway.admin_common import (
+    WRITE,
+    acting,
+    ask,
+    command_id,
+    ok,
+    query,
+    read_your_writes,
+    wait_applied,
+)
+from gateway.auth import generate_key, hash_key
+from gateway.errors import read_json
+from gateway.state import DATABASE, Principal
+from projections import queries
+from schemas.admin import (
+    AdminRead,
+    ApiKeyCreate,
+    ApiKeyList,
+    ApiKeyRecord,
+    NewApiKey,
+    RevokedApiKey,
+)
+from schemas.commands import Command
+from schemas.errors import Conflict, SvcError
+from schemas.workspace import IssueApiKey, RevokeApiKey
+
+PREFIX_LEN = 8
+
+
+async def _execute(request: web.Request, principal: Principal, command: Command) -> CommandOutcome:
+    outcome = await ask(request, workspace_key(principal.workspace_id), command)
+    if not isinstance(outcome, CommandOutcome):
+        raise SvcError("the workspace actor answered without an outcome")
+    await wait_applied(request, outcome.cursor)
+    return outcome
+
+
+def record(key: queries.ApiKey) -> ApiKeyRecord:
+    return ApiKeyRecord(
+        id=key.key_id,
+        name=key.name,
+        prefix=key.prefix,
+        scopes=list(key.scopes),
+        rate_limit_rpm=key.rate_limit_rpm,
+        expires_at=key.expires_at,
+        created_at=key.created_at,
+        revoked_at=key.revoked_at,
+    )
+
+
+async def issue_key(request: web.Request) -> web.Response:
+    principal = await acting(request, WRITE)
+    body = await read_json(request, ApiKeyCreate)
+    key = generate_key()
+    command = IssueApiKey(
+        command_id=command_id(request),
+        workspace_id=principal.workspace_id,
+        key_id="key_" + uuid.uuid4().hex,
+        name=body.name,
+        key_hash=hash_key(key),
+        prefix=key[:PREFIX_LEN],
+        scopes=tuple(body.scopes),
+        rate_limit_rpm=body.rate_limit_rpm,
+        expires_at=body.expires_at,
+        at=datetime.now(UTC),
+    )
+    outcome = await _execute(request, principal, command)
+    if outcome.duplicate:
+        # The first request's key was shown once and never kept: it cannot be sent again.
+        raise Conflict(
+            "this Idempotency-Key already issued a key, which is shown only once; list the "
+            "keys to find it, or issue a new one with another Idempotency-Key",
+            code="duplicate_request",
+        )
+    return ok(
+        NewApiKey(
+            id=command.key_id,
+            name=command.name,
+            prefix=command.prefix,
+            scopes=list(command.scopes),
+            rate_limit_rpm=command.rate_limit_rpm,
+            expires_at=command.expires_at,
+            created_at=command.at,
+            key=key,
+            cursor=outcome.cursor,
+        ),
+        status=201,
+    )
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    # Key management is one privilege: listing the keys needs admin:write like issuing them.
+    principal = await acting(request, WRITE)
+    query(request, AdminRead)
+    await read_your_writes(request)
+    keys = await queries.list_api_keys(request.app[DATABASE], principal.workspace_id)
+    return ok(ApiKeyList(api_keys=[record(k) for k in keys]))
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    principal = await acting(request, WRITE)
+    command = RevokeApiKey(
+        command_id=command_id(request),
+        workspace_id=principal.workspace_id,
+        key_id=request.match_info["key_id"],
+        at=datetime.now(UTC),
+    )
+    outcome = await _execute(request, principal, command)
+    return ok(RevokedApiKey(id=command.key_id, revoked_at=command.at, cursor=outcome.cursor))

@@ -1,0 +1,326 @@
+"""The admin API over real HTTP on loopback against create_app on the embedded PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from test_admin_support import Service, service, uid
+
+from gateway.state import STORE
+
+__all__ = ["service"]
+
+# See test_feeds.py: the store's LISTEN connection warns on close, which must not abort shutdown.
+pytestmark = pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")
+
+
+async def chatty_workspace(svc: Service) -> tuple[str, str, str]:
+    """A workspace with an admin key and one conversation of two turns."""
+    ws = uid("ws-")
+    key = await svc.issue_key(ws, ("admin:read", "admin:write"))
+    cid = await svc.start_conversation(ws, "Quarterly numbers")
+    await svc.run_turn(ws, cid, "What were the numbers?")
+    await svc.run_turn(ws, cid, "And last year?")
+    return ws, key, cid
+
+
+def assert_error(body: dict[str, object], code: str | None = None) -> None:
+    error = body["error"]
+    assert isinstance(error, dict) and error["message"]
+    if code is not None:
+        assert error["code"] == code, error
+
+
+async def test_conversations_list_shape_and_paging(service: Service) -> None:
+    ws, key, cid = await chatty_workspace(service)
+    other = await service.start_conversation(ws, "Second")
+    body = await service.get_json("/v1/admin/conversations", key)
+    assert (body["total"], body["limit"], body["offset"]) == (2, 50, 0)
+    assert [c["id"] for c in body["conversations"]] == [other, cid]
+    item = body["conversations"][1]
+    for name in ("id", "title", "folder", "tags", "updated_at", "created_at", "workspace_id"):
+        assert name in item
+    assert item["title"] == "Quarterly numbers" and item["workspace_id"] == ws
+    page = await service.get_json("/v1/admin/conversations", key, limit=1, offset=1)
+    assert [c["id"] for c in page["conversations"]] == [cid]
+    assert (page["total"], page["limit"], page["offset"]) == (2, 1, 1)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"limit": 0},
+        {"limit": 201},
+        {"limit": "ten"},
+        {"offset": -1},
+        {"offset": "x"},
+        {"limt": 5},
+    ],
+)
+async def test_conversations_paging_validation(service: Service, params: dict[str, object]) -> None:
+    key = await service.issue_key(uid("ws-"), ("admin:read",))
+    body = await service.get_json("/v1/admin/conversations", key, 400, **params)
+    assert_error(body, "invalid_request")
+    assert body["error"]["type"] == "invalid_request_error"
+    assert next(iter(params)) in body["error"]["message"]
+
+
+async def test_messages_oldest_first(service: Service) -> None:
+    _, key, cid = await chatty_workspace(service)
+    body = await service.get_json("/v1/admin/conversations/messages", key, id=cid)
+    assert body["conversation_id"] == cid
+    messages = body["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert messages[0]["content"] == "What were the numbers?"
+    assert set(messages[0]) == {"role", "content", "name", "turn_id", "created_at"}
+    assert messages[0]["turn_id"] == messages[1]["turn_id"]
+    created = [m["created_at"] for m in messages]
+    assert created == sorted(created)
+
+
+async def test_unknown_conversation_is_404(service: Service) -> None:
+    key = await service.issue_key(uid("ws-"), ("admin:read",))
+    for path, params in (
+        ("/v1/admin/conversations/messages", {"id": "nope"}),
+        ("/v1/admin/conversations/turns", {"conversation_id": "nope"}),
+        ("/v1/admin/conversations/export", {"conversation_id": "nope"}),
+        ("/v1/admin/conversations/events", {"id": "nope"}),
+    ):
+        body = await service.get_json(path, key, 404, **params)
+        assert_error(body, "conversation_not_found")
+    body = await service.get_json("/v1/admin/conversations/messages", key, 400)
+    assert_error(body, "invalid_request")
+
+
+async def test_turns(service: Service) -> None:
+    _, key, cid = await chatty_workspace(service)
+    body = await service.get_json("/v1/admin/conversations/turns", key, conversation_id=cid)
+    assert body["conversation_id"] == cid
+    turns = body["turns"]
+    assert len(turns) == 2
+    for turn in turns:
+        assert turn["status"] == "completed"
+        assert turn["model"] == "svc-offline"
+        assert turn["tokens"] == turn["prompt_tokens"] + turn["completion_tokens"] > 0
+        assert turn["duration_ms"] is not None and turn["error"] is None
+    limited = await service.get_json(
+        "/v1/admin/conversations/turns", key, conversation_id=cid, limit=1
+    )
+    assert [t["turn_id"] for t in limited["turns"]] == [turns[0]["turn_id"]]
+    everywhere = await service.get_json("/v1/admin/conversations/turns", key)
+    assert everywhere["conversation_id"] is None and len(everywhere["turns"]) == 2
+    await service.get_json("/v1/admin/conversations/turns", key, 400, limit=0)
+
+
+async def test_export_markdown_and_json(service: Service) -> None:
+    _, key, cid = await chatty_workspace(service)
+    resp = await service.get(
+        "/v1/admin/conversations/export", key, conversation_id=cid, format="md"
+    )
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/markdown")
+    assert resp.headers["Content-Disposition"] == f'attachment; filename="conversation-{cid}.md"'
+    text = await resp.text()
+    assert text.startswith("# Quarterly numbers\n")
+    assert "What were the numbers?" in text and "## assistant" in text
+
+    resp = await service.get("/v1/admin/conversations/export", key, conversation_id=cid)
+    assert resp.status == 200
+    assert resp.headers["Content-Disposition"].endswith('.json"')
+    body = await resp.json()
+    assert body["conversation"]["id"] == cid
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user", "assistant"]
+
+    bad = await service.get_json(
+        "/v1/admin/conversations/export", key, 400, conversation_id=cid, format="pdf"
+    )
+    assert "format" in bad["error"]["message"]
+
+
+async def test_event_history_rebuilds_state_at_a_version(service: Service) -> None:
+    ws = uid("ws-")
+    key = await service.issue_key(ws, ("admin:read",))
+    cid = await service.start_conversation(ws, "first")
+    await service.rename(ws, cid, "second")
+    await service.rename(ws, cid, "third")
+    path = "/v1/admin/conversations/events"
+    full = await service.get_json(path, key, id=cid)
+    assert (full["version"], full["at_version"]) == (3, 3)
+    assert [e["version"] for e in full["events"]] == [1, 2, 3]
+    assert [e["type"] for e in full["events"]] == [
+        "conversation.started",
+        "conversation.renamed",
+        "conversation.renamed",
+    ]
+    assert full["state"]["title"] == "third"
+    at2 = await service.get_json(path, key, id=cid, at_version=2)
+    assert (at2["version"], at2["at_version"]) == (3, 2)
+    assert len(at2["events"]) == 2 and at2["state"]["title"] == "second"
+    at1 = await service.get_json(path, key, id=cid, at_version=1)
+    assert at1["state"]["title"] == "first"
+    assert_error(await service.get_json(path, key, 400, id=cid, at_version=4), "invalid_version")
+    assert_error(await service.get_json(path, key, 400, id=cid, at_version=-1))
+
+
+async def test_overview_and_analytics(service: Service) -> None:
+    _, key, _ = await chatty_workspace(service)
+    body = await service.get_json("/v1/admin/overview", key)
+    counts = body["counts"]
+    assert counts["conversations"] == 1 and counts["messages"] == 4 and counts["turns"] == 2
+    assert counts["api_keys_active"] == 1
+    assert body["health"]["database"] == "ok"
+    assert {p["name"] for p in body["health"]["projections"]} >= {"conversations", "turns"}
+
+    body = await service.get_json("/v1/admin/analytics", key, bucket="hour")
+    assert body["bucket"] == "hour"
+    assert body["totals"]["turns"] == 2 and body["totals"]["completed"] == 2
+    assert len(body["series"]) in (24, 25)
+    assert sum(b["turns"] for b in body["series"]) == 2
+    day = await service.get_json(
+        "/v1/admin/analytics", key, since="2026-01-01T00:00:00Z", until="2026-01-08T00:00:00Z"
+    )
+    assert day["bucket"] == "day" and len(day["series"]) == 7
+    assert day["totals"]["turns"] == 0
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"bucket": "week"},
+        {"since": "yesterday"},
+        {"until": "2026-13-01"},
+        {"since": "2026-02-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"},
+        {"since": "2020-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"},
+        {"since": "2026-01-01T00:00:00Z", "until": "2026-03-01T00:00:00Z", "bucket": "hour"},
+    ],
+)
+async def test_analytics_validation(service: Service, params: dict[str, str]) -> None:
+    key = await service.issue_key(uid("ws-"), ("admin:read",))
+    body = await service.get_json("/v1/admin/analytics", key, 400, **params)
+    assert body["error"]["type"] == "invalid_request_error"
+
+
+async def test_scopes(service: Service) -> None:
+    ws = uid("ws-")
+    chat = await service.issue_key(ws, ("chat",))
+    reader = await service.issue_key(ws, ("admin:read",))
+    body = await service.get_json("/v1/admin/overview", chat, 403)
+    assert_error(body, "insufficient_scope")
+    body = await service.post_json(
+        "/v1/admin/apikeys", reader, {"name": "x", "scopes": ["chat"]}, 403
+    )
+    assert_error(body, "insufficient_scope")
+    resp = await service.http.get(service.url("/v1/admin/overview"))
+    assert resp.status == 401
+
+
+async def test_api_keys_issue_list_revoke(service: Service) -> None:
+    ws = uid("ws-")
+    admin = await service.issue_key(ws, ("admin:read", "admin:write"))
+    issued = await service.post_json(
+        "/v1/admin/apikeys",
+        admin,
+        {"name": "ci", "scopes": ["admin:read"], "rate_limit_rpm": 600},
+        201,
+    )
+    assert issued["key"].startswith("svc_") and issued["prefix"] == issued["key"][:8]
+    assert issued["scopes"] == ["admin:read"] and issued["rate_limit_rpm"] == 600
+    new_key = issued["key"]
+
+    # The new key works at once.
+    assert (await service.get_json("/v1/admin/overview", new_key))["workspace_id"] == ws
+
+    listing = await service.get_json("/v1/admin/apikeys", admin)
+    by_id = {k["id"]: k for k in listing["api_keys"]}
+    assert issued["id"] in by_id
+    for record in listing["api_keys"]:
+        assert "key" not in record and "key_hash" not in record
+    assert new_key not in str(listing)
+    assert by_id[issued["id"]]["revoked_at"] is None
+
+    revoked = await service.post_json(f"/v1/admin/apikeys/{issued['id']}/revoke", admin, None)
+    assert revoked["id"] == issued["id"] and revoked["revoked_at"]
+    listing = await service.get_json("/v1/admin/apikeys", admin, min_cursor=revoked["cursor"])
+    assert {k["id"]: k for k in listing["api_keys"]}[issued["id"]]["revoked_at"]
+
+    # Refused once the authenticator's short cache (gateway/auth.py CACHE_TTL_S) has expired.
+    status = 200
+    for _ in range(100):
+        resp = await service.get("/v1/admin/overview", new_key)
+        status = resp.status
+        if status == 401:
+            assert_error(await resp.json(), "unauthorized")
+            break
+        await asyncio.sleep(0.1)
+    assert status == 401
+
+    body = await service.post_json("/v1/admin/apikeys/key_nope/revoke", admin, None, 404)
+    assert_error(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"name": "x"},
+        {"name": "x", "scopes": []},
+        {"name": "x", "scopes": ["root"]},
+        {"name": "x", "scopes": ["chat"], "rate_limit_rpm": 0},
+        {"name": "x", "scopes": ["chat"], "expires_at": "soon"},
+        {"name": "x", "scopes": ["chat"], "expires_at": "2001-01-01T00:00:00Z"},
+        {"name": "", "scopes": ["chat"]},
+        {"name": "x", "scopes": ["chat"], "extra": 1},
+    ],
+)
+async def test_api_key_validation(service: Service, body: dict[str, object]) -> None:
+    admin = await service.issue_key(uid("ws-"), ("admin:write",))
+    assert_error(await service.post_json("/v1/admin/apikeys", admin, body, 400))
+
+
+async def test_cross_tenant_isolation(service: Service) -> None:
+    """A key of workspace A sees nothing of workspace B through any admin endpoint."""
+    ws_b, key_b, cid_b = await chatty_workspace(service)
+    ws_a = uid("ws-")
+    key_a = await service.issue_key(ws_a, ("*",))
+    cid_a = await service.start_conversation(ws_a, "mine")
+    b_keys = await service.get_json("/v1/admin/apikeys", key_b)
+    b_key_id = b_keys["api_keys"][0]["id"]
+
+    listing = await service.get_json("/v1/admin/conversations", key_a)
+    assert [c["id"] for c in listing["conversations"]] == [cid_a] and listing["total"] == 1
+    for path, params in (
+        ("/v1/admin/conversations/messages", {"id": cid_b}),
+        ("/v1/admin/conversations/turns", {"conversation_id": cid_b}),
+        ("/v1/admin/conversations/export", {"conversation_id": cid_b, "format": "md"}),
+        ("/v1/admin/conversations/export", {"conversation_id": cid_b, "format": "json"}),
+        ("/v1/admin/conversations/events", {"id": cid_b}),
+    ):
+        body = await service.get_json(path, key_a, 404, **params)
+        assert cid_b in body["error"]["message"] and ws_b not in str(body)
+    turns = await service.get_json("/v1/admin/conversations/turns", key_a)
+    assert turns["turns"] == []
+    overview = await service.get_json("/v1/admin/overview", key_a)
+    assert overview["workspace_id"] == ws_a
+    assert overview["counts"]["conversations"] == 1 and overview["counts"]["turns"] == 0
+    assert overview["counts"]["messages"] == 0
+    analytics = await service.get_json("/v1/admin/analytics", key_a)
+    assert analytics["totals"]["turns"] == 0
+    a_keys = await service.get_json("/v1/admin/apikeys", key_a)
+    assert b_key_id not in {k["id"] for k in a_keys["api_keys"]}
+    body = await service.post_json(f"/v1/admin/apikeys/{b_key_id}/revoke", key_a, None, 404)
+    assert_error(body)
+    # B's key still works: A could not revoke it.
+    assert (await service.get_json("/v1/admin/overview", key_b))["workspace_id"] == ws_b
+
+
+async def test_min_cursor(service: Service) -> None:
+    ws = uid("ws-")
+    key = await service.issue_key(ws, ("admin:read",))
+    head = await service.app[STORE].head()
+    body = await service.get_json("/v1/admin/conversations", key, min_cursor=head)
+    assert body["total"] == 0
+    assert_error(
+        await service.get_json("/v1/admin/conversations", key, 400, min_cursor="garbage"),
+        "invalid_cursor",
+    )

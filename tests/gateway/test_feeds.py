@@ -1,0 +1,351 @@
+"""The SSE feeds over real HTTP on loopback: framing, resume without skips or repeats, type
+filters, cursor validation, workspace isolation, redaction, slow consumers and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_admin_support import Frame, Service, open_feed, service, start_service, uid
+
+from eventstore.records import NewEvent
+from gateway import feeds
+from gateway.state import STORE, TAILER
+
+__all__ = ["service"]
+
+# Closing the store's LISTEN connection warns (asyncpg InterfaceWarning); under the suite's
+# warnings-as-errors that warning aborts the platform's shutdown and the server never closes.
+pytestmark = pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")
+
+EVENTS = "/v1/events/stream"
+WEB = "/v1/web/stream"
+
+
+async def log_cursors(svc: Service, workspace_id: str, types: list[str] | None = None) -> list[str]:
+    records = await svc.app[STORE].read_all(None, 10_000, workspace_id=workspace_id, types=types)
+    return [r.cursor for r in records]
+
+
+def ids(frames: list[Frame]) -> list[str]:
+    out = []
+    for frame in frames:
+        assert frame.id is not None
+        assert frame.json()["cursor"] == frame.id
+        out.append(frame.id)
+    return out
+
+
+async def test_frames_carry_cursor_type_and_payload(service: Service) -> None:
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    await service.append_pings(ws, 3)
+    expected = await log_cursors(service, ws)
+    resp, reader = await open_feed(service, EVENTS, key)
+    first = await reader.frame()
+    assert first is not None and first.retry == 3000
+    frames = await reader.events(len(expected))
+    resp.close()
+    assert ids(frames) == expected
+    ping = frames[-1]
+    assert ping.event == "test.ping"
+    body = ping.json()
+    assert set(body) == {"type", "stream_id", "version", "data", "recorded_at", "cursor"}
+    assert body["type"] == "test.ping" and body["version"] == 3
+    assert body["stream_id"].startswith("test:") and body["data"]["n"] == 2
+
+
+@pytest.mark.parametrize("how", ["last_event_id", "cursor"])
+async def test_resume_never_skips_or_repeats(service: Service, how: str) -> None:
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    await service.append_pings(ws, 30)
+    resp, reader = await open_feed(service, EVENTS, key)
+    seen = ids(await reader.events(12))
+    resp.close()
+
+    await service.append_pings(ws, 20)
+    expected = await log_cursors(service, ws)
+    if how == "last_event_id":
+        resp, reader = await open_feed(service, EVENTS, key, last_event_id=seen[-1])
+    else:
+        resp, reader = await open_feed(service, EVENTS, key, cursor=seen[-1])
+    seen += ids(await reader.events(len(expected) - len(seen)))
+    assert seen == expected
+
+    # Live: the next frame is the next event, not a repeat.
+    sentinel = await service.append_pings(ws, 1, kind="test.sentinel")
+    (frame,) = await reader.events(1)
+    resp.close()
+    assert frame.event == "test.sentinel" and frame.id == sentinel
+
+
+async def test_last_event_id_wins_over_cursor_parameter(service: Service) -> None:
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    await service.append_pings(ws, 5)
+    expected = await log_cursors(service, ws)
+    resp, reader = await open_feed(
+        service, EVENTS, key, last_event_id=expected[-2], cursor=expected[0]
+    )
+    (frame,) = await reader.events(1)
+    resp.close()
+    assert frame.id == expected[-1]
+
+
+async def test_types_filter(service: Service) -> None:
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    for _ in range(3):
+        await service.append_pings(ws, 2, kind="test.a")
+        await service.append_pings(ws, 2, kind="test.b")
+        await service.append_pings(ws, 2, kind="test.c")
+    expected = await log_cursors(service, ws, ["test.a", "test.c"])
+    resp, reader = await open_feed(service, EVENTS, key, types="test.a,test.c")
+    frames = await reader.events(len(expected))
+    assert ids(frames) == expected
+    assert {f.event for f in frames} == {"test.a", "test.c"}
+    # Resuming a filtered feed from its last id is exact too.
+    resp.close()
+    await service.append_pings(ws, 1, kind="test.b")
+    last = await service.append_pings(ws, 1, kind="test.c")
+    resp, reader = await open_feed(
+        service, EVENTS, key, types="test.a,test.c", cursor=frames[-1].id or ""
+    )
+    (frame,) = await reader.events(1)
+    resp.close()
+    assert frame.id == last
+
+
+@pytest.mark.parametrize("path", [EVENTS, WEB])
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        ("header", "nonsense"),
+        ("query", "c1AAAA"),
+        ("query", "c1" + "_" * 22),
+        ("query", "c1__________________8"),
+    ],
+)
+async def test_malformed_cursor_is_a_400_before_the_stream(
+    service: Service, path: str, where: str, value: str
+) -> None:
+    key = await service.issue_key(uid("ws-"))
+    headers = service.auth(key)
+    params = {}
+    if where == "header":
+        headers["Last-Event-ID"] = value
+    else:
+        params["cursor"] = value
+    resp = await service.http.get(service.url(path), headers=headers, params=params)
+    assert resp.status == 400
+    assert resp.headers["Content-Type"].startswith("application/json")
+    body = await resp.json()
+    assert body["error"]["code"] == "invalid_cursor"
+    assert body["error"]["type"] == "invalid_request_error"
+
+
+async def test_bad_types_and_start_are_400(service: Service) -> None:
+    key = await service.issue_key(uid("ws-"))
+    for params in ({"types": "a b"}, {"start": "yesterday"}):
+        resp = await service.http.get(service.url(EVENTS), headers=service.auth(key), params=params)
+        assert resp.status == 400, params
+        assert (await resp.json())["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("path", [EVENTS, WEB])
+async def test_feeds_need_a_valid_key(service: Service, path: str) -> None:
+    resp = await service.http.get(service.url(path))
+    assert resp.status == 401
+    resp = await service.http.get(service.url(path), headers=service.auth("svc_nope"))
+    assert resp.status == 401
+    assert (await resp.json())["error"]["code"] == "unauthorized"
+
+
+async def test_start_latest_skips_history(service: Service) -> None:
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    await service.append_pings(ws, 5)
+    resp, reader = await open_feed(service, EVENTS, key, start="latest")
+    await reader.frame()
+    last = await service.append_pings(ws, 1, kind="test.live")
+    (frame,) = await reader.events(1)
+    resp.close()
+    assert frame.id == last and frame.event == "test.live"
+
+
+async def test_web_stream_carries_conversation_events_only(service: Service) -> None:
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    await service.append_pings(ws, 3)
+    cid = await service.start_conversation(ws, "first")
+    await service.rename(ws, cid, "second")
+    expected = [
+        r.cursor
+        for r in await service.app[STORE].read_all(None, 1000, workspace_id=ws)
+        if r.stream_id.startswith("conversation:")
+    ]
+    resp, reader = await open_feed(service, WEB, key)
+    frames = await reader.events(len(expected))
+    resp.close()
+    assert ids(frames) == expected
+    assert [f.event for f in frames] == ["conversation.started", "conversation.renamed"]
+    assert all(f.json()["stream_id"] == f"conversation:{cid}" for f in frames)
+
+
+async def test_workspace_isolation_on_both_feeds(service: Service) -> None:
+    a, b = uid("ws-a-"), uid("ws-b-")
+    key_a = await service.issue_key(a)
+    await service.issue_key(b)
+    cid_b = await service.start_conversation(b, "secret plans of b")
+    await service.append_pings(b, 5)
+    await service.start_conversation(a, "a's chat")
+    sentinel = await service.append_pings(a, 1, kind="test.sentinel")
+    expected = await log_cursors(service, a)
+    for path in (EVENTS, WEB):
+        resp, reader = await open_feed(service, path, key_a)
+        frames: list[Frame] = []
+        while not frames or frames[-1].id != sentinel:
+            frame = await reader.frame(5.0 if path == WEB else 20.0)
+            if frame is None:
+                break
+            if frame.event is not None:
+                frames.append(frame)
+            if path == WEB and frames and frames[-1].event == "conversation.started":
+                break
+        resp.close()
+        assert frames
+        for frame in frames:
+            assert b not in frame.data and cid_b not in frame.data
+            assert frame.id in expected
+
+
+async def test_secret_fields_are_redacted(service: Service) -> None:
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    await service.app[STORE].append(
+        uid("test:"),
+        [
+            feeds_event(
+                {
+                    "push_token": "tok",
+                    "nested": {"clientSecret": "s", "password": "p", "prompt_tokens": 7},
+                }
+            )
+        ],
+        expected_version=0,
+        command_id=uid("cmd-"),
+        workspace_id=ws,
+    )
+    resp, reader = await open_feed(service, EVENTS, key)
+    frames = []
+    while not frames or frames[-1].event != "test.secrets":
+        frames += await reader.events(1)
+    resp.close()
+    issued = [f for f in frames if f.event == "workspace.api_key_issued"]
+    assert issued and all(f.json()["data"]["key_hash"] == feeds.REDACTED for f in issued)
+    data = frames[-1].json()["data"]
+    assert data["push_token"] == feeds.REDACTED
+    assert data["nested"] == {
+        "clientSecret": feeds.REDACTED,
+        "password": feeds.REDACTED,
+        "prompt_tokens": 7,
+    }
+
+
+def feeds_event(data: dict[str, Any]) -> NewEvent:
+    return NewEvent("test.secrets", data)
+
+
+def test_secret_field_names() -> None:
+    for name in ("key_hash", "push_token", "clientSecret", "password", "api-token", "hash"):
+        assert feeds.is_secret_field(name), name
+    for name in ("prompt_tokens", "total_tokens", "hashtag", "title", "tokenizer"):
+        assert not feeds.is_secret_field(name), name
+
+
+async def test_slow_consumer_is_cut_off_with_its_cursor(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A small per-subscriber queue (above the batches appended here, below what a blocked
+    # socket leaves waiting) so that a few thousand events overflow it.
+    monkeypatch.setattr(service.app[TAILER], "_max_queue", 200)
+    monkeypatch.setattr(feeds, "WRITE_TIMEOUT_S", 120.0)
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    head = await service.app[STORE].head()
+    slow, slow_reader = await open_feed(service, EVENTS, key, cursor=head)
+    fast, fast_reader = await open_feed(service, EVENTS, key, cursor=head)
+    assert (await slow_reader.frame()) is not None  # retry frame; then stop reading
+    await fast_reader.frame()
+
+    fast_frames: list[Frame] = []
+    total = 0
+    for _ in range(150):
+        await service.append_pings(ws, 20, size=8000)
+        total += 20
+        fast_frames += await fast_reader.events(20)
+    assert len(fast_frames) == total
+
+    # Now the slow client reads: what it got is a prefix of the log, then the final frame.
+    received: list[Frame] = []
+    while True:
+        frame = await slow_reader.frame()
+        assert frame is not None, "the feed ended without its final frame"
+        if frame.event == "error":
+            break
+        if frame.event is not None:
+            received.append(frame)
+    body = frame.json()
+    assert body["error"]["code"] == "subscriber_too_slow"
+    assert len(received) < total
+    expected = ids(fast_frames)
+    assert ids(received) == expected[: len(received)]
+    cut = body["cursor"]
+    assert frame.id == cut and cut == (received[-1].id if received else head)
+    assert await slow_reader.frame() is None
+    slow.close()
+
+    # Resuming from the final frame's cursor continues exactly where it stopped.
+    monkeypatch.setattr(service.app[TAILER], "_max_queue", 10_000)
+    resp, reader = await open_feed(service, EVENTS, key, last_event_id=cut)
+    rest = ids(await reader.events(total - len(received)))
+    resp.close()
+    fast.close()
+    assert ids(received) + rest == expected
+
+
+async def test_graceful_shutdown_sends_a_final_frame(database_url: str, tmp_path: Path) -> None:
+    svc = await start_service(database_url, tmp_path)
+    try:
+        ws = uid("ws-")
+        key = await svc.issue_key(ws)
+        last = await svc.append_pings(ws, 3)
+        _resp, reader = await open_feed(svc, EVENTS, key)
+        frames = await reader.events(len(await log_cursors(svc, ws)))
+        closing = asyncio.ensure_future(svc.server.close())
+        (final,) = await reader.events(1)
+        await closing
+    finally:
+        await svc.http.close()
+        await svc.server.close()
+    assert frames[-1].id == last
+    assert final.event == "shutdown" and final.id == last
+    body = final.json()
+    assert body["cursor"] == last and body["error"]["code"] == "shutdown"
+
+
+async def test_idle_feed_sends_heartbeat_comments(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(feeds, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(feeds, "TICK_S", 0.05)
+    key = await service.issue_key(uid("ws-"))
+    resp, reader = await open_feed(service, EVENTS, key, start="latest")
+    first = await reader.frame()
+    beat = await reader.frame()
+    resp.close()
+    assert first is not None and first.retry == 3000
+    assert beat is not None and beat.comment == "heartbeat" and beat.event is None
