@@ -1,0 +1,20 @@
+"""docs/events.md is generated from the event registry; it must match the code."""
+
+from pathlib import Path
+
+from schemas.catalogue import render
+from schemas.events import EVENTS
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "events.md"
+
+
+def test_event_catalogue_matches_the_registry() -> None:
+    assert DOC.read_text() == render(), (
+        "docs/events.md is stale: run `python -m schemas.catalogue > docs/events.md`"
+    )
+
+
+def test_every_registered_event_is_documented() -> None:
+    text = render()
+    missing = [name for name in EVENTS.known_types() if f"`{name}`" not in text]
+    assert missing == []
