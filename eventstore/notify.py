@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,8 @@ from eventstore.db import Connection, Database
 log = logging.getLogger(__name__)
 
 Listener = Callable[[], None]
+
+_CHANNEL = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 class CommitNotifier:
@@ -41,6 +44,15 @@ class CommitNotifier:
         # A NOTIFY from this process also reaches its own LISTEN connection; the payload names
         # the sender so local listeners, already woken by committed(), are not woken twice.
         self._token = uuid.uuid4().hex
+        if not _CHANNEL.fullmatch(channel):
+            raise ValueError(f"notify channel must match {_CHANNEL.pattern}, got {channel!r}")
+        # NOTIFY gives its transaction an xid, so its commit is a WAL flush like an append's.
+        # Losing a wake-up in a crash costs nothing (readers poll), so it commits
+        # asynchronously; one simple-protocol round trip.
+        self._notify_sql = (
+            "BEGIN; SET LOCAL synchronous_commit = off; "
+            f"SELECT pg_notify('{channel}', '{self._token}'); COMMIT"
+        )
         self._listeners: list[Listener] = []
         self._dirty = asyncio.Event()
         self._lost = asyncio.Event()
@@ -106,7 +118,7 @@ class CommitNotifier:
             self._dirty.clear()
             try:
                 async with self._db.acquire() as conn:
-                    await conn.execute("SELECT pg_notify($1, $2)", self._channel, self._token)
+                    await conn.execute(self._notify_sql)
                 self.notifies_sent += 1
             except Exception as exc:
                 # Other processes fall back to their poll; nothing is lost.

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
-from eventstore.db import Database
+from eventstore.db import Connection, Database
 from eventstore.errors import StoreError
 from eventstore.notify import CommitNotifier
 from eventstore.reads import log_head, read_log
@@ -229,14 +229,18 @@ class LogTailer:
                 del self._subs[workspace_id]
 
     async def _run(self) -> None:
+        # The tailer keeps one pooled connection: under a busy pool its reads must not queue
+        # behind appends. Reads are single statements, so holding it pins no snapshot.
         failures = 0
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self._poll_interval_s)
-            self._wake.clear()
             try:
-                await self._read_to_head()
-                failures = 0
+                async with self._db.acquire() as conn:
+                    while True:
+                        self._wake.clear()
+                        await self._read_to_head(conn)
+                        failures = 0
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(self._wake.wait(), self._poll_interval_s)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -244,10 +248,9 @@ class LogTailer:
                 log.warning("log tailer read failed (attempt %d): %r", failures, exc)
                 await asyncio.sleep(min(2.0, self._poll_interval_s * 2**failures))
 
-    async def _read_to_head(self) -> None:
+    async def _read_to_head(self, conn: Connection) -> None:
         while True:
-            async with self._db.acquire() as conn:
-                batch = await read_log(conn, self._live, self._batch_size, None, None)
+            batch = await read_log(conn, self._live, self._batch_size, None, None)
             if batch:
                 self._fan_out(batch)
             if len(batch) < self._batch_size:

@@ -1,0 +1,185 @@
+"""Append throughput of the event store: single-event appends at 1/8/32/64 concurrent writers
+and batched appends of 10 events.
+
+Targets (ARCHITECTURE.md "Figures", 2-core machine): >= 8,000 single-event appends/s at 32
+writers; >= 50,000 events/s in batches of 10. Commits are durable (fsync and
+synchronous_commit as the server has them, printed below). Each append is the real
+PostgresEventStore.append: one transaction claiming the idempotency ledger row, reading the
+stream head, inserting the events and completing the ledger row.
+
+Runs its own embedded PostgreSQL in a temporary directory unless SVC_BENCH_DATABASE_URL names
+a server (a database is created on it and dropped afterwards).
+
+    python bench/store_append.py [--quick] [--procs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from eventstore.db import Database
+from eventstore.embedded import EmbeddedPostgres
+from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
+from eventstore.records import NewEvent
+from eventstore.store import PostgresEventStore
+
+
+@contextmanager
+def server() -> Iterator[str]:
+    external = os.environ.get("SVC_BENCH_DATABASE_URL")
+    if external:
+        yield external
+        return
+    with tempfile.TemporaryDirectory(prefix="svc-bench-pg-") as tmp:
+        Path(tmp).chmod(0o755)
+        pg = EmbeddedPostgres(Path(tmp))
+        url = pg.start()
+        try:
+            yield url
+        finally:
+            pg.stop()
+
+
+async def create_database(url: str) -> str:
+    name = "bench_" + uuid.uuid4().hex[:12]
+    admin = await asyncpg.connect(url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+async def drop_database(url: str, dsn: str) -> None:
+    name = urlsplit(dsn).path.lstrip("/")
+    admin = await asyncpg.connect(url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def durability(dsn: str) -> str:
+    conn = await asyncpg.connect(dsn)
+    try:
+        fsync = await conn.fetchval("SHOW fsync")
+        sync = await conn.fetchval("SHOW synchronous_commit")
+    finally:
+        await conn.close()
+    return f"fsync={fsync} synchronous_commit={sync}"
+
+
+async def _writers(
+    dsn: str, writers: int, batch: int, start_at: float, duration_s: float, tag: str
+) -> int:
+    db = await Database.connect(dsn, min_size=writers, max_size=writers)
+    store = PostgresEventStore(db)
+    done = 0
+    # Every process starts at the same wall-clock instant, after its pool is connected.
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    deadline = time.perf_counter() + duration_s
+
+    async def writer(w: int) -> None:
+        nonlocal done
+        stream = f"bench-{tag}-{w}"
+        version = 0
+        while time.perf_counter() < deadline:
+            events = [NewEvent("BenchAppended", {"w": w, "n": version + k}) for k in range(batch)]
+            result = await store.append(
+                stream,
+                events,
+                expected_version=version,
+                command_id=uuid.uuid4().hex,
+                workspace_id="bench",
+            )
+            version = result.last_version
+            done += batch
+
+    try:
+        await asyncio.gather(*(writer(w) for w in range(writers)))
+    finally:
+        await db.close()
+    return done
+
+
+def _proc_main(
+    dsn: str, writers: int, batch: int, start_at: float, duration_s: float, tag: str, out: Any
+) -> None:
+    out.put(asyncio.run(_writers(dsn, writers, batch, start_at, duration_s, tag)))
+
+
+def run_round(dsn: str, writers: int, batch: int, duration_s: float, procs: int) -> float:
+    """Events per second with `writers` concurrent appenders spread over `procs` processes."""
+    procs = max(1, min(procs, writers))
+    share = [writers // procs + (1 if p < writers % procs else 0) for p in range(procs)]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    tag = uuid.uuid4().hex[:6]
+    start_at = time.time() + _STARTUP_S
+    workers = [
+        ctx.Process(target=_proc_main, args=(dsn, n, batch, start_at, duration_s, f"{tag}{p}", out))
+        for p, n in enumerate(share)
+    ]
+    for w in workers:
+        w.start()
+    total = sum(int(out.get()) for _ in workers)
+    for w in workers:
+        w.join()
+    return total / duration_s
+
+
+_STARTUP_S = 3.0
+"""Time given to client processes to import and connect before the round starts."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short rounds, to check it works")
+    parser.add_argument("--procs", type=int, default=2, help="client processes (default 2)")
+    parser.add_argument("--seconds", type=float, default=None, help="seconds per round")
+    args = parser.parse_args()
+    duration = args.seconds or (1.0 if args.quick else 8.0)
+
+    with server() as url:
+        dsn = asyncio.run(create_database(url))
+        try:
+
+            async def prepare() -> str:
+                db = await Database.connect(dsn)
+                try:
+                    await apply_migrations(db, [STORE_MIGRATIONS])
+                finally:
+                    await db.close()
+                return await durability(dsn)
+
+            print(f"store_append: durable commits ({asyncio.run(prepare())}), "
+                  f"{duration:.0f} s per round, {args.procs} client processes")  # fmt: skip
+            for writers in (1, 8, 32, 64):
+                rate = run_round(dsn, writers, 1, duration, args.procs)
+                target = "  (target >= 8,000/s)" if writers == 32 else ""
+                print(f"single-event appends, {writers:>2} writers: {rate:>9,.0f}/s{target}")
+            for writers in (8, 32):
+                rate = run_round(dsn, writers, 10, duration, args.procs)
+                print(
+                    f"batches of 10 events,  {writers:>2} writers: {rate:>9,.0f} events/s"
+                    "  (target >= 50,000 events/s)"
+                )
+        finally:
+            asyncio.run(drop_database(url, dsn))
+
+
+if __name__ == "__main__":
+    main()
