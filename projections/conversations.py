@@ -1,0 +1,100 @@
+"""Read model `conversations`: one row per conversation with its metadata and message count."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from eventstore.db import Connection
+from eventstore.records import RecordedEvent
+from projections.projector import Handler, Projector
+from schemas.conversation import (
+    AssistantMessageCompleted,
+    ConversationDeleted,
+    ConversationMovedToFolder,
+    ConversationRenamed,
+    ConversationStarted,
+    ConversationTagged,
+    UserMessageReceived,
+)
+from schemas.events import Event
+
+_TOUCH = """
+UPDATE conversations SET {set}, updated_at = greatest(updated_at, $3)
+WHERE workspace_id = $1 AND id = $2
+"""
+
+
+class ConversationsProjector(Projector):
+    name: ClassVar[str] = "conversations"
+    tables: ClassVar[tuple[str, ...]] = ("conversations",)
+
+    def handlers(self) -> dict[type[Event], Handler]:
+        return {
+            ConversationStarted: self._started,
+            UserMessageReceived: self._message,
+            AssistantMessageCompleted: self._message,
+            ConversationRenamed: self._renamed,
+            ConversationTagged: self._tagged,
+            ConversationMovedToFolder: self._moved,
+            ConversationDeleted: self._deleted,
+        }
+
+    async def _started(self, conn: Connection, rec: RecordedEvent, ev: ConversationStarted) -> None:
+        await conn.execute(
+            """
+            INSERT INTO conversations (workspace_id, id, title, project_id, folder, tags, agent,
+                                       model, created_at, updated_at)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+            ON CONFLICT (workspace_id, id) DO NOTHING
+            """,
+            rec.workspace_id,
+            ev.conversation_id,
+            ev.title,
+            ev.project_id,
+            ev.folder,
+            list(ev.tags),
+            ev.agent,
+            ev.model,
+            ev.at,
+        )
+
+    async def _message(
+        self,
+        conn: Connection,
+        rec: RecordedEvent,
+        ev: UserMessageReceived | AssistantMessageCompleted,
+    ) -> None:
+        # Not idempotent on purpose: the count is right only because the runner applies each
+        # event exactly once (checkpoint compare-and-set in the same transaction).
+        await conn.execute(
+            _TOUCH.format(set="message_count = message_count + 1"),
+            rec.workspace_id,
+            ev.conversation_id,
+            ev.at,
+        )
+
+    async def _renamed(self, conn: Connection, rec: RecordedEvent, ev: ConversationRenamed) -> None:
+        await conn.execute(
+            _TOUCH.format(set="title = $4"), rec.workspace_id, ev.conversation_id, ev.at, ev.title
+        )
+
+    async def _tagged(self, conn: Connection, rec: RecordedEvent, ev: ConversationTagged) -> None:
+        await conn.execute(
+            _TOUCH.format(set="tags = $4"),
+            rec.workspace_id,
+            ev.conversation_id,
+            ev.at,
+            list(ev.tags),
+        )
+
+    async def _moved(
+        self, conn: Connection, rec: RecordedEvent, ev: ConversationMovedToFolder
+    ) -> None:
+        await conn.execute(
+            _TOUCH.format(set="folder = $4"), rec.workspace_id, ev.conversation_id, ev.at, ev.folder
+        )
+
+    async def _deleted(self, conn: Connection, rec: RecordedEvent, ev: ConversationDeleted) -> None:
+        await conn.execute(
+            _TOUCH.format(set="deleted = true"), rec.workspace_id, ev.conversation_id, ev.at
+        )

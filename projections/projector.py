@@ -1,0 +1,64 @@
+"""The projector contract: a named consumer of the global log that owns some read-model tables.
+
+A projector only says how one event changes its tables. Reading the log, batching, the
+checkpoint and crash safety belong to the runner (runner.py), which calls `apply` inside the
+transaction that also moves the projector's checkpoint.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, TypeVar
+
+from eventstore.db import Connection
+from eventstore.records import RecordedEvent
+from schemas.events import EVENTS, Event
+
+E = TypeVar("E", bound=Event)
+Handler = Callable[[Connection, RecordedEvent, Any], Awaitable[None]]
+
+
+class Projector(ABC):
+    """Base of every projector.
+
+    Subclasses set `name` (the checkpoint key, stable forever) and `tables` (truncated by
+    `reset`), and map event classes to handlers in `handlers()`. Events of other types are
+    passed over (the checkpoint still moves past them).
+
+    Handlers get the batch's connection or a stand-in for it (runner._Pipeline) that offers
+    `execute`, `fetch`, `fetchrow` and `fetchval`: use only those. They must not commit, open
+    transactions or swallow database errors: the runner owns the transaction.
+    """
+
+    name: ClassVar[str]
+    tables: ClassVar[tuple[str, ...]]
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {
+            cls.type_name: handler for cls, handler in self.handlers().items()
+        }
+
+    @abstractmethod
+    def handlers(self) -> dict[type[Event], Handler]:
+        """Event class -> `async handler(conn, recorded, decoded_event)`."""
+
+    @property
+    def event_types(self) -> frozenset[str]:
+        return frozenset(self._handlers)
+
+    def handles(self, event_type: str) -> bool:
+        return event_type in self._handlers
+
+    async def apply(self, conn: Connection, event: RecordedEvent) -> None:
+        """Apply one event. It is decoded through the registry so upcasters run first and
+        handlers only ever see the current schema version."""
+        handler = self._handlers.get(event.type)
+        if handler is None:
+            return
+        decoded = EVENTS.decode(event.type, event.schema_version, event.data)
+        await handler(conn, event, decoded)
+
+    async def reset(self, conn: Connection) -> None:
+        """Empty this projector's tables, for a rebuild from the start of the log."""
+        await conn.execute("TRUNCATE " + ", ".join(self.tables))

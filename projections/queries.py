@@ -1,0 +1,358 @@
+"""Reads of the read models for the gateway, returning typed records.
+
+Every tenant read runs in `Database.scoped(workspace_id)`: a transaction as the least-privilege
+role `svc_reader` with `svc.workspace_id` set, so row-level security filters every table even
+if a query here forgot its `WHERE workspace_id` (ARCHITECTURE.md decision 6). The queries still
+name the workspace: it lets the planner use the `(workspace_id, ...)` indexes.
+
+The one exception is `find_api_key_by_hash`, see there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from eventstore.db import Database
+from schemas.errors import InvalidInput
+
+Bucket = Literal["hour", "day"]
+MAX_BUCKETS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    id: str
+    workspace_id: str
+    title: str | None
+    project_id: str | None
+    folder: str | None
+    tags: list[str]
+    agent: str | None
+    model: str | None
+    created_at: datetime
+    updated_at: datetime
+    message_count: int
+    deleted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    conversation_id: str
+    seq: int
+    message_id: str
+    role: str
+    content: str
+    name: str | None
+    turn_id: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    turn_id: str
+    conversation_id: str
+    status: str
+    """running, completed or failed (see projections/turns.py)."""
+    model: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    total_tokens: int | None
+    duration_ms: int | None
+    error_code: str | None
+    error_message: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    command_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    id: str
+    name: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An issued key as recorded: never the key, never its hash."""
+
+    key_id: str
+    workspace_id: str
+    name: str
+    prefix: str
+    scopes: list[str]
+    rate_limit_rpm: int | None
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+    def usable_at(self, now: datetime) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    conversations: int
+    messages: int
+    turns: int
+    turns_running: int
+    turns_failed: int
+    total_tokens: int
+    api_keys_active: int
+
+
+@dataclass(frozen=True, slots=True)
+class UsageFigures:
+    turns: int
+    completed: int
+    failed: int
+    running: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    avg_duration_ms: float | None
+    """Mean duration of finished turns; None when none finished."""
+    p95_duration_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class UsageBucket:
+    start: datetime
+    figures: UsageFigures
+
+
+@dataclass(frozen=True, slots=True)
+class Analytics:
+    since: datetime
+    until: datetime
+    bucket: Bucket
+    totals: UsageFigures
+    series: list[UsageBucket]
+    """Every bucket from the one holding `since` up to `until`, empty ones included."""
+
+
+_CONVERSATION_COLUMNS = (
+    "id, workspace_id, title, project_id, folder, tags, agent, model, created_at, updated_at, "
+    "message_count, deleted"
+)
+_TURN_COLUMNS = (
+    "turn_id, conversation_id, status, model, prompt_tokens, completion_tokens, total_tokens, "
+    "duration_ms, error_code, error_message, started_at, finished_at, command_id"
+)
+_KEY_COLUMNS = (
+    "key_id, workspace_id, name, prefix, scopes, rate_limit_rpm, created_at, expires_at, revoked_at"
+)
+
+
+def _conversation(row: Any) -> Conversation:
+    return Conversation(*row)
+
+
+async def list_conversations(
+    db: Database,
+    workspace_id: str,
+    *,
+    limit: int = 50,
+    offset: int = 0,
+    include_deleted: bool = False,
+) -> tuple[list[Conversation], int]:
+    """A page of conversations, most recently updated first, and the total count."""
+    deleted = "" if include_deleted else "AND NOT deleted"
+    async with db.scoped(workspace_id) as conn:
+        rows = await conn.fetch(
+            f"""
+            SELECT {_CONVERSATION_COLUMNS} FROM conversations
+            WHERE workspace_id = $1 {deleted}
+            ORDER BY updated_at DESC, id
+            LIMIT $2 OFFSET $3
+            """,
+            workspace_id,
+            limit,
+            offset,
+        )
+        total = await conn.fetchval(
+            f"SELECT count(*) FROM conversations WHERE workspace_id = $1 {deleted}", workspace_id
+        )
+    return [_conversation(r) for r in rows], int(total)
+
+
+async def get_conversation(
+    db: Database, workspace_id: str, conversation_id: str
+) -> Conversation | None:
+    """The conversation, deleted or not; None when this workspace has none by that id."""
+    async with db.scoped(workspace_id) as conn:
+        row = await conn.fetchrow(
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations "
+            "WHERE workspace_id = $1 AND id = $2",
+            workspace_id,
+            conversation_id,
+        )
+    return None if row is None else _conversation(row)
+
+
+async def get_messages(db: Database, workspace_id: str, conversation_id: str) -> list[Message]:
+    """Every message of the conversation, oldest first (empty for an unknown conversation)."""
+    async with db.scoped(workspace_id) as conn:
+        rows = await conn.fetch(
+            """
+            SELECT conversation_id, seq, message_id, role, content, name, turn_id, created_at
+            FROM messages WHERE workspace_id = $1 AND conversation_id = $2
+            ORDER BY seq
+            """,
+            workspace_id,
+            conversation_id,
+        )
+    return [Message(*r) for r in rows]
+
+
+async def list_turns(
+    db: Database, workspace_id: str, conversation_id: str | None = None, *, limit: int = 50
+) -> list[Turn]:
+    """The most recent turns, of one conversation or of the whole workspace, newest first."""
+    async with db.scoped(workspace_id) as conn:
+        rows = await conn.fetch(
+            f"""
+            SELECT {_TURN_COLUMNS} FROM turns
+            WHERE workspace_id = $1 AND ($2::text IS NULL OR conversation_id = $2)
+            ORDER BY coalesce(started_at, finished_at) DESC, turn_id
+            LIMIT $3
+            """,
+            workspace_id,
+            conversation_id,
+            limit,
+        )
+    return [Turn(*r) for r in rows]
+
+
+async def get_workspace(db: Database, workspace_id: str) -> Workspace | None:
+    async with db.scoped(workspace_id) as conn:
+        row = await conn.fetchrow(
+            "SELECT id, name, created_at FROM workspaces WHERE id = $1", workspace_id
+        )
+    return None if row is None else Workspace(*row)
+
+
+async def list_api_keys(
+    db: Database, workspace_id: str, *, include_revoked: bool = True
+) -> list[ApiKey]:
+    """The workspace's keys, newest first. svc_reader cannot even select `key_hash`."""
+    revoked = "" if include_revoked else "AND revoked_at IS NULL"
+    async with db.scoped(workspace_id) as conn:
+        rows = await conn.fetch(
+            f"""
+            SELECT {_KEY_COLUMNS} FROM api_keys WHERE workspace_id = $1 {revoked}
+            ORDER BY created_at DESC, key_id
+            """,
+            workspace_id,
+        )
+    return [ApiKey(*r) for r in rows]
+
+
+async def find_api_key_by_hash(db: Database, key_hash: str) -> ApiKey | None:
+    """The key whose sha256 hex digest is `key_hash`, in whichever workspace; revoked and
+    expired keys included (the caller decides with `usable_at`).
+
+    This runs as the service role, outside row-level security, because it is what tells the
+    gateway the workspace in the first place: before it there is no workspace to scope to.
+    It cannot be used to browse other tenants: it matches one unique hash of a secret the
+    caller must already hold, and returns that key's record only (never the hash).
+    """
+    async with db.acquire() as conn:
+        row = await conn.fetchrow(
+            f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE key_hash = $1", key_hash
+        )
+    return None if row is None else ApiKey(*row)
+
+
+async def overview(db: Database, workspace_id: str) -> Overview:
+    """Tenant counts for the admin overview."""
+    async with db.scoped(workspace_id) as conn:
+        row = await conn.fetchrow(
+            """
+            SELECT
+              (SELECT count(*) FROM conversations WHERE workspace_id = $1 AND NOT deleted),
+              (SELECT count(*) FROM messages WHERE workspace_id = $1),
+              (SELECT count(*) FROM turns WHERE workspace_id = $1),
+              (SELECT count(*) FROM turns WHERE workspace_id = $1 AND status = 'running'),
+              (SELECT count(*) FROM turns WHERE workspace_id = $1 AND status = 'failed'),
+              (SELECT coalesce(sum(total_tokens), 0) FROM turns WHERE workspace_id = $1),
+              (SELECT count(*) FROM api_keys WHERE workspace_id = $1 AND revoked_at IS NULL
+                 AND (expires_at IS NULL OR expires_at > now()))
+            """,
+            workspace_id,
+        )
+    return Overview(*(int(v) for v in row))
+
+
+_FIGURES = """
+count(t.turn_id),
+count(t.turn_id) FILTER (WHERE t.status = 'completed'),
+count(t.turn_id) FILTER (WHERE t.status = 'failed'),
+count(t.turn_id) FILTER (WHERE t.status = 'running'),
+coalesce(sum(t.prompt_tokens), 0),
+coalesce(sum(t.completion_tokens), 0),
+coalesce(sum(t.total_tokens), 0),
+avg(t.duration_ms)::float8,
+percentile_cont(0.95) WITHIN GROUP (ORDER BY t.duration_ms)::float8
+"""
+# A turn belongs to the bucket of its start (its finish when it never started).
+_WHEN = "coalesce(t.started_at, t.finished_at)"
+
+
+def _figures(row: Any, offset: int = 0) -> UsageFigures:
+    return UsageFigures(
+        turns=int(row[offset]),
+        completed=int(row[offset + 1]),
+        failed=int(row[offset + 2]),
+        running=int(row[offset + 3]),
+        prompt_tokens=int(row[offset + 4]),
+        completion_tokens=int(row[offset + 5]),
+        total_tokens=int(row[offset + 6]),
+        avg_duration_ms=row[offset + 7],
+        p95_duration_ms=row[offset + 8],
+    )
+
+
+async def analytics(
+    db: Database, workspace_id: str, *, since: datetime, until: datetime, bucket: Bucket = "day"
+) -> Analytics:
+    """Usage from the turns read model over [since, until), in UTC hour or day buckets."""
+    if bucket not in ("hour", "day"):
+        raise InvalidInput(f"bucket must be hour or day, not {bucket!r}")
+    if since.tzinfo is None or until.tzinfo is None:
+        raise InvalidInput("since and until must carry a UTC offset")
+    if until <= since:
+        raise InvalidInput("until must be later than since")
+    width = 3600 if bucket == "hour" else 86400
+    if (until - since).total_seconds() / width > MAX_BUCKETS:
+        raise InvalidInput(f"the window spans more than {MAX_BUCKETS} {bucket} buckets")
+    async with db.scoped(workspace_id) as conn:
+        total = await conn.fetchrow(
+            f"""
+            SELECT {_FIGURES} FROM turns t
+            WHERE t.workspace_id = $1 AND {_WHEN} >= $2 AND {_WHEN} < $3
+            """,
+            workspace_id,
+            since,
+            until,
+        )
+        rows = await conn.fetch(
+            f"""
+            SELECT b.start, {_FIGURES}
+            FROM generate_series(date_trunc($4, $2::timestamptz, 'UTC'),
+                                 $3::timestamptz - interval '1 microsecond',
+                                 ('1 ' || $4)::interval) AS b(start)
+            LEFT JOIN turns t
+              ON t.workspace_id = $1 AND {_WHEN} >= $2 AND {_WHEN} < $3
+             AND date_trunc($4, {_WHEN}, 'UTC') = b.start
+            GROUP BY b.start ORDER BY b.start
+            """,
+            workspace_id,
+            since,
+            until,
+            bucket,
+        )
+    series = [UsageBucket(start=r[0], figures=_figures(r, 1)) for r in rows]
+    return Analytics(since, until, bucket, _figures(total), series)

@@ -1,0 +1,312 @@
+"""The runner: rebuild, status and lag, poison events, read-your-writes and wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from projection_events import (
+    append,
+    chat,
+    key_issued,
+    key_revoked,
+    moved,
+    renamed,
+    tagged,
+    turn_failed,
+    user_message,
+    workspace_created,
+)
+from prometheus_client import REGISTRY
+
+from eventstore import Database, NewEvent, PostgresEventStore
+from projections import (
+    ConversationsProjector,
+    ProjectionFailed,
+    ProjectionRunner,
+    default_projectors,
+    queries,
+)
+
+PATIENCE_S = 30.0
+WS = "ws-run"
+READ_MODELS = {
+    "workspaces": "id",
+    "api_keys": "workspace_id, key_id",
+    "conversations": "workspace_id, id",
+    "messages": "workspace_id, conversation_id, seq",
+    "turns": "workspace_id, turn_id",
+}
+
+
+async def _dump(db: Database) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    async with db.acquire() as conn:
+        for table, order in READ_MODELS.items():
+            out[table] = [
+                tuple(r) for r in await conn.fetch(f"SELECT * FROM {table} ORDER BY {order}")
+            ]
+    return out
+
+
+async def _history(store: PostgresEventStore, start: int) -> None:
+    await append(store, WS, f"workspace:{WS}", workspace_created(WS, "Run"))
+    await append(store, WS, f"workspace:{WS}", key_issued(WS, f"k{start}", f"svc_key_{start}"))
+    for i in range(start, start + 3):
+        cid = f"c{i}"
+        await chat(store, WS, cid, 3, first_minute=i * 10)
+        await append(store, WS, f"conversation:{cid}", renamed(cid, f"renamed {i}", i * 10 + 5))
+        await append(store, WS, f"conversation:{cid}", tagged(cid, ("t", f"n{i}"), i * 10 + 6))
+        await append(store, WS, f"conversation:{cid}", moved(cid, "f", i * 10 + 7))
+    await append(store, WS, f"workspace:{WS}", key_revoked(WS, f"k{start}"))
+
+
+async def test_rebuild_equals_incremental(store: PostgresEventStore, db: Database) -> None:
+    runner = ProjectionRunner(db, default_projectors(), batch_size=7)
+    await append(store, WS, f"workspace:{WS}", workspace_created(WS, "Run"))
+    for round_ in range(3):  # incremental: catch up between appends
+        await chat(store, WS, f"r{round_}", 2, first_minute=round_)
+        await append(store, WS, f"conversation:r{round_}", turn_failed(f"r{round_}", "tf"))
+        await runner.catch_up()
+        await append(store, WS, f"workspace:{WS}", key_issued(WS, f"k{round_}", f"svc_k{round_}"))
+        await append(store, WS, f"conversation:r{round_}", renamed(f"r{round_}", "x"))
+        await runner.catch_up()
+    incremental = await _dump(db)
+    assert all(incremental.values())
+    async with db.acquire() as conn:
+        log_size = await conn.fetchval("SELECT count(*) FROM events")
+
+    for name in runner.names:
+        calls: list[tuple[int, int]] = []
+
+        def progress(done: int, total: int, calls: list[tuple[int, int]] = calls) -> None:
+            calls.append((done, total))
+
+        replayed = await runner.rebuild(name, progress)
+        assert replayed == log_size
+        assert calls[0] == (0, log_size) and calls[-1] == (log_size, log_size)
+        assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+    assert await _dump(db) == incremental
+    # A second runner (say `svc projections rebuild` in another process) rebuilds the same.
+    other = ProjectionRunner(db, default_projectors(), batch_size=500)
+    await other.rebuild("messages")
+    assert await _dump(db) == incremental
+
+
+async def test_status_reports_lag_then_catches_up(store: PostgresEventStore, db: Database) -> None:
+    runner = ProjectionRunner(db, default_projectors())
+    before = await runner.status()
+    assert [(s.cursor, s.lag_events, s.lag_seconds) for s in before] == [("", 0, 0.0)] * 5
+
+    await _history(store, 0)
+    async with db.acquire() as conn:
+        log_size = await conn.fetchval("SELECT count(*) FROM events")
+    lagging = {s.name: s for s in await runner.status()}
+    for s in lagging.values():
+        assert s.cursor == "" and s.lag_events == log_size
+        assert s.lag_seconds > 0  # the oldest event was recorded before this statement ran
+        assert s.failure is None and not s.running
+    assert (
+        REGISTRY.get_sample_value("svc_projection_lag_events", {"projection": "turns"}) == log_size
+    )
+
+    await runner.catch_up(names=["conversations"])
+    partial = {s.name: s for s in await runner.status()}
+    assert (partial["conversations"].lag_events, partial["conversations"].lag_seconds) == (0, 0.0)
+    assert partial["turns"].lag_events == log_size
+
+    head = await store.head()
+    await runner.catch_up()
+    for s in await runner.status():
+        assert (s.cursor, s.lag_events, s.lag_seconds) == (head, 0, 0.0)
+    assert REGISTRY.get_sample_value("svc_projection_lag_events", {"projection": "turns"}) == 0
+    assert REGISTRY.get_sample_value("svc_projection_lag_seconds", {"projection": "turns"}) == 0
+
+    await chat(store, WS, "later", 1)
+    status = {s.name: s for s in await runner.status()}
+    assert status["messages"].lag_events == 4 and status["messages"].cursor == head
+
+
+async def test_poison_event_stops_the_projector_where_it_is(
+    store: PostgresEventStore, db: Database
+) -> None:
+    await chat(store, WS, "c1", 1)
+    good = await append(store, WS, "conversation:c1", renamed("c1", "before"))
+    # A stored event its schema rejects (no title): the conversations projector cannot apply it.
+    bad = await append(
+        store,
+        WS,
+        "conversation:c1",
+        NewEvent(type="conversation.renamed", data={"conversation_id": "c1", "at": "x"}),
+    )
+    after = await append(store, WS, "conversation:c1", user_message("c1", "m9", "after"))
+    runner = ProjectionRunner(db, default_projectors(), batch_size=100)
+
+    with pytest.raises(ProjectionFailed, match="conversations"):
+        await runner.catch_up()
+    status = {s.name: s for s in await runner.status()}
+    failure = status["conversations"].failure
+    assert failure is not None
+    assert (failure.cursor, failure.event_type, failure.stream_id) == (
+        bad.cursor,
+        "conversation.renamed",
+        "conversation:c1",
+    )
+    assert "title" in failure.error
+    # Everything before the poison event is applied and checkpointed; nothing after it.
+    assert status["conversations"].cursor == good.cursor
+    assert status["conversations"].lag_events == 2
+    assert REGISTRY.get_sample_value("svc_projection_stalled", {"projection": "conversations"}) == 1
+    conversation = await queries.get_conversation(db, WS, "c1")
+    assert conversation is not None
+    assert (conversation.title, conversation.message_count) == ("before", 2)
+    # The other projectors do not care about that event and went on.
+    await runner.catch_up(names=["messages", "turns", "workspaces", "api_keys"])
+    assert len(await queries.get_messages(db, WS, "c1")) == 3
+    assert not await runner.wait_for(after.cursor, PATIENCE_S)
+
+    # Retrying an unchanged projector stops on the same event again: never a silent skip.
+    runner.retry("conversations")
+    with pytest.raises(ProjectionFailed):
+        await runner.catch_up()
+    status = {s.name: s for s in await runner.status()}
+    assert status["conversations"].cursor == good.cursor
+    failure = status["conversations"].failure
+    assert failure is not None and failure.cursor == bad.cursor
+
+    # So does a rebuild, which replays up to it and raises.
+    with pytest.raises(ProjectionFailed):
+        await runner.rebuild("conversations")
+    conversation = await queries.get_conversation(db, WS, "c1")
+    assert conversation is not None and conversation.message_count == 2
+
+
+class _Lenient(ConversationsProjector):
+    """A fixed projector: skips renames without a title."""
+
+    async def apply(self, conn: Any, event: Any) -> None:
+        if event.type == "conversation.renamed" and "title" not in event.data:
+            return
+        await super().apply(conn, event)
+
+
+class _Signal:
+    """The commit-signal side of eventstore's CommitNotifier, without its connections."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Callable[[], None]] = []
+
+    def add_listener(self, cb: Callable[[], None]) -> None:
+        self.listeners.append(cb)
+
+    def remove_listener(self, cb: Callable[[], None]) -> None:
+        self.listeners.remove(cb)
+
+    def committed(self) -> None:
+        for cb in self.listeners:
+            cb()
+
+
+async def test_background_runner_gives_read_your_writes(
+    store: PostgresEventStore, db: Database
+) -> None:
+    notifier = _Signal()
+    # A long fallback poll: the runner must react to the commit signal (or to wait_for).
+    runner = ProjectionRunner(db, default_projectors(), notifier=notifier, poll_interval_s=3600)
+    await runner.start()
+    assert notifier.listeners == [runner.wake]
+    try:
+        for i in range(5):
+            await chat(store, WS, f"c{i}", 1)
+            result = await append(store, WS, f"conversation:c{i}", renamed(f"c{i}", f"title {i}"))
+            notifier.committed()
+            assert await runner.wait_for(result.cursor, PATIENCE_S)
+            conversation = await queries.get_conversation(db, WS, f"c{i}")
+            assert conversation is not None and conversation.title == f"title {i}"
+            assert len(await queries.get_messages(db, WS, f"c{i}")) == 2
+        statuses = await runner.status()
+        assert all(s.running and s.lag_events == 0 for s in statuses)
+
+        # A poison event stops one projector in the background too; a fixed projector
+        # (here: a new runner, as after a deploy) goes past it.
+        bad = await append(
+            store, WS, "conversation:c0", NewEvent(type="conversation.renamed", data={})
+        )
+        assert not await runner.wait_for(bad.cursor, PATIENCE_S, names=["conversations"])
+        assert await runner.wait_for(bad.cursor, PATIENCE_S, names=["messages", "turns"])
+    finally:
+        await runner.stop()
+    assert notifier.listeners == []
+    assert not any(s.running for s in await runner.status())
+    fixed = ProjectionRunner(db, [_Lenient()])
+    assert await fixed.wait_for(bad.cursor, PATIENCE_S)
+
+
+async def test_wait_for_a_cursor_not_yet_visible_times_out(
+    store: PostgresEventStore, db: Database
+) -> None:
+    runner = ProjectionRunner(db, default_projectors())
+    await chat(store, WS, "c1", 1)
+    head = await store.head()
+    # An open writing transaction holds back every gap-free reader: an event committed after
+    # it began stays invisible until it ends, so the runner cannot reach it yet.
+    async with db.transaction() as blocker:
+        await blocker.execute("SELECT pg_current_xact_id()")
+        later = await append(store, WS, "conversation:c1", renamed("c1", "late"))
+        assert await runner.wait_for(head, PATIENCE_S)
+        assert not await runner.wait_for(later.cursor, 0.3)
+    assert await runner.wait_for(later.cursor, PATIENCE_S)
+    conversation = await queries.get_conversation(db, WS, "c1")
+    assert conversation is not None and conversation.title == "late"
+
+
+async def test_sql_poison_inside_a_pipelined_run_is_pinpointed(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """A statement the database rejects fails a whole pipelined run of statements; the runner
+    retries the batch one statement at a time to stop exactly on the event at fault."""
+    await chat(store, WS, "c1", 2)
+    good = await append(store, WS, "conversation:c2", user_message("c2", "m-ok", "fine"))
+    # Valid against its schema, but its message id is already used in this workspace.
+    bad = await append(store, WS, "conversation:c2", user_message("c2", "c1-u0", "again"))
+    await append(store, WS, "conversation:c2", user_message("c2", "m-last", "after"))
+    runner = ProjectionRunner(db, default_projectors(), batch_size=100)
+    with pytest.raises(ProjectionFailed, match="messages"):
+        await runner.catch_up(names=["messages"])
+    status = {s.name: s for s in await runner.status()}
+    failure = status["messages"].failure
+    assert failure is not None and failure.cursor == bad.cursor
+    assert "messages_workspace_id_message_id_key" in failure.error
+    assert status["messages"].cursor == good.cursor
+    assert [m.message_id for m in await queries.get_messages(db, WS, "c2")] == ["m-ok"]
+    assert len(await queries.get_messages(db, WS, "c1")) == 4
+
+
+async def test_rebuild_in_another_process_while_the_service_projects(
+    store: PostgresEventStore, db: Database, database_url: str
+) -> None:
+    """`svc projections rebuild` next to a running service: both move the same checkpoints;
+    the compare-and-set and the row lock keep every event applied once, without deadlock."""
+    await _history(store, 0)
+    service = ProjectionRunner(db, default_projectors(), poll_interval_s=0.01, batch_size=5)
+    cli_db = await Database.connect(database_url, max_size=2)
+    await service.start()
+    try:
+        cli = ProjectionRunner(cli_db, default_projectors(), batch_size=5)
+        writer = asyncio.create_task(_history(store, 10))
+        for name in cli.names:
+            await cli.rebuild(name)
+        await writer
+        head = await store.head()
+        assert await service.wait_for(head, PATIENCE_S)
+    finally:
+        await service.stop()
+        await cli_db.close()
+    concurrent = await _dump(db)
+    assert len(concurrent["conversations"]) == 6
+    assert {r[-2] for r in concurrent["conversations"]} == {6}  # message_count of each
+    for name in service.names:
+        await service.rebuild(name)
+    assert await _dump(db) == concurrent
