@@ -1,19 +1,33 @@
 """Typed application state: every long-lived resource the handlers share, set by the one
-composition root (gateway.app.create_app) and read by handlers through these keys."""
+composition root (gateway.app.create_app) inside a cleanup_ctx and read through these keys."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-# Concrete types are imported lazily by users of these keys to keep this module import-light;
-# the composition root sets each key exactly once inside a cleanup_ctx.
-SETTINGS: web.AppKey[object] = web.AppKey("svc_settings", object)
-DATABASE: web.AppKey[object] = web.AppKey("svc_database", object)
-STORE: web.AppKey[object] = web.AppKey("svc_store", object)
-RUNTIME: web.AppKey[object] = web.AppKey("svc_runtime", object)
-TAILER: web.AppKey[object] = web.AppKey("svc_tailer", object)
+if TYPE_CHECKING:
+    from actors.models.registry import ProviderSet
+    from actors.runtime import ActorRuntime
+    from eventstore.db import Database
+    from eventstore.store import LogSubscriber, PostgresEventStore
+    from gateway.auth import Authenticator
+    from gateway.settings import Settings, SettingsService
+    from projections.runner import ProjectionRunner
+
+SETTINGS: web.AppKey[Settings] = web.AppKey("svc_settings")
+SETTINGS_SERVICE: web.AppKey[SettingsService] = web.AppKey("svc_settings_service")
+DATABASE: web.AppKey[Database] = web.AppKey("svc_database")
+STORE: web.AppKey[PostgresEventStore] = web.AppKey("svc_store")
+RUNTIME: web.AppKey[ActorRuntime] = web.AppKey("svc_runtime")
+TAILER: web.AppKey[LogSubscriber] = web.AppKey("svc_tailer")
+"""The process's one log tailer (the store's `subscribe` fans out from it)."""
+AUTH: web.AppKey[Authenticator] = web.AppKey("svc_auth")
+PROJECTIONS: web.AppKey[ProjectionRunner] = web.AppKey("svc_projections")
+MODEL_PROVIDERS: web.AppKey[ProviderSet] = web.AppKey("svc_model_providers")
+"""The model providers the conversation actor uses, routed by model name."""
 
 
 @dataclass(frozen=True, slots=True)

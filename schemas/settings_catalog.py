@@ -1349,6 +1349,7 @@ _SECRET_KEYS = frozenset(
 )
 
 _NOT_STORABLE = "read before the settings stream can be: set it in the environment or env file"
+_BUILD_TIME = "read when the server is built, before the settings stream is open: set it in the environment or env file"
 _VENDOR_DEFAULT = (
     "the spec names a vendor default without giving it; blank = the provider's default"
 )
@@ -1411,7 +1412,8 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_ACTOR_IDLE_SEC": {"min_value": 1.0},
     "SVC_ACTOR_MAX_ACTIVE": {"min_value": 1.0},
     "SVC_ACTOR_HOSTS": {"min_value": 1.0, "max_value": 1024.0},
-    "SVC_MAX_BODY_BYTES": {"min_value": 1024.0},
+    "SVC_MAX_BODY_BYTES": {"min_value": 1024.0, "storable": False, "note": _BUILD_TIME},
+    "SVC_SHUTDOWN_GRACE_SEC": {"storable": False, "note": _BUILD_TIME},
     "SVC_DATABASE_URL": {"storable": False, "note": _NOT_STORABLE},
     "SVC_DATA_DIR": {"storable": False, "note": _NOT_STORABLE},
     "SVC_ENV_FILE": {"storable": False, "note": _NOT_STORABLE},

@@ -1,0 +1,98 @@
+"""The composition root: `create_app(settings)` wires the whole service into one aiohttp app.
+
+Every long-lived resource is opened by a `cleanup_ctx` (gateway/bootstrap.py holds the order)
+and published under a typed key of gateway/state.py. Middlewares, outermost first: the error
+envelope, then transport security. Routes: system endpoints, admin settings, chat, feeds,
+the admin API and identity (sessions, SSO, SCIM, OAuth), each module's `add_routes`; identity's
+`identify` widens `gateway.auth.authenticate` to sessions and OAuth/OIDC tokens.
+
+Shutdown (aiohttp's runner, see gateway/cli.py): the listener stops accepting, feeds close
+with their last cursor (on_shutdown), in-flight requests get `SVC_SHUTDOWN_GRACE_SEC`, then
+the platform closes in reverse order (runtime, projections flushed, store, embedded database).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from aiohttp import web
+
+from eventstore.db import Database
+from gateway import admin, chat, feeds, identity, settings_api, system
+from gateway.auth import IDENTIFY, Authenticator, KeyLookup, KeyRecord, add_rate_limit_headers
+from gateway.bootstrap import open_platform
+from gateway.errors import error_middleware
+from gateway.identity.authn import identify
+from gateway.security import add_security_headers, security_middleware
+from gateway.settings import Settings
+from gateway.state import (
+    AUTH,
+    DATABASE,
+    MODEL_PROVIDERS,
+    PROJECTIONS,
+    RUNTIME,
+    SETTINGS,
+    SETTINGS_SERVICE,
+    STORE,
+    TAILER,
+)
+from projections import queries
+
+RouteInstaller = Callable[[web.Application], None]
+ROUTES: tuple[RouteInstaller, ...] = (
+    system.add_routes,
+    settings_api.add_routes,
+    chat.add_routes,
+    feeds.add_routes,
+    admin.add_routes,
+    identity.add_routes,  # after the platform's cleanup_ctx: it needs the store and runtime
+)
+
+
+def key_lookup(db: Database) -> KeyLookup:
+    async def find(key_hash: str) -> KeyRecord | None:
+        found = await queries.find_api_key_by_hash(db, key_hash)
+        if found is None:
+            return None
+        return KeyRecord(
+            key_id=found.key_id,
+            workspace_id=found.workspace_id,
+            scopes=frozenset(found.scopes),
+            rate_limit_rpm=found.rate_limit_rpm,
+            expires_at=found.expires_at,
+            revoked_at=found.revoked_at,
+        )
+
+    return find
+
+
+async def platform_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    async with open_platform(settings) as platform:
+        app[DATABASE] = platform.db
+        app[STORE] = platform.store
+        app[TAILER] = platform.tailer
+        app[RUNTIME] = platform.runtime
+        app[PROJECTIONS] = platform.projections
+        app[MODEL_PROVIDERS] = platform.providers
+        app[SETTINGS_SERVICE] = platform.settings_service
+        app[AUTH] = Authenticator(settings, key_lookup(platform.db), platform.limiter)
+        yield
+
+
+def create_app(
+    settings: Settings, *, extra_routes: Sequence[RouteInstaller] = ()
+) -> web.Application:
+    """The service as one aiohttp application. `extra_routes` lets tests add handlers."""
+    app = web.Application(
+        middlewares=[error_middleware, security_middleware],
+        client_max_size=settings.max_body_bytes,
+    )
+    app[SETTINGS] = settings
+    app[IDENTIFY] = identify
+    app.cleanup_ctx.append(platform_ctx)
+    app.on_response_prepare.append(add_security_headers)
+    app.on_response_prepare.append(add_rate_limit_headers)
+    for install in (*ROUTES, *extra_routes):
+        install(app)
+    return app

@@ -1,0 +1,181 @@
+"""Who is calling: bearer API keys, the static compatible key, scopes and per-key limits.
+
+Keys are `svc_` + 40 url-safe characters, shown once; only their sha256 is stored (the
+`api_keys` read model, found by hash). A lookup is cached for `CACHE_TTL_S`, so a revocation
+takes effect within that time plus the projection lag (milliseconds). Scopes: `admin:read`,
+`admin:write`, `*`, `mcp` and `chat`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from aiohttp import web
+
+from gateway.ratelimit import RateDecision, RateLimiter
+from gateway.settings import Settings
+from gateway.state import AUTH, Principal
+from schemas.errors import Forbidden, Unauthorized
+
+KEY_PREFIX = "svc_"
+KEY_RANDOM_CHARS = 40
+CACHE_TTL_S = 2.0
+CACHE_MAX = 10_000
+CHAT_PATH = "/v1/chat/completions"
+CHAT_SCOPE = "chat"
+SCOPES = frozenset({"admin:read", "admin:write", "*", "mcp", CHAT_SCOPE})
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    key_id: str
+    workspace_id: str
+    scopes: frozenset[str]
+    rate_limit_rpm: int | None = None
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("svc_principal", Principal)
+RATE_DECISION: web.RequestKey[RateDecision] = web.RequestKey("svc_rate_limit", RateDecision)
+
+Identify = Callable[[web.Request], Awaitable[Principal]]
+IDENTIFY: web.AppKey[Identify] = web.AppKey("svc_identify")
+"""Optional: a wider resolver (sessions, OAuth and OIDC tokens; gateway/identity) that
+`authenticate` delegates to. It may call `authenticate` again for API keys."""
+_IDENTIFYING: web.RequestKey[bool] = web.RequestKey("svc_identifying", bool)
+
+KeyLookup = Callable[[str], Awaitable[KeyRecord | None]]
+"""Find an issued key by the sha256 hex digest of its text."""
+
+
+def generate_key() -> str:
+    # token_urlsafe(30) is exactly 40 characters of [A-Za-z0-9_-].
+    return KEY_PREFIX + secrets.token_urlsafe(30)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def bearer_token(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if not header:
+        raise Unauthorized("missing API key: send the header Authorization: Bearer <API_KEY>")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("malformed Authorization header: expected Bearer <API_KEY>")
+    return token.strip()
+
+
+class KeyCache:
+    def __init__(self, lookup: KeyLookup, ttl_s: float = CACHE_TTL_S) -> None:
+        self._lookup = lookup
+        self._ttl_s = ttl_s
+        self._entries: dict[str, tuple[float, KeyRecord]] = {}
+
+    async def find(self, key_hash: str) -> KeyRecord | None:
+        now = time.monotonic()
+        hit = self._entries.get(key_hash)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        record = await self._lookup(key_hash)
+        if record is not None:
+            if len(self._entries) >= CACHE_MAX:
+                self._entries.clear()
+            self._entries[key_hash] = (now + self._ttl_s, record)
+        return record
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def _check_usable(record: KeyRecord) -> None:
+    now = datetime.now(UTC)
+    if record.revoked_at is not None and record.revoked_at <= now:
+        raise Unauthorized("invalid API key: it has been revoked")
+    if record.expires_at is not None and record.expires_at <= now:
+        raise Unauthorized("invalid API key: it has expired")
+
+
+class Authenticator:
+    def __init__(
+        self, settings: Settings, lookup: KeyLookup, limiter: RateLimiter | None = None
+    ) -> None:
+        self._settings = settings
+        self._keys = KeyCache(lookup)
+        self._limiter = limiter
+
+    def _static_principal(self, token: str) -> Principal | None:
+        static = self._settings.text("SVC_NATIVE_COMPAT_KEY")
+        if not static or not hmac.compare_digest(token.encode(), static.encode()):
+            return None
+        workspace = self._settings.text("SVC_NATIVE_COMPAT_WORKSPACE").strip()
+        return Principal(
+            workspace_id=workspace or self._settings.default_workspace_id,
+            scopes=frozenset({CHAT_SCOPE}),
+            attributes={"auth": "static"},
+        )
+
+    async def _key_principal(self, request: web.Request, token: str) -> Principal:
+        record = await self._keys.find(hash_key(token))
+        if record is None:
+            raise Unauthorized("invalid API key")
+        _check_usable(record)
+        if request.path == CHAT_PATH and not self._settings.flag("SVC_PERSONAL_API_KEYS"):
+            raise Unauthorized(
+                "personal API keys are disabled on this endpoint (SVC_PERSONAL_API_KEYS=off)"
+            )
+        if record.rate_limit_rpm is not None and self._limiter is not None:
+            request[RATE_DECISION] = await self._limiter.check(record.key_id, record.rate_limit_rpm)
+        return Principal(
+            workspace_id=record.workspace_id,
+            scopes=record.scopes,
+            key_id=record.key_id,
+            rate_limit_rpm=record.rate_limit_rpm,
+            attributes={"auth": "api_key"},
+        )
+
+    async def authenticate(self, request: web.Request) -> Principal:
+        if PRINCIPAL in request:
+            return request[PRINCIPAL]
+        token = bearer_token(request)
+        principal = self._static_principal(token) or await self._key_principal(request, token)
+        request[PRINCIPAL] = principal
+        return principal
+
+
+async def authenticate(request: web.Request) -> Principal:
+    """The acting principal of `request` (resolved once per request: limits count one hit).
+    With an identity resolver installed (IDENTIFY), it decides; its own fallback call here
+    resolves API keys and the static key."""
+    if PRINCIPAL in request:
+        return request[PRINCIPAL]
+    identify = request.app.get(IDENTIFY)
+    if identify is None or _IDENTIFYING in request:
+        return await request.app[AUTH].authenticate(request)
+    request[_IDENTIFYING] = True
+    principal = await identify(request)
+    request[PRINCIPAL] = principal
+    return principal
+
+
+def require_scope(principal: Principal, scope: str) -> None:
+    if principal.allows(scope):
+        return
+    if scope == "mcp":
+        raise Unauthorized("this endpoint needs an API key with the mcp scope")
+    raise Forbidden(f"this API key lacks the {scope} scope", code="insufficient_scope")
+
+
+async def add_rate_limit_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: every answer to a limited key carries the window's state."""
+    if RATE_DECISION in request:
+        for name, value in request[RATE_DECISION].headers().items():
+            response.headers.setdefault(name, value)

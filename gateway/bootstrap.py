@@ -1,0 +1,310 @@
+"""Opening and closing the platform behind the gateway: database, store, actors, projections.
+
+`open_platform(settings)` is shared by the HTTP app (gateway/app.py) and the `svc` command
+line, so both see the same wiring. Startup order:
+
+1. the database: `SVC_DATABASE_URL`, else the embedded PostgreSQL under `SVC_DATA_DIR`
+   (shared per data directory: a CLI next to a running server joins the same cluster);
+2. migrations (store, projections, gateway), the xid-horizon check, the commit notifier,
+   the log tailer and the event store;
+3. stored settings (so R settings set with `svc settings set` apply from this start on);
+4. model providers, the activation table and the local runtime;
+5. the default workspace (created through the workspace actor when missing);
+6. the projection runner and the background tasks (live settings, rate-limit pruning).
+
+Shutdown runs the same steps backwards: background tasks, the runtime (in-flight turns get
+`SVC_SHUTDOWN_GRACE_SEC`), projections (caught up to the head, then stopped), providers,
+the store, the embedded database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+from actors.agent import AgentBehaviour
+from actors.behaviour import ActorKey, Behaviour
+from actors.conversation import ConversationBehaviour
+from actors.local import LocalRuntime
+from actors.models.port import ModelProvider
+from actors.models.registry import ModelConfig, ProviderSet, optional_float
+from actors.runtime import ActorRuntime
+from actors.settings import SettingsBehaviour
+from actors.table import ActivationTable
+from actors.workspace import KIND as WORKSPACE_KIND
+from actors.workspace import WorkspaceBehaviour
+from eventstore.db import Database
+from eventstore.embedded import EmbeddedPostgres
+from eventstore.metrics import OpenTxAgeSampler
+from eventstore.migrate import STORE_MIGRATIONS, MigrationSource, apply_migrations
+from eventstore.notify import CommitNotifier
+from eventstore.store import PostgresEventStore, check_xid_horizon
+from eventstore.tailer import LogTailer, SubscriberTooSlow
+from gateway.ratelimit import RateLimiter
+from gateway.secrets import DatabaseVault
+from gateway.settings import Settings, SettingsService, read_stored_settings
+from projections import PROJECTION_MIGRATIONS, ProjectionRunner, default_projectors
+from schemas.errors import Conflict
+from schemas.settings import INSTANCE_WORKSPACE_ID, SettingChanged, SettingUnset
+from schemas.workspace import CreateWorkspace
+
+log = logging.getLogger(__name__)
+
+GATEWAY_MIGRATIONS = MigrationSource("gateway", "gateway.migrations")
+MIGRATIONS = (STORE_MIGRATIONS, PROJECTION_MIGRATIONS, GATEWAY_MIGRATIONS)
+PROJECTION_FLUSH_S = 5.0
+PRUNE_EVERY_S = 300.0
+STOP_STEP_S = 10.0
+
+
+@dataclass
+class Platform:
+    settings: Settings
+    db: Database
+    store: PostgresEventStore
+    tailer: LogTailer
+    runtime: ActorRuntime
+    projections: ProjectionRunner
+    providers: ProviderSet
+    settings_service: SettingsService
+    limiter: RateLimiter
+
+
+def model_config(settings: Settings) -> ModelConfig:
+    return ModelConfig(
+        gateway_url=settings.text("SVC_LLM_GATEWAY_URL"),
+        model=settings.text("SVC_LLM_MODEL"),
+        provider=settings.text("SVC_LLM_PROVIDER"),
+        call_timeout_s=float(settings.integer("SVC_LLM_CALL_TIMEOUT_S")),
+        retries=settings.integer("SVC_LLM_RETRIES"),
+        temperature=optional_float(
+            settings.text("SVC_LLM_TEMPERATURE"), low=0.0, high=2.0, key="SVC_LLM_TEMPERATURE"
+        ),
+        top_p=optional_float(
+            settings.text("SVC_LLM_TOP_P"), low=0.0, high=1.0, key="SVC_LLM_TOP_P"
+        ),
+        api_key=settings.text("SVC_NATIVE_API_KEY") or None,
+    )
+
+
+async def _database_url(settings: Settings, stack: AsyncExitStack) -> str:
+    if settings.database_url:
+        return settings.database_url
+    embedded = EmbeddedPostgres(settings.data_dir.resolve())
+    url = await asyncio.to_thread(embedded.start)
+    stack.push_async_callback(asyncio.to_thread, embedded.stop)
+    return url
+
+
+@dataclass(frozen=True, slots=True)
+class StoreHandles:
+    store: PostgresEventStore
+    notifier: CommitNotifier
+    tailer: LogTailer
+    dsn: str
+
+
+async def open_store(settings: Settings, stack: AsyncExitStack) -> StoreHandles:
+    """The store with its notifier and tailer (as eventstore.open_store, keeping the handles
+    the projection runner, the feeds and the Ray runtime need)."""
+    dsn = await _database_url(settings, stack)
+    db = await Database.connect(dsn)
+    stack.push_async_callback(bounded, "database pool", db.close)
+    await apply_migrations(db, MIGRATIONS)
+    await check_xid_horizon(db)
+    notifier = CommitNotifier(db)
+    tailer = LogTailer(db, notifier)
+    sampler = OpenTxAgeSampler(db)
+    await notifier.start()
+    stack.push_async_callback(bounded, "commit notifier", notifier.stop)
+    await tailer.start()
+    stack.push_async_callback(bounded, "log tailer", tailer.stop)
+    sampler.start()
+    stack.push_async_callback(bounded, "open-transaction sampler", sampler.stop)
+    store = PostgresEventStore(db, on_commit=notifier.committed, subscriber=tailer)
+    return StoreHandles(store, notifier, tailer, dsn)
+
+
+async def bounded(
+    what: str, stop: Callable[[], Awaitable[object]], deadline_s: float = STOP_STEP_S
+) -> None:
+    """Run one shutdown step with a deadline: a step that hangs is logged and left behind,
+    so that the steps after it (closing the pool, stopping the database) still run."""
+    try:
+        async with asyncio.timeout(deadline_s):
+            await stop()
+    except TimeoutError:
+        log.error("stopping the %s took more than %.0f s; continuing shutdown", what, deadline_s)
+
+
+def behaviours(providers: ModelProvider) -> list[Behaviour[Any]]:
+    """Every actor kind of SVC."""
+    return [
+        WorkspaceBehaviour(),
+        ConversationBehaviour([providers]),
+        AgentBehaviour(),
+        SettingsBehaviour(),
+    ]
+
+
+def host_behaviours(config: ModelConfig) -> list[Behaviour[Any]]:
+    """Run in each Ray host process: the actor kinds with that host's own model providers."""
+    return behaviours(ProviderSet.from_config(config))
+
+
+def _table_options(settings: Settings) -> dict[str, Any]:
+    return {
+        "idle_s": float(settings.integer("SVC_ACTOR_IDLE_SEC")),
+        "max_active": settings.integer("SVC_ACTOR_MAX_ACTIVE"),
+    }
+
+
+def _runtime(
+    settings: Settings, dsn: str, store: PostgresEventStore, providers: ProviderSet
+) -> ActorRuntime:
+    if settings.text("SVC_ACTOR_RUNTIME") == "ray":
+        return _ray_runtime(settings, dsn)
+    table = ActivationTable(store, behaviours(providers), **_table_options(settings))
+    return LocalRuntime(table)
+
+
+def _ray_runtime(settings: Settings, dsn: str) -> ActorRuntime:
+    # Imported here: importing actors.ray imports Ray, which the local runtime never needs.
+    from actors.ray import RayRuntime, RaySettings
+
+    options = RaySettings(
+        address=settings.text("SVC_RAY_ADDRESS"),
+        hosts=settings.integer("SVC_ACTOR_HOSTS"),
+        table_options=_table_options(settings),
+    )
+    return RayRuntime(dsn, partial(host_behaviours, model_config(settings)), options)
+
+
+async def ensure_workspace(
+    runtime: ActorRuntime, workspace_id: str, name: str | None = None
+) -> bool:
+    """Create `workspace_id` through its actor when it does not exist. True when created.
+    The command id is derived from the id, so racing processes create it once."""
+    command = CreateWorkspace(
+        command_id=f"create-workspace:{workspace_id}",
+        workspace_id=workspace_id,
+        name=name or workspace_id,
+        at=datetime.now(UTC),
+    )
+    try:
+        outcome = await runtime.ask(ActorKey(WORKSPACE_KIND, workspace_id), command)
+    except Conflict:
+        return False
+    return bool(getattr(outcome, "events", ())) and not getattr(outcome, "duplicate", False)
+
+
+def _initial_workspaces(settings: Settings) -> list[str]:
+    """The default workspace, and the static compatible key's when that key is set."""
+    out = [settings.default_workspace_id]
+    compat = settings.text("SVC_NATIVE_COMPAT_WORKSPACE").strip()
+    if settings.text("SVC_NATIVE_COMPAT_KEY") and compat and compat not in out:
+        out.append(compat)
+    return out
+
+
+async def _flush_and_stop(runner: ProjectionRunner) -> None:
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(PROJECTION_FLUSH_S):
+            await runner.catch_up()
+    await runner.stop()
+
+
+async def _watch_settings(store: PostgresEventStore, service: SettingsService) -> None:
+    """Apply changes made by other processes (the CLI, another gateway) as they commit."""
+    types = [SettingChanged.type_name, SettingUnset.type_name]
+    after: str | None = None
+    while True:
+        try:
+            if after is None:
+                after = await store.head()
+                await service.refresh()
+            async for event in store.subscribe(
+                after, workspace_id=INSTANCE_WORKSPACE_ID, types=types
+            ):
+                after = event.cursor
+                changed = await service.refresh()
+                if changed:
+                    log.info("settings changed: %s", ", ".join(changed))
+            return
+        except SubscriberTooSlow as exc:
+            after = exc.last_cursor or after
+        except Exception as exc:
+            log.warning("settings watcher: %s; retrying", exc)
+            await asyncio.sleep(1.0)
+
+
+async def _every(interval_s: float, job: Callable[[], Awaitable[object]]) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await job()
+        except Exception:
+            log.exception("periodic job failed; will retry")
+
+
+def _background(stack: AsyncExitStack, coro: Awaitable[None], name: str) -> None:
+    task = asyncio.ensure_future(coro)
+    task.set_name(name)
+
+    async def cancel() -> None:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("background task %s failed", name)
+
+    stack.push_async_callback(cancel)
+
+
+def _apply_live(settings: Settings, providers: ProviderSet) -> Callable[[str], None]:
+    def on_change(key: str) -> None:
+        if key.startswith("SVC_LLM_"):
+            providers.apply_live(model_config(settings))
+        if key == "SVC_LOG_LEVEL":
+            logging.getLogger().setLevel(settings.text("SVC_LOG_LEVEL").upper())
+
+    return on_change
+
+
+@asynccontextmanager
+async def open_platform(settings: Settings, *, background: bool = True) -> AsyncIterator[Platform]:
+    """Everything behind the gateway, opened in order and closed in reverse.
+    `background=False` (the CLI) runs no projection loops and no watchers."""
+    async with AsyncExitStack() as stack:
+        handles = await open_store(settings, stack)
+        store, notifier, tailer = handles.store, handles.notifier, handles.tailer
+        vault = DatabaseVault(store.db)
+        settings.load_stored(await read_stored_settings(store, vault))
+        providers = ProviderSet.from_config(model_config(settings))
+        stack.push_async_callback(providers.aclose)
+        projections = ProjectionRunner(store.db, default_projectors(), notifier=notifier)
+        stack.push_async_callback(_flush_and_stop, projections)
+        runtime = _runtime(settings, handles.dsn, store, providers)
+        await runtime.start()
+        stack.push_async_callback(runtime.stop, settings.shutdown_grace_s)
+        service = SettingsService(settings, runtime, store, vault)
+        settings.on_live_change(_apply_live(settings, providers))
+        for workspace in _initial_workspaces(settings):
+            await ensure_workspace(runtime, workspace)
+        limiter = RateLimiter(store.db)
+        if background:
+            await projections.start()
+            _background(stack, _watch_settings(store, service), "svc-settings-watcher")
+            _background(stack, _every(PRUNE_EVERY_S, limiter.prune), "svc-rate-limit-prune")
+        yield Platform(
+            settings, store.db, store, tailer, runtime, projections, providers, service, limiter
+        )

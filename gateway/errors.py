@@ -1,0 +1,155 @@
+"""The one place exceptions become HTTP responses: the spec's envelope on every non-2xx status.
+
+`{"error": {"message", "type", "code"}}`. Handlers raise (an `SvcError`, a pydantic
+`ValidationError`, an aiohttp `HTTPException`); they never build error bodies themselves. An
+unexpected exception is a 500 whose message carries an id (`svc-<uuid>`) that is also in the
+log line with the traceback, so an operator can find it; the process keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, TypeVar, overload
+
+import orjson
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from pydantic import BaseModel, ValidationError
+
+from gateway.metrics import HTTP_ERRORS
+from schemas.errors import InvalidInput, PayloadTooLarge, RateLimited, SvcError
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+_HTTP_CODES: dict[int, tuple[str, str]] = {
+    400: ("invalid_request_error", "invalid_request"),
+    401: ("authentication_error", "unauthorized"),
+    403: ("permission_error", "forbidden"),
+    404: ("invalid_request_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    406: ("invalid_request_error", "not_acceptable"),
+    408: ("invalid_request_error", "request_timeout"),
+    411: ("invalid_request_error", "length_required"),
+    413: ("invalid_request_error", "payload_too_large"),
+    415: ("invalid_request_error", "unsupported_media_type"),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+}
+
+
+def envelope(status: int, message: str, error_type: str, code: str | None) -> web.Response:
+    HTTP_ERRORS.labels(status=str(status)).inc()
+    body = {"error": {"message": message, "type": error_type, "code": code}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def describe_validation(exc: ValidationError) -> str:
+    """One readable clause per problem, naming the field: `messages.0.role: Input should be...`."""
+    parts = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(loc) for loc in error["loc"]) or "body"
+        parts.append(f"{where}: {error['msg']}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def from_svc_error(exc: SvcError) -> web.Response:
+    response = envelope(exc.http_status, exc.message, exc.error_type, exc.code)
+    if isinstance(exc, RateLimited):
+        response.headers["Retry-After"] = str(max(1, int(exc.retry_after_s + 0.999)))
+    extra: Any = getattr(exc, "headers", None)
+    if isinstance(extra, dict):
+        response.headers.update(extra)
+    return response
+
+
+def from_http_exception(exc: web.HTTPException) -> web.Response:
+    error_type, code = _HTTP_CODES.get(
+        exc.status, ("invalid_request_error" if exc.status < 500 else "server_error", None)
+    )
+    message = _http_message(exc)
+    response = envelope(exc.status, message, error_type, code)
+    for name in ("Allow", "Retry-After", "WWW-Authenticate"):
+        if name in exc.headers:
+            response.headers[name] = exc.headers[name]
+    return response
+
+
+def _http_message(exc: web.HTTPException) -> str:
+    if exc.status == 404:
+        return "not found: no such endpoint"
+    if exc.status == 405:
+        allowed = exc.headers.get("Allow", "")
+        return f"method not allowed; allowed: {allowed}" if allowed else "method not allowed"
+    if exc.status == 413:
+        return "request body too large (limit set by SVC_MAX_BODY_BYTES)"
+    return exc.reason or f"HTTP {exc.status}"
+
+
+def internal_error(request: web.Request, exc: BaseException) -> web.Response:
+    error_id = f"svc-{uuid.uuid4()}"
+    log.error(
+        "unhandled error %s on %s %s",
+        error_id,
+        request.method,
+        request.path,
+        exc_info=(type(exc), exc, exc.__traceback__),
+    )
+    return envelope(500, f"internal error (id {error_id})", "server_error", "internal_error")
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return from_http_exception(exc)
+    except SvcError as exc:
+        if exc.http_status >= 500:
+            log.warning("%s %s -> %d %s", request.method, request.path, exc.http_status, exc.code)
+        return from_svc_error(exc)
+    except ValidationError as exc:
+        return envelope(400, describe_validation(exc), "invalid_request_error", "invalid_request")
+    except Exception as exc:
+        return internal_error(request, exc)
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request body; larger than the app's client_max_size -> PayloadTooLarge (413)."""
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(
+            f"request body too large: the limit is {request.client_max_size} bytes "
+            "(SVC_MAX_BODY_BYTES)"
+        ) from None
+
+
+@overload
+async def read_json(request: web.Request) -> Any: ...
+
+
+@overload
+async def read_json(request: web.Request, model: type[M]) -> M: ...
+
+
+async def read_json(request: web.Request, model: type[M] | None = None) -> M | Any:
+    """Parse a JSON body and, given `model`, validate it: malformed JSON and schema violations
+    are 400s whose message names the problem (and the field). Without `model`, the parsed
+    JSON value is returned as is."""
+    body = await read_body(request)
+    if not body:
+        raise InvalidInput("request body is empty: expected a JSON object", code="invalid_json")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"malformed JSON body: {exc}", code="invalid_json") from None
+    if model is None:
+        return data
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation(exc)) from None

@@ -1,0 +1,82 @@
+"""Prometheus metrics of the gateway and the /metrics rendering.
+
+Only non-sensitive series: build info, process uptime and runtime, the database pool, the
+readiness gauge, error counts by status. No tenant, key or per-request label, ever. The
+store, projections and chat register their own series (store append latency, projection lag,
+turn latency) in the default registry; /metrics renders that registry plus this app's own.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable, Iterator
+from importlib import metadata
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from eventstore.db import PoolStats
+
+HTTP_ERRORS = Counter(
+    "svc_http_errors",
+    "Non-2xx responses sent by the gateway, by HTTP status.",
+    ["status"],
+)
+
+
+def build_version() -> str:
+    try:
+        return metadata.version("svc")
+    except metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+class GatewayCollector(Collector):
+    """Per-app gauges read at scrape time (several apps may live in one test process)."""
+
+    def __init__(
+        self,
+        pool_stats: Callable[[], PoolStats | None],
+        ready: Callable[[], bool],
+        started_monotonic: float | None = None,
+    ) -> None:
+        self._pool_stats = pool_stats
+        self._ready = ready
+        self._started = time.monotonic() if started_monotonic is None else started_monotonic
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        info = GaugeMetricFamily(
+            "svc_build_info", "Build of the running service.", labels=["version", "python"]
+        )
+        info.add_metric([build_version(), platform.python_version()], 1.0)
+        yield info
+        yield GaugeMetricFamily(
+            "svc_process_uptime_seconds",
+            "Seconds since this gateway started.",
+            value=time.monotonic() - self._started,
+        )
+        yield GaugeMetricFamily(
+            "svc_ready",
+            "1 when the database answered the last readiness check, else 0.",
+            value=1.0 if self._ready() else 0.0,
+        )
+        yield from self._pool()
+
+    def _pool(self) -> Iterator[GaugeMetricFamily]:
+        stats = self._pool_stats()
+        if stats is None:
+            return
+        pool = GaugeMetricFamily(
+            "svc_db_pool_connections", "Database pool connections by state.", labels=["state"]
+        )
+        pool.add_metric(["open"], float(stats.size))
+        pool.add_metric(["idle"], float(stats.idle))
+        pool.add_metric(["in_use"], float(stats.size - stats.idle))
+        pool.add_metric(["max"], float(stats.max))
+        yield pool
+
+
+def render(app_registry: CollectorRegistry) -> bytes:
+    return generate_latest(REGISTRY) + generate_latest(app_registry)

@@ -1,0 +1,197 @@
+"""The OpenAPI 3.1 document, generated from the pydantic models in `schemas/`.
+
+`add_routes` functions describe their routes with `document(...)` (method, path, the request
+and response models, the auth and a tag); every registered route without a description still
+appears, with the generic error responses. Models become `components/schemas` through
+`model_json_schema`, with nested definitions hoisted beside them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+TITLE = "SVC service control API"
+API_VERSION = "v1.0"
+_PARAM = re.compile(r"\{([^}:]+)(?::[^}]*)?\}")
+_REF = "#/components/schemas/{model}"
+
+
+class ErrorBody(BaseModel):
+    message: str = Field(description="human-readable")
+    type: str | None = Field(default=None, description="e.g. invalid_request_error")
+    code: str | None = Field(default=None, description="e.g. unauthorized")
+
+
+class ErrorEnvelope(BaseModel):
+    """The body of every non-2xx response."""
+
+    error: ErrorBody
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDoc:
+    method: str
+    path: str
+    summary: str
+    tag: str
+    request: type[BaseModel] | None = None
+    response: type[BaseModel] | None = None
+    query: type[BaseModel] | None = None
+    auth: str = "bearer"
+    response_status: int = 200
+    content_type: str = "application/json"
+    extra_statuses: tuple[int, ...] = ()
+
+
+@dataclass
+class RouteDocs:
+    routes: dict[tuple[str, str], RouteDoc] = field(default_factory=dict)
+
+    def add(self, doc: RouteDoc) -> None:
+        self.routes[(doc.method.upper(), doc.path)] = doc
+
+
+REGISTRY = RouteDocs()
+"""Process-wide: route descriptions are static facts about the code, like the routes."""
+
+
+def document(
+    method: str,
+    path: str,
+    *,
+    summary: str,
+    tag: str,
+    request: type[BaseModel] | None = None,
+    response: type[BaseModel] | None = None,
+    query: type[BaseModel] | None = None,
+    auth: str = "bearer",
+    response_status: int = 200,
+    content_type: str = "application/json",
+    extra_statuses: tuple[int, ...] = (),
+) -> None:
+    """Describe one route for the OpenAPI document. `auth`: "bearer" or "none"."""
+    REGISTRY.add(
+        RouteDoc(
+            method.upper(),
+            path,
+            summary,
+            tag,
+            request,
+            response,
+            query,
+            auth,
+            response_status,
+            content_type,
+            extra_statuses,
+        )
+    )
+
+
+class _Components:
+    def __init__(self) -> None:
+        self.schemas: dict[str, Any] = {"ErrorEnvelope": {}}
+        self.add(ErrorEnvelope)
+
+    def add(self, model: type[BaseModel]) -> dict[str, str]:
+        name = model.__name__
+        schema = model.model_json_schema(ref_template=_REF)
+        for def_name, definition in schema.pop("$defs", {}).items():
+            self.schemas.setdefault(def_name, definition)
+        self.schemas[name] = schema
+        return {"$ref": _REF.format(model=name)}
+
+
+def _error_responses(doc: RouteDoc | None) -> dict[str, Any]:
+    ref = {
+        "content": {"application/json": {"schema": {"$ref": _REF.format(model="ErrorEnvelope")}}}
+    }
+    statuses = {400: "invalid request", 404: "not found", 500: "internal error"}
+    if doc is None or doc.auth != "none":
+        statuses.update({401: "missing or invalid API key", 403: "insufficient scope"})
+        statuses[429] = "rate limit exceeded (per-key rate_limit_rpm)"
+    for status in doc.extra_statuses if doc else ():
+        statuses.setdefault(status, "error")
+    return {str(s): {"description": d, **ref} for s, d in sorted(statuses.items())}
+
+
+def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    schema = model.model_json_schema(ref_template=_REF)
+    required = set(schema.get("required", []))
+    return [
+        {"name": name, "in": "query", "required": name in required, "schema": prop}
+        for name, prop in schema.get("properties", {}).items()
+    ]
+
+
+def _operation(method: str, path: str, doc: RouteDoc | None, comps: _Components) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "operationId": f"{method.lower()}_{re.sub(r'[^A-Za-z0-9]+', '_', path).strip('_')}",
+        "summary": doc.summary if doc else f"{method} {path}",
+        "tags": [doc.tag if doc else "Other"],
+    }
+    params = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in _PARAM.findall(path)
+    ]
+    if doc and doc.query:
+        params.extend(_query_parameters(doc.query))
+    if params:
+        op["parameters"] = params
+    if doc and doc.request:
+        schema = comps.add(doc.request)
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+    ok: dict[str, Any] = {"description": "success"}
+    if doc and doc.response:
+        ok["content"] = {doc.content_type: {"schema": comps.add(doc.response)}}
+    elif doc and doc.content_type != "application/json":
+        ok["content"] = {doc.content_type: {"schema": {"type": "string"}}}
+    op["responses"] = {str(doc.response_status if doc else 200): ok, **_error_responses(doc)}
+    if doc is None or doc.auth != "none":
+        op["security"] = [{"bearerAuth": []}]
+    else:
+        op["security"] = []
+    return op
+
+
+def _app_routes(app: web.Application) -> list[tuple[str, str]]:
+    seen: list[tuple[str, str]] = []
+    for route in app.router.routes():
+        method = route.method.upper()
+        info = route.get_info()
+        path = info.get("path") or info.get("formatter") or info.get("prefix")
+        if method in ("HEAD", "OPTIONS", "*") or not path:
+            continue
+        if (method, path) not in seen:
+            seen.append((method, str(path)))
+    return seen
+
+
+def build_document(app: web.Application, version: str) -> dict[str, Any]:
+    comps = _Components()
+    paths: dict[str, dict[str, Any]] = {}
+    for method, path in sorted(_app_routes(app), key=lambda mp: (mp[1], mp[0])):
+        doc = REGISTRY.routes.get((method, path))
+        paths.setdefault(_PARAM.sub(r"{\1}", path), {})[method.lower()] = _operation(
+            method, path, doc, comps
+        )
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": TITLE,
+            "version": API_VERSION,
+            "description": f"Build {version}. Errors use the envelope ErrorEnvelope.",
+        },
+        "servers": [{"url": "/"}],
+        "paths": paths,
+        "components": {
+            "schemas": dict(sorted(comps.schemas.items())),
+            "securitySchemes": {
+                "bearerAuth": {"type": "http", "scheme": "bearer", "description": "API key"}
+            },
+        },
+    }

@@ -1,0 +1,173 @@
+"""Transport security: hidden paths, HTTPS enforcement, CORS, security headers, client IPs.
+
+- `/debug/pprof` and `/admin/` are never served on the gateway port (404 envelope).
+- `SVC_REQUIRE_SECURE`: plain HTTP is redirected to HTTPS (GET/HEAD, 308) or refused (403);
+  loopback clients are always allowed; `X-Forwarded-Proto` counts only from a trusted proxy.
+- `SVC_TRUSTED_PROXIES` (live): only requests from these peers use `X-Forwarded-For`.
+- `SVC_CORS_ORIGINS` (+ `SVC_WEBUI_ORIGIN`): allowed browser origins; blank = same-origin only.
+- Every response carries CSP (`SVC_CSP` or the default), nosniff, a referrer policy and a
+  frame ban.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from functools import lru_cache
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from gateway.settings import Settings
+from gateway.state import SETTINGS
+from schemas.errors import Forbidden, NotFound
+
+DEFAULT_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
+HIDDEN_PREFIXES = ("/debug/pprof", "/admin/")
+HIDDEN_EXACT = frozenset({"/admin", "/debug/pprof"})
+CORS_METHODS = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
+CORS_HEADERS = "Authorization, Content-Type, Idempotency-Key, Last-Event-ID, X-SVC-Conversation-Id"
+EXPOSED_HEADERS = (
+    "X-SVC-Conversation-Id, Retry-After, X-RateLimit-Limit, X-RateLimit-Remaining, "
+    "X-RateLimit-Reset"
+)
+CLIENT_IP: web.RequestKey[str] = web.RequestKey("svc_client_ip", str)
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@lru_cache(maxsize=16)
+def parse_networks(raw: str) -> tuple[Network, ...]:
+    out: list[Network] = []
+    for item in raw.split(","):
+        text = item.strip()
+        if text:
+            out.append(ipaddress.ip_network(text, strict=False))
+    return tuple(out)
+
+
+def _ip(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address((text or "").strip())
+    except ValueError:
+        return None
+
+
+def _trusted(address: str | None, networks: Iterable[Network]) -> bool:
+    ip = _ip(address)
+    return ip is not None and any(ip in net for net in networks)
+
+
+def _proxies(settings: Settings) -> tuple[Network, ...]:
+    try:
+        return parse_networks(settings.text("SVC_TRUSTED_PROXIES"))
+    except ValueError:
+        return ()
+
+
+def client_ip(request: web.Request) -> str:
+    """The client's address: the peer, or from a trusted proxy the rightmost untrusted
+    address of X-Forwarded-For."""
+    if CLIENT_IP in request:
+        return request[CLIENT_IP]
+    peer = request.remote or ""
+    networks = _proxies(request.app[SETTINGS])
+    result = peer
+    if _trusted(peer, networks):
+        hops = [h.strip() for h in request.headers.get("X-Forwarded-For", "").split(",")]
+        for hop in reversed([h for h in hops if h]):
+            result = hop
+            if not _trusted(hop, networks):
+                break
+    request[CLIENT_IP] = result
+    return result
+
+
+def _is_secure(request: web.Request, settings: Settings) -> bool:
+    if request.secure:
+        return True
+    if _trusted(request.remote, _proxies(settings)):
+        proto = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+        return proto == "https"
+    return False
+
+
+def _is_loopback(request: web.Request) -> bool:
+    ip = _ip(client_ip(request))
+    return ip is not None and ip.is_loopback
+
+
+def _enforce_https(request: web.Request, settings: Settings) -> None:
+    if not settings.flag("SVC_REQUIRE_SECURE") or _is_secure(request, settings):
+        return
+    if _is_loopback(request):
+        return
+    if request.method in ("GET", "HEAD"):
+        raise web.HTTPPermanentRedirect(f"https://{request.host}{request.path_qs}")
+    raise Forbidden("plain HTTP is not accepted: use HTTPS", code="https_required")
+
+
+def allowed_origins(settings: Settings) -> frozenset[str]:
+    origins = set(settings.items("SVC_CORS_ORIGINS"))
+    webui = settings.text("SVC_WEBUI_ORIGIN").strip()
+    if webui:
+        origins.add(webui)
+    return frozenset(o.rstrip("/") for o in origins)
+
+
+def _preflight(request: web.Request, origin: str) -> web.Response:
+    response = web.Response(status=204)
+    response.headers.update(
+        {
+            "Access-Control-Allow-Origin": origin,
+            "Access-Control-Allow-Methods": CORS_METHODS,
+            "Access-Control-Allow-Headers": CORS_HEADERS,
+            "Access-Control-Allow-Credentials": "true",
+            "Access-Control-Max-Age": "600",
+            "Vary": "Origin",
+        }
+    )
+    return response
+
+
+def _is_preflight(request: web.Request) -> bool:
+    return (
+        request.method == "OPTIONS"
+        and "Origin" in request.headers
+        and "Access-Control-Request-Method" in request.headers
+    )
+
+
+@web.middleware
+async def security_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    path = request.path
+    if path in HIDDEN_EXACT or path.startswith(HIDDEN_PREFIXES):
+        raise NotFound("not found: no such endpoint")
+    settings = request.app[SETTINGS]
+    _enforce_https(request, settings)
+    if _is_preflight(request):
+        origin = request.headers["Origin"].rstrip("/")
+        if origin not in allowed_origins(settings):
+            raise Forbidden(f"origin {origin} is not allowed", code="cors_origin_not_allowed")
+        return _preflight(request, origin)
+    return await handler(request)
+
+
+async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: applies to every response, streaming and errors included."""
+    settings = request.app[SETTINGS]
+    headers = response.headers
+    headers.setdefault("Content-Security-Policy", settings.text("SVC_CSP").strip() or DEFAULT_CSP)
+    headers.setdefault("X-Content-Type-Options", "nosniff")
+    headers.setdefault("Referrer-Policy", "no-referrer")
+    headers.setdefault("X-Frame-Options", "DENY")
+    origin = request.headers.get("Origin", "").rstrip("/")
+    if origin and origin in allowed_origins(settings):
+        headers["Access-Control-Allow-Origin"] = origin
+        headers["Access-Control-Allow-Credentials"] = "true"
+        headers["Access-Control-Expose-Headers"] = EXPOSED_HEADERS
+        headers.add("Vary", "Origin")

@@ -1,0 +1,430 @@
+"""The one typed settings object, and the service that changes settings through the settings actor.
+
+Precedence of the effective value, lowest first (docs/settings.md):
+
+1. the catalog default (schemas/settings_catalog.py);
+2. the env file (`SVC_ENV_FILE`, default `<SVC_DATA_DIR>/svc.env` when present);
+3. the process environment (wins over the env file);
+4. the stored value (`svc settings set` / the admin API: events of `settings:instance`).
+
+This module is the only place that reads `os.environ`. Secret values never appear in a repr,
+a listing, an error message or a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+from actors.behaviour import ActorKey
+from actors.runtime import ActorRuntime
+from actors.settings import KIND, SettingsBehaviour
+from eventstore.records import RecordedEvent
+from schemas.errors import InvalidInput
+from schemas.events import EVENTS
+from schemas.settings import (
+    INSTANCE_WORKSPACE_ID,
+    SETTINGS_STREAM_ID,
+    SetSetting,
+    SettingChangeResult,
+    SettingList,
+    SettingsState,
+    SettingView,
+    UnsetSetting,
+)
+from schemas.settings_catalog import (
+    CATALOG,
+    SPEC_TOTAL,
+    SettingSpec,
+    SettingValue,
+    display_value,
+    get_spec,
+    parse,
+    parse_or_coerce,
+)
+
+log = logging.getLogger(__name__)
+
+ENV_FILE_NAME = "svc.env"
+
+
+class Source(StrEnum):
+    DEFAULT = "default"
+    ENV_FILE = "env_file"
+    ENVIRONMENT = "environment"
+    STORED = "stored"
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    raw: str
+    source: Source
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines; `#` comments, blank lines, `export ` and surrounding quotes allowed."""
+    out: dict[str, str] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        text = text.removeprefix("export ").strip()
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise InvalidInput(f"{path}:{number}: expected KEY=VALUE")
+        out[key.strip()] = _unquote(value.strip())
+    return out
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+def _known_layer(values: Mapping[str, str], source: Source) -> dict[str, str]:
+    """Keep catalog keys allowed from this source; validate them; warn (names only) otherwise."""
+    out: dict[str, str] = {}
+    for key, raw in values.items():
+        spec = CATALOG.get(key)
+        if spec is None:
+            if key.startswith("SVC_") and not key.startswith("SVC_TEST_"):
+                log.warning("ignoring unknown setting %s from the %s", key, source.value)
+            continue
+        if not spec.from_env:
+            log.warning("ignoring %s from the %s: %s", key, source.value, spec.note)
+            continue
+        try:
+            parse_or_coerce(spec, raw)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{exc.message} (from the {source.value})", code=exc.code) from None
+        out[key] = raw
+    return out
+
+
+class Settings:
+    """Effective settings of this process, typed accessors over the catalog.
+
+    Live (L) settings change in place when a stored value changes; restart (R) settings keep
+    the value the process started with, and `pending_restart` lists the ones that differ.
+    """
+
+    def __init__(
+        self,
+        environment: Mapping[str, str] | None = None,
+        env_file: Mapping[str, str] | None = None,
+        stored: Mapping[str, str] | None = None,
+        *,
+        env_file_path: Path | None = None,
+    ) -> None:
+        self._layers: dict[Source, dict[str, str]] = {
+            Source.ENV_FILE: _known_layer(env_file or {}, Source.ENV_FILE),
+            Source.ENVIRONMENT: _known_layer(environment or {}, Source.ENVIRONMENT),
+            Source.STORED: {},
+        }
+        self._running: dict[str, str] = {}
+        self._listeners: list[Callable[[str], None]] = []
+        self.env_file_path = env_file_path
+        self.load_stored(stored or {})
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Build from the process environment (or `environ`) and the env file it names."""
+        env = dict(os.environ if environ is None else environ)
+        path = _env_file_path(env)
+        file_values = read_env_file(path) if path is not None else {}
+        return cls(env, file_values, env_file_path=path)
+
+    def load_stored(self, stored: Mapping[str, str]) -> None:
+        """Set the stored layer at startup: every stored value applies, R and L alike."""
+        layer = {k: v for k, v in stored.items() if k in CATALOG and CATALOG[k].storable}
+        self._layers[Source.STORED] = layer
+        self._running = {key: self.resolve(key).raw for key in CATALOG}
+        self._parsed: dict[str, SettingValue] = {}
+
+    def apply_stored(self, key: str, raw: str | None) -> bool:
+        """Record a stored change; apply it now when the key is live. True when applied."""
+        layer = self._layers[Source.STORED]
+        if raw is None:
+            layer.pop(key, None)
+        else:
+            layer[key] = raw
+        if not get_spec(key).live:
+            return False
+        self._running[key] = self.resolve(key).raw
+        self._parsed.pop(key, None)
+        for listener in list(self._listeners):
+            listener(key)
+        return True
+
+    def stored_layer(self) -> Mapping[str, str]:
+        return dict(self._layers[Source.STORED])
+
+    def on_live_change(self, listener: Callable[[str], None]) -> None:
+        self._listeners.append(listener)
+
+    def resolve(self, key: str) -> Resolved:
+        """The value the next start would use, and where it comes from."""
+        spec = get_spec(key)
+        for source in (Source.STORED, Source.ENVIRONMENT, Source.ENV_FILE):
+            raw = self._layers[source].get(key)
+            if raw is not None:
+                return Resolved(raw, source)
+        return Resolved(spec.default, Source.DEFAULT)
+
+    def pending_restart(self) -> list[str]:
+        return sorted(k for k in CATALOG if self._running.get(k) != self.resolve(k).raw)
+
+    # --- typed accessors (running values) --------------------------------------------------
+
+    def raw(self, key: str) -> str:
+        get_spec(key)
+        return self._running[key]
+
+    def value(self, key: str) -> SettingValue:
+        if key not in self._parsed:
+            self._parsed[key] = parse_or_coerce(get_spec(key), self.raw(key))
+        return self._parsed[key]
+
+    def flag(self, key: str) -> bool:
+        return bool(self._typed(key, "bool"))
+
+    def integer(self, key: str) -> int:
+        value = self._typed(key, "int")
+        assert isinstance(value, int)
+        return value
+
+    def text(self, key: str) -> str:
+        return str(self._typed(key, "text", "enum"))
+
+    def duration(self, key: str) -> float | None:
+        value = self._typed(key, "duration")
+        return None if value is None else float(value)
+
+    def items(self, key: str) -> list[str]:
+        """A comma-list text setting as its non-empty, stripped items."""
+        return [part.strip() for part in self.text(key).split(",") if part.strip()]
+
+    def _typed(self, key: str, *types: str) -> SettingValue:
+        spec = get_spec(key)
+        if spec.type not in types:
+            raise TypeError(f"{key} is a {spec.type} setting, not {'/'.join(types)}")
+        return self.value(key)
+
+    # --- the operational keys, named -------------------------------------------------------
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.text("SVC_DATA_DIR")).expanduser()
+
+    @property
+    def database_url(self) -> str | None:
+        return self.text("SVC_DATABASE_URL").strip() or None
+
+    @property
+    def default_workspace_id(self) -> str:
+        return self.text("SVC_DEFAULT_WORKSPACE_ID").strip() or "default"
+
+    @property
+    def gateway_addr(self) -> tuple[str | None, int]:
+        return parse_listen_addr(self.text("SVC_GATEWAY_ADDR"))
+
+    @property
+    def shutdown_grace_s(self) -> float:
+        return float(self.integer("SVC_SHUTDOWN_GRACE_SEC"))
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.integer("SVC_MAX_BODY_BYTES")
+
+    def __repr__(self) -> str:
+        shown = {k: display_value(CATALOG[k], v) for k, v in self._running.items() if v}
+        return f"Settings({shown})"
+
+
+def _env_file_path(env: Mapping[str, str]) -> Path | None:
+    named = env.get("SVC_ENV_FILE", "").strip()
+    if named:
+        path = Path(named).expanduser()
+        if not path.is_file():
+            raise InvalidInput(f"SVC_ENV_FILE names {path}, which is not a readable file")
+        return path
+    data_dir = Path(env.get("SVC_DATA_DIR", "").strip() or CATALOG["SVC_DATA_DIR"].default)
+    default = data_dir.expanduser() / ENV_FILE_NAME
+    return default if default.is_file() else None
+
+
+def parse_listen_addr(addr: str) -> tuple[str | None, int]:
+    """`:8780` -> (None = all interfaces, 8780); `127.0.0.1:9000`; `[::1]:9000`."""
+    host, sep, port_text = addr.strip().rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise InvalidInput(f"invalid listen address {addr!r}: expected [host]:port, e.g. :8780")
+    host = host.strip("[]")
+    return (host or None), int(port_text)
+
+
+# --- the settings service ------------------------------------------------------------------
+
+
+class _StreamReader(Protocol):
+    async def read_stream(
+        self, stream_id: str, from_version: int = 1, *, workspace_id: str | None = None
+    ) -> list[RecordedEvent]: ...
+
+
+class SecretVault(Protocol):
+    """Where secret setting values live, outside the log (gateway/secrets.py)."""
+
+    async def put(self, key: str, value: str) -> None: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    async def all(self) -> dict[str, str]: ...
+
+
+def settings_actor_key() -> ActorKey:
+    return ActorKey(KIND, SETTINGS_STREAM_ID)
+
+
+def replay_settings(events: Iterable[RecordedEvent]) -> SettingsState:
+    """Rebuild the settings actor's state from its recorded events."""
+    behaviour = SettingsBehaviour()
+    state = behaviour.initial_state(settings_actor_key())
+    for recorded in events:
+        decoded = EVENTS.decode(recorded.type, recorded.schema_version, recorded.data)
+        state = behaviour.evolve(state, decoded)
+    return state
+
+
+async def read_stored_settings(store: _StreamReader, vault: SecretVault) -> dict[str, str]:
+    """The stored layer: the settings stream's values, secrets filled from the vault."""
+    events = await store.read_stream(
+        f"{KIND}:{SETTINGS_STREAM_ID}", workspace_id=INSTANCE_WORKSPACE_ID
+    )
+    state = replay_settings(events)
+    secrets = await vault.all()
+    out: dict[str, str] = {}
+    for key, stored in state.values.items():
+        value = secrets.get(key) if stored.secret else stored.value
+        if value is not None and key in CATALOG:
+            out[key] = value
+    return out
+
+
+class SettingsService:
+    """set / get / list / unset, written through the settings actor, applied to `Settings`."""
+
+    def __init__(
+        self, settings: Settings, runtime: ActorRuntime, store: _StreamReader, vault: SecretVault
+    ) -> None:
+        self._settings = settings
+        self._runtime = runtime
+        self._store = store
+        self._vault = vault
+        self._stored: dict[str, str] = dict(settings.stored_layer())
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    async def stored_values(self) -> dict[str, str]:
+        return await read_stored_settings(self._store, self._vault)
+
+    async def load(self) -> None:
+        """At startup: apply every stored value."""
+        self._stored = await self.stored_values()
+        self._settings.load_stored(self._stored)
+
+    async def refresh(self) -> list[str]:
+        """Re-read the stored layer (after a change by another process); returns changed keys."""
+        fresh = await self.stored_values()
+        changed = sorted(
+            k for k in set(fresh) | set(self._stored) if fresh.get(k) != self._stored.get(k)
+        )
+        self._stored = fresh
+        for key in changed:
+            self._settings.apply_stored(key, fresh.get(key))
+        return changed
+
+    async def set(self, key: str, raw: str) -> SettingChangeResult:
+        spec = get_spec(key)
+        if not spec.storable:
+            raise InvalidInput(f"{key} cannot be stored: {spec.note}", code="setting_not_storable")
+        parse(spec, raw)
+        if spec.secret:
+            await self._vault.put(key, raw)
+        command = SetSetting(
+            command_id=_command_id(),
+            workspace_id=INSTANCE_WORKSPACE_ID,
+            key=key,
+            value=None if spec.secret else raw,
+            secret=spec.secret,
+            at=datetime.now(UTC),
+        )
+        await self._runtime.ask(settings_actor_key(), command)
+        self._stored[key] = raw
+        applied = self._settings.apply_stored(key, raw)
+        return _change_result(spec, raw, applied)
+
+    async def unset(self, key: str) -> SettingChangeResult:
+        spec = get_spec(key)
+        command = UnsetSetting(
+            command_id=_command_id(),
+            workspace_id=INSTANCE_WORKSPACE_ID,
+            key=key,
+            at=datetime.now(UTC),
+        )
+        await self._runtime.ask(settings_actor_key(), command)
+        if spec.secret:
+            await self._vault.delete(key)
+        self._stored.pop(key, None)
+        applied = self._settings.apply_stored(key, None)
+        return _change_result(spec, self._settings.resolve(key).raw, applied)
+
+    def get(self, key: str) -> SettingView:
+        return view(self._settings, get_spec(key))
+
+    def list(self) -> SettingList:
+        return SettingList(
+            settings=[view(self._settings, spec) for spec in CATALOG.values()],
+            catalog_total_stated=SPEC_TOTAL,
+        )
+
+
+def _command_id() -> str:
+    return f"settings-{uuid.uuid4()}"
+
+
+def _change_result(spec: SettingSpec, raw: str, applied: bool) -> SettingChangeResult:
+    shown = display_value(spec, raw)
+    if applied:
+        message = f"{spec.key} = {shown}; applied"
+    else:
+        message = f"{spec.key} = {shown}; restart required"
+    return SettingChangeResult(
+        key=spec.key, value=shown, applied=applied, restart_required=not applied, message=message
+    )
+
+
+def view(settings: Settings, spec: SettingSpec) -> SettingView:
+    resolved = settings.resolve(spec.key)
+    return SettingView(
+        key=spec.key,
+        group=spec.group,
+        type=spec.type,
+        value=display_value(spec, resolved.raw),
+        source=resolved.source.value,
+        default=display_value(spec, spec.default) if spec.secret else spec.default,
+        apply=spec.apply,
+        secret=spec.secret,
+        choices=list(spec.choices),
+        effect=spec.effect,
+        note=spec.note,
+    )

@@ -1,0 +1,93 @@
+"""Admin endpoints for instance settings (the HTTP twin of `svc settings`).
+
+GET /v1/admin/settings, GET|PUT|DELETE /v1/admin/settings/{key}. Instance settings belong to
+the whole instance, so only admin keys of the default workspace (SVC_DEFAULT_WORKSPACE_ID) may
+use them. Secrets are never returned: listings show "********" or "unset".
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from gateway.auth import authenticate, require_scope
+from gateway.errors import read_json
+from gateway.openapi import document
+from gateway.state import SETTINGS, SETTINGS_SERVICE
+from schemas.errors import Forbidden
+from schemas.settings import SetSettingRequest, SettingChangeResult, SettingList, SettingView
+
+
+async def _admin(request: web.Request, scope: str) -> None:
+    principal = await authenticate(request)
+    require_scope(principal, scope)
+    default = request.app[SETTINGS].default_workspace_id
+    if principal.workspace_id != default:
+        raise Forbidden(
+            f"instance settings are managed by admin keys of the {default!r} workspace",
+            code="instance_admin_required",
+        )
+
+
+def _json(model: BaseModel) -> web.Response:
+    return web.Response(body=model.model_dump_json(), content_type="application/json")
+
+
+async def list_settings(request: web.Request) -> web.Response:
+    await _admin(request, "admin:read")
+    return _json(request.app[SETTINGS_SERVICE].list())
+
+
+async def get_setting(request: web.Request) -> web.Response:
+    await _admin(request, "admin:read")
+    return _json(request.app[SETTINGS_SERVICE].get(request.match_info["key"]))
+
+
+async def put_setting(request: web.Request) -> web.Response:
+    await _admin(request, "admin:write")
+    body = await read_json(request, SetSettingRequest)
+    service = request.app[SETTINGS_SERVICE]
+    return _json(await service.set(request.match_info["key"], body.value))
+
+
+async def delete_setting(request: web.Request) -> web.Response:
+    await _admin(request, "admin:write")
+    return _json(await request.app[SETTINGS_SERVICE].unset(request.match_info["key"]))
+
+
+def add_routes(app: web.Application) -> None:
+    base, one = "/v1/admin/settings", "/v1/admin/settings/{key}"
+    app.router.add_get(base, list_settings)
+    app.router.add_get(one, get_setting)
+    app.router.add_put(one, put_setting)
+    app.router.add_delete(one, delete_setting)
+    tag = "Admin"
+    document(
+        "GET",
+        base,
+        summary="Every setting, secrets masked (admin:read)",
+        tag=tag,
+        response=SettingList,
+    )
+    document(
+        "GET",
+        one,
+        summary="One setting and where its value comes from (admin:read)",
+        tag=tag,
+        response=SettingView,
+    )
+    document(
+        "PUT",
+        one,
+        summary="Set a setting; says whether a restart is required (admin:write)",
+        tag=tag,
+        request=SetSettingRequest,
+        response=SettingChangeResult,
+    )
+    document(
+        "DELETE",
+        one,
+        summary="Unset a stored value (admin:write)",
+        tag=tag,
+        response=SettingChangeResult,
+    )

@@ -1,0 +1,287 @@
+"""System endpoints: /healthz, /readyz, /v1/ping, /v1/time, /v1/client-log, /metrics,
+/openapi.json and the /docs explorer. None of them needs a credential."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from datetime import UTC, datetime
+from importlib import resources
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from pydantic import BaseModel
+
+from eventstore.db import Database, PoolStats
+from gateway import openapi
+from gateway.errors import read_body, read_json
+from gateway.metrics import GatewayCollector, build_version, render
+from gateway.security import client_ip
+from gateway.state import DATABASE, SETTINGS
+from schemas.errors import PayloadTooLarge, RateLimited, Unavailable
+from schemas.settings_catalog import CATALOG
+from schemas.system import (
+    ClientLogAccepted,
+    ClientLogBatch,
+    ClientLogEntry,
+    Health,
+    Pong,
+    Readiness,
+    ServerTime,
+)
+
+log = logging.getLogger(__name__)
+client_log = logging.getLogger("svc.client")
+
+READY_TIMEOUT_S = 2.0
+CLIENT_LOG_MAX_BYTES = 64 * 1024
+CLIENT_LOG_PER_MINUTE = 60
+REDACTED = "[redacted]"
+_SECRET_NAME = re.compile(r"(?i)(pass|secret|token|key|auth|cookie|session|credential|dsn)")
+_SECRET_TEXT = re.compile(
+    r"(?i)(svc_[A-Za-z0-9_\-]{16,}|bearer\s+\S+|[a-z]+://[^\s/:@]+:[^\s/@]+@)"
+)
+_LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40}
+
+
+class ReadinessProbe:
+    """Asks the database with a short timeout; no state but the last answer, so it recovers
+    by itself as soon as the database answers again."""
+
+    def __init__(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self.ready = False
+        self.reason = "not checked yet"
+
+    async def check(self, db: Database | None) -> bool:
+        if db is None:
+            self.ready, self.reason = False, "the database is not open yet"
+            return False
+        try:
+            async with asyncio.timeout(self.timeout_s), db.acquire() as conn:
+                await conn.fetchval("SELECT 1")
+        except (TimeoutError, Exception) as exc:
+            self.ready, self.reason = False, _reason(exc)
+            return False
+        self.ready, self.reason = True, "ok"
+        return True
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "the database did not answer in time"
+    return type(exc).__name__
+
+
+class ClientLogLimiter:
+    """In-process fixed-minute counter per client IP (client logs are best effort)."""
+
+    def __init__(self, per_minute: int = CLIENT_LOG_PER_MINUTE) -> None:
+        self.per_minute = per_minute
+        self._window = 0
+        self._counts: dict[str, int] = {}
+
+    def hit(self, ip: str) -> None:
+        window = int(time.time() // 60)
+        if window != self._window:
+            self._window, self._counts = window, {}
+        count = self._counts.get(ip, 0) + 1
+        self._counts[ip] = count
+        if count > self.per_minute:
+            raise RateLimited(
+                f"too many client-log requests: at most {self.per_minute} per minute",
+                retry_after_s=60 - time.time() % 60,
+            )
+
+
+READINESS: web.AppKey[ReadinessProbe] = web.AppKey("svc_readiness", ReadinessProbe)
+CLIENT_LOG_LIMITER: web.AppKey[ClientLogLimiter] = web.AppKey(
+    "svc_client_log_limiter", ClientLogLimiter
+)
+METRICS_REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey(
+    "svc_metrics_registry", CollectorRegistry
+)
+
+
+def json_response(model: BaseModel, status: int = 200) -> web.Response:
+    return web.Response(
+        status=status, body=model.model_dump_json(), content_type="application/json"
+    )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response(Health(version=build_version()))
+
+
+async def readyz(request: web.Request) -> web.Response:
+    probe = request.app[READINESS]
+    if not await probe.check(request.app.get(DATABASE)):
+        raise Unavailable(f"not ready: {probe.reason}", code="database_unavailable")
+    return json_response(Readiness())
+
+
+async def ping(request: web.Request) -> web.Response:
+    return json_response(Pong())
+
+
+async def server_time(request: web.Request) -> web.Response:
+    now = time.time()
+    return json_response(
+        ServerTime(time=datetime.fromtimestamp(now, UTC), unix=now, unix_ms=int(now * 1000))
+    )
+
+
+def _secret_values(request: web.Request) -> list[str]:
+    settings = request.app[SETTINGS]
+    values = (settings.raw(k) for k, spec in CATALOG.items() if spec.secret)
+    return [v for v in values if len(v) >= 4]
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    for value in secrets:
+        text = text.replace(value, REDACTED)
+    return _SECRET_TEXT.sub(REDACTED, text)
+
+
+def _log_entry(entry: ClientLogEntry, ip: str, secrets: list[str]) -> None:
+    context = {
+        k: REDACTED if _SECRET_NAME.search(k) else redact(str(v), secrets)
+        for k, v in entry.context.items()
+    }
+    client_log.log(
+        _LEVELS[entry.level],
+        "client log from %s [%s]: %s %s",
+        ip,
+        redact(entry.source or "-", secrets),
+        redact(entry.message, secrets),
+        orjson.dumps(context).decode() if context else "",
+    )
+
+
+async def ingest_client_log(request: web.Request) -> web.Response:
+    ip = client_ip(request)
+    request.app[CLIENT_LOG_LIMITER].hit(ip)
+    if (request.content_length or 0) > CLIENT_LOG_MAX_BYTES:
+        raise PayloadTooLarge(f"client-log bodies are limited to {CLIENT_LOG_MAX_BYTES} bytes")
+    if len(await read_body(request)) > CLIENT_LOG_MAX_BYTES:
+        raise PayloadTooLarge(f"client-log bodies are limited to {CLIENT_LOG_MAX_BYTES} bytes")
+    batch = await read_json(request, ClientLogBatch)
+    secrets = _secret_values(request)
+    for entry in batch.entries:
+        _log_entry(entry, ip, secrets)
+    return json_response(ClientLogAccepted(accepted=len(batch.entries)), status=202)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    await request.app[READINESS].check(request.app.get(DATABASE))
+    body = render(request.app[METRICS_REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    document = openapi.build_document(request.app, build_version())
+    return web.Response(body=orjson.dumps(document), content_type="application/json")
+
+
+def _asset(name: str) -> str:
+    return resources.files("gateway.static").joinpath(name).read_text(encoding="utf-8")
+
+
+async def docs_page(request: web.Request) -> web.Response:
+    return web.Response(text=_asset("docs.html"), content_type="text/html")
+
+
+async def docs_script(request: web.Request) -> web.Response:
+    return web.Response(text=_asset("docs.js"), content_type="application/javascript")
+
+
+async def docs_style(request: web.Request) -> web.Response:
+    return web.Response(text=_asset("docs.css"), content_type="text/css")
+
+
+def _pool_stats(app: web.Application) -> PoolStats | None:
+    db = app.get(DATABASE)
+    return None if db is None else db.pool_stats()
+
+
+def setup_metrics(app: web.Application) -> None:
+    registry = CollectorRegistry(auto_describe=True)
+    probe = app[READINESS]
+
+    def pool() -> PoolStats | None:
+        return _pool_stats(app)
+
+    registry.register(GatewayCollector(pool, lambda: probe.ready))
+    app[METRICS_REGISTRY] = registry
+
+
+def _document_routes() -> None:
+    doc = openapi.document
+    doc(
+        "GET",
+        "/healthz",
+        summary="Liveness and version",
+        tag="System",
+        response=Health,
+        auth="none",
+    )
+    doc(
+        "GET",
+        "/readyz",
+        summary="Readiness: checks the database (503 when down)",
+        tag="System",
+        response=Readiness,
+        auth="none",
+        extra_statuses=(503,),
+    )
+    doc("GET", "/v1/ping", summary="Reachability check", tag="System", response=Pong, auth="none")
+    doc("GET", "/v1/time", summary="Server time", tag="System", response=ServerTime, auth="none")
+    doc(
+        "POST",
+        "/v1/client-log",
+        summary="Ingest client-side log events (size and rate limited)",
+        tag="System",
+        request=ClientLogBatch,
+        response=ClientLogAccepted,
+        auth="none",
+        response_status=202,
+        extra_statuses=(413, 429),
+    )
+    doc(
+        "GET",
+        "/metrics",
+        summary="Prometheus text metrics (non-sensitive series only)",
+        tag="System",
+        auth="none",
+        content_type="text/plain",
+    )
+    doc("GET", "/openapi.json", summary="This OpenAPI 3.1 document", tag="System", auth="none")
+    doc(
+        "GET",
+        "/docs",
+        summary="Interactive API explorer",
+        tag="System",
+        auth="none",
+        content_type="text/html",
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app[READINESS] = ReadinessProbe()
+    app[CLIENT_LOG_LIMITER] = ClientLogLimiter()
+    setup_metrics(app)
+    router = app.router
+    router.add_get("/healthz", healthz)
+    router.add_get("/readyz", readyz)
+    router.add_get("/v1/ping", ping)
+    router.add_get("/v1/time", server_time)
+    router.add_post("/v1/client-log", ingest_client_log)
+    router.add_get("/metrics", metrics)
+    router.add_get("/openapi.json", openapi_json)
+    router.add_get("/docs", docs_page)
+    router.add_get("/docs/explorer.js", docs_script)
+    router.add_get("/docs/explorer.css", docs_style)
+    _document_routes()

@@ -1,0 +1,158 @@
+"""Shared by the platform tests: the whole service (create_app) on a real loopback TCP site over
+the session's PostgreSQL, and keys issued through the workspace actor."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from actors.workspace import workspace_key
+from gateway.app import RouteInstaller, create_app
+from gateway.auth import authenticate, generate_key, hash_key
+from gateway.bootstrap import ensure_workspace
+from gateway.settings import Settings
+from gateway.state import PROJECTIONS, RUNTIME
+from schemas.workspace import IssueApiKey, RevokeApiKey
+
+WHOAMI = "/test/whoami"
+BOOM = "/test/boom"
+ECHO = "/test/echo"
+
+
+def uid(prefix: str = "") -> str:
+    return prefix + uuid.uuid4().hex[:10]
+
+
+def settings_for(database_url: str, **env: str) -> Settings:
+    return Settings({"SVC_DATABASE_URL": database_url, **env})
+
+
+async def whoami(request: web.Request) -> web.Response:
+    principal = await authenticate(request)
+    return web.json_response(
+        {"workspace_id": principal.workspace_id, "scopes": sorted(principal.scopes)}
+    )
+
+
+async def boom(request: web.Request) -> web.Response:
+    raise RuntimeError("kaboom: an unexpected failure")
+
+
+async def echo(request: web.Request) -> web.Response:
+    from pydantic import BaseModel, Field
+
+    from gateway.errors import read_json
+
+    class Body(BaseModel):
+        name: str = Field(min_length=1)
+        count: int = Field(ge=0)
+
+    body = await read_json(request, Body)
+    return web.json_response(body.model_dump())
+
+
+def test_routes(app: web.Application) -> None:
+    app.router.add_get(WHOAMI, whoami)
+    app.router.add_get(BOOM, boom)
+    app.router.add_post(ECHO, echo)
+
+
+@dataclass
+class Running:
+    app: web.Application
+    runner: web.AppRunner
+    base: str
+    http: aiohttp.ClientSession
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    async def request(
+        self, method: str, path: str, key: str | None = None, **kw: Any
+    ) -> tuple[int, Any, Mapping[str, str]]:
+        headers = dict(kw.pop("headers", {}))
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        async with self.http.request(method, self.url(path), headers=headers, **kw) as resp:
+            text = await resp.text()
+            try:
+                body: Any = await resp.json(content_type=None)
+            except ValueError:
+                body = text
+            return resp.status, body, resp.headers
+
+    async def issue_key(
+        self,
+        workspace_id: str,
+        scopes: Sequence[str] = ("*",),
+        rate_limit_rpm: int | None = None,
+    ) -> tuple[str, str]:
+        return await issue_key(self.app, workspace_id, scopes, rate_limit_rpm)
+
+
+async def issue_key(
+    app: web.Application,
+    workspace_id: str,
+    scopes: Sequence[str] = ("*",),
+    rate_limit_rpm: int | None = None,
+) -> tuple[str, str]:
+    """(key, key_id), usable as soon as this returns (the read model has applied it)."""
+    runtime = app[RUNTIME]
+    await ensure_workspace(runtime, workspace_id)
+    key, key_id = generate_key(), uid("key_")
+    command = IssueApiKey(
+        command_id=uid("cmd-"),
+        workspace_id=workspace_id,
+        key_id=key_id,
+        name="test",
+        key_hash=hash_key(key),
+        prefix=key[:8],
+        scopes=tuple(scopes),
+        rate_limit_rpm=rate_limit_rpm,
+        at=datetime.now(UTC),
+    )
+    outcome = await runtime.ask(workspace_key(workspace_id), command)
+    assert await app[PROJECTIONS].wait_for(outcome.cursor, 10.0)
+    return key, key_id
+
+
+async def revoke_key(app: web.Application, workspace_id: str, key_id: str) -> None:
+    command = RevokeApiKey(
+        command_id=uid("cmd-"), workspace_id=workspace_id, key_id=key_id, at=datetime.now(UTC)
+    )
+    outcome = await app[RUNTIME].ask(workspace_key(workspace_id), command)
+    assert await app[PROJECTIONS].wait_for(outcome.cursor, 10.0)
+
+
+@asynccontextmanager
+async def running(
+    settings: Settings, extra_routes: Sequence[RouteInstaller] = (test_routes,)
+) -> AsyncIterator[Running]:
+    app = create_app(settings, extra_routes=extra_routes)
+    runner = web.AppRunner(app, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with aiohttp.ClientSession() as http:
+            yield Running(app, runner, f"http://127.0.0.1:{port}", http)
+    finally:
+        await runner.cleanup()
+
+
+async def clear_of_minute_boundary(margin_s: float = 8.0) -> None:
+    """Rate-limit windows are epoch minutes: start a burst well inside one (not an assertion
+    on timing, just a guard so a burst does not straddle two windows)."""
+    into = time.time() % 60
+    if into > 60 - margin_s:
+        await asyncio.sleep(60 - into + 0.5)

@@ -1,0 +1,135 @@
+"""Bearer keys, scopes, the static compatible key, SVC_PERSONAL_API_KEYS, and per-key rate
+limits that are exact under concurrency and across gateway processes sharing the database."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import Counter
+
+from platform_support import (
+    WHOAMI,
+    Running,
+    clear_of_minute_boundary,
+    revoke_key,
+    running,
+    settings_for,
+    uid,
+)
+
+from gateway.auth import KEY_PREFIX, generate_key
+
+
+def test_generated_keys_have_the_documented_shape() -> None:
+    key = generate_key()
+    assert key.startswith(KEY_PREFIX)
+    assert re.fullmatch(r"svc_[A-Za-z0-9_\-]{40}", key)
+    assert generate_key() != key
+
+
+async def test_missing_invalid_and_revoked_keys_are_401(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        status, body, _ = await svc.request("GET", WHOAMI)
+        assert status == 401 and body["error"]["code"] == "unauthorized"
+        status, body, _ = await svc.request("GET", WHOAMI, key=generate_key())
+        assert status == 401 and body["error"]["code"] == "unauthorized"
+        status, body, _ = await svc.request("GET", WHOAMI, headers={"Authorization": "Basic x"})
+        assert status == 401
+
+        ws = uid("ws-")
+        key, key_id = await svc.issue_key(ws, ["chat"])
+        status, body, _ = await svc.request("GET", WHOAMI, key=key)
+        assert status == 200 and body == {"workspace_id": ws, "scopes": ["chat"]}
+        await revoke_key(svc.app, ws, key_id)
+        await asyncio.sleep(2.1)  # the lookup cache's TTL (gateway.auth.CACHE_TTL_S)
+        status, body, _ = await svc.request("GET", WHOAMI, key=key)
+        assert status == 401 and "revoked" in body["error"]["message"]
+
+
+async def test_insufficient_scope_is_403(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key, _ = await svc.issue_key(uid("ws-"), ["chat"])
+        status, body, _ = await svc.request("GET", "/v1/admin/settings", key=key)
+        assert status == 403
+        assert body["error"]["type"] == "permission_error"
+
+
+async def test_static_compatible_key_maps_to_its_workspace(database_url: str) -> None:
+    settings = settings_for(
+        database_url,
+        SVC_NATIVE_COMPAT_KEY="static-compat-key-123",
+        SVC_NATIVE_COMPAT_WORKSPACE="compat-ws",
+    )
+    async with running(settings) as svc:
+        status, body, _ = await svc.request("GET", WHOAMI, key="static-compat-key-123")
+        assert status == 200 and body == {"workspace_id": "compat-ws", "scopes": ["chat"]}
+
+
+async def test_static_key_workspace_defaults_to_default_workspace(database_url: str) -> None:
+    settings = settings_for(database_url, SVC_NATIVE_COMPAT_KEY="static-compat-key-123")
+    async with running(settings) as svc:
+        status, body, _ = await svc.request("GET", WHOAMI, key="static-compat-key-123")
+        assert status == 200 and body["workspace_id"] == "default"
+
+
+async def test_personal_keys_off_disables_them_on_the_chat_endpoint(database_url: str) -> None:
+    settings = settings_for(database_url, SVC_PERSONAL_API_KEYS="off")
+    async with running(settings) as svc:
+        key, _ = await svc.issue_key(uid("ws-"), ["chat"])
+        body = {"model": "svc-offline", "messages": [{"role": "user", "content": "hi"}]}
+        status, answer, _ = await svc.request("POST", "/v1/chat/completions", key=key, json=body)
+        assert status == 401, answer
+        assert "SVC_PERSONAL_API_KEYS" in answer["error"]["message"]
+        status, _, _ = await svc.request("GET", WHOAMI, key=key)
+        assert status == 200
+
+
+async def _burst(svc: Running, key: str, n: int) -> list[int]:
+    async def one() -> int:
+        status, _, _ = await svc.request("GET", WHOAMI, key=key)
+        return status
+
+    return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+async def test_burst_of_40_on_a_20_rpm_key_admits_exactly_20(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key, _ = await svc.issue_key(uid("ws-"), ["chat"], rate_limit_rpm=20)
+        await clear_of_minute_boundary()
+        statuses = Counter(await _burst(svc, key, 40))
+        assert statuses == {200: 20, 429: 20}
+
+        status, body, headers = await svc.request("GET", WHOAMI, key=key)
+        assert status == 429
+        assert body["error"]["type"] == "rate_limit_error"
+        assert 1 <= int(headers["Retry-After"]) <= 60
+        assert headers["X-RateLimit-Limit"] == "20"
+        assert headers["X-RateLimit-Remaining"] == "0"
+        assert 0 <= int(headers["X-RateLimit-Reset"]) <= 60
+
+
+async def test_admitted_responses_carry_rate_limit_headers(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key, _ = await svc.issue_key(uid("ws-"), ["chat"], rate_limit_rpm=5)
+        await clear_of_minute_boundary()
+        status, _, headers = await svc.request("GET", WHOAMI, key=key)
+        assert status == 200
+        assert headers["X-RateLimit-Limit"] == "5"
+        assert headers["X-RateLimit-Remaining"] == "4"
+
+
+async def test_key_without_rate_limit_is_not_limited(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key, _ = await svc.issue_key(uid("ws-"), ["chat"])
+        statuses = Counter(await _burst(svc, key, 60))
+        assert statuses == {200: 60}
+
+
+async def test_rate_limit_is_shared_by_two_gateways_on_one_database(database_url: str) -> None:
+    settings_a, settings_b = settings_for(database_url), settings_for(database_url)
+    async with running(settings_a) as first, running(settings_b) as second:
+        key, _ = await first.issue_key(uid("ws-"), ["chat"], rate_limit_rpm=20)
+        await clear_of_minute_boundary()
+        results = await asyncio.gather(_burst(first, key, 20), _burst(second, key, 20))
+        statuses = Counter(results[0] + results[1])
+        assert statuses == {200: 20, 429: 20}

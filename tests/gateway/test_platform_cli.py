@@ -1,0 +1,186 @@
+"""The `svc` command line as a subprocess on a fresh data directory (embedded PostgreSQL),
+including `svc apikeys create` next to a running `svc serve` on the same data directory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from subprocess import PIPE
+
+import aiohttp
+import pytest
+
+SVC = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+KEY = re.compile(r"svc_[A-Za-z0-9_\-]{40}")
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    # The embedded server runs as an unprivileged user when tests run as root: the directory
+    # must be traversable by it (pytest's tmp_path is not).
+    path = Path(tempfile.mkdtemp(prefix="svc-cli-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _env(data_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SVC_")}
+    return {**env, "SVC_DATA_DIR": str(data_dir / "svc"), **extra}
+
+
+def svc(data_dir: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SVC, *args],
+        env=_env(data_dir, **extra),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+
+
+def test_apikeys_create_prints_only_the_key(data_dir: Path) -> None:
+    done = svc(data_dir, "apikeys", "create", "--scopes", "*")
+    assert done.returncode == 0, done.stderr
+    assert KEY.fullmatch(done.stdout.strip()), done.stdout
+    assert done.stdout.count("\n") == 1
+
+    listed = svc(data_dir, "apikeys", "list")
+    assert listed.returncode == 0 and done.stdout.strip()[:8] in listed.stdout
+
+
+def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
+    for args in (
+        ("apikeys", "create", "--scopes", "everything"),
+        ("settings", "set", "SVC_NOPE", "1"),
+        ("settings", "set", "SVC_LLM_RETRIES", "many"),
+        ("apikeys", "create"),
+        ("projections", "rebuild", "nope"),
+    ):
+        done = svc(data_dir, *args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert "Traceback" not in done.stderr and "svc: error" in done.stderr, args
+    done = svc(data_dir, "settings", "set", "SVC_NOPE", "1")
+    assert "unknown setting SVC_NOPE; see `svc settings list`" in done.stderr
+
+
+def test_settings_commands_mask_secrets(data_dir: Path) -> None:
+    secret = "cli-secret-value-123"
+    done = svc(data_dir, "settings", "set", "SVC_INBOUND_SECRET", secret)
+    assert done.returncode == 0 and "restart required" in done.stdout
+    assert secret not in done.stdout + done.stderr
+    listed = svc(data_dir, "settings", "list", "--json")
+    assert listed.returncode == 0 and secret not in listed.stdout
+    assert '"SVC_INBOUND_SECRET"' in listed.stdout
+    got = svc(data_dir, "settings", "get", "SVC_INBOUND_SECRET")
+    assert got.stdout.startswith("SVC_INBOUND_SECRET=********")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _wait_healthy(base: str, server: asyncio.subprocess.Process) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(300):
+            assert server.returncode is None, "svc serve exited early"
+            try:
+                async with http.get(base + "/healthz") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError("svc serve did not become healthy")
+
+
+async def _run(data_dir: Path, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *SVC, *args, env=_env(data_dir), stdout=PIPE, stderr=PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 180)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_key_created_while_the_server_runs_works_at_once(data_dir: Path) -> None:
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = data_dir / "serve.log"
+    with log_path.open("wb") as log_file:
+        server = await asyncio.create_subprocess_exec(
+            *SVC,
+            "serve",
+            env=_env(data_dir, SVC_GATEWAY_ADDR=f"127.0.0.1:{port}"),
+            stdout=log_file,
+            stderr=log_file,
+        )
+        try:
+            await _wait_healthy(base, server)
+            code, out, err = await _run(
+                data_dir, "apikeys", "create", "--scopes", "*", "--workspace", "w2"
+            )
+            assert code == 0, err
+            headers = {"Authorization": f"Bearer {out.strip()}"}
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(base + "/v1/admin/apikeys", headers=headers) as resp,
+            ):
+                assert resp.status == 200, await resp.text()
+            conversation = await _chat(base, headers)
+            await _replay_and_rebuild(data_dir, conversation)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(server.wait(), 60)
+            except TimeoutError:
+                server.kill()
+                await server.wait()
+    assert server.returncode == 0, log_path.read_text(errors="replace")
+
+
+async def _chat(base: str, headers: dict[str, str]) -> str:
+    body = {"model": "svc-offline", "messages": [{"role": "user", "content": "hello replay"}]}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(base + "/v1/chat/completions", headers=headers, json=body) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        return resp.headers["X-SVC-Conversation-Id"]
+
+
+async def _replay_and_rebuild(data_dir: Path, conversation: str) -> None:
+    code, out, err = await _run(data_dir, "conversations", "replay", conversation)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("v1\t") and "conversation.started" in lines[0]
+    assert any("hello replay" in line for line in lines)
+    code, out, _ = await _run(
+        data_dir, "conversations", "replay", conversation, "--at-version", "1"
+    )
+    assert code == 0 and "# state at version 1" in out and "v2\t" not in out
+    code, out, err = await _run(data_dir, "projections", "rebuild", "messages")
+    assert code == 0 and out.startswith("rebuilt messages from ") and "events" in err
+    code, out, _ = await _run(data_dir, "projections", "status")
+    assert code == 0 and "messages" in out
+
+
+def test_help_is_stable() -> None:
+    done = subprocess.run([*SVC, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    for command in ("serve", "migrate", "settings", "apikeys", "projections", "conversations"):
+        assert command in done.stdout

@@ -1,0 +1,72 @@
+"""Every non-2xx answer carries the envelope: unknown paths, wrong methods, malformed JSON,
+oversized bodies, validation failures and unexpected exceptions (500, process keeps serving)."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+from platform_support import BOOM, ECHO, running, settings_for
+
+
+def assert_envelope(body: object, code: str | None = None) -> dict[str, object]:
+    assert isinstance(body, dict) and set(body) == {"error"}
+    error = body["error"]
+    assert isinstance(error, dict)
+    assert set(error) == {"message", "type", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+async def test_unknown_path_and_wrong_method(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        status, body, _ = await svc.request("GET", "/no/such/thing")
+        assert status == 404
+        assert_envelope(body, "not_found")
+        status, body, headers = await svc.request("DELETE", "/healthz")
+        assert status == 405
+        assert_envelope(body, "method_not_allowed")
+        assert "GET" in headers["Allow"]
+
+
+async def test_malformed_json_and_validation(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        status, body, _ = await svc.request("POST", ECHO, data=b'{"name": "x",')
+        assert status == 400
+        assert assert_envelope(body, "invalid_json")["type"] == "invalid_request_error"
+
+        status, body, _ = await svc.request("POST", ECHO, json={"name": "", "count": -1})
+        assert status == 400
+        error = assert_envelope(body, "invalid_request")
+        assert "name" in str(error["message"]) and "count" in str(error["message"])
+
+        status, body, _ = await svc.request("POST", ECHO, json={"name": "ok", "count": 2})
+        assert status == 200 and body == {"name": "ok", "count": 2}
+
+
+async def test_oversized_body_is_413(database_url: str) -> None:
+    settings = settings_for(database_url, SVC_MAX_BODY_BYTES="2048")
+    async with running(settings) as svc:
+        status, body, _ = await svc.request("POST", ECHO, data=b"x" * 10_000)
+        assert status == 413
+        assert_envelope(body, "payload_too_large")
+
+
+async def test_unexpected_exception_is_500_with_id_and_traceback(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running(settings_for(database_url)) as svc:
+        with caplog.at_level(logging.ERROR, logger="gateway.errors"):
+            status, body, _ = await svc.request("GET", BOOM)
+        assert status == 500
+        error = assert_envelope(body, "internal_error")
+        match = re.fullmatch(r"internal error \(id (svc-[0-9a-f-]{36})\)", str(error["message"]))
+        assert match, error
+        assert "kaboom" not in str(error["message"])
+        logged = [r for r in caplog.records if match.group(1) in r.getMessage()]
+        assert logged and logged[0].exc_info is not None
+        status, _, _ = await svc.request("GET", "/healthz")
+        assert status == 200

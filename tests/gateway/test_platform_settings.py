@@ -1,0 +1,220 @@
+"""The settings catalog and the Settings object: precedence, validation, secret masking, live
+and restart-required changes through the settings actor, and the admin settings endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from pathlib import Path
+
+import pytest
+from platform_support import running, settings_for
+
+from gateway.settings import Settings, Source, parse_listen_addr, read_env_file
+from gateway.state import SETTINGS, SETTINGS_SERVICE
+from gateway.state import STORE as STORE_KEY
+from schemas.errors import InvalidInput
+from schemas.settings_catalog import CATALOG, MASK, SPEC_TOTAL, get_spec, parse
+
+SECRET = "s3cr3t-value-never-shown"
+SPEC_FILE = Path(__file__).resolve().parents[3] / "shared" / "spec" / "service-spec.md"
+
+
+def spec_keys() -> set[str]:
+    text = SPEC_FILE.read_text(encoding="utf-8")
+    section = text.split("### Operator settings catalog")[1].split("## States and transitions")[0]
+    return set(re.findall(r"\b((?:SVC|REMOTE_AGENT|CHATBOT)_[A-Z0-9_]+)\b", section)) - {
+        "REMOTE_AGENT_PORT",  # a port named in an effect text, not a setting row
+        "SVC_",
+    }
+
+
+@pytest.mark.skipif(not SPEC_FILE.exists(), reason="spec not beside the repository")
+def test_catalog_holds_every_key_the_spec_shows() -> None:
+    missing = spec_keys() - set(CATALOG)
+    assert not missing
+    assert SPEC_TOTAL == 138
+
+
+def test_catalog_records_are_complete() -> None:
+    for spec in CATALOG.values():
+        assert spec.type in ("bool", "int", "text", "enum", "duration")
+        assert spec.apply in ("R", "L", "")
+        assert spec.effect
+        parse(spec, spec.default)  # every default is valid
+    for key in (
+        "SVC_NATIVE_COMPAT_KEY",
+        "SVC_INBOUND_SECRET",
+        "SVC_DB_QUERY_DSN",
+        "SVC_MEMORY_TOKEN",
+        "SVC_ERRORTRACKER_DSN",
+        "SVC_DATABASE_URL",
+        "SVC_NATIVE_API_KEY",
+    ):
+        assert CATALOG[key].secret, key
+    assert "true" in get_spec("SVC_INBOUND_REQUIRE_BINDING").note
+
+
+def test_precedence_default_env_file_environment_stored() -> None:
+    key = "SVC_LLM_RETRIES"
+    assert Settings().resolve(key).source is Source.DEFAULT
+    s = Settings(env_file={key: "4"})
+    assert s.integer(key) == 4 and s.resolve(key).source is Source.ENV_FILE
+    s = Settings(environment={key: "5"}, env_file={key: "4"})
+    assert s.integer(key) == 5 and s.resolve(key).source is Source.ENVIRONMENT
+    s = Settings(environment={key: "5"}, env_file={key: "4"}, stored={key: "6"})
+    assert s.integer(key) == 6 and s.resolve(key).source is Source.STORED
+
+
+def test_env_file_is_found_in_the_data_dir(tmp_path: Path) -> None:
+    (tmp_path / "svc.env").write_text(
+        "# comment\nexport SVC_LLM_RETRIES=7\nSVC_LOCALE='en-US'\n", encoding="utf-8"
+    )
+    s = Settings.from_environment({"SVC_DATA_DIR": str(tmp_path)})
+    assert s.integer("SVC_LLM_RETRIES") == 7 and s.text("SVC_LOCALE") == "en-US"
+    s = Settings.from_environment({"SVC_DATA_DIR": str(tmp_path), "SVC_LLM_RETRIES": "1"})
+    assert s.integer("SVC_LLM_RETRIES") == 1
+    assert read_env_file(tmp_path / "svc.env")["SVC_LOCALE"] == "en-US"
+
+
+def test_validation_errors_say_what_is_expected() -> None:
+    with pytest.raises(InvalidInput, match=r"unknown setting SVC_NOPE; see `svc settings list`"):
+        get_spec("SVC_NOPE")
+    with pytest.raises(InvalidInput, match="expected an integer"):
+        parse(get_spec("SVC_LLM_RETRIES"), "three")
+    with pytest.raises(InvalidInput, match="one of 'none', 'low'"):
+        parse(get_spec("SVC_SUBSCRIPTION_REASONING_EFFORT"), "minimal")
+    with pytest.raises(InvalidInput, match="boolean"):
+        parse(get_spec("SVC_CODE_EXEC"), "maybe")
+    with pytest.raises(InvalidInput, match="from the environment"):
+        Settings({"SVC_LLM_RETRIES": "-1"})
+
+
+def test_bool_dialects() -> None:
+    for raw, expected in [("1", True), ("on", True), ("true", True), ("0", False), ("off", False)]:
+        assert parse(get_spec("SVC_CODE_EXEC"), raw) is expected
+    assert parse(get_spec("SVC_MCP_PUBLISH"), "1") is True
+    assert parse(get_spec("SVC_MCP_PUBLISH"), "true") is False
+    assert parse(get_spec("SVC_MCP_PUBLISH"), "on") is False
+    assert parse(get_spec("SVC_PERSONAL_API_KEYS"), "off") is False
+    assert parse(get_spec("SVC_PERSONAL_API_KEYS"), "0") is True
+    assert (
+        Settings({"SVC_SUBSCRIPTION_REASONING_EFFORT": "bogus"}).text(
+            "SVC_SUBSCRIPTION_REASONING_EFFORT"
+        )
+        == "low"
+    )
+
+
+def test_settings_only_the_settings_command_may_set(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="gateway.settings"):
+        s = Settings({"SVC_MCP_PUBLISH": "1", "SVC_MCP_EXPORT_TOOLS": "search"})
+    assert s.flag("SVC_MCP_PUBLISH") is False and s.items("SVC_MCP_EXPORT_TOOLS") == []
+    assert "SVC_MCP_PUBLISH" in caplog.text
+    s = Settings(stored={"SVC_MCP_PUBLISH": "1", "SVC_MCP_EXPORT_TOOLS": "search"})
+    assert s.flag("SVC_MCP_PUBLISH") is True and s.items("SVC_MCP_EXPORT_TOOLS") == ["search"]
+
+
+def test_durations_and_listen_addresses() -> None:
+    assert Settings().duration("SVC_MEMORY_CONTEXT_TIMEOUT") == 3.0
+    assert (
+        Settings({"SVC_MEMORY_CONTEXT_TIMEOUT": "1500ms"}).duration("SVC_MEMORY_CONTEXT_TIMEOUT")
+        == 1.5
+    )
+    assert parse_listen_addr(":8780") == (None, 8780)
+    assert parse_listen_addr("127.0.0.1:9000") == ("127.0.0.1", 9000)
+    with pytest.raises(InvalidInput):
+        parse_listen_addr("nonsense")
+
+
+def test_secrets_are_masked_in_repr_and_views() -> None:
+    s = Settings({"SVC_NATIVE_COMPAT_KEY": SECRET})
+    assert SECRET not in repr(s)
+    assert s.text("SVC_NATIVE_COMPAT_KEY") == SECRET  # the service itself can use it
+
+
+async def test_set_get_list_unset_through_the_actor(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with running(settings_for(database_url)) as svc:
+        service = svc.app[SETTINGS_SERVICE]
+        settings = svc.app[SETTINGS]
+
+        live = await service.set("SVC_LLM_CALL_TIMEOUT_S", "30")
+        assert live.applied and not live.restart_required
+        assert settings.integer("SVC_LLM_CALL_TIMEOUT_S") == 30
+
+        restart = await service.set("SVC_LLM_RETRIES", "5")
+        assert restart.restart_required and "restart required" in restart.message
+        assert settings.integer("SVC_LLM_RETRIES") == 3
+        assert service.get("SVC_LLM_RETRIES").value == "5"
+        assert "SVC_LLM_RETRIES" in settings.pending_restart()
+
+        secret = await service.set("SVC_INBOUND_SECRET", SECRET)
+        assert secret.value == MASK and SECRET not in secret.message
+        assert service.get("SVC_INBOUND_SECRET").value == MASK
+        listing = service.list().model_dump_json()
+        assert SECRET not in listing
+
+        with pytest.raises(InvalidInput, match="unknown setting"):
+            await service.set("SVC_NOPE", "1")
+        with pytest.raises(InvalidInput, match="expected"):
+            await service.set("SVC_LLM_CALL_TIMEOUT_S", "soon")
+        with pytest.raises(InvalidInput, match="cannot be stored"):
+            await service.set("SVC_DATABASE_URL", "postgresql://elsewhere/db")
+
+        unset = await service.unset("SVC_LLM_CALL_TIMEOUT_S")
+        assert unset.applied and settings.integer("SVC_LLM_CALL_TIMEOUT_S") == 120
+
+        # Stored values survive a restart; the secret's value never entered the log.
+        stored = await service.stored_values()
+        assert stored["SVC_INBOUND_SECRET"] == SECRET and stored["SVC_LLM_RETRIES"] == "5"
+        events = await svc.app[STORE_KEY].read_stream("settings:instance")
+        assert events and all(SECRET not in str(e.data) for e in events)
+
+    assert all(SECRET not in record.getMessage() for record in caplog.records)
+    assert SECRET not in caplog.text
+
+
+async def test_stored_r_settings_apply_at_the_next_start(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        await svc.app[SETTINGS_SERVICE].set("SVC_LLM_RETRIES", "6")
+    async with running(settings_for(database_url)) as svc:
+        assert svc.app[SETTINGS].integer("SVC_LLM_RETRIES") == 6
+
+
+async def test_admin_settings_endpoints(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key, _ = await svc.issue_key("default", ["admin:read", "admin:write"])
+        status, body, _ = await svc.request(
+            "PUT", "/v1/admin/settings/SVC_NATIVE_COMPAT_KEY", key=key, json={"value": SECRET}
+        )
+        assert status == 200 and body["value"] == MASK and body["restart_required"]
+        status, body, _ = await svc.request("GET", "/v1/admin/settings", key=key)
+        assert status == 200 and SECRET not in str(body)
+        assert body["catalog_total_stated"] == 138
+        status, body, _ = await svc.request(
+            "PUT", "/v1/admin/settings/SVC_NOPE", key=key, json={"value": "1"}
+        )
+        assert status == 400 and "svc settings list" in body["error"]["message"]
+        other, _ = await svc.issue_key("tenant-x", ["*"])
+        status, _, _ = await svc.request("GET", "/v1/admin/settings", key=other)
+        assert status == 403
+
+
+async def test_live_change_reaches_another_gateway_on_the_same_database(
+    database_url: str,
+) -> None:
+    async with (
+        running(settings_for(database_url)) as first,
+        running(settings_for(database_url)) as second,
+    ):
+        await first.app[SETTINGS_SERVICE].set("SVC_TRUSTED_PROXIES", "10.0.0.0/8")
+        other = second.app[SETTINGS]
+        for _ in range(100):
+            if other.text("SVC_TRUSTED_PROXIES") == "10.0.0.0/8":
+                break
+            await asyncio.sleep(0.05)
+        assert other.text("SVC_TRUSTED_PROXIES") == "10.0.0.0/8"

@@ -1,0 +1,217 @@
+"""System endpoints, metrics, the OpenAPI document and transport security over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from urllib.parse import urlsplit
+
+import asyncpg
+import pytest
+from platform_support import WHOAMI, running, settings_for, uid
+
+
+async def test_health_ping_time(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        status, body, _ = await svc.request("GET", "/healthz")
+        assert status == 200 and body["status"] == "ok" and body["version"]
+        assert (await svc.request("GET", "/v1/ping"))[1] == {"pong": True}
+        status, body, _ = await svc.request("GET", "/v1/time")
+        assert status == 200 and body["time"].endswith("Z") and body["unix_ms"] > 0
+
+
+async def _set_connections(server_url: str, database: str, allowed: bool) -> None:
+    admin = await asyncpg.connect(server_url)
+    try:
+        flag = "true" if allowed else "false"
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {flag}')
+        if not allowed:
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = $1 AND pid <> pg_backend_pid()",
+                database,
+            )
+    finally:
+        await admin.close()
+
+
+async def test_readyz_is_503_while_the_database_is_down_and_recovers(
+    database_url: str, pg_server_url: str
+) -> None:
+    database = urlsplit(database_url).path.lstrip("/")
+    async with running(settings_for(database_url)) as svc:
+        status, body, _ = await svc.request("GET", "/readyz")
+        assert status == 200 and body == {"status": "ready", "database": "ok"}
+        await _set_connections(pg_server_url, database, allowed=False)
+        try:
+            status, body, _ = await svc.request("GET", "/readyz")
+            assert status == 503
+            assert body["error"]["code"] == "database_unavailable"
+            _, metrics, _ = await svc.request("GET", "/metrics")
+            assert "svc_ready 0.0" in metrics
+        finally:
+            await _set_connections(pg_server_url, database, allowed=True)
+        for _ in range(50):
+            status, _, _ = await svc.request("GET", "/readyz")
+            if status == 200:
+                break
+            await asyncio.sleep(0.2)
+        assert status == 200
+
+
+async def test_metrics_have_no_tenant_or_request_labels(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        ws = uid("tenant-")
+        key, key_id = await svc.issue_key(ws, ["chat"], rate_limit_rpm=100)
+        await svc.request("GET", WHOAMI, key=key)
+        await svc.request("GET", "/no/such/path")
+        status, text, headers = await svc.request("GET", "/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain")
+        for series in (
+            "svc_build_info{",
+            "svc_process_uptime_seconds",
+            "svc_ready 1.0",
+            'svc_db_pool_connections{state="open"}',
+            'svc_http_errors_total{status="404"}',
+            "process_cpu_seconds_total",
+        ):
+            assert series in text, series
+        assert ws not in text and key_id not in text and key not in text
+        names = {
+            pair.split("=", 1)[0]
+            for labels in re.findall(r"\{([^}]*)\}", text)
+            for pair in labels.split(",")
+            if pair
+        }
+        forbidden = {"workspace", "workspace_id", "tenant", "key", "key_id", "path", "user"}
+        assert not names & forbidden, names
+
+
+async def test_openapi_document_is_3_1_and_covers_the_routes(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        status, doc, _ = await svc.request("GET", "/openapi.json")
+        assert status == 200
+        assert doc["openapi"].startswith("3.1")
+        assert doc["info"]["version"] == "v1.0" and doc["info"]["title"]
+        schemas = doc["components"]["schemas"]
+        for path in ("/healthz", "/readyz", "/v1/client-log", "/v1/admin/settings/{key}"):
+            assert path in doc["paths"], path
+        assert "/v1/chat/completions" in doc["paths"]
+        assert "ClientLogBatch" in schemas and "ErrorEnvelope" in schemas
+        for path, ops in doc["paths"].items():
+            assert path.startswith("/")
+            for method, op in ops.items():
+                assert method in ("get", "post", "put", "patch", "delete")
+                assert op["responses"] and "operationId" in op
+                _assert_refs_resolve(op, schemas)
+        status, page, _ = await svc.request("GET", "/docs")
+        assert status == 200 and "/docs/explorer.js" in page
+        status, script, _ = await svc.request("GET", "/docs/explorer.js")
+        assert status == 200 and "/openapi.json" in script
+
+
+def _assert_refs_resolve(node: object, schemas: dict[str, object]) -> None:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            assert ref.startswith("#/components/schemas/")
+            assert ref.rsplit("/", 1)[1] in schemas, ref
+        for value in node.values():
+            _assert_refs_resolve(value, schemas)
+    elif isinstance(node, list):
+        for value in node:
+            _assert_refs_resolve(value, schemas)
+
+
+async def test_client_log_is_validated_limited_and_redacted(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running(settings_for(database_url)) as svc:
+        entry = {
+            "level": "error",
+            "message": "boom with Bearer abc.def and svc_" + "x" * 40,
+            "context": {"token": "tok-123", "page": "/chat"},
+        }
+        with caplog.at_level(logging.INFO, logger="svc.client"):
+            status, body, _ = await svc.request("POST", "/v1/client-log", json={"entries": [entry]})
+        assert status == 202 and body == {"accepted": 1}
+        assert "abc.def" not in caplog.text and "x" * 40 not in caplog.text
+        assert "tok-123" not in caplog.text and "/chat" in caplog.text
+
+        status, body, _ = await svc.request(
+            "POST", "/v1/client-log", json={"entries": [{"level": "loud", "message": "x"}]}
+        )
+        assert status == 400 and "entries.0.level" in body["error"]["message"]
+        status, body, _ = await svc.request("POST", "/v1/client-log", data=b"{" + b" " * 70_000)
+        assert status == 413
+
+        statuses = [
+            (await svc.request("POST", "/v1/client-log", json={"entries": [entry]}))[0]
+            for _ in range(70)
+        ]
+        assert 429 in statuses
+
+
+async def test_security_headers_and_hidden_paths(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        status, _, headers = await svc.request("GET", "/healthz")
+        assert "default-src 'self'" in headers["Content-Security-Policy"]
+        assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+        assert headers["X-Content-Type-Options"] == "nosniff"
+        assert headers["Referrer-Policy"] == "no-referrer"
+        status, _, headers = await svc.request("GET", "/nope")
+        assert status == 404 and headers["X-Content-Type-Options"] == "nosniff"
+        for path in ("/debug/pprof", "/debug/pprof/heap", "/admin/", "/admin/index.html"):
+            status, body, _ = await svc.request("GET", path)
+            assert status == 404 and body["error"]["code"] == "not_found", path
+
+
+async def test_csp_override_and_cors(database_url: str) -> None:
+    settings = settings_for(
+        database_url, SVC_CSP="default-src 'none'", SVC_CORS_ORIGINS="https://app.example"
+    )
+    async with running(settings) as svc:
+        _, _, headers = await svc.request(
+            "GET", "/healthz", headers={"Origin": "https://app.example"}
+        )
+        assert headers["Content-Security-Policy"] == "default-src 'none'"
+        assert headers["Access-Control-Allow-Origin"] == "https://app.example"
+        preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+        status, _, headers = await svc.request("OPTIONS", "/v1/chat/completions", headers=preflight)
+        assert status == 204 and "Authorization" in headers["Access-Control-Allow-Headers"]
+        evil = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+        status, _, _ = await svc.request("OPTIONS", "/v1/chat/completions", headers=evil)
+        assert status == 403
+        _, _, headers = await svc.request(
+            "GET", "/healthz", headers={"Origin": "https://evil.example"}
+        )
+        assert "Access-Control-Allow-Origin" not in headers
+
+
+async def test_require_secure_behind_a_trusted_proxy(database_url: str) -> None:
+    settings = settings_for(
+        database_url, SVC_REQUIRE_SECURE="1", SVC_TRUSTED_PROXIES="127.0.0.1/32"
+    )
+    remote = {"X-Forwarded-For": "203.0.113.9"}
+    async with running(settings) as svc:
+        status, _, _ = await svc.request("GET", "/healthz")
+        assert status == 200  # loopback is always allowed
+        status, _, headers = await svc.request(
+            "GET", "/healthz?x=1", headers=remote, allow_redirects=False
+        )
+        assert status == 308 and headers["Location"].startswith("https://")
+        assert headers["Location"].endswith("/healthz?x=1")
+        status, body, _ = await svc.request("POST", "/v1/client-log", headers=remote, json={})
+        assert status == 403 and body["error"]["type"] == "permission_error"
+        secure = {**remote, "X-Forwarded-Proto": "https"}
+        status, _, _ = await svc.request("GET", "/healthz", headers=secure)
+        assert status == 200
+
+
+async def test_forwarded_headers_ignored_from_untrusted_peers(database_url: str) -> None:
+    settings = settings_for(database_url, SVC_REQUIRE_SECURE="1")
+    async with running(settings) as svc:
+        spoof = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https"}
+        status, _, _ = await svc.request("GET", "/healthz", headers=spoof)
+        assert status == 200  # the peer (loopback) counts, not the spoofed header
