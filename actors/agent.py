@@ -19,6 +19,7 @@ from schemas.agent import (
     ChangeAgentModel,
     ChangeAgentParameters,
     CreateAgent,
+    UpdateAgent,
     UpdateAgentProfile,
 )
 from schemas.commands import Command
@@ -112,6 +113,27 @@ def _decide_parameters(state: AgentState, c: ChangeAgentParameters) -> list[Even
     return [AgentParametersChanged(agent_id=state.agent_id, parameters=c.parameters, at=c.at)]
 
 
+def _decide_update(state: AgentState, c: UpdateAgent) -> list[Event]:
+    _require_active(state, c)
+    changes = (c.name, c.description, c.model, c.system_prompt, c.parameters)
+    if all(value is None for value in changes):
+        raise InvalidInput(
+            "give at least one of name, description, model, system_prompt, parameters to change"
+        )
+    ids = {"command_id": c.command_id, "workspace_id": c.workspace_id, "at": c.at}
+    events: list[Event] = []
+    if (c.name, c.description, c.system_prompt) != (None, None, None):
+        profile = UpdateAgentProfile(
+            name=c.name, description=c.description, system_prompt=c.system_prompt, **ids
+        )
+        events += _decide_profile(state, profile)
+    if c.model is not None:
+        events += _decide_model(state, ChangeAgentModel(model=c.model, **ids))
+    if c.parameters is not None:
+        events += _decide_parameters(state, ChangeAgentParameters(parameters=c.parameters, **ids))
+    return events
+
+
 def _decide_archive(state: AgentState, c: ArchiveAgent) -> list[Event]:
     # Archiving is idempotent: archiving an archived agent changes nothing.
     if state.archived and state.workspace_id == c.workspace_id:
@@ -125,6 +147,7 @@ _DECIDERS: dict[type[Command], Callable[[AgentState, Any], list[Event]]] = {
     UpdateAgentProfile: _decide_profile,
     ChangeAgentModel: _decide_model,
     ChangeAgentParameters: _decide_parameters,
+    UpdateAgent: _decide_update,
     ArchiveAgent: _decide_archive,
 }
 

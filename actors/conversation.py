@@ -13,6 +13,18 @@ The pure core records what happened; `handle` wraps a RunTurn around the model c
    an error, which is then re-raised.
 
 The last item yielded is a `TurnResult`.
+
+Abandoned turns: a turn runs to its end inside the handler of its own RunTurn, and an
+activation runs one command at a time, so when any command starts no turn of this activation
+is running. A turn the state still calls running was started by an incarnation that is gone
+(a process that died mid-call: the activation table guarantees one activation per key per
+process and routing one process per key) or, rarely, by this one when recording its end
+failed. Before handling the command, the handler records such turns as failed with
+`turn_abandoned` (RecoverAbandonedTurns, stamped by the handler's clock): a retry with the
+turn's Idempotency-Key then gets that recorded failure instead of `turn_in_progress` forever,
+and a new key runs a new turn. A writer that was in fact still alive (a host cut off from its
+router past a shard move's deadline) loses at the store's version fence when it tries to
+record its answer.
 """
 
 from __future__ import annotations
@@ -52,6 +64,7 @@ from schemas.conversation import (
     DeleteConversation,
     FailTurn,
     MoveConversationToFolder,
+    RecoverAbandonedTurns,
     RenameConversation,
     RunTurn,
     StartConversation,
@@ -76,6 +89,10 @@ log = logging.getLogger(__name__)
 
 KIND = "conversation"
 RECENT_TURNS = 16
+ABANDONED = "turn_abandoned"
+ABANDONED_MESSAGE = (
+    "the turn was abandoned: the service process running it stopped before the model answered"
+)
 
 
 def conversation_key(conversation_id: str) -> ActorKey:
@@ -237,6 +254,7 @@ def _decide_run(state: ConversationState, c: RunTurn) -> list[Event]:
             params=c.params,
             request_messages=len(c.messages),
             at=c.at,
+            agent=c.agent,
         )
     )
     return events
@@ -285,6 +303,31 @@ def _decide_fail(state: ConversationState, c: FailTurn) -> list[Event]:
     ]
 
 
+def _decide_recover(state: ConversationState, c: RecoverAbandonedTurns) -> list[Event]:
+    events: list[Event] = []
+    for turn_id in dict.fromkeys(c.turn_ids):
+        turn = state.turns.get(turn_id)
+        if turn is None or turn.status != "running":
+            continue
+        elapsed = round((c.at - turn.started_at).total_seconds() * 1000)
+        events.append(
+            TurnFailed(
+                conversation_id=state.conversation_id,
+                turn_id=turn_id,
+                error_code=ABANDONED,
+                error_message=ABANDONED_MESSAGE,
+                duration_ms=max(0, elapsed),
+                retryable=True,
+                at=c.at,
+            )
+        )
+    return events
+
+
+def running_turns(state: ConversationState) -> tuple[str, ...]:
+    return tuple(t.turn_id for t in state.turns.values() if t.status == "running")
+
+
 def _decide_rename(state: ConversationState, c: RenameConversation) -> list[Event]:
     _require_live(state, c)
     if state.title == c.title:
@@ -320,6 +363,7 @@ _DECIDERS: dict[type[Command], Callable[[ConversationState, Any], list[Event]]] 
     RunTurn: _decide_run,
     CompleteTurn: _decide_complete,
     FailTurn: _decide_fail,
+    RecoverAbandonedTurns: _decide_recover,
     RenameConversation: _decide_rename,
     TagConversation: _decide_tag,
     MoveConversationToFolder: _decide_move,
@@ -547,6 +591,8 @@ class ConversationBehaviour(Behaviour[ConversationState]):
     async def handle(
         self, ctx: ActorContext[ConversationState], command: Command
     ) -> AsyncIterator[Any]:
+        if not isinstance(command, RecoverAbandonedTurns):
+            await self._recover_abandoned(ctx)
         if not isinstance(command, RunTurn):
             yield await ctx.execute(command)
             return
@@ -560,6 +606,27 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             return
         async for item in self._run_model(ctx, command, provider):
             yield item
+
+    async def _recover_abandoned(self, ctx: ActorContext[ConversationState]) -> None:
+        """Record the turns of a gone incarnation as failed (see the module docstring)."""
+        state = ctx.state
+        abandoned = running_turns(state)
+        if not abandoned or state.workspace_id is None:
+            return
+        log.warning(
+            "conversation %s: recording abandoned turns %s as failed",
+            state.conversation_id,
+            ", ".join(abandoned),
+        )
+        # Deterministic id: two activations racing to recover the same turns write once.
+        seed = ctx.key.stream_id + "/" + ",".join(sorted(abandoned))
+        recover = RecoverAbandonedTurns(
+            command_id=f"recover:{hashlib.sha256(seed.encode()).hexdigest()}",
+            workspace_id=state.workspace_id,
+            turn_ids=abandoned,
+            at=self._clock(),
+        )
+        await ctx.execute(recover)
 
     async def _run_model(
         self, ctx: ActorContext[ConversationState], command: RunTurn, provider: ModelProvider
@@ -628,7 +695,7 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             await ctx.execute(fail)
         except Exception:
             # The original error matters more to the caller; the turn stays "running" in the
-            # log and a retry with the same command id answers "still in progress".
+            # log until the next command of this conversation records it as abandoned.
             log.exception("could not record the failure of turn %s", command.turn_id)
 
 

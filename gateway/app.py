@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from aiohttp import web
 
 from eventstore.db import Database
-from gateway import admin, chat, feeds, identity, settings_api, system
+from gateway import admin, admin_agents, chat, feeds, identity, settings_api, system
 from gateway.auth import IDENTIFY, Authenticator, KeyLookup, KeyRecord, add_rate_limit_headers
 from gateway.bootstrap import open_platform
 from gateway.errors import error_middleware
@@ -45,6 +45,7 @@ ROUTES: tuple[RouteInstaller, ...] = (
     chat.add_routes,
     feeds.add_routes,
     admin.add_routes,
+    admin_agents.add_routes,
     identity.add_routes,  # after the platform's cleanup_ctx: it needs the store and runtime
 )
 

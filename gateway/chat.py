@@ -15,6 +15,13 @@ Headers (see docs/chat.md):
 - `X-SVC-Cursor` (response): the cursor of the turn's last event, for read-your-writes on the
   feeds and read models. A stream sends it as the SSE `id:` of its finishing chunk instead,
   since headers leave before the turn ends.
+
+Agents as models: when `model` is the name of an active agent of the caller's workspace (the
+`agents` read model, gateway/admin_agents.py), the turn runs on the agent's model, the agent's
+system prompt goes first in the messages (before any the client sent), and the agent's
+parameters are defaults that the request's own values override. An agent name wins over a
+model of the same name. The turn records the agent id (RunTurn.agent, TurnStarted.agent);
+the response echoes the name the client sent.
 """
 
 from __future__ import annotations
@@ -41,7 +48,9 @@ from gateway.auth import CHAT_PATH, CHAT_SCOPE, authenticate, require_scope
 from gateway.errors import read_json
 from gateway.openapi import document
 from gateway.sse import open_sse, send_event
-from gateway.state import MODEL_PROVIDERS, RUNTIME, Principal
+from gateway.state import DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
+from projections import agent_queries
+from projections.agent_queries import Agent
 from schemas.chat import (
     ChatCompletionChoice,
     ChatCompletionChunk,
@@ -54,8 +63,8 @@ from schemas.chat import (
     ModelCard,
     ModelList,
 )
-from schemas.conversation import Message, RunTurn, TurnParams
-from schemas.errors import InvalidInput, SvcError
+from schemas.conversation import MAX_MESSAGES, Message, RunTurn, TurnParams
+from schemas.errors import InvalidInput, NotFound, SvcError
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +122,30 @@ def _providers(app: web.Application) -> list[ModelProvider] | None:
     return None
 
 
-def _check_model(app: web.Application, model: str) -> None:
+def _check_model(app: web.Application, model: str, agent: Agent | None = None) -> None:
     """Refuse an unknown model before anything is recorded (the actor checks it again)."""
     providers = _providers(app)
-    if providers is not None:
+    if providers is None:
+        return
+    if agent is None:
         select(providers, model)
+        return
+    try:
+        select(providers, agent.model)
+    except NotFound:
+        raise NotFound(
+            f"agent {agent.name!r} runs on model {agent.model!r}, which is not available on "
+            "this instance; change the agent's model",
+            code="model_not_found",
+        ) from None
+
+
+async def _agent_named(request: web.Request, principal: Principal, model: str) -> Agent | None:
+    """The caller's active agent called `model`, if any."""
+    db = request.app.get(DATABASE)
+    if db is None:
+        return None
+    return await agent_queries.find_active_agent(db, principal.workspace_id, model)
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -128,6 +156,16 @@ async def list_models(request: web.Request) -> web.Response:
         for provider in _providers(request.app) or []
         for name in getattr(provider, "model_names", ())
     ]
+    db = request.app.get(DATABASE)
+    if db is not None:
+        # An agent's name wins over a model of the same name (see the module docstring).
+        agents = await agent_queries.list_agents(db, principal.workspace_id)
+        names = {a.name for a in agents}
+        cards = [card for card in cards if card.id not in names]
+        cards += [
+            ModelCard(id=a.name, created=int(a.created_at.timestamp()), owned_by="agent")
+            for a in agents
+        ]
     body = ModelList(data=cards).model_dump_json().encode()
     return web.Response(body=body, content_type="application/json")
 
@@ -149,8 +187,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         require_scope(principal, CHAT_SCOPE)
         ids = _request_ids(request, principal)
         body = await read_json(request, ChatCompletionRequest)
-        _check_model(request.app, body.model)
-        turn = _build_turn(ids, principal, body)
+        agent = await _agent_named(request, principal, body.model)
+        _check_model(request.app, body.model, agent)
+        turn = _build_turn(ids, principal, body, agent)
         runtime = request.app[RUNTIME]
         if body.stream:
             return await _stream(request, runtime, turn, body.include_usage)
@@ -182,22 +221,27 @@ def _request_ids(request: web.Request, principal: Principal) -> tuple[str, str]:
     return command_id, conversation_id
 
 
-def _build_turn(ids: tuple[str, str], principal: Principal, body: ChatCompletionRequest) -> _Turn:
+def _build_turn(
+    ids: tuple[str, str], principal: Principal, body: ChatCompletionRequest, agent: Agent | None
+) -> _Turn:
     command_id, conversation_id = ids
     turn_id = _stable_id(principal.workspace_id, "turn", f"{conversation_id}/{command_id}")
     now = datetime.now(UTC)
+    messages = tuple(
+        Message(role=m.role, content=m.content, name=m.name or None) for m in body.messages
+    )
+    params = TurnParams(temperature=body.temperature, top_p=body.top_p, max_tokens=body.token_limit)
+    if agent is not None:
+        messages, params = _with_agent(agent, messages, params)
     command = RunTurn(
         command_id=command_id,
         workspace_id=principal.workspace_id,
         turn_id=turn_id,
         message_id=_stable_id(principal.workspace_id, "message", turn_id),
-        model=body.model,
-        messages=tuple(
-            Message(role=m.role, content=m.content, name=m.name or None) for m in body.messages
-        ),
-        params=TurnParams(
-            temperature=body.temperature, top_p=body.top_p, max_tokens=body.token_limit
-        ),
+        model=body.model if agent is None else agent.model,
+        messages=messages,
+        params=params,
+        agent=None if agent is None else agent.agent_id,
         at=now,
     )
     return _Turn(
@@ -206,6 +250,25 @@ def _build_turn(ids: tuple[str, str], principal: Principal, body: ChatCompletion
         completion_id=f"chatcmpl-{turn_id}",
         model=body.model,
         created=int(now.timestamp()),
+    )
+
+
+def _with_agent(
+    agent: Agent, messages: tuple[Message, ...], params: TurnParams
+) -> tuple[tuple[Message, ...], TurnParams]:
+    """The agent's system prompt first, its parameters where the request set none."""
+    if agent.system_prompt:
+        messages = (Message(role="system", content=agent.system_prompt), *messages)
+        if len(messages) > MAX_MESSAGES:
+            raise InvalidInput(
+                f"messages: at most {MAX_MESSAGES - 1} with agent {agent.name!r}, whose system "
+                "prompt takes one place"
+            )
+    defaults = agent.parameters
+    return messages, TurnParams(
+        temperature=defaults.temperature if params.temperature is None else params.temperature,
+        top_p=defaults.top_p if params.top_p is None else params.top_p,
+        max_tokens=defaults.max_tokens if params.max_tokens is None else params.max_tokens,
     )
 
 

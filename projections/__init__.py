@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from eventstore.migrate import MigrationSource
 from projections import queries
+from projections.agents import AgentsProjector
 from projections.apikeys import ApiKeysProjector
 from projections.conversations import ConversationsProjector
 from projections.messages import MessagesProjector
@@ -41,12 +42,14 @@ def default_projectors() -> list[Projector]:
         ConversationsProjector(),
         MessagesProjector(),
         TurnsProjector(),
+        AgentsProjector(),
     ]
 
 
 __all__ = [
     "PROJECTION_MIGRATIONS",
     "TURN_STATUSES",
+    "AgentsProjector",
     "ApiKeysProjector",
     "CommitSignal",
     "ConversationsProjector",

@@ -63,6 +63,19 @@ class ChangeAgentParameters(Command):
     at: AwareDatetime
 
 
+class UpdateAgent(Command):
+    """Change every field that is given in one atomic step (one append, one command id, as a
+    PATCH needs); None leaves a field as it is. `parameters`, when given, replaces the full set.
+    """
+
+    name: Name | None = None
+    description: Description | None = None
+    model: Id | None = None
+    system_prompt: SystemPrompt | None = None
+    parameters: AgentParameters | None = None
+    at: AwareDatetime
+
+
 class ArchiveAgent(Command):
     at: AwareDatetime
 

@@ -196,9 +196,12 @@ async def test_commands_on_a_missing_conversation_say_so(runtime: RuntimeUnderTe
         await runtime.ask(conversation_key(uuid.uuid4().hex), rename)
 
 
-async def test_retry_while_the_first_turn_runs_elsewhere_is_a_conflict(
+async def test_retry_on_a_second_activation_finds_the_first_turn_abandoned(
     make_runtime: MakeRuntime, store: PostgresEventStore
 ) -> None:
+    # Routing gives a key one process, so a second activation takes the first for dead and
+    # records its running turn as abandoned; the first, if alive after all, loses at the
+    # version fence (tests/actors/test_turn_recovery.py covers this in depth).
     slow = ScriptedProvider(deltas=["a"] * 5, delay_s=0.2)
     first_host = await make_runtime([ConversationBehaviour([slow])])
     second_host = await make_runtime([ConversationBehaviour([ScriptedProvider()])])
@@ -206,10 +209,11 @@ async def test_retry_while_the_first_turn_runs_elsewhere_is_a_conflict(
     command = run_turn(command_id="busy-key")
     running = asyncio.create_task(first_host.ask(conversation_key(cid), command))
     await eventually_recorded(store, cid, "conversation.turn_started")
-    with pytest.raises(Conflict, match="still in progress"):
+    with pytest.raises(RecordedTurnFailure) as raised:
         await second_host.ask(conversation_key(cid), command)
-    result = await running
-    assert isinstance(result, TurnResult) and result.content == answer(slow, 1)
+    assert raised.value.code == "turn_abandoned"
+    with pytest.raises(Conflict, match="already ended"):
+        await running
 
 
 async def test_stop_past_the_deadline_records_the_interrupted_turn(

@@ -1,0 +1,79 @@
+"""Requests and responses of the agent administration API (/v1/admin/agents).
+
+An agent's `name` is what a client sends as `model` to /v1/chat/completions, so it follows the
+same bounds as that field and has no leading or trailing whitespace.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from schemas.admin import AdminRead
+from schemas.agent import AgentParameters, Description, Id, SystemPrompt
+
+AgentName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AgentCreate(_Wire):
+    name: AgentName = Field(description="unique per workspace; usable as `model` in chat")
+    description: Description = ""
+    model: Id = Field(description="the model the agent's turns run on")
+    system_prompt: SystemPrompt = Field(
+        default="", description="sent as the first message of every turn of the agent"
+    )
+    parameters: AgentParameters = Field(
+        default=AgentParameters(),
+        description="defaults of the agent's turns; values in a chat request win",
+    )
+
+
+class AgentUpdate(_Wire):
+    """Fields to change; absent fields stay. `parameters`, when given, replaces the full set."""
+
+    name: AgentName | None = None
+    description: Description | None = None
+    model: Id | None = None
+    system_prompt: SystemPrompt | None = None
+    parameters: AgentParameters | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> AgentUpdate:
+        if not self.model_fields_set or all(
+            getattr(self, name) is None for name in self.model_fields_set
+        ):
+            raise ValueError(
+                "give at least one of name, description, model, system_prompt, parameters"
+            )
+        return self
+
+
+class AgentListQuery(AdminRead):
+    include_archived: bool = False
+
+
+class AgentRecord(_Wire):
+    id: str
+    name: str
+    description: str
+    model: str
+    system_prompt: str
+    parameters: AgentParameters
+    archived: bool
+    created_at: datetime
+    updated_at: datetime
+    archived_at: datetime | None = None
+
+
+class WrittenAgent(AgentRecord):
+    cursor: str = Field(description="log cursor of the change; pass as min_cursor to read it")
+
+
+class AgentList(_Wire):
+    agents: list[AgentRecord]

@@ -1,0 +1,200 @@
+"""Turns of a dead incarnation: recorded as abandoned by the next activation, never rerun.
+
+A "dead incarnation" is a table that appended UserMessageReceived + TurnStarted and then never
+recorded the turn's end: its provider is held at a gate, and a second table on the same store
+plays the process that took over. Releasing the gate at the end shows the stale writer losing
+at the store's version fence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from actor_doubles import MakeRuntime, RuntimeUnderTest, ScriptedProvider, answer
+from test_conversation_turns import eventually_recorded, run_turn, types_of
+
+from actors import ConversationBehaviour, RecordedTurnFailure, TurnResult, conversation_key
+from actors.conversation import ABANDONED, ConversationState, running_turns
+from actors.models.port import Finished, ModelEvent, ModelRequest, TextDelta, Usage
+from eventstore import PostgresEventStore
+from schemas.conversation import (
+    RecoverAbandonedTurns,
+    RenameConversation,
+    RunTurn,
+    TurnFailed,
+)
+from schemas.errors import Conflict
+
+WS = "ws-1"
+STARTED = "conversation.turn_started"
+FAILED = "conversation.turn_failed"
+
+
+class GatedProvider:
+    """Serves "scripted"; sends one delta, then waits for `gate` before finishing: a model
+    call that is still in flight when its process is given up for dead."""
+
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.calls = 0
+
+    def serves(self, model: str) -> bool:
+        return model == "scripted"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        self.calls += 1
+        yield TextDelta("partial")
+        await self.gate.wait()
+        yield Finished("stop", Usage(prompt_tokens=1, completion_tokens=1))
+
+
+async def dead_incarnation(
+    make_runtime: MakeRuntime, store: PostgresEventStore, cid: str, command: RunTurn
+) -> tuple[GatedProvider, asyncio.Task[object]]:
+    """A table that started `command`'s turn and will not finish it until the gate opens."""
+    gated = GatedProvider()
+    old = await make_runtime([ConversationBehaviour([gated])])
+    task: asyncio.Task[object] = asyncio.create_task(old.ask(conversation_key(cid), command))
+    await eventually_recorded(store, cid, STARTED)
+    return gated, task
+
+
+async def fresh_table(make_runtime: MakeRuntime) -> tuple[RuntimeUnderTest, ScriptedProvider]:
+    provider = ScriptedProvider()
+    return await make_runtime([ConversationBehaviour([provider])]), provider
+
+
+async def test_retry_after_a_dead_incarnation_gets_the_recorded_failure(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    cid = uuid.uuid4().hex
+    command = run_turn(command_id=f"key-{uuid.uuid4().hex}")
+    gated, old_task = await dead_incarnation(make_runtime, store, cid, command)
+    runtime, provider = await fresh_table(make_runtime)
+
+    with pytest.raises(RecordedTurnFailure) as raised:
+        await runtime.ask(conversation_key(cid), command)
+    assert raised.value.code == ABANDONED
+    assert provider.calls == 0
+    recorded = await store.read_stream(conversation_key(cid).stream_id)
+    assert [r.type for r in recorded][-2:] == [STARTED, FAILED]
+    failed = recorded[-1].data
+    assert (failed["turn_id"], failed["error_code"], failed["retryable"]) == (
+        command.turn_id,
+        ABANDONED,
+        True,
+    )
+
+    # Asked again (and streamed): the same recorded failure, still no model call.
+    with pytest.raises(RecordedTurnFailure):
+        async for _ in runtime.stream(conversation_key(cid), command):
+            pass
+    assert provider.calls == 0
+
+    # The old incarnation was alive after all: its answer loses at the version fence.
+    gated.gate.set()
+    with pytest.raises(Conflict, match="already ended"):
+        await old_task
+    assert (await types_of(store, cid))[-1] == FAILED
+
+
+async def test_the_next_command_sees_the_turn_failed_and_a_new_key_runs_a_new_turn(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    cid = uuid.uuid4().hex
+    gated, old_task = await dead_incarnation(make_runtime, store, cid, run_turn())
+    runtime, provider = await fresh_table(make_runtime)
+
+    rename = RenameConversation(
+        command_id=uuid.uuid4().hex, workspace_id=WS, title="after the crash", at=_now()
+    )
+    await runtime.ask(conversation_key(cid), rename)
+    assert (await types_of(store, cid))[-3:] == [STARTED, FAILED, "conversation.renamed"]
+
+    result = await runtime.ask(conversation_key(cid), run_turn("again"))
+    assert isinstance(result, TurnResult) and result.content == answer(provider, 1)
+    assert (await types_of(store, cid))[-1] == "conversation.assistant_message_completed"
+
+    gated.gate.set()
+    with pytest.raises(Conflict):
+        await old_task
+
+
+async def test_a_later_activation_still_answers_the_retry_from_the_log(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    cid = uuid.uuid4().hex
+    command = run_turn(command_id=f"key-{uuid.uuid4().hex}")
+    gated, old_task = await dead_incarnation(make_runtime, store, cid, command)
+    second, _ = await fresh_table(make_runtime)
+    rename = RenameConversation(command_id=uuid.uuid4().hex, workspace_id=WS, title="t", at=_now())
+    await second.ask(conversation_key(cid), rename)
+    await second.stop(deadline_s=5.0)
+
+    third, provider = await fresh_table(make_runtime)
+    with pytest.raises(RecordedTurnFailure) as raised:
+        await third.ask(conversation_key(cid), command)
+    assert raised.value.code == ABANDONED and provider.calls == 0
+    # Recovered once: the turn failed exactly one time in the log.
+    assert (await types_of(store, cid)).count(FAILED) == 1
+
+    gated.gate.set()
+    with pytest.raises(Conflict):
+        await old_task
+
+
+async def test_a_conversation_without_running_turns_records_nothing_extra(
+    runtime: RuntimeUnderTest, store: PostgresEventStore
+) -> None:
+    cid = uuid.uuid4().hex
+    await runtime.ask(conversation_key(cid), run_turn())
+    await runtime.ask(conversation_key(cid), run_turn("second"))
+    assert FAILED not in await types_of(store, cid)
+
+
+# --- the pure core -----------------------------------------------------------------------------
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _state_with_running_turn(
+    behaviour: ConversationBehaviour, command: RunTurn
+) -> ConversationState:
+    state = behaviour.initial_state(conversation_key("c1"))
+    for event in behaviour.decide(state, command):
+        state = behaviour.evolve(state, event)
+    return state
+
+
+def test_recover_fails_only_the_running_turns_it_names() -> None:
+    behaviour = ConversationBehaviour()
+    command = run_turn()
+    state = _state_with_running_turn(behaviour, command)
+    assert running_turns(state) == (command.turn_id,)
+    later = command.at + timedelta(seconds=2)
+    recover = RecoverAbandonedTurns(
+        command_id="r1", workspace_id=WS, turn_ids=(command.turn_id, "unknown"), at=later
+    )
+
+    events = behaviour.decide(state, recover)
+
+    assert len(events) == 1 and isinstance(events[0], TurnFailed)
+    failed = events[0]
+    assert (failed.error_code, failed.retryable, failed.duration_ms, failed.at) == (
+        ABANDONED,
+        True,
+        2000,
+        later,
+    )
+    state = behaviour.evolve(state, failed)
+    assert running_turns(state) == ()
+    assert state.turns[command.turn_id].error_code == ABANDONED
+    assert behaviour.decide(state, recover) == []

@@ -1,0 +1,271 @@
+"""Agents as models: /v1/admin/agents over real HTTP, then the real `openai` SDK calling
+`model=<agent name>` against the whole service, with the stub OpenAI-compatible upstream of
+test_chat.py recording what reached the model."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+from aiohttp.test_utils import TestServer
+from test_admin_support import Service, uid
+from test_chat import UPSTREAM_MODEL, Chat, stub_upstream
+
+import gateway.app
+import gateway.bootstrap
+from gateway import admin_agents
+from gateway.app import create_app
+from gateway.settings import Settings
+from gateway.state import STORE
+from projections import default_projectors
+from projections.agents import AgentsProjector
+from projections.projector import Projector
+
+AGENTS = "/v1/admin/agents"
+PROMPT = "You are Ada, the support agent of ACME. Answer in one line."
+
+
+@pytest.fixture
+def agents_wired(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """Until gateway/app.py and projections/__init__.py wire them in: the agents projector in
+    the runner and the admin routes in the app. Returns the extra route installers."""
+    if not any(p.name == AgentsProjector.name for p in default_projectors()):
+
+        def with_agents() -> list[Projector]:
+            return [*default_projectors(), AgentsProjector()]
+
+        monkeypatch.setattr(gateway.bootstrap, "default_projectors", with_agents)
+    wired = admin_agents.add_routes in gateway.app.ROUTES
+    yield [] if wired else [admin_agents.add_routes]
+
+
+@pytest.fixture
+async def chat(database_url: str, tmp_path: Path, agents_wired: list[Any]) -> AsyncIterator[Chat]:
+    stub = await stub_upstream.StubUpstream(tokens=5).start()
+    settings = Settings(
+        {
+            "SVC_DATABASE_URL": database_url,
+            "SVC_DATA_DIR": str(tmp_path),
+            "SVC_LLM_GATEWAY_URL": stub.base_url,
+            "SVC_LLM_MODEL": UPSTREAM_MODEL,
+            "SVC_LLM_RETRIES": "1",
+            "SVC_LLM_CALL_TIMEOUT_S": "30",
+        }
+    )
+    server = TestServer(create_app(settings, extra_routes=agents_wired), host="127.0.0.1")
+    await server.start_server()
+    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+    service = Service(server.app, server, http)
+    try:
+        workspace = uid("ws-")
+        chat = Chat(service, stub, workspace, "")
+        chat.key = await chat.issue_key(workspace, scopes=("*",))
+        yield chat
+        for client in chat.clients:
+            await client.close()
+    finally:
+        await http.close()
+        await server.close()
+        await stub.stop()
+
+
+async def send(
+    chat: Chat, method: str, path: str, body: Any = None, *, key: str | None = None, **headers: str
+) -> tuple[int, Any]:
+    resp = await chat.service.http.request(
+        method,
+        chat.service.url(path),
+        headers=chat.service.auth(key or chat.key, **headers),
+        json=body,
+    )
+    return resp.status, orjson.loads(await resp.read())
+
+
+async def create_agent(chat: Chat, key: str | None = None, **fields: Any) -> dict[str, Any]:
+    body = {"name": uid("ada-"), "model": UPSTREAM_MODEL, "system_prompt": PROMPT, **fields}
+    status, agent = await send(chat, "POST", AGENTS, body, key=key)
+    assert status == 201, agent
+    return dict(agent)
+
+
+# --- admin API ---------------------------------------------------------------------------------
+
+
+async def test_create_list_get_update_and_archive(chat: Chat) -> None:
+    agent = await create_agent(chat, parameters={"temperature": 0.2, "max_tokens": 7})
+    assert agent["id"].startswith("agt_") and agent["cursor"]
+    assert (agent["model"], agent["system_prompt"], agent["archived"]) == (
+        UPSTREAM_MODEL,
+        PROMPT,
+        False,
+    )
+    assert agent["parameters"]["temperature"] == 0.2
+
+    status, listed = await send(chat, "GET", AGENTS)
+    assert status == 200 and [a["id"] for a in listed["agents"]] == [agent["id"]]
+    status, one = await send(chat, "GET", f"{AGENTS}/{agent['id']}")
+    assert status == 200 and one["name"] == agent["name"]
+
+    status, changed = await send(
+        chat, "PATCH", f"{AGENTS}/{agent['id']}", {"name": "ada-renamed", "model": "svc-offline"}
+    )
+    assert status == 200, changed
+    assert (changed["name"], changed["model"], changed["system_prompt"]) == (
+        "ada-renamed",
+        "svc-offline",
+        PROMPT,
+    )
+
+    status, archived = await send(chat, "POST", f"{AGENTS}/{agent['id']}/archive")
+    assert status == 200 and archived["archived"] and archived["archived_at"]
+    status, listed = await send(chat, "GET", AGENTS)
+    assert listed["agents"] == []
+    status, listed = await send(chat, "GET", AGENTS + "?include_archived=true")
+    assert [a["id"] for a in listed["agents"]] == [agent["id"]]
+    status, refused = await send(chat, "PATCH", f"{AGENTS}/{agent['id']}", {"description": "x"})
+    assert status == 409, refused
+
+
+async def test_duplicate_name_is_a_conflict_until_archived(chat: Chat) -> None:
+    agent = await create_agent(chat)
+    status, error = await send(
+        chat, "POST", AGENTS, {"name": agent["name"], "model": "svc-offline"}
+    )
+    assert status == 409 and error["error"]["code"] == "agent_name_taken"
+    other = await create_agent(chat)
+    status, error = await send(chat, "PATCH", f"{AGENTS}/{other['id']}", {"name": agent["name"]})
+    assert status == 409 and error["error"]["code"] == "agent_name_taken"
+
+    await send(chat, "POST", f"{AGENTS}/{agent['id']}/archive")
+    again = await create_agent(chat, name=agent["name"])
+    assert again["id"] != agent["id"]
+
+
+async def test_a_retried_create_answers_with_the_first_agent(chat: Chat) -> None:
+    body = {"name": uid("ada-"), "model": UPSTREAM_MODEL}
+    key = uid("idem-")
+    first = await send(chat, "POST", AGENTS, body, **{"Idempotency-Key": key})
+    second = await send(chat, "POST", AGENTS, body, **{"Idempotency-Key": key})
+    assert first[0] == second[0] == 201
+    assert first[1]["id"] == second[1]["id"]
+    status, listed = await send(chat, "GET", AGENTS)
+    assert status == 200 and len(listed["agents"]) == 1
+
+
+async def test_scopes_and_validation(chat: Chat) -> None:
+    reader = await chat.issue_key(chat.workspace, scopes=("admin:read",))
+    status, error = await send(chat, "POST", AGENTS, {"name": "x", "model": "m"}, key=reader)
+    assert status == 403, error
+    status, _ = await send(chat, "GET", AGENTS, key=reader)
+    assert status == 200
+    status, error = await send(chat, "POST", AGENTS, {"name": " padded", "model": UPSTREAM_MODEL})
+    assert status == 400, error
+    status, error = await send(chat, "PATCH", f"{AGENTS}/agt_missing", {"description": "x"})
+    assert status == 404, error
+    status, error = await send(chat, "GET", f"{AGENTS}/agt_missing")
+    assert status == 404, error
+
+
+# --- agents as models in chat ----------------------------------------------------------------
+
+
+async def test_chat_with_an_agent_name_runs_the_agent(chat: Chat) -> None:
+    agent = await create_agent(chat, parameters={"temperature": 0.2, "max_tokens": 3})
+    raw = await chat.client().chat.completions.with_raw_response.create(
+        model=agent["name"],
+        messages=[
+            {"role": "system", "content": "client system prompt"},
+            {"role": "user", "content": "hello agent"},
+        ],
+        top_p=0.5,
+        max_tokens=4,
+    )
+    completion = raw.parse()
+    assert completion.model == agent["name"]
+    assert completion.choices[0].message.content == "tok0 tok1 tok2 tok3 "
+
+    (body,) = chat.stub.bodies
+    assert body["model"] == UPSTREAM_MODEL
+    assert [m["role"] for m in body["messages"]] == ["system", "system", "user"]
+    assert body["messages"][0]["content"] == PROMPT
+    assert body["messages"][1]["content"] == "client system prompt"
+    # Agent parameters are defaults; the request's own values win.
+    assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0.2, 0.5, 4)
+
+    conversation = raw.headers["X-SVC-Conversation-Id"]
+    recorded = await chat.service.app[STORE].read_stream(f"conversation:{conversation}")
+    started = next(e for e in recorded if e.type == "conversation.turn_started")
+    assert (started.data["agent"], started.data["model"]) == (agent["id"], UPSTREAM_MODEL)
+
+
+async def test_streamed_chat_with_an_agent_on_the_offline_model(chat: Chat) -> None:
+    agent = await create_agent(chat, model="svc-offline")
+    stream = await chat.client().chat.completions.create(
+        model=agent["name"], messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert "svc-offline" in text
+    assert chat.stub.calls == 0
+
+
+async def test_models_list_includes_agents_and_archive_makes_the_name_unknown(
+    chat: Chat,
+) -> None:
+    agent = await create_agent(chat)
+    models = await chat.client().models.list()
+    cards = {m.id: m.owned_by for m in models.data}
+    assert cards[agent["name"]] == "agent" and UPSTREAM_MODEL in cards
+
+    await send(chat, "POST", f"{AGENTS}/{agent['id']}/archive")
+    models = await chat.client().models.list()
+    assert agent["name"] not in {m.id for m in models.data}
+
+    # A blank SVC_LLM_MODEL would serve any name upstream; here the upstream serves one model.
+    with pytest.raises(openai.NotFoundError) as raised:
+        await chat.client().chat.completions.create(
+            model=agent["name"], messages=[{"role": "user", "content": "still there?"}]
+        )
+    assert raised.value.code == "model_not_found"
+    assert chat.stub.calls == 0
+
+
+async def test_agents_are_invisible_to_other_workspaces(chat: Chat) -> None:
+    agent = await create_agent(chat)
+    other_ws = uid("ws-")
+    other = await chat.issue_key(other_ws, scopes=("*",))
+
+    status, listed = await send(chat, "GET", AGENTS, key=other)
+    assert status == 200 and listed["agents"] == []
+    status, _ = await send(chat, "GET", f"{AGENTS}/{agent['id']}", key=other)
+    assert status == 404
+    status, _ = await send(chat, "POST", f"{AGENTS}/{agent['id']}/archive", key=other)
+    assert status == 404
+    status, _ = await send(chat, "PATCH", f"{AGENTS}/{agent['id']}", {"name": "x"}, key=other)
+    assert status == 404
+
+    models = await chat.client(other).models.list()
+    assert agent["name"] not in {m.id for m in models.data}
+    with pytest.raises(openai.NotFoundError):
+        await chat.client(other).chat.completions.create(
+            model=agent["name"], messages=[{"role": "user", "content": "hi"}]
+        )
+    # Another workspace may use the same name for its own agent.
+    mine = await create_agent(chat, key=other, name=agent["name"], model="svc-offline")
+    assert mine["id"] != agent["id"]
+    status, still = await send(chat, "GET", f"{AGENTS}/{agent['id']}")
+    assert status == 200 and not still["archived"]
+
+
+async def test_openapi_documents_the_agent_routes(chat: Chat) -> None:
+    resp = await chat.service.http.get(chat.service.url("/openapi.json"))
+    doc = orjson.loads(await resp.read())
+    assert resp.status == 200
+    assert set(doc["paths"][AGENTS]) == {"get", "post"}
+    assert set(doc["paths"][AGENTS + "/{agent_id}"]) == {"get", "patch"}
+    assert "post" in doc["paths"][AGENTS + "/{agent_id}/archive"]
+    assert {"AgentCreate", "AgentUpdate", "WrittenAgent"} <= set(doc["components"]["schemas"])
