@@ -12,8 +12,9 @@ from pydantic import BaseModel, ValidationError
 
 from actors.behaviour import ActorKey
 from eventstore.cursor import decode_cursor
-from gateway.auth import authenticate, require_scope
+from gateway.auth import authenticate
 from gateway.errors import describe_validation
+from gateway.identity.roles import domain_for_path, require_access
 from gateway.state import PROJECTIONS, RUNTIME, Principal
 from schemas.commands import Command
 from schemas.errors import InvalidInput, Unavailable
@@ -27,7 +28,7 @@ READ_YOUR_WRITES_TIMEOUT_S = 5.0
 
 async def acting(request: web.Request, scope: str) -> Principal:
     principal = await authenticate(request)
-    require_scope(principal, scope)
+    require_access(principal, domain_for_path(request.path), "write" if scope == WRITE else "read")
     return principal
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from actors.agent import AgentBehaviour
 from actors.behaviour import ActorKey, Behaviour
 from actors.conversation import ConversationBehaviour
+from actors.identity import identity_behaviours
 from actors.local import LocalRuntime
 from actors.models.port import ModelProvider
 from actors.models.registry import ModelConfig, ProviderSet, optional_float
@@ -151,6 +152,7 @@ def behaviours(providers: ModelProvider) -> list[Behaviour[Any]]:
         ConversationBehaviour([providers]),
         AgentBehaviour(),
         SettingsBehaviour(),
+        *identity_behaviours(),
     ]
 
 

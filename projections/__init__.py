@@ -18,6 +18,7 @@ from projections import queries
 from projections.agents import AgentsProjector
 from projections.apikeys import ApiKeysProjector
 from projections.conversations import ConversationsProjector
+from projections.identity import IdentityProjector
 from projections.messages import MessagesProjector
 from projections.projector import Projector
 from projections.runner import (
@@ -43,6 +44,7 @@ def default_projectors() -> list[Projector]:
         MessagesProjector(),
         TurnsProjector(),
         AgentsProjector(),
+        IdentityProjector(),
     ]
 
 
@@ -53,6 +55,7 @@ __all__ = [
     "ApiKeysProjector",
     "CommitSignal",
     "ConversationsProjector",
+    "IdentityProjector",
     "MessagesProjector",
     "PoisonEvent",
     "Progress",

@@ -1,0 +1,561 @@
+"""Admin endpoints of identity: users, role bindings, roles, the SCIM token, OAuth clients and
+the audit log. Reads need read, writes need write on the endpoint's domain (roles.py):
+`users` for users, bindings and roles, `security` for the SCIM token and OAuth clients,
+`audit` for the audit log. Only an owner (or an API key) may grant or remove `owner`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from actors.identity import directory_key, session_key
+from actors.workspace import workspace_key
+from gateway.auth import generate_key, hash_key
+from gateway.errors import read_json
+from gateway.identity.common import acting, actor_of, command_id, json, new_id, now, user_view
+from gateway.identity.oauth import new_client_credentials, secret_hash
+from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password
+from gateway.identity.service import APPLY_TIMEOUT_S, Identity, identity
+from gateway.identity.vault import INSTANCE, PASSWORD
+from gateway.state import PROJECTIONS, RUNTIME, Principal
+from projections.identity_queries import (
+    UserRow,
+    get_user,
+    list_audit,
+    list_custom_roles,
+    list_users,
+    user_api_keys,
+    user_session_ids,
+)
+from schemas.errors import Forbidden, InvalidInput, NotFound
+from schemas.identity import (
+    BUILTIN_ROLES,
+    BindRole,
+    DefineCustomRole,
+    DeprovisionUser,
+    Email,
+    IssueScimToken,
+    LinkApiKey,
+    Permissions,
+    ProvisionUser,
+    RecordPasswordSet,
+    RegisterOAuthClient,
+    RevokeOAuthClient,
+    RevokeScimToken,
+    RevokeSession,
+    RoleName,
+    UnbindRole,
+    UpdateUser,
+    UserProfile,
+)
+from schemas.workspace import API_KEY_SCOPES, IssueApiKey, RevokeApiKey
+
+Password = Annotated[SecretStr, Field(min_length=MIN_LENGTH, max_length=MAX_LENGTH)]
+SCIM_TOKEN_PREFIX = "svc_scim_"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NewUser(_Body):
+    user_name: str = Field(min_length=1, max_length=256)
+    password: Password | None = None
+    roles: tuple[RoleName, ...] = ()
+    display_name: str | None = Field(default=None, max_length=500)
+    given_name: str | None = Field(default=None, max_length=500)
+    family_name: str | None = Field(default=None, max_length=500)
+    emails: tuple[Email, ...] = ()
+    external_id: str | None = Field(default=None, max_length=500)
+
+
+class UserPatch(_Body):
+    user_name: str | None = Field(default=None, min_length=1, max_length=256)
+    display_name: str | None = Field(default=None, max_length=500)
+    given_name: str | None = Field(default=None, max_length=500)
+    family_name: str | None = Field(default=None, max_length=500)
+    emails: tuple[Email, ...] | None = None
+    external_id: str | None = Field(default=None, max_length=500)
+    active: bool | None = None
+
+
+class PasswordBody(_Body):
+    password: Password
+
+
+class RoleBody(_Body):
+    role: RoleName
+
+
+class CustomRoleBody(_Body):
+    name: RoleName
+    permissions: Permissions
+
+
+class ScimTokenBody(_Body):
+    action: Literal["issue", "rotate", "revoke"] = "issue"
+
+
+class SecretBody(_Body):
+    value: SecretStr = Field(min_length=1, max_length=100_000)
+
+
+INSTANCE_SECRETS = frozenset({("ldap", "bind_password"), ("saml", "sp_key")})
+"""Secrets the SSO settings name (scope, name); set here, kept in the identity vault."""
+
+
+class UserKeyBody(_Body):
+    name: str = Field(min_length=1, max_length=200)
+    scopes: tuple[str, ...] = Field(min_length=1, max_length=16)
+    rate_limit_rpm: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+class OAuthClientBody(_Body):
+    name: str = Field(min_length=1, max_length=200)
+    scopes: tuple[str, ...] = Field(min_length=1, max_length=16)
+
+
+def profile_of(user: UserRow) -> UserProfile:
+    return UserProfile.model_validate(
+        {
+            "user_name": user.user_name,
+            "display_name": user.display_name,
+            "given_name": user.given_name,
+            "family_name": user.family_name,
+            "emails": user.emails,
+            "external_id": user.external_id,
+            "active": user.active,
+        }
+    )
+
+
+async def live_user(ident: Identity, workspace_id: str, user_id: str) -> UserRow:
+    user = await get_user(ident.db, workspace_id, user_id)
+    if user is None or user.deleted:
+        raise NotFound(f"user {user_id} does not exist")
+    return user
+
+
+async def set_password(
+    request: web.Request, ident: Identity, workspace_id: str, user_id: str, password: str
+) -> None:
+    await ident.vault.put(workspace_id, user_id, PASSWORD, await hash_password(password))
+    await ident.ask(
+        directory_key(workspace_id),
+        RecordPasswordSet(
+            by=actor_of(request),
+            command_id=new_id("pwd-"),
+            workspace_id=workspace_id,
+            user_id=user_id,
+            at=now(),
+        ),
+    )
+
+
+async def revoke_sessions(
+    ident: Identity, workspace_id: str, user_id: str, reason: str, by: str
+) -> None:
+    for session_id in await user_session_ids(ident.db, workspace_id, user_id):
+        await ident.ask(
+            session_key(session_id),
+            RevokeSession(
+                by=by, command_id=new_id("rev-"), workspace_id=workspace_id, reason=reason, at=now()
+            ),
+        )
+
+
+async def revoke_user_keys(request: web.Request, workspace_id: str, user_id: str) -> None:
+    runtime, projections = request.app[RUNTIME], request.app[PROJECTIONS]
+    for key_id in await user_api_keys(identity(request).db, workspace_id, user_id):
+        command = RevokeApiKey(
+            command_id=new_id("rk-"), workspace_id=workspace_id, key_id=key_id, at=now()
+        )
+        outcome = await runtime.ask(workspace_key(workspace_id), command)
+        if outcome.cursor:
+            await projections.wait_for(outcome.cursor, APPLY_TIMEOUT_S)
+
+
+async def cut_off(
+    request: web.Request, ident: Identity, workspace_id: str, user_id: str, reason: str
+) -> None:
+    """A deactivated or deprovisioned user: end their sessions and revoke their API keys.
+    (Both are also refused on every request from the moment the user row says so.)"""
+    await revoke_sessions(ident, workspace_id, user_id, reason, actor_of(request))
+    await revoke_user_keys(request, workspace_id, user_id)
+
+
+def _check_delegation(principal: Principal, scopes: tuple[str, ...]) -> None:
+    """A user may not mint a credential (API key, OAuth client) with admin scopes it lacks."""
+    admin = [s for s in scopes if s.startswith("admin:") or s == "*"]
+    if principal.user_id is not None and not all(principal.allows(s) for s in admin):
+        raise Forbidden(
+            "a credential cannot carry admin scopes its issuer lacks", code="insufficient_scope"
+        )
+
+
+def _check_owner_rights(principal: Principal, roles: tuple[str, ...] | list[str]) -> None:
+    if "owner" not in roles or principal.user_id is None:
+        return
+    if "owner" not in principal.attributes.get("roles", "").split(","):
+        raise Forbidden("only an owner may grant or remove the owner role", code="owner_only")
+
+
+async def list_users_handler(request: web.Request) -> web.Response:
+    principal = await acting(request, "users", "read")
+    try:
+        limit = min(500, max(1, int(request.query.get("limit", "100"))))
+        offset = max(0, int(request.query.get("offset", "0")))
+    except ValueError:
+        raise InvalidInput("limit and offset must be integers") from None
+    users, total = await list_users(
+        identity(request).db,
+        principal.workspace_id,
+        user_name=request.query.get("user_name") or None,
+        offset=offset,
+        limit=limit,
+    )
+    return json({"items": [user_view(u) for u in users], "total": total})
+
+
+async def create_user(request: web.Request) -> web.Response:
+    principal = await acting(request, "users", "write")
+    body = await read_json(request, NewUser)
+    _check_owner_rights(principal, body.roles)
+    ident = identity(request)
+    ws = principal.workspace_id
+    user_id = new_id("usr_")
+    profile = UserProfile.model_validate(body.model_dump(exclude={"password", "roles"}))
+    await ident.ask(
+        directory_key(ws),
+        ProvisionUser(
+            by=actor_of(request),
+            command_id=command_id(request),
+            workspace_id=ws,
+            user_id=user_id,
+            profile=profile,
+            source="local",
+            roles=body.roles,
+            at=now(),
+        ),
+    )
+    if body.password is not None:
+        await set_password(request, ident, ws, user_id, body.password.get_secret_value())
+    return json(user_view(await live_user(ident, ws, user_id)), status=201)
+
+
+async def get_user_handler(request: web.Request) -> web.Response:
+    principal = await acting(request, "users", "read")
+    user = await live_user(identity(request), principal.workspace_id, request.match_info["id"])
+    return json(user_view(user))
+
+
+async def patch_user(request: web.Request) -> web.Response:
+    principal = await acting(request, "users", "write")
+    body = await read_json(request, UserPatch)
+    ident = identity(request)
+    user = await live_user(ident, principal.workspace_id, request.match_info["id"])
+    changes = body.model_dump(exclude_unset=True)
+    if changes.get("active") is False:
+        _check_owner_rights(principal, user.roles)
+    profile = profile_of(user).model_copy(update=changes)
+    profile = UserProfile.model_validate(profile.model_dump())
+    await ident.ask(
+        directory_key(principal.workspace_id),
+        UpdateUser(
+            by=actor_of(request),
+            command_id=command_id(request),
+            workspace_id=principal.workspace_id,
+            user_id=user.user_id,
+            profile=profile,
+            at=now(),
+        ),
+    )
+    if profile.active is False:
+        await cut_off(request, ident, principal.workspace_id, user.user_id, "user deactivated")
+    return json(user_view(await live_user(ident, principal.workspace_id, user.user_id)))
+
+
+async def deprovision(
+    ident: Identity, request: web.Request, workspace_id: str, user_id: str
+) -> None:
+    await ident.ask(
+        directory_key(workspace_id),
+        DeprovisionUser(
+            by=actor_of(request),
+            command_id=command_id(request),
+            workspace_id=workspace_id,
+            user_id=user_id,
+            at=now(),
+        ),
+    )
+    await cut_off(request, ident, workspace_id, user_id, "user deprovisioned")
+
+
+async def delete_user(request: web.Request) -> web.Response:
+    principal = await acting(request, "users", "write")
+    ident = identity(request)
+    user = await live_user(ident, principal.workspace_id, request.match_info["id"])
+    _check_owner_rights(principal, user.roles)
+    await deprovision(ident, request, principal.workspace_id, user.user_id)
+    return web.Response(status=204)
+
+
+async def put_password(request: web.Request) -> web.Response:
+    user_id = request.match_info["id"]
+    principal = await acting(request, "users", "read")
+    if principal.user_id != user_id:
+        await acting(request, "users", "write")
+    body = await read_json(request, PasswordBody)
+    ident = identity(request)
+    await live_user(ident, principal.workspace_id, user_id)
+    await set_password(
+        request, ident, principal.workspace_id, user_id, body.password.get_secret_value()
+    )
+    return web.Response(status=204)
+
+
+async def bind_role(request: web.Request) -> web.Response:
+    principal = await acting(request, "users", "write")
+    body = await read_json(request, RoleBody)
+    _check_owner_rights(principal, (body.role,))
+    ident = identity(request)
+    user = await live_user(ident, principal.workspace_id, request.match_info["id"])
+    await ident.ask(
+        directory_key(principal.workspace_id),
+        BindRole(
+            by=actor_of(request),
+            command_id=command_id(request),
+            workspace_id=principal.workspace_id,
+            user_id=user.user_id,
+            role=body.role,
+            at=now(),
+        ),
+    )
+    return json(user_view(await live_user(ident, principal.workspace_id, user.user_id)))
+
+
+async def unbind_role(request: web.Request) -> web.Response:
+    principal = await acting(request, "users", "write")
+    role = request.match_info["role"]
+    _check_owner_rights(principal, (role,))
+    ident = identity(request)
+    user = await live_user(ident, principal.workspace_id, request.match_info["id"])
+    await ident.ask(
+        directory_key(principal.workspace_id),
+        UnbindRole(
+            by=actor_of(request),
+            command_id=command_id(request),
+            workspace_id=principal.workspace_id,
+            user_id=user.user_id,
+            role=RoleBody(role=role).role,
+            at=now(),
+        ),
+    )
+    return json(user_view(await live_user(ident, principal.workspace_id, user.user_id)))
+
+
+async def issue_user_key(request: web.Request) -> web.Response:
+    """An API key that belongs to a user: shown once, revoked with the user. A user principal
+    cannot hand out admin scopes it does not hold itself."""
+    principal = await acting(request, "apikeys", "write")
+    body = await read_json(request, UserKeyBody)
+    unknown = sorted(set(body.scopes) - API_KEY_SCOPES)
+    if unknown:
+        raise InvalidInput(f"unknown scopes {unknown}", code="invalid_scope")
+    _check_delegation(principal, body.scopes)
+    ident = identity(request)
+    ws = principal.workspace_id
+    user = await live_user(ident, ws, request.match_info["id"])
+    key, key_id = generate_key(), new_id("key_")
+    issue = IssueApiKey(
+        command_id=command_id(request),
+        workspace_id=ws,
+        key_id=key_id,
+        name=body.name,
+        key_hash=hash_key(key),
+        prefix=key[:8],
+        scopes=tuple(dict.fromkeys(body.scopes)),
+        rate_limit_rpm=body.rate_limit_rpm,
+        at=now(),
+    )
+    outcome = await request.app[RUNTIME].ask(workspace_key(ws), issue)
+    if outcome.cursor:
+        await request.app[PROJECTIONS].wait_for(outcome.cursor, APPLY_TIMEOUT_S)
+    await ident.ask(
+        directory_key(ws),
+        LinkApiKey(
+            by=actor_of(request),
+            command_id=new_id("link-"),
+            workspace_id=ws,
+            user_id=user.user_id,
+            key_id=key_id,
+            at=now(),
+        ),
+    )
+    return json(
+        {"key": key, "key_id": key_id, "user_id": user.user_id, "scopes": list(issue.scopes)},
+        status=201,
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def list_roles(request: web.Request) -> web.Response:
+    principal = await acting(request, "users", "read")
+    custom = await list_custom_roles(identity(request).db, principal.workspace_id)
+    items: list[dict[str, Any]] = [
+        {"name": name, "builtin": True, "permissions": perms}
+        for name, perms in BUILTIN_ROLES.items()
+    ]
+    items += [{"name": n, "builtin": False, "permissions": p} for n, p in custom.items()]
+    return json({"items": items})
+
+
+async def define_role(request: web.Request) -> web.Response:
+    principal = await acting(request, "users", "write")
+    body = await read_json(request, CustomRoleBody)
+    await identity(request).ask(
+        directory_key(principal.workspace_id),
+        DefineCustomRole(
+            by=actor_of(request),
+            command_id=command_id(request),
+            workspace_id=principal.workspace_id,
+            role=body.name,
+            permissions=body.permissions,
+            at=now(),
+        ),
+    )
+    return json({"name": body.name, "builtin": False, "permissions": body.permissions}, status=201)
+
+
+async def scim_token(request: web.Request) -> web.Response:
+    """Issue (or rotate: the same thing when one exists) or revoke the workspace's SCIM token.
+    The token is in the response once and never again."""
+    principal = await acting(request, "security", "write")
+    body = ScimTokenBody()
+    if request.can_read_body:
+        body = await read_json(request, ScimTokenBody)
+    ident = identity(request)
+    key = directory_key(principal.workspace_id)
+    if body.action == "revoke":
+        await ident.ask(
+            key,
+            RevokeScimToken(
+                by=actor_of(request),
+                command_id=command_id(request),
+                workspace_id=principal.workspace_id,
+                at=now(),
+            ),
+        )
+        return json({"revoked": True})
+    token = SCIM_TOKEN_PREFIX + generate_key().removeprefix("svc_")
+    token_id = new_id("scim_")
+    await ident.ask(
+        key,
+        IssueScimToken(
+            by=actor_of(request),
+            command_id=command_id(request),
+            workspace_id=principal.workspace_id,
+            token_id=token_id,
+            token_hash=hash_key(token),
+            prefix=token[:12],
+            at=now(),
+        ),
+    )
+    return json(
+        {"token": token, "token_id": token_id, "prefix": token[:12]},
+        status=201,
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def put_secret(request: web.Request) -> web.Response:
+    """Set an SSO secret (the LDAP bind password, the SAML SP key). Instance-wide, so only a
+    principal with write on `security` everywhere (an owner/admin or a `*`/admin:write key).
+    Write-only: no endpoint ever returns it."""
+    principal = await acting(request, "security", "write")
+    name = (request.match_info["scope"], request.match_info["name"])
+    if name not in INSTANCE_SECRETS:
+        raise NotFound(f"no secret {name[0]}/{name[1]}")
+    if not principal.allows("admin:write") and "owner" not in principal.attributes.get(
+        "roles", ""
+    ).split(","):
+        raise Forbidden("instance secrets need an owner or an admin:write key")
+    body = await read_json(request, SecretBody)
+    await identity(request).vault.put(INSTANCE, *name, body.value.get_secret_value())
+    return web.Response(status=204)
+
+
+async def register_client(request: web.Request) -> web.Response:
+    principal = await acting(request, "security", "write")
+    body = await read_json(request, OAuthClientBody)
+    unknown = sorted(set(body.scopes) - API_KEY_SCOPES)
+    if unknown:
+        raise InvalidInput(f"unknown scopes {unknown}", code="invalid_scope")
+    _check_delegation(principal, body.scopes)
+    client_id, secret = new_client_credentials()
+    await identity(request).ask(
+        directory_key(principal.workspace_id),
+        RegisterOAuthClient(
+            by=actor_of(request),
+            command_id=command_id(request),
+            workspace_id=principal.workspace_id,
+            client_id=client_id,
+            name=body.name,
+            secret_hash=secret_hash(secret),
+            scopes=tuple(sorted(set(body.scopes))),
+            at=now(),
+        ),
+    )
+    return json(
+        {"client_id": client_id, "client_secret": secret, "scopes": sorted(set(body.scopes))},
+        status=201,
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def revoke_client(request: web.Request) -> web.Response:
+    principal = await acting(request, "security", "write")
+    await identity(request).ask(
+        directory_key(principal.workspace_id),
+        RevokeOAuthClient(
+            by=actor_of(request),
+            command_id=command_id(request),
+            workspace_id=principal.workspace_id,
+            client_id=request.match_info["id"],
+            at=now(),
+        ),
+    )
+    return web.Response(status=204)
+
+
+async def audit_log(request: web.Request) -> web.Response:
+    principal = await acting(request, "audit", "read")
+    try:
+        limit = min(500, max(1, int(request.query.get("limit", "100"))))
+        before = int(request.query["before"]) if request.query.get("before") else None
+    except ValueError:
+        raise InvalidInput("limit and before must be integers") from None
+    rows = await list_audit(
+        identity(request).db,
+        principal.workspace_id,
+        limit=limit,
+        before=before,
+        action=request.query.get("action") or None,
+    )
+    items = [
+        {
+            "position": r.position,
+            "at": r.at.isoformat(),
+            "action": r.action,
+            "user_id": r.user_id,
+            "user_name": r.user_name,
+            "client_ip": r.client_ip,
+            "detail": r.detail,
+        }
+        for r in rows
+    ]
+    next_before = str(rows[-1].position) if len(rows) == limit else None
+    return json({"items": items, "next_cursor": next_before})

@@ -1,0 +1,132 @@
+"""Who is calling, with every credential the identity subsystem adds to API keys.
+
+`identify(request)` resolves, in order:
+
+1. no Authorization header and an `svc_session` cookie: the admin session (CSRF checked on
+   writes, see sessions.py);
+2. a bearer JWT whose issuer is ours: an OAuth access token (oauth.py);
+3. any other bearer JWT while SVC_OIDC_ISSUER is set: an OIDC token (oidc.py), naming a user
+   of the workspace in SVC_OIDC_TENANT_CLAIM;
+4. anything else: the platform's `Authenticator` (API keys, the static compatible key).
+
+It calls `app[AUTH].authenticate` (not the module function gateway.auth.authenticate), so
+gateway.auth.authenticate may itself delegate here (docs/identity-wiring.md) without a loop.
+Without the identity subsystem (no IDENTITY in the app) it is exactly the platform's check.
+
+A user principal's scopes come from the user's role bindings (roles.py). A session or an OIDC
+token of a user who is deactivated, deprovisioned or unknown is refused with 401 at once.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from aiohttp import web
+
+from gateway.auth import PRINCIPAL
+from gateway.identity.oauth import is_oauth_token, verify_access_token
+from gateway.identity.oidc import OidcConfig, OidcVerifier, looks_like_jwt
+from gateway.identity.roles import scopes_for
+from gateway.identity.service import IDENTITY, Identity, identity
+from gateway.identity.sessions import check_csrf, session_token, token_hash
+from gateway.state import AUTH, Principal
+from projections.identity_queries import (
+    UserRow,
+    find_session,
+    find_user_by_subject,
+    get_user,
+    key_owner_blocked,
+    role_permissions,
+)
+from schemas.errors import Unauthorized
+
+
+async def user_principal(ident: Identity, user: UserRow, attributes: dict[str, str]) -> Principal:
+    permissions = await role_permissions(ident.db, user.workspace_id, user.roles)
+    return Principal(
+        workspace_id=user.workspace_id,
+        scopes=scopes_for(permissions),
+        user_id=user.user_id,
+        attributes={"user_name": user.user_name, "roles": ",".join(user.roles), **attributes},
+    )
+
+
+async def session_principal(request: web.Request, ident: Identity, token: str) -> Principal:
+    session = await find_session(ident.db, token_hash(token))
+    now = datetime.now(UTC)
+    if session is None or session.revoked_at is not None or session.expires_at <= now:
+        raise Unauthorized("invalid or expired session: log in again")
+    user = await get_user(ident.db, session.workspace_id, session.user_id)
+    if user is None or not user.usable:
+        raise Unauthorized("invalid or expired session: log in again")
+    check_csrf(request, token)
+    return await user_principal(ident, user, {"auth": "session", "session_id": session.session_id})
+
+
+def oidc_verifier(ident: Identity) -> OidcVerifier | None:
+    settings = ident.settings
+    issuer = settings.text("SVC_OIDC_ISSUER").strip()
+    if not issuer:
+        return None
+    config = OidcConfig(
+        issuer=issuer,
+        jwks_url=settings.text("SVC_OIDC_JWKS_URL").strip(),
+        audience=settings.text("SVC_OIDC_AUDIENCE").strip(),
+        tenant_claim=settings.text("SVC_OIDC_TENANT_CLAIM").strip(),
+    )
+    current = ident.extras.get("oidc")
+    if isinstance(current, OidcVerifier) and current.config == config:
+        return current
+    verifier = OidcVerifier(config)
+    ident.extras["oidc"] = verifier
+    return verifier
+
+
+async def oidc_principal(ident: Identity, verifier: OidcVerifier, token: str) -> Principal:
+    found = await verifier.verify(token)
+    workspace = found.tenant or ident.settings.default_workspace_id
+    user = await find_user_by_subject(ident.db, workspace, found.subject)
+    if user is None or not user.usable:
+        raise Unauthorized("invalid token: the subject is not an active user of the workspace")
+    return await user_principal(ident, user, {"auth": "oidc"})
+
+
+async def key_principal(request: web.Request, ident: Identity) -> Principal:
+    """The platform's check (API keys, static key), then: a key that belongs to a deactivated
+    or deprovisioned user is refused at once (its revocation may still sit in a key cache)."""
+    principal = await request.app[AUTH].authenticate(request)
+    if principal.key_id and await key_owner_blocked(
+        ident.db, principal.workspace_id, principal.key_id
+    ):
+        raise Unauthorized("invalid API key: it has been revoked")
+    return principal
+
+
+async def _resolve(request: web.Request) -> Principal:
+    if IDENTITY not in request.app:
+        return await request.app[AUTH].authenticate(request)
+    ident = identity(request)
+    header = request.headers.get("Authorization", "")
+    if not header:
+        token = session_token(request)
+        if token is not None:
+            return await session_principal(request, ident, token)
+        return await key_principal(request, ident)
+    scheme, _, raw = header.partition(" ")
+    raw = raw.strip()
+    if scheme.lower() == "bearer" and looks_like_jwt(raw):
+        if is_oauth_token(raw):
+            return await verify_access_token(ident, raw)
+        verifier = oidc_verifier(ident)
+        if verifier is not None:
+            return await oidc_principal(ident, verifier, raw)
+    return await key_principal(request, ident)
+
+
+async def identify(request: web.Request) -> Principal:
+    """The acting principal (resolved once per request)."""
+    if PRINCIPAL in request:
+        return request[PRINCIPAL]
+    principal = await _resolve(request)
+    request[PRINCIPAL] = principal
+    return principal

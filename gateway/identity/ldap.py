@@ -1,0 +1,182 @@
+"""LDAP directory login with ldap3 (SVC_LDAP_*), used when a local password check fails.
+
+Search bind: bind as SVC_LDAP_BIND_DN with the secret bind password (identity vault, scope
+`ldap`, name `bind_password`; anonymous when the DN is blank), search SVC_LDAP_BASE_DN with
+SVC_LDAP_USER_FILTER (`%s` replaced by the login, escaped per RFC 4515 so `*()\\` and NUL in
+a login cannot change the filter), require exactly one entry, then bind as that entry's DN
+with the typed password. An empty password is refused before any bind (an LDAP "unauthenticated
+bind" with an empty password succeeds on many servers).
+
+Groups come from SVC_LDAP_GROUP_ATTR (memberOf style DNs) and map to a role through
+SVC_LDAP_ROLE_MAPPINGS (JSON: group DN or bare CN -> role), else SVC_LDAP_DEFAULT_ROLE.
+`ldaps://` verifies the server certificate against the system CAs unless
+SVC_LDAP_SKIP_TLS_VERIFY. ldap3 is synchronous: every exchange runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.settings import Settings
+from schemas.errors import InvalidInput
+
+with warnings.catch_warnings():
+    # ldap3 2.9 imports names pyasn1 0.6 deprecates; harmless, and tests turn warnings to errors.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import ldap3
+    from ldap3.core.exceptions import LDAPException
+    from ldap3.utils.conv import escape_filter_chars
+    from ldap3.utils.dn import parse_dn
+
+log = logging.getLogger(__name__)
+
+BIND_SECRET = ("ldap", "bind_password")
+TIMEOUT_S = 5
+
+
+@dataclass(frozen=True, slots=True)
+class LdapConfig:
+    url: str
+    base_dn: str
+    bind_dn: str
+    bind_password: str
+    user_attr: str
+    user_filter: str
+    group_attr: str
+    role_mappings: dict[str, str]
+    default_role: str
+    skip_tls_verify: bool
+
+    def __repr__(self) -> str:
+        return f"LdapConfig(url={self.url!r}, base_dn={self.base_dn!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class LdapUser:
+    dn: str
+    login: str
+    groups: tuple[str, ...]
+    role: str | None
+    display_name: str | None
+    email: str | None
+
+
+def config_from(settings: Settings, bind_password: str) -> LdapConfig:
+    raw = settings.text("SVC_LDAP_ROLE_MAPPINGS").strip()
+    try:
+        mappings = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        raise InvalidInput("SVC_LDAP_ROLE_MAPPINGS is not a JSON object") from None
+    if not isinstance(mappings, dict):
+        raise InvalidInput("SVC_LDAP_ROLE_MAPPINGS is not a JSON object")
+    user_attr = settings.text("SVC_LDAP_USER_ATTR").strip() or "uid"
+    return LdapConfig(
+        url=settings.text("SVC_LDAP_URL").strip(),
+        base_dn=settings.text("SVC_LDAP_BASE_DN").strip(),
+        bind_dn=settings.text("SVC_LDAP_BIND_DN").strip(),
+        bind_password=bind_password,
+        user_attr=user_attr,
+        user_filter=settings.text("SVC_LDAP_USER_FILTER").strip() or f"({user_attr}=%s)",
+        group_attr=settings.text("SVC_LDAP_GROUP_ATTR").strip(),
+        role_mappings={str(k): str(v) for k, v in mappings.items()},
+        default_role=settings.text("SVC_LDAP_DEFAULT_ROLE").strip(),
+        skip_tls_verify=settings.flag("SVC_LDAP_SKIP_TLS_VERIFY"),
+    )
+
+
+def _server(config: LdapConfig) -> ldap3.Server:
+    tls = None
+    if config.url.lower().startswith("ldaps://"):
+        validate = ssl.CERT_NONE if config.skip_tls_verify else ssl.CERT_REQUIRED
+        tls = ldap3.Tls(validate=validate)
+    return ldap3.Server(config.url, use_ssl=tls is not None, tls=tls, connect_timeout=TIMEOUT_S)
+
+
+def _bare_cn(dn: str) -> str | None:
+    try:
+        parts = parse_dn(dn)
+    except LDAPException:
+        return None
+    if parts and parts[0][0].lower() == "cn":
+        return str(parts[0][1])
+    return None
+
+
+def map_role(groups: tuple[str, ...], mappings: dict[str, str], default: str) -> str | None:
+    lowered = {k.lower(): v for k, v in mappings.items()}
+    for group in groups:
+        role = lowered.get(group.lower())
+        cn = _bare_cn(group)
+        if role is None and cn is not None:
+            role = lowered.get(cn.lower())
+        if role:
+            return role
+    return default or None
+
+
+def _first(entry: Any, attr: str) -> str | None:
+    if not attr or attr not in entry:
+        return None
+    values = entry[attr].values
+    return str(values[0]) if values else None
+
+
+def _authenticate_sync(config: LdapConfig, login: str, password: str) -> LdapUser | None:
+    server = _server(config)
+    search = ldap3.Connection(
+        server,
+        user=config.bind_dn or None,
+        password=config.bind_password or None,
+        receive_timeout=TIMEOUT_S,
+        raise_exceptions=False,
+    )
+    try:
+        if not search.bind():
+            log.warning("LDAP: the search bind was refused (%s)", search.result.get("description"))
+            return None
+        query = config.user_filter.replace("%s", escape_filter_chars(login))
+        attrs = [a for a in (config.user_attr, config.group_attr, "cn", "mail") if a]
+        search.search(config.base_dn, query, attributes=attrs, size_limit=2)
+        entries = list(search.entries)
+    finally:
+        search.unbind()
+    if len(entries) != 1:
+        return None
+    entry = entries[0]
+    user_conn = ldap3.Connection(
+        server, user=entry.entry_dn, password=password, receive_timeout=TIMEOUT_S
+    )
+    try:
+        if not user_conn.bind():
+            return None
+    finally:
+        user_conn.unbind()
+    groups: tuple[str, ...] = ()
+    if config.group_attr and config.group_attr in entry:
+        groups = tuple(str(g) for g in entry[config.group_attr].values)
+    return LdapUser(
+        dn=str(entry.entry_dn),
+        login=_first(entry, config.user_attr) or login,
+        groups=groups,
+        role=map_role(groups, config.role_mappings, config.default_role),
+        display_name=_first(entry, "cn"),
+        email=_first(entry, "mail"),
+    )
+
+
+async def ldap_authenticate(config: LdapConfig, login: str, password: str) -> LdapUser | None:
+    """The directory entry for `login` when `password` binds as it; None otherwise."""
+    if not login or not password or not config.url or not config.base_dn:
+        return None
+    try:
+        return await asyncio.to_thread(_authenticate_sync, config, login, password)
+    except LDAPException as exc:
+        log.warning("LDAP: login check failed (%s)", type(exc).__name__)
+        return None

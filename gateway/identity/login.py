@@ -1,0 +1,382 @@
+"""Admin login, logout, the current session and TOTP enrolment.
+
+`POST /v1/admin/auth/login` `{username, password, workspace_id?, totp_code?}`: the local
+password (scrypt, vault) first; when that fails and SVC_LDAP_ENABLED, the directory (for users
+that are unknown here or came from LDAP). Failed attempts are limited per account and per
+client address (throttle.py) and recorded in the audit trail; every failure is the same 401
+`unauthorized`, whether the user exists or not. A user with TOTP must send `totp_code`.
+With SVC_REQUIRE_2FA a user without a second factor still gets a session, and the response
+says `totp_enrolment_required: true` (the UI prompts them to enrol; they are not blocked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from actors.identity import audit_key, directory_key, session_key
+from gateway.errors import read_json
+from gateway.identity.authn import identify
+from gateway.identity.common import actor_of, command_id, json, new_id, now
+from gateway.identity.ldap import BIND_SECRET, config_from, ldap_authenticate
+from gateway.identity.passwords import verify_password
+from gateway.identity.service import Identity, identity
+from gateway.identity.sessions import (
+    NewSession,
+    clear_session_cookies,
+    new_session,
+    set_session_cookies,
+)
+from gateway.identity.totp import new_secret, provisioning_uri
+from gateway.identity.vault import INSTANCE, PASSWORD, TOTP, TOTP_PENDING
+from gateway.security import client_ip
+from gateway.state import Principal
+from projections.identity_queries import UserRow, find_user_by_name, get_user
+from schemas.errors import Conflict, InvalidInput, Unauthorized
+from schemas.identity import (
+    BindRole,
+    LoginMethod,
+    ProvisionUser,
+    RecordLogin,
+    RecordTotpEnrolled,
+    RevokeSession,
+    StartSession,
+    UnbindRole,
+    UpdateUser,
+    UserProfile,
+)
+
+BAD_CREDENTIALS = "invalid user name or password"
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalUser:
+    """A user a directory (LDAP) or an identity provider (SAML) vouched for."""
+
+    source: Literal["ldap", "saml"]
+    login: str
+    external_id: str
+    display_name: str | None
+    email: str | None
+    role: str | None
+
+
+class LoginRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    username: str = Field(min_length=1, max_length=256)
+    password: SecretStr = Field(min_length=1, max_length=1024)
+    workspace_id: str | None = Field(default=None, min_length=1, max_length=200)
+    totp_code: str | None = Field(default=None, max_length=12)
+
+
+class TotpCode(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    code: str = Field(min_length=6, max_length=12)
+
+
+async def _record(
+    request: web.Request,
+    ident: Identity,
+    workspace_id: str,
+    user_name: str,
+    user_id: str | None,
+    method: LoginMethod,
+    reason: str,
+) -> None:
+    command = RecordLogin(
+        command_id=new_id("login-"),
+        workspace_id=workspace_id,
+        user_name=user_name,
+        user_id=user_id,
+        method=method,
+        succeeded=not reason,
+        reason=reason,
+        client_ip=client_ip(request),
+        at=now(),
+    )
+    await ident.ask(audit_key(workspace_id), command)
+
+
+async def _local(ident: Identity, workspace_id: str, body: LoginRequest) -> UserRow | None:
+    user = await find_user_by_name(ident.db, workspace_id, body.username)
+    stored = None
+    if user is not None and user.usable and user.has_password:
+        stored = await ident.vault.get(workspace_id, user.user_id, PASSWORD)
+    ok = await verify_password(body.password.get_secret_value(), stored)
+    return user if ok else None
+
+
+async def sync_external_user(
+    ident: Identity,
+    workspace_id: str,
+    found: ExternalUser,
+    existing: UserRow | None,
+) -> UserRow:
+    """Create or update the local user a directory or an IdP vouched for, with exactly the
+    role its groups map to (none when nothing maps and there is no default)."""
+    at = now()
+    emails = ({"value": found.email, "primary": True},) if found.email else ()
+    profile = UserProfile.model_validate(
+        {
+            "user_name": existing.user_name if existing else found.login,
+            "display_name": found.display_name,
+            "emails": emails,
+            "external_id": found.external_id,
+        }
+    )
+    key = directory_key(workspace_id)
+    roles = (found.role,) if found.role else ()
+
+    def cid() -> str:
+        return new_id(f"{found.source}-")
+
+    if existing is None:
+        user_id = new_id("usr_")
+        await ident.ask(
+            key,
+            ProvisionUser(
+                by=found.source,
+                command_id=cid(),
+                workspace_id=workspace_id,
+                user_id=user_id,
+                profile=profile,
+                source=found.source,
+                roles=roles,
+                at=at,
+            ),
+        )
+    else:
+        user_id = existing.user_id
+        update = UpdateUser(
+            by=found.source,
+            command_id=cid(),
+            workspace_id=workspace_id,
+            user_id=user_id,
+            profile=profile,
+            at=at,
+        )
+        await ident.ask(key, update)
+        for role in existing.roles:
+            if role not in roles:
+                unbind = UnbindRole(
+                    by=found.source,
+                    command_id=cid(),
+                    workspace_id=workspace_id,
+                    user_id=user_id,
+                    role=role,
+                    at=at,
+                )
+                await ident.ask(key, unbind)
+        for role in roles:
+            bind = BindRole(
+                by=found.source,
+                command_id=cid(),
+                workspace_id=workspace_id,
+                user_id=user_id,
+                role=role,
+                at=at,
+            )
+            await ident.ask(key, bind)
+    user = await get_user(ident.db, workspace_id, user_id)
+    if user is None:
+        raise Unauthorized(BAD_CREDENTIALS)
+    return user
+
+
+async def _ldap(ident: Identity, workspace_id: str, body: LoginRequest) -> UserRow | None:
+    if not ident.settings.flag("SVC_LDAP_ENABLED"):
+        return None
+    existing = await find_user_by_name(ident.db, workspace_id, body.username)
+    if existing is not None and (existing.source != "ldap" or not existing.usable):
+        return None
+    secret = await ident.vault.get(INSTANCE, *BIND_SECRET) or ""
+    found = await ldap_authenticate(
+        config_from(ident.settings, secret), body.username, body.password.get_secret_value()
+    )
+    if found is None:
+        return None
+    external = ExternalUser(
+        source="ldap",
+        login=found.login,
+        external_id=found.dn,
+        display_name=found.display_name,
+        email=found.email,
+        role=found.role,
+    )
+    return await sync_external_user(ident, workspace_id, external, existing)
+
+
+async def start_session(
+    request: web.Request,
+    ident: Identity,
+    user: UserRow,
+    method: LoginMethod,
+    second_factor: bool,
+) -> tuple[NewSession, dict[str, Any]]:
+    """Record the session and the successful login; the caller sets the cookies."""
+    session = new_session()
+    await ident.ask(
+        session_key(session.session_id),
+        StartSession(
+            command_id=new_id("ses-"),
+            workspace_id=user.workspace_id,
+            session_id=session.session_id,
+            user_id=user.user_id,
+            token_hash=session.token_hash,
+            method=method,
+            second_factor=second_factor,
+            expires_at=session.expires_at,
+            at=now(),
+        ),
+    )
+    await _record(request, ident, user.workspace_id, user.user_name, user.user_id, method, "")
+    prompt = ident.settings.flag("SVC_REQUIRE_2FA") and not user.totp_enrolled
+    body: dict[str, Any] = {
+        "user": {
+            "id": user.user_id,
+            "user_name": user.user_name,
+            "workspace_id": user.workspace_id,
+            "roles": user.roles,
+        },
+        "session_id": session.session_id,
+        "csrf_token": session.csrf_token,
+        "expires_at": session.expires_at.isoformat(),
+        "second_factor": second_factor,
+        "totp_enrolment_required": prompt,
+    }
+    if prompt:
+        body["totp_enrolment_url"] = "/v1/admin/auth/totp/enrol"
+    return session, body
+
+
+async def _second_factor(ident: Identity, user: UserRow, code: str | None) -> bool:
+    if not user.totp_enrolled:
+        return False
+    secret = await ident.vault.get(user.workspace_id, user.user_id, TOTP)
+    if not code or secret is None or not ident.totp.verify(secret, code):
+        raise Unauthorized("a valid TOTP code is required", code="unauthorized")
+    return True
+
+
+async def login(request: web.Request) -> web.Response:
+    body = await read_json(request, LoginRequest)
+    ident = identity(request)
+    workspace_id = body.workspace_id or ident.settings.default_workspace_id
+    address = client_ip(request)
+    await ident.throttle.check(workspace_id, body.username, address)
+    method: LoginMethod = "password"
+    user = await _local(ident, workspace_id, body)
+    if user is None:
+        user = await _ldap(ident, workspace_id, body)
+        method = "ldap"
+    try:
+        if user is None:
+            raise Unauthorized(BAD_CREDENTIALS)
+        second = await _second_factor(ident, user, body.totp_code)
+    except Unauthorized as exc:
+        await ident.throttle.failed(workspace_id, body.username, address)
+        reason = "bad_credentials" if user is None else "bad_second_factor"
+        await _record(
+            request,
+            ident,
+            workspace_id,
+            body.username,
+            user.user_id if user else None,
+            method,
+            reason,
+        )
+        raise exc from None
+    await ident.throttle.succeeded(workspace_id, body.username)
+    session, payload = await start_session(request, ident, user, method, second)
+    response = json(payload, headers={"Cache-Control": "no-store"})
+    set_session_cookies(request, response, session)
+    return response
+
+
+def _session_of(principal: Principal) -> str:
+    session_id = principal.attributes.get("session_id")
+    if principal.attributes.get("auth") != "session" or not session_id:
+        raise Unauthorized("this endpoint needs an admin session cookie")
+    return session_id
+
+
+async def logout(request: web.Request) -> web.Response:
+    principal = await identify(request)
+    session_id = _session_of(principal)
+    await identity(request).ask(
+        session_key(session_id),
+        RevokeSession(
+            by=actor_of(request),
+            command_id=command_id(request),
+            workspace_id=principal.workspace_id,
+            reason="logout",
+            at=now(),
+        ),
+    )
+    response = json({"logged_out": True})
+    clear_session_cookies(request, response)
+    return response
+
+
+def _user_of(principal: Principal) -> str:
+    if principal.user_id is None:
+        raise Unauthorized("this endpoint needs a signed-in user (session or OIDC token)")
+    return principal.user_id
+
+
+async def current(request: web.Request) -> web.Response:
+    principal = await identify(request)
+    return json(
+        {
+            "workspace_id": principal.workspace_id,
+            "user_id": principal.user_id,
+            "user_name": principal.attributes.get("user_name"),
+            "auth": principal.attributes.get("auth"),
+            "scopes": sorted(principal.scopes),
+        }
+    )
+
+
+async def totp_enrol(request: web.Request) -> web.Response:
+    principal = await identify(request)
+    user_id = _user_of(principal)
+    ident = identity(request)
+    user = await get_user(ident.db, principal.workspace_id, user_id)
+    if user is None or not user.usable:
+        raise Unauthorized("invalid or expired session: log in again")
+    if user.totp_enrolled:
+        raise Conflict("a TOTP second factor is already enrolled", code="totp_enrolled")
+    secret = new_secret()
+    await ident.vault.put(user.workspace_id, user_id, TOTP_PENDING, secret)
+    return json(
+        {"secret": secret, "otpauth_uri": provisioning_uri(secret, user.user_name)},
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def totp_verify(request: web.Request) -> web.Response:
+    principal = await identify(request)
+    user_id = _user_of(principal)
+    body = await read_json(request, TotpCode)
+    ident = identity(request)
+    pending = await ident.vault.get(principal.workspace_id, user_id, TOTP_PENDING)
+    if pending is None:
+        raise InvalidInput("start TOTP enrolment first", code="totp_not_started")
+    if not ident.totp.verify(pending, body.code):
+        raise InvalidInput("the TOTP code does not match", code="totp_mismatch")
+    await ident.vault.put(principal.workspace_id, user_id, TOTP, pending)
+    await ident.vault.delete(principal.workspace_id, user_id, TOTP_PENDING)
+    await ident.ask(
+        directory_key(principal.workspace_id),
+        RecordTotpEnrolled(
+            by=actor_of(request),
+            command_id=command_id(request),
+            workspace_id=principal.workspace_id,
+            user_id=user_id,
+            at=now(),
+        ),
+    )
+    return json({"totp_enrolled": True})

@@ -1,0 +1,202 @@
+"""OAuth 2.0 token endpoint (RFC 6749), client-credentials grant, and its access tokens.
+
+`POST /v1/oauth/token` takes `application/x-www-form-urlencoded` (`grant_type=client_credentials`,
+optional `scope`), the client authenticated by HTTP Basic or by `client_id`/`client_secret` in
+the body (section 2.3.1). It answers `{access_token, token_type: "Bearer", expires_in, scope}`
+with `Cache-Control: no-store`. Errors use RFC 6749 section 5.2 bodies
+(`{"error": "invalid_client", "error_description": ...}`), not the service's envelope, because
+OAuth clients parse those; `invalid_client` is a 401 with `WWW-Authenticate`.
+No refresh token is issued: section 4.4.3 says a client-credentials grant should not get one
+(the client simply asks again).
+
+Access tokens are JWTs signed HS256 with a 256-bit key kept in the identity vault (created on
+first use), issuer `OAUTH_ISSUER`, audience `svc`, life `TOKEN_TTL_S`. The gateway accepts them
+as bearer credentials; each use checks that the client still exists and is not revoked, and the
+granted scopes are cut to the client's scopes at that moment.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+import time
+from typing import Any
+from urllib.parse import unquote
+
+import jwt
+import orjson
+from aiohttp import web
+
+from gateway.identity.service import Identity, identity
+from gateway.identity.vault import INSTANCE
+from gateway.state import Principal
+from projections.identity_queries import find_oauth_client
+from schemas.errors import Unauthorized
+
+OAUTH_ISSUER = "svc-oauth"
+AUDIENCE = "svc"
+TOKEN_TTL_S = 600
+CLIENT_PREFIX = "svc_cli_"
+SECRET_PREFIX = "svc_cs_"
+
+
+def new_client_credentials() -> tuple[str, str]:
+    return CLIENT_PREFIX + secrets.token_hex(10), SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def secret_hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+async def signing_key(ident: Identity) -> bytes:
+    cached = ident.extras.get("oauth_key")
+    if isinstance(cached, bytes):
+        return cached
+    stored = await ident.vault.get_or_create(
+        INSTANCE, "oauth", "signing_key", secrets.token_urlsafe(32)
+    )
+    key = stored.encode("utf-8")
+    ident.extras["oauth_key"] = key
+    return key
+
+
+def is_oauth_token(token: str) -> bool:
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return False
+    return claims.get("iss") == OAUTH_ISSUER
+
+
+async def verify_access_token(ident: Identity, token: str) -> Principal:
+    try:
+        claims: dict[str, Any] = jwt.decode(
+            token,
+            key=await signing_key(ident),
+            algorithms=["HS256"],
+            audience=AUDIENCE,
+            issuer=OAUTH_ISSUER,
+            leeway=5,
+            options={"require": ["exp", "iat", "sub", "iss", "aud"]},
+        )
+    except jwt.ExpiredSignatureError:
+        raise Unauthorized("invalid access token: expired") from None
+    except jwt.PyJWTError:
+        raise Unauthorized("invalid access token") from None
+    client = await find_oauth_client(ident.db, str(claims["sub"]))
+    if client is None or client.revoked_at is not None:
+        raise Unauthorized("invalid access token: the client is no longer registered")
+    granted = set(str(claims.get("scope", "")).split()) & set(client.scopes)
+    return Principal(
+        workspace_id=client.workspace_id,
+        scopes=frozenset(granted),
+        attributes={"auth": "oauth", "client_id": client.client_id},
+    )
+
+
+class OAuthError(Exception):
+    def __init__(self, status: int, error: str, description: str) -> None:
+        super().__init__(description)
+        self.status = status
+        self.error = error
+        self.description = description
+
+
+def _oauth_response(status: int, body: dict[str, Any], headers: dict[str, str]) -> web.Response:
+    return web.Response(
+        status=status,
+        body=orjson.dumps(body),
+        content_type="application/json",
+        headers={"Cache-Control": "no-store", "Pragma": "no-cache", **headers},
+    )
+
+
+def _basic_credentials(request: web.Request) -> tuple[str, str] | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if not header:
+        return None
+    if scheme.lower() != "basic":
+        raise OAuthError(401, "invalid_client", "client authentication must use HTTP Basic")
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        raise OAuthError(401, "invalid_client", "malformed Basic credentials") from None
+    client_id, sep, secret = decoded.partition(":")
+    if not sep:
+        raise OAuthError(401, "invalid_client", "malformed Basic credentials")
+    return unquote(client_id), unquote(secret)
+
+
+async def _client_credentials(request: web.Request, form: Any) -> tuple[str, str, bool]:
+    basic = _basic_credentials(request)
+    in_body = form.get("client_id") is not None or form.get("client_secret") is not None
+    if basic is not None and in_body:
+        raise OAuthError(400, "invalid_request", "use one client authentication method only")
+    if basic is not None:
+        return basic[0], basic[1], True
+    client_id, secret = form.get("client_id"), form.get("client_secret")
+    if not isinstance(client_id, str) or not isinstance(secret, str):
+        raise OAuthError(401, "invalid_client", "client authentication failed")
+    return client_id, secret, False
+
+
+async def _issue(request: web.Request) -> dict[str, Any]:
+    if request.content_type != "application/x-www-form-urlencoded":
+        raise OAuthError(
+            400, "invalid_request", "the body must be application/x-www-form-urlencoded"
+        )
+    form = await request.post()
+    grant = form.get("grant_type")
+    if not isinstance(grant, str) or not grant:
+        raise OAuthError(400, "invalid_request", "grant_type is required")
+    client_id, secret, _ = await _client_credentials(request, form)
+    ident = identity(request)
+    client = await find_oauth_client(ident.db, client_id)
+    if (
+        client is None
+        or client.revoked_at is not None
+        or not hmac.compare_digest(client.secret_hash, secret_hash(secret))
+    ):
+        raise OAuthError(401, "invalid_client", "client authentication failed")
+    if grant != "client_credentials":
+        raise OAuthError(400, "unsupported_grant_type", f"grant_type {grant} is not supported")
+    requested = form.get("scope")
+    scopes = set(client.scopes)
+    if isinstance(requested, str) and requested.strip():
+        wanted = set(requested.split())
+        if not wanted <= scopes:
+            raise OAuthError(400, "invalid_scope", "scope exceeds what the client may request")
+        scopes = wanted
+    now = int(time.time())
+    claims = {
+        "iss": OAUTH_ISSUER,
+        "aud": AUDIENCE,
+        "sub": client.client_id,
+        "ws": client.workspace_id,
+        "scope": " ".join(sorted(scopes)),
+        "iat": now,
+        "exp": now + TOKEN_TTL_S,
+        "jti": secrets.token_hex(12),
+    }
+    token = jwt.encode(claims, await signing_key(ident), algorithm="HS256")
+    return {
+        "access_token": token,
+        "token_type": "Bearer",
+        "expires_in": TOKEN_TTL_S,
+        "scope": claims["scope"],
+    }
+
+
+async def token_endpoint(request: web.Request) -> web.Response:
+    try:
+        body = await _issue(request)
+    except OAuthError as exc:
+        headers = {"WWW-Authenticate": 'Basic realm="svc"'} if exc.status == 401 else {}
+        return _oauth_response(
+            exc.status, {"error": exc.error, "error_description": exc.description}, headers
+        )
+    return _oauth_response(200, body, {})

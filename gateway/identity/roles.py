@@ -1,0 +1,81 @@
+"""Role-based access on the admin API, for API keys and user principals alike.
+
+A user's roles resolve to read or write per resource domain (schemas/identity.py). They are
+carried on the `Principal` as scopes: `admin:read:<domain>` / `admin:write:<domain>` for each
+granted domain, plus the plain `admin:read` / `admin:write` only when granted on every domain.
+So a user principal passes the existing `require_scope(p, "admin:write")` checks only when its
+roles would allow every write, and `require_access(p, domain, access)` is the precise check:
+
+    require_access(principal, "apikeys", "write")
+
+passes for an API key with `admin:write` or `*`, and for a user whose roles grant write on
+`apikeys`. Reads need read, writes need write; write includes read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gateway.state import Principal
+from schemas.errors import Forbidden
+from schemas.identity import DOMAINS, Access
+
+
+def scopes_for(permissions: Mapping[str, Access]) -> frozenset[str]:
+    scopes: set[str] = set()
+    for domain, access in permissions.items():
+        scopes.add(f"admin:read:{domain}")
+        if access == "write":
+            scopes.add(f"admin:write:{domain}")
+    if all(d in permissions for d in DOMAINS):
+        scopes.add("admin:read")
+        if all(permissions[d] == "write" for d in DOMAINS):
+            scopes.add("admin:write")
+    return frozenset(scopes)
+
+
+def allowed(principal: Principal, domain: str, access: Access) -> bool:
+    if principal.allows(f"admin:{access}") or principal.allows(f"admin:{access}:{domain}"):
+        return True
+    return access == "read" and principal.allows(f"admin:write:{domain}")
+
+
+def require_access(principal: Principal, domain: str, access: Access) -> None:
+    if domain not in DOMAINS:
+        raise ValueError(f"unknown resource domain {domain!r}")
+    if not allowed(principal, domain, access):
+        raise Forbidden(
+            f"insufficient rights: {access} access to {domain} is required",
+            code="insufficient_scope",
+        )
+
+
+ADMIN_PATH_DOMAINS: dict[str, str] = {
+    "overview": "analytics",
+    "analytics": "analytics",
+    "conversations": "conversations",
+    "apikeys": "apikeys",
+    "agents": "agents",
+    "knowledge": "knowledge",
+    "memory": "memory",
+    "modules": "modules",
+    "security": "security",
+    "channels": "channels",
+    "artifacts": "artifacts",
+    "voice": "voice",
+    "media": "media",
+    "settings": "settings",
+    "users": "users",
+    "roles": "users",
+    "scim": "security",
+    "oauth": "security",
+    "identity": "security",
+    "audit": "audit",
+}
+
+
+def domain_for_path(path: str) -> str:
+    """The resource domain of an admin path: `/v1/admin/<segment>/...` by its first segment;
+    an unknown segment counts as `system` (so a new endpoint is covered, by owners/admins)."""
+    segment = path.removeprefix("/v1/admin/").split("/", 1)[0]
+    return ADMIN_PATH_DOMAINS.get(segment, "system")

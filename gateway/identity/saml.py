@@ -1,0 +1,313 @@
+"""SAML 2.0 service provider with pysaml2 (SVC_SAML_*): /saml/metadata, /saml/login, /saml/acs.
+
+- `GET /saml/login?next=/path`: an AuthnRequest over the HTTP-Redirect binding, RelayState
+  carrying `next` (a same-site path only, so the login cannot be turned into an open
+  redirect). The request id is recorded (table `identity_saml_state`, 10 minutes).
+- `POST /saml/acs` (HTTP-POST binding): the response must answer an outstanding request of
+  ours (unsolicited responses are refused), be signed (the response or its assertions, by a
+  key of the IdP metadata in SVC_SAML_IDP_METADATA), name our ACS URL as recipient, carry an
+  AudienceRestriction naming our entity id, and be inside its validity window (pysaml2 checks
+  NotBefore/NotOnOrAfter with `ACCEPTED_SKEW_S`). Each assertion id is accepted once: a
+  replayed response is refused even within its window.
+- Roles come from the assertion attribute SVC_SAML_ROLE_ATTRIBUTE (default `groups`) through
+  SVC_SAML_ROLE_MAPPINGS, else SVC_SAML_DEFAULT_ROLE. The NameID is the user name in the
+  default workspace; a user first seen is provisioned (`source: saml`), one provisioned by
+  SCIM or an earlier SAML login is updated, a local or LDAP user of that name is refused.
+  Success starts the same admin session as a password login and redirects to RelayState.
+
+The SP signing key is a secret (scope `saml`, name `sp_key`, identity vault); pysaml2 and
+xmlsec1 want files, so it is written to a private temporary directory (mode 0700) for the life
+of the process. pysaml2 is synchronous and shells out to xmlsec1: parsing runs in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+from aiohttp import web
+from defusedxml import ElementTree  # type: ignore[import-untyped]
+
+from gateway.identity.login import ExternalUser, start_session, sync_external_user
+from gateway.identity.service import Identity, identity
+from gateway.identity.sessions import set_session_cookies
+from gateway.identity.vault import INSTANCE
+from projections.identity_queries import find_user_by_name
+from schemas.errors import FeatureDisabled, InvalidInput, Unauthorized, Unavailable
+
+with warnings.catch_warnings():
+    # pysaml2 7.5 imports cipher modes cryptography deprecates; harmless here (we never use
+    # them), and tests turn warnings into errors.
+    warnings.simplefilter("ignore")
+    from saml2 import BINDING_HTTP_POST, BINDING_HTTP_REDIRECT
+    from saml2.client import Saml2Client
+    from saml2.config import SPConfig
+    from saml2.metadata import create_metadata_string
+
+log = logging.getLogger(__name__)
+
+SP_KEY_SECRET = ("saml", "sp_key")
+REQUEST_TTL_S = 600
+ACCEPTED_SKEW_S = 60
+ASSERTION_KEEP_S = 24 * 3600
+REFUSED = "SAML response refused"
+
+_CONSUME_REQUEST = """
+DELETE FROM identity_saml_state WHERE kind = 'request' AND id = $1 AND expires_at > now()
+RETURNING id
+"""
+_REMEMBER = """
+INSERT INTO identity_saml_state (kind, id, expires_at)
+VALUES ($1, $2, now() + make_interval(secs => $3))
+ON CONFLICT (kind, id) DO NOTHING
+"""
+_PRUNE = "DELETE FROM identity_saml_state WHERE expires_at < now()"
+
+
+@dataclass(frozen=True, slots=True)
+class SamlSettings:
+    entity_id: str
+    acs_url: str
+    idp_metadata: str
+    sp_cert: str
+    role_attribute: str
+    role_mappings: dict[str, str]
+    default_role: str
+
+    def fingerprint(self, sp_key: str) -> str:
+        parts = (self.entity_id, self.acs_url, self.idp_metadata, self.sp_cert, sp_key)
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+@dataclass
+class ServiceProvider:
+    settings: SamlSettings
+    client: Saml2Client
+    fingerprint: str
+    files: tempfile.TemporaryDirectory[str]
+
+
+def read_settings(ident: Identity) -> SamlSettings:
+    s = ident.settings
+    if not s.flag("SVC_SAML_ENABLED"):
+        raise FeatureDisabled("SAML is not enabled (SVC_SAML_ENABLED)")
+    root = s.text("SVC_SAML_ROOT_URL").strip().rstrip("/")
+    metadata = s.text("SVC_SAML_IDP_METADATA").strip()
+    cert = s.text("SVC_SAML_SP_CERT").strip()
+    if not root or not metadata or not cert:
+        raise Unavailable(
+            "SAML needs SVC_SAML_ROOT_URL, SVC_SAML_IDP_METADATA and SVC_SAML_SP_CERT",
+            code="saml_not_configured",
+        )
+    raw = s.text("SVC_SAML_ROLE_MAPPINGS").strip()
+    try:
+        mappings = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        mappings = None
+    if not isinstance(mappings, dict):
+        raise Unavailable("SVC_SAML_ROLE_MAPPINGS is not a JSON object", code="saml_not_configured")
+    return SamlSettings(
+        entity_id=s.text("SVC_SAML_ENTITY_ID").strip() or f"{root}/saml/metadata",
+        acs_url=f"{root}/saml/acs",
+        idp_metadata=metadata,
+        sp_cert=cert,
+        role_attribute=s.text("SVC_SAML_ROLE_ATTRIBUTE").strip() or "groups",
+        role_mappings={str(k): str(v) for k, v in mappings.items()},
+        default_role=s.text("SVC_SAML_DEFAULT_ROLE").strip(),
+    )
+
+
+def _build(settings: SamlSettings, sp_key: str, fingerprint: str) -> ServiceProvider:
+    files = tempfile.TemporaryDirectory(prefix="svc-saml-")
+    os.chmod(files.name, 0o700)
+    key_path, cert_path = Path(files.name, "sp.key"), Path(files.name, "sp.crt")
+    key_path.touch(mode=0o600)
+    key_path.write_text(sp_key)
+    cert_path.write_text(settings.sp_cert)
+    config = SPConfig()
+    config.load(
+        {
+            "entityid": settings.entity_id,
+            "xmlsec_binary": shutil.which("xmlsec1") or "/usr/bin/xmlsec1",
+            "key_file": str(key_path),
+            "cert_file": str(cert_path),
+            "metadata": {"inline": [settings.idp_metadata]},
+            "accepted_time_diff": ACCEPTED_SKEW_S,
+            "allow_unknown_attributes": True,
+            "service": {
+                "sp": {
+                    "endpoints": {
+                        "assertion_consumer_service": [(settings.acs_url, BINDING_HTTP_POST)]
+                    },
+                    "want_response_signed": False,
+                    "want_assertions_signed": False,
+                    "want_assertions_or_response_signed": True,
+                    "authn_requests_signed": False,
+                    "allow_unsolicited": False,
+                }
+            },
+        }
+    )
+    return ServiceProvider(settings, Saml2Client(config=config), fingerprint, files)
+
+
+async def service_provider(ident: Identity) -> ServiceProvider:
+    settings = read_settings(ident)
+    sp_key = await ident.vault.get(INSTANCE, *SP_KEY_SECRET)
+    if not sp_key:
+        raise Unavailable("SAML needs the SP key secret (saml/sp_key)", code="saml_not_configured")
+    fingerprint = settings.fingerprint(sp_key)
+    current = ident.extras.get("saml")
+    if isinstance(current, ServiceProvider) and current.fingerprint == fingerprint:
+        return current
+    sp = await asyncio.to_thread(_build, settings, sp_key, fingerprint)
+    ident.extras["saml"] = sp
+    return sp
+
+
+def safe_next(raw: str | None) -> str:
+    """A same-site absolute path, else `/` (no scheme, no host, no `//`, no backslash)."""
+    if not raw or not raw.startswith("/") or raw.startswith("//") or "\\" in raw:
+        return "/"
+    parts = urlsplit(raw)
+    if parts.scheme or parts.netloc:
+        return "/"
+    return raw
+
+
+async def metadata(request: web.Request) -> web.Response:
+    sp = await service_provider(identity(request))
+    xml = await asyncio.to_thread(create_metadata_string, None, sp.client.config)
+    return web.Response(body=xml, content_type="application/samlmetadata+xml")
+
+
+async def login(request: web.Request) -> web.Response:
+    ident = identity(request)
+    sp = await service_provider(ident)
+    relay = safe_next(request.query.get("next"))
+    request_id, info = await asyncio.to_thread(
+        sp.client.prepare_for_authenticate, relay_state=relay, binding=BINDING_HTTP_REDIRECT
+    )
+    async with ident.db.acquire() as conn:
+        await conn.execute(_PRUNE)
+        await conn.execute(_REMEMBER, "request", str(request_id), float(REQUEST_TTL_S))
+    location = dict(info["headers"])["Location"]
+    return web.Response(status=302, headers={"Location": location, "Cache-Control": "no-store"})
+
+
+def _in_response_to(saml_response: str) -> str | None:
+    try:
+        root = ElementTree.fromstring(base64.b64decode(saml_response, validate=False))
+    except (binascii.Error, ElementTree.ParseError, ValueError):
+        return None
+    value = root.get("InResponseTo")
+    return str(value) if value else None
+
+
+def _parse(sp: ServiceProvider, saml_response: str, request_id: str) -> Any:
+    return sp.client.parse_authn_request_response(
+        saml_response, BINDING_HTTP_POST, outstanding={request_id: "/"}
+    )
+
+
+def _audience_ok(assertion: Any, entity_id: str) -> bool:
+    conditions = getattr(assertion, "conditions", None)
+    restrictions = getattr(conditions, "audience_restriction", None) or []
+    audiences = [a.text.strip() for r in restrictions for a in (r.audience or []) if a.text]
+    return entity_id in audiences
+
+
+def map_role(values: list[str], mappings: dict[str, str], default: str) -> str | None:
+    for value in values:
+        if value in mappings:
+            return mappings[value]
+    return default or None
+
+
+async def _verified(ident: Identity, sp: ServiceProvider, saml_response: str) -> Any:
+    request_id = _in_response_to(saml_response)
+    if request_id is None:
+        raise Unauthorized(f"{REFUSED}: it answers no request of ours")
+    async with ident.db.acquire() as conn:
+        consumed = await conn.fetchval(_CONSUME_REQUEST, request_id)
+    if consumed is None:
+        raise Unauthorized(f"{REFUSED}: it answers no outstanding request (replayed or stale)")
+    try:
+        response = await asyncio.to_thread(_parse, sp, saml_response, request_id)
+    except Exception as exc:
+        log.warning("SAML: response refused (%s)", type(exc).__name__)
+        raise Unauthorized(REFUSED) from None
+    if response is None or response.assertion is None:
+        raise Unauthorized(REFUSED)
+    if not _audience_ok(response.assertion, sp.settings.entity_id):
+        raise Unauthorized(f"{REFUSED}: wrong or missing audience")
+    async with ident.db.acquire() as conn:
+        fresh = await conn.fetchval(
+            _REMEMBER + " RETURNING id",
+            "assertion",
+            str(response.assertion.id),
+            float(ASSERTION_KEEP_S),
+        )
+    if fresh is None:
+        raise Unauthorized(f"{REFUSED}: assertion already used")
+    return response
+
+
+def _external(sp: ServiceProvider, response: Any) -> ExternalUser:
+    name_id = getattr(response.name_id, "text", None)
+    if not isinstance(name_id, str) or not name_id.strip():
+        raise Unauthorized(f"{REFUSED}: no NameID")
+    ava: dict[str, list[str]] = response.ava or {}
+    values = [str(v) for v in ava.get(sp.settings.role_attribute, [])]
+    mails = ava.get("mail") or ava.get("email") or []
+    names = ava.get("displayName") or ava.get("cn") or []
+    return ExternalUser(
+        source="saml",
+        login=name_id.strip(),
+        external_id=name_id.strip(),
+        display_name=str(names[0]) if names else None,
+        email=str(mails[0]) if mails else None,
+        role=map_role(values, sp.settings.role_mappings, sp.settings.default_role),
+    )
+
+
+async def acs(request: web.Request) -> web.StreamResponse:
+    ident = identity(request)
+    sp = await service_provider(ident)
+    form = await request.post()
+    saml_response = form.get("SAMLResponse")
+    if not isinstance(saml_response, str) or not saml_response:
+        raise InvalidInput("SAMLResponse is required (HTTP-POST binding)")
+    relay = form.get("RelayState")
+    response = await _verified(ident, sp, saml_response)
+    found = _external(sp, response)
+    workspace_id = ident.settings.default_workspace_id
+    existing = await find_user_by_name(ident.db, workspace_id, found.login)
+    if existing is not None and (existing.source not in ("saml", "scim") or not existing.usable):
+        raise Unauthorized(f"{REFUSED}: the user cannot sign in with SAML")
+    user = await sync_external_user(ident, workspace_id, found, existing)
+    if not user.usable:
+        raise Unauthorized(REFUSED)
+    session, _ = await start_session(request, ident, user, "saml", False)
+    target = safe_next(relay if isinstance(relay, str) else None)
+    redirect = web.Response(status=303, headers={"Location": target, "Cache-Control": "no-store"})
+    set_session_cookies(request, redirect, session)
+    return redirect
+
+
+def add_saml_routes(app: web.Application) -> None:
+    app.router.add_get("/saml/metadata", metadata)
+    app.router.add_get("/saml/login", login)
+    app.router.add_post("/saml/acs", acs)

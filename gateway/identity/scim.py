@@ -1,0 +1,624 @@
+"""SCIM 2.0 service provider (RFC 7643 / RFC 7644) under /scim/v2: Users only.
+
+Authentication: the workspace's SCIM bearer token (issued, rotated, revoked at
+POST /v1/admin/scim/token); only its sha256 is stored. Every error is a SCIM error document
+(`urn:ietf:params:scim:api:messages:2.0:Error`, `status` as a string, `scimType` where RFC 7644
+section 3.12 defines one) with `application/scim+json`, never the service's envelope.
+
+Supported: create, read, replace (PUT), PATCH (add/replace/remove on the core attributes, with
+or without a path, operation names case-insensitive), delete; list with `filter` (`eq` on
+userName (case-insensitive), externalId or id), `startIndex` (1-based) and `count`.
+Deleting a user, or setting `active` to false, ends their sessions at once; the user's
+principals are refused from then on (authn.py checks the user on every request).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import ValidationError
+
+from actors.identity import directory_key
+from gateway.auth import hash_key
+from gateway.errors import read_body
+from gateway.identity.admin import cut_off, deprovision, profile_of, set_password
+from gateway.identity.common import SCIM_ACTOR, actor_of, new_id, now
+from gateway.identity.service import Identity, identity
+from projections.identity_queries import UserRow, find_scim_token, get_user, list_users
+from schemas.errors import Conflict, InvalidInput, SvcError, Unauthorized
+from schemas.identity import ProvisionUser, UpdateUser, UserProfile
+
+PREFIX = "/scim/v2"
+USER_SCHEMA = "urn:ietf:params:scim:schemas:core:2.0:User"
+LIST_SCHEMA = "urn:ietf:params:scim:api:messages:2.0:ListResponse"
+ERROR_SCHEMA = "urn:ietf:params:scim:api:messages:2.0:Error"
+PATCH_SCHEMA = "urn:ietf:params:scim:api:messages:2.0:PatchOp"
+SPC_SCHEMA = "urn:ietf:params:scim:schemas:core:2.0:ServiceProviderConfig"
+RT_SCHEMA = "urn:ietf:params:scim:schemas:core:2.0:ResourceType"
+SCHEMA_SCHEMA = "urn:ietf:params:scim:schemas:core:2.0:Schema"
+CONTENT_TYPE = "application/scim+json"
+MAX_COUNT = 200
+DEFAULT_COUNT = 100
+
+_FILTER = re.compile(r'^\s*(\w+)\s+eq\s+"((?:[^"\\]|\\.)*)"\s*$', re.IGNORECASE)
+
+ScimHandler = Callable[[web.Request, Identity, str], Awaitable[web.StreamResponse]]
+
+
+class ScimError(Exception):
+    def __init__(self, status: int, detail: str, scim_type: str | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.scim_type = scim_type
+
+
+def scim_json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status, body=orjson.dumps(body), content_type=CONTENT_TYPE, headers=headers
+    )
+
+
+def _error(status: int, detail: str, scim_type: str | None) -> web.Response:
+    body: dict[str, Any] = {"schemas": [ERROR_SCHEMA], "status": str(status), "detail": detail}
+    if scim_type:
+        body["scimType"] = scim_type
+    return scim_json(body, status)
+
+
+def _from_svc(exc: SvcError) -> web.Response:
+    scim_type = None
+    if isinstance(exc, Conflict):
+        scim_type = "uniqueness"
+    elif isinstance(exc, InvalidInput):
+        scim_type = "invalidValue"
+    return _error(exc.http_status, exc.message, scim_type)
+
+
+async def _workspace_of(request: web.Request, ident: Identity) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ScimError(401, "a SCIM bearer token is required")
+    found = await find_scim_token(ident.db, hash_key(token.strip()))
+    if found is None or found.revoked_at is not None:
+        raise ScimError(401, "invalid SCIM token")
+    request[SCIM_ACTOR] = f"scim:{found.token_id}"
+    return found.workspace_id
+
+
+def scim_route(handler: ScimHandler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def run(request: web.Request) -> web.StreamResponse:
+        ident = identity(request)
+        try:
+            workspace_id = await _workspace_of(request, ident)
+            return await handler(request, ident, workspace_id)
+        except ScimError as exc:
+            return _error(exc.status, exc.detail, exc.scim_type)
+        except Unauthorized as exc:
+            return _error(401, exc.message, None)
+        except SvcError as exc:
+            return _from_svc(exc)
+        except ValidationError as exc:
+            problems = "; ".join(
+                ".".join(str(p) for p in e["loc"]) + ": " + e["msg"]
+                for e in exc.errors(include_url=False)
+            )
+            return _error(400, f"invalid value: {problems}", "invalidValue")
+
+    return run
+
+
+# --- representation ---------------------------------------------------------------------------
+
+
+def _location(request: web.Request, user_id: str) -> str:
+    return f"{request.scheme}://{request.host}{PREFIX}/Users/{user_id}"
+
+
+def resource(request: web.Request, user: UserRow) -> dict[str, Any]:
+    name = {
+        k: v for k, v in (("givenName", user.given_name), ("familyName", user.family_name)) if v
+    }
+    out: dict[str, Any] = {
+        "schemas": [USER_SCHEMA],
+        "id": user.user_id,
+        "userName": user.user_name,
+        "meta": {
+            "resourceType": "User",
+            "created": user.created_at.isoformat(),
+            "lastModified": user.updated_at.isoformat(),
+            "location": _location(request, user.user_id),
+            "version": f'W/"{user.version}"',
+        },
+    }
+    if user.active is not None:
+        out["active"] = user.active
+    if name:
+        out["name"] = name
+    if user.display_name:
+        out["displayName"] = user.display_name
+    if user.external_id:
+        out["externalId"] = user.external_id
+    if user.emails:
+        out["emails"] = user.emails
+    return out
+
+
+def _attr_name(name: str) -> str:
+    """`urn:...:User:name.givenName` -> `name.givenname`: SCIM names are case-insensitive."""
+    lowered = name.lower()
+    prefix = USER_SCHEMA.lower() + ":"
+    return lowered[len(prefix) :] if lowered.startswith(prefix) else lowered
+
+
+_ALWAYS = frozenset({"id", "schemas"})
+
+
+def _names(raw: Any) -> list[str]:
+    if isinstance(raw, str):
+        raw = raw.split(",")
+    if not isinstance(raw, list):
+        return []
+    return [_attr_name(str(a).strip()) for a in raw if str(a).strip()]
+
+
+def project(res: dict[str, Any], attributes: list[str], excluded: list[str]) -> dict[str, Any]:
+    """RFC 7644 section 3.9: `attributes` keeps only those (and the always-returned ones),
+    `excludedAttributes` drops those; both accept `parent.sub` names."""
+    if attributes:
+        tops = {a.split(".", 1)[0] for a in attributes}
+        out = {k: v for k, v in res.items() if k.lower() in _ALWAYS or k.lower() in tops}
+        for k, v in list(out.items()):
+            subs = {a.split(".", 1)[1] for a in attributes if a.startswith(k.lower() + ".")}
+            if subs and k.lower() not in attributes and isinstance(v, dict):
+                out[k] = {sk: sv for sk, sv in v.items() if sk.lower() in subs}
+        return out
+    out = {k: v for k, v in res.items() if k.lower() in _ALWAYS or k.lower() not in excluded}
+    for name in excluded:
+        top, _, sub = name.partition(".")
+        for k, v in list(out.items()):
+            if sub and k.lower() == top and isinstance(v, dict):
+                out[k] = {sk: sv for sk, sv in v.items() if sk.lower() != sub}
+    return out
+
+
+def _projection(source: Any) -> tuple[list[str], list[str]]:
+    return _names(source.get("attributes")), _names(source.get("excludedAttributes"))
+
+
+def _lower_keys(data: dict[str, Any]) -> dict[str, Any]:
+    return {_attr_name(k): v for k, v in data.items()}
+
+
+def _as_bool(value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ScimError(400, "active must be a boolean", "invalidValue")
+
+
+def _emails(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise ScimError(400, "emails must be an array", "invalidValue")
+    out = []
+    for item in value:
+        if not isinstance(item, dict) or not isinstance(item.get("value"), str):
+            raise ScimError(400, "each email needs a string value", "invalidValue")
+        entry: dict[str, Any] = {"value": item["value"], "primary": bool(item.get("primary"))}
+        if isinstance(item.get("type"), str):
+            entry["type"] = item["type"]
+        out.append(entry)
+    return out
+
+
+def _profile_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """SCIM attributes (any case) -> UserProfile fields, for the attributes present."""
+    d = _lower_keys(data)
+    out: dict[str, Any] = {}
+    if "username" in d:
+        out["user_name"] = d["username"]
+    if "displayname" in d:
+        out["display_name"] = d["displayname"]
+    if "externalid" in d:
+        out["external_id"] = d["externalid"]
+    if "active" in d:
+        out["active"] = _as_bool(d["active"])
+    if "emails" in d:
+        out["emails"] = _emails(d["emails"]) if d["emails"] is not None else []
+    if "name" in d:
+        name = _lower_keys(d["name"]) if isinstance(d["name"], dict) else {}
+        out["given_name"] = name.get("givenname")
+        out["family_name"] = name.get("familyname")
+    for dotted, field in (("name.givenname", "given_name"), ("name.familyname", "family_name")):
+        if dotted in d:
+            out[field] = d[dotted]
+    return out
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    raw = await read_body(request)
+    try:
+        data = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        raise ScimError(400, "malformed JSON body", "invalidSyntax") from None
+    if not isinstance(data, dict):
+        raise ScimError(400, "the body must be a JSON object", "invalidSyntax")
+    return data
+
+
+async def _user(ident: Identity, workspace_id: str, user_id: str) -> UserRow:
+    user = await get_user(ident.db, workspace_id, user_id)
+    if user is None or user.deleted:
+        raise ScimError(404, f"User {user_id} not found")
+    return user
+
+
+# --- users ------------------------------------------------------------------------------------
+
+
+def _paging(params: Any) -> tuple[int, int]:
+    try:
+        start = int(params.get("startIndex", 1))
+        count = int(params.get("count", DEFAULT_COUNT))
+    except ValueError:
+        raise ScimError(400, "startIndex and count must be integers", "invalidValue") from None
+    return max(1, start), min(MAX_COUNT, max(0, count))
+
+
+async def _filtered(
+    ident: Identity, workspace_id: str, raw: str, start: int, count: int
+) -> tuple[list[UserRow], int]:
+    match = _FILTER.match(raw)
+    if match is None:
+        raise ScimError(400, "only 'attribute eq \"value\"' filters are supported", "invalidFilter")
+    attr, value = match.group(1).lower(), match.group(2).replace('\\"', '"')
+    if attr == "username":
+        return await list_users(
+            ident.db, workspace_id, user_name=value, offset=start - 1, limit=count
+        )
+    if attr in ("externalid", "id"):
+        users, _ = await list_users(ident.db, workspace_id, offset=0, limit=100_000)
+        key = "external_id" if attr == "externalid" else "user_id"
+        hits = [u for u in users if getattr(u, key) == value]
+        return hits[start - 1 : start - 1 + count], len(hits)
+    raise ScimError(400, f"filtering on {match.group(1)} is not supported", "invalidFilter")
+
+
+async def _search(
+    request: web.Request, ident: Identity, ws: str, params: Any
+) -> web.StreamResponse:
+    start, count = _paging(params)
+    raw = str(params.get("filter") or "").strip()
+    if raw:
+        users, total = await _filtered(ident, ws, raw, start, count)
+    else:
+        users, total = await list_users(ident.db, ws, offset=start - 1, limit=count)
+    attributes, excluded = _projection(params)
+    return scim_json(
+        {
+            "schemas": [LIST_SCHEMA],
+            "totalResults": total,
+            "startIndex": start,
+            "itemsPerPage": len(users),
+            "Resources": [project(resource(request, u), attributes, excluded) for u in users],
+        }
+    )
+
+
+async def list_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+    return await _search(request, ident, ws, request.query)
+
+
+async def search_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+    """POST /Users/.search (RFC 7644 section 3.4.3): the query in a SearchRequest body."""
+    body = await _json_object(request)
+    return await _search(request, ident, ws, body)
+
+
+async def create_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+    data = await _json_object(request)
+    fields = _profile_fields(data)
+    if not isinstance(fields.get("user_name"), str) or not fields["user_name"]:
+        raise ScimError(400, "userName is required", "invalidValue")
+    profile = UserProfile.model_validate(fields)
+    user_id = new_id("usr_")
+    await ident.ask(
+        directory_key(ws),
+        ProvisionUser(
+            by=actor_of(request),
+            command_id=new_id("scim-"),
+            workspace_id=ws,
+            user_id=user_id,
+            profile=profile,
+            source="scim",
+            at=now(),
+        ),
+    )
+    password = _lower_keys(data).get("password")
+    if isinstance(password, str) and password:
+        await set_password(request, ident, ws, user_id, password)
+    user = await _user(ident, ws, user_id)
+    body = resource(request, user)
+    return scim_json(body, 201, {"Location": body["meta"]["location"]})
+
+
+async def get_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+    user = await _user(ident, ws, request.match_info["id"])
+    attributes, excluded = _projection(request.query)
+    return scim_json(project(resource(request, user), attributes, excluded))
+
+
+async def _save(
+    request: web.Request, ident: Identity, ws: str, user: UserRow, profile: UserProfile
+) -> web.StreamResponse:
+    await ident.ask(
+        directory_key(ws),
+        UpdateUser(
+            by=actor_of(request),
+            command_id=new_id("scim-"),
+            workspace_id=ws,
+            user_id=user.user_id,
+            profile=profile,
+            at=now(),
+        ),
+    )
+    if profile.active is False and user.active is not False:
+        await cut_off(request, ident, ws, user.user_id, "deactivated by SCIM")
+    return scim_json(resource(request, await _user(ident, ws, user.user_id)))
+
+
+async def put_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+    user = await _user(ident, ws, request.match_info["id"])
+    data = await _json_object(request)
+    fields = _profile_fields(data)
+    if not isinstance(fields.get("user_name"), str) or not fields["user_name"]:
+        raise ScimError(400, "userName is required", "invalidValue")
+    await _maybe_password(request, ident, ws, user.user_id, _lower_keys(data).get("password"))
+    return await _save(request, ident, ws, user, UserProfile.model_validate(fields))
+
+
+async def _maybe_password(
+    request: web.Request, ident: Identity, ws: str, user_id: str, password: Any
+) -> None:
+    if password is None:
+        return
+    if not isinstance(password, str) or not password:
+        raise ScimError(400, "password must be a non-empty string", "invalidValue")
+    await set_password(request, ident, ws, user_id, password)
+
+
+def _take_password(op: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Split a write-only password out of a PATCH operation (it goes to the vault)."""
+    path, value = op.get("path"), op.get("value")
+    kind = str(op.get("op", "")).lower()
+    if isinstance(path, str) and _attr_name(path) == "password":
+        if kind == "remove":
+            return {}, None
+        if not isinstance(value, str) or not value:
+            raise ScimError(400, "password must be a non-empty string", "invalidValue")
+        return {}, value
+    if not path and isinstance(value, dict):
+        rest = {k: v for k, v in value.items() if _attr_name(k) != "password"}
+        found = [v for k, v in value.items() if _attr_name(k) == "password"]
+        if found and (not isinstance(found[0], str) or not found[0]):
+            raise ScimError(400, "password must be a non-empty string", "invalidValue")
+        return {**op, "value": rest}, (found[0] if found else None)
+    return op, None
+
+
+def _apply_op(current: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
+    if not op:
+        return current
+    kind = str(op.get("op", "")).lower()
+    path = op.get("path")
+    value = op.get("value")
+    if kind not in ("add", "replace", "remove"):
+        raise ScimError(400, f"unsupported PATCH op {op.get('op')!r}", "invalidSyntax")
+    if kind == "remove":
+        if not isinstance(path, str) or not path:
+            raise ScimError(400, "remove needs a path", "noTarget")
+        fields = _profile_fields({path: None})
+        if "user_name" in fields:
+            raise ScimError(400, "userName cannot be removed", "mutability")
+        return {**current, **{k: ([] if k == "emails" else None) for k in fields}}
+    if isinstance(path, str) and path:
+        fields = _profile_fields({path: value})
+        if not fields:
+            raise ScimError(400, f"unsupported PATCH path {path!r}", "invalidPath")
+    elif isinstance(value, dict):
+        fields = _profile_fields(value)
+    else:
+        raise ScimError(
+            400, "a PATCH operation without a path needs an object value", "invalidValue"
+        )
+    if kind == "add" and "emails" in fields:
+        fields["emails"] = list(current.get("emails") or []) + fields["emails"]
+    return {**current, **fields}
+
+
+async def patch_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+    user = await _user(ident, ws, request.match_info["id"])
+    data = await _json_object(request)
+    if PATCH_SCHEMA not in (data.get("schemas") or []):
+        raise ScimError(400, f"a PATCH body must use the {PATCH_SCHEMA} schema", "invalidSyntax")
+    ops = data.get("Operations")
+    if not isinstance(ops, list) or not ops:
+        raise ScimError(400, "Operations must be a non-empty array", "invalidSyntax")
+    current = profile_of(user).model_dump(mode="json")
+    password: str | None = None
+    for op in ops:
+        if not isinstance(op, dict):
+            raise ScimError(400, "each operation must be an object", "invalidSyntax")
+        rest, new_password = _take_password(op)
+        password = new_password or password
+        current = _apply_op(current, rest)
+    profile = UserProfile.model_validate(current)
+    await _maybe_password(request, ident, ws, user.user_id, password)
+    return await _save(request, ident, ws, user, profile)
+
+
+async def delete_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+    user = await _user(ident, ws, request.match_info["id"])
+    await deprovision(ident, request, ws, user.user_id)
+    return web.Response(status=204)
+
+
+# --- discovery --------------------------------------------------------------------------------
+
+
+def _attr(name: str, kind: str = "string", **extra: Any) -> dict[str, Any]:
+    base = {
+        "name": name,
+        "type": kind,
+        "multiValued": False,
+        "required": False,
+        "caseExact": False,
+        "mutability": "readWrite",
+        "returned": "default",
+        "uniqueness": "none",
+    }
+    return {**base, **extra}
+
+
+USER_SCHEMA_DOC: dict[str, Any] = {
+    "schemas": [SCHEMA_SCHEMA],
+    "id": USER_SCHEMA,
+    "name": "User",
+    "description": "User Account",
+    "attributes": [
+        _attr("userName", required=True, uniqueness="server"),
+        _attr(
+            "name",
+            "complex",
+            subAttributes=[_attr("givenName"), _attr("familyName")],
+        ),
+        _attr("displayName"),
+        _attr("externalId", caseExact=True),
+        _attr("active", "boolean"),
+        _attr("password", mutability="writeOnly", returned="never"),
+        _attr(
+            "emails",
+            "complex",
+            multiValued=True,
+            subAttributes=[_attr("value"), _attr("type"), _attr("primary", "boolean")],
+        ),
+    ],
+    "meta": {"resourceType": "Schema", "location": f"{PREFIX}/Schemas/{USER_SCHEMA}"},
+}
+
+USER_RESOURCE_TYPE: dict[str, Any] = {
+    "schemas": [RT_SCHEMA],
+    "id": "User",
+    "name": "User",
+    "endpoint": "/Users",
+    "description": "User Account",
+    "schema": USER_SCHEMA,
+    "meta": {"resourceType": "ResourceType", "location": f"{PREFIX}/ResourceTypes/User"},
+}
+
+SERVICE_PROVIDER_CONFIG: dict[str, Any] = {
+    "schemas": [SPC_SCHEMA],
+    "documentationUri": "https://datatracker.ietf.org/doc/html/rfc7644",
+    "patch": {"supported": True},
+    "bulk": {"supported": False, "maxOperations": 0, "maxPayloadSize": 0},
+    "filter": {"supported": True, "maxResults": MAX_COUNT},
+    "changePassword": {"supported": True},
+    "sort": {"supported": False},
+    "etag": {"supported": False},
+    "authenticationSchemes": [
+        {
+            "type": "oauthbearertoken",
+            "name": "SCIM bearer token",
+            "description": "The workspace token from POST /v1/admin/scim/token",
+            "primary": True,
+        }
+    ],
+    "meta": {
+        "resourceType": "ServiceProviderConfig",
+        "location": f"{PREFIX}/ServiceProviderConfig",
+    },
+}
+
+
+def _list_of(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "schemas": [LIST_SCHEMA],
+        "totalResults": len(items),
+        "startIndex": 1,
+        "itemsPerPage": len(items),
+        "Resources": items,
+    }
+
+
+async def spc_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+    return scim_json(SERVICE_PROVIDER_CONFIG)
+
+
+async def resource_types_handler(
+    request: web.Request, ident: Identity, ws: str
+) -> web.StreamResponse:
+    return scim_json(_list_of([USER_RESOURCE_TYPE]))
+
+
+async def resource_type_handler(
+    request: web.Request, ident: Identity, ws: str
+) -> web.StreamResponse:
+    if request.match_info["id"] != "User":
+        raise ScimError(404, "resource type not found")
+    return scim_json(USER_RESOURCE_TYPE)
+
+
+async def schemas_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+    return scim_json(_list_of([USER_SCHEMA_DOC]))
+
+
+async def schema_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+    if request.match_info["id"] != USER_SCHEMA:
+        raise ScimError(404, "schema not found")
+    return scim_json(USER_SCHEMA_DOC)
+
+
+async def no_such_endpoint(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+    raise ScimError(404, "no such SCIM endpoint")
+
+
+async def method_not_allowed(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+    raise ScimError(405, f"{request.method} is not allowed on this endpoint")
+
+
+_ROUTES: tuple[tuple[str, tuple[tuple[str, ScimHandler], ...]], ...] = (
+    ("/ServiceProviderConfig", (("GET", spc_handler),)),
+    ("/ResourceTypes", (("GET", resource_types_handler),)),
+    ("/ResourceTypes/{id}", (("GET", resource_type_handler),)),
+    ("/Schemas", (("GET", schemas_handler),)),
+    ("/Schemas/{id}", (("GET", schema_handler),)),
+    ("/Users", (("GET", list_handler), ("POST", create_handler))),
+    ("/Users/.search", (("POST", search_handler),)),
+    ("/.search", (("POST", search_handler),)),
+    (
+        "/Users/{id}",
+        (
+            ("GET", get_handler),
+            ("PUT", put_handler),
+            ("PATCH", patch_handler),
+            ("DELETE", delete_handler),
+        ),
+    ),
+)
+
+
+def add_scim_routes(app: web.Application) -> None:
+    """Every path answers in SCIM terms: a known path with another method is a SCIM 405, any
+    other path under /scim/v2 (Groups included: not supported) a SCIM 404."""
+    r = app.router
+    for path, handlers in _ROUTES:
+        for method, handler in handlers:
+            r.add_route(method, PREFIX + path, scim_route(handler))
+        r.add_route("*", PREFIX + path, scim_route(method_not_allowed))
+    r.add_route("*", f"{PREFIX}/{{tail:.*}}", scim_route(no_such_endpoint))

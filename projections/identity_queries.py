@@ -1,0 +1,282 @@
+"""Reads of the identity read models (projections/identity.py).
+
+Tenant reads run in `Database.scoped(workspace_id)` (row-level security). The lookups by the
+hash of a secret the caller holds (a session cookie, a SCIM token) and by OAuth client id run
+as the service role, like `queries.find_api_key_by_hash`: they are what tell the gateway the
+workspace in the first place, and they never return a hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+from eventstore.db import Database
+from schemas.identity import BUILTIN_ROLES, DOMAINS, Access
+
+_USER_COLUMNS = """
+u.workspace_id, u.user_id, u.user_name, u.display_name, u.given_name, u.family_name, u.emails,
+u.external_id, u.active, u.source, u.has_password, u.totp_enrolled, u.deleted, u.version,
+u.created_at, u.updated_at,
+coalesce((SELECT array_agg(b.role ORDER BY b.role) FROM identity_role_bindings b
+          WHERE b.workspace_id = u.workspace_id AND b.user_id = u.user_id), '{}') AS roles
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class UserRow:
+    workspace_id: str
+    user_id: str
+    user_name: str
+    display_name: str | None
+    given_name: str | None
+    family_name: str | None
+    emails: list[dict[str, Any]]
+    external_id: str | None
+    active: bool | None
+    source: str
+    has_password: bool
+    totp_enrolled: bool
+    deleted: bool
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    roles: list[str]
+
+    @property
+    def usable(self) -> bool:
+        return self.active is not False and not self.deleted
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    workspace_id: str
+    session_id: str
+    user_id: str
+    method: str
+    second_factor: bool
+    expires_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScimTokenRow:
+    workspace_id: str
+    token_id: str
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class OAuthClientRow:
+    workspace_id: str
+    client_id: str
+    name: str
+    secret_hash: str
+    scopes: list[str]
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    position: int
+    at: datetime
+    action: str
+    user_id: str | None
+    user_name: str | None
+    client_ip: str | None
+    detail: dict[str, Any]
+
+
+def _user(row: Any) -> UserRow:
+    return UserRow(**{f.name: row[f.name] for f in fields(UserRow)})
+
+
+async def get_user(db: Database, workspace_id: str, user_id: str) -> UserRow | None:
+    async with db.scoped(workspace_id) as conn:
+        row = await conn.fetchrow(
+            f"SELECT {_USER_COLUMNS} FROM identity_users u WHERE u.user_id = $1", user_id
+        )
+    return None if row is None else _user(row)
+
+
+async def find_user_by_name(db: Database, workspace_id: str, user_name: str) -> UserRow | None:
+    async with db.scoped(workspace_id) as conn:
+        row = await conn.fetchrow(
+            f"SELECT {_USER_COLUMNS} FROM identity_users u "
+            "WHERE lower(u.user_name) = lower($1) AND NOT u.deleted",
+            user_name,
+        )
+    return None if row is None else _user(row)
+
+
+async def find_user_by_subject(db: Database, workspace_id: str, subject: str) -> UserRow | None:
+    """The live user an external identity (OIDC `sub`) names: by external id, else user name."""
+    async with db.scoped(workspace_id) as conn:
+        row = await conn.fetchrow(
+            f"SELECT {_USER_COLUMNS} FROM identity_users u "
+            "WHERE NOT u.deleted AND (u.external_id = $1 OR lower(u.user_name) = lower($1)) "
+            "ORDER BY (u.external_id = $1) DESC NULLS LAST LIMIT 1",
+            subject,
+        )
+    return None if row is None else _user(row)
+
+
+async def list_users(
+    db: Database,
+    workspace_id: str,
+    *,
+    user_name: str | None = None,
+    offset: int = 0,
+    limit: int = 100,
+    include_deleted: bool = False,
+) -> tuple[list[UserRow], int]:
+    """Users by user name (case-insensitive equality when given), oldest first, and the total."""
+    where = ["($1::text IS NULL OR lower(u.user_name) = lower($1))"]
+    if not include_deleted:
+        where.append("NOT u.deleted")
+    cond = " AND ".join(where)
+    async with db.scoped(workspace_id) as conn:
+        total = await conn.fetchval(
+            f"SELECT count(*) FROM identity_users u WHERE {cond}", user_name
+        )
+        rows = await conn.fetch(
+            f"SELECT {_USER_COLUMNS} FROM identity_users u WHERE {cond} "
+            "ORDER BY u.created_at, u.user_id OFFSET $2 LIMIT $3",
+            user_name,
+            offset,
+            limit,
+        )
+    return [_user(r) for r in rows], int(total)
+
+
+async def role_permissions(
+    db: Database, workspace_id: str, roles: Sequence[str]
+) -> dict[str, Access]:
+    """The union of what `roles` grant, per domain (write includes read)."""
+    custom: dict[str, dict[str, Access]] = {}
+    wanted = [r for r in roles if r not in BUILTIN_ROLES]
+    if wanted:
+        async with db.scoped(workspace_id) as conn:
+            rows = await conn.fetch(
+                "SELECT role, permissions FROM identity_custom_roles WHERE role = ANY($1)",
+                wanted,
+            )
+        custom = {str(r["role"]): dict(r["permissions"]) for r in rows}
+    out: dict[str, Access] = {}
+    for role in roles:
+        grants = BUILTIN_ROLES.get(role) or custom.get(role) or {}
+        for domain, access in grants.items():
+            if domain in DOMAINS and (access == "write" or domain not in out):
+                out[domain] = access
+    return out
+
+
+async def list_custom_roles(db: Database, workspace_id: str) -> dict[str, dict[str, Access]]:
+    async with db.scoped(workspace_id) as conn:
+        rows = await conn.fetch("SELECT role, permissions FROM identity_custom_roles ORDER BY role")
+    return {str(r["role"]): dict(r["permissions"]) for r in rows}
+
+
+async def find_session(db: Database, token_hash: str) -> SessionRow | None:
+    async with db.acquire() as conn:
+        row = await conn.fetchrow(
+            """
+            SELECT workspace_id, session_id, user_id, method, second_factor, expires_at,
+                   revoked_at
+            FROM identity_sessions WHERE token_hash = $1
+            """,
+            token_hash,
+        )
+    return None if row is None else SessionRow(**dict(row))
+
+
+async def user_session_ids(db: Database, workspace_id: str, user_id: str) -> list[str]:
+    """Unrevoked sessions of a user (to revoke them)."""
+    async with db.scoped(workspace_id) as conn:
+        rows = await conn.fetch(
+            "SELECT session_id FROM identity_sessions WHERE user_id = $1 AND revoked_at IS NULL",
+            user_id,
+        )
+    return [str(r["session_id"]) for r in rows]
+
+
+async def user_api_keys(db: Database, workspace_id: str, user_id: str) -> list[str]:
+    async with db.scoped(workspace_id) as conn:
+        rows = await conn.fetch(
+            "SELECT key_id FROM identity_user_api_keys WHERE user_id = $1 ORDER BY linked_at",
+            user_id,
+        )
+    return [str(r["key_id"]) for r in rows]
+
+
+async def key_owner_blocked(db: Database, workspace_id: str, key_id: str) -> bool:
+    """True when `key_id` belongs to a user who is deactivated or deprovisioned."""
+    async with db.scoped(workspace_id) as conn:
+        blocked = await conn.fetchval(
+            """
+            SELECT u.deleted OR u.active IS FALSE
+            FROM identity_user_api_keys k
+            JOIN identity_users u ON u.workspace_id = k.workspace_id AND u.user_id = k.user_id
+            WHERE k.key_id = $1
+            """,
+            key_id,
+        )
+    return bool(blocked)
+
+
+async def find_scim_token(db: Database, token_hash: str) -> ScimTokenRow | None:
+    async with db.acquire() as conn:
+        row = await conn.fetchrow(
+            "SELECT workspace_id, token_id, revoked_at FROM identity_scim_tokens "
+            "WHERE token_hash = $1",
+            token_hash,
+        )
+    return None if row is None else ScimTokenRow(**dict(row))
+
+
+async def find_oauth_client(db: Database, client_id: str) -> OAuthClientRow | None:
+    async with db.acquire() as conn:
+        row = await conn.fetchrow(
+            "SELECT workspace_id, client_id, name, secret_hash, scopes, revoked_at "
+            "FROM identity_oauth_clients WHERE client_id = $1",
+            client_id,
+        )
+    return None if row is None else OAuthClientRow(**dict(row))
+
+
+async def list_audit(
+    db: Database,
+    workspace_id: str,
+    *,
+    limit: int = 100,
+    before: int | None = None,
+    action: str | None = None,
+) -> list[AuditRow]:
+    """Newest first; `before` is the position of the last row of the previous page."""
+    async with db.scoped(workspace_id) as conn:
+        rows = await conn.fetch(
+            """
+            SELECT position, at, action, user_id, user_name, client_ip, detail
+            FROM identity_audit_log
+            WHERE ($1::bigint IS NULL OR position < $1) AND ($2::text IS NULL OR action = $2)
+            ORDER BY position DESC LIMIT $3
+            """,
+            before,
+            action,
+            limit,
+        )
+    return [AuditRow(**dict(r)) for r in rows]
+
+
+async def prune_audit(db: Database, retention_days: int) -> int:
+    """Delete audit rows older than `retention_days` in every workspace (0 keeps everything)."""
+    if retention_days <= 0:
+        return 0
+    async with db.acquire() as conn:
+        status: str = await conn.execute(
+            "DELETE FROM identity_audit_log WHERE at < now() - make_interval(days => $1)",
+            retention_days,
+        )
+    return int(status.rsplit(" ", 1)[-1])

@@ -1,0 +1,405 @@
+"""Identity commands and events: users, roles, role bindings, sessions, SCIM tokens, OAuth
+clients and the security audit trail.
+
+Three actor kinds carry them (actors/identity.py):
+
+- `identity:<workspace_id>`, the workspace's directory: users, their role bindings, custom
+  roles, the SCIM token and the OAuth clients. One stream per workspace, so user names stay
+  unique and a workspace's identity history replays in order; every user event carries
+  `user_id`, so one user's history is that stream filtered by it.
+- `session:<session_id>`: one admin session (started, revoked).
+- `audit:<workspace_id>`: login outcomes, which change no state but must be on record.
+
+Secrets never enter the log. Passwords and TOTP seeds live in the `identity_secrets` vault
+(gateway/identity/vault.py) and the log records only markers (`PasswordSet`, `TotpEnrolled`).
+Bearer secrets we generate (session tokens, SCIM tokens, OAuth client secrets) are recorded as
+their sha256 hex digest, like API keys (schemas/workspace.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+
+from schemas.commands import Command
+from schemas.events import Event, event
+
+Id = Annotated[str, Field(min_length=1, max_length=200)]
+UserName = Annotated[str, Field(min_length=1, max_length=256)]
+Text = Annotated[str, Field(max_length=500)]
+Hash = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Prefix = Annotated[str, Field(min_length=1, max_length=12)]
+RoleName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_.-]*$")]
+Access = Literal["read", "write"]
+UserSource = Literal["local", "scim", "ldap", "saml", "oidc"]
+LoginMethod = Literal["password", "ldap", "saml"]
+
+DOMAINS: tuple[str, ...] = (
+    "agents",
+    "analytics",
+    "apikeys",
+    "artifacts",
+    "audit",
+    "channels",
+    "conversations",
+    "knowledge",
+    "media",
+    "memory",
+    "modules",
+    "security",
+    "settings",
+    "system",
+    "users",
+    "voice",
+)
+"""Resource domains of the admin API that roles grant read or write on."""
+
+_OPERATOR_READ_ONLY = frozenset({"apikeys", "audit", "security", "settings", "users"})
+
+BUILTIN_ROLES: dict[str, dict[str, Access]] = {
+    "owner": dict.fromkeys(DOMAINS, "write"),
+    "admin": dict.fromkeys(DOMAINS, "write"),
+    "operator": {d: ("read" if d in _OPERATOR_READ_ONLY else "write") for d in DOMAINS},
+    "member": dict.fromkeys(DOMAINS, "read"),
+}
+"""The fixed roles. `owner` and `admin` grant the same rights except that only an owner may
+grant or remove the owner role; `member` is read-only."""
+
+
+def _known_domains(perms: dict[str, Access]) -> dict[str, Access]:
+    unknown = sorted(set(perms) - set(DOMAINS))
+    if unknown:
+        raise ValueError(f"unknown resource domains {unknown}; known: {list(DOMAINS)}")
+    return perms
+
+
+Permissions = Annotated[dict[str, Access], AfterValidator(_known_domains)]
+
+
+class Email(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    value: Annotated[str, Field(min_length=3, max_length=320)]
+    primary: bool = False
+    type: Annotated[str, Field(max_length=40)] | None = None
+
+
+class UserProfile(BaseModel):
+    """What a user is, as SCIM and the admin API set it (a full replacement on update)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    user_name: UserName
+    display_name: Text | None = None
+    given_name: Text | None = None
+    family_name: Text | None = None
+    emails: tuple[Email, ...] = ()
+    external_id: Text | None = None
+    active: bool | None = True
+    """None: not stated (SCIM lets a client remove it); only False disables the user."""
+
+
+Actor = Annotated[str, Field(min_length=1, max_length=200)]
+"""Who asked for a change, for the audit log: `user:<id>`, `key:<id>`, `oauth:<client id>`,
+`scim:<token id>`, `ldap`, `saml` or `system`. Never a secret."""
+
+
+class IdentityCommand(Command):
+    by: Actor | None = None
+
+
+class IdentityEvent(Event):
+    by: Actor | None = None
+
+
+# --- commands: directory (`identity:<workspace_id>`) -----------------------------------------
+
+
+class ProvisionUser(IdentityCommand):
+    user_id: Id
+    profile: UserProfile
+    source: UserSource
+    roles: tuple[RoleName, ...] = ()
+    at: AwareDatetime
+
+
+class UpdateUser(IdentityCommand):
+    user_id: Id
+    profile: UserProfile
+    at: AwareDatetime
+
+
+class DeprovisionUser(IdentityCommand):
+    user_id: Id
+    at: AwareDatetime
+
+
+class BindRole(IdentityCommand):
+    user_id: Id
+    role: RoleName
+    at: AwareDatetime
+
+
+class UnbindRole(IdentityCommand):
+    user_id: Id
+    role: RoleName
+    at: AwareDatetime
+
+
+class DefineCustomRole(IdentityCommand):
+    role: RoleName
+    permissions: Permissions
+    at: AwareDatetime
+
+
+class RecordPasswordSet(IdentityCommand):
+    """The password's hash is already in the vault; this records that it changed."""
+
+    user_id: Id
+    at: AwareDatetime
+
+
+class LinkApiKey(IdentityCommand):
+    """Record that API key `key_id` (issued through the workspace actor) belongs to the user:
+    it is revoked when the user is deactivated or deprovisioned."""
+
+    user_id: Id
+    key_id: Id
+    at: AwareDatetime
+
+
+class RecordTotpEnrolled(IdentityCommand):
+    user_id: Id
+    at: AwareDatetime
+
+
+class IssueScimToken(IdentityCommand):
+    """Issue the workspace's SCIM token, replacing (rotating) any current one."""
+
+    token_id: Id
+    token_hash: Hash
+    prefix: Prefix
+    at: AwareDatetime
+
+
+class RevokeScimToken(IdentityCommand):
+    at: AwareDatetime
+
+
+class RegisterOAuthClient(IdentityCommand):
+    client_id: Id
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    secret_hash: Hash
+    scopes: tuple[str, ...]
+    at: AwareDatetime
+
+
+class RevokeOAuthClient(IdentityCommand):
+    client_id: Id
+    at: AwareDatetime
+
+
+# --- commands: sessions and audit ------------------------------------------------------------
+
+
+class StartSession(Command):
+    session_id: Id
+    user_id: Id
+    token_hash: Hash
+    method: LoginMethod
+    second_factor: bool
+    expires_at: AwareDatetime
+    at: AwareDatetime
+
+
+class RevokeSession(IdentityCommand):
+    reason: Annotated[str, Field(max_length=100)]
+    at: AwareDatetime
+
+
+class RecordLogin(Command):
+    """A login attempt's outcome. `user_name` is what was typed (never the password)."""
+
+    user_name: Annotated[str, Field(max_length=256)]
+    user_id: Id | None
+    method: LoginMethod
+    succeeded: bool
+    reason: Annotated[str, Field(max_length=100)]
+    client_ip: Annotated[str, Field(max_length=100)]
+    at: AwareDatetime
+
+
+# --- events ----------------------------------------------------------------------------------
+
+
+@event
+class UserProvisioned(IdentityEvent):
+    type_name: ClassVar[str] = "identity.user_provisioned"
+    workspace_id: Id
+    user_id: Id
+    profile: UserProfile
+    source: UserSource
+    at: AwareDatetime
+
+
+@event
+class UserUpdated(IdentityEvent):
+    type_name: ClassVar[str] = "identity.user_updated"
+    workspace_id: Id
+    user_id: Id
+    profile: UserProfile
+    at: AwareDatetime
+
+
+@event
+class UserDeprovisioned(IdentityEvent):
+    type_name: ClassVar[str] = "identity.user_deprovisioned"
+    workspace_id: Id
+    user_id: Id
+    at: AwareDatetime
+
+
+@event
+class RoleBound(IdentityEvent):
+    type_name: ClassVar[str] = "identity.role_bound"
+    workspace_id: Id
+    user_id: Id
+    role: RoleName
+    at: AwareDatetime
+
+
+@event
+class RoleUnbound(IdentityEvent):
+    type_name: ClassVar[str] = "identity.role_unbound"
+    workspace_id: Id
+    user_id: Id
+    role: RoleName
+    at: AwareDatetime
+
+
+@event
+class CustomRoleDefined(IdentityEvent):
+    type_name: ClassVar[str] = "identity.custom_role_defined"
+    workspace_id: Id
+    role: RoleName
+    permissions: Permissions
+    at: AwareDatetime
+
+
+@event
+class PasswordSet(IdentityEvent):
+    type_name: ClassVar[str] = "identity.password_set"
+    workspace_id: Id
+    user_id: Id
+    at: AwareDatetime
+
+
+@event
+class UserApiKeyLinked(IdentityEvent):
+    type_name: ClassVar[str] = "identity.user_api_key_linked"
+    workspace_id: Id
+    user_id: Id
+    key_id: Id
+    at: AwareDatetime
+
+
+@event
+class TotpEnrolled(IdentityEvent):
+    type_name: ClassVar[str] = "identity.totp_enrolled"
+    workspace_id: Id
+    user_id: Id
+    at: AwareDatetime
+
+
+@event
+class ScimTokenIssued(IdentityEvent):
+    type_name: ClassVar[str] = "identity.scim_token_issued"
+    workspace_id: Id
+    token_id: Id
+    token_hash: Hash
+    prefix: Prefix
+    at: AwareDatetime
+
+
+@event
+class ScimTokenRotated(IdentityEvent):
+    """A new token replaced `old_token_id`, which stops working at once."""
+
+    type_name: ClassVar[str] = "identity.scim_token_rotated"
+    workspace_id: Id
+    old_token_id: Id
+    token_id: Id
+    token_hash: Hash
+    prefix: Prefix
+    at: AwareDatetime
+
+
+@event
+class ScimTokenRevoked(IdentityEvent):
+    type_name: ClassVar[str] = "identity.scim_token_revoked"
+    workspace_id: Id
+    token_id: Id
+    at: AwareDatetime
+
+
+@event
+class OAuthClientRegistered(IdentityEvent):
+    type_name: ClassVar[str] = "identity.oauth_client_registered"
+    workspace_id: Id
+    client_id: Id
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    secret_hash: Hash
+    scopes: tuple[str, ...]
+    at: AwareDatetime
+
+
+@event
+class OAuthClientRevoked(IdentityEvent):
+    type_name: ClassVar[str] = "identity.oauth_client_revoked"
+    workspace_id: Id
+    client_id: Id
+    at: AwareDatetime
+
+
+@event
+class SessionStarted(Event):
+    type_name: ClassVar[str] = "identity.session_started"
+    workspace_id: Id
+    session_id: Id
+    user_id: Id
+    token_hash: Hash
+    method: LoginMethod
+    second_factor: bool
+    expires_at: AwareDatetime
+    at: AwareDatetime
+
+
+@event
+class SessionRevoked(IdentityEvent):
+    type_name: ClassVar[str] = "identity.session_revoked"
+    workspace_id: Id
+    session_id: Id
+    reason: Annotated[str, Field(max_length=100)]
+    at: AwareDatetime
+
+
+@event
+class LoginSucceeded(Event):
+    type_name: ClassVar[str] = "identity.login_succeeded"
+    workspace_id: Id
+    user_name: Annotated[str, Field(max_length=256)]
+    user_id: Id | None
+    method: LoginMethod
+    client_ip: Annotated[str, Field(max_length=100)]
+    at: AwareDatetime
+
+
+@event
+class LoginFailed(Event):
+    type_name: ClassVar[str] = "identity.login_failed"
+    workspace_id: Id
+    user_name: Annotated[str, Field(max_length=256)]
+    user_id: Id | None
+    method: LoginMethod
+    reason: Annotated[str, Field(max_length=100)]
+    client_ip: Annotated[str, Field(max_length=100)]
+    at: AwareDatetime

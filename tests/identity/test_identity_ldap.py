@@ -1,0 +1,325 @@
+"""LDAP login against a real OpenLDAP slapd started by the test on a loopback port with a
+throwaway database: search bind with a service account, bind as the user, groups (memberOf
+overlay) to roles, wrong passwords, filter-injection characters in the login."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+from identity_support import GUARDED, WHOAMI, running, settings_for
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning"),
+    pytest.mark.skipif(
+        shutil.which("slapd") is None and not Path("/usr/sbin/slapd").exists(),
+        reason="OpenLDAP slapd is not installed (Debian packages slapd and ldap-utils)",
+    ),
+]
+
+BASE = "dc=example,dc=test"
+ROOT_DN = f"cn=admin,{BASE}"
+ROOT_PW = "root-secret-for-the-test"
+READER_DN = f"cn=reader,{BASE}"
+READER_PW = "reader-secret-for-the-test"
+
+CONF = """
+include /etc/ldap/schema/core.schema
+include /etc/ldap/schema/cosine.schema
+include /etc/ldap/schema/inetorgperson.schema
+modulepath /usr/lib/ldap
+moduleload back_mdb
+moduleload memberof
+pidfile {dir}/slapd.pid
+TLSCertificateFile {dir}/server.crt
+TLSCertificateKeyFile {dir}/server.key
+
+database mdb
+suffix "{base}"
+rootdn "{root_dn}"
+rootpw {root_pw}
+directory {dir}/db
+maxsize 10485760
+overlay memberof
+
+access to attrs=userPassword
+    by self write
+    by anonymous auth
+    by * none
+access to *
+    by dn.exact="{reader_dn}" read
+    by self read
+    by * none
+"""
+
+LDIF = """
+dn: {base}
+objectClass: dcObject
+objectClass: organization
+o: Example
+dc: example
+
+dn: ou=people,{base}
+objectClass: organizationalUnit
+ou: people
+
+dn: ou=groups,{base}
+objectClass: organizationalUnit
+ou: groups
+
+dn: {reader_dn}
+objectClass: person
+cn: reader
+sn: reader
+userPassword: {reader_pw}
+
+dn: uid=alice,ou=people,{base}
+objectClass: inetOrgPerson
+uid: alice
+cn: Alice Admin
+sn: Admin
+mail: alice@example.test
+userPassword: alice-password
+
+dn: uid=bob,ou=people,{base}
+objectClass: inetOrgPerson
+uid: bob
+cn: Bob Ops
+sn: Ops
+userPassword: bob-password
+
+dn: uid=carl,ou=people,{base}
+objectClass: inetOrgPerson
+uid: carl
+cn: Carl Nobody
+sn: Nobody
+userPassword: carl-password
+
+dn: cn=svc-admins,ou=groups,{base}
+objectClass: groupOfNames
+cn: svc-admins
+member: uid=alice,ou=people,{base}
+
+dn: cn=operators,ou=groups,{base}
+objectClass: groupOfNames
+cn: operators
+member: uid=bob,ou=people,{base}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
+    for _ in range(200):
+        if proc.poll() is not None:
+            raise RuntimeError(f"slapd exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("slapd did not start listening")
+
+
+def _self_signed(root: Path) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    (root / "server.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (root / "server.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Slapd:
+    url: str
+    ldaps_url: str
+
+
+@pytest.fixture(scope="module")
+def slapd() -> Iterator[Slapd]:
+    binary = shutil.which("slapd") or "/usr/sbin/slapd"
+    with tempfile.TemporaryDirectory(prefix="svc-slapd-") as tmp:
+        root = Path(tmp)
+        (root / "db").mkdir()
+        _self_signed(root)
+        conf = root / "slapd.conf"
+        conf.write_text(
+            CONF.format(dir=root, base=BASE, root_dn=ROOT_DN, root_pw=ROOT_PW, reader_dn=READER_DN)
+        )
+        port, tls_port = _free_port(), _free_port()
+        url = f"ldap://127.0.0.1:{port}"
+        ldaps_url = f"ldaps://127.0.0.1:{tls_port}"
+        proc = subprocess.Popen(
+            [binary, "-f", str(conf), "-h", f"{url}/ {ldaps_url}/", "-d", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_listening(port, proc)
+            _wait_listening(tls_port, proc)
+            ldif = root / "data.ldif"
+            ldif.write_text(LDIF.format(base=BASE, reader_dn=READER_DN, reader_pw=READER_PW))
+            subprocess.run(
+                ["ldapadd", "-x", "-H", url, "-D", ROOT_DN, "-w", ROOT_PW, "-f", str(ldif)],
+                check=True,
+                capture_output=True,
+            )
+            yield Slapd(url, ldaps_url)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def ldap_settings(database_url: str, url: str) -> dict[str, str]:
+    return {
+        "SVC_LDAP_ENABLED": "1",
+        "SVC_LDAP_URL": url,
+        "SVC_LDAP_BASE_DN": f"ou=people,{BASE}",
+        "SVC_LDAP_BIND_DN": READER_DN,
+        "SVC_LDAP_USER_ATTR": "uid",
+        "SVC_LDAP_USER_FILTER": "(&(objectClass=inetOrgPerson)(uid=%s))",
+        "SVC_LDAP_GROUP_ATTR": "memberOf",
+        "SVC_LDAP_ROLE_MAPPINGS": orjson.dumps(
+            {f"cn=svc-admins,ou=groups,{BASE}": "admin", "operators": "operator"}
+        ).decode(),
+        "SVC_LDAP_DEFAULT_ROLE": "member",
+    }
+
+
+async def test_ldap_logins_and_group_mapping(database_url: str, slapd: Slapd) -> None:
+    async with running(settings_for(database_url, **ldap_settings(database_url, slapd.url))) as svc:
+        key = await svc.issue_key()
+        status, _, _ = await svc.request(
+            "PUT",
+            "/v1/admin/identity/secrets/ldap/bind_password",
+            key,
+            json={"value": READER_PW},
+        )
+        assert status == 204
+
+        expectations = {"alice": ["admin"], "bob": ["operator"], "carl": ["member"]}
+        for login, roles in expectations.items():
+            status, body, browser = await svc.login(login, f"{login}-password")
+            async with browser:
+                assert status == 200, body
+                assert body["user"]["roles"] == roles
+                status, who, _ = await svc.request("GET", WHOAMI, session=browser)
+                assert status == 200 and who["auth"] == "session"
+                write = await svc.request(
+                    "POST",
+                    GUARDED.format(domain="users"),
+                    session=browser,
+                    headers={"X-CSRF-Token": body["csrf_token"]},
+                )
+                assert (write[0] == 200) == (roles == ["admin"])
+
+        status, users, _ = await svc.request("GET", "/v1/admin/users", key)
+        alice = next(u for u in users["items"] if u["user_name"] == "alice")
+        assert alice["source"] == "ldap"
+        assert alice["external_id"] == f"uid=alice,ou=people,{BASE}"
+        assert alice["has_password"] is False  # the directory keeps the password
+
+        # A second login reuses the same user (no duplicate), still mapped.
+        status, body, browser = await svc.login("alice", "alice-password")
+        await browser.close()
+        assert status == 200 and body["user"]["id"] == alice["id"]
+
+        for login, password in (
+            ("alice", "wrong-password"),
+            ("alice", ""),
+            ("nobody", "whatever"),
+            ("*", "alice-password"),
+            ("alice)(uid=*", "alice-password"),
+            ("*)(|(uid=*", "bob-password"),
+            ("al*", "alice-password"),
+            ("alice\\2a", "alice-password"),
+        ):
+            status, body, browser = await svc.login(login, password)
+            await browser.close()
+            assert status in (400, 401), (login, body)
+            if status == 401:
+                assert body["error"]["code"] == "unauthorized"
+            assert password not in str(body) or not password
+
+
+async def test_ldap_refuses_when_the_service_bind_fails(database_url: str, slapd: Slapd) -> None:
+    async with running(settings_for(database_url, **ldap_settings(database_url, slapd.url))) as svc:
+        key = await svc.issue_key()
+        await svc.request(
+            "PUT",
+            "/v1/admin/identity/secrets/ldap/bind_password",
+            key,
+            json={"value": "not-the-reader-password"},
+        )
+        status, body, browser = await svc.login("alice", "alice-password")
+        await browser.close()
+        assert status == 401 and body["error"]["code"] == "unauthorized"
+
+
+async def test_ldap_off_means_no_directory(database_url: str, slapd: Slapd) -> None:
+    env = ldap_settings(database_url, slapd.url) | {"SVC_LDAP_ENABLED": "0"}
+    async with running(settings_for(database_url, **env)) as svc:
+        key = await svc.issue_key()
+        await svc.request(
+            "PUT", "/v1/admin/identity/secrets/ldap/bind_password", key, json={"value": READER_PW}
+        )
+        status, _, browser = await svc.login("alice", "alice-password")
+        await browser.close()
+        assert status == 401
+
+
+@pytest.mark.parametrize(("skip_verify", "expected"), [("0", 401), ("1", 200)])
+async def test_ldaps_checks_the_certificate_unless_told_not_to(
+    database_url: str, slapd: Slapd, skip_verify: str, expected: int
+) -> None:
+    env = ldap_settings(database_url, slapd.ldaps_url) | {"SVC_LDAP_SKIP_TLS_VERIFY": skip_verify}
+    async with running(settings_for(database_url, **env)) as svc:
+        key = await svc.issue_key()
+        await svc.request(
+            "PUT", "/v1/admin/identity/secrets/ldap/bind_password", key, json={"value": READER_PW}
+        )
+        status, body, browser = await svc.login("bob", "bob-password")
+        await browser.close()
+        assert status == expected, body

@@ -1,0 +1,289 @@
+"""SAML: pysaml2 acting as the identity provider in the test (signing with xmlsec1), against the
+service's /saml/metadata, /saml/login (redirect binding, RelayState) and /saml/acs (POST).
+Tampered, unsigned, wrongly signed, expired, wrong-audience, unsolicited and replayed responses
+are refused; a good one starts the admin session with the mapped role."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import aiohttp
+import orjson
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+from identity_support import WHOAMI, Running, running, settings_for
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # pysaml2's import-time deprecation warnings
+    from saml2 import BINDING_HTTP_REDIRECT
+    from saml2.config import IdPConfig
+    from saml2.metadata import create_metadata_string
+    from saml2.saml import NAMEID_FORMAT_UNSPECIFIED, NameID
+    from saml2.server import Server
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:saml2.*"),
+    pytest.mark.skipif(shutil.which("xmlsec1") is None, reason="xmlsec1 is not installed"),
+]
+
+ROOT = "https://svc.example.test"
+SP_ENTITY = f"{ROOT}/saml/metadata"
+ACS = f"{ROOT}/saml/acs"
+IDP_ENTITY = "https://idp.example.test/idp"
+SSO = "https://idp.example.test/sso"
+AUTHN = {"class_ref": "urn:oasis:names:tc:SAML:2.0:ac:classes:PasswordProtectedTransport"}
+
+
+def key_and_cert(common_name: str) -> tuple[str, str]:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    return key_pem, cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+@dataclass
+class Keys:
+    dir: Path
+    sp_key: str
+    sp_cert: str
+    idp_key: Path
+    idp_cert: Path
+    rogue_key: Path
+    rogue_cert: Path
+
+
+@pytest.fixture(scope="module")
+def keys() -> Iterator[Keys]:
+    with tempfile.TemporaryDirectory(prefix="svc-saml-test-") as tmp:
+        root = Path(tmp)
+        sp_key, sp_cert = key_and_cert("svc sp")
+        paths = []
+        for label in ("idp", "rogue"):
+            k, c = key_and_cert(label)
+            (root / f"{label}.key").write_text(k)
+            (root / f"{label}.crt").write_text(c)
+            paths += [root / f"{label}.key", root / f"{label}.crt"]
+        yield Keys(root, sp_key, sp_cert, *paths)
+
+
+def idp_server(
+    keys: Keys,
+    sp_metadata: str | None,
+    *,
+    rogue: bool = False,
+    lifetime_min: int = 15,
+    also_trust: str | None = None,
+) -> Server:
+    """The test's IdP. `also_trust`: a second SP entity id known to the IdP, with our SP's
+    metadata but that id (to mint a response whose audience is someone else)."""
+    inline = [sp_metadata] if sp_metadata else []
+    if sp_metadata and also_trust:
+        inline.append(sp_metadata.replace(SP_ENTITY, also_trust))
+    config = IdPConfig()
+    config.load(
+        {
+            "entityid": IDP_ENTITY,
+            "xmlsec_binary": shutil.which("xmlsec1"),
+            "key_file": str(keys.rogue_key if rogue else keys.idp_key),
+            "cert_file": str(keys.rogue_cert if rogue else keys.idp_cert),
+            "metadata": {"inline": inline} if inline else {},
+            "service": {
+                "idp": {
+                    "endpoints": {"single_sign_on_service": [(SSO, BINDING_HTTP_REDIRECT)]},
+                    "name_id_format": [NAMEID_FORMAT_UNSPECIFIED],
+                    "policy": {"default": {"lifetime": {"minutes": lifetime_min}}},
+                }
+            },
+        }
+    )
+    return Server(config=config)
+
+
+def idp_metadata(keys: Keys) -> str:
+    server = idp_server(keys, None)
+    return str(create_metadata_string(None, server.config).decode())
+
+
+class Flow:
+    def __init__(self, svc: Running, idp: Server) -> None:
+        self.svc = svc
+        self.idp = idp
+
+    async def start(self, next_path: str = "/dashboard") -> tuple[str, str]:
+        async with self.svc.http.get(
+            self.svc.url(f"/saml/login?next={next_path}"), allow_redirects=False
+        ) as resp:
+            assert resp.status == 302, await resp.text()
+            location = resp.headers["Location"]
+        assert location.startswith(SSO)
+        query = parse_qs(urlsplit(location).query)
+        request = self.idp.parse_authn_request(query["SAMLRequest"][0], BINDING_HTTP_REDIRECT)
+        return str(request.message.id), query["RelayState"][0]
+
+    def response(
+        self,
+        request_id: str,
+        *,
+        user: str = "alice",
+        groups: tuple[str, ...] = ("svc-admins",),
+        sign: bool = True,
+        audience: str = SP_ENTITY,
+        idp: Server | None = None,
+    ) -> str:
+        server = idp or self.idp
+        resp = server.create_authn_response(
+            identity={"groups": list(groups), "mail": [f"{user}@example.test"]},
+            in_response_to=request_id,
+            destination=ACS,
+            sp_entity_id=audience,
+            name_id=NameID(format=NAMEID_FORMAT_UNSPECIFIED, text=user),
+            authn=AUTHN,
+            sign_response=sign,
+            sign_assertion=sign,
+        )
+        return str(resp)
+
+    async def post(
+        self, xml: str, relay: str, session: aiohttp.ClientSession | None = None
+    ) -> tuple[int, Any, dict[str, str]]:
+        form = {"SAMLResponse": base64.b64encode(xml.encode()).decode(), "RelayState": relay}
+        client = session or self.svc.http
+        async with client.post(self.svc.url("/saml/acs"), data=form, allow_redirects=False) as r:
+            body = await r.text()
+            return r.status, body, dict(r.headers)
+
+
+async def configured(svc: Running) -> tuple[str, Server]:
+    key = await svc.issue_key()
+    status, _, _ = await svc.request(
+        "PUT", "/v1/admin/identity/secrets/saml/sp_key", key, json={"value": svc_sp_key[0]}
+    )
+    assert status == 204
+    async with svc.http.get(svc.url("/saml/metadata")) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("application/samlmetadata+xml")
+        metadata = await resp.text()
+    assert SP_ENTITY in metadata and ACS in metadata
+    return key, metadata
+
+
+svc_sp_key: list[str] = []
+
+
+def saml_settings(database_url: str, keys: Keys) -> dict[str, str]:
+    svc_sp_key[:] = [keys.sp_key]
+    return {
+        "SVC_SAML_ENABLED": "1",
+        "SVC_SAML_ROOT_URL": ROOT,
+        "SVC_SAML_IDP_METADATA": idp_metadata(keys),
+        "SVC_SAML_SP_CERT": keys.sp_cert,
+        "SVC_SAML_ROLE_MAPPINGS": orjson.dumps({"svc-admins": "admin", "ops": "operator"}).decode(),
+        "SVC_SAML_DEFAULT_ROLE": "member",
+    }
+
+
+async def test_saml_login_and_hostile_responses(database_url: str, keys: Keys) -> None:
+    async with running(settings_for(database_url, **saml_settings(database_url, keys))) as svc:
+        api_key, sp_metadata = await configured(svc)
+        flow = Flow(svc, idp_server(keys, sp_metadata))
+
+        request_id, relay = await flow.start("/dashboard")
+        assert relay == "/dashboard"
+        good = flow.response(request_id)
+        jar = aiohttp.CookieJar(unsafe=True)
+        async with aiohttp.ClientSession(cookie_jar=jar) as browser:
+            status, body, headers = await flow.post(good, relay, browser)
+            assert status == 303, body
+            assert headers["Location"] == "/dashboard"
+            status, who, _ = await svc.request("GET", WHOAMI, session=browser)
+            assert status == 200 and who["auth"] == "session"
+            assert "admin:write" in who["scopes"]
+
+        # The same response again: refused (its request is consumed, its assertion used).
+        status, body, _ = await flow.post(good, relay)
+        assert status == 401 and '"unauthorized"' in body
+
+        hostile: dict[str, Any] = {}
+        rid, _ = await flow.start()
+        hostile["unsigned"] = (flow.response(rid, sign=False), rid)
+        rid, _ = await flow.start()
+        tampered = flow.response(rid, user="bob").replace(">bob<", ">root<")
+        assert ">root<" in tampered
+        hostile["tampered"] = (tampered, rid)
+        rid, _ = await flow.start()
+        rogue = idp_server(keys, sp_metadata, rogue=True)
+        hostile["signed by another key"] = (flow.response(rid, idp=rogue), rid)
+        rid, _ = await flow.start()
+        expired = idp_server(keys, sp_metadata, lifetime_min=-10)
+        hostile["expired"] = (flow.response(rid, idp=expired), rid)
+        rid, _ = await flow.start()
+        other = idp_server(keys, sp_metadata, also_trust="https://other.example")
+        wrong = flow.response(rid, audience="https://other.example", idp=other)
+        assert "https://other.example" in wrong
+        hostile["wrong audience"] = (wrong, rid)
+        hostile["unsolicited"] = (flow.response("id-nobody-asked-for"), "x")
+        for case, (xml, _) in hostile.items():
+            status, body, _ = await flow.post(xml, "/")
+            assert status == 401, (case, body)
+            assert '"unauthorized"' in body, case
+
+        # Only the good login provisioned a user; groups mapped to the admin role.
+        status, users, _ = await svc.request("GET", "/v1/admin/users", api_key)
+        assert [(u["user_name"], u["roles"], u["source"]) for u in users["items"]] == [
+            ("alice", ["admin"], "saml")
+        ]
+
+
+async def test_saml_role_mapping_default_and_safe_relay_state(
+    database_url: str, keys: Keys
+) -> None:
+    async with running(settings_for(database_url, **saml_settings(database_url, keys))) as svc:
+        _, sp_metadata = await configured(svc)
+        flow = Flow(svc, idp_server(keys, sp_metadata))
+        rid, relay = await flow.start("//evil.example/steal")
+        assert relay == "/"
+        status, _, headers = await flow.post(
+            flow.response(rid, user="olga", groups=("ops",)), relay
+        )
+        assert status == 303 and headers["Location"] == "/"
+        rid, relay = await flow.start()
+        status, _, _ = await flow.post(flow.response(rid, user="max", groups=("misc",)), relay)
+        assert status == 303
+        key = await svc.issue_key()
+        status, users, _ = await svc.request("GET", "/v1/admin/users", key)
+        roles = {u["user_name"]: u["roles"] for u in users["items"]}
+        assert roles == {"olga": ["operator"], "max": ["member"]}
+
+
+async def test_saml_disabled_is_501(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        status, body, _ = await svc.request("GET", "/saml/metadata")
+        assert status == 501 and body["error"]["code"] == "feature_disabled"

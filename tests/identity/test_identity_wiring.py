@@ -1,0 +1,81 @@
+"""The wiring of docs/identity-wiring.md against the real admin endpoints.
+
+Step 4 (sessions everywhere) is applied here by pointing the admin handlers' `authenticate` at
+`gateway.identity.authn.identify`, exactly what the proposed gateway/auth.py change does; once
+the lead applies it, the monkeypatch is a no-op. Step 5 (domain roles on every admin endpoint)
+is checked by the second test only once gateway/admin_common.py uses `require_access`."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from identity_support import running, settings_for
+
+import gateway.admin_common
+from gateway.identity.authn import identify
+
+pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
+
+PASSWORD = "correct horse battery staple"
+
+
+async def test_sessions_on_existing_admin_endpoints(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gateway.admin_common, "authenticate", identify)
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        await svc.create_user(key, "boss", PASSWORD, roles=["admin"])
+        await svc.create_user(key, "reader", PASSWORD, roles=["member"])
+        new_key = {"name": "from a session", "scopes": ["admin:read"]}
+
+        status, body, browser = await svc.login("boss", PASSWORD)
+        async with browser:
+            csrf = {"X-CSRF-Token": body["csrf_token"]}
+            assert (await svc.request("GET", "/v1/admin/overview", session=browser))[0] == 200
+            status, issued, _ = await svc.request(
+                "POST", "/v1/admin/apikeys", session=browser, headers=csrf, json=new_key
+            )
+            assert status in (200, 201), issued
+            status, err, _ = await svc.request(
+                "POST", "/v1/admin/apikeys", session=browser, json=new_key
+            )
+            assert status == 403 and err["error"]["code"] == "csrf_failed"
+
+        status, body, browser = await svc.login("reader", PASSWORD)
+        async with browser:
+            csrf = {"X-CSRF-Token": body["csrf_token"]}
+            assert (await svc.request("GET", "/v1/admin/overview", session=browser))[0] == 200
+            status, err, _ = await svc.request(
+                "POST", "/v1/admin/apikeys", session=browser, headers=csrf, json=new_key
+            )
+            assert status == 403 and err["error"]["type"] == "permission_error"
+        # Keys behave as before.
+        assert (await svc.request("GET", "/v1/admin/overview", key))[0] == 200
+        assert (await svc.request("GET", "/v1/admin/overview"))[0] == 401
+
+
+@pytest.mark.skipif(
+    "require_access" not in inspect.getsource(gateway.admin_common),
+    reason="docs/identity-wiring.md step 5 is not applied yet",
+)
+async def test_domain_roles_on_existing_admin_endpoints(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gateway.admin_common, "authenticate", identify)
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        await svc.create_user(key, "otto", PASSWORD, roles=["operator"])
+        status, body, browser = await svc.login("otto", PASSWORD)
+        async with browser:
+            csrf = {"X-CSRF-Token": body["csrf_token"]}
+            assert (await svc.request("GET", "/v1/admin/conversations", session=browser))[0] == 200
+            status, _, _ = await svc.request(
+                "POST",
+                "/v1/admin/apikeys",
+                session=browser,
+                headers=csrf,
+                json={"name": "x", "scopes": ["*"]},
+            )
+            assert status == 403
