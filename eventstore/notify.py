@@ -131,6 +131,11 @@ class CommitNotifier:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # An error raised while unwinding a cancellation (e.g. on releasing the
+                    # connection) must not turn stop() into an endless reconnect loop.
+                    raise asyncio.CancelledError from exc
                 log.warning("LISTEN %s connection failed, retrying: %r", self._channel, exc)
             await asyncio.sleep(self._reconnect_s)
 

@@ -27,7 +27,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actors.agent import AgentBehaviour
 from actors.behaviour import ActorKey, Behaviour
@@ -38,6 +38,7 @@ from actors.models.port import ModelProvider
 from actors.models.registry import ModelConfig, ProviderSet, optional_float
 from actors.runtime import ActorRuntime
 from actors.settings import SettingsBehaviour
+from actors.shards import SHARD_MIGRATIONS
 from actors.table import ActivationTable
 from actors.workspace import KIND as WORKSPACE_KIND
 from actors.workspace import WorkspaceBehaviour
@@ -56,10 +57,13 @@ from schemas.errors import Conflict
 from schemas.settings import INSTANCE_WORKSPACE_ID, SettingChanged, SettingUnset
 from schemas.workspace import CreateWorkspace
 
+if TYPE_CHECKING:
+    from actors.ray import RaySettings
+
 log = logging.getLogger(__name__)
 
 GATEWAY_MIGRATIONS = MigrationSource("gateway", "gateway.migrations")
-MIGRATIONS = (STORE_MIGRATIONS, PROJECTION_MIGRATIONS, GATEWAY_MIGRATIONS)
+MIGRATIONS = (STORE_MIGRATIONS, PROJECTION_MIGRATIONS, GATEWAY_MIGRATIONS, SHARD_MIGRATIONS)
 PROJECTION_FLUSH_S = 5.0
 PRUNE_EVERY_S = 300.0
 STOP_STEP_S = 10.0
@@ -93,6 +97,13 @@ def model_config(settings: Settings) -> ModelConfig:
         ),
         api_key=settings.text("SVC_NATIVE_API_KEY") or None,
     )
+
+
+@asynccontextmanager
+async def database_url(settings: Settings) -> AsyncIterator[str]:
+    """The database's URL, starting the embedded server for as long as the caller needs it."""
+    async with AsyncExitStack() as stack:
+        yield await _database_url(settings, stack)
 
 
 async def _database_url(settings: Settings, stack: AsyncExitStack) -> str:
@@ -177,16 +188,26 @@ def _runtime(
     return LocalRuntime(table)
 
 
-def _ray_runtime(settings: Settings, dsn: str) -> ActorRuntime:
+def ray_settings(settings: Settings) -> RaySettings:
     # Imported here: importing actors.ray imports Ray, which the local runtime never needs.
-    from actors.ray import RayRuntime, RaySettings
+    from actors.ray import RaySettings
 
-    options = RaySettings(
+    return RaySettings(
         address=settings.text("SVC_RAY_ADDRESS"),
-        hosts=settings.integer("SVC_ACTOR_HOSTS"),
+        hosts=settings.integer("SVC_ACTOR_HOSTS") or None,
         table_options=_table_options(settings),
     )
-    return RayRuntime(dsn, partial(host_behaviours, model_config(settings)), options)
+
+
+def ray_host_behaviours(settings: Settings) -> Callable[[], list[Behaviour[Any]]]:
+    """The picklable factory each Ray host calls to build its actor kinds."""
+    return partial(host_behaviours, model_config(settings))
+
+
+def _ray_runtime(settings: Settings, dsn: str) -> ActorRuntime:
+    from actors.ray import RayRuntime
+
+    return RayRuntime(dsn, ray_host_behaviours(settings), ray_settings(settings))
 
 
 async def ensure_workspace(

@@ -31,6 +31,7 @@ from aiohttp import web
 from actors.behaviour import ActorKey
 from actors.conversation import ConversationBehaviour, conversation_key
 from actors.workspace import workspace_key
+from gateway import bootstrap
 from gateway.auth import SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform
 from gateway.settings import Settings
@@ -282,6 +283,37 @@ async def cmd_conversations(args: argparse.Namespace, settings: Settings) -> int
     return 0
 
 
+# --- cluster (ray runtime) -----------------------------------------------------------------
+
+
+async def cmd_cluster(args: argparse.Namespace, settings: Settings) -> int:
+    from actors.ray import cluster_scale, cluster_status
+
+    ray = bootstrap.ray_settings(settings)
+    if not ray.address:
+        raise InvalidInput(
+            "svc cluster talks to a running Ray cluster: set SVC_RAY_ADDRESS to 'auto' "
+            "(on a node of the cluster) or to the head's host:port"
+        )
+    behaviours = bootstrap.ray_host_behaviours(settings)
+    async with bootstrap.database_url(settings) as dsn:
+        if args.action == "scale":
+            result = await cluster_scale(dsn, args.hosts, behaviours, ray)
+            _out(json.dumps(result, indent=2, default=str))
+            return 0
+        status = await cluster_status(dsn, behaviours, ray)
+    _out(json.dumps(status, indent=2, default=str) if args.json else _status_table(status))
+    return 0
+
+
+def _status_table(status: dict[str, Any]) -> str:
+    lines = ["host\tnode\tpid\tshards\tactive_actors\tcommands_per_s"]
+    for host in status.get("hosts", []):
+        cells = ("name", "node", "pid", "shards", "active_actors", "commands_per_s")
+        lines.append("\t".join(str(host.get(cell, "")) for cell in cells))
+    return "\n".join(lines)
+
+
 # --- parser and entry point ----------------------------------------------------------------
 
 
@@ -294,7 +326,20 @@ def build_parser() -> argparse.ArgumentParser:
     _apikeys_parser(sub)
     _projections_parser(sub)
     _conversations_parser(sub)
+    _cluster_parser(sub)
     return parser
+
+
+def _cluster_parser(sub: Any) -> None:
+    p = sub.add_parser("cluster", help="Ray runtime hosts: status and scaling")
+    p.set_defaults(run=cmd_cluster)
+    acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    acts.add_parser("status", help="hosts, nodes, shards and load").add_argument(
+        "--json", action="store_true", help="one JSON object with a hosts array"
+    )
+    acts.add_parser("scale", help="keep N hosts, moving shards a few at a time").add_argument(
+        "hosts", type=_positive_int
+    )
 
 
 def _settings_parser(sub: Any) -> None:

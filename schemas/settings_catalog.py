@@ -1281,9 +1281,10 @@ _OPERATIONAL: tuple[SettingSpec, ...] = (
         "SVC_ACTOR_HOSTS",
         _OPS,
         "int",
-        "2",
+        "0",
         "R",
-        "number of Ray host actors the ray runtime spreads logical actors over",
+        "number of Ray host actors the ray runtime spreads logical actors over; "
+        "0 = one per CPU the Ray cluster reports (at least 1)",
     ),
     _s(
         "SVC_DEFAULT_WORKSPACE_ID",
@@ -1411,7 +1412,7 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_LOG_LEVEL": {"choices": ("debug", "info", "warning", "error")},
     "SVC_ACTOR_IDLE_SEC": {"min_value": 1.0},
     "SVC_ACTOR_MAX_ACTIVE": {"min_value": 1.0},
-    "SVC_ACTOR_HOSTS": {"min_value": 1.0, "max_value": 1024.0},
+    "SVC_ACTOR_HOSTS": {"min_value": 0.0, "max_value": 1024.0},
     "SVC_MAX_BODY_BYTES": {"min_value": 1024.0, "storable": False, "note": _BUILD_TIME},
     "SVC_SHUTDOWN_GRACE_SEC": {"storable": False, "note": _BUILD_TIME},
     "SVC_DATABASE_URL": {"storable": False, "note": _NOT_STORABLE},

@@ -1,0 +1,1 @@
+"""SQL migrations of the actor runtime (the `ray` runtime's shard map)."""

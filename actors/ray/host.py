@@ -1,0 +1,363 @@
+"""An actor host: one detached async Ray actor wrapping an `ActivationTable`.
+
+The host builds everything inside its own process (store connection from the DSN, behaviours
+from a factory), so a host that Ray restarts after a crash comes back by itself: it reloads
+the shards it owns from the shard map and reactivates actors lazily from snapshot + events.
+
+Every command arrives with the (shard, epoch) the router routed it by. The host runs it only
+if it holds exactly that shard at exactly that epoch and is not handing the shard over; else
+it answers `WrongEpoch` and runs nothing (see actors/shards.py for why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+import ray
+
+from actors.behaviour import ActorKey, Behaviour
+from actors.ray.wire import Failure, HostStatus, Ok, WrongEpoch, pack_error
+from actors.shards import load_assignment
+from actors.table import ActivationTable, Reply, TableStats
+from eventstore.db import Database
+from eventstore.notify import CommitNotifier
+from eventstore.store import PostgresEventStore
+from schemas.commands import Command
+
+log = logging.getLogger(__name__)
+
+BehaviourFactory: TypeAlias = Callable[[], Sequence[Behaviour[Any]]]
+BehaviourSource: TypeAlias = "str | BehaviourFactory"
+"""A picklable zero-argument callable returning the behaviours, or its import path
+("package.module:function"); called once in each host process."""
+
+Answer: TypeAlias = Ok | Failure | WrongEpoch
+
+
+@dataclass(frozen=True, slots=True)
+class HostSpec:
+    cluster: str
+    name: str
+    dsn: str
+    behaviours: BehaviourSource
+    table_options: dict[str, Any] = field(default_factory=dict)
+    batch_items: int = 10
+    batch_s: float = 0.05
+    store_pool_size: int = 10
+
+
+def resolve_behaviours(source: BehaviourSource) -> list[Behaviour[Any]]:
+    if isinstance(source, str):
+        module_name, _, attr = source.partition(":")
+        factory: BehaviourFactory = getattr(importlib.import_module(module_name), attr)
+    else:
+        factory = source
+    return list(factory())
+
+
+class ActorHost:
+    """The Ray actor class (made remote by the router with its resource options)."""
+
+    def __init__(self, spec: HostSpec) -> None:
+        self._spec = spec
+        self._table: ActivationTable | None = None
+        self._store: PostgresEventStore | None = None
+        self._starting: asyncio.Task[ActivationTable] | None = None
+        self._owned: dict[int, int] = {}
+        self._releasing: set[int] = set()
+        self._gone: dict[int, int] = {}
+        self._reload: asyncio.Task[None] | None = None
+        self._reloaded_at = 0.0
+        self._in_flight: dict[int, int] = {}
+        self._keys: dict[int, set[ActorKey]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._finished = 0
+        self._rate_mark = (time.monotonic(), 0)
+        self._node = ""
+        self._refresher: asyncio.Task[None] | None = None
+        self._progress = asyncio.Event()
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def _ensure(self) -> ActivationTable:
+        if self._table is not None:
+            return self._table
+        if self._starting is None or (self._starting.done() and self._starting.exception()):
+            self._starting = asyncio.create_task(self._start())
+        # Every early call waits on the same task and resumes in arrival order.
+        return await asyncio.shield(self._starting)
+
+    async def _start(self) -> ActivationTable:
+        spec = self._spec
+        db = await Database.connect(spec.dsn, min_size=1, max_size=spec.store_pool_size)
+        notifier = CommitNotifier(db)
+        await notifier.start()
+        self._store = PostgresEventStore(
+            db, on_commit=notifier.committed, on_close=(notifier.stop, db.close)
+        )
+        table = ActivationTable(
+            self._store, resolve_behaviours(spec.behaviours), **spec.table_options
+        )
+        await table.start()
+        self._owned = await load_assignment(db, spec.cluster, spec.name)
+        self._node = ray.get_runtime_context().get_node_id()
+        self._table = table
+        self._refresher = asyncio.create_task(self._refresh_assignment())
+        return table
+
+    async def _refresh_assignment(self) -> None:
+        # The shard map is the truth; pushes (`adopt`, `forget`) only make a host learn a move
+        # sooner. Reading it now and then also ends a stale ownership left by a move whose
+        # `forget` never reached this host (it was restarting).
+        while True:
+            await asyncio.sleep(2.0)
+            try:
+                await self._reload_assignment()
+            except Exception as exc:
+                log.warning("%s could not read its shard assignment: %s", self._spec.name, exc)
+
+    async def ready(self) -> HostStatus:
+        await self._ensure()
+        return self.status()
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    async def stop(self, deadline_s: float) -> None:
+        """Stop the table: running commands finish (to the deadline), queued ones fail with
+        RuntimeStopping, every active actor is snapshotted and passivated."""
+        table = await self._ensure()
+        if self._refresher is not None:
+            self._refresher.cancel()
+        await table.stop(deadline_s)
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=deadline_s)
+        if self._store is not None:
+            await self._store.close()
+
+    # --- admission ----------------------------------------------------------------------
+
+    async def _admit(self, shard: int, epoch: int) -> WrongEpoch | None:
+        if shard not in self._releasing and self._owned.get(shard) == epoch:
+            return None
+        held = self._owned.get(shard)
+        if shard not in self._releasing and (held is None or epoch > held):
+            # The router saw a newer map than this host (a move just committed, or this host
+            # restarted): read our assignment again before refusing.
+            await self._reload_assignment()
+            held = self._owned.get(shard)
+            if shard not in self._releasing and held == epoch:
+                return None
+        return WrongEpoch(shard, epoch, held)
+
+    async def _reload_assignment(self) -> None:
+        if self._reload is None or self._reload.done():
+            if time.monotonic() - self._reloaded_at < 0.02 and self._reload is not None:
+                return
+            self._reload = asyncio.create_task(self._load_assignment())
+        await asyncio.shield(self._reload)
+
+    async def _load_assignment(self) -> None:
+        assert self._store is not None
+        owned = await load_assignment(self._store.db, self._spec.cluster, self._spec.name)
+        self._reloaded_at = time.monotonic()
+        # A read that started before a move committed may still show a shard this host has
+        # since handed over (`forget`): never take back an epoch older than the hand-over.
+        self._owned = {s: e for s, e in owned.items() if e >= self._gone.get(s, 0)}
+
+    def _submit(self, table: ActivationTable, shard: int, key: ActorKey, cmd: Command) -> Reply:
+        reply = table.submit(key, cmd)
+        self._in_flight[shard] = self._in_flight.get(shard, 0) + 1
+        self._keys.setdefault(shard, set()).add(key)
+        return reply
+
+    def _done(self, shard: int) -> None:
+        self._in_flight[shard] -= 1
+        self._finished += 1
+        self._progress.set()
+
+    # --- commands -----------------------------------------------------------------------
+
+    async def ask(self, shard: int, epoch: int, key: ActorKey, command: Command) -> Answer:
+        try:
+            table = await self._ensure()
+            refused = await self._admit(shard, epoch)
+            if refused is not None:
+                return refused
+            reply = self._submit(table, shard, key, command)
+        except Exception as exc:
+            return pack_error(exc)
+        try:
+            return Ok(await reply.last())
+        except Exception as exc:
+            return pack_error(exc)
+        finally:
+            self._done(shard)
+
+    async def tell(self, shard: int, epoch: int, key: ActorKey, command: Command) -> Answer:
+        """Answers once the command is in the actor's mailbox; it then runs on its own."""
+        try:
+            table = await self._ensure()
+            refused = await self._admit(shard, epoch)
+            if refused is not None:
+                return refused
+            reply = self._submit(table, shard, key, command)
+        except Exception as exc:
+            return pack_error(exc)
+        reply.discard()  # failures are logged by the reply
+        self._spawn(self._drain(shard, reply))
+        return Ok(None)
+
+    @ray.method(num_returns="streaming")
+    async def stream(
+        self, shard: int, epoch: int, key: ActorKey, command: Command
+    ) -> AsyncIterator[list[Any] | Failure | WrongEpoch]:
+        """Yields batches of items (decision 5: one Ray yield costs about 0.5 ms, so deltas
+        travel in lists of up to `batch_items` or `batch_s`), then a `Failure` if the handler
+        failed. The first item goes alone, so time to first token is not delayed."""
+        try:
+            table = await self._ensure()
+            refused = await self._admit(shard, epoch)
+            if refused is None:
+                reply = self._submit(table, shard, key, command)
+        except Exception as exc:
+            yield pack_error(exc)
+            return
+        if refused is not None:
+            yield refused
+            return
+        finished = False
+        try:
+            async for batch in _batches(reply, self._spec.batch_items, self._spec.batch_s):
+                yield batch
+            finished = True
+        except Exception as exc:
+            finished = True
+            yield pack_error(exc)
+        finally:
+            if finished:
+                self._done(shard)
+            else:
+                # The router stopped reading: the command still runs to its end.
+                reply.discard()
+                self._spawn(self._drain(shard, reply))
+
+    async def _drain(self, shard: int, reply: Reply) -> None:
+        try:
+            await reply.last()
+        except BaseException:
+            pass  # logged by the discarded reply
+        finally:
+            self._done(shard)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- shard hand-over ----------------------------------------------------------------
+
+    async def release(self, shards: list[int], deadline_s: float) -> int:
+        """Stop accepting `shards`, wait (to the deadline) for their commands in progress,
+        then snapshot and passivate their actors. Returns the commands still running at the
+        deadline (0 normally); the store's version fence covers those."""
+        table = await self._ensure()
+        self._releasing.update(shards)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        while self._busy(shards) and (remaining := end - loop.time()) > 0:
+            self._progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), remaining)
+        keys = [k for s in shards for k in self._keys.pop(s, set())]
+        await table.passivate(keys)
+        return self._busy(shards)
+
+    def _busy(self, shards: Iterable[int]) -> int:
+        return sum(self._in_flight.get(s, 0) for s in shards)
+
+    def adopt(self, assignment: dict[int, int]) -> None:
+        for shard, epoch in assignment.items():
+            if epoch >= self._owned.get(shard, 0):
+                self._owned[shard] = epoch
+                self._releasing.discard(shard)
+
+    def forget(self, shards: list[int], epochs: dict[int, int]) -> None:
+        """Drop shards that moved away (`epochs`: their new epochs, so an older owner record
+        never wins over them)."""
+        for shard in shards:
+            new_epoch = epochs.get(shard, self._owned.get(shard, 0) + 1)
+            self._gone[shard] = max(self._gone.get(shard, 0), new_epoch)
+            if self._owned.get(shard, 0) < new_epoch:
+                self._owned.pop(shard, None)
+            self._releasing.discard(shard)
+
+    def reopen(self, shards: list[int]) -> None:
+        """A move that failed after `release`: take the shards' commands again."""
+        self._releasing.difference_update(shards)
+
+    def shard_load(self) -> dict[int, float]:
+        table = self._table
+        load: dict[int, float] = {}
+        for shard in self._owned:
+            active = sum(1 for k in self._keys.get(shard, ()) if table and table.is_active(k))
+            load[shard] = self._in_flight.get(shard, 0) * 10.0 + active
+        return load
+
+    # --- introspection ------------------------------------------------------------------
+
+    def status(self) -> HostStatus:
+        now = time.monotonic()
+        mark_t, mark_n = self._rate_mark
+        rate = (self._finished - mark_n) / (now - mark_t) if now > mark_t else 0.0
+        if now - mark_t >= 1.0:
+            self._rate_mark = (now, self._finished)
+        table = self._table
+        return HostStatus(
+            name=self._spec.name,
+            node=self._node,
+            pid=os.getpid(),
+            shards=len(self._owned),
+            active_actors=table.stats().active if table else 0,
+            commands_per_s=round(rate, 1),
+            in_flight=sum(self._in_flight.values()),
+        )
+
+    async def stats(self) -> TableStats:
+        return (await self._ensure()).stats()
+
+    def owned(self) -> dict[int, int]:
+        return dict(self._owned)
+
+
+async def _batches(reply: Reply, max_items: int, max_s: float) -> AsyncIterator[list[Any]]:
+    items = reply.__aiter__()
+    loop = asyncio.get_running_loop()
+    first = True
+    while True:
+        try:
+            batch = [await items.__anext__()]
+        except StopAsyncIteration:
+            return
+        end = loop.time() + (0.0 if first else max_s)
+        first = False
+        try:
+            while len(batch) < max_items and (remaining := end - loop.time()) > 0:
+                batch.append(await asyncio.wait_for(items.__anext__(), remaining))
+        except TimeoutError:
+            pass
+        except StopAsyncIteration:
+            yield batch
+            return
+        except Exception:
+            yield batch
+            raise
+        yield batch

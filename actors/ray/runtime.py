@@ -1,0 +1,706 @@
+"""The `ray` runtime: the router in the gateway process, in front of N actor hosts.
+
+`RayRuntime` implements the `ActorRuntime` port. A command's key hashes to a shard, the
+cached shard map names the owning host and the shard's epoch, and the command goes to that
+host with (shard, epoch). The router retries, with the SAME command, bounded by
+`retry_deadline_s` and with backoff, when the host is dead or restarting (a Ray actor error)
+or answers `WrongEpoch` (the shard moved). Retrying is safe because the command id is the
+key of the store's processed-commands ledger: a command that did run before the host died
+is not run again, the retry returns the first run's result (a conversation turn that was
+started answers "turn in progress" or its recorded result, never a second model call).
+
+A supervisor loop pings the hosts, reassigns the shards of hosts that stay unreachable for
+`dead_after_s` (a lost node, a host Ray cannot place) and gives shards back when they return.
+`scale(n)` adds or removes hosts and moves shards a few at a time, least loaded first; each
+move is: the old host stops accepting the shards and passivates their actors (snapshot), the
+epoch moves in PostgreSQL, the new host adopts them (see `_move`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import ray.exceptions
+
+from actors.behaviour import ActorKey
+from actors.errors import AskTimeout, RuntimeNotStarted, RuntimeStopping
+from actors.ray.host import ActorHost, BehaviourSource, HostSpec
+from actors.ray.wire import Failure, HostStatus, Ok, WrongEpoch
+from actors.shards import (
+    NOTIFY_CHANNEL,
+    NUM_SHARDS,
+    SHARD_MIGRATIONS,
+    ShardMap,
+    cluster_lock,
+    create_cluster,
+    desired_hosts,
+    host_index,
+    host_name,
+    load_map,
+    move_shards,
+    plan_moves,
+    set_desired_hosts,
+    shard_of,
+)
+from actors.table import TableStats
+from eventstore.db import Connection, Database
+from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
+from schemas.commands import Command
+from schemas.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+# Raised by Ray when the host process is dead, restarting or unreachable, or (ValueError) when
+# a named host does not exist (yet): nothing a retry against the current map can't fix.
+_HOST_ERRORS: tuple[type[BaseException], ...] = (
+    ray.exceptions.RayActorError,
+    ray.exceptions.ActorUnavailableError,
+    ray.exceptions.ObjectLostError,
+    ValueError,
+)
+_HOST_ERRORS_OR_TIMEOUT: tuple[type[BaseException], ...] = (TimeoutError, *_HOST_ERRORS)
+
+
+class HostUnavailable(Unavailable):
+    default_code = "actor_host_unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class RaySettings:
+    """How the runtime reaches Ray and shapes its hosts (`from_env` reads the SVC_ keys)."""
+
+    address: str = ""
+    """"" starts a local Ray in this process; "auto" or host:port joins a cluster."""
+    hosts: int | None = None
+    """Hosts of a new cluster; None = one per CPU Ray reports (at least 1). A cluster that
+    exists keeps its stored count (changed by `scale`)."""
+    cluster: str = "svc"
+    namespace: str = "svc"
+    host_num_cpus: float = 1.0
+    spread: bool = True
+    table_options: Mapping[str, Any] = field(default_factory=dict)
+    object_store_mb: int = 256
+    runtime_env: Mapping[str, Any] | None = None
+    retry_deadline_s: float = 30.0
+    dead_after_s: float = 5.0
+    supervise_every_s: float = 1.0
+    move_batch: int = 32
+    release_deadline_s: float = 30.0
+    batch_items: int = 10
+    batch_s: float = 0.05
+    store_pool_size: int = 10
+    max_concurrency: int = 10_000
+    stop_hosts: bool | None = None
+    """Stop and kill the hosts in `stop()`. None: only when this process started Ray."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], **overrides: Any) -> RaySettings:
+        hosts = env.get("SVC_ACTOR_HOSTS", "").strip()
+        values: dict[str, Any] = {
+            "address": env.get("SVC_RAY_ADDRESS", "").strip(),
+            "hosts": int(hosts) if hosts else None,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+def connect_ray(settings: RaySettings) -> bool:
+    """Start or join Ray unless this process already did; True if it started a local Ray."""
+    if ray.is_initialized():
+        return False
+    runtime_env = dict(settings.runtime_env) if settings.runtime_env else None
+    if settings.address:
+        ray.init(
+            address=settings.address,
+            namespace=settings.namespace,
+            log_to_driver=False,
+            runtime_env=runtime_env,
+        )
+        return False
+    # "local" always starts a new Ray: a bare ray.init() would silently join a cluster that
+    # `ray start` left on this machine, and `stop()` would then end hosts it does not own.
+    ray.init(
+        address="local",
+        namespace=settings.namespace,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=settings.object_store_mb * 1024 * 1024,
+        runtime_env=runtime_env,
+    )
+    return True
+
+
+_RemoteHost: Any = None
+
+
+def _remote_host() -> Any:
+    global _RemoteHost
+    if _RemoteHost is None:
+        _RemoteHost = ray.remote(ActorHost)
+    return _RemoteHost
+
+
+class RayRuntime:
+    """`ActorRuntime` over detached Ray actor hosts, each with its own `ActivationTable`.
+
+    `behaviours` is called in every host process to build its behaviours (model providers
+    included): a picklable zero-argument callable, or "module:function". The table options
+    (`snapshot_every`, `idle_s`, `max_active`, `conflict_retries`) apply per host.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        behaviours: BehaviourSource,
+        settings: RaySettings | None = None,
+        *,
+        supervise: bool = True,
+    ) -> None:
+        self._dsn = dsn
+        self._behaviours = behaviours
+        self._settings = settings or RaySettings()
+        self._supervise_hosts = supervise
+        self._db: Database | None = None
+        self._map: ShardMap | None = None
+        self._handles: dict[str, Any] = {}
+        self._last_ok: dict[str, float] = {}
+        self._listener: Connection | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._refreshing: asyncio.Task[None] | None = None
+        self._notified: set[asyncio.Future[None]] = set()
+        self._moving = asyncio.Lock()
+        self._started_ray = False
+        self._accepting = False
+        self._stopped = False
+        self.retries = 0
+
+    @property
+    def settings(self) -> RaySettings:
+        return self._settings
+
+    @property
+    def cluster(self) -> str:
+        return self._settings.cluster
+
+    @property
+    def shard_map(self) -> ShardMap | None:
+        """The router's cached copy of the shard map."""
+        return self._map
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Join or start Ray, create the cluster's map and hosts if new (or find them),
+        and start routing and supervising."""
+        if self._accepting:
+            return
+        s = self._settings
+        db = await self._connect()
+        async with cluster_lock(db, s.cluster, wait_s=60.0) as locked:
+            if not locked:
+                raise HostUnavailable(f"the shard map of {s.cluster} stays locked")
+            count = await create_cluster(db, s.cluster, s.hosts or _cpu_hosts(s.host_num_cpus))
+            await self._ensure_hosts(range(count))
+        await self._open()
+
+    async def attach(self) -> None:
+        """Route to an existing cluster without creating or supervising anything (for
+        `svc cluster status|scale` from a separate process)."""
+        if self._accepting:
+            return
+        await self._connect()
+        self._supervise_hosts = False
+        await self._open()
+        if self._map is None:
+            await self.stop()
+            raise HostUnavailable(f"no actor cluster {self._settings.cluster!r} in this database")
+
+    async def _connect(self) -> Database:
+        self._started_ray = connect_ray(self._settings)
+        self._db = db = await Database.connect(self._dsn, min_size=1, max_size=4)
+        await apply_migrations(db, [STORE_MIGRATIONS, SHARD_MIGRATIONS])
+        return db
+
+    async def _open(self) -> None:
+        assert self._db is not None
+        await self._refresh()
+        self._listener = await self._db.connect_dedicated()
+        await self._listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
+        if self._supervise_hosts:
+            self._supervisor = asyncio.create_task(self._supervise(), name="ray-supervisor")
+        self._accepting = True
+        self._stopped = False
+
+    async def stop(self, deadline_s: float = 10.0) -> None:
+        """Stop routing. When this runtime owns the hosts (`stop_hosts`), stop them too:
+        running commands finish to the deadline, queued ones fail with RuntimeStopping, every
+        active actor is snapshotted; then the host processes are ended."""
+        self._accepting = False
+        self._stopped = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            await asyncio.gather(self._supervisor, return_exceptions=True)
+            self._supervisor = None
+        if self._listener is not None:
+            self._listener.terminate()
+            self._listener = None
+        stop_hosts = self._settings.stop_hosts
+        if stop_hosts if stop_hosts is not None else self._started_ray:
+            await self._stop_hosts(list(self._handles), deadline_s)
+        if self._db is not None:
+            await self._db.close()
+            self._db = None
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+    async def _stop_hosts(self, names: Sequence[str], deadline_s: float) -> None:
+        handles = [self._handles.pop(n) for n in names if n in self._handles]
+        stops = [h.stop.remote(deadline_s) for h in handles]
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*stops, return_exceptions=True), deadline_s + 15.0
+            )
+        finally:
+            for handle in handles:
+                ray.kill(handle, no_restart=True)
+
+    # --- the port -----------------------------------------------------------------------
+
+    # The port (actors/runtime.py) fixes the `timeout` parameter.
+    async def ask(
+        self,
+        key: ActorKey,
+        command: Command,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Any:
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._call("ask", key, command)
+        except TimeoutError:
+            raise AskTimeout(
+                f"{key} did not answer {type(command).__name__} within {timeout} s; the "
+                "command keeps running and a retry with the same Idempotency-Key returns "
+                "its result once recorded"
+            ) from None
+
+    async def tell(self, key: ActorKey, command: Command) -> None:
+        """Returns once the command is in the actor's mailbox (so tells to one actor keep
+        their order); it then runs on its own and failures are logged by the host."""
+        await self._call("tell", key, command)
+
+    async def stream(self, key: ActorKey, command: Command) -> AsyncIterator[Any]:
+        shard = shard_of(key)
+        attempt = 0
+        deadline = asyncio.get_running_loop().time() + self._settings.retry_deadline_s
+        while True:
+            host, epoch, handle = self._route(shard)
+            try:
+                async for part in handle.stream.remote(shard, epoch, key, command):
+                    answer = await part
+                    if isinstance(answer, list):
+                        for item in answer:
+                            yield item
+                        continue
+                    self._raise_unless_retryable(answer)
+                    problem = f"shard {shard} moved away from {host}"
+                    break
+                else:
+                    return
+            except _HOST_ERRORS as exc:
+                problem = f"host {host} is unavailable ({type(exc).__name__})"
+            attempt += 1
+            await self._before_retry(attempt, deadline, problem)
+
+    async def _call(self, method: str, key: ActorKey, command: Command) -> Any:
+        shard = shard_of(key)
+        attempt = 0
+        deadline = asyncio.get_running_loop().time() + self._settings.retry_deadline_s
+        while True:
+            host, epoch, handle = self._route(shard)
+            try:
+                answer = await getattr(handle, method).remote(shard, epoch, key, command)
+            except _HOST_ERRORS as exc:
+                problem = f"host {host} is unavailable ({type(exc).__name__})"
+            else:
+                if isinstance(answer, Ok):
+                    return answer.value
+                self._raise_unless_retryable(answer)
+                problem = f"shard {shard} moved away from {host}"
+            attempt += 1
+            await self._before_retry(attempt, deadline, problem)
+
+    def _raise_unless_retryable(self, answer: Failure | WrongEpoch) -> None:
+        if isinstance(answer, WrongEpoch):
+            return
+        error = answer.rebuild()
+        # A host that is being stopped (scaled away) refuses with RuntimeStopping before it
+        # starts the command: retry elsewhere, unless this runtime is the one stopping.
+        if isinstance(error, RuntimeStopping) and self._accepting:
+            return
+        raise error
+
+    def _route(self, shard: int) -> tuple[str, int, Any]:
+        if not self._accepting:
+            raise RuntimeStopping() if self._stopped else RuntimeNotStarted()
+        assert self._map is not None
+        host, epoch = self._map.route(shard)
+        return host, epoch, self._handle(host)
+
+    async def _before_retry(self, attempt: int, deadline: float, problem: str) -> None:
+        self.retries += 1
+        loop = asyncio.get_running_loop()
+        if loop.time() >= deadline:
+            raise HostUnavailable(
+                f"{problem}; gave up after {attempt} attempts; retry with the same Idempotency-Key"
+            )
+        await asyncio.sleep(min(0.5, 0.005 * 2**attempt))
+        await self._refresh()
+
+    # --- hosts --------------------------------------------------------------------------
+
+    def _handle(self, name: str) -> Any:
+        handle = self._handles.get(name)
+        if handle is None:
+            handle = ray.get_actor(name, namespace=self._settings.namespace)
+            self._handles[name] = handle
+        return handle
+
+    def _spec(self, name: str) -> HostSpec:
+        s = self._settings
+        return HostSpec(
+            cluster=s.cluster,
+            name=name,
+            dsn=self._dsn,
+            behaviours=self._behaviours,
+            table_options=dict(s.table_options),
+            batch_items=s.batch_items,
+            batch_s=s.batch_s,
+            store_pool_size=s.store_pool_size,
+        )
+
+    async def _ensure_hosts(self, indexes: Sequence[int] | range) -> list[HostStatus]:
+        """Create (or find, after a gateway restart) the named hosts and wait until each has
+        opened its store."""
+        s = self._settings
+        names = [host_name(s.cluster, i) for i in indexes]
+        for name in names:
+            if name in self._handles:
+                continue
+            options: dict[str, Any] = {
+                "name": name,
+                "namespace": s.namespace,
+                "lifetime": "detached",
+                "get_if_exists": True,
+                "num_cpus": s.host_num_cpus,
+                "max_restarts": -1,
+                "max_task_retries": 0,
+                "max_concurrency": s.max_concurrency,
+            }
+            if s.spread:
+                options["scheduling_strategy"] = "SPREAD"
+            self._handles[name] = _remote_host().options(**options).remote(self._spec(name))
+        statuses: list[HostStatus] = await asyncio.gather(
+            *(self._handles[n].ready.remote() for n in names)
+        )
+        now = asyncio.get_running_loop().time()
+        for name in names:
+            self._last_ok[name] = now
+        return statuses
+
+    # --- the shard map ------------------------------------------------------------------
+
+    def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        if payload == self._settings.cluster:
+            task = asyncio.ensure_future(self._refresh())
+            self._notified.add(task)
+            task.add_done_callback(self._notified.discard)
+
+    async def _refresh(self) -> None:
+        """Reload the map; concurrent callers share one query."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.create_task(self._load_map())
+        await asyncio.shield(self._refreshing)
+
+    async def _load_map(self) -> None:
+        if self._db is None:
+            return
+        loaded = await load_map(self._db, self._settings.cluster)
+        if loaded is not None:
+            self._map = loaded
+
+    # --- supervision and rebalancing ----------------------------------------------------
+
+    async def _supervise(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.supervise_every_s)
+            try:
+                await self._check_hosts()
+            except Exception:
+                log.exception("actor host supervision failed")
+
+    async def _check_hosts(self) -> None:
+        assert self._db is not None
+        s = self._settings
+        count = await desired_hosts(self._db, s.cluster) or 1
+        names = [host_name(s.cluster, i) for i in range(count)]
+        await self._ping(names)
+        await self._refresh()
+        live = self._live(names)
+        if not live or self._map is None or self._moving.locked():
+            return
+        if plan_moves(self._map.owners, live):
+            async with self._moving, cluster_lock(self._db, s.cluster, wait_s=0.0) as locked:
+                if locked:
+                    await self._rebalance(live)
+
+    async def _ping(self, names: Sequence[str]) -> None:
+        async def one(name: str) -> None:
+            try:
+                await asyncio.wait_for(self._handle(name).ping.remote(), 2.0)
+            except _HOST_ERRORS_OR_TIMEOUT:
+                return
+            self._last_ok[name] = asyncio.get_running_loop().time()
+
+        await asyncio.gather(*(one(n) for n in names))
+
+    def _live(self, names: Sequence[str]) -> list[str]:
+        now = asyncio.get_running_loop().time()
+        dead_after = self._settings.dead_after_s
+        return [n for n in names if now - self._last_ok.get(n, -1e9) < dead_after]
+
+    async def _rebalance(self, hosts: Sequence[str]) -> int:
+        """Move shards until they are spread evenly over `hosts`; the caller holds the locks."""
+        assert self._db is not None
+        current = await load_map(self._db, self._settings.cluster)
+        if current is None:
+            return 0
+        load = await self._shard_load(current, hosts)
+        moves = plan_moves(current.owners, hosts, load)
+        batches: dict[tuple[str, str], list[int]] = {}
+        for move in moves:
+            batches.setdefault((move.source, move.target), []).append(move.shard)
+        moved = 0
+        size = self._settings.move_batch
+        for (source, target), shards in batches.items():
+            for i in range(0, len(shards), size):
+                moved += await self._move(source, target, shards[i : i + size], hosts)
+        await self._refresh()
+        return moved
+
+    async def _shard_load(self, current: ShardMap, hosts: Sequence[str]) -> dict[int, float]:
+        load: dict[int, float] = {}
+
+        async def one(name: str) -> None:
+            try:
+                load.update(await asyncio.wait_for(self._handle(name).shard_load.remote(), 5.0))
+            except _HOST_ERRORS_OR_TIMEOUT:
+                return
+
+        await asyncio.gather(*(one(h) for h in set(current.owners) if h in hosts))
+        return load
+
+    async def _move(self, source: str, target: str, shards: list[int], live: Sequence[str]) -> int:
+        """Hand `shards` from `source` to `target`.
+
+        1. `source.release`: it refuses new commands of the shards (WrongEpoch, so routers
+           retry), waits for those in progress, snapshots and passivates their actors. A dead
+           source is skipped: nothing runs there.
+        2. The epochs move in PostgreSQL (one transaction) and routers are notified: from
+           here the old epoch is refused everywhere and the new one is accepted by `target`.
+        3. `target.adopt` and `source.forget` tell both hosts at once; a host that misses it
+           learns from the map when the next command with the new epoch arrives (or within
+           its periodic reload).
+        """
+        assert self._db is not None
+        d = self._settings.release_deadline_s
+        if source in live:
+            try:
+                await asyncio.wait_for(self._handle(source).release.remote(shards, d), d + 10.0)
+            except _HOST_ERRORS_OR_TIMEOUT as exc:
+                log.warning("%s did not release shards (%s); trying later", source, exc)
+                return 0
+        try:
+            epochs = await move_shards(self._db, self._settings.cluster, shards, source, target)
+        except Exception:
+            if source in live:
+                await _quietly(self._handle(source).reopen.remote(shards))
+            raise
+        await _quietly(self._handle(target).adopt.remote(epochs))
+        if source in live:
+            await _quietly(self._handle(source).forget.remote(shards, epochs))
+        return len(epochs)
+
+    async def scale(self, hosts: int) -> dict[str, Any]:
+        """Run the cluster on `hosts` hosts: start new ones, move shards (least loaded
+        first, a batch at a time), then stop and end the hosts that no longer own any."""
+        if hosts < 1 or hosts > NUM_SHARDS:
+            raise ValueError(f"hosts must be between 1 and {NUM_SHARDS}")
+        if self._db is None:
+            raise RuntimeNotStarted()
+        db, s = self._db, self._settings
+        async with self._moving, cluster_lock(db, s.cluster, wait_s=60.0) as locked:
+            if not locked:
+                raise HostUnavailable("another process is changing the shard map; try again")
+            before = await desired_hosts(db, s.cluster) or hosts
+            await set_desired_hosts(db, s.cluster, hosts)
+            await self._ensure_hosts(range(hosts))
+            names = [host_name(s.cluster, i) for i in range(hosts)]
+            moved = await self._rebalance(names)
+            removed = await self._remove_surplus(hosts, before)
+        return {"hosts": hosts, "before": before, "shards_moved": moved, "removed": removed}
+
+    async def _remove_surplus(self, hosts: int, before: int) -> list[str]:
+        assert self._map is not None
+        owners = set(self._map.owners)
+        known = {host_index(self.cluster, n) for n in self._handles}
+        top = max([before, *(i for i in known if i is not None)]) if known else before
+        surplus: list[str] = []
+        for i in range(hosts, top + 1):
+            name = host_name(self.cluster, i)
+            if name in owners:
+                log.warning("%s still owns shards; not removing it", name)
+                continue
+            try:
+                self._handle(name)
+            except ValueError:
+                continue
+            surplus.append(name)
+        await self._stop_hosts(surplus, self._settings.release_deadline_s)
+        for name in surplus:
+            self._last_ok.pop(name, None)
+        return surplus
+
+    # --- introspection ------------------------------------------------------------------
+
+    async def stats(self) -> TableStats:
+        """The table counters summed over every host."""
+        assert self._map is not None
+        names = sorted(set(self._map.owners) | set(self._handles))
+        answers = await asyncio.gather(
+            *(self._host_stats(n) for n in names), return_exceptions=True
+        )
+        # A host ended by another process (`svc cluster scale`) has nothing left to count.
+        each = [a for a in answers if isinstance(a, TableStats)]
+        fields = [f.name for f in dataclasses.fields(TableStats)]
+        return TableStats(**{f: sum(getattr(st, f) for st in each) for f in fields})
+
+    async def _host_stats(self, name: str) -> TableStats:
+        stats: TableStats = await self._handle(name).stats.remote()
+        return stats
+
+    async def status(self) -> dict[str, Any]:
+        """Hosts (name, node, pid, shards, active actors, commands/s), nodes, shard map."""
+        assert self._db is not None
+        s = self._settings
+        current = await load_map(self._db, s.cluster)
+        count = await desired_hosts(self._db, s.cluster) or 0
+        counts = current.counts() if current else {}
+        names = sorted(
+            {host_name(s.cluster, i) for i in range(count)} | set(counts),
+            key=lambda n: host_index(s.cluster, n) or 0,
+        )
+        hosts = await asyncio.gather(*(self._host_status(n, counts.get(n, 0)) for n in names))
+        return {
+            "cluster": s.cluster,
+            "desired_hosts": count,
+            "shards": NUM_SHARDS,
+            "max_epoch": max(current.epochs) if current else 0,
+            "hosts": hosts,
+            "nodes": _nodes(),
+        }
+
+    async def _host_status(self, name: str, shards: int) -> dict[str, Any]:
+        try:
+            st: HostStatus = await asyncio.wait_for(self._handle(name).status.remote(), 3.0)
+        except _HOST_ERRORS_OR_TIMEOUT as exc:
+            return {
+                "name": name,
+                "state": f"unreachable ({type(exc).__name__})",
+                "node": None,
+                "pid": None,
+                "shards": shards,
+                "active_actors": None,
+                "commands_per_s": None,
+            }
+        return {
+            "name": name,
+            "state": "alive",
+            "node": st.node,
+            "pid": st.pid,
+            "shards": shards,
+            "active_actors": st.active_actors,
+            "commands_per_s": st.commands_per_s,
+            "in_flight": st.in_flight,
+        }
+
+
+def _nodes() -> list[dict[str, Any]]:
+    return [
+        {
+            "node": n.get("NodeID"),
+            "alive": bool(n.get("Alive")),
+            "address": n.get("NodeManagerAddress"),
+            "cpus": n.get("Resources", {}).get("CPU", 0.0),
+        }
+        for n in ray.nodes()  # type: ignore[no-untyped-call]
+    ]
+
+
+def _cpu_hosts(per_host: float) -> int:
+    cpus = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+    return max(1, int(cpus // per_host) if per_host > 0 else 1)
+
+
+async def _quietly(ref: Any) -> None:
+    try:
+        await asyncio.wait_for(ref, 10.0)
+    except _HOST_ERRORS_OR_TIMEOUT as exc:
+        log.info("host notification not delivered (%s); the host reads the map itself", exc)
+
+
+# --- `svc cluster` ------------------------------------------------------------------------
+
+
+async def cluster_status(
+    dsn: str, behaviours: BehaviourSource, settings: RaySettings
+) -> dict[str, Any]:
+    """For `svc cluster status [--json]`: joins the Ray cluster at `settings.address` ("auto"
+    or host:port of a running cluster), reads the shard map of `settings.cluster` and asks
+    each host. Creates nothing; raises HostUnavailable if the cluster has no map yet.
+    `behaviours` is only used if hosts must be created (scale), as in `RayRuntime`."""
+    runtime = RayRuntime(dsn, behaviours, dataclasses.replace(settings, stop_hosts=False))
+    await runtime.attach()
+    try:
+        return await runtime.status()
+    finally:
+        await runtime.stop()
+
+
+async def cluster_scale(
+    dsn: str, hosts: int, behaviours: BehaviourSource, settings: RaySettings
+) -> dict[str, Any]:
+    """For `svc cluster scale N`: as `RayRuntime.scale`, from a separate process."""
+    runtime = RayRuntime(dsn, behaviours, dataclasses.replace(settings, stop_hosts=False))
+    await runtime.attach()
+    try:
+        return await runtime.scale(hosts)
+    finally:
+        await runtime.stop()
+
+
+__all__ = [
+    "HostUnavailable",
+    "RayRuntime",
+    "RaySettings",
+    "cluster_scale",
+    "cluster_status",
+    "connect_ray",
+]

@@ -1,0 +1,76 @@
+"""What crosses the Ray boundary between a router and a host, besides commands and items.
+
+Host methods never raise for a command's own failure: they return a `Failure`, so the
+router re-raises the project's original error (class, message, code and attributes) rather
+than a `RayTaskError` wrapper the gateway's error mapping would not recognise. Exceptions
+raised by Ray itself (a dead or unreachable host) are the router's to retry.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.errors import SvcError
+
+
+@dataclass(frozen=True, slots=True)
+class WrongEpoch:
+    """The host does not hold `shard` at `epoch` (it moved, is moving, or the router's map
+    is stale): nothing ran; reload the map and route again."""
+
+    shard: int
+    epoch: int
+    held: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Ok:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    error_type: type[BaseException]
+    message: str
+    state: dict[str, Any]
+
+    def rebuild(self) -> BaseException:
+        if issubclass(self.error_type, SvcError):
+            # SvcError subclasses take varying constructor arguments; rebuild without calling
+            # them, exactly as raised on the host.
+            error: BaseException = self.error_type.__new__(self.error_type)
+            Exception.__init__(error, self.message)
+            error.__dict__.update(self.state)
+            return error
+        try:
+            return self.error_type(self.message)
+        except Exception:
+            return SvcError(f"{self.error_type.__name__} on an actor host: {self.message}")
+
+
+def pack_error(error: BaseException) -> Failure:
+    if isinstance(error, SvcError):
+        state = {k: v for k, v in error.__dict__.items() if _picklable(v)}
+        return Failure(type(error), error.message, state)
+    return Failure(type(error), str(error), {})
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class HostStatus:
+    name: str
+    node: str
+    pid: int
+    shards: int
+    active_actors: int
+    commands_per_s: float
+    in_flight: int

@@ -1,0 +1,141 @@
+"""Fixtures of the Ray runtime tests: one real multi-node Ray cluster per test session.
+
+The cluster is `ray.cluster_utils.Cluster` on this machine (a head now, worker nodes added by
+the fault tests), shared by every test because starting Ray costs seconds. Each runtime a
+test builds gets its own cluster name, so its hosts, shard map and tables are its own; its
+hosts are stopped and ended with it. Host processes reach the embedded PostgreSQL through the
+same Unix-socket URL as the tests.
+
+`make_runtime`/`runtime`/`store` have the meaning of tests/actors/conftest.py, so the runtime
+contract suite (tests/actors/test_runtime_contract.py) runs here unchanged against `ray`.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _put_project_first() -> None:
+    """As in tests/actors/conftest.py: the project root before tests/ on sys.path (tests/actors
+    would shadow the `actors` package), and the actor doubles importable by name."""
+    for path in (str(ROOT / "tests" / "actors"), str(ROOT)):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    for name in ("actors", "eventstore", "gateway", "projections", "schemas"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None) is None:
+            for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+                del sys.modules[loaded]
+
+
+_put_project_first()
+
+import pytest  # noqa: E402
+import ray  # noqa: E402
+from actor_doubles import (  # noqa: E402
+    CounterBehaviour,
+    MakeRuntime,
+    RuntimeUnderTest,
+    ScriptedProvider,
+)
+from ray.cluster_utils import Cluster  # noqa: E402
+from ray_support import fixed_behaviours, ray_settings  # noqa: E402
+
+from actors import Behaviour, ConversationBehaviour  # noqa: E402
+from actors.ray import RayRuntime  # noqa: E402
+from eventstore import PostgresEventStore, open_store  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "ray: needs a real Ray cluster (tests/ray)")
+    # eventstore/notify.py releases its LISTEN connection to the pool with the listener still
+    # attached when cancelled; asyncpg warns, and under `-W error` the warning replaces the
+    # CancelledError, which `_listen_loop` then swallows: `store.close()` never returns.
+    # Reported to the lead; until fixed there, the warning stays a warning here.
+    config.addinivalue_line(
+        "filterwarnings", "default:.*being released to the pool but has:Warning"
+    )
+    # Ray's cluster utilities leave an unbound probe socket to the garbage collector.
+    config.addinivalue_line(
+        "filterwarnings",
+        "default:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.ray)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Cluster]:
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "object_store_memory": 96 * 1024 * 1024},
+    )
+    paths = [str(ROOT), str(ROOT / "tests" / "actors"), str(ROOT / "tests" / "ray")]
+    ray.init(
+        address=cluster.address,
+        namespace="svc",
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": ":".join(paths)}},
+    )
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[PostgresEventStore]:
+    opened = await open_store(database_url)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def make_runtime(
+    ray_cluster: Cluster, store: PostgresEventStore, database_url: str
+) -> AsyncIterator[MakeRuntime]:
+    started: list[RayRuntime] = []
+
+    async def make(behaviours: Sequence[Behaviour[Any]], **options: Any) -> RuntimeUnderTest:
+        settings = ray_settings(ray_cluster.address, table_options=options)
+        runtime = RayRuntime(database_url, fixed_behaviours(behaviours), settings)
+        await runtime.start()
+        started.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in started:
+        await runtime.stop(deadline_s=5.0)
+
+
+@pytest.fixture
+def provider() -> ScriptedProvider:
+    return ScriptedProvider()
+
+
+@pytest.fixture
+async def runtime(make_runtime: MakeRuntime, provider: ScriptedProvider) -> RuntimeUnderTest:
+    return await make_runtime([CounterBehaviour(), ConversationBehaviour([provider])])
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Write failures out as they happen: a Ray component that loses its GCS at session end
+    may end the process before pytest prints its summary."""
+    if report.failed:
+        path = Path(tempfile.gettempdir()) / "svc-pytest-ray-failures.txt"
+        with path.open("a", encoding="utf-8") as out:
+            out.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n")
