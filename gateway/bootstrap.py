@@ -194,6 +194,7 @@ def ray_settings(settings: Settings) -> RaySettings:
 
     return RaySettings(
         address=settings.text("SVC_RAY_ADDRESS"),
+        cluster=settings.text("SVC_RAY_CLUSTER") or "svc",
         hosts=settings.integer("SVC_ACTOR_HOSTS") or None,
         table_options=_table_options(settings),
     )

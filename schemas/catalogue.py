@@ -2,6 +2,7 @@
 cannot drift from the code: a test compares the committed file with this output.
 
     python -m schemas.catalogue > docs/events.md
+    python -m schemas.catalogue settings   # rewrites the catalog table of docs/settings.md
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 import schemas
 from schemas.events import EVENTS, Event
+from schemas.settings_catalog import CATALOG, SettingSpec
 
 _HEADER = """# Event catalogue
 
@@ -70,5 +74,39 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def _settings_row(spec: SettingSpec) -> str:
+    choices = "/".join(choice or "blank" for choice in spec.choices)
+    kind = f"{spec.type} ({choices})" if spec.choices else spec.type
+    default = f"`{spec.default}`" if spec.default else "-"
+    effect = spec.effect + (f" *Note: {spec.note}*" if spec.note else "")
+    secret = "yes" if spec.secret else ""
+    cells = (f"`{spec.key}`", spec.group, kind, default, spec.apply or "-", secret, effect)
+    return "| " + " | ".join(cells) + " |"
+
+
+def render_settings_table() -> str:
+    """The catalog table of docs/settings.md (everything after its `## Catalog` heading)."""
+    lines = [
+        "## Catalog",
+        "",
+        "Apply: R restart, L live, - not stated (treated as R). Secret: values never shown.",
+        "Generated from `schemas/settings_catalog.py` by `python -m schemas.catalogue settings`.",
+        "",
+        "| Key | Group | Type | Default | Apply | Secret | Effect |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [_settings_row(spec) for spec in CATALOG.values()]
+    return "\n".join(lines) + "\n"
+
+
+def _rewrite_settings_doc(path: Path) -> None:
+    text = path.read_text()
+    head = text[: text.index("## Catalog")]
+    path.write_text(head + render_settings_table())
+
+
 if __name__ == "__main__":
-    print(render(), end="")
+    if sys.argv[1:] == ["settings"]:
+        _rewrite_settings_doc(Path("docs/settings.md"))
+    else:
+        print(render(), end="")

@@ -1275,7 +1275,17 @@ _OPERATIONAL: tuple[SettingSpec, ...] = (
         "text",
         "",
         "R",
-        "Ray cluster address for the ray runtime; blank = start or join a local Ray",
+        "Ray cluster address for the ray runtime; blank = start a local Ray inside svc serve; "
+        "auto or host:port = join that cluster",
+    ),
+    _s(
+        "SVC_RAY_CLUSTER",
+        _OPS,
+        "text",
+        "svc",
+        "R",
+        "name of this deployment's host group and shard map on the Ray cluster; two SVC "
+        "deployments sharing one Ray cluster need different names",
     ),
     _s(
         "SVC_ACTOR_HOSTS",

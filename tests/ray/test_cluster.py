@@ -8,14 +8,17 @@ that failed is one a retry with the same command id completes (it is then record
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
+import sys
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -115,8 +118,36 @@ def counter_keys(n: int) -> list[ActorKey]:
     return [ActorKey(COUNTER, f"c{i}-{uuid.uuid4().hex[:6]}") for i in range(n)]
 
 
+async def svc_cluster_status_json(
+    database_url: str, settings: RaySettings, data_dir: Path
+) -> dict[str, Any]:
+    """`svc cluster status --json` as an operator runs it, in its own process."""
+    env = {
+        **os.environ,
+        "SVC_DATABASE_URL": database_url,
+        "SVC_DATA_DIR": str(data_dir),
+        "SVC_RAY_ADDRESS": settings.address,
+        "SVC_RAY_CLUSTER": settings.cluster,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "cluster",
+        "status",
+        "--json",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode == 0, err.decode()
+    status: dict[str, Any] = json.loads(out)
+    return status
+
+
 async def test_routes_over_hosts_and_streams_in_order(
-    cluster_runtime: Any, store: PostgresEventStore, database_url: str
+    cluster_runtime: Any, store: PostgresEventStore, database_url: str, tmp_path: Path
 ) -> None:
     runtime: RayRuntime = await cluster_runtime(3)
     status = await runtime.status()
@@ -146,6 +177,9 @@ async def test_routes_over_hosts_and_streams_in_order(
     # `svc cluster status` from another process attaches to the same cluster.
     seen = await cluster_status(database_url, partial(list, ()), runtime.settings)
     assert [h["pid"] for h in seen["hosts"]] == [h["pid"] for h in status["hosts"]]
+    printed = await svc_cluster_status_json(database_url, runtime.settings, tmp_path)
+    assert [h["pid"] for h in printed["hosts"]] == [h["pid"] for h in status["hosts"]]
+    assert {"name", "node", "pid", "shards", "active_actors"} <= set(printed["hosts"][0])
 
     cid = uuid.uuid4().hex
     items = [item async for item in runtime.stream(conversation_key(cid), run_turn())]

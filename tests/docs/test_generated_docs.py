@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from schemas.catalogue import render
+from schemas.catalogue import render, render_settings_table
 from schemas.events import EVENTS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "events.md"
@@ -18,3 +18,13 @@ def test_every_registered_event_is_documented() -> None:
     text = render()
     missing = [name for name in EVENTS.known_types() if f"`{name}`" not in text]
     assert missing == []
+
+
+SETTINGS_DOC = DOC.parent / "settings.md"
+
+
+def test_settings_doc_lists_the_catalog_as_it_is() -> None:
+    text = SETTINGS_DOC.read_text()
+    assert text[text.index("## Catalog") :] == render_settings_table(), (
+        "docs/settings.md is stale: run `python -m schemas.catalogue settings`"
+    )
