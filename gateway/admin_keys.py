@@ -26,7 +26,7 @@ from gateway.admin_common import (
     read_your_writes,
     wait_applied,
 )
-from gateway.auth import generate_key, hash_key
+from gateway.auth import check_delegation, generate_key, hash_key
 from gateway.errors import read_json
 from gateway.state import DATABASE, Principal
 from projections import queries
@@ -69,6 +69,7 @@ def record(key: queries.ApiKey) -> ApiKeyRecord:
 async def issue_key(request: web.Request) -> web.Response:
     principal = await acting(request, WRITE)
     body = await read_json(request, ApiKeyCreate)
+    check_delegation(principal, tuple(body.scopes))
     key = generate_key()
     command = IssueApiKey(
         command_id=command_id(request),

@@ -174,6 +174,16 @@ def require_scope(principal: Principal, scope: str) -> None:
     raise Forbidden(f"this API key lacks the {scope} scope", code="insufficient_scope")
 
 
+def check_delegation(principal: Principal, scopes: tuple[str, ...]) -> None:
+    """No principal may mint a credential (API key, OAuth client) with admin scopes it lacks:
+    otherwise write access to keys alone would be a path to every right."""
+    admin = [s for s in scopes if s.startswith("admin:") or s == "*"]
+    if not all(principal.allows(s) for s in admin):
+        raise Forbidden(
+            "a credential cannot carry admin scopes its issuer lacks", code="insufficient_scope"
+        )
+
+
 async def add_rate_limit_headers(request: web.Request, response: web.StreamResponse) -> None:
     """on_response_prepare: every answer to a limited key carries the window's state."""
     if RATE_DECISION in request:

@@ -1,7 +1,8 @@
 """Admin endpoints of identity: users, role bindings, roles, the SCIM token, OAuth clients and
 the audit log. Reads need read, writes need write on the endpoint's domain (roles.py):
 `users` for users, bindings and roles, `security` for the SCIM token and OAuth clients,
-`audit` for the audit log. Only an owner (or an API key) may grant or remove `owner`.
+`audit` for the audit log. Only an owner (or an API key) may grant or remove `owner`, and no
+principal grants a role, defines one, or manages a user carrying rights it lacks itself.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from actors.identity import directory_key, session_key
 from actors.workspace import workspace_key
-from gateway.auth import generate_key, hash_key
+from gateway.auth import check_delegation, generate_key, hash_key
 from gateway.errors import read_json
 from gateway.identity.common import acting, actor_of, command_id, json, new_id, now, user_view
 from gateway.identity.oauth import new_client_credentials, secret_hash
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password
+from gateway.identity.roles import allowed
 from gateway.identity.service import APPLY_TIMEOUT_S, Identity, identity
 from gateway.identity.vault import INSTANCE, PASSWORD
 from gateway.state import PROJECTIONS, RUNTIME, Principal
@@ -27,12 +29,14 @@ from projections.identity_queries import (
     list_audit,
     list_custom_roles,
     list_users,
+    role_permissions,
     user_api_keys,
     user_session_ids,
 )
 from schemas.errors import Forbidden, InvalidInput, NotFound
 from schemas.identity import (
     BUILTIN_ROLES,
+    Access,
     BindRole,
     DefineCustomRole,
     DeprovisionUser,
@@ -156,9 +160,17 @@ async def set_password(
 
 
 async def revoke_sessions(
-    ident: Identity, workspace_id: str, user_id: str, reason: str, by: str
+    ident: Identity,
+    workspace_id: str,
+    user_id: str,
+    reason: str,
+    by: str,
+    keep: str | None = None,
 ) -> None:
+    """Revoke the user's live sessions (all but `keep`, the caller's own, when given)."""
     for session_id in await user_session_ids(ident.db, workspace_id, user_id):
+        if session_id == keep:
+            continue
         await ident.ask(
             session_key(session_id),
             RevokeSession(
@@ -187,20 +199,42 @@ async def cut_off(
     await revoke_user_keys(request, workspace_id, user_id)
 
 
-def _check_delegation(principal: Principal, scopes: tuple[str, ...]) -> None:
-    """A user may not mint a credential (API key, OAuth client) with admin scopes it lacks."""
-    admin = [s for s in scopes if s.startswith("admin:") or s == "*"]
-    if principal.user_id is not None and not all(principal.allows(s) for s in admin):
-        raise Forbidden(
-            "a credential cannot carry admin scopes its issuer lacks", code="insufficient_scope"
-        )
-
-
 def _check_owner_rights(principal: Principal, roles: tuple[str, ...] | list[str]) -> None:
     if "owner" not in roles or principal.user_id is None:
         return
     if "owner" not in principal.attributes.get("roles", "").split(","):
         raise Forbidden("only an owner may grant or remove the owner role", code="owner_only")
+
+
+def _check_holds(principal: Principal, permissions: dict[str, Access], what: str) -> None:
+    """A principal may only hand out, take away or wield rights it holds itself: without this,
+    write on `users` alone (a custom role) could bind `admin` to its holder, redefine its own
+    role, or set the password of an admin and sign in as them."""
+    missing = sorted(d for d, a in permissions.items() if not allowed(principal, d, a))
+    if missing:
+        raise Forbidden(
+            f"{what} needs rights the caller lacks on: {', '.join(missing)}",
+            code="insufficient_scope",
+        )
+
+
+async def check_grantable(
+    ident: Identity, principal: Principal, roles: tuple[str, ...] | list[str]
+) -> None:
+    """Granting or removing `roles` needs every right they carry (and owner for `owner`)."""
+    _check_owner_rights(principal, roles)
+    perms = await role_permissions(ident.db, principal.workspace_id, list(roles))
+    _check_holds(principal, perms, "granting or removing these roles")
+
+
+async def check_manageable(ident: Identity, principal: Principal, user: UserRow) -> None:
+    """Changing, deactivating, deleting a user or setting their password needs every right the
+    user holds (and owner for an owner): no one takes over an account stronger than theirs."""
+    if principal.user_id is not None and principal.user_id == user.user_id:
+        return
+    _check_owner_rights(principal, user.roles)
+    perms = await role_permissions(ident.db, user.workspace_id, user.roles)
+    _check_holds(principal, perms, f"managing user {user.user_id}")
 
 
 async def list_users_handler(request: web.Request) -> web.Response:
@@ -223,8 +257,8 @@ async def list_users_handler(request: web.Request) -> web.Response:
 async def create_user(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "write")
     body = await read_json(request, NewUser)
-    _check_owner_rights(principal, body.roles)
     ident = identity(request)
+    await check_grantable(ident, principal, body.roles)
     ws = principal.workspace_id
     user_id = new_id("usr_")
     profile = UserProfile.model_validate(body.model_dump(exclude={"password", "roles"}))
@@ -257,9 +291,8 @@ async def patch_user(request: web.Request) -> web.Response:
     body = await read_json(request, UserPatch)
     ident = identity(request)
     user = await live_user(ident, principal.workspace_id, request.match_info["id"])
+    await check_manageable(ident, principal, user)
     changes = body.model_dump(exclude_unset=True)
-    if changes.get("active") is False:
-        _check_owner_rights(principal, user.roles)
     profile = profile_of(user).model_copy(update=changes)
     profile = UserProfile.model_validate(profile.model_dump())
     await ident.ask(
@@ -298,7 +331,7 @@ async def delete_user(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "write")
     ident = identity(request)
     user = await live_user(ident, principal.workspace_id, request.match_info["id"])
-    _check_owner_rights(principal, user.roles)
+    await check_manageable(ident, principal, user)
     await deprovision(ident, request, principal.workspace_id, user.user_id)
     return web.Response(status=204)
 
@@ -310,9 +343,21 @@ async def put_password(request: web.Request) -> web.Response:
         await acting(request, "users", "write")
     body = await read_json(request, PasswordBody)
     ident = identity(request)
-    await live_user(ident, principal.workspace_id, user_id)
+    await check_manageable(
+        ident, principal, await live_user(ident, principal.workspace_id, user_id)
+    )
     await set_password(
         request, ident, principal.workspace_id, user_id, body.password.get_secret_value()
+    )
+    # A new password ends every other session of the user (a reset after a compromise must
+    # also cut the intruder's session); the caller's own session stays.
+    await revoke_sessions(
+        ident,
+        principal.workspace_id,
+        user_id,
+        "password changed",
+        actor_of(request),
+        keep=principal.attributes.get("session_id"),
     )
     return web.Response(status=204)
 
@@ -320,8 +365,8 @@ async def put_password(request: web.Request) -> web.Response:
 async def bind_role(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "write")
     body = await read_json(request, RoleBody)
-    _check_owner_rights(principal, (body.role,))
     ident = identity(request)
+    await check_grantable(ident, principal, (body.role,))
     user = await live_user(ident, principal.workspace_id, request.match_info["id"])
     await ident.ask(
         directory_key(principal.workspace_id),
@@ -340,8 +385,8 @@ async def bind_role(request: web.Request) -> web.Response:
 async def unbind_role(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "write")
     role = request.match_info["role"]
-    _check_owner_rights(principal, (role,))
     ident = identity(request)
+    await check_grantable(ident, principal, (role,))
     user = await live_user(ident, principal.workspace_id, request.match_info["id"])
     await ident.ask(
         directory_key(principal.workspace_id),
@@ -365,7 +410,7 @@ async def issue_user_key(request: web.Request) -> web.Response:
     unknown = sorted(set(body.scopes) - API_KEY_SCOPES)
     if unknown:
         raise InvalidInput(f"unknown scopes {unknown}", code="invalid_scope")
-    _check_delegation(principal, body.scopes)
+    check_delegation(principal, body.scopes)
     ident = identity(request)
     ws = principal.workspace_id
     user = await live_user(ident, ws, request.match_info["id"])
@@ -416,7 +461,11 @@ async def list_roles(request: web.Request) -> web.Response:
 async def define_role(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "write")
     body = await read_json(request, CustomRoleBody)
-    await identity(request).ask(
+    ident = identity(request)
+    # Defining (or redefining) a role needs every right it grants now and granted before.
+    await check_grantable(ident, principal, (body.name,))
+    _check_holds(principal, body.permissions, f"defining role {body.name}")
+    await ident.ask(
         directory_key(principal.workspace_id),
         DefineCustomRole(
             by=actor_of(request),
@@ -434,6 +483,13 @@ async def scim_token(request: web.Request) -> web.Response:
     """Issue (or rotate: the same thing when one exists) or revoke the workspace's SCIM token.
     The token is in the response once and never again."""
     principal = await acting(request, "security", "write")
+    if not principal.allows("admin:write"):
+        # The token creates, changes and deletes any (non-owner) user and sets passwords: it is
+        # worth write on every domain, so only such a principal may hold it.
+        raise Forbidden(
+            "the SCIM token needs write access on every domain (owner, admin or admin:write)",
+            code="insufficient_scope",
+        )
     body = ScimTokenBody()
     if request.can_read_body:
         body = await read_json(request, ScimTokenBody)
@@ -494,7 +550,7 @@ async def register_client(request: web.Request) -> web.Response:
     unknown = sorted(set(body.scopes) - API_KEY_SCOPES)
     if unknown:
         raise InvalidInput(f"unknown scopes {unknown}", code="invalid_scope")
-    _check_delegation(principal, body.scopes)
+    check_delegation(principal, body.scopes)
     client_id, secret = new_client_credentials()
     await identity(request).ask(
         directory_key(principal.workspace_id),

@@ -262,11 +262,15 @@ async def _second_factor(ident: Identity, user: UserRow, code: str | None) -> bo
 
 
 async def login(request: web.Request) -> web.Response:
+    # Only application/json: a cross-site HTML form (text/plain, urlencoded) cannot send it
+    # without a CORS preflight, so another site cannot sign a browser in as its own user.
+    if request.content_type != "application/json":
+        raise InvalidInput("the login body must be application/json", code="unsupported_media_type")
     body = await read_json(request, LoginRequest)
     ident = identity(request)
     workspace_id = body.workspace_id or ident.settings.default_workspace_id
     address = client_ip(request)
-    await ident.throttle.check(workspace_id, body.username, address)
+    attempt = await ident.throttle.reserve(workspace_id, body.username, address)
     method: LoginMethod = "password"
     user = await _local(ident, workspace_id, body)
     if user is None:
@@ -277,7 +281,7 @@ async def login(request: web.Request) -> web.Response:
             raise Unauthorized(BAD_CREDENTIALS)
         second = await _second_factor(ident, user, body.totp_code)
     except Unauthorized as exc:
-        await ident.throttle.failed(workspace_id, body.username, address)
+        await ident.throttle.failed(attempt)
         reason = "bad_credentials" if user is None else "bad_second_factor"
         await _record(
             request,
@@ -289,7 +293,7 @@ async def login(request: web.Request) -> web.Response:
             reason,
         )
         raise exc from None
-    await ident.throttle.succeeded(workspace_id, body.username)
+    await ident.throttle.succeeded(attempt)
     session, payload = await start_session(request, ident, user, method, second)
     response = json(payload, headers={"Cache-Control": "no-store"})
     set_session_cookies(request, response, session)

@@ -7,18 +7,219 @@ called after the platform's context is registered (gateway.app.create_app does t
 from __future__ import annotations
 
 from aiohttp import web
+from pydantic import BaseModel
 
 from gateway.identity import admin, login
 from gateway.identity.oauth import token_endpoint
 from gateway.identity.saml import add_saml_routes
+from gateway.identity.scim import CONTENT_TYPE as SCIM_CONTENT_TYPE
+from gateway.identity.scim import PREFIX as SCIM_PREFIX
 from gateway.identity.scim import add_scim_routes
 from gateway.identity.service import identity_ctx
+from gateway.openapi import document
 
 ADMIN = "/v1/admin"
+AUTH_TAG = "Auth & SSO"
+SCIM_TAG = "SCIM"
+SECURITY_TAG = "Security & governance"
+
+_Doc = tuple[str, str, str, str, type[BaseModel] | None, str, int]
+"""method, path, summary, tag, request model, auth ("bearer"/"none"), success status"""
+
+ROUTE_DOCS: tuple[_Doc, ...] = (
+    (
+        "POST",
+        f"{ADMIN}/auth/login",
+        "Admin login: starts a session (cookie)",
+        AUTH_TAG,
+        login.LoginRequest,
+        "none",
+        200,
+    ),
+    ("POST", f"{ADMIN}/auth/logout", "Ends the admin session", AUTH_TAG, None, "bearer", 200),
+    ("GET", f"{ADMIN}/auth/session", "Who is signed in", AUTH_TAG, None, "bearer", 200),
+    (
+        "POST",
+        f"{ADMIN}/auth/totp/enrol",
+        "Starts TOTP enrolment (secret shown once)",
+        AUTH_TAG,
+        None,
+        "bearer",
+        200,
+    ),
+    (
+        "POST",
+        f"{ADMIN}/auth/totp/verify",
+        "Confirms TOTP enrolment",
+        AUTH_TAG,
+        login.TotpCode,
+        "bearer",
+        200,
+    ),
+    ("GET", f"{ADMIN}/users", "Lists users", SECURITY_TAG, None, "bearer", 200),
+    ("POST", f"{ADMIN}/users", "Creates a user", SECURITY_TAG, admin.NewUser, "bearer", 201),
+    ("GET", f"{ADMIN}/users/{{id}}", "Reads a user", SECURITY_TAG, None, "bearer", 200),
+    (
+        "PATCH",
+        f"{ADMIN}/users/{{id}}",
+        "Updates a user",
+        SECURITY_TAG,
+        admin.UserPatch,
+        "bearer",
+        200,
+    ),
+    ("DELETE", f"{ADMIN}/users/{{id}}", "Deprovisions a user", SECURITY_TAG, None, "bearer", 204),
+    (
+        "PUT",
+        f"{ADMIN}/users/{{id}}/password",
+        "Sets a user's password",
+        SECURITY_TAG,
+        admin.PasswordBody,
+        "bearer",
+        204,
+    ),
+    (
+        "POST",
+        f"{ADMIN}/users/{{id}}/roles",
+        "Binds a role",
+        SECURITY_TAG,
+        admin.RoleBody,
+        "bearer",
+        200,
+    ),
+    (
+        "POST",
+        f"{ADMIN}/users/{{id}}/apikeys",
+        "Issues a user's API key (shown once)",
+        SECURITY_TAG,
+        admin.UserKeyBody,
+        "bearer",
+        201,
+    ),
+    (
+        "DELETE",
+        f"{ADMIN}/users/{{id}}/roles/{{role}}",
+        "Unbinds a role",
+        SECURITY_TAG,
+        None,
+        "bearer",
+        200,
+    ),
+    ("GET", f"{ADMIN}/roles", "Lists built-in and custom roles", SECURITY_TAG, None, "bearer", 200),
+    (
+        "POST",
+        f"{ADMIN}/roles",
+        "Defines a custom role",
+        SECURITY_TAG,
+        admin.CustomRoleBody,
+        "bearer",
+        201,
+    ),
+    (
+        "POST",
+        f"{ADMIN}/scim/token",
+        "Issues, rotates or revokes the SCIM token (shown once)",
+        AUTH_TAG,
+        admin.ScimTokenBody,
+        "bearer",
+        201,
+    ),
+    (
+        "POST",
+        f"{ADMIN}/oauth/clients",
+        "Registers an OAuth client (secret shown once)",
+        AUTH_TAG,
+        admin.OAuthClientBody,
+        "bearer",
+        201,
+    ),
+    (
+        "DELETE",
+        f"{ADMIN}/oauth/clients/{{id}}",
+        "Revokes an OAuth client",
+        AUTH_TAG,
+        None,
+        "bearer",
+        204,
+    ),
+    ("GET", f"{ADMIN}/audit", "The security audit log", SECURITY_TAG, None, "bearer", 200),
+    (
+        "PUT",
+        f"{ADMIN}/identity/secrets/{{scope}}/{{name}}",
+        "Sets an SSO secret (write-only)",
+        SECURITY_TAG,
+        admin.SecretBody,
+        "bearer",
+        204,
+    ),
+    (
+        "POST",
+        "/v1/oauth/token",
+        "OAuth 2.0 token endpoint (client credentials)",
+        AUTH_TAG,
+        None,
+        "none",
+        200,
+    ),
+    ("GET", "/saml/metadata", "SAML service-provider metadata", AUTH_TAG, None, "none", 200),
+    (
+        "GET",
+        "/saml/login",
+        "Starts a SAML login (redirect to the IdP)",
+        AUTH_TAG,
+        None,
+        "none",
+        302,
+    ),
+    ("POST", "/saml/acs", "SAML assertion consumer (HTTP-POST)", AUTH_TAG, None, "none", 303),
+)
+
+SCIM_DOCS: tuple[tuple[str, str, str], ...] = (
+    ("GET", "/ServiceProviderConfig", "SCIM service provider configuration"),
+    ("GET", "/ResourceTypes", "SCIM resource types"),
+    ("GET", "/ResourceTypes/{id}", "A SCIM resource type"),
+    ("GET", "/Schemas", "SCIM schemas"),
+    ("GET", "/Schemas/{id}", "A SCIM schema"),
+    ("GET", "/Users", "Lists SCIM users (filter, startIndex, count)"),
+    ("POST", "/Users", "Creates a SCIM user"),
+    ("POST", "/Users/.search", "Searches SCIM users"),
+    ("POST", "/.search", "Searches SCIM resources"),
+    ("GET", "/Users/{id}", "Reads a SCIM user"),
+    ("PUT", "/Users/{id}", "Replaces a SCIM user"),
+    ("PATCH", "/Users/{id}", "Patches a SCIM user"),
+    ("DELETE", "/Users/{id}", "Deprovisions a SCIM user"),
+)
+
+
+def document_routes() -> None:
+    """Describe every identity route for the OpenAPI document (gateway/openapi.py)."""
+    for method, path, summary, tag, request, auth, status in ROUTE_DOCS:
+        document(
+            method,
+            path,
+            summary=summary,
+            tag=tag,
+            request=request,
+            auth=auth,
+            response_status=status,
+            extra_statuses=(429,) if path.endswith("/auth/login") else (),
+        )
+    for method, path, summary in SCIM_DOCS:
+        document(
+            method,
+            SCIM_PREFIX + path,
+            summary=summary,
+            tag=SCIM_TAG,
+            response_status=201
+            if method == "POST" and path == "/Users"
+            else (204 if method == "DELETE" else 200),
+            content_type=SCIM_CONTENT_TYPE,
+        )
 
 
 def add_routes(app: web.Application) -> None:
     app.cleanup_ctx.append(identity_ctx)
+    document_routes()
     r = app.router
     r.add_post(f"{ADMIN}/auth/login", login.login)
     r.add_post(f"{ADMIN}/auth/logout", login.logout)

@@ -178,8 +178,12 @@ async def service_provider(ident: Identity) -> ServiceProvider:
 
 
 def safe_next(raw: str | None) -> str:
-    """A same-site absolute path, else `/` (no scheme, no host, no `//`, no backslash)."""
-    if not raw or not raw.startswith("/") or raw.startswith("//") or "\\" in raw:
+    r"""A same-site absolute path, else `/` (no scheme, no host, no `//`, no backslash, and only
+    printable ASCII: browsers drop tabs and newlines, so `/\t/evil.example` would become
+    `//evil.example`, and a CR/LF must never reach the Location header)."""
+    if not raw or len(raw) > 2048 or not all(" " < ch < "\x7f" for ch in raw):
+        return "/"
+    if not raw.startswith("/") or raw.startswith("//") or "\\" in raw:
         return "/"
     parts = urlsplit(raw)
     if parts.scheme or parts.netloc:

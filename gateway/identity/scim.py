@@ -259,6 +259,16 @@ async def _user(ident: Identity, workspace_id: str, user_id: str) -> UserRow:
     return user
 
 
+async def _writable_user(ident: Identity, workspace_id: str, user_id: str) -> UserRow:
+    """A user SCIM may change. Not an owner: a SCIM token (which write on `security` issues)
+    could otherwise set an owner's password or external id and sign in as them, or remove
+    the last owner; owners are managed through the admin API, where only an owner may."""
+    user = await _user(ident, workspace_id, user_id)
+    if "owner" in user.roles:
+        raise ScimError(403, "an owner cannot be changed through SCIM; use the admin API")
+    return user
+
+
 # --- users ------------------------------------------------------------------------------------
 
 
@@ -374,7 +384,7 @@ async def _save(
 
 
 async def put_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
-    user = await _user(ident, ws, request.match_info["id"])
+    user = await _writable_user(ident, ws, request.match_info["id"])
     data = await _json_object(request)
     fields = _profile_fields(data)
     if not isinstance(fields.get("user_name"), str) or not fields["user_name"]:
@@ -443,7 +453,7 @@ def _apply_op(current: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
 
 
 async def patch_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
-    user = await _user(ident, ws, request.match_info["id"])
+    user = await _writable_user(ident, ws, request.match_info["id"])
     data = await _json_object(request)
     if PATCH_SCHEMA not in (data.get("schemas") or []):
         raise ScimError(400, f"a PATCH body must use the {PATCH_SCHEMA} schema", "invalidSyntax")
@@ -464,7 +474,7 @@ async def patch_handler(request: web.Request, ident: Identity, ws: str) -> web.S
 
 
 async def delete_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
-    user = await _user(ident, ws, request.match_info["id"])
+    user = await _writable_user(ident, ws, request.match_info["id"])
     await deprovision(ident, request, ws, user.user_id)
     return web.Response(status=204)
 

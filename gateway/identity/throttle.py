@@ -1,14 +1,25 @@
 """Failed-login limits per account and per client address, shared by every gateway process.
 
-Only failures count. They go into the gateway's fixed-minute windows (`rate_limit_windows`,
+Attempts go into the gateway's fixed-minute windows (`rate_limit_windows`,
 gateway/ratelimit.py) under `login-fail:` keys, summed over the last `WINDOW_MINUTES` (the
-gateway's pruner keeps three minutes of windows); an account or an address with too many
-recent failures is refused with 429 before its password is checked.
+gateway's pruner keeps three minutes of windows). `reserve` counts an attempt *before* its
+password is checked, atomically, so a burst of parallel guesses cannot all pass a check made
+before any of them failed; an attempt over the limit is refused with 429 (and not counted).
+A success gives its reservation back (`succeeded`, which also clears the account's count), so
+in effect only failures count.
+
+The account key is the login normalised the way directories compare it (case, surrounding and
+repeated spaces, Unicode compatibility forms): `Alice`, ` alice ` and its full-width form share one
+count. An IPv6 client counts by its /64, which one host usually holds whole.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import unicodedata
+from dataclasses import dataclass
+from datetime import datetime
 
 from eventstore.db import Database
 from schemas.errors import RateLimited
@@ -16,6 +27,7 @@ from schemas.errors import RateLimited
 MAX_PER_ACCOUNT = 5
 MAX_PER_ADDRESS = 20
 WINDOW_MINUTES = 2
+IPV6_PREFIX = 64
 
 _COUNT = """
 SELECT coalesce(sum(count), 0)::int FROM rate_limit_windows
@@ -25,41 +37,78 @@ _HIT = """
 INSERT INTO rate_limit_windows AS w (key_id, window_start, count)
 VALUES ($1, date_trunc('minute', now()), 1)
 ON CONFLICT (key_id, window_start) DO UPDATE SET count = w.count + 1
+RETURNING window_start
+"""
+_UNDO = """
+UPDATE rate_limit_windows SET count = count - 1
+WHERE key_id = $1 AND window_start = $2 AND count > 0
 """
 _CLEAR = "DELETE FROM rate_limit_windows WHERE key_id = $1"
 
 
-def _account_key(workspace_id: str, user_name: str) -> str:
-    digest = hashlib.sha256(f"{workspace_id}\0{user_name.casefold()}".encode()).hexdigest()
+def normalise_login(user_name: str) -> str:
+    return " ".join(unicodedata.normalize("NFKC", user_name).split()).casefold()
+
+
+def account_key(workspace_id: str, user_name: str) -> str:
+    digest = hashlib.sha256(f"{workspace_id}\0{normalise_login(user_name)}".encode()).hexdigest()
     return f"login-fail:acct:{digest[:32]}"
 
 
-def _address_key(address: str) -> str:
-    return f"login-fail:ip:{address}"
+def address_key(address: str) -> str:
+    try:
+        ip = ipaddress.ip_address(address.strip())
+    except ValueError:
+        return f"login-fail:ip:{address}"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return f"login-fail:ip:{ip.ipv4_mapped}"
+    if isinstance(ip, ipaddress.IPv6Address):
+        net = ipaddress.ip_network(f"{ip}/{IPV6_PREFIX}", strict=False)
+        return f"login-fail:ip:{net}"
+    return f"login-fail:ip:{ip}"
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """One counted login attempt: the keys it was counted under and the windows it went to."""
+
+    account: str
+    address: str
+    account_window: datetime
+    address_window: datetime
 
 
 class LoginThrottle:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def check(self, workspace_id: str, user_name: str, address: str) -> None:
-        async with self._db.acquire() as conn:
-            account = await conn.fetchval(
-                _COUNT, _account_key(workspace_id, user_name), WINDOW_MINUTES
-            )
-            by_address = await conn.fetchval(_COUNT, _address_key(address), WINDOW_MINUTES)
-        if account >= MAX_PER_ACCOUNT or by_address >= MAX_PER_ADDRESS:
+    async def reserve(self, workspace_id: str, user_name: str, address: str) -> Reservation:
+        """Count one attempt, or refuse it with 429 when the account or the address already
+        has its limit of recent failures (or attempts in flight)."""
+        account, by_address = account_key(workspace_id, user_name), address_key(address)
+        async with self._db.acquire() as conn, conn.transaction():
+            account_window = await conn.fetchval(_HIT, account)
+            address_window = await conn.fetchval(_HIT, by_address)
+            account_count = await conn.fetchval(_COUNT, account, WINDOW_MINUTES)
+            address_count = await conn.fetchval(_COUNT, by_address, WINDOW_MINUTES)
+            over = account_count > MAX_PER_ACCOUNT or address_count > MAX_PER_ADDRESS
+            if over:
+                await conn.execute(_UNDO, account, account_window)
+                await conn.execute(_UNDO, by_address, address_window)
+        if over:
             raise RateLimited(
                 "too many failed logins; try again in a few minutes",
                 retry_after_s=60.0,
                 code="login_rate_limited",
             )
+        return Reservation(account, by_address, account_window, address_window)
 
-    async def failed(self, workspace_id: str, user_name: str, address: str) -> None:
-        async with self._db.acquire() as conn:
-            await conn.execute(_HIT, _account_key(workspace_id, user_name))
-            await conn.execute(_HIT, _address_key(address))
+    async def failed(self, reservation: Reservation) -> None:
+        """The attempt failed: it stays counted (nothing to do; kept for the reader)."""
 
-    async def succeeded(self, workspace_id: str, user_name: str) -> None:
+    async def succeeded(self, reservation: Reservation) -> None:
+        """The attempt succeeded: the account's failures are forgiven and the address gets
+        this attempt back."""
         async with self._db.acquire() as conn:
-            await conn.execute(_CLEAR, _account_key(workspace_id, user_name))
+            await conn.execute(_CLEAR, reservation.account)
+            await conn.execute(_UNDO, reservation.address, reservation.address_window)

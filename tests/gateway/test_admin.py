@@ -55,6 +55,7 @@ async def test_conversations_list_shape_and_paging(service: Service) -> None:
         {"limit": "ten"},
         {"offset": -1},
         {"offset": "x"},
+        {"offset": 10**20},  # beyond the database's integers: a 400, not a 500
         {"limt": 5},
     ],
 )
@@ -193,6 +194,10 @@ async def test_overview_and_analytics(service: Service) -> None:
         {"since": "2026-02-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"},
         {"since": "2020-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"},
         {"since": "2026-01-01T00:00:00Z", "until": "2026-03-01T00:00:00Z", "bucket": "hour"},
+        # Dates the database or Python cannot represent once read as UTC: 400, not 500.
+        {"since": "0001-01-01T00:00:00+14:00", "until": "0001-01-02T00:00:00+14:00"},
+        {"since": "9999-12-31T00:00:00-14:00", "until": "9999-12-31T23:00:00-14:00"},
+        {"since": "9999-12-31T00:00:00Z", "until": "9999-12-31T23:59:59.999999Z"},
     ],
 )
 async def test_analytics_validation(service: Service, params: dict[str, str]) -> None:
@@ -324,3 +329,17 @@ async def test_min_cursor(service: Service) -> None:
         await service.get_json("/v1/admin/conversations", key, 400, min_cursor="garbage"),
         "invalid_cursor",
     )
+
+
+async def test_a_key_cannot_mint_a_key_with_admin_scopes_it_lacks(service: Service) -> None:
+    ws = uid("ws-")
+    writer = await service.issue_key(ws, ("admin:write",))
+    for scopes in (["*"], ["admin:read"]):
+        refused = await service.post_json(
+            "/v1/admin/apikeys", writer, {"name": "up", "scopes": scopes}, 403
+        )
+        assert refused["error"]["code"] == "insufficient_scope"
+    chat_only = await service.post_json(
+        "/v1/admin/apikeys", writer, {"name": "chat", "scopes": ["chat"]}, 201
+    )
+    assert chat_only["scopes"] == ["chat"]

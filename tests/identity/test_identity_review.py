@@ -1,0 +1,308 @@
+"""Security review fixes: no privilege escalation through user management, failed-login limits
+that parallel or reworded guesses cannot slip past, login CSRF, RelayState hygiene and the
+OpenAPI descriptions of every identity route."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from identity_support import WHOAMI, running, settings_for
+
+from gateway.identity.routes import ROUTE_DOCS, SCIM_DOCS
+from gateway.identity.saml import safe_next
+from gateway.identity.scim import PREFIX as SCIM_PREFIX
+from gateway.identity.throttle import MAX_PER_ACCOUNT, account_key, address_key
+from gateway.openapi import build_document
+
+pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
+
+PASSWORD = "correct horse battery staple"
+
+
+async def test_write_on_users_alone_cannot_escalate(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        status, _, _ = await svc.request(
+            "POST",
+            "/v1/admin/roles",
+            key,
+            json={"name": "user-mgr", "permissions": {"users": "write"}},
+        )
+        assert status == 201
+        owner = await svc.create_user(key, "boss", PASSWORD, roles=["owner"])
+        admin = await svc.create_user(key, "chief", PASSWORD, roles=["admin"])
+        await svc.create_user(key, "hr", PASSWORD, roles=["user-mgr"])
+        status, body, browser = await svc.login("hr", PASSWORD)
+        assert status == 200, body
+        me = body["user"]["id"]
+        csrf = {"X-CSRF-Token": body["csrf_token"]}
+
+        async def attempt(method: str, path: str, payload: Any = None) -> tuple[int, Any]:
+            status, out, _ = await svc.request(
+                method, path, session=browser, headers=csrf, json=payload
+            )
+            return status, out
+
+        async with browser:
+            refused = (
+                ("POST", f"/v1/admin/users/{me}/roles", {"role": "admin"}),
+                ("POST", "/v1/admin/users", {"user_name": "sock", "roles": ["operator"]}),
+                (
+                    "POST",
+                    "/v1/admin/roles",
+                    {"name": "user-mgr", "permissions": {"users": "write", "apikeys": "write"}},
+                ),
+                ("POST", "/v1/admin/roles", {"name": "x", "permissions": {"agents": "read"}}),
+                ("PUT", f"/v1/admin/users/{admin['id']}/password", {"password": "pwned-pwned"}),
+                ("PATCH", f"/v1/admin/users/{admin['id']}", {"external_id": "hr-sub"}),
+                ("DELETE", f"/v1/admin/users/{admin['id']}/roles/admin", None),
+                ("DELETE", f"/v1/admin/users/{admin['id']}", None),
+            )
+            for method, path, payload in refused:
+                status, err = await attempt(method, path, payload)
+                assert status == 403, (method, path, err)
+                assert err["error"]["code"] in ("insufficient_scope", "owner_only")
+            # What it holds, it may hand out.
+            status, out = await attempt(
+                "POST", "/v1/admin/users", {"user_name": "peer", "roles": ["user-mgr"]}
+            )
+            assert status == 201, out
+            # Its own password is its own business.
+            status, _ = await attempt(
+                "PUT", f"/v1/admin/users/{me}/password", {"password": "another good one"}
+            )
+            assert status == 204
+        # The admin password was not changed: the admin still signs in with the old one.
+        status, _, b = await svc.login("chief", PASSWORD)
+        await b.close()
+        assert status == 200
+
+        # An admin cannot take over the owner by setting the password or the external id.
+        status, body, browser = await svc.login("chief", PASSWORD)
+        async with browser:
+            csrf = {"X-CSRF-Token": body["csrf_token"]}
+            for method, path, payload in (
+                ("PUT", f"/v1/admin/users/{owner['id']}/password", {"password": "pwned-pwned"}),
+                ("PATCH", f"/v1/admin/users/{owner['id']}", {"external_id": "chief-sub"}),
+            ):
+                status, err, _ = await svc.request(
+                    method, path, session=browser, headers=csrf, json=payload
+                )
+                assert status == 403 and err["error"]["code"] == "owner_only", path
+            # ... but manages an operator.
+            op = await svc.create_user(key, "opx", PASSWORD, roles=["operator"])
+            status, _, _ = await svc.request(
+                "PUT",
+                f"/v1/admin/users/{op['id']}/password",
+                session=browser,
+                headers=csrf,
+                json={"password": "a new password"},
+            )
+            assert status == 204
+
+
+async def test_parallel_and_reworded_guesses_share_the_account_limit(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        await svc.create_user(key, "carla", PASSWORD, roles=["member"])
+
+        async def guess(name: str) -> int:
+            status, _, browser = await svc.login(name, "not the password")
+            await browser.close()
+            return status
+
+        statuses = await asyncio.gather(*(guess("carla") for _ in range(12)))
+        assert statuses.count(401) <= MAX_PER_ACCOUNT, statuses
+        assert statuses.count(429) >= 12 - MAX_PER_ACCOUNT
+        for variant in ("CARLA", " carla ", "\uff43\uff41\uff52\uff4c\uff41"):
+            assert await guess(variant) == 429, variant
+        status, _, browser = await svc.login("carla", PASSWORD)
+        await browser.close()
+        assert status == 429
+
+
+def test_throttle_keys() -> None:
+    assert account_key("ws", "Alice") == account_key("ws", "  alice ")
+    assert account_key("ws", "alice") != account_key("other", "alice")
+    a = address_key("2001:db8:1:2:aaaa::1")
+    assert a == address_key("2001:db8:1:2:ffff::9") == "login-fail:ip:2001:db8:1:2::/64"
+    assert address_key("2001:db8:1:3::1") != a
+    assert address_key("::ffff:10.0.0.1") == address_key("10.0.0.1") == "login-fail:ip:10.0.0.1"
+
+
+async def test_login_needs_a_json_body(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        await svc.create_user(key, "formy", PASSWORD, roles=["member"])
+        # What a cross-site <form enctype="text/plain"> would send.
+        data = '{"username": "formy", "password": "' + PASSWORD + '", "x": "="}'
+        status, body, headers = await svc.request(
+            "POST",
+            "/v1/admin/auth/login",
+            data=data,
+            headers={"Content-Type": "text/plain"},
+        )
+        assert status == 400 and body["error"]["code"] == "unsupported_media_type"
+        assert "Set-Cookie" not in headers
+
+
+def test_relay_state_is_a_plain_same_site_path() -> None:
+    assert safe_next("/agents?tab=1#x") == "/agents?tab=1#x"
+    for bad in (
+        "//evil.example",
+        "/\t/evil.example",
+        "/\\evil.example",
+        "https://evil.example/",
+        "/a\r\nSet-Cookie: x=1",
+        "/\x0b/evil.example",
+        "/caf\u00e9",
+        "",
+        None,
+    ):
+        assert safe_next(bad) == "/", bad
+
+
+async def test_every_identity_route_is_described_in_openapi(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        doc = build_document(svc.app, "test")
+    described = {(m, p) for m, p, *_ in ROUTE_DOCS}
+    described |= {(m, SCIM_PREFIX + p) for m, p, _ in SCIM_DOCS}
+    for method, path in described:
+        operation = doc["paths"][path][method.lower()]
+        assert operation["tags"] != ["Other"], (method, path)
+    login = doc["paths"]["/v1/admin/auth/login"]["post"]
+    assert login["security"] == []
+    assert "LoginRequest" in doc["components"]["schemas"]
+    assert doc["paths"]["/scim/v2/Users"]["get"]["tags"] == ["SCIM"]
+    # Every route the identity subsystem installs is covered.
+    identity_paths = [
+        (m, p)
+        for p, ops in doc["paths"].items()
+        for m in ops
+        if p.startswith(("/v1/admin/auth", "/v1/admin/users", "/v1/admin/roles", "/saml"))
+        or p.startswith(("/v1/admin/scim", "/v1/admin/oauth", "/v1/admin/audit", "/v1/oauth"))
+        or p.startswith(("/v1/admin/identity", SCIM_PREFIX))
+    ]
+    missing = [(m, p) for m, p in identity_paths if (m.upper(), p) not in described]
+    assert missing == []
+
+
+async def test_scim_cannot_take_over_owners_and_needs_full_write(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        owner = await svc.create_user(key, "founder", PASSWORD, roles=["owner"])
+        status, body, _ = await svc.request("POST", "/v1/admin/scim/token", key, json={})
+        assert status == 201, body
+        token = body["token"]
+        path = f"/scim/v2/Users/{owner['id']}"
+        patch = {
+            "schemas": ["urn:ietf:params:scim:api:messages:2.0:PatchOp"],
+            "Operations": [{"op": "replace", "path": "password", "value": "pwned-pwned"}],
+        }
+        replace = {
+            "schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"],
+            "userName": "founder",
+            "externalId": "someone-else",
+        }
+        for method, payload in (("PATCH", patch), ("PUT", replace), ("DELETE", None)):
+            status, err, _ = await svc.request(method, path, token, json=payload)
+            assert status == 403 and err["status"] == "403", (method, err)
+        # Reading is fine, and the owner still signs in with the old password.
+        assert (await svc.request("GET", path, token))[0] == 200
+        status, _, browser = await svc.login("founder", PASSWORD)
+        await browser.close()
+        assert status == 200
+
+        # Write on `security` alone does not reach the SCIM token.
+        status, _, _ = await svc.request(
+            "POST",
+            "/v1/admin/roles",
+            key,
+            json={"name": "sec", "permissions": {"security": "write"}},
+        )
+        assert status == 201
+        await svc.create_user(key, "secops", PASSWORD, roles=["sec"])
+        status, body, browser = await svc.login("secops", PASSWORD)
+        async with browser:
+            status, err, _ = await svc.request(
+                "POST",
+                "/v1/admin/scim/token",
+                session=browser,
+                headers={"X-CSRF-Token": body["csrf_token"]},
+                json={},
+            )
+            assert status == 403 and err["error"]["code"] == "insufficient_scope"
+
+
+async def test_a_new_password_ends_the_users_other_sessions(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        user = await svc.create_user(key, "pia", PASSWORD, roles=["member"])
+        _, first, intruder = await svc.login("pia", PASSWORD)
+        _, mine, own = await svc.login("pia", PASSWORD)
+        async with intruder, own:
+            status, _, _ = await svc.request(
+                "PUT",
+                f"/v1/admin/users/{user['id']}/password",
+                session=own,
+                headers={"X-CSRF-Token": mine["csrf_token"]},
+                json={"password": "a fresh password"},
+            )
+            assert status == 204
+            assert (await svc.request("GET", WHOAMI, session=own))[0] == 200
+            status, err, _ = await svc.request("GET", WHOAMI, session=intruder)
+            assert status == 401 and err["error"]["code"] == "unauthorized"
+            assert first["session_id"] != mine["session_id"]
+        # An admin's reset ends them all.
+        _, _, again = await svc.login("pia", "a fresh password")
+        async with again:
+            status, _, _ = await svc.request(
+                "PUT",
+                f"/v1/admin/users/{user['id']}/password",
+                key,
+                json={"password": "reset by admin"},
+            )
+            assert status == 204
+            assert (await svc.request("GET", WHOAMI, session=again))[0] == 401
+
+
+async def test_platform_key_endpoint_cannot_mint_rights_the_user_lacks(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        status, _, _ = await svc.request(
+            "POST",
+            "/v1/admin/roles",
+            key,
+            json={"name": "key-clerk", "permissions": {"apikeys": "write"}},
+        )
+        assert status == 201
+        await svc.create_user(key, "clerk", PASSWORD, roles=["key-clerk"])
+        await svc.create_user(key, "adm3", PASSWORD, roles=["admin"])
+        cases = (
+            ("clerk", ["*"], 403),
+            ("clerk", ["admin:write"], 403),
+            ("clerk", ["admin:read"], 403),
+            ("clerk", ["chat"], 201),
+            ("adm3", ["*"], 403),
+            ("adm3", ["admin:write", "admin:read"], 201),
+        )
+        for user, scopes, expected in cases:
+            status, body, browser = await svc.login(user, PASSWORD)
+            async with browser:
+                status, out, _ = await svc.request(
+                    "POST",
+                    "/v1/admin/apikeys",
+                    session=browser,
+                    headers={"X-CSRF-Token": body["csrf_token"]},
+                    json={"name": "k", "scopes": scopes},
+                )
+            assert status == expected, (user, scopes, out)
+            if expected == 403:
+                assert out["error"]["code"] == "insufficient_scope"
+        # Keys themselves are not limited by the guard (an admin:write key is the bootstrap).
+        status, _, _ = await svc.request(
+            "POST", "/v1/admin/apikeys", key, json={"name": "k", "scopes": ["*"]}
+        )
+        assert status == 201
