@@ -365,15 +365,24 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
             raise RuntimeError("conversation actor ended the stream without a TurnResult")
         await sender.finish(result)
     except SvcError as exc:
-        TURN_ERRORS.labels(exc.code).inc()
-        await sender.error(exc.message, exc.error_type, exc.code)
+        if exc.http_status == 500:
+            # An internal failure: its message may carry database detail, so the client gets
+            # only the id, as from gateway.errors.internal_error.
+            await _internal_stream_error(sender)
+        else:
+            TURN_ERRORS.labels(exc.code).inc()
+            await sender.error(exc.message, exc.error_type, exc.code)
     except Exception:
-        error_id = f"svc-{uuid.uuid4()}"
-        log.exception("chat stream failed (%s)", error_id)
-        TURN_ERRORS.labels("internal_error").inc()
-        await sender.error(f"internal error (id {error_id})", "server_error", "internal_error")
+        await _internal_stream_error(sender)
     finally:
         await items.aclose()
+
+
+async def _internal_stream_error(sender: _ChunkSender) -> None:
+    error_id = f"svc-{uuid.uuid4()}"
+    log.exception("chat stream failed (%s)", error_id)
+    TURN_ERRORS.labels("internal_error").inc()
+    await sender.error(f"internal error (id {error_id})", "server_error", "internal_error")
 
 
 async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from aiohttp import web
+from pydantic import ValidationError
 
 from actors.behaviour import ActorKey
 from actors.conversation import ConversationBehaviour, conversation_key
@@ -155,8 +156,8 @@ def _scopes(raw: str) -> tuple[str, ...]:
 async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
     scopes = _scopes(args.scopes)
     workspace = args.workspace or platform.settings.default_workspace_id
-    await ensure_workspace(platform.runtime, workspace)
     key = generate_key()
+    # Built (and so validated) before the workspace is created: bad arguments change nothing.
     command = IssueApiKey(
         command_id=f"cli-{uuid.uuid4()}",
         workspace_id=workspace,
@@ -168,6 +169,7 @@ async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
         rate_limit_rpm=args.rate_limit_rpm,
         at=datetime.now(UTC),
     )
+    await ensure_workspace(platform.runtime, workspace)
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
     # Make the key usable at once, even before the server's projection loop sees it.
     await platform.projections.wait_for(outcome.cursor, 10.0)
@@ -419,6 +421,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = asyncio.run(args.run(args, settings))
     except _BAD_INPUT as exc:
         _out(f"svc: error: {exc.message}", sys.stderr)
+        return USAGE_ERROR
+    except ValidationError as exc:
+        # An argument out of the command's bounds (--rate-limit-rpm, --name, ...).
+        problems = "; ".join(
+            f"{'.'.join(str(loc) for loc in error['loc']) or 'input'}: {error['msg']}"
+            for error in exc.errors(include_url=False)
+        )
+        _out(f"svc: error: invalid argument: {problems}", sys.stderr)
         return USAGE_ERROR
     except SvcError as exc:
         _out(f"svc: error: {exc.message}", sys.stderr)

@@ -2,8 +2,10 @@
 
 `{"error": {"message", "type", "code"}}`. Handlers raise (an `SvcError`, a pydantic
 `ValidationError`, an aiohttp `HTTPException`); they never build error bodies themselves. An
-unexpected exception is a 500 whose message carries an id (`svc-<uuid>`) that is also in the
-log line with the traceback, so an operator can find it; the process keeps serving.
+unexpected exception, or an `SvcError` of status 500, is a 500 whose message carries only an
+id (`svc-<uuid>`) that is also in the log line with the traceback, so an operator can find it;
+the process keeps serving. A NUL character in the URL or in a JSON string is a 400
+`invalid_character` (PostgreSQL text cannot store it).
 """
 
 from __future__ import annotations
@@ -99,16 +101,43 @@ def internal_error(request: web.Request, exc: BaseException) -> web.Response:
     return envelope(500, f"internal error (id {error_id})", "server_error", "internal_error")
 
 
+NUL = "\x00"
+_NUL_MESSAGE = "the NUL character (\\u0000) is not accepted in {where}"
+
+
+def reject_nul_in_url(request: web.Request) -> None:
+    """PostgreSQL text cannot hold NUL: a path or query parameter carrying one is the client's
+    mistake (400), not a database failure (500)."""
+    if NUL in request.path or any(NUL in k or NUL in v for k, v in request.query.items()):
+        raise InvalidInput(_NUL_MESSAGE.format(where="the URL"), code="invalid_character")
+
+
+def _contains_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return NUL in value
+    if isinstance(value, dict):
+        return any(NUL in k or _contains_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_contains_nul(v) for v in value)
+    return False
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
+        reject_nul_in_url(request)
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         return from_http_exception(exc)
     except SvcError as exc:
-        if exc.http_status >= 500:
+        if exc.http_status == 500:
+            # An internal failure (a store query that failed, say): its message may carry
+            # database detail or parameter values, so the client gets the opaque id and the
+            # log the traceback, as for any unexpected exception.
+            return internal_error(request, exc)
+        if exc.http_status > 500:
             log.warning("%s %s -> %d %s", request.method, request.path, exc.http_status, exc.code)
         return from_svc_error(exc)
     except ValidationError as exc:
@@ -147,6 +176,8 @@ async def read_json(request: web.Request, model: type[M] | None = None) -> M | A
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"malformed JSON body: {exc}", code="invalid_json") from None
+    if _contains_nul(data):
+        raise InvalidInput(_NUL_MESSAGE.format(where="JSON strings"), code="invalid_character")
     if model is None:
         return data
     try:

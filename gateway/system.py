@@ -267,6 +267,15 @@ def _document_routes() -> None:
         auth="none",
         content_type="text/html",
     )
+    for asset, kind in (("explorer.js", "text/javascript"), ("explorer.css", "text/css")):
+        doc(
+            "GET",
+            f"/docs/{asset}",
+            summary="Static asset of the API explorer",
+            tag="System",
+            auth="none",
+            content_type=kind,
+        )
 
 
 def add_routes(app: web.Application) -> None:

@@ -22,6 +22,8 @@ class _Wire(BaseModel):
 
 MAX_PAGE = 200
 DEFAULT_PAGE = 50
+MAX_OFFSET = 1_000_000_000
+"""Beyond any real read model, and far inside the database's 64-bit integer."""
 
 
 class AdminRead(_Wire):
@@ -36,7 +38,7 @@ class AdminRead(_Wire):
 
 class PageQuery(AdminRead):
     limit: int = Field(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=MAX_OFFSET)
 
 
 # -- overview and analytics -------------------------------------------------------------------
@@ -79,6 +81,16 @@ def _as_utc(value: datetime | None) -> datetime | None:
 
 
 MAX_WINDOW = {"hour": timedelta(days=31), "day": timedelta(days=366)}
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+"""Bounds of `since`/`until`: the window and its buckets stay representable in the database
+and in Python (the year 1 or 9999 with an offset is neither)."""
+
+
+def _in_range(value: datetime | None) -> datetime | None:
+    if value is not None and not EARLIEST <= value < LATEST:
+        raise ValueError("must lie between 1970-01-01T00:00:00Z and 9000-01-01T00:00:00Z")
+    return value
 
 
 class AnalyticsQuery(AdminRead):
@@ -90,6 +102,7 @@ class AnalyticsQuery(AdminRead):
     bucket: Literal["hour", "day"] = "day"
 
     _utc = field_validator("since", "until")(_as_utc)
+    _range = field_validator("since", "until", mode="after")(_in_range)
 
     def window(self, now: datetime) -> tuple[datetime, datetime]:
         until = self.until or now

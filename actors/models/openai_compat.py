@@ -201,7 +201,7 @@ class OpenAICompatProvider:
                     async for event in _from_completion(await resp.json(), messages):
                         yield event
                     return
-                async for event in _from_stream(resp.content, messages):
+                async for event in _from_stream(resp.content, messages, self._api_key):
                     yield event
         except aiohttp.ServerTimeoutError:
             raise TimeoutError from None
@@ -288,7 +288,7 @@ def _message(message: ChatMessage) -> dict[str, str]:
 
 
 async def _from_stream(
-    content: aiohttp.StreamReader, messages: tuple[ChatMessage, ...]
+    content: aiohttp.StreamReader, messages: tuple[ChatMessage, ...], api_key: str | None
 ) -> AsyncIterator[ModelEvent]:
     finish_reason: str | None = None
     usage: Usage | None = None
@@ -299,7 +299,7 @@ async def _from_stream(
         chunk = _json_object(data)
         if "error" in chunk:
             raise UpstreamError(
-                f"model server failed mid-answer: {_scrub(_chunk_error(chunk), None)}",
+                f"model server failed mid-answer: {_scrub(_chunk_error(chunk), api_key)}",
                 code="upstream_interrupted",
             )
         usage = _usage(chunk.get("usage")) or usage

@@ -26,6 +26,7 @@ from schemas.workspace import IssueApiKey, RevokeApiKey
 WHOAMI = "/test/whoami"
 BOOM = "/test/boom"
 ECHO = "/test/echo"
+STORE_BOOM = "/test/store-boom"
 
 
 def uid(prefix: str = "") -> str:
@@ -47,6 +48,12 @@ async def boom(request: web.Request) -> web.Response:
     raise RuntimeError("kaboom: an unexpected failure")
 
 
+async def store_boom(request: web.Request) -> web.Response:
+    from eventstore.errors import StoreError
+
+    raise StoreError("event store query failed (invalid input for $1: 'hunter2-param')")
+
+
 async def echo(request: web.Request) -> web.Response:
     from pydantic import BaseModel, Field
 
@@ -64,6 +71,7 @@ def test_routes(app: web.Application) -> None:
     app.router.add_get(WHOAMI, whoami)
     app.router.add_get(BOOM, boom)
     app.router.add_post(ECHO, echo)
+    app.router.add_get(STORE_BOOM, store_boom)
 
 
 @dataclass

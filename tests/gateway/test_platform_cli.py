@@ -68,12 +68,17 @@ def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
         ("settings", "set", "SVC_LLM_RETRIES", "many"),
         ("apikeys", "create"),
         ("projections", "rebuild", "nope"),
+        # Out of the key's bounds: a usage error naming the argument, not "internal error".
+        ("apikeys", "create", "--scopes", "chat", "--rate-limit-rpm", "99999999999"),
+        ("apikeys", "create", "--scopes", "chat", "--name", "n" * 300),
     ):
         done = svc(data_dir, *args)
         assert done.returncode == 2, (args, done.stderr)
         assert "Traceback" not in done.stderr and "svc: error" in done.stderr, args
     done = svc(data_dir, "settings", "set", "SVC_NOPE", "1")
     assert "unknown setting SVC_NOPE; see `svc settings list`" in done.stderr
+    done = svc(data_dir, "apikeys", "create", "--scopes", "chat", "--rate-limit-rpm", "9999999")
+    assert "rate_limit_rpm" in done.stderr and "internal error" not in done.stderr
 
 
 def test_settings_commands_mask_secrets(data_dir: Path) -> None:

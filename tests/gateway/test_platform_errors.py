@@ -7,7 +7,8 @@ import logging
 import re
 
 import pytest
-from platform_support import BOOM, ECHO, running, settings_for
+from platform_support import BOOM, ECHO, STORE_BOOM, running, settings_for
+from yarl import URL
 
 
 def assert_envelope(body: object, code: str | None = None) -> dict[str, object]:
@@ -70,3 +71,39 @@ async def test_unexpected_exception_is_500_with_id_and_traceback(
         assert logged and logged[0].exc_info is not None
         status, _, _ = await svc.request("GET", "/healthz")
         assert status == 200
+
+
+async def test_internal_svc_error_is_opaque_500_with_id(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store failure (an SvcError of status 500) must not hand database detail or query
+    parameters to the client: the same opaque id'd 500 as any unexpected exception."""
+    async with running(settings_for(database_url)) as svc:
+        with caplog.at_level(logging.ERROR, logger="gateway.errors"):
+            status, body, _ = await svc.request("GET", STORE_BOOM)
+        assert status == 500
+        error = assert_envelope(body, "internal_error")
+        match = re.fullmatch(r"internal error \(id (svc-[0-9a-f-]{36})\)", str(error["message"]))
+        assert match, error
+        logged = [r for r in caplog.records if match.group(1) in r.getMessage()]
+        assert logged and logged[0].exc_info is not None
+
+
+async def test_nul_character_is_400_not_500(database_url: str) -> None:
+    """PostgreSQL text cannot hold NUL; a client sending one gets a 400, wherever it is."""
+    async with running(settings_for(database_url)) as svc:
+        status, body, _ = await svc.request("POST", ECHO, json={"name": "a\u0000b", "count": 1})
+        assert status == 400
+        assert_envelope(body, "invalid_character")
+        status, body, _ = await svc.request(
+            "POST", ECHO, json={"name": "ok", "count": 1, "x": {"k\u0000": 1}}
+        )
+        assert status == 400
+        assert_envelope(body, "invalid_character")
+        for raw in ("/v1/admin/conversations/messages?id=a%00b", "/v1/admin/users/a%00b"):
+            async with svc.http.get(URL(svc.url(raw), encoded=True)) as resp:
+                assert resp.status == 400, raw
+                assert_envelope(await resp.json(), "invalid_character")
+        # An escaped backslash followed by "u0000" is not a NUL.
+        status, body, _ = await svc.request("POST", ECHO, data=b'{"name": "\\\\u0000", "count": 1}')
+        assert status == 200 and body["name"] == "\\u0000"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -198,3 +199,35 @@ async def test_one_pooled_session_reused_and_closed(stub: Any) -> None:
     await p.aclose()
     assert session.closed
     assert stub.calls == 3
+
+
+async def test_mid_stream_error_chunk_is_scrubbed_of_the_api_key() -> None:
+    """An error object inside the stream is reported like an HTTP error: the configured key
+    never reaches the message, even in a form the generic patterns do not recognise."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    key = "plainkey-0123456789abcdef"
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        delta = {"choices": [{"index": 0, "delta": {"content": "hi"}}]}
+        error = {"error": {"message": f"quota gone for {key}"}}
+        for item in (delta, error):
+            await response.write(b"data: " + json.dumps(item).encode() + b"\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        p = provider(str(server.make_url("/v1")), api_key=key)
+        with pytest.raises(UpstreamError) as caught:
+            await collect(p, request())
+    finally:
+        await server.close()
+    assert caught.value.code == "upstream_interrupted"
+    assert "quota gone" in caught.value.message
+    assert key not in caught.value.message
