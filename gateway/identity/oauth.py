@@ -154,6 +154,9 @@ async def _issue(request: web.Request) -> dict[str, Any]:
     if not isinstance(grant, str) or not grant:
         raise OAuthError(400, "invalid_request", "grant_type is required")
     client_id, secret, _ = await _client_credentials(request, form)
+    if "\x00" in client_id or "\x00" in secret:
+        # PostgreSQL text cannot hold NUL; such a client can never exist.
+        raise OAuthError(401, "invalid_client", "client authentication failed")
     ident = identity(request)
     client = await find_oauth_client(ident.db, client_id)
     if (

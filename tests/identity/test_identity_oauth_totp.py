@@ -60,6 +60,14 @@ async def test_client_credentials_grant(database_url: str) -> None:
         )
         assert status == 401 and err["error"] == "invalid_client"
         assert "WWW-Authenticate" in headers
+        # A NUL can never name a stored client: refused as such, never a 500.
+        nul = {"grant_type": "client_credentials", "client_id": "a\x00b", "client_secret": "x"}
+        status, err, _ = await svc.request("POST", "/v1/oauth/token", data=nul)
+        assert status == 401 and err["error"] == "invalid_client"
+        status, err, _ = await svc.request(
+            "POST", "/v1/oauth/token", data=form, headers=basic("a\x00b", "x")
+        )
+        assert status == 401 and err["error"] == "invalid_client"
         status, err, _ = await svc.request(
             "POST",
             "/v1/oauth/token",
