@@ -33,7 +33,7 @@ class LocalRuntime:
         key: ActorKey,
         command: Command,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109
+        timeout: float | None = None,
     ) -> Any:
         reply = self._table.submit(key, command)
         try:

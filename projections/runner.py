@@ -429,7 +429,7 @@ class ProjectionRunner:
     async def wait_for(
         self,
         cursor: str,
-        timeout: float,  # noqa: ASYNC109
+        timeout: float,
         *,
         names: Collection[str] | None = None,
     ) -> bool:

@@ -279,7 +279,7 @@ class RayRuntime:
         key: ActorKey,
         command: Command,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109
+        timeout: float | None = None,
     ) -> Any:
         try:
             async with asyncio.timeout(timeout):

@@ -98,7 +98,8 @@ async def test_rebuild_equals_incremental(store: PostgresEventStore, db: Databas
 async def test_status_reports_lag_then_catches_up(store: PostgresEventStore, db: Database) -> None:
     runner = ProjectionRunner(db, default_projectors())
     before = await runner.status()
-    assert [(s.cursor, s.lag_events, s.lag_seconds) for s in before] == [("", 0, 0.0)] * len(default_projectors())
+    lags = [(s.cursor, s.lag_events, s.lag_seconds) for s in before]
+    assert lags == [("", 0, 0.0)] * len(default_projectors())
 
     await _history(store, 0)
     async with db.acquire() as conn:
