@@ -100,6 +100,33 @@ async def _init_connection(conn: Connection) -> None:
     )
 
 
+class _StoreConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is untyped
+    """A pooled connection that can skip the pool's reset query on one release.
+
+    On release the pool normally sends `SELECT pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL;`: a round trip as long as the one-statement append itself. A
+    borrower that only ran statements leaving no session state behind (no SET, LISTEN,
+    cursor or session advisory lock) says so with `skip_next_reset()`; everyone else still
+    gets the full reset.
+    """
+
+    __slots__ = ("_svc_skip_reset",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._svc_skip_reset = False
+
+    def skip_next_reset(self) -> None:
+        self._svc_skip_reset = True
+
+    def get_reset_query(self) -> str:
+        if self._svc_skip_reset:
+            self._svc_skip_reset = False
+            return ""
+        query: str = super().get_reset_query()
+        return query
+
+
 class Database:
     """An asyncpg pool with the store's session settings and error translation."""
 
@@ -148,6 +175,7 @@ class Database:
                 timeout=connect_timeout_s,
                 server_settings=settings,
                 init=_init_connection,
+                connection_class=_StoreConnection,
             )
         if acquire_timeout_s is None:
             acquire_timeout_s = connect_timeout_s + 1.0
@@ -186,10 +214,15 @@ class Database:
                 self._pool.terminate()
 
     @asynccontextmanager
-    async def acquire(self) -> AsyncIterator[Connection]:
+    async def acquire(self, *, stateless: bool = False) -> AsyncIterator[Connection]:
+        """Borrow a connection. `stateless=True` promises the body leaves no session state
+        (no SET, LISTEN, open cursor or session-level advisory lock): when it finishes without
+        an error the pool skips its reset query on release, saving a round trip."""
         with translate_errors():
             async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
                 yield conn
+                if stateless:
+                    conn.skip_next_reset()
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:

@@ -13,7 +13,7 @@ from eventstore.db import Connection, Database
 from eventstore.errors import ConcurrencyConflict, InvalidAppend, InvalidCursor, StoreError
 from eventstore.metrics import APPEND_SECONDS
 from eventstore.port import EventStore
-from eventstore.reads import EVENT_COLUMNS, log_head, read_log, row_to_event
+from eventstore.reads import EVENT_COLUMNS, log_head, read_log, rows_to_events
 from eventstore.records import AppendResult, NewEvent, RecordedEvent, Snapshot
 
 _MAX_INT8 = 2**63 - 1
@@ -33,51 +33,25 @@ class LogSubscriber(Protocol):
     ) -> AsyncIterator[RecordedEvent]: ...
 
 
-# The idempotency ledger row is claimed first, in the append's own transaction: a concurrent
-# duplicate of the same command blocks on this row until the first append commits (then sees
-# it and returns the first result) or rolls back (then acts itself). Events and ledger commit
-# or vanish together, so a command can never take effect twice or be recorded without effect.
-# The same statement reads the stream's head, saving a round trip on every append; when the
-# claim is lost the head is ignored.
-_CLAIM_COMMAND = """
-WITH claim AS (
-    INSERT INTO processed_commands
-        (workspace_id, command_id, stream_id, first_version, last_version, last_position)
-    VALUES ($1, $2, $3, 0, 0, 0)
-    ON CONFLICT DO NOTHING
-    RETURNING 1
-)
-SELECT EXISTS (SELECT FROM claim) AS claimed, head.version, head.workspace_id
-FROM (SELECT) AS one
-LEFT JOIN LATERAL (
-    SELECT version, workspace_id FROM events WHERE stream_id = $3
-    ORDER BY version DESC LIMIT 1
-) AS head ON true
+# The whole append is one statement, `svc_append` (migration 0003), run in an implicit
+# transaction: one round trip (Bind/Execute/Sync of a statement asyncpg keeps prepared per
+# connection) where BEGIN + claim + insert + COMMIT took four. What it guarantees:
+# - The idempotency ledger row `(workspace_id, command_id)` is claimed first, in the append's
+#   own transaction: a concurrent duplicate of the same command blocks on this row until the
+#   first append commits (then sees it and returns the first result, `duplicate`) or rolls back
+#   (then acts itself). Events and ledger row commit or vanish together, so a command can never
+#   take effect twice or be recorded without effect. A duplicate wins over a stale version.
+# - The single-writer fence is `UNIQUE (stream_id, version)` (never ON CONFLICT on events):
+#   the batch takes versions head+1.., and a second writer of a version fails with a unique
+#   violation on events_stream_version. An expected version other than the head fails with
+#   SV409 before writing; a stream of another workspace with SV403. Any failure rolls the
+#   claim back with the rest, so a failed command leaves no ledger row and may be retried.
+_APPEND = """
+SELECT duplicate, stream_id, first_version, last_version, last_tx, last_position
+FROM svc_append($1, $2, $3, $4, $5, $6, $7, $8, $9)
 """
-_FIRST_RESULT = """
-SELECT stream_id, first_version, last_version, last_tx, last_position
-FROM processed_commands WHERE workspace_id = $1 AND command_id = $2
-"""
-# One statement writes the batch (versions base+1.., fenced by UNIQUE (stream_id, version):
-# never ON CONFLICT here, a second writer of a version must fail) and completes the ledger row.
-_INSERT_EVENTS = """
-WITH written AS (
-    INSERT INTO events
-        (stream_id, version, event_id, workspace_id, type, schema_version, data, metadata)
-    SELECT $3, $4 + e.n, e.event_id, $1, e.type, e.schema_version, e.data, e.metadata
-    FROM unnest($5::uuid[], $6::text[], $7::int2[], $8::jsonb[], $9::jsonb[])
-         WITH ORDINALITY AS e(event_id, type, schema_version, data, metadata, n)
-    ORDER BY e.n
-    RETURNING version, position, tx
-)
-UPDATE processed_commands
-SET first_version = w.first_version, last_version = w.last_version,
-    last_tx = w.last_tx, last_position = w.last_position
-FROM (SELECT min(version) AS first_version, max(version) AS last_version,
-             max(tx) AS last_tx, max(position) AS last_position FROM written) AS w
-WHERE workspace_id = $1 AND command_id = $2
-RETURNING w.first_version, w.last_version, w.last_tx, w.last_position
-"""
+_STATE_CONFLICT = "SV409"
+_STATE_FOREIGN_STREAM = "SV403"
 _READ_STREAM = f"""
 SELECT {EVENT_COLUMNS} FROM events
 WHERE stream_id = $1 AND version >= $2
@@ -137,16 +111,6 @@ def _validate_append(
             raise InvalidAppend(f"event {e.type!r} has schema version {e.schema_version}")
 
 
-def _duplicate_result(row: Any) -> AppendResult:
-    return AppendResult(
-        stream_id=row["stream_id"],
-        first_version=row["first_version"],
-        last_version=row["last_version"],
-        cursor=encode_cursor(LogPoint(row["last_tx"], row["last_position"])),
-        duplicate=True,
-    )
-
-
 class PostgresEventStore:
     """Append-only log in PostgreSQL; the single-writer fence and the idempotency ledger.
 
@@ -194,42 +158,42 @@ class PostgresEventStore:
         _validate_append(stream_id, events, expected_version, command_id, workspace_id)
         started = time.perf_counter()
         try:
-            async with self._db.transaction() as conn:
-                result = await self._append_in(
+            async with self._db.acquire(stateless=True) as conn:
+                row = await self._call_append(
                     conn, stream_id, events, expected_version, command_id, workspace_id
                 )
         finally:
             APPEND_SECONDS.observe(time.perf_counter() - started)
-        if not result.duplicate:
+        duplicate, recorded_stream, first_version, last_version, last_tx, last_position = row
+        if not duplicate:
             self._on_commit()
-        return result
+        return AppendResult(
+            stream_id=recorded_stream,
+            first_version=first_version,
+            last_version=last_version,
+            cursor=encode_cursor(LogPoint(last_tx, last_position)),
+            duplicate=duplicate,
+        )
 
-    async def _append_in(
-        self,
+    @staticmethod
+    async def _call_append(
         conn: Connection,
         stream_id: str,
         events: Sequence[NewEvent],
         expected_version: int | None,
         command_id: str,
         workspace_id: str,
-    ) -> AppendResult:
-        claimed, head_version, head_workspace = await conn.fetchrow(
-            _CLAIM_COMMAND, workspace_id, command_id, stream_id
-        )
-        if not claimed:
-            return _duplicate_result(await conn.fetchrow(_FIRST_RESULT, workspace_id, command_id))
-        current = head_version or 0
-        if head_workspace is not None and head_workspace != workspace_id:
-            raise InvalidAppend(f"stream {stream_id!r} belongs to another workspace")
-        if expected_version is not None and expected_version != current:
-            raise ConcurrencyConflict(stream_id, expected_version)
+    ) -> Any:
+        expected = expected_version
+        if expected is not None and expected > _MAX_INT8:
+            expected = _MAX_INT8  # as unreachable as the caller's, and fits the bigint parameter
         try:
-            row = await conn.fetchrow(
-                _INSERT_EVENTS,
+            return await conn.fetchrow(
+                _APPEND,
                 workspace_id,
                 command_id,
                 stream_id,
-                current,
+                expected,
                 [e.event_id for e in events],
                 [e.type for e in events],
                 [e.schema_version for e in events],
@@ -250,26 +214,26 @@ class PostgresEventStore:
                 "event data or metadata cannot be stored as JSON "
                 "(a value that is not JSON, or a \\u0000 character in a string)"
             ) from None
-        return AppendResult(
-            stream_id=stream_id,
-            first_version=row["first_version"],
-            last_version=row["last_version"],
-            cursor=encode_cursor(LogPoint(row["last_tx"], row["last_position"])),
-        )
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate == _STATE_CONFLICT:
+                raise ConcurrencyConflict(stream_id, expected_version) from None
+            if exc.sqlstate == _STATE_FOREIGN_STREAM:
+                raise InvalidAppend(f"stream {stream_id!r} belongs to another workspace") from None
+            raise
 
     async def read_stream(
         self, stream_id: str, from_version: int = 1, *, workspace_id: str | None = None
     ) -> list[RecordedEvent]:
         # Stream versions are dense and each commits only after the previous one did (the
         # fence), so a plain read of committed rows has no gaps: no snapshot filter needed.
-        async with self._db.acquire() as conn:
+        async with self._db.acquire(stateless=True) as conn:
             if workspace_id is None:
                 rows = await conn.fetch(_READ_STREAM, stream_id, max(from_version, 1))
             else:
                 rows = await conn.fetch(
                     _READ_STREAM_WS, stream_id, max(from_version, 1), workspace_id
                 )
-        return list(map(row_to_event, rows))
+        return rows_to_events(rows)
 
     async def read_all(
         self,
@@ -283,7 +247,7 @@ class PostgresEventStore:
         if limit < 1:
             return []
         limit = min(limit, _MAX_READ_LIMIT)
-        async with self._db.acquire() as conn:
+        async with self._db.acquire(stateless=True) as conn:
             return await read_log(conn, point, limit, workspace_id, types)
 
     def subscribe(
@@ -302,7 +266,7 @@ class PostgresEventStore:
         return self._subscriber.subscribe(after, workspace_id=workspace_id, types=types)
 
     async def save_snapshot(self, snapshot: Snapshot) -> None:
-        async with self._db.acquire() as conn:
+        async with self._db.acquire(stateless=True) as conn:
             await conn.execute(
                 _SAVE_SNAPSHOT,
                 snapshot.stream_id,
@@ -312,12 +276,12 @@ class PostgresEventStore:
             )
 
     async def load_snapshot(self, stream_id: str) -> Snapshot | None:
-        async with self._db.acquire() as conn:
+        async with self._db.acquire(stateless=True) as conn:
             row = await conn.fetchrow(_LOAD_SNAPSHOT, stream_id)
         return None if row is None else Snapshot(*row)
 
     async def head(self) -> str:
-        async with self._db.acquire() as conn:
+        async with self._db.acquire(stateless=True) as conn:
             point = await log_head(conn)
         return "" if point == ORIGIN else encode_cursor(point)
 

@@ -8,6 +8,7 @@ SVC_TEST_DATABASE_URL when set (see tests/conftest.py).
 from __future__ import annotations
 
 import asyncio
+import pickle
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -274,6 +275,38 @@ class EventStoreContract:
                     workspace_id=WS,
                 )
 
+    async def test_a_refused_append_leaves_no_ledger_row(self, store: EventStore) -> None:
+        s = stream()
+        await store.append(s, [ev()], expected_version=0, command_id=cmd(), workspace_id=WS)
+        command_id = cmd()
+        with pytest.raises(InvalidAppend):
+            await store.append(
+                s, [ev()], expected_version=1, command_id=command_id, workspace_id=OTHER_WS
+            )
+        # The refusal rolled the claim back: the command id is still free in that workspace.
+        acted = await store.append(
+            stream(), [ev()], expected_version=0, command_id=command_id, workspace_id=OTHER_WS
+        )
+        assert not acted.duplicate
+
+    async def test_an_unreachable_expected_version_is_a_conflict(self, store: EventStore) -> None:
+        s = stream()
+        command_id = cmd()
+        first = await store.append(
+            s, [ev()], expected_version=0, command_id=command_id, workspace_id=WS
+        )
+        for far in (2**31, 2**63, 2**70):
+            with pytest.raises(ConcurrencyConflict):
+                await store.append(
+                    s, [ev()], expected_version=far, command_id=cmd(), workspace_id=WS
+                )
+            # A repeated command still gets its first result, whatever version it names.
+            again = await store.append(
+                s, [ev()], expected_version=far, command_id=command_id, workspace_id=WS
+            )
+            assert again.duplicate and again.cursor == first.cursor
+        assert len(await store.read_stream(s)) == 1
+
     # reads
 
     async def test_read_stream_from_version(self, store: EventStore) -> None:
@@ -475,6 +508,45 @@ class TestPostgresEventStore(EventStoreContract):
                 (metric,) = OLDEST_OPEN_TX_AGE.collect()
                 assert metric.samples[0].value >= 0.2
         assert await sampler.sample() < 0.2
+
+    async def test_recorded_events_carry_the_stored_time_and_pickle(
+        self, db: Database, store: PostgresEventStore
+    ) -> None:
+        s = stream()
+        await store.append(
+            s, [ev(n=1), ev(n=2)], expected_version=0, command_id=cmd(), workspace_id=WS
+        )
+        by_stream = await store.read_stream(s)
+        by_log = [e for e in await read_everything(store) if e.stream_id == s]
+        assert by_stream == by_log and len(by_log) == 2
+        async with db.acquire() as conn:
+            stored = await conn.fetchval(
+                "SELECT recorded_at FROM events WHERE event_id = $1", by_log[0].event_id
+            )
+        assert by_log[0].recorded_at == stored and by_log[0].recorded_at.tzinfo is not None
+        # Across the Ray runtime events travel pickled.
+        copies = pickle.loads(pickle.dumps(by_log))
+        assert copies == by_log and copies[0].recorded_at == stored
+        assert "recorded_at=" in repr(copies[0])
+
+    async def test_store_calls_skip_the_pool_reset_and_others_keep_it(
+        self, database_url: str
+    ) -> None:
+        db = await Database.connect(database_url, max_size=1)
+        try:
+            await apply_migrations(db, [STORE_MIGRATIONS])
+            store = PostgresEventStore(db)
+            async with db.acquire() as conn:
+                await conn.execute("SET application_name = 'borrowed'")
+            await store.append(
+                stream(), [ev()], expected_version=0, command_id=cmd(), workspace_id=WS
+            )
+            async with db.acquire() as conn:
+                # The ordinary borrower's session setting was reset on release.
+                assert await conn.fetchval("SHOW application_name") == "svc"
+            assert len(await store.read_all()) == 1
+        finally:
+            await db.close()
 
     async def test_subscribe_without_a_tailer_says_so(self, store: PostgresEventStore) -> None:
         with pytest.raises(StoreError, match="tailer"):

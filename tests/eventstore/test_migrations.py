@@ -17,7 +17,11 @@ from eventstore.migrate import STORE_MIGRATIONS, MigrationSource, apply_migratio
 from eventstore.records import NewEvent
 from eventstore.store import check_xid_horizon
 
-STORE_LABELS = ["eventstore/0001_event_store", "eventstore/0002_roles"]
+STORE_LABELS = [
+    "eventstore/0001_event_store",
+    "eventstore/0002_roles",
+    "eventstore/0003_append_function",
+]
 
 
 @pytest.fixture
@@ -71,6 +75,7 @@ async def test_concurrent_runs_on_a_fresh_database_apply_each_migration_once(
         assert await recorded(dbs[0]) == [
             ("eventstore", 1, "event_store"),
             ("eventstore", 2, "roles"),
+            ("eventstore", 3, "append_function"),
         ]
         assert await apply_migrations(dbs[1], [STORE_MIGRATIONS]) == []
     finally:
@@ -177,6 +182,6 @@ async def test_open_store_migrates_wires_the_tailer_and_closes(database_url: str
         await asyncio.wait_for(store.close(), timeout=30)
     check = await asyncpg.connect(database_url)
     try:
-        assert await check.fetchval("SELECT count(*) FROM schema_migrations") == 2
+        assert await check.fetchval("SELECT count(*) FROM schema_migrations") == 3
     finally:
         await check.close()
