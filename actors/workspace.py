@@ -119,6 +119,7 @@ def _decide_issue(state: WorkspaceState, c: IssueApiKey) -> list[Event]:
             rate_limit_rpm=c.rate_limit_rpm,
             expires_at=c.expires_at,
             at=c.at,
+            by=c.by,
         )
     ]
 
@@ -130,7 +131,7 @@ def _decide_revoke(state: WorkspaceState, c: RevokeApiKey) -> list[Event]:
         raise NotFound(f"API key {c.key_id} does not exist in workspace {state.workspace_id}")
     if key.revoked_at is not None:
         return []
-    return [ApiKeyRevoked(workspace_id=state.workspace_id, key_id=c.key_id, at=c.at)]
+    return [ApiKeyRevoked(workspace_id=state.workspace_id, key_id=c.key_id, at=c.at, by=c.by)]
 
 
 _DECIDERS: dict[type[Command], Callable[[WorkspaceState, Any], list[Event]]] = {

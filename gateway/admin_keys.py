@@ -28,6 +28,7 @@ from gateway.admin_common import (
 )
 from gateway.auth import check_delegation, generate_key, hash_key
 from gateway.errors import read_json
+from gateway.identity.common import describe
 from gateway.state import DATABASE, Principal
 from projections import queries
 from schemas.admin import (
@@ -82,6 +83,7 @@ async def issue_key(request: web.Request) -> web.Response:
         rate_limit_rpm=body.rate_limit_rpm,
         expires_at=body.expires_at,
         at=datetime.now(UTC),
+        by=describe(principal),
     )
     outcome = await _execute(request, principal, command)
     if outcome.duplicate:
@@ -123,6 +125,7 @@ async def revoke_key(request: web.Request) -> web.Response:
         workspace_id=principal.workspace_id,
         key_id=request.match_info["key_id"],
         at=datetime.now(UTC),
+        by=describe(principal),
     )
     outcome = await _execute(request, principal, command)
     return ok(RevokedApiKey(id=command.key_id, revoked_at=command.at, cursor=outcome.cursor))

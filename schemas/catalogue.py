@@ -64,9 +64,14 @@ def _event_section(cls: type[Event]) -> list[str]:
 
 def render() -> str:
     load_all_event_modules()
-    classes = [EVENTS.event_class(name) for name in EVENTS.known_types()]
+    # Only the product's events: tests and benchmarks register their own in the same registry.
+    classes = [
+        cls
+        for cls in (EVENTS.event_class(name) for name in EVENTS.known_types())
+        if cls.__module__.startswith("schemas.")
+    ]
     out = [_HEADER]
-    for group in sorted({name.split(".")[0] for name in EVENTS.known_types()}):
+    for group in sorted({cls.type_name.split(".")[0] for cls in classes}):
         out += [f"## {group}", ""]
         for cls in classes:
             if cls.type_name.split(".")[0] == group:

@@ -70,6 +70,10 @@ class ChangeWorkspaceSetting(Command):
         return self
 
 
+# Who acted, for the audit log ("user:<id>", "key:<id>", "oauth:<client>"); never a secret.
+IssuedBy = Annotated[str, Field(min_length=1, max_length=200)] | None
+
+
 class IssueApiKey(Command):
     key_id: Id
     name: Name
@@ -79,11 +83,13 @@ class IssueApiKey(Command):
     rate_limit_rpm: int | None = Field(default=None, ge=1, le=1_000_000)
     expires_at: AwareDatetime | None = None
     at: AwareDatetime
+    by: IssuedBy = None
 
 
 class RevokeApiKey(Command):
     key_id: Id
     at: AwareDatetime
+    by: IssuedBy = None
 
 
 # --- events ---------------------------------------------------------------------------------
@@ -126,6 +132,7 @@ class ApiKeyIssued(Event):
     rate_limit_rpm: int | None = Field(ge=1, le=1_000_000)
     expires_at: AwareDatetime | None
     at: AwareDatetime
+    by: IssuedBy = None
 
 
 @event
@@ -134,3 +141,4 @@ class ApiKeyRevoked(Event):
     workspace_id: Id
     key_id: Id
     at: AwareDatetime
+    by: IssuedBy = None

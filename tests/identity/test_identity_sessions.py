@@ -233,6 +233,12 @@ async def test_audit_log_records_logins_and_changes(database_url: str) -> None:
         await b1.close()
         _, _, b2 = await svc.login("amy", PASSWORD)
         await b2.close()
+        status, issued, _ = await svc.request(
+            "POST", "/v1/admin/apikeys", key, json={"name": "ci", "scopes": ["chat"]}
+        )
+        assert status == 201
+        status, _, _ = await svc.request("POST", f"/v1/admin/apikeys/{issued['id']}/revoke", key)
+        assert status == 200
         status, body, _ = await svc.request("GET", "/v1/admin/audit?limit=50", key)
         assert status == 200
         actions = [item["action"] for item in body["items"]]
@@ -246,6 +252,10 @@ async def test_audit_log_records_logins_and_changes(database_url: str) -> None:
             assert expected in actions
         provisioned = next(i for i in body["items"] if i["action"] == "identity.user_provisioned")
         assert provisioned["detail"]["by"].startswith("key:")
+        # Keys issued and revoked through /v1/admin/apikeys say who did it too.
+        for action in ("workspace.api_key_issued", "workspace.api_key_revoked"):
+            entries = [i for i in body["items"] if i["action"] == action]
+            assert any(i["detail"].get("by", "").startswith("key:") for i in entries), action
         assert PASSWORD not in str(body) and "bad password" not in str(body)
         assert "key_hash" not in str(body)
         member = await svc.issue_key(scopes=["admin:write"])
