@@ -168,6 +168,7 @@ async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
         scopes=scopes,
         rate_limit_rpm=args.rate_limit_rpm,
         at=datetime.now(UTC),
+        by="cli",
     )
     await ensure_workspace(platform.runtime, workspace)
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
@@ -210,6 +211,7 @@ async def _apikeys_revoke(args: argparse.Namespace, platform: Platform) -> int:
         workspace_id=workspace,
         key_id=args.key_id,
         at=datetime.now(UTC),
+        by="cli",
     )
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
     await platform.projections.wait_for(outcome.cursor, 10.0)
