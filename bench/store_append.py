@@ -18,68 +18,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import os
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
+from pg_support import create_database, drop_database, durability, server
 
 from eventstore.db import Database
-from eventstore.embedded import EmbeddedPostgres
 from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
 from eventstore.records import NewEvent
 from eventstore.store import PostgresEventStore
-
-
-@contextmanager
-def server() -> Iterator[str]:
-    external = os.environ.get("SVC_BENCH_DATABASE_URL")
-    if external:
-        yield external
-        return
-    with tempfile.TemporaryDirectory(prefix="svc-bench-pg-") as tmp:
-        Path(tmp).chmod(0o755)
-        pg = EmbeddedPostgres(Path(tmp))
-        url = pg.start()
-        try:
-            yield url
-        finally:
-            pg.stop()
-
-
-async def create_database(url: str) -> str:
-    name = "bench_" + uuid.uuid4().hex[:12]
-    admin = await asyncpg.connect(url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
-async def drop_database(url: str, dsn: str) -> None:
-    name = urlsplit(dsn).path.lstrip("/")
-    admin = await asyncpg.connect(url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
-
-
-async def durability(dsn: str) -> str:
-    conn = await asyncpg.connect(dsn)
-    try:
-        fsync = await conn.fetchval("SHOW fsync")
-        sync = await conn.fetchval("SHOW synchronous_commit")
-    finally:
-        await conn.close()
-    return f"fsync={fsync} synchronous_commit={sync}"
 
 
 async def _writers(
