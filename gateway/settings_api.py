@@ -10,8 +10,9 @@ from __future__ import annotations
 from aiohttp import web
 from pydantic import BaseModel
 
-from gateway.auth import authenticate, require_scope
+from gateway.auth import authenticate
 from gateway.errors import read_json
+from gateway.identity.roles import domain_for_path, require_access
 from gateway.openapi import document
 from gateway.state import SETTINGS, SETTINGS_SERVICE
 from schemas.errors import Forbidden
@@ -20,7 +21,9 @@ from schemas.settings import SetSettingRequest, SettingChangeResult, SettingList
 
 async def _admin(request: web.Request, scope: str) -> None:
     principal = await authenticate(request)
-    require_scope(principal, scope)
+    # Keys pass by their admin:read/admin:write scopes; users by read/write on `settings`.
+    writing = scope == "admin:write"
+    require_access(principal, domain_for_path(request.path), "write" if writing else "read")
     default = request.app[SETTINGS].default_workspace_id
     if principal.workspace_id != default:
         raise Forbidden(

@@ -1,29 +1,18 @@
-"""The wiring of docs/identity-wiring.md against the real admin endpoints.
-
-Step 4 (sessions everywhere) is applied here by pointing the admin handlers' `authenticate` at
-`gateway.identity.authn.identify`, exactly what the proposed gateway/auth.py change does; once
-the lead applies it, the monkeypatch is a no-op. Step 5 (domain roles on every admin endpoint)
-is checked by the second test only once gateway/admin_common.py uses `require_access`."""
+"""Sessions and domain roles on the platform's own admin endpoints (not only identity's):
+gateway.auth.authenticate delegates to the identity resolver, and gateway/admin_common.py
+checks read/write per resource domain for keys and sessions alike."""
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 from identity_support import running, settings_for
-
-import gateway.admin_common
-from gateway.identity.authn import identify
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
 PASSWORD = "correct horse battery staple"
 
 
-async def test_sessions_on_existing_admin_endpoints(
-    database_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(gateway.admin_common, "authenticate", identify)
+async def test_sessions_on_existing_admin_endpoints(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         key = await svc.issue_key()
         await svc.create_user(key, "boss", PASSWORD, roles=["admin"])
@@ -56,14 +45,7 @@ async def test_sessions_on_existing_admin_endpoints(
         assert (await svc.request("GET", "/v1/admin/overview"))[0] == 401
 
 
-@pytest.mark.skipif(
-    "require_access" not in inspect.getsource(gateway.admin_common),
-    reason="docs/identity-wiring.md step 5 is not applied yet",
-)
-async def test_domain_roles_on_existing_admin_endpoints(
-    database_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(gateway.admin_common, "authenticate", identify)
+async def test_domain_roles_on_existing_admin_endpoints(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         key = await svc.issue_key()
         await svc.create_user(key, "otto", PASSWORD, roles=["operator"])
