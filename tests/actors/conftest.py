@@ -9,39 +9,19 @@ test behaviours. A runtime parameter must provide the `ActorRuntime` port plus
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import Any
 
-
-def _put_project_first() -> None:
-    """pytest puts tests/ on sys.path, where the folders tests/actors and tests/eventstore
-    shadow the real packages as namespace packages. Put the project root first and forget
-    any such namespace stand-in. (`pythonpath = ["."]` in pyproject's pytest options makes
-    this unnecessary.)"""
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    for name in ("actors", "eventstore", "gateway", "projections", "schemas"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None) is None:
-            for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-                del sys.modules[loaded]
-
-
-_put_project_first()
-
-import pytest  # noqa: E402
-from actor_doubles import (  # noqa: E402
+import pytest
+from actor_doubles import (
     CounterBehaviour,
     MakeRuntime,
     RuntimeUnderTest,
     ScriptedProvider,
 )
 
-from actors import ActivationTable, Behaviour, ConversationBehaviour, LocalRuntime  # noqa: E402
-from eventstore import (  # noqa: E402
+from actors import ActivationTable, Behaviour, ConversationBehaviour, LocalRuntime
+from eventstore import (
     STORE_MIGRATIONS,
     Database,
     PostgresEventStore,

@@ -262,7 +262,14 @@ async def test_stop_lets_running_finish_and_fails_pending(
 ) -> None:
     runtime = await make_runtime([CounterBehaviour()])
     k = key()
-    running = asyncio.create_task(runtime.ask(k, add(1, "running", delay_s=0.5)))
+    running = asyncio.create_task(runtime.ask(k, add(1, "running", delay_s=2.0)))
+
+    async def busy() -> bool:
+        return (await runtime.stats()).busy == 1
+
+    # Submitted only once the slow command runs: a remote runtime need not deliver asks made
+    # back to back in the order they were made.
+    await eventually(busy, "the slow command running")
     pending = [asyncio.create_task(runtime.ask(k, add(1, f"pending{i}"))) for i in range(3)]
 
     async def queued() -> bool:

@@ -21,20 +21,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _put_project_first() -> None:
-    """As in tests/actors/conftest.py: the project root before tests/ on sys.path (tests/actors
-    would shadow the `actors` package), and the actor doubles importable by name."""
-    for path in (str(ROOT / "tests" / "actors"), str(ROOT)):
-        if path not in sys.path:
-            sys.path.insert(0, path)
-    for name in ("actors", "eventstore", "gateway", "projections", "schemas"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None) is None:
-            for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-                del sys.modules[loaded]
-
-
-_put_project_first()
+# The actor doubles and the contract suites live in tests/actors: importable by name when
+# tests/ray runs alone (pyproject's `pythonpath = ["."]` already puts the project first).
+if str(ROOT / "tests" / "actors") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests" / "actors"))
 
 import pytest  # noqa: E402
 import ray  # noqa: E402
@@ -54,13 +44,6 @@ from eventstore import PostgresEventStore, open_store  # noqa: E402
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ray: needs a real Ray cluster (tests/ray)")
-    # eventstore/notify.py releases its LISTEN connection to the pool with the listener still
-    # attached when cancelled; asyncpg warns, and under `-W error` the warning replaces the
-    # CancelledError, which `_listen_loop` then swallows: `store.close()` never returns.
-    # Reported to the lead; until fixed there, the warning stays a warning here.
-    config.addinivalue_line(
-        "filterwarnings", "default:.*being released to the pool but has:Warning"
-    )
     # Ray's cluster utilities leave an unbound probe socket to the garbage collector.
     config.addinivalue_line(
         "filterwarnings",
