@@ -42,9 +42,13 @@ class PoolStats(NamedTuple):
     max: int
 
 
-def _is_unavailable(exc: asyncpg.PostgresError) -> bool:
-    state: str = getattr(exc, "sqlstate", "") or ""
+def is_unavailable_state(state: str) -> bool:
+    """A SQLSTATE that says "the database could not do it now", not "this request is wrong"."""
     return state[:2] in _UNAVAILABLE_CLASSES or state in _UNAVAILABLE_STATES
+
+
+def _is_unavailable(exc: asyncpg.PostgresError) -> bool:
+    return is_unavailable_state(getattr(exc, "sqlstate", "") or "")
 
 
 @contextmanager

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import asyncpg
 
+from eventstore.coalescer import Coalescer
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
-from eventstore.db import Connection, Database
-from eventstore.errors import ConcurrencyConflict, InvalidAppend, InvalidCursor, StoreError
+from eventstore.db import Connection, Database, is_unavailable_state
+from eventstore.errors import (
+    ConcurrencyConflict,
+    InvalidAppend,
+    InvalidCursor,
+    StoreError,
+    StoreUnavailable,
+)
 from eventstore.metrics import APPEND_SECONDS
 from eventstore.port import EventStore
 from eventstore.reads import EVENT_COLUMNS, log_head, read_log, rows_to_events
@@ -50,6 +58,16 @@ _APPEND = """
 SELECT duplicate, stream_id, first_version, last_version, last_tx, last_position
 FROM svc_append($1, $2, $3, $4, $5, $6, $7, $8, $9)
 """
+_APPEND_BATCH = """
+SELECT item, error_state, error_constraint, duplicate, stream_id, first_version, last_version,
+       last_tx, last_position
+FROM svc_append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+"""
+_MAX_APPENDS_PER_BATCH = 32
+"""Each item of a batch takes a subtransaction id; a backend caches 64 of them before its
+snapshots overflow and slow every other session (migration 0005)."""
+_STATE_UNIQUE = "23505"
+_CLASS_DATA = "22"
 _STATE_CONFLICT = "SV409"
 _STATE_FOREIGN_STREAM = "SV403"
 _READ_STREAM = f"""
@@ -77,6 +95,14 @@ SELECT stream_id, version, schema_version, state FROM snapshots WHERE stream_id 
 """
 _NEWEST_TX = "SELECT tx FROM events ORDER BY tx DESC LIMIT 1"
 _NEXT_XID = "SELECT pg_snapshot_xmax(pg_current_snapshot())"
+
+
+def _unstorable_data() -> InvalidAppend:
+    # The driver's message would quote the data, which may hold anything: keep it out.
+    return InvalidAppend(
+        "event data or metadata cannot be stored as JSON "
+        "(a value that is not JSON, or a \\u0000 character in a string)"
+    )
 
 
 def _noop() -> None:
@@ -111,18 +137,127 @@ def _validate_append(
             raise InvalidAppend(f"event {e.type!r} has schema version {e.schema_version}")
 
 
+_AppendRow = tuple[bool, str, int, int, int, int]
+"""duplicate, stream_id, first_version, last_version, last_tx, last_position"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Append:
+    stream_id: str
+    events: Sequence[NewEvent]
+    expected_version: int | None
+    command_id: str
+    workspace_id: str
+
+    @property
+    def expected_parameter(self) -> int | None:
+        """The expected version as the bigint parameter: one past int8 is as unreachable."""
+        expected = self.expected_version
+        return expected if expected is None or expected <= _MAX_INT8 else _MAX_INT8
+
+
+async def _append_one(conn: Connection, item: _Append) -> _AppendRow | StoreError:
+    """One append through `svc_append`; the item's own failure is returned, not raised."""
+    events = item.events
+    try:
+        row = await conn.fetchrow(
+            _APPEND,
+            item.workspace_id,
+            item.command_id,
+            item.stream_id,
+            item.expected_parameter,
+            [e.event_id for e in events],
+            [e.type for e in events],
+            [e.schema_version for e in events],
+            [e.data for e in events],
+            [e.metadata for e in events],
+        )
+    except asyncpg.DataError:
+        return _unstorable_data()
+    except asyncpg.PostgresError as exc:
+        failure = _item_failure(item, exc.sqlstate, getattr(exc, "constraint_name", None))
+        if failure is None:
+            raise
+        return failure
+    return (row[0], row[1], row[2], row[3], row[4], row[5])
+
+
+async def _append_many(conn: Connection, batch: list[_Append]) -> list[_AppendRow | Exception]:
+    """Several appends through `svc_append_batch`: one round trip, one commit, each item in
+    its own subtransaction (migration 0005)."""
+    try:
+        rows = await conn.fetch(_APPEND_BATCH, *_batch_arguments(batch))
+    except asyncpg.DataError:
+        # Parameters are parsed before the function runs, so one item's unstorable JSON
+        # fails the whole statement, and nothing was written: send them one by one so only
+        # that item fails.
+        return [await _append_one(conn, item) for item in batch]
+    outcomes: list[_AppendRow | Exception] = []
+    for item, row in zip(batch, rows, strict=True):
+        state = row["error_state"]
+        if state is None:
+            outcomes.append((row[3], row[4], row[5], row[6], row[7], row[8]))
+        else:
+            failure = _item_failure(item, state, row["error_constraint"])
+            outcomes.append(failure or _unexpected_failure(item, state))
+    return outcomes
+
+
+def _batch_arguments(batch: list[_Append]) -> tuple[list[Any], ...]:
+    events = [e for item in batch for e in item.events]
+    return (
+        [item.workspace_id for item in batch],
+        [item.command_id for item in batch],
+        [item.stream_id for item in batch],
+        [item.expected_parameter for item in batch],
+        [len(item.events) for item in batch],
+        [e.event_id for e in events],
+        [e.type for e in events],
+        [e.schema_version for e in events],
+        [e.data for e in events],
+        [e.metadata for e in events],
+    )
+
+
+def _item_failure(item: _Append, state: str, constraint: str | None) -> StoreError | None:
+    """The store's error for an append that failed on its own; None when the failure is not
+    about this append (the caller treats it as the database's)."""
+    if state == _STATE_UNIQUE and constraint == "events_stream_version":
+        return ConcurrencyConflict(item.stream_id, item.expected_version)
+    if state == _STATE_UNIQUE and constraint == "events_event_id_key":
+        return InvalidAppend("an event with one of these event ids is already recorded")
+    if state == _STATE_CONFLICT:
+        return ConcurrencyConflict(item.stream_id, item.expected_version)
+    if state == _STATE_FOREIGN_STREAM:
+        return InvalidAppend(f"stream {item.stream_id!r} belongs to another workspace")
+    if state.startswith(_CLASS_DATA):
+        return _unstorable_data()
+    return None
+
+
+def _unexpected_failure(item: _Append, state: str) -> StoreError:
+    if is_unavailable_state(state):
+        return StoreUnavailable(
+            f"the append to {item.stream_id!r} was rolled back by the database "
+            f"(SQLSTATE {state}); retry shortly"
+        )
+    return StoreError(f"the append to {item.stream_id!r} failed (SQLSTATE {state})")
+
+
 class PostgresEventStore:
     """Append-only log in PostgreSQL; the single-writer fence and the idempotency ledger.
 
     `on_commit` runs right after each append commits (the commit notifier's wake-up);
     `subscriber` serves `subscribe` (the process's log tailer); `on_close` callbacks run on
-    `close()`, in order, to stop what `open_store` started.
+    `close()`, in order, to stop what `open_store` started. At most `append_lanes` appends
+    (or batches of them) are in flight at once, each holding a pooled connection.
     """
 
     def __init__(
         self,
         db: Database,
         *,
+        append_lanes: int = 4,
         on_commit: Callable[[], None] = _noop,
         subscriber: LogSubscriber | None = None,
         on_close: Sequence[Callable[[], Awaitable[None]]] = (),
@@ -131,12 +266,16 @@ class PostgresEventStore:
         self._on_commit = on_commit
         self._subscriber = subscriber
         self._on_close = list(on_close)
+        self._appends: Coalescer[_Append, _AppendRow] = Coalescer(
+            self._send_appends, lanes=append_lanes, max_batch=_MAX_APPENDS_PER_BATCH
+        )
 
     @property
     def db(self) -> Database:
         return self._db
 
     async def close(self) -> None:
+        await self._appends.wait_idle()
         callbacks, self._on_close = self._on_close, []
         for callback in callbacks:
             await callback()
@@ -152,21 +291,19 @@ class PostgresEventStore:
     ) -> AppendResult:
         """Append `events` to `stream_id` in one transaction, once per `command_id`.
 
-        A `StoreUnavailable` raised while committing leaves the outcome unknown; retrying with
+        Appends that arrive while others are in flight share a round trip and a commit
+        (eventstore/coalescer.py); each still succeeds or fails on its own. A
+        `StoreUnavailable` raised while committing leaves the outcome unknown; retrying with
         the same command id is safe: it either acts or returns the first result.
         """
         _validate_append(stream_id, events, expected_version, command_id, workspace_id)
+        request = _Append(stream_id, events, expected_version, command_id, workspace_id)
         started = time.perf_counter()
         try:
-            async with self._db.acquire(stateless=True) as conn:
-                row = await self._call_append(
-                    conn, stream_id, events, expected_version, command_id, workspace_id
-                )
+            row = await self._appends.submit(request)
         finally:
             APPEND_SECONDS.observe(time.perf_counter() - started)
         duplicate, recorded_stream, first_version, last_version, last_tx, last_position = row
-        if not duplicate:
-            self._on_commit()
         return AppendResult(
             stream_id=recorded_stream,
             first_version=first_version,
@@ -175,51 +312,16 @@ class PostgresEventStore:
             duplicate=duplicate,
         )
 
-    @staticmethod
-    async def _call_append(
-        conn: Connection,
-        stream_id: str,
-        events: Sequence[NewEvent],
-        expected_version: int | None,
-        command_id: str,
-        workspace_id: str,
-    ) -> Any:
-        expected = expected_version
-        if expected is not None and expected > _MAX_INT8:
-            expected = _MAX_INT8  # as unreachable as the caller's, and fits the bigint parameter
-        try:
-            return await conn.fetchrow(
-                _APPEND,
-                workspace_id,
-                command_id,
-                stream_id,
-                expected,
-                [e.event_id for e in events],
-                [e.type for e in events],
-                [e.schema_version for e in events],
-                [e.data for e in events],
-                [e.metadata for e in events],
-            )
-        except asyncpg.UniqueViolationError as exc:
-            if exc.constraint_name == "events_stream_version":
-                raise ConcurrencyConflict(stream_id, expected_version) from None
-            if exc.constraint_name == "events_event_id_key":
-                raise InvalidAppend(
-                    "an event with one of these event ids is already recorded"
-                ) from None
-            raise
-        except asyncpg.DataError:
-            # The driver's message quotes the data, which may hold anything: keep it out.
-            raise InvalidAppend(
-                "event data or metadata cannot be stored as JSON "
-                "(a value that is not JSON, or a \\u0000 character in a string)"
-            ) from None
-        except asyncpg.PostgresError as exc:
-            if exc.sqlstate == _STATE_CONFLICT:
-                raise ConcurrencyConflict(stream_id, expected_version) from None
-            if exc.sqlstate == _STATE_FOREIGN_STREAM:
-                raise InvalidAppend(f"stream {stream_id!r} belongs to another workspace") from None
-            raise
+    async def _send_appends(self, batch: list[_Append]) -> list[_AppendRow | Exception]:
+        async with self._db.acquire(stateless=True) as conn:
+            outcomes: list[_AppendRow | Exception]
+            if len(batch) == 1:
+                outcomes = [await _append_one(conn, batch[0])]
+            else:
+                outcomes = await _append_many(conn, batch)
+        if any(not isinstance(outcome, Exception) and not outcome[0] for outcome in outcomes):
+            self._on_commit()
+        return outcomes
 
     async def read_stream(
         self, stream_id: str, from_version: int = 1, *, workspace_id: str | None = None

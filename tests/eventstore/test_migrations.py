@@ -21,6 +21,8 @@ STORE_LABELS = [
     "eventstore/0001_event_store",
     "eventstore/0002_roles",
     "eventstore/0003_append_function",
+    "eventstore/0004_append_precomputed",
+    "eventstore/0005_append_batch",
 ]
 
 
@@ -76,6 +78,8 @@ async def test_concurrent_runs_on_a_fresh_database_apply_each_migration_once(
             ("eventstore", 1, "event_store"),
             ("eventstore", 2, "roles"),
             ("eventstore", 3, "append_function"),
+            ("eventstore", 4, "append_precomputed"),
+            ("eventstore", 5, "append_batch"),
         ]
         assert await apply_migrations(dbs[1], [STORE_MIGRATIONS]) == []
     finally:
@@ -182,6 +186,6 @@ async def test_open_store_migrates_wires_the_tailer_and_closes(database_url: str
         await asyncio.wait_for(store.close(), timeout=30)
     check = await asyncpg.connect(database_url)
     try:
-        assert await check.fetchval("SELECT count(*) FROM schema_migrations") == 3
+        assert await check.fetchval("SELECT count(*) FROM schema_migrations") == len(STORE_LABELS)
     finally:
         await check.close()

@@ -1,0 +1,195 @@
+"""Appends that share a round trip (svc_append_batch) still succeed or fail one by one.
+
+The store runs with one lane, so appends started together (up to 32) leave as one batch.
+Each test checks the batch really formed (events grouped by transaction id) so it cannot
+pass by sending the appends one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from eventstore.db import Database
+from eventstore.errors import ConcurrencyConflict, InvalidAppend
+from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
+from eventstore.records import AppendResult, NewEvent
+from eventstore.store import PostgresEventStore
+
+WS = "ws-batch"
+
+
+def ev(**data: Any) -> NewEvent:
+    return NewEvent(type="thing.Happened", data=data or {"n": 1})
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[Database]:
+    db = await Database.connect(database_url, max_size=4)
+    await apply_migrations(db, [STORE_MIGRATIONS])
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
+@pytest.fixture
+def store(db: Database) -> PostgresEventStore:
+    return PostgresEventStore(db, append_lanes=1)
+
+
+async def together(*appends: Any) -> list[AppendResult | BaseException]:
+    return list(await asyncio.gather(*appends, return_exceptions=True))
+
+
+async def batch_sizes(db: Database) -> list[int]:
+    """How many events each transaction wrote, oldest first."""
+    async with db.acquire() as conn:
+        rows = await conn.fetch("SELECT count(*) FROM events GROUP BY tx ORDER BY tx")
+    return [r[0] for r in rows]
+
+
+async def test_appends_to_many_streams_share_one_transaction(
+    store: PostgresEventStore, db: Database
+) -> None:
+    streams = [new_id("s") for _ in range(20)]
+    results = await together(
+        *(
+            store.append(
+                s, [ev(k=k), ev(k=k)], expected_version=0, command_id=new_id("c"), workspace_id=WS
+            )
+            for k, s in enumerate(streams)
+        )
+    )
+    assert all(isinstance(r, AppendResult) for r in results)
+    assert [(r.stream_id, r.first_version, r.last_version) for r in results] == [  # type: ignore[union-attr]
+        (s, 1, 2) for s in streams
+    ]
+    assert await batch_sizes(db) == [40]
+    for k, s in enumerate(streams):
+        recorded = await store.read_stream(s)
+        assert [(e.version, e.data) for e in recorded] == [(1, {"k": k}), (2, {"k": k})]
+    cursors = [r.cursor for r in results if isinstance(r, AppendResult)]
+    assert len(set(cursors)) == len(cursors)
+
+
+async def test_a_conflict_fails_only_its_own_append(
+    store: PostgresEventStore, db: Database
+) -> None:
+    busy = new_id("s")
+    await store.append(busy, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS)
+    ok_a, ok_b = new_id("s"), new_id("s")
+    results = await together(
+        store.append(
+            new_id("s"), [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS
+        ),
+        store.append(ok_a, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS),
+        store.append(busy, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS),
+        store.append(ok_b, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS),
+    )
+    assert isinstance(results[2], ConcurrencyConflict)
+    assert isinstance(results[1], AppendResult) and isinstance(results[3], AppendResult)
+    assert await batch_sizes(db) == [1, 3]
+    assert len(await store.read_stream(busy)) == 1
+    assert [len(await store.read_stream(s)) for s in (ok_a, ok_b)] == [1, 1]
+
+
+async def test_two_appends_of_one_stream_in_a_batch_act_in_order(
+    store: PostgresEventStore, db: Database
+) -> None:
+    s = new_id("s")
+    results = await together(
+        store.append(
+            new_id("s"), [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS
+        ),
+        store.append(s, [ev(n=1)], expected_version=0, command_id=new_id("c"), workspace_id=WS),
+        store.append(s, [ev(n=2)], expected_version=1, command_id=new_id("c"), workspace_id=WS),
+        store.append(s, [ev(n=3)], expected_version=1, command_id=new_id("c"), workspace_id=WS),
+    )
+    assert [getattr(r, "last_version", None) for r in results[1:3]] == [1, 2]
+    assert isinstance(results[3], ConcurrencyConflict)
+    assert await batch_sizes(db) == [3]
+    assert [e.data["n"] for e in await store.read_stream(s)] == [1, 2]
+
+
+async def test_a_command_repeated_inside_a_batch_acts_once(
+    store: PostgresEventStore, db: Database
+) -> None:
+    s, command = new_id("s"), new_id("c")
+    results = await together(
+        store.append(
+            new_id("s"), [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS
+        ),
+        store.append(s, [ev()], expected_version=0, command_id=command, workspace_id=WS),
+        store.append(s, [ev()], expected_version=0, command_id=command, workspace_id=WS),
+    )
+    first, repeat = results[1], results[2]
+    assert isinstance(first, AppendResult) and isinstance(repeat, AppendResult)
+    assert (first.duplicate, repeat.duplicate) == (False, True)
+    assert repeat.cursor == first.cursor and repeat.last_version == first.last_version
+    assert await batch_sizes(db) == [2]
+
+
+async def test_unstorable_data_fails_only_its_own_append(
+    store: PostgresEventStore, db: Database
+) -> None:
+    good = new_id("s")
+    results = await together(
+        store.append(
+            new_id("s"), [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS
+        ),
+        store.append(
+            new_id("s"),
+            [ev(text="a\u0000b")],
+            expected_version=0,
+            command_id=new_id("c"),
+            workspace_id=WS,
+        ),
+        store.append(good, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS),
+    )
+    assert isinstance(results[1], InvalidAppend)
+    assert "\u0000" not in str(results[1])
+    assert isinstance(results[2], AppendResult)
+    assert len(await store.read_stream(good)) == 1
+
+
+async def test_a_foreign_stream_fails_only_its_own_append(store: PostgresEventStore) -> None:
+    theirs = new_id("s")
+    await store.append(
+        theirs, [ev()], expected_version=0, command_id=new_id("c"), workspace_id="ws-other"
+    )
+    mine = new_id("s")
+    results = await together(
+        store.append(
+            new_id("s"), [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS
+        ),
+        store.append(
+            theirs, [ev()], expected_version=None, command_id=new_id("c"), workspace_id=WS
+        ),
+        store.append(mine, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS),
+    )
+    assert isinstance(results[1], InvalidAppend)
+    assert "another workspace" in str(results[1])
+    assert isinstance(results[2], AppendResult)
+
+
+async def test_close_waits_for_appends_in_flight(db: Database) -> None:
+    store = PostgresEventStore(db, append_lanes=1)
+    streams = [new_id("s") for _ in range(10)]
+    pending = [
+        asyncio.create_task(
+            store.append(s, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS)
+        )
+        for s in streams
+    ]
+    await asyncio.sleep(0)
+    await store.close()
+    assert all(t.done() and not t.cancelled() and t.exception() is None for t in pending)
