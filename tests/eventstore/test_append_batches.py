@@ -31,6 +31,24 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
+def append(
+    store: PostgresEventStore,
+    stream_id: str | None = None,
+    *events: NewEvent,
+    expected: int | None = 0,
+    command_id: str | None = None,
+    workspace_id: str = WS,
+) -> Any:
+    """One append of `events` (one plain event when none), as a coroutine to run together."""
+    return store.append(
+        stream_id or new_id("s"),
+        list(events) or [ev()],
+        expected_version=expected,
+        command_id=command_id or new_id("c"),
+        workspace_id=workspace_id,
+    )
+
+
 @pytest.fixture
 async def db(database_url: str) -> AsyncIterator[Database]:
     db = await Database.connect(database_url, max_size=4)
@@ -61,14 +79,7 @@ async def test_appends_to_many_streams_share_one_transaction(
     store: PostgresEventStore, db: Database
 ) -> None:
     streams = [new_id("s") for _ in range(20)]
-    results = await together(
-        *(
-            store.append(
-                s, [ev(k=k), ev(k=k)], expected_version=0, command_id=new_id("c"), workspace_id=WS
-            )
-            for k, s in enumerate(streams)
-        )
-    )
+    results = await together(*(append(store, s, ev(k=k), ev(k=k)) for k, s in enumerate(streams)))
     assert all(isinstance(r, AppendResult) for r in results)
     assert [(r.stream_id, r.first_version, r.last_version) for r in results] == [  # type: ignore[union-attr]
         (s, 1, 2) for s in streams
@@ -84,16 +95,10 @@ async def test_appends_to_many_streams_share_one_transaction(
 async def test_a_conflict_fails_only_its_own_append(
     store: PostgresEventStore, db: Database
 ) -> None:
-    busy = new_id("s")
-    await store.append(busy, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS)
-    ok_a, ok_b = new_id("s"), new_id("s")
+    busy, ok_a, ok_b = new_id("s"), new_id("s"), new_id("s")
+    await append(store, busy)
     results = await together(
-        store.append(
-            new_id("s"), [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS
-        ),
-        store.append(ok_a, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS),
-        store.append(busy, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS),
-        store.append(ok_b, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS),
+        append(store), append(store, ok_a), append(store, busy), append(store, ok_b)
     )
     assert isinstance(results[2], ConcurrencyConflict)
     assert isinstance(results[1], AppendResult) and isinstance(results[3], AppendResult)
@@ -107,12 +112,10 @@ async def test_two_appends_of_one_stream_in_a_batch_act_in_order(
 ) -> None:
     s = new_id("s")
     results = await together(
-        store.append(
-            new_id("s"), [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS
-        ),
-        store.append(s, [ev(n=1)], expected_version=0, command_id=new_id("c"), workspace_id=WS),
-        store.append(s, [ev(n=2)], expected_version=1, command_id=new_id("c"), workspace_id=WS),
-        store.append(s, [ev(n=3)], expected_version=1, command_id=new_id("c"), workspace_id=WS),
+        append(store),
+        append(store, s, ev(n=1), expected=0),
+        append(store, s, ev(n=2), expected=1),
+        append(store, s, ev(n=3), expected=1),
     )
     assert [getattr(r, "last_version", None) for r in results[1:3]] == [1, 2]
     assert isinstance(results[3], ConcurrencyConflict)
@@ -125,11 +128,7 @@ async def test_a_command_repeated_inside_a_batch_acts_once(
 ) -> None:
     s, command = new_id("s"), new_id("c")
     results = await together(
-        store.append(
-            new_id("s"), [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS
-        ),
-        store.append(s, [ev()], expected_version=0, command_id=command, workspace_id=WS),
-        store.append(s, [ev()], expected_version=0, command_id=command, workspace_id=WS),
+        append(store), append(store, s, command_id=command), append(store, s, command_id=command)
     )
     first, repeat = results[1], results[2]
     assert isinstance(first, AppendResult) and isinstance(repeat, AppendResult)
@@ -138,22 +137,10 @@ async def test_a_command_repeated_inside_a_batch_acts_once(
     assert await batch_sizes(db) == [2]
 
 
-async def test_unstorable_data_fails_only_its_own_append(
-    store: PostgresEventStore, db: Database
-) -> None:
+async def test_unstorable_data_fails_only_its_own_append(store: PostgresEventStore) -> None:
     good = new_id("s")
     results = await together(
-        store.append(
-            new_id("s"), [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS
-        ),
-        store.append(
-            new_id("s"),
-            [ev(text="a\u0000b")],
-            expected_version=0,
-            command_id=new_id("c"),
-            workspace_id=WS,
-        ),
-        store.append(good, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS),
+        append(store), append(store, None, ev(text="a\u0000b")), append(store, good)
     )
     assert isinstance(results[1], InvalidAppend)
     assert "\u0000" not in str(results[1])
@@ -163,19 +150,8 @@ async def test_unstorable_data_fails_only_its_own_append(
 
 async def test_a_foreign_stream_fails_only_its_own_append(store: PostgresEventStore) -> None:
     theirs = new_id("s")
-    await store.append(
-        theirs, [ev()], expected_version=0, command_id=new_id("c"), workspace_id="ws-other"
-    )
-    mine = new_id("s")
-    results = await together(
-        store.append(
-            new_id("s"), [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS
-        ),
-        store.append(
-            theirs, [ev()], expected_version=None, command_id=new_id("c"), workspace_id=WS
-        ),
-        store.append(mine, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS),
-    )
+    await append(store, theirs, workspace_id="ws-other")
+    results = await together(append(store), append(store, theirs, expected=None), append(store))
     assert isinstance(results[1], InvalidAppend)
     assert "another workspace" in str(results[1])
     assert isinstance(results[2], AppendResult)
@@ -183,13 +159,7 @@ async def test_a_foreign_stream_fails_only_its_own_append(store: PostgresEventSt
 
 async def test_close_waits_for_appends_in_flight(db: Database) -> None:
     store = PostgresEventStore(db, append_lanes=1)
-    streams = [new_id("s") for _ in range(10)]
-    pending = [
-        asyncio.create_task(
-            store.append(s, [ev()], expected_version=0, command_id=new_id("c"), workspace_id=WS)
-        )
-        for s in streams
-    ]
+    pending = [asyncio.create_task(append(store)) for _ in range(10)]
     await asyncio.sleep(0)
     await store.close()
     assert all(t.done() and not t.cancelled() and t.exception() is None for t in pending)
