@@ -1,12 +1,16 @@
 """SVC's event store: an append-only log in PostgreSQL read gap-free by transaction id.
 
-`open_store(dsn)` is the one way in for the service: it connects, applies migrations, checks
-the xid horizon and wires the commit notifier and the log tailer to the store.
+`open_store(dsn)` is the one way in: it connects, applies migrations, checks the xid horizon
+and wires the commit notifier and the log tailer to the store. `open_store_parts(dsn)` does the
+same and also hands back the notifier and the tailer, for a composition root that wires other
+parts (projections, feeds) to them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Database, PoolStats, translate_errors
@@ -40,6 +44,7 @@ __all__ = [
     "LogTailer",
     "MigrationSource",
     "NewEvent",
+    "OpenedStore",
     "PoolStats",
     "PostgresEventStore",
     "RecordedEvent",
@@ -52,11 +57,26 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
     "open_store",
+    "open_store_parts",
     "translate_errors",
 ]
 
 
-async def open_store(
+@dataclass(frozen=True, slots=True)
+class OpenedStore:
+    """A store with the parts started for it. `await store.close()` stops them all."""
+
+    store: PostgresEventStore
+    notifier: CommitNotifier
+    tailer: LogTailer
+
+
+async def open_store(dsn: str, **options: Any) -> PostgresEventStore:
+    """The store alone; `options` as `open_store_parts`."""
+    return (await open_store_parts(dsn, **options)).store
+
+
+async def open_store_parts(
     dsn: str,
     *,
     migrations: Sequence[MigrationSource] = (),
@@ -68,10 +88,11 @@ async def open_store(
     poll_interval_s: float = 0.075,
     notify_channel: str = "svc_events",
     sample_open_tx_every_s: float = 5.0,
-) -> PostgresEventStore:
+) -> OpenedStore:
     """Connect, migrate (the store's own migrations, then `migrations` in order), refuse a
     store restored from a logical dump, and start the commit notifier, the log tailer and the
-    open-transaction sampler. `await store.close()` stops them all and closes the pool."""
+    open-transaction sampler. `await store.close()` waits for appends in flight, stops them
+    all in reverse order and closes the pool."""
     db = await Database.connect(
         dsn,
         min_size=min_size,
@@ -97,4 +118,5 @@ async def open_store(
         for stop in stops:
             await stop()
         raise
-    return PostgresEventStore(db, on_commit=notifier.committed, subscriber=tailer, on_close=stops)
+    store = PostgresEventStore(db, on_commit=notifier.committed, subscriber=tailer, on_close=stops)
+    return OpenedStore(store, notifier, tailer)

@@ -42,12 +42,11 @@ from actors.shards import SHARD_MIGRATIONS
 from actors.table import ActivationTable
 from actors.workspace import KIND as WORKSPACE_KIND
 from actors.workspace import WorkspaceBehaviour
+from eventstore import OpenedStore, open_store_parts
 from eventstore.db import Database
 from eventstore.embedded import EmbeddedPostgres
-from eventstore.metrics import OpenTxAgeSampler
-from eventstore.migrate import STORE_MIGRATIONS, MigrationSource, apply_migrations
-from eventstore.notify import CommitNotifier
-from eventstore.store import PostgresEventStore, check_xid_horizon
+from eventstore.migrate import STORE_MIGRATIONS, MigrationSource
+from eventstore.store import PostgresEventStore
 from eventstore.tailer import LogTailer, SubscriberTooSlow
 from gateway.ratelimit import RateLimiter
 from gateway.secrets import DatabaseVault
@@ -64,9 +63,13 @@ log = logging.getLogger(__name__)
 
 GATEWAY_MIGRATIONS = MigrationSource("gateway", "gateway.migrations")
 MIGRATIONS = (STORE_MIGRATIONS, PROJECTION_MIGRATIONS, GATEWAY_MIGRATIONS, SHARD_MIGRATIONS)
+"""Every migration source, the store's first (open_store_parts applies it itself)."""
 PROJECTION_FLUSH_S = 5.0
 PRUNE_EVERY_S = 300.0
 STOP_STEP_S = 10.0
+STORE_STOP_S = 25.0
+"""Closing the store stops the sampler, the tailer and the notifier, then the pool (which
+gives borrowed connections 10 s before terminating them)."""
 
 
 @dataclass
@@ -115,33 +118,12 @@ async def _database_url(settings: Settings, stack: AsyncExitStack) -> str:
     return url
 
 
-@dataclass(frozen=True, slots=True)
-class StoreHandles:
-    store: PostgresEventStore
-    notifier: CommitNotifier
-    tailer: LogTailer
-    dsn: str
-
-
-async def open_store(settings: Settings, stack: AsyncExitStack) -> StoreHandles:
-    """The store with its notifier and tailer (as eventstore.open_store, keeping the handles
-    the projection runner, the feeds and the Ray runtime need)."""
+async def open_store(settings: Settings, stack: AsyncExitStack) -> tuple[OpenedStore, str]:
+    """The store with its notifier and tailer, closed by `stack`; and the database URL."""
     dsn = await _database_url(settings, stack)
-    db = await Database.connect(dsn)
-    stack.push_async_callback(bounded, "database pool", db.close)
-    await apply_migrations(db, MIGRATIONS)
-    await check_xid_horizon(db)
-    notifier = CommitNotifier(db)
-    tailer = LogTailer(db, notifier)
-    sampler = OpenTxAgeSampler(db)
-    await notifier.start()
-    stack.push_async_callback(bounded, "commit notifier", notifier.stop)
-    await tailer.start()
-    stack.push_async_callback(bounded, "log tailer", tailer.stop)
-    sampler.start()
-    stack.push_async_callback(bounded, "open-transaction sampler", sampler.stop)
-    store = PostgresEventStore(db, on_commit=notifier.committed, subscriber=tailer)
-    return StoreHandles(store, notifier, tailer, dsn)
+    opened = await open_store_parts(dsn, migrations=MIGRATIONS[1:])
+    stack.push_async_callback(bounded, "event store", opened.store.close, STORE_STOP_S)
+    return opened, dsn
 
 
 async def bounded(
@@ -309,15 +291,15 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
     """Everything behind the gateway, opened in order and closed in reverse.
     `background=False` (the CLI) runs no projection loops and no watchers."""
     async with AsyncExitStack() as stack:
-        handles = await open_store(settings, stack)
-        store, notifier, tailer = handles.store, handles.notifier, handles.tailer
+        opened, dsn = await open_store(settings, stack)
+        store, notifier, tailer = opened.store, opened.notifier, opened.tailer
         vault = DatabaseVault(store.db)
         settings.load_stored(await read_stored_settings(store, vault))
         providers = ProviderSet.from_config(model_config(settings))
         stack.push_async_callback(providers.aclose)
         projections = ProjectionRunner(store.db, default_projectors(), notifier=notifier)
         stack.push_async_callback(_flush_and_stop, projections)
-        runtime = _runtime(settings, handles.dsn, store, providers)
+        runtime = _runtime(settings, dsn, store, providers)
         await runtime.start()
         stack.push_async_callback(runtime.stop, settings.shutdown_grace_s)
         service = SettingsService(settings, runtime, store, vault)
