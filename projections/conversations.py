@@ -18,6 +18,21 @@ from schemas.conversation import (
 )
 from schemas.events import Event
 
+# One statement for a conversation's start and its messages, the events of every chat turn,
+# so that a batch's conversation rows reach the server as one run (runner._Pipeline) however
+# the turns of different conversations interleave. $10 says which half applies: a start
+# inserts the row (and the update, gated off, touches nothing); a message bumps the count.
+_STARTED_OR_MESSAGE = """
+WITH started AS (
+    INSERT INTO conversations (workspace_id, id, title, project_id, folder, tags, agent, model,
+                               created_at, updated_at)
+    SELECT $1, $2, $4, $5, $6, $7, $8, $9, $3, $3 WHERE $10
+    ON CONFLICT (workspace_id, id) DO NOTHING
+)
+UPDATE conversations SET message_count = message_count + 1, updated_at = greatest(updated_at, $3)
+WHERE workspace_id = $1 AND id = $2 AND NOT $10
+"""
+
 _TOUCH = """
 UPDATE conversations SET {set}, updated_at = greatest(updated_at, $3)
 WHERE workspace_id = $1 AND id = $2
@@ -41,21 +56,17 @@ class ConversationsProjector(Projector):
 
     async def _started(self, conn: Connection, rec: RecordedEvent, ev: ConversationStarted) -> None:
         await conn.execute(
-            """
-            INSERT INTO conversations (workspace_id, id, title, project_id, folder, tags, agent,
-                                       model, created_at, updated_at)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
-            ON CONFLICT (workspace_id, id) DO NOTHING
-            """,
+            _STARTED_OR_MESSAGE,
             rec.workspace_id,
             ev.conversation_id,
+            ev.at,
             ev.title,
             ev.project_id,
             ev.folder,
             list(ev.tags),
             ev.agent,
             ev.model,
-            ev.at,
+            True,
         )
 
     async def _message(
@@ -67,10 +78,17 @@ class ConversationsProjector(Projector):
         # Not idempotent on purpose: the count is right only because the runner applies each
         # event exactly once (checkpoint compare-and-set in the same transaction).
         await conn.execute(
-            _TOUCH.format(set="message_count = message_count + 1"),
+            _STARTED_OR_MESSAGE,
             rec.workspace_id,
             ev.conversation_id,
             ev.at,
+            None,
+            None,
+            None,
+            [],
+            None,
+            None,
+            False,
         )
 
     async def _renamed(self, conn: Connection, rec: RecordedEvent, ev: ConversationRenamed) -> None:

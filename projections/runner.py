@@ -1,33 +1,43 @@
 """Runs projectors over the global log: checkpointed, exactly-once, crash-safe.
 
 Each projector has one row in `projection_checkpoints`: the last log point it has consumed.
-A batch is one transaction that
+Projectors whose checkpoints are at the same point form a group, and a batch advances a whole
+group in one transaction that
 
-1. reads the checkpoint,
-2. reads the next events after it in the gap-free order (eventstore/reads.py),
-3. moves the checkpoint with a compare-and-set on the value read in 1,
-4. applies the events to the projector's tables,
+1. reads the next events after the group's point in the gap-free order (eventstore/reads.py;
+   this read may run before the transaction: the log after a visible point never changes),
+2. moves every member's checkpoint with one compare-and-set on that point, locking their
+   rows in name order,
+3. applies the events to each member's tables,
 
 and commits all of it at once (ARCHITECTURE.md decision 4). Because the read-model rows and
-the checkpoint commit or vanish together, a process killed at any instant leaves the read model
-exactly as of some committed checkpoint: after a restart each event has had exactly one effect.
-Handlers therefore need not be idempotent (a message counter is a plain `+ 1`).
+the checkpoints commit or vanish together, a process killed at any instant leaves every read
+model exactly as of some committed checkpoint: after a restart each event has had exactly one
+effect. Handlers therefore need not be idempotent (a message counter is a plain `+ 1`).
+
+Normally every projector is at the same point, so one batch costs a handful of round trips and
+one durable commit for all the read models together, not one transaction per projector. A
+projector that is behind (rebuilt, added, or stopped and retried) is its own group; its reads
+are capped at the next group's point, so once it has caught up the two merge.
 
 The compare-and-set makes several runners (processes, or a rebuild next to a running service)
-safe without a lease: a runner whose checkpoint was moved by another one since it read it
-updates zero rows, rolls its batch back and reloads. Moving the checkpoint *before* applying
-takes the checkpoint row lock first, so a second runner waits on that row instead of
-interleaving its writes with ours, and a rebuild (which also locks the row before truncating)
+safe without a lease: a runner whose checkpoints were moved by another one since it last read
+them updates fewer rows than it expects, rolls its batch back and reloads. Moving the
+checkpoints *before* applying takes the checkpoint row locks first (always in name order, so
+two runners never deadlock on them), so a second runner waits on those rows instead of
+interleaving its writes with ours, and a rebuild (which also locks its row before truncating)
 never deadlocks with a batch.
 
 A batch is a writing transaction, and every writing transaction holds back gap-free readers of
 the log until it ends; `batch_size` bounds how long that is. Within a batch, runs of the same
-statement are pipelined (`_Pipeline`), so a batch costs a few round trips, not one per event.
+statement are pipelined (`_Pipeline`); each projector applies the whole batch in turn, so its
+runs are long and a batch costs a few round trips, not one per event.
 
 An event a projector cannot apply (its handler raises for a reason other than the database
-being unavailable) is a poison event: the runner commits the events before it, logs the
-event's position and stops that projector with a failure in `status()`. It never skips an
-event silently. `retry(name)` (after a fix) or `rebuild(name)` starts it again.
+being unavailable) is a poison event: the group's batch is rolled back and retried projector by
+projector; the failing one commits the events before the poison event, logs its position and
+stops with a failure in `status()`. It never skips an event silently. `retry(name)` (after a
+fix) or `rebuild(name)` starts it again.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -56,11 +66,31 @@ Progress = Callable[[int, int], None]
 _MAX_BACKOFF_S = 5.0
 _MAX_ERROR_CHARS = 500
 
-_LOAD = "SELECT tx, position FROM projection_checkpoints WHERE name = $1"
+_READ = "SELECT name, tx, position FROM projection_checkpoints WHERE name = ANY($1::text[])"
+# Creates the missing checkpoint rows and reads them all in one round trip (rows a statement
+# inserts are not visible to its own SELECT, hence the union).
+_LOAD = """
+WITH created AS (
+    INSERT INTO projection_checkpoints (name) SELECT unnest($1::text[])
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name, tx, position
+)
+SELECT name, tx, position FROM created
+UNION ALL
+SELECT name, tx, position FROM projection_checkpoints WHERE name = ANY($1::text[])
+"""
 _ENSURE = "INSERT INTO projection_checkpoints (name) VALUES ($1) ON CONFLICT (name) DO NOTHING"
+# The compare-and-set of a group: lock its rows in name order first (two runners locking
+# overlapping groups in different orders could deadlock), then move those still at the old
+# point. A row moved by another runner meanwhile fails the recheck after the lock and is not
+# counted, so the status says "UPDATE n" with n the group's size only if none was.
 _MOVE = """
-UPDATE projection_checkpoints SET tx = $4::xid8, position = $5, updated_at = now()
-WHERE name = $1 AND tx = $2::xid8 AND position = $3
+WITH locked AS MATERIALIZED (
+    SELECT name FROM projection_checkpoints WHERE name = ANY($1::text[])
+    ORDER BY name FOR UPDATE
+)
+UPDATE projection_checkpoints c SET tx = $4::xid8, position = $5, updated_at = now()
+FROM locked WHERE c.name = locked.name AND c.tx = $2::xid8 AND c.position = $3
 """
 _RESET = """
 UPDATE projection_checkpoints SET tx = '0', position = 0, updated_at = now() WHERE name = $1
@@ -114,18 +144,24 @@ class ProjectionStatus:
 
 
 class _CheckpointMoved(Exception):
-    """Another runner moved the checkpoint since this batch read it."""
+    """Another runner moved a checkpoint of the group since this runner read it."""
 
 
 @dataclass(eq=False)
 class _Slot:
     projector: Projector
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Held by whichever task of this process is moving this checkpoint."""
     point: LogPoint = ORIGIN
     """The checkpoint as this process last read or wrote it."""
+    loaded: bool = False
+    """False until `point` is read from the database, and again whenever another runner may
+    have moved the checkpoint (a lost compare-and-set, an idle poll, a new catch-up)."""
     failure: PoisonEvent | None = None
-    task: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.projector.name
 
 
 class _Pipeline:
@@ -167,6 +203,40 @@ def _cursor(point: LogPoint) -> str:
     return "" if point == ORIGIN else encode_cursor(point)
 
 
+def _groups(slots: Sequence[_Slot]) -> list[tuple[list[_Slot], LogPoint | None]]:
+    """`slots` grouped by checkpoint, each group with the point its batch must not pass: the
+    next group's checkpoint, so that a group catching up lands on it and the two merge instead
+    of one chasing the other forever."""
+    by_point: dict[LogPoint, list[_Slot]] = {}
+    for slot in slots:
+        by_point.setdefault(slot.point, []).append(slot)
+    points = sorted(by_point)
+    caps: list[LogPoint | None] = [*points[1:], None]
+    return [(by_point[point], cap) for point, cap in zip(points, caps, strict=True)]
+
+
+async def _all(batches: Iterable[Awaitable[int | None]]) -> list[int | None]:
+    """Run batches side by side and wait for every one of them, even when one fails (the
+    caller releases the projectors' locks when this returns), then raise the first error."""
+    results = await asyncio.gather(*batches, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return [result for result in results if not isinstance(result, BaseException)]
+
+
+def _combine(results: Sequence[int | None]) -> int | None:
+    """Several batches as one result: None if any lost its compare-and-set, else the most
+    events one consumed."""
+    if any(result is None for result in results):
+        return None
+    return max((result for result in results if result is not None), default=0)
+
+
+def _up_to(events: list[RecordedEvent], cap: LogPoint) -> list[RecordedEvent]:
+    return [event for event in events if (event.tx, event.position) <= cap]
+
+
 class ProjectionRunner:
     def __init__(
         self,
@@ -176,10 +246,17 @@ class ProjectionRunner:
         notifier: CommitSignal | None = None,
         poll_interval_s: float = 0.075,
         batch_size: int = 500,
+        linger_s: float = 0.01,
         metrics_interval_s: float = 5.0,
     ) -> None:
+        """`linger_s`: under a steady stream of commits, how long the background loop lets
+        events gather after a batch before the next one (bigger batches, fewer round trips
+        and commits per event). Never while a `wait_for` is waiting, and never for the first
+        commit after an idle spell, so isolated writes and read-your-writes are not delayed."""
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if linger_s < 0:
+            raise ValueError("linger_s must not be negative")
         self._db = db
         self._slots: dict[str, _Slot] = {}
         for projector in projectors:
@@ -189,8 +266,13 @@ class ProjectionRunner:
         self._notifier = notifier
         self._poll_interval_s = poll_interval_s
         self._batch_size = batch_size
+        self._linger_s = linger_s
         self._metrics_interval_s = metrics_interval_s
         self._progress = asyncio.Condition()
+        self._wake = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._readers_waiting = 0
+        self._task: asyncio.Task[None] | None = None
         self._metrics_task: asyncio.Task[None] | None = None
         self._running = False
 
@@ -208,8 +290,7 @@ class ProjectionRunner:
         if self._running:
             return
         self._running = True
-        for name, slot in self._slots.items():
-            slot.task = asyncio.create_task(self._run(slot), name=f"svc-projection-{name}")
+        self._task = asyncio.create_task(self._run(), name="svc-projections")
         self._metrics_task = asyncio.create_task(self._sample_metrics(), name="svc-proj-metrics")
         if self._notifier is not None:
             self._notifier.add_listener(self.wake)
@@ -220,39 +301,36 @@ class ProjectionRunner:
         self._running = False
         if self._notifier is not None:
             self._notifier.remove_listener(self.wake)
-        tasks = [slot.task for slot in self._slots.values() if slot.task is not None]
-        if self._metrics_task is not None:
-            tasks.append(self._metrics_task)
+        tasks = [task for task in (self._task, self._metrics_task) if task is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for slot in self._slots.values():
-            slot.task = None
+        self._task = None
         self._metrics_task = None
 
     def wake(self) -> None:
         """Commit listener: something was appended, look at the log now."""
-        for slot in self._slots.values():
-            slot.wake.set()
+        self._wake.set()
 
-    async def _run(self, slot: _Slot) -> None:
-        name = slot.projector.name
+    async def _run(self) -> None:
+        """The background loop: one step over every projector per wake-up, as long as
+        batches come back full."""
+        slots = list(self._slots.values())
         first_delay = min(self._poll_interval_s, _MAX_BACKOFF_S)
         delay = first_delay
         while True:
-            slot.wake.clear()
+            self._wake.clear()
             try:
-                async with slot.lock:
-                    consumed = await self._advance(slot)
+                consumed = await self._step(slots, wait=False)
             except StoreError as exc:
-                log.warning("projection %s: %s (retrying in %.2fs)", name, exc.message, delay)
+                log.warning("projections: %s (retrying in %.2fs)", exc.message, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_BACKOFF_S)
                 continue
             except Exception:
-                log.exception("projection %s: batch failed (retrying in %.2fs)", name, delay)
+                log.exception("projections: batch failed (retrying in %.2fs)", delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_BACKOFF_S)
                 continue
@@ -260,10 +338,27 @@ class ProjectionRunner:
             await self._notify_progress()
             if consumed is None or consumed >= self._batch_size:
                 continue
+            if consumed > 0:
+                await self._linger()
+            if self._wake.is_set():
+                continue
             # The fallback poll covers commits whose wake-up never came (another process
-            # without a working NOTIFY, or a notifier that is not wired in).
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(slot.wake.wait(), self._poll_interval_s)
+            # without a working NOTIFY, or a notifier that is not wired in). An idle poll also
+            # rereads the checkpoints, which another process's rebuild may have moved back.
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._poll_interval_s)
+            except TimeoutError:
+                for slot in slots:
+                    slot.loaded = False
+
+    async def _linger(self) -> None:
+        """Let the commits of the next `linger_s` gather into the next batch, unless a reader
+        is waiting for the read models (`wait_for`), who cuts the wait short."""
+        if self._linger_s == 0 or self._readers_waiting:
+            return
+        self._hurry.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._hurry.wait(), self._linger_s)
 
     async def _sample_metrics(self) -> None:
         while True:
@@ -277,83 +372,150 @@ class ProjectionRunner:
         async with self._progress:
             self._progress.notify_all()
 
-    # -- one batch ----------------------------------------------------------------------------
+    # -- one step: a batch per group ----------------------------------------------------------
 
-    async def _advance(
-        self, slot: _Slot, limit: int | None = None, *, exact: bool = False
-    ) -> int | None:
-        """Apply the next batch of `slot` (caller holds `slot.lock`).
+    async def _step(self, slots: Sequence[_Slot], *, wait: bool) -> int | None:
+        """Advance each group of `slots` (same checkpoint) by one batch, groups side by side.
+
+        Returns the most events a group consumed, or None when another runner moved a
+        checkpoint first (nothing lost; the next step reloads it). With `wait`, waits for the
+        projectors another task of this process is moving (a rebuild, a catch-up); without,
+        leaves them out. Locks are taken in name order, so that tasks stepping overlapping
+        sets of projectors never deadlock; a stopped projector is left out.
+        """
+        async with contextlib.AsyncExitStack() as held:
+            ready: list[_Slot] = []
+            for slot in sorted(slots, key=lambda s: s.name):
+                if not wait and slot.lock.locked():
+                    continue
+                await held.enter_async_context(slot.lock)
+                if slot.failure is None:
+                    ready.append(slot)
+            await self._load([slot for slot in ready if not slot.loaded])
+            groups = _groups(ready)
+            if len(groups) == 1:
+                ((group, cap),) = groups
+                return await self._advance(group, cap=cap)
+            return _combine(await _all(self._advance(group, cap=cap) for group, cap in groups))
+
+    async def _load(self, slots: Sequence[_Slot]) -> None:
+        """Read the checkpoints of `slots` (creating missing rows) into their `point`."""
+        if not slots:
+            return
+        names = [slot.name for slot in slots]
+        async with self._db.acquire(stateless=True) as conn:
+            rows = await conn.fetch(_LOAD, names)
+            if len(rows) < len(names):
+                # Another runner was creating a row: this statement waited for it and did
+                # nothing, but its snapshot predates that row. The next statement sees it.
+                rows = await conn.fetch(_READ, names)
+        points = {row[0]: LogPoint(row[1], row[2]) for row in rows}
+        for slot in slots:
+            slot.point = points[slot.name]
+            slot.loaded = True
+
+    async def _advance(self, group: Sequence[_Slot], cap: LogPoint | None = None) -> int | None:
+        """Apply the next batch to every projector of `group`, all at the same checkpoint
+        (the caller holds their locks).
 
         Returns how many events were consumed (0: caught up, or stopped on a poison event),
-        or None when another runner moved the checkpoint first (nothing done; try again).
-        Normally the handlers' statements are pipelined (`_Pipeline`); when the batch fails,
-        it is retried `exact`ly, one round trip per statement, to find the event at fault.
+        or None when another runner moved a checkpoint first (nothing done; reload and try
+        again). A partial batch (the live case) is one transaction for the whole group. A
+        full one means the group is catching up, where time matters more than round trips:
+        its projectors then apply it side by side, each in its own transaction, so that
+        the database works on them on several cores.
         """
-        if slot.failure is not None:
+        old = group[0].point
+        size = self._batch_size
+        # Outside the transaction: the log after a visible point is final, and an idle poll
+        # then costs one round trip.
+        async with self._db.acquire(stateless=True) as conn:
+            events = await read_log(conn, old, size)
+        if cap is not None:
+            events = _up_to(events, cap)
+        if not events:
             return 0
-        projector = slot.projector
-        events: list[RecordedEvent] = []
-        applying: RecordedEvent | None = None
+        if len(group) == 1 or len(events) < size:
+            return await self._apply(group, old, events)
+        return _combine(await _all(self._apply([slot], old, events) for slot in group))
+
+    async def _apply(
+        self,
+        group: Sequence[_Slot],
+        old: LogPoint,
+        events: list[RecordedEvent],
+        *,
+        exact: bool = False,
+    ) -> int | None:
+        """One transaction: move the group's checkpoints from `old` past `events`, apply them.
+
+        Normally the handlers' statements are pipelined (`_Pipeline`); when that fails, a
+        group's batch is redone projector by projector, and one projector's `exact`ly, one
+        round trip per statement, to find the event at fault.
+        """
+        new = events[-1].point
+        names = [slot.name for slot in group]
+        applying: tuple[_Slot, RecordedEvent] | None = None
         in_apply = False
-        new = ORIGIN
         try:
-            async with self._db.transaction() as conn:
-                old = await self._load(conn, projector.name)
-                events = await read_log(conn, old, limit or self._batch_size)
-                if not events:
-                    slot.point = old
-                    return 0
-                new = events[-1].point
+            async with self._db.acquire(stateless=True) as conn, conn.transaction():
                 status = await conn.execute(
-                    _MOVE, projector.name, old.tx, old.position, new.tx, new.position
+                    _MOVE, names, old.tx, old.position, new.tx, new.position
                 )
-                if status != "UPDATE 1":
+                if status != f"UPDATE {len(group)}":
                     raise _CheckpointMoved
                 in_apply = True
                 target = conn if exact else _Pipeline(conn)
-                for event in events:
-                    if projector.handles(event.type):
-                        applying = event
-                        await projector.apply(target, event)
-                if isinstance(target, _Pipeline):
-                    await target.flush()
+                # Projector by projector, so each one's runs of one statement stay long.
+                for slot in group:
+                    projector = slot.projector
+                    for event in events:
+                        if projector.handles(event.type):
+                            applying = (slot, event)
+                            await projector.apply(target, event)
+                    if isinstance(target, _Pipeline):
+                        await target.flush()
                 in_apply = False
         except _CheckpointMoved:
-            log.info("projection %s: checkpoint moved by another runner, reloading", projector.name)
+            log.info("projections %s: checkpoint moved by another runner, reloading", names)
+            for slot in group:
+                slot.loaded = False
             return None
         except StoreUnavailable:
             raise
         except Exception as exc:
             if not in_apply:
                 raise
+            if len(group) > 1:
+                # Sequentially: the one at fault may stop, the others go on.
+                return _combine([await self._apply([slot], old, events) for slot in group])
             if not exact:
-                return await self._advance(slot, limit, exact=True)
+                return await self._apply(group, old, events, exact=True)
             if applying is None:
                 raise
-            return await self._stop_at(slot, events, applying, exc)
-        slot.point = new
+            return await self._stop_at(applying[0], old, events, applying[1], exc)
+        for slot in group:
+            slot.point = new
         return len(events)
 
-    async def _load(self, conn: Connection, name: str) -> LogPoint:
-        row = await conn.fetchrow(_LOAD, name)
-        if row is None:
-            await conn.execute(_ENSURE, name)
-            row = await conn.fetchrow(_LOAD, name)
-        return LogPoint(row[0], row[1])
-
     async def _stop_at(
-        self, slot: _Slot, events: list[RecordedEvent], poison: RecordedEvent, exc: Exception
+        self,
+        slot: _Slot,
+        old: LogPoint,
+        events: list[RecordedEvent],
+        poison: RecordedEvent,
+        exc: Exception,
     ) -> int:
         """Commit the events before `poison`, then stop the projector on it."""
         index = events.index(poison)
         consumed = 0
         if index > 0:
-            consumed = await self._advance(slot, limit=index) or 0
+            consumed = await self._apply([slot], old, events[:index]) or 0
         if slot.failure is not None:
             return consumed
         message = exc.message if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
         slot.failure = PoisonEvent(
-            projection=slot.projector.name,
+            projection=slot.name,
             cursor=poison.cursor,
             tx=poison.tx,
             position=poison.position,
@@ -364,7 +526,7 @@ class ProjectionRunner:
         log.error(
             "projection %s stopped: cannot apply event at position %d (tx %d, cursor %s, "
             "type %s, stream %s); it will not advance until fixed (retry or rebuild)",
-            slot.projector.name,
+            slot.name,
             poison.position,
             poison.tx,
             poison.cursor,
@@ -372,7 +534,7 @@ class ProjectionRunner:
             poison.stream_id,
             exc_info=exc,
         )
-        metrics.STALLED.labels(projection=slot.projector.name).set(1)
+        metrics.STALLED.labels(projection=slot.name).set(1)
         return consumed
 
     # -- callers ------------------------------------------------------------------------------
@@ -395,35 +557,31 @@ class ProjectionRunner:
     ) -> None:
         """Apply the log up to `until` (a cursor; default: the log's head now) in this task.
 
-        Raises `ProjectionFailed` if a projector stops on a poison event first. A cursor that
-        is not yet visible (an older transaction still open) is waited for by polling; bound
-        the wait with `asyncio.timeout` or use `wait_for`.
+        Raises `ProjectionFailed` if a projector stops on a poison event first (the others
+        still reach `until`). A cursor that is not yet visible (an older transaction still
+        open) is waited for by polling; bound the wait with `asyncio.timeout` or use
+        `wait_for`.
         """
         target = decode_cursor(until) if until else await self._head()
-        # Projectors are independent (own tables, own checkpoint): they catch up side by side.
-        results = await asyncio.gather(
-            *(self._catch_up_one(slot, target) for slot in self._select(names)),
-            return_exceptions=True,
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-
-    async def _catch_up_one(self, slot: _Slot, target: LogPoint) -> None:
-        # At least one batch: it reloads the checkpoint, which another process's rebuild may
-        # have moved back since this process last saw it.
-        consumed: int | None = None
-        while consumed is None or slot.point < target:
-            async with slot.lock:
-                consumed = await self._advance(slot)
+        slots = self._select(names)
+        # The first step rereads the checkpoints, which another process's rebuild may have
+        # moved back since this process last saw them.
+        for slot in slots:
+            slot.loaded = False
+        while True:
+            consumed = await self._step(slots, wait=True)
             await self._notify_progress()
+            behind = [s for s in slots if s.failure is None and s.point < target]
+            if consumed is not None and not behind:
+                break
+            if consumed == 0:
+                await asyncio.sleep(self._poll_interval_s)
+        for slot in slots:
             if slot.failure is not None:
                 raise ProjectionFailed(
-                    f"projection {slot.projector.name} is stopped at "
+                    f"projection {slot.name} is stopped at "
                     f"{slot.failure.cursor}: {slot.failure.error}"
                 )
-            if consumed == 0 and slot.point < target:
-                await asyncio.sleep(self._poll_interval_s)
 
     # `timeout` is part of the gateway's read-your-writes contract (a bool, not an exception).
     async def wait_for(
@@ -451,21 +609,25 @@ class ProjectionRunner:
         def settled() -> bool:
             return all(s.point >= target or s.failure is not None for s in slots)
 
-        for slot in slots:
-            slot.wake.set()
+        self._readers_waiting += 1
+        self._hurry.set()
+        self._wake.set()
         try:
             async with self._progress:
                 await asyncio.wait_for(self._progress.wait_for(settled), timeout)
         except TimeoutError:
             return False
+        finally:
+            self._readers_waiting -= 1
         return all(s.point >= target for s in slots)
 
     def retry(self, name: str) -> None:
         """Clear a projector's poison-event stop so it tries that event again."""
         (slot,) = self._select([name])
         slot.failure = None
+        slot.loaded = False
         metrics.STALLED.labels(projection=name).set(0)
-        slot.wake.set()
+        self._wake.set()
 
     async def rebuild(self, name: str, progress: Progress | None = None) -> int:
         """Empty the projector's tables, move its checkpoint to the start of the log and replay
@@ -474,7 +636,9 @@ class ProjectionRunner:
         The reset is one transaction (checkpoint row locked first, then the tables truncated),
         so readers see the old read model or an empty one, never a half-reset one; the replay
         then runs batch by batch, like normal operation, so it never holds back log readers
-        for long. Raises `ProjectionFailed` when the replay stops on a poison event.
+        for long. The projector is its own group meanwhile; the background loop leaves it
+        alone and it rejoins the others once caught up. Raises `ProjectionFailed` when the
+        replay stops on a poison event.
         """
         (slot,) = self._select([name])
         async with slot.lock:
@@ -482,20 +646,20 @@ class ProjectionRunner:
                 await conn.execute(_ENSURE, name)
                 await conn.execute(_RESET, name)
                 await slot.projector.reset(conn)
-            slot.point = ORIGIN
-            slot.failure = None
+            slot.point, slot.loaded, slot.failure = ORIGIN, True, None
             metrics.STALLED.labels(projection=name).set(0)
             done = 0
             total = (await self._lag(ORIGIN))[0]
             if progress is not None:
                 progress(done, total)
             while True:
-                consumed = await self._advance(slot)
+                consumed = await self._advance([slot])
                 if slot.failure is not None:
                     raise ProjectionFailed(
                         f"rebuild of {name} stopped at {slot.failure.cursor}: {slot.failure.error}"
                     )
                 if consumed is None:
+                    await self._load([slot])
                     continue
                 if consumed == 0:
                     break
@@ -516,15 +680,20 @@ class ProjectionRunner:
 
     async def status(self) -> list[ProjectionStatus]:
         """Checkpoint and lag of every projector; also refreshes the lag gauges."""
+        async with self._db.acquire(stateless=True) as conn:
+            rows = await conn.fetch(_READ, list(self._slots))
+            points = {row[0]: LogPoint(row[1], row[2]) for row in rows}
+            # Usually all projectors share one checkpoint: one lag query each distinct one.
+            lags: dict[LogPoint, tuple[int, float]] = {}
+            for point in {points.get(name, ORIGIN) for name in self._slots}:
+                lag = await conn.fetchrow(_LAG, point.tx, point.position)
+                lag_events = int(lag[0])
+                lags[point] = (lag_events, float(lag[1]) if lag_events else 0.0)
+        running = self._running and self._task is not None and not self._task.done()
         out: list[ProjectionStatus] = []
         for name, slot in self._slots.items():
-            async with self._db.acquire() as conn:
-                row = await conn.fetchrow(_LOAD, name)
-                point = ORIGIN if row is None else LogPoint(row[0], row[1])
-                lag = await conn.fetchrow(_LAG, point.tx, point.position)
-            lag_events, lag_seconds = int(lag[0]), float(lag[1])
-            if lag_events == 0:
-                lag_seconds = 0.0
+            point = points.get(name, ORIGIN)
+            lag_events, lag_seconds = lags[point]
             metrics.record_lag(name, lag_events, lag_seconds, slot.failure is not None)
             out.append(
                 ProjectionStatus(
@@ -532,7 +701,7 @@ class ProjectionRunner:
                     cursor=_cursor(point),
                     lag_events=lag_events,
                     lag_seconds=lag_seconds,
-                    running=self._running and slot.task is not None and not slot.task.done(),
+                    running=running,
                     failure=slot.failure,
                 )
             )

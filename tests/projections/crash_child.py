@@ -1,11 +1,14 @@
-"""Child process of test_projection_crash.py: projects conversations, then hangs mid-batch.
+"""Child process of test_projection_crash.py: projects conversations and messages, then hangs
+mid-batch.
 
 Usage: python crash_child.py DSN BATCH_SIZE HANG_AT
 
-Runs the conversations projector with batches of BATCH_SIZE events. When it is about to apply
-its HANG_AT-th event of the log (counting from 1 across batches), the batch transaction is open, the
-checkpoint has already been moved inside it and earlier events of the batch are applied: the
-child prints "HANGING" and sleeps until the parent SIGKILLs it.
+Runs the conversations and messages projectors with batches of BATCH_SIZE events (full batches
+one transaction per projector, the last partial batch one transaction for both). When the
+messages projector is about to apply its HANG_AT-th event of the log (counting from 1 across
+batches), its batch transaction is open, the checkpoints have already been moved inside it and
+earlier events of the batch are applied: the child prints "HANGING" and sleeps until the
+parent SIGKILLs it.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ import sys
 from eventstore import Database
 from eventstore.db import Connection
 from eventstore.records import RecordedEvent
-from projections import ConversationsProjector, ProjectionRunner
+from projections import ConversationsProjector, MessagesProjector, ProjectionRunner
 
 
-class HangingProjector(ConversationsProjector):
+class HangingProjector(MessagesProjector):
     def __init__(self, hang_at: int) -> None:
         super().__init__()
         self._hang_at = hang_at
@@ -37,8 +40,10 @@ class HangingProjector(ConversationsProjector):
 
 
 async def main(dsn: str, batch_size: int, hang_at: int) -> None:
-    db = await Database.connect(dsn, max_size=2)
-    runner = ProjectionRunner(db, [HangingProjector(hang_at)], batch_size=batch_size)
+    db = await Database.connect(dsn, max_size=4)
+    runner = ProjectionRunner(
+        db, [ConversationsProjector(), HangingProjector(hang_at)], batch_size=batch_size
+    )
     await runner.catch_up()
     print("FINISHED", flush=True)
 

@@ -53,7 +53,10 @@ async def test_sigkill_mid_batch_then_restart_applies_each_event_once(
     # 3 conversations x (1 start + 4 turns x (2 messages + 1 turn start)) = 39 events.
     for cid in ("c1", "c2", "c3"):
         await chat(store, WS, cid, 4)
-    batch, hang_at = 5, 13  # two batches commit; the third hangs on its third event
+    # Seven full batches commit (each projector in its own transaction); the eighth, partial
+    # (4 events), is one transaction for both projectors: conversations applies all of it,
+    # then messages hangs on its second event.
+    batch, hang_at = 5, 37
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -68,9 +71,10 @@ async def test_sigkill_mid_batch_then_restart_applies_each_event_once(
     try:
         line = await asyncio.wait_for(child.stdout.readline(), PATIENCE_S)
         assert line.strip() == b"HANGING"
-        # While the child hangs, its batch holds the checkpoint row: it has moved it (not yet
-        # committed) and applied two events. Nothing of that batch is visible.
+        # While the child hangs, its batch holds the checkpoint rows: it has moved them (not yet
+        # committed) and applied five events. Nothing of that batch is visible.
         assert await _checkpoint(db, "conversations") is not None
+        assert await _checkpoint(db, "messages") == await _checkpoint(db, "conversations")
     finally:
         child.send_signal(signal.SIGKILL)
         await child.wait()
@@ -78,16 +82,19 @@ async def test_sigkill_mid_batch_then_restart_applies_each_event_once(
 
     async with db.acquire() as conn:
         events = await conn.fetch("SELECT tx, position, type FROM events ORDER BY tx, position")
-    # Exactly the two committed batches: the checkpoint is the tenth event, and the model holds
-    # the effects of events 1..10 and nothing of the killed batch.
-    committed = events[: 2 * batch]
+    # Exactly the committed batches: both checkpoints are the 35th event, and both models hold
+    # the effects of events 1..35 and nothing of the killed batch, not even the conversations
+    # projector's part of it, which had finished.
+    committed = events[: 7 * batch]
     assert await _checkpoint(db, "conversations") == tuple(committed[-1][:2])
+    assert await _checkpoint(db, "messages") == tuple(committed[-1][:2])
     counts = await _message_counts(db)
     started = sum(1 for e in committed if e[2] == "conversation.started")
     messages = sum(1 for e in committed if e[2].endswith("message_received"))
     messages += sum(1 for e in committed if e[2].endswith("message_completed"))
     assert len(counts) == started and started >= 1
     assert sum(count for count, _ in counts.values()) == messages
+    assert sum(rows for _, rows in counts.values()) == messages
 
     # Restart: a fresh runner with every projector finishes the log.
     await ProjectionRunner(db, default_projectors(), batch_size=batch).catch_up()

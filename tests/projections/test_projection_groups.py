@@ -1,0 +1,121 @@
+"""Projectors at the same checkpoint share one transaction per batch; one behind catches up on
+its own and joins them; a steady stream is batched without delaying read-your-writes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from projection_events import append, chat, renamed, workspace_created
+
+from eventstore import Database, PostgresEventStore
+from projections import ProjectionRunner, default_projectors, queries
+
+PATIENCE_S = 30.0
+WS = "ws-groups"
+
+
+async def _checkpoint_writers(db: Database) -> dict[str, tuple[int, int, int]]:
+    """name -> (transaction that last wrote the row, tx, position)."""
+    async with db.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT name, xmin::text::bigint, tx, position FROM projection_checkpoints"
+        )
+    return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+
+async def test_projectors_at_one_checkpoint_commit_each_batch_together(
+    store: PostgresEventStore, db: Database
+) -> None:
+    runner = ProjectionRunner(db, default_projectors(), batch_size=1000)
+    await append(store, WS, f"workspace:{WS}", workspace_created(WS, "Groups"))
+    await chat(store, WS, "c1", 2)
+    await runner.catch_up()
+    first = await _checkpoint_writers(db)
+    assert set(first) == set(runner.names)
+    # One transaction moved every checkpoint to the same point.
+    assert len({writer for writer, _, _ in first.values()}) == 1
+    assert len({(tx, position) for _, tx, position in first.values()}) == 1
+
+    await chat(store, WS, "c2", 1)
+    await runner.catch_up()
+    second = await _checkpoint_writers(db)
+    assert len({writer for writer, _, _ in second.values()}) == 1
+    assert second["messages"] != first["messages"]
+
+
+async def test_a_projector_behind_catches_up_alone_then_joins_the_others(
+    store: PostgresEventStore, db: Database
+) -> None:
+    await append(store, WS, f"workspace:{WS}", workspace_created(WS, "Groups"))
+    await chat(store, WS, "c1", 3)
+    runner = ProjectionRunner(db, default_projectors(), batch_size=4)
+    await runner.catch_up(names=["messages"])
+    await chat(store, WS, "c2", 3)
+    # "messages" is ahead of the six others, which start from the origin: two groups. The
+    # laggards' batches stop at the leader's checkpoint, so they merge instead of chasing it.
+    await runner.catch_up()
+    caught_up = await _checkpoint_writers(db)
+    assert len({(tx, position) for _, tx, position in caught_up.values()}) == 1
+    assert len(await queries.get_messages(db, WS, "c1")) == 6
+    assert len(await queries.get_messages(db, WS, "c2")) == 6
+
+    await append(store, WS, "conversation:c1", renamed("c1", "one group again"))
+    await runner.catch_up()
+    joined = await _checkpoint_writers(db)
+    assert len({writer for writer, _, _ in joined.values()}) == 1
+    conversation = await queries.get_conversation(db, WS, "c1")
+    assert conversation is not None
+    assert (conversation.title, conversation.message_count) == ("one group again", 6)
+
+
+class _Signal:
+    def __init__(self) -> None:
+        self.listeners: list[Callable[[], None]] = []
+
+    def add_listener(self, cb: Callable[[], None]) -> None:
+        self.listeners.append(cb)
+
+    def remove_listener(self, cb: Callable[[], None]) -> None:
+        self.listeners.remove(cb)
+
+    def committed(self) -> None:
+        for cb in self.listeners:
+            cb()
+
+
+async def test_a_reader_waiting_cuts_the_linger_short(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """With an hour of linger after each batch and no fallback poll, only `wait_for` can get
+    the next batch going: if it did not, these waits would time out."""
+    await chat(store, WS, "c1", 1)
+    await chat(store, WS, "c2", 1)
+    notifier = _Signal()
+    runner = ProjectionRunner(
+        db, default_projectors(), notifier=notifier, poll_interval_s=3600, linger_s=3600
+    )
+    await runner.start()
+    try:
+        for i in range(4):
+            result = await append(store, WS, "conversation:c1", renamed("c1", f"title {i}"))
+            notifier.committed()
+            assert await runner.wait_for(result.cursor, PATIENCE_S)
+            assert await _title(db, "c1") == f"title {i}"
+        # A stream of commits nobody waits for is still applied, a batch per linger at most:
+        # here the next reader collects it.
+        for i in range(3):
+            await append(store, WS, "conversation:c2", renamed("c2", f"stream {i}"))
+            notifier.committed()
+            await asyncio.sleep(0)
+        head = await store.head()
+        assert await runner.wait_for(head, PATIENCE_S)
+        assert await _title(db, "c2") == "stream 2"
+    finally:
+        await runner.stop()
+
+
+async def _title(db: Database, cid: str) -> str | None:
+    conversation = await queries.get_conversation(db, WS, cid)
+    assert conversation is not None
+    return conversation.title
