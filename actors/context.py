@@ -63,6 +63,7 @@ class Activation(Generic[S]):
         "_store",
         "_version",
         "snapshot_version",
+        "streaming",
     )
 
     def __init__(
@@ -83,6 +84,10 @@ class Activation(Generic[S]):
         self._state: S = behaviour.initial_state(key)
         self._version = 0
         self.snapshot_version = 0
+        # Whether the command running now has a reader for its intermediate items (a
+        # `stream`), or only for its last one (an `ask`, a `tell`); the table sets it per
+        # command. A handler may skip work that only intermediate items need.
+        self.streaming = True
 
     @property
     def key(self) -> ActorKey:

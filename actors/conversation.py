@@ -635,7 +635,10 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         parts: list[str] = []
         finished: Finished | None = None
         try:
-            async for item in provider.stream(_request(command)):
+            # ActorContext does not declare `streaming` (actors/context.py's Activation has it):
+            # other contexts keep the streaming default.
+            streaming = bool(getattr(ctx, "streaming", True))
+            async for item in provider.stream(_request(command, streaming)):
                 if isinstance(item, TextDelta):
                     parts.append(item.text)
                     yield item
@@ -699,13 +702,14 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             log.exception("could not record the failure of turn %s", command.turn_id)
 
 
-def _request(command: RunTurn) -> ModelRequest:
+def _request(command: RunTurn, streaming: bool) -> ModelRequest:
     return ModelRequest(
         model=command.model,
         messages=tuple(ChatMessage(m.role, m.content, m.name) for m in command.messages),
         temperature=command.params.temperature,
         top_p=command.params.top_p,
         max_tokens=command.params.max_tokens,
+        stream=streaming,
     )
 
 

@@ -35,7 +35,7 @@ class LocalRuntime:
         *,
         timeout: float | None = None,
     ) -> Any:
-        reply = self._table.submit(key, command)
+        reply = self._table.submit(key, command, stream=False)
         try:
             async with asyncio.timeout(timeout):
                 return await reply.last()
@@ -54,7 +54,7 @@ class LocalRuntime:
         return _follow(self._table.submit(key, command))
 
     async def tell(self, key: ActorKey, command: Command) -> None:
-        self._table.submit(key, command).discard()
+        self._table.submit(key, command, stream=False).discard()
 
     async def start(self) -> None:
         await self._table.start()

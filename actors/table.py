@@ -120,6 +120,7 @@ def _log_failure(description: str, error: BaseException) -> None:
 class _Envelope:
     command: Command
     reply: Reply
+    stream: bool
 
 
 class _Slot:
@@ -256,8 +257,9 @@ class ActivationTable:
 
     # --- commands -----------------------------------------------------------------------
 
-    def submit(self, key: ActorKey, command: Command) -> Reply:
-        """Queue `command` in the actor's mailbox; the reply yields what its handler yields."""
+    def submit(self, key: ActorKey, command: Command, *, stream: bool = True) -> Reply:
+        """Queue `command` in the actor's mailbox; the reply yields what its handler yields.
+        `stream=False` says only the last item will be read (`Activation.streaming`)."""
         if not self._accepting:
             raise RuntimeStopping() if self._stopped else RuntimeNotStarted()
         slot = self._active.get(key)
@@ -268,7 +270,7 @@ class ActivationTable:
             self._active.move_to_end(key)
             slot.last_submit = now
         reply = Reply(f"{type(command).__name__} to {key}")
-        slot.mailbox.append(_Envelope(command, reply))
+        slot.mailbox.append(_Envelope(command, reply, stream))
         slot.notify()
         return reply
 
@@ -309,10 +311,11 @@ class ActivationTable:
                 finally:
                     slot.wake = None
                 continue
-            envelope = slot.mailbox.popleft()
             slot.busy = True
             try:
-                await self._run(slot, envelope)
+                # No local for the envelope: an idle actor waits in this frame, which would
+                # otherwise keep its last command and reply (the answer) alive meanwhile.
+                await self._run(slot, slot.mailbox.popleft())
             finally:
                 slot.busy = False
                 slot.last_used = time.monotonic()
@@ -325,6 +328,7 @@ class ActivationTable:
         reply = envelope.reply
         try:
             activation = slot.activation
+            activation.streaming = envelope.stream
             async for item in activation.behaviour.handle(activation, envelope.command):
                 reply.push(item)
         except asyncio.CancelledError:

@@ -17,6 +17,13 @@ requests/s, p50 and p99 latency (to the last byte), the latency the gateway adds
 given `--gateway-pid`, the gateway's CPU time per request and its resident memory, read from
 /proc/<pid>. Every gateway request is a new conversation turn: a user message, a turn start
 and its outcome recorded with durable commits. `--quick` sends fewer requests per level.
+
+`--rss-conversations N` then sends N more JSON requests (at `--rss-concurrency`), each starting
+a new conversation (none carries X-SVC-Conversation-Id), and prints the gateway's resident
+memory before and after them (needs the gateway's pid: `--spawn` or `--gateway-pid`);
+`--no-levels` skips the levels and measures only that:
+
+    python bench/gateway_chat.py --spawn --no-levels --rss-conversations 10000
 """
 
 from __future__ import annotations
@@ -219,6 +226,14 @@ async def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few requests per level")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--spawn", action="store_true", help="start stub and gateway here")
+    parser.add_argument("--no-levels", action="store_true", help="skip the per-level runs")
+    parser.add_argument(
+        "--rss-conversations",
+        type=int,
+        default=0,
+        help="then start this many new conversations and report the gateway RSS",
+    )
+    parser.add_argument("--rss-concurrency", type=int, default=32)
     parser.add_argument("--gateway-port", type=int, default=8787)
     parser.add_argument("--stub-port", type=int, default=8797)
     args = parser.parse_args()
@@ -232,7 +247,6 @@ async def main() -> None:
 
 
 async def run(args: argparse.Namespace) -> None:
-
     gateway = Target(
         "gateway",
         args.gateway.rstrip("/") + "/v1/chat/completions",
@@ -245,8 +259,30 @@ async def run(args: argparse.Namespace) -> None:
         {"Content-Type": "application/json"},
         args.stub_pid,
     )
-    levels = [int(c) for c in args.concurrency.split(",")]
     print(f"# {os.cpu_count()} CPUs; durable commits as configured on the gateway's database")
+    if not args.no_levels:
+        await run_levels(args, gateway, stub)
+    if args.rss_conversations > 0:
+        await report_rss(args, gateway)
+
+
+async def report_rss(args: argparse.Namespace, gateway: Target) -> None:
+    """Gateway memory after `--rss-conversations` new conversations (one turn each)."""
+    if gateway.pid is None:
+        raise SystemExit("--rss-conversations needs the gateway's pid (--spawn or --gateway-pid)")
+    before = rss_mb(gateway.pid)
+    total, concurrency = args.rss_conversations, args.rss_concurrency
+    result = await run_level(gateway, args.model, False, concurrency, total)
+    print(
+        f"rss    c={concurrency:<4} gateway {result.requests:6d} ok {result.errors:4d} err  "
+        f"{result.rps:8.1f} req/s  new conversations {total}  "
+        f"rss {before:6.1f} MB before, {result.rss_mb:6.1f} MB after",
+        flush=True,
+    )
+
+
+async def run_levels(args: argparse.Namespace, gateway: Target, stub: Target) -> None:
+    levels = [int(c) for c in args.concurrency.split(",")]
     for stream in (False, True):
         mode = "stream" if stream else "json"
         for concurrency in levels:

@@ -2,8 +2,9 @@
 
 Keys are `svc_` + 40 url-safe characters, shown once; only their sha256 is stored (the
 `api_keys` read model, found by hash). A lookup is cached for `CACHE_TTL_S`, so a revocation
-takes effect within that time plus the projection lag (milliseconds). Scopes: `admin:read`,
-`admin:write`, `*`, `mcp` and `chat`.
+made through another process takes effect within that time plus the projection lag
+(milliseconds); the revoke path of this process calls `Authenticator.forget_key`, which drops
+the key from the cache at once. Scopes: `admin:read`, `admin:write`, `*`, `mcp` and `chat`.
 """
 
 from __future__ import annotations
@@ -92,6 +93,12 @@ class KeyCache:
             self._entries[key_hash] = (now + self._ttl_s, record)
         return record
 
+    def forget(self, key_id: str) -> None:
+        """Drop every cached lookup of `key_id`: its next use reads the read model."""
+        stale = [h for h, (_, record) in self._entries.items() if record.key_id == key_id]
+        for key_hash in stale:
+            del self._entries[key_hash]
+
     def clear(self) -> None:
         self._entries.clear()
 
@@ -111,6 +118,10 @@ class Authenticator:
         self._settings = settings
         self._keys = KeyCache(lookup)
         self._limiter = limiter
+
+    def forget_key(self, key_id: str) -> None:
+        """Call after revoking `key_id` (or changing its scopes or limit) in this process."""
+        self._keys.forget(key_id)
 
     def _static_principal(self, token: str) -> Principal | None:
         static = self._settings.text("SVC_NATIVE_COMPAT_KEY")

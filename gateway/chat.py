@@ -21,12 +21,18 @@ Agents as models: when `model` is the name of an active agent of the caller's wo
 system prompt goes first in the messages (before any the client sent), and the agent's
 parameters are defaults that the request's own values override. An agent name wins over a
 model of the same name. The turn records the agent id (RunTurn.agent, TurnStarted.agent);
-the response echoes the name the client sent.
+the response echoes the name the client sent. The active agents of a workspace are read once
+per `AGENT_CACHE_TTL_S` (`AgentDirectory`), not per request: a change made through another
+process shows within that time; `forget_agents` drops a workspace's entry at once (the admin
+agent writes of this process call it).
+
+Responses are encoded straight to JSON bytes (orjson) in the exact shapes of the
+`schemas.chat` records, which document them (and the OpenAPI page); building a pydantic record
+per streamed token cost more than the rest of relaying it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -36,6 +42,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from aiohttp import web
 from prometheus_client import Counter, Histogram
 
@@ -44,6 +51,7 @@ from actors.conversation import TurnResult, conversation_key
 from actors.models.port import ModelProvider, TextDelta
 from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
+from eventstore.db import Database
 from gateway.auth import CHAT_PATH, CHAT_SCOPE, authenticate, require_scope
 from gateway.errors import read_json
 from gateway.openapi import document
@@ -52,14 +60,8 @@ from gateway.state import DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
 from projections import agent_queries
 from projections.agent_queries import Agent
 from schemas.chat import (
-    ChatCompletionChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatMessageOut,
-    ChoiceDelta,
-    ChunkChoice,
-    CompletionUsage,
     ModelCard,
     ModelList,
 )
@@ -76,6 +78,7 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 _CONVERSATION_KEY: web.RequestKey[str] = web.RequestKey("svc_conversation_id", str)
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 _KEY_NAMESPACE = uuid.UUID("7f6b2f8e-4c1e-4f0e-9a51-2b1f3c1d5e00")
+AGENT_CACHE_TTL_S = 1.0
 
 TURN_DURATION = Histogram(
     "svc_turn_duration_seconds",
@@ -90,6 +93,7 @@ TURN_ERRORS = Counter(
 
 
 def add_routes(app: web.Application) -> None:
+    app[AGENTS] = AgentDirectory()
     app.router.add_post(CHAT_PATH, chat_completions)
     app.router.add_get(MODELS_PATH, list_models)
     app.on_response_prepare.append(_conversation_header)
@@ -140,12 +144,58 @@ def _check_model(app: web.Application, model: str, agent: Agent | None = None) -
         ) from None
 
 
+class AgentDirectory:
+    """The active agents of each workspace by name, read from the `agents` read model at most
+    once per `ttl_s` per workspace. Two active agents never share a name (names are checked
+    before an agent is created or renamed); should the log ever hold two, the oldest wins, as
+    in `agent_queries.find_active_agent`."""
+
+    def __init__(self, ttl_s: float = AGENT_CACHE_TTL_S, max_workspaces: int = 10_000) -> None:
+        self._ttl_s = ttl_s
+        self._max_workspaces = max_workspaces
+        self._entries: dict[str, tuple[float, dict[str, Agent]]] = {}
+
+    async def find(self, db: Database, workspace_id: str, name: str) -> Agent | None:
+        now = time.monotonic()
+        hit = self._entries.get(workspace_id)
+        if hit is None or hit[0] <= now:
+            agents = await agent_queries.list_agents(db, workspace_id)
+            if len(self._entries) >= self._max_workspaces:
+                self._entries.clear()
+            hit = (now + self._ttl_s, _by_name(agents))
+            self._entries[workspace_id] = hit
+        return hit[1].get(name)
+
+    def forget(self, workspace_id: str | None = None) -> None:
+        """Drop one workspace's entry (every entry without one): its next lookup reads."""
+        if workspace_id is None:
+            self._entries.clear()
+        else:
+            self._entries.pop(workspace_id, None)
+
+
+AGENTS: web.AppKey[AgentDirectory] = web.AppKey("svc_chat_agents", AgentDirectory)
+
+
+def _by_name(agents: list[Agent]) -> dict[str, Agent]:
+    oldest_first = sorted(agents, key=lambda a: (a.created_at, a.agent_id), reverse=True)
+    return {agent.name: agent for agent in oldest_first}
+
+
+def forget_agents(app: web.Application, workspace_id: str) -> None:
+    """Call after writing an agent of `workspace_id`, so this process serves the change at once."""
+    directory = app.get(AGENTS)
+    if directory is not None:
+        directory.forget(workspace_id)
+
+
 async def _agent_named(request: web.Request, principal: Principal, model: str) -> Agent | None:
     """The caller's active agent called `model`, if any."""
     db = request.app.get(DATABASE)
-    if db is None:
+    directory = request.app.get(AGENTS)
+    if db is None or directory is None:
         return None
-    return await agent_queries.find_active_agent(db, principal.workspace_id, model)
+    return await directory.find(db, principal.workspace_id, model)
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -300,32 +350,38 @@ async def _complete(runtime: ActorRuntime, turn: _Turn) -> web.Response:
     result = await runtime.ask(turn.key, turn.command)
     if not isinstance(result, TurnResult):
         raise TypeError(f"conversation actor answered {type(result).__name__}, not TurnResult")
-    response = ChatCompletionResponse(
-        id=turn.completion_id,
-        created=turn.created,
-        model=turn.model,
-        choices=[
-            ChatCompletionChoice(
-                message=ChatMessageOut(content=result.content),
-                finish_reason=result.finish_reason,
-            )
+    # The `ChatCompletionResponse` shape.
+    response = {
+        "id": turn.completion_id,
+        "object": "chat.completion",
+        "created": turn.created,
+        "model": turn.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": result.content},
+                "finish_reason": result.finish_reason,
+                "logprobs": None,
+            }
         ],
-        usage=_usage(result),
-    )
+        "usage": _usage(result),
+        "system_fingerprint": None,
+    }
     return web.Response(
-        body=response.model_dump_json().encode(),
+        body=orjson.dumps(response),
         content_type="application/json",
         headers=_cursor_header(result),
     )
 
 
-def _usage(result: TurnResult) -> CompletionUsage:
+def _usage(result: TurnResult) -> dict[str, int]:
+    """The `CompletionUsage` shape."""
     usage = result.usage
-    return CompletionUsage(
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        total_tokens=usage.total_tokens,
-    )
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
 
 
 def _cursor_header(result: TurnResult) -> dict[str, str]:
@@ -405,19 +461,26 @@ class _ChunkSender:
 
     def _chunk(
         self,
-        delta: ChoiceDelta | None,
+        delta: dict[str, str] | None,
         finish_reason: str | None = None,
-        usage: CompletionUsage | None = None,
+        usage: dict[str, int] | None = None,
     ) -> bytes:
-        choices = [] if delta is None else [ChunkChoice(delta=delta, finish_reason=finish_reason)]
-        chunk = ChatCompletionChunk(
-            id=self._turn.completion_id,
-            created=self._turn.created,
-            model=self._turn.model,
-            choices=choices,
-            usage=usage,
+        """A `ChatCompletionChunk`; `delta` holds only the keys that carry something."""
+        choices = (
+            []
+            if delta is None
+            else [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
         )
-        return chunk.model_dump_json().encode()
+        chunk = {
+            "id": self._turn.completion_id,
+            "object": "chat.completion.chunk",
+            "created": self._turn.created,
+            "model": self._turn.model,
+            "choices": choices,
+            "usage": usage,
+            "system_fingerprint": None,
+        }
+        return orjson.dumps(chunk)
 
     async def _send(self, data: bytes, *, id: str | None = None) -> None:
         if self.client_gone:
@@ -431,16 +494,16 @@ class _ChunkSender:
     async def delta(self, text: str) -> None:
         if not text:
             return
-        role = None if self._sent_role else "assistant"
+        delta = {"content": text} if self._sent_role else {"role": "assistant", "content": text}
         self._sent_role = self._sent_text = True
-        await self._send(self._chunk(ChoiceDelta(role=role, content=text)))
+        await self._send(self._chunk(delta))
 
     async def finish(self, result: TurnResult) -> None:
         if not self._sent_text and result.content:
             await self.delta(result.content)
-        role = None if self._sent_role else "assistant"
+        delta = {} if self._sent_role else {"role": "assistant"}
         self._sent_role = True
-        final = self._chunk(ChoiceDelta(role=role), finish_reason=result.finish_reason)
+        final = self._chunk(delta, finish_reason=result.finish_reason)
         await self._send(final, id=result.cursor or None)
         if self._include_usage:
             await self._send(self._chunk(None, usage=_usage(result)))
@@ -448,7 +511,7 @@ class _ChunkSender:
 
     async def error(self, message: str, error_type: str, code: str | None) -> None:
         body = {"error": {"message": message, "type": error_type, "code": code}}
-        await self._send(json.dumps(body).encode())
+        await self._send(orjson.dumps(body))
 
     async def close(self) -> None:
         if self.client_gone:

@@ -7,7 +7,7 @@ the increments on the row, so with N concurrent requests exactly `rate_limit_rpm
 a count within the limit, whichever gateway process they reached. Rejected requests count
 too (they are requests); the counter restarts at the next minute. A fixed window admits at
 most 2 x rpm around a minute boundary; that is the documented trade for one row per key and
-minute (docs/rate-limits.md).
+minute (docs/gateway-platform.md, "Per-key rate limits").
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ class RateLimiter:
         self._db = db
 
     async def hit(self, key_id: str, limit: int) -> RateDecision:
-        async with self._db.acquire() as conn:
+        # One statement, no session state left behind: the pool may skip its reset query.
+        async with self._db.acquire(stateless=True) as conn:
             row = await conn.fetchrow(_HIT, key_id)
         reset_after = max(0.0, WINDOW_S - float(row["elapsed"]))
         return RateDecision(limit=limit, count=int(row["count"]), reset_after_s=reset_after)
@@ -82,6 +83,6 @@ class RateLimiter:
         return decision
 
     async def prune(self) -> int:
-        async with self._db.acquire() as conn:
+        async with self._db.acquire(stateless=True) as conn:
             status: str = await conn.execute(_PRUNE, float(KEEP_WINDOWS_S))
         return int(status.rsplit(" ", 1)[-1])

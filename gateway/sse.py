@@ -55,7 +55,11 @@ def encode_event(data: bytes | str, *, event: str | None = None, id: str | None 
         parts.append(b"id: " + _field(id) + b"\n")
     if event is not None:
         parts.append(b"event: " + _field(event) + b"\n")
-    parts.extend(b"data: " + line + b"\n" for line in _lines(payload))
+    if b"\n" in payload or b"\r" in payload:
+        parts.extend(b"data: " + line + b"\n" for line in _lines(payload))
+    else:
+        # The usual frame (compact JSON has no raw line break): one data line, no splitting.
+        parts.append(b"data: " + payload + b"\n")
     parts.append(b"\n")
     return b"".join(parts)
 

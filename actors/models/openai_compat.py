@@ -1,8 +1,10 @@
 """A model provider speaking the OpenAI chat-completions protocol to any compatible server.
 
 One pooled `aiohttp.ClientSession` per provider, opened on first use and closed by `aclose()`.
-Every call streams (`stream: true`, `stream_options.include_usage`), so deltas reach the
-client as the upstream produces them.
+A call streams (`stream: true`, `stream_options.include_usage`), so deltas reach the client as
+the upstream produces them, unless the request says nobody reads the deltas
+(`ModelRequest.stream` false: a JSON, non-streaming chat request): then the server is asked
+for one `chat.completion`, which costs it and us less than a stream of chunks.
 
 Failure policy:
 - The call has one time budget (`call_timeout_s`, 0 = none) covering every attempt and the
@@ -28,6 +30,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
+import orjson
 
 from actors.models.port import ChatMessage, Finished, ModelEvent, ModelRequest, TextDelta, Usage
 from actors.models.tokens import estimate_prompt_tokens, estimate_tokens
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})
 _MAX_MESSAGE_CHARS = 300
+_MAX_LINE_BYTES = 4 * 1024 * 1024
 _SECRET_PATTERNS = (
     re.compile(r"(?i)bearer\s+[^\s\"',;]+"),
     re.compile(r"\bsk-[A-Za-z0-9_\-]{6,}"),
@@ -123,9 +127,10 @@ class OpenAICompatProvider:
         body: dict[str, Any] = {
             "model": self.model or request.model,
             "messages": [_message(m) for m in request.messages],
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": request.stream,
         }
+        if request.stream:
+            body["stream_options"] = {"include_usage": True}
         temperature = request.temperature if request.temperature is not None else self._temperature
         top_p = request.top_p if request.top_p is not None else self._top_p
         if temperature is not None:
@@ -198,7 +203,9 @@ class OpenAICompatProvider:
                 if resp.status != 200:
                     await _raise_for_status(resp, self._api_key)
                 if resp.content_type == "application/json":
-                    async for event in _from_completion(await resp.json(), messages):
+                    async for event in _from_completion(
+                        await resp.json(loads=orjson.loads), messages
+                    ):
                         yield event
                     return
                 async for event in _from_stream(resp.content, messages, self._api_key):
@@ -341,24 +348,50 @@ async def _from_completion(
 
 
 async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[str]:
-    """The `data` of each SSE event (multi-line data joined by newlines)."""
+    """The `data` of each SSE event (multi-line data joined by newlines).
+
+    Reads whatever the connection has buffered and splits it into lines here: a readline per
+    line cost more than parsing the events. A line longer than `_MAX_LINE_BYTES` raises
+    ValueError, like aiohttp's own line reader."""
     lines: list[str] = []
-    async for raw in content:
-        line = raw.decode("utf-8", "replace").rstrip("\r\n")
-        if not line:
-            if lines:
-                yield "\n".join(lines)
-                lines = []
-        elif line.startswith("data:"):
-            value = line[5:]
-            lines.append(value[1:] if value.startswith(" ") else value)
+    pending = b""
+    async for chunk in content.iter_any():
+        pending += chunk
+        if b"\n" not in chunk:
+            if len(pending) > _MAX_LINE_BYTES:
+                raise ValueError("stream line too long")
+            continue
+        *complete, pending = pending.split(b"\n")
+        for raw in complete:
+            data = _sse_line(raw, lines)
+            if data is not None:
+                yield data
+    if pending:
+        _sse_line(pending, lines)
     if lines:
         yield "\n".join(lines)
 
 
+def _sse_line(raw: bytes, lines: list[str]) -> str | None:
+    """Take one line: a blank line ends an event (its data is returned), a `data:` line adds
+    to `lines`, anything else (comments, other fields) is skipped."""
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    if not raw:
+        if not lines:
+            return None
+        data = "\n".join(lines)
+        lines.clear()
+        return data
+    if raw.startswith(b"data:"):
+        value = raw[5:].decode("utf-8", "replace")
+        lines.append(value[1:] if value.startswith(" ") else value)
+    return None
+
+
 def _json_object(data: str) -> dict[str, Any]:
     try:
-        value = json.loads(data)
+        value = orjson.loads(data)
     except ValueError:
         raise UpstreamError(
             "model server sent a stream chunk that is not JSON", code="upstream_bad_stream"

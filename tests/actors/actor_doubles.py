@@ -120,12 +120,14 @@ class ScriptedProvider:
         self.delay_s = delay_s
         self.fail_after = fail_after
         self.calls = 0
+        self.requests: list[ModelRequest] = []
 
     def serves(self, model: str) -> bool:
         return model == self.model
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         self.calls += 1
+        self.requests.append(request)
         for i, text in enumerate(self.deltas):
             if self.fail_after is not None and i == self.fail_after:
                 raise UpstreamError("the upstream model server answered 502")

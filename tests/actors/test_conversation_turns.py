@@ -10,7 +10,9 @@ import pytest
 from actor_doubles import MakeRuntime, RuntimeUnderTest, ScriptedProvider, answer
 
 from actors import (
+    ActivationTable,
     ConversationBehaviour,
+    LocalRuntime,
     RecordedTurnFailure,
     RuntimeStopping,
     TurnResult,
@@ -233,3 +235,22 @@ async def test_stop_past_the_deadline_records_the_interrupted_turn(
         "interrupted",
         True,
     )
+
+
+async def test_the_model_is_asked_to_stream_only_when_someone_reads_the_deltas(
+    store: PostgresEventStore,
+) -> None:
+    # The local runtime's own contract: `ask` reads no intermediate item.
+    provider = ScriptedProvider()
+    runtime = LocalRuntime(ActivationTable(store, [ConversationBehaviour([provider])]))
+    await runtime.start()
+    try:
+        key = conversation_key(uuid.uuid4().hex)
+        streamed = [item async for item in runtime.stream(key, run_turn("one"))]
+        asked = await runtime.ask(key, run_turn("two"))
+    finally:
+        await runtime.stop()
+    assert [r.stream for r in provider.requests] == [True, False]
+    # Either way the whole answer comes back and is recorded.
+    assert isinstance(streamed[-1], TurnResult) and isinstance(asked, TurnResult)
+    assert asked.content == answer(provider, 2)

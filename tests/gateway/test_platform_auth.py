@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
+from datetime import UTC, datetime
 
 from platform_support import (
     WHOAMI,
@@ -17,7 +18,7 @@ from platform_support import (
     uid,
 )
 
-from gateway.auth import KEY_PREFIX, generate_key
+from gateway.auth import KEY_PREFIX, KeyCache, KeyRecord, generate_key
 
 
 def test_generated_keys_have_the_documented_shape() -> None:
@@ -133,3 +134,27 @@ async def test_rate_limit_is_shared_by_two_gateways_on_one_database(database_url
         results = await asyncio.gather(_burst(first, key, 20), _burst(second, key, 20))
         statuses = Counter(results[0] + results[1])
         assert statuses == {200: 20, 429: 20}
+
+
+async def test_key_cache_serves_within_its_ttl_and_forget_drops_a_key_at_once() -> None:
+    lookups: Counter[str] = Counter()
+    records = {
+        "hash-a": KeyRecord("key-a", "ws", frozenset({"chat"})),
+        "hash-b": KeyRecord("key-b", "ws", frozenset({"chat"})),
+    }
+
+    async def lookup(key_hash: str) -> KeyRecord | None:
+        lookups[key_hash] += 1
+        return records[key_hash]
+
+    cache = KeyCache(lookup, ttl_s=60.0)
+    for _ in range(3):
+        assert await cache.find("hash-a") == records["hash-a"]
+        assert await cache.find("hash-b") == records["hash-b"]
+    assert lookups == {"hash-a": 1, "hash-b": 1}
+
+    records["hash-a"] = KeyRecord("key-a", "ws", frozenset({"chat"}), revoked_at=datetime.now(UTC))
+    cache.forget("key-a")
+    assert (await cache.find("hash-a")).revoked_at is not None  # type: ignore[union-attr]
+    assert await cache.find("hash-b") == records["hash-b"]
+    assert lookups == {"hash-a": 2, "hash-b": 1}
