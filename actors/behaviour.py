@@ -57,6 +57,12 @@ class ActorContext(Protocol[S_co]):
     @property
     def version(self) -> int: ...
 
+    @property
+    def streaming(self) -> bool:
+        """Whether the running command has a reader for its intermediate items (a `stream`)
+        or only for its last one (an `ask` or a `tell`)."""
+        ...
+
     async def execute(self, command: Command) -> CommandOutcome:
         """decide -> append (expected version, command id) -> evolve; on a concurrency
         conflict reload from the store and decide again, a bounded number of times."""

@@ -635,10 +635,8 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         parts: list[str] = []
         finished: Finished | None = None
         try:
-            # ActorContext does not declare `streaming` (actors/context.py's Activation has it):
-            # other contexts keep the streaming default.
-            streaming = bool(getattr(ctx, "streaming", True))
-            async for item in provider.stream(_request(command, streaming)):
+            # Without a reader for the deltas (an ask), the upstream is asked for one completion.
+            async for item in provider.stream(_request(command, ctx.streaming)):
                 if isinstance(item, TextDelta):
                     parts.append(item.text)
                     yield item

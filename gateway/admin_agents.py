@@ -37,6 +37,7 @@ from gateway.admin_common import (
     read_your_writes,
     wait_applied,
 )
+from gateway.chat import forget_agents
 from gateway.errors import read_json
 from gateway.openapi import document
 from gateway.state import DATABASE, MODEL_PROVIDERS, Principal
@@ -211,6 +212,7 @@ async def _execute(request: web.Request, agent_id: str, command: Command) -> Com
             f"read it with min_cursor={outcome.cursor}",
             code="projection_lagging",
         )
+    forget_agents(request.app, command.workspace_id)  # this process serves the change at once
     return outcome
 
 

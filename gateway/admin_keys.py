@@ -29,7 +29,7 @@ from gateway.admin_common import (
 from gateway.auth import check_delegation, generate_key, hash_key
 from gateway.errors import read_json
 from gateway.identity.common import describe
-from gateway.state import DATABASE, Principal
+from gateway.state import AUTH, DATABASE, Principal
 from projections import queries
 from schemas.admin import (
     AdminRead,
@@ -128,4 +128,5 @@ async def revoke_key(request: web.Request) -> web.Response:
         by=describe(principal),
     )
     outcome = await _execute(request, principal, command)
+    request.app[AUTH].forget_key(command.key_id)  # refused at once by this process
     return ok(RevokedApiKey(id=command.key_id, revoked_at=command.at, cursor=outcome.cursor))

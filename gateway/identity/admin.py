@@ -22,7 +22,7 @@ from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password
 from gateway.identity.roles import allowed
 from gateway.identity.service import APPLY_TIMEOUT_S, Identity, identity
 from gateway.identity.vault import INSTANCE, PASSWORD
-from gateway.state import PROJECTIONS, RUNTIME, Principal
+from gateway.state import AUTH, PROJECTIONS, RUNTIME, Principal
 from projections.identity_queries import (
     UserRow,
     get_user,
@@ -188,6 +188,7 @@ async def revoke_user_keys(request: web.Request, workspace_id: str, user_id: str
         outcome = await runtime.ask(workspace_key(workspace_id), command)
         if outcome.cursor:
             await projections.wait_for(outcome.cursor, APPLY_TIMEOUT_S)
+        request.app[AUTH].forget_key(key_id)
 
 
 async def cut_off(
