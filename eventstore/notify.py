@@ -1,10 +1,11 @@
 """Commit wake-ups: an in-process after-commit signal plus PostgreSQL NOTIFY between processes.
 
 ARCHITECTURE.md decision 4: readers of the log are woken right after a commit in this process,
-and by a `NOTIFY` for commits made by other processes. The NOTIFY is sent after the commit on a
-pooled connection, never inside the append transaction: a NOTIFY inside the transaction takes a
-cluster-wide lock at commit and serialises every writer. Many commits in one burst share one
-NOTIFY. A lost or late notification only costs latency: readers also poll (see tailer.py).
+and by a `NOTIFY` for commits made by other processes. The NOTIFY is sent after the commit,
+never inside the append transaction: a NOTIFY inside the transaction takes a cluster-wide lock
+at commit and serialises every writer. Many commits in one burst share one NOTIFY, sent on the
+LISTEN connection the notifier holds (never queued behind appends for a pool connection). A
+lost or late notification only costs latency: readers also poll (see tailer.py).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class CommitNotifier:
         self._lost = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._listen_conn: Connection | None = None
+        self._listen_lock = asyncio.Lock()
         self._running = False
         self.notifies_sent = 0
         self.notifies_received = 0
@@ -117,12 +119,24 @@ class CommitNotifier:
             await asyncio.sleep(self._coalesce_s)
             self._dirty.clear()
             try:
-                async with self._db.acquire() as conn:
-                    await conn.execute(self._notify_sql)
+                await self._send_notify()
                 self.notifies_sent += 1
             except Exception as exc:
                 # Other processes fall back to their poll; nothing is lost.
                 log.debug("NOTIFY %s failed: %r", self._channel, exc)
+
+    async def _send_notify(self) -> None:
+        # Sent on the LISTEN connection, which the notifier holds anyway: under a busy pool a
+        # NOTIFY would otherwise queue for a connection behind the very appends it announces,
+        # and every other process would hear of their commits that much later. The lock keeps
+        # it from overlapping the liveness ping on the same connection.
+        conn = self._listen_conn
+        if conn is not None and not conn.is_closed():
+            async with self._listen_lock:
+                await conn.execute(self._notify_sql)
+            return
+        async with self._db.acquire() as pooled:
+            await pooled.execute(self._notify_sql)
 
     async def _listen_loop(self) -> None:
         while True:
@@ -169,7 +183,8 @@ class CommitNotifier:
             if self._lost.is_set() or conn.is_closed():
                 return
             # A half-open TCP connection never reports termination; a ping does.
-            await asyncio.wait_for(conn.execute("SELECT 1"), timeout=self._ping_s)
+            async with self._listen_lock:
+                await asyncio.wait_for(conn.execute("SELECT 1"), timeout=self._ping_s)
 
     def _on_terminated(self, _conn: Any) -> None:
         self._lost.set()

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Connection, Database
@@ -72,6 +72,10 @@ class _Subscription:
         self.wake.set()
 
 
+BatchListener = Callable[[Sequence[RecordedEvent]], None]
+"""Called with each batch the tailer reads, in log order, before it reads the next one."""
+
+
 class LogTailer:
     def __init__(
         self,
@@ -92,6 +96,7 @@ class LogTailer:
         self._live = ORIGIN
         # Subscribers keyed by their workspace filter; None holds the unfiltered ones.
         self._subs: dict[str | None, set[_Subscription]] = {}
+        self._batch_listeners: list[BatchListener] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._running = False
@@ -149,6 +154,24 @@ class LogTailer:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def add_batch_listener(self, listener: BatchListener) -> None:
+        """Hand every batch read from now on to `listener`, synchronously, in the same step
+        that moves `live_point` past it: a listener registered while `live_point` is L gets
+        exactly the events after L (the handoff rule of `_stream`, for in-process fan-outs
+        such as the SSE feeds that keep their own per-connection state)."""
+        self._batch_listeners.append(listener)
+
+    def remove_batch_listener(self, listener: BatchListener) -> None:
+        with contextlib.suppress(ValueError):
+            self._batch_listeners.remove(listener)
+
+    def history(
+        self, after: LogPoint, workspace_id: str | None, types: Sequence[str] | None = None
+    ) -> AsyncIterator[RecordedEvent]:
+        """Events after `after` read from the database, in pages, scoped in the query; ends
+        at the first short page (catch-up for a reader that starts behind the live point)."""
+        return self._history(after, workspace_id, frozenset(types) if types is not None else None)
 
     def subscribe(
         self,
@@ -261,6 +284,11 @@ class LogTailer:
         # Runs without an await: registration and the live point move together (see _stream).
         self._live = batch[-1].point
         self.events_fanned_out += len(batch)
+        for listener in list(self._batch_listeners):
+            try:
+                listener(batch)
+            except Exception:
+                log.exception("log tailer batch listener failed")
         if not self._subs:
             return
         for sub in list(self._subs.get(None, ())):

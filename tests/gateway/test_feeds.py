@@ -12,7 +12,7 @@ from test_admin_support import Frame, Service, open_feed, service, start_service
 
 from eventstore.records import NewEvent
 from gateway import feeds
-from gateway.state import STORE, TAILER
+from gateway.state import STORE
 
 __all__ = ["service"]
 
@@ -269,10 +269,11 @@ def test_secret_field_names() -> None:
 async def test_slow_consumer_is_cut_off_with_its_cursor(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A small per-subscriber queue (above the batches appended here, below what a blocked
-    # socket leaves waiting) so that a few thousand events overflow it.
-    monkeypatch.setattr(service.app[TAILER], "_max_queue", 200)
-    monkeypatch.setattr(feeds, "WRITE_TIMEOUT_S", 120.0)
+    # A small unsent-bytes bound (above a round of the batches appended here, below what a
+    # blocked socket leaves waiting) so that a few thousand events overflow it.
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "max_buffer_bytes", 256 * 1024)
+    monkeypatch.setattr(hub, "write_timeout_s", 120.0)
     ws = uid("ws-")
     key = await service.issue_key(ws)
     head = await service.app[STORE].head()
@@ -309,7 +310,6 @@ async def test_slow_consumer_is_cut_off_with_its_cursor(
     slow.close()
 
     # Resuming from the final frame's cursor continues exactly where it stopped.
-    monkeypatch.setattr(service.app[TAILER], "_max_queue", 10_000)
     resp, reader = await open_feed(service, EVENTS, key, last_event_id=cut)
     rest = ids(await reader.events(total - len(received)))
     resp.close()
@@ -340,8 +340,9 @@ async def test_graceful_shutdown_sends_a_final_frame(database_url: str, tmp_path
 async def test_idle_feed_sends_heartbeat_comments(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(feeds, "HEARTBEAT_S", 0.2)
-    monkeypatch.setattr(feeds, "TICK_S", 0.05)
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "heartbeat_s", 0.2)
+    monkeypatch.setattr(hub, "tick_s", 0.05)
     key = await service.issue_key(uid("ws-"))
     resp, reader = await open_feed(service, EVENTS, key, start="latest")
     first = await reader.frame()
@@ -349,3 +350,63 @@ async def test_idle_feed_sends_heartbeat_comments(
     resp.close()
     assert first is not None and first.retry == 3000
     assert beat is not None and beat.comment == "heartbeat" and beat.event is None
+
+
+async def test_feeds_joining_during_appends_get_the_exact_log(service: Service) -> None:
+    # Feeds open one after another while writers append: each catches up from the database
+    # and joins the shared live rounds without a gap or a repeat; a type-filtered feed and a
+    # feed of another workspace ride the same rounds.
+    ws, other = uid("ws-"), uid("ws-")
+    key, other_key = await service.issue_key(ws), await service.issue_key(other)
+    await service.append_pings(ws, 40)
+
+    async def writer() -> None:
+        for n in range(30):
+            await service.append_pings(ws, 3, kind="test.odd" if n % 2 else "test.ping")
+            await service.append_pings(other, 1)
+            await asyncio.sleep(0.005)
+
+    writing = asyncio.create_task(writer())
+    feeds_open = []
+    for _ in range(4):
+        feeds_open.append(await open_feed(service, EVENTS, key))
+        await asyncio.sleep(0.03)
+    typed = await open_feed(service, EVENTS, key, types="test.odd")
+    foreign = await open_feed(service, EVENTS, other_key)
+    await writing
+
+    expected = await log_cursors(service, ws)
+    expected_odd = await log_cursors(service, ws, ["test.odd"])
+    expected_other = await log_cursors(service, other)
+    assert ids(await typed[1].events(len(expected_odd))) == expected_odd
+    assert ids(await foreign[1].events(len(expected_other))) == expected_other
+    for _resp, reader in feeds_open:
+        assert ids(await reader.events(len(expected))) == expected
+    # The next frame is the next event, not a repeat, on every feed.
+    sentinel = await service.append_pings(ws, 1, kind="test.odd")
+    other_sentinel = await service.append_pings(other, 1)
+    for _resp, reader in [*feeds_open, typed]:
+        assert ids(await reader.events(1)) == [sentinel]
+    assert ids(await foreign[1].events(1)) == [other_sentinel]
+    for resp, _reader in [*feeds_open, typed, foreign]:
+        resp.close()
+
+
+async def test_a_closed_client_leaves_the_fan_out(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "tick_s", 0.05)
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    resp, reader = await open_feed(service, EVENTS, key, start="latest")
+    await service.append_pings(ws, 1)
+    await reader.events(1)
+    assert hub.connection_count == 1
+    resp.close()
+    # Noticed by the sweep or by the next round's write, whichever comes first.
+    for _ in range(400):
+        if hub.connection_count == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert hub.connection_count == 0

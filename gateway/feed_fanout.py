@@ -1,0 +1,441 @@
+"""The fan-out behind the SSE feeds: the process's log tailer to every open feed connection.
+
+ARCHITECTURE.md decision 4, at a thousand connections. The tailer hands each batch it reads
+to `FeedFanout` (one per application), which keeps the open connections in a dict by
+workspace, so routing an event is one dict lookup whatever the number of connections. Batches
+are gathered into a *round*, flushed at most every `flush_interval_s` (at once when the last
+flush is older than that): per round and per workspace, each event's frame comes from the
+process's `FrameCache` (redacted and serialised once), and the frames a given feed filter
+selects are joined into one payload, HTTP-chunk-framed once, then written with one
+`transport.write` to every live connection with that filter. A live connection costs no
+database read, no task wake-up and no serialisation per event.
+
+A connection that starts behind the tailer's live point catches up on its own: it reads the
+log from the database, scoped to its workspace (and types) in the query, while the fan-out
+queues what arrives meanwhile in its bounded `pending` list; then it joins the live writes.
+Handoff without gap or duplicate is the tailer's rule (`LogTailer.add_batch_listener`): the
+connection is registered before it reads history, so every event after the live point at
+registration reaches `pending`, and history read after registration covers everything up to
+that point; events at or before the connection's `point` are dropped on either side. If
+`pending` overflows during catch-up it is reset and history read again from `point`.
+
+Slow consumers: a live connection's only buffer is its transport's. One holding more than
+`max_buffer_bytes` unsent, or holding unsent data at every sweep for `write_timeout_s`, is cut
+off: it gets a final `event: error` frame with the cursor of the last event written to it,
+after the events already buffered, and its socket is aborted if that does not drain within
+`write_timeout_s`. Nothing ever waits for it. A sweep every `tick_s` sends heartbeats to idle
+connections and notices closed sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from aiohttp import hdrs, web
+
+from eventstore.cursor import LogPoint, decode_cursor
+from eventstore.records import RecordedEvent
+from eventstore.tailer import LogTailer, SubscriberTooSlow
+from gateway.feed_frames import HEARTBEAT_FRAME, FrameCache, closing_frame
+from schemas.errors import SvcError, Unavailable
+
+log = logging.getLogger(__name__)
+
+EndReason = Literal["shutdown", "too_slow", "gone"]
+
+SHUTDOWN_ERROR = Unavailable(
+    "the service is shutting down; reconnect with the last cursor to resume", code="shutdown"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FeedFilter:
+    """What one connection receives: its workspace's events that the feed selects and, when
+    `types` is given, of those types. Connections with equal `key`s share payloads."""
+
+    workspace_id: str
+    feed: str
+    selects: Callable[[RecordedEvent], bool]
+    types: frozenset[str] | None = None
+
+    @property
+    def key(self) -> tuple[str, frozenset[str] | None]:
+        return (self.feed, self.types)
+
+    def accepts(self, event: RecordedEvent) -> bool:
+        return (self.types is None or event.type in self.types) and self.selects(event)
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """Bytes for the socket, in both body framings: raw (HTTP/1.0, close-delimited) and as
+    one HTTP/1.1 chunk. Built once per round and filter, written to many connections."""
+
+    raw: bytes
+    chunk: bytes
+
+    @classmethod
+    def of(cls, raw: bytes) -> Payload:
+        return cls(raw, b"%x\r\n%b\r\n" % (len(raw), raw))
+
+
+class Outlet:
+    """Direct writes to a feed's socket, below aiohttp's per-response writer so that one
+    round costs one non-blocking `transport.write` per connection. Valid only once the
+    response's headers went out (after its first `resp.write`); feeds are never compressed
+    (sse.py sets `no-transform`), so the body is the frames as they are, chunk-framed under
+    HTTP/1.1."""
+
+    __slots__ = ("chunked", "transport")
+
+    def __init__(self, request: web.Request, resp: web.StreamResponse) -> None:
+        if resp.headers.get(hdrs.CONTENT_ENCODING):
+            raise ValueError("an SSE feed is never content-encoded")
+        transport = request.transport
+        if transport is None:
+            raise ConnectionResetError("the feed's connection is already closed")
+        self.transport = transport
+        self.chunked = resp.headers.get(hdrs.TRANSFER_ENCODING, "").lower() == "chunked"
+
+    def send(self, payload: Payload) -> None:
+        self.transport.write(payload.chunk if self.chunked else payload.raw)
+
+    @property
+    def unsent(self) -> int:
+        return self.transport.get_write_buffer_size()
+
+    @property
+    def closing(self) -> bool:
+        return self.transport.is_closing()
+
+
+class FeedConnection:
+    """One open feed. `point`/`cursor` are the newest log point it has consumed (written, or
+    skipped by its filter); `pending` is its catch-up queue, None once it is live."""
+
+    __slots__ = (
+        "cursor",
+        "ended",
+        "filter",
+        "final_sent",
+        "last_write",
+        "outlet",
+        "overflowed",
+        "pending",
+        "point",
+        "unsent_since",
+    )
+
+    def __init__(self, feed_filter: FeedFilter, outlet: Outlet, cursor: str, now: float) -> None:
+        self.filter = feed_filter
+        self.outlet = outlet
+        self.cursor = cursor
+        self.point: LogPoint = decode_cursor(cursor)
+        self.pending: list[RecordedEvent] | None = []
+        self.overflowed = False
+        self.ended: asyncio.Future[EndReason] = asyncio.get_running_loop().create_future()
+        self.final_sent = False
+        self.last_write = now
+        self.unsent_since: float | None = None
+
+    def consumed(self, point: LogPoint, cursor: str) -> None:
+        self.point = point
+        self.cursor = cursor
+
+
+class FeedFanout:
+    def __init__(self) -> None:
+        self.frames = FrameCache()
+        # A round's cost is about one socket write per connection. The interval between
+        # rounds is the last round's cost over `flush_duty`, within the bounds: with a few
+        # connections events go out at once; with thousands, rounds batch more events each so
+        # that the fan-out keeps to about a quarter of the process's time, and it self-adjusts
+        # when the machine is busy.
+        self.min_flush_interval_s = 0.002
+        self.max_flush_interval_s = 0.025
+        self.flush_duty = 0.25
+        self._flush_interval_s = self.min_flush_interval_s
+        self.heartbeat_s = 15.0
+        self.tick_s = 5.0
+        self.write_timeout_s = 10.0
+        self.max_buffer_bytes = 4 * 1024 * 1024
+        self.max_pending = 10_000
+        self.shutting_down = False
+        self.cut_off_total = 0
+        self._by_ws: dict[str, set[FeedConnection]] = {}
+        self._round: dict[str, list[RecordedEvent]] = {}
+        self._flush_handle: asyncio.Handle | None = None
+        self._last_flush = 0.0
+        self._tailer: LogTailer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    @property
+    def connection_count(self) -> int:
+        return sum(len(conns) for conns in self._by_ws.values())
+
+    def attach(self, tailer: LogTailer) -> None:
+        """Start receiving the tailer's batches (idempotent; done on the first feed)."""
+        if self._tailer is tailer or self.shutting_down:
+            return
+        self._tailer = tailer
+        tailer.add_batch_listener(self._on_batch)
+        self._sweeper = asyncio.create_task(self._sweep(), name="svc-feed-sweeper")
+
+    def close_all(self) -> None:
+        """Graceful shutdown: every feed gets a final `shutdown` frame with its cursor."""
+        self.shutting_down = True
+        if self._tailer is not None:
+            self._tailer.remove_batch_listener(self._on_batch)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self._flush()
+        for conns in list(self._by_ws.values()):
+            for conn in list(conns):
+                self._end(conn, "shutdown")
+
+    # -- one connection ---------------------------------------------------------------------
+
+    async def serve(
+        self, request: web.Request, resp: web.StreamResponse, feed_filter: FeedFilter, cursor: str
+    ) -> None:
+        """Run one feed from `cursor` until it ends; `resp` is prepared and has been written
+        to. Raises ConnectionError or TimeoutError when the client goes away mid-catch-up."""
+        loop = asyncio.get_running_loop()
+        conn = FeedConnection(feed_filter, Outlet(request, resp), cursor, loop.time())
+        self._add(conn)
+        try:
+            if self.shutting_down or self._tailer is None:
+                self._end(conn, "shutdown")
+            else:
+                await self._catch_up(conn, resp, self._tailer)
+            reason = await conn.ended
+            if reason != "gone":
+                await self._finish(request, resp, conn, reason)
+        finally:
+            self._remove(conn)
+
+    async def _catch_up(
+        self, conn: FeedConnection, resp: web.StreamResponse, tailer: LogTailer
+    ) -> None:
+        """History from the database, then what queued meanwhile, then live (see the module
+        docstring for the handoff)."""
+        ws, types = conn.filter.workspace_id, conn.filter.types
+        while not conn.ended.done():
+            conn.pending, conn.overflowed = [], False
+            if conn.point < tailer.live_point:
+                page: list[RecordedEvent] = []
+                async for event in tailer.history(conn.point, ws, sorted(types) if types else None):
+                    page.append(event)
+                    if len(page) >= 256:
+                        await self._write_catch_up(conn, resp, page)
+                        page = []
+                    if conn.ended.done():
+                        return
+                await self._write_catch_up(conn, resp, page)
+            while conn.pending and not conn.overflowed and not conn.ended.done():
+                queued, conn.pending = conn.pending, []
+                await self._write_catch_up(conn, resp, queued)
+            if not conn.overflowed:
+                # No await since `pending` was seen empty: from here the rounds write to it.
+                conn.pending = None
+                return
+
+    async def _write_catch_up(
+        self, conn: FeedConnection, resp: web.StreamResponse, events: list[RecordedEvent]
+    ) -> None:
+        fresh = [event for event in events if event.point > conn.point]
+        if not fresh:
+            return
+        frames = [self.frames.frame(event) for event in fresh if conn.filter.accepts(event)]
+        if frames:
+            async with asyncio.timeout(self.write_timeout_s):
+                await resp.write(b"".join(frames))
+            conn.last_write = asyncio.get_running_loop().time()
+        conn.consumed(fresh[-1].point, fresh[-1].cursor)
+
+    async def _finish(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        conn: FeedConnection,
+        reason: EndReason,
+    ) -> None:
+        """Make sure the final frame is written, then wait for the socket to take it."""
+        try:
+            async with asyncio.timeout(self.write_timeout_s):
+                if not conn.final_sent:
+                    error = _closing_error(conn, reason)
+                    await resp.write(closing_frame(_closing_event(reason), conn.cursor, error))
+                await resp.write_eof()
+        except TimeoutError:
+            _abort(request)
+        except ConnectionError:
+            pass
+
+    def _add(self, conn: FeedConnection) -> None:
+        self._by_ws.setdefault(conn.filter.workspace_id, set()).add(conn)
+
+    def _remove(self, conn: FeedConnection) -> None:
+        conns = self._by_ws.get(conn.filter.workspace_id)
+        if conns is not None:
+            conns.discard(conn)
+            if not conns:
+                del self._by_ws[conn.filter.workspace_id]
+
+    def _end(self, conn: FeedConnection, reason: EndReason) -> None:
+        """Stop writing to `conn`; a live one gets its final frame here, in order after
+        everything already written (a catching-up one gets it from its own task)."""
+        if conn.ended.done():
+            return
+        self._remove(conn)
+        if reason == "too_slow":
+            self.cut_off_total += 1
+        if reason in ("shutdown", "too_slow") and conn.pending is None and not conn.outlet.closing:
+            error = _closing_error(conn, reason)
+            conn.outlet.send(Payload.of(closing_frame(_closing_event(reason), conn.cursor, error)))
+            conn.final_sent = True
+        conn.ended.set_result(reason)
+
+    # -- rounds -----------------------------------------------------------------------------
+
+    def _on_batch(self, batch: Sequence[RecordedEvent]) -> None:
+        by_ws, pending = self._by_ws, self._round
+        for event in batch:
+            if event.workspace_id in by_ws:
+                pending.setdefault(event.workspace_id, []).append(event)
+        if pending and self._flush_handle is None:
+            loop = asyncio.get_running_loop()
+            delay = self._last_flush + self._flush_interval_s - loop.time()
+            if delay > 0:
+                self._flush_handle = loop.call_later(delay, self._flush)
+            else:
+                self._flush_handle = loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if not self._round:
+            return
+        round_, self._round = self._round, {}
+        loop = asyncio.get_running_loop()
+        now = self._last_flush = loop.time()
+        for ws, events in round_.items():
+            conns = self._by_ws.get(ws)
+            if conns:
+                self._deliver(list(conns), events, now)
+        cost = loop.time() - now
+        self._flush_interval_s = min(
+            self.max_flush_interval_s, max(self.min_flush_interval_s, cost / self.flush_duty)
+        )
+
+    def _deliver(
+        self, conns: list[FeedConnection], events: list[RecordedEvent], now: float
+    ) -> None:
+        """One workspace's events of a round to its connections, payload built once per
+        filter. A connection already past the round's first event (it just caught up) gets
+        only the events after its point."""
+        first, last = events[0].point, (events[-1].point, events[-1].cursor)
+        payloads: dict[tuple[str, frozenset[str] | None], Payload | None] = {}
+        for conn in conns:
+            if conn.pending is not None:
+                self._queue(conn, events)
+                continue
+            if conn.point < first:
+                key = conn.filter.key
+                if key in payloads:
+                    payload = payloads[key]
+                else:
+                    payload = payloads[key] = self._payload(conn.filter, events)
+            else:
+                fresh = [event for event in events if event.point > conn.point]
+                if not fresh:
+                    continue
+                payload = self._payload(conn.filter, fresh)
+            self._write_live(conn, payload, *last, now)
+
+    def _payload(self, feed_filter: FeedFilter, events: list[RecordedEvent]) -> Payload | None:
+        frames = [self.frames.frame(event) for event in events if feed_filter.accepts(event)]
+        return Payload.of(b"".join(frames)) if frames else None
+
+    def _write_live(
+        self,
+        conn: FeedConnection,
+        payload: Payload | None,
+        last_point: LogPoint,
+        last_cursor: str,
+        now: float,
+    ) -> None:
+        outlet = conn.outlet
+        if outlet.closing:
+            self._end(conn, "gone")
+            return
+        if payload is not None:
+            if outlet.unsent > self.max_buffer_bytes:
+                self._end(conn, "too_slow")
+                return
+            outlet.send(payload)
+            conn.last_write = now
+        conn.consumed(last_point, last_cursor)
+
+    def _queue(self, conn: FeedConnection, events: list[RecordedEvent]) -> None:
+        pending = conn.pending
+        assert pending is not None
+        if conn.overflowed:
+            return
+        if len(pending) + len(events) > self.max_pending:
+            # The catch-up reads history again from its point (see _catch_up).
+            conn.overflowed = True
+            pending.clear()
+        else:
+            pending.extend(events)
+
+    # -- heartbeats and stalled sockets -----------------------------------------------------
+
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.tick_s)
+            now = loop.time()
+            for conns in list(self._by_ws.values()):
+                for conn in list(conns):
+                    if conn.pending is None:
+                        self._check(conn, now)
+
+    def _check(self, conn: FeedConnection, now: float) -> None:
+        outlet = conn.outlet
+        if outlet.closing:
+            self._end(conn, "gone")
+            return
+        if outlet.unsent:
+            if conn.unsent_since is None:
+                conn.unsent_since = now
+            elif now - conn.unsent_since >= self.write_timeout_s:
+                log.info("feed cut off: data unsent for %.0f s", self.write_timeout_s)
+                self._end(conn, "too_slow")
+            return
+        conn.unsent_since = None
+        if now - conn.last_write >= self.heartbeat_s:
+            outlet.send(HEARTBEAT)
+            conn.last_write = now
+
+
+HEARTBEAT = Payload.of(HEARTBEAT_FRAME)
+
+
+def _closing_event(reason: EndReason) -> str:
+    return "error" if reason == "too_slow" else "shutdown"
+
+
+def _closing_error(conn: FeedConnection, reason: EndReason) -> SvcError:
+    return SubscriberTooSlow(conn.cursor) if reason == "too_slow" else SHUTDOWN_ERROR
+
+
+def _abort(request: web.Request) -> None:
+    """Drop a connection whose socket accepts nothing: nothing more can be written to it."""
+    if request.transport is not None:
+        request.transport.abort()

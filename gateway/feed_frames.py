@@ -1,0 +1,97 @@
+"""What the SSE feeds send: an event's frame (redacted, serialised once per process) and the
+final frame that closes a feed with its cursor.
+
+A frame is `id: <cursor>`, `event: <type>`, `data: <FeedEvent JSON>` (gateway/sse.py framing).
+Fields named like secrets are redacted at any depth before anything is serialised.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+
+from eventstore.records import RecordedEvent
+from gateway.sse import encode_event
+from schemas.errors import SvcError
+from schemas.events import EVENTS
+
+_SECRET_WORDS = frozenset({"hash", "secret", "token", "password", "passwd", "credential"})
+_WORD_SPLIT = re.compile(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])")
+REDACTED = "[redacted]"
+
+
+def is_secret_field(name: str) -> bool:
+    """True for a field named like a secret: a word of its name is hash, secret, token,
+    password (key_hash, push_token, clientSecret). Counters such as `prompt_tokens` stay."""
+    return any(word.lower() in _SECRET_WORDS for word in _WORD_SPLIT.split(name) if word)
+
+
+def redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            key: REDACTED if is_secret_field(str(key)) else redact(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [redact(item) for item in value]
+    return value
+
+
+def _current_data(record: RecordedEvent) -> dict[str, Any]:
+    """The event's data at its current schema version (upcast), when the type is known."""
+    try:
+        return EVENTS.upcast(record.type, record.schema_version, record.data)
+    except SvcError:
+        return record.data
+
+
+def frame_payload(record: RecordedEvent) -> dict[str, Any]:
+    return {
+        "type": record.type,
+        "stream_id": record.stream_id,
+        "version": record.version,
+        "data": redact(_current_data(record)),
+        "recorded_at": record.recorded_at.isoformat(),
+        "cursor": record.cursor,
+    }
+
+
+def closing_payload(cursor: str, message: str, error_type: str, code: str) -> str:
+    body = {"error": {"message": message, "type": error_type, "code": code}, "cursor": cursor}
+    return orjson.dumps(body).decode()
+
+
+def closing_frame(event: str, cursor: str, error: SvcError) -> bytes:
+    """The last frame of a feed (`event: error` or `event: shutdown`), carrying the cursor to
+    resume from as its `id` and in its body."""
+    data = closing_payload(cursor, error.message, error.error_type, error.code)
+    return encode_event(data, event=event, id=cursor or None)
+
+
+HEARTBEAT_FRAME = b": heartbeat\n\n"
+
+
+class FrameCache:
+    """Encoded SSE frame per log position, shared by every connection of the process: an
+    event fanned out to a thousand feeds is redacted and serialised once. Bounded by count
+    and by bytes (an assistant message may be large)."""
+
+    def __init__(self, size: int = 4096, max_bytes: int = 32 * 1024 * 1024) -> None:
+        self._size = size
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._frames: OrderedDict[int, bytes] = OrderedDict()
+
+    def frame(self, record: RecordedEvent) -> bytes:
+        frame = self._frames.get(record.position)
+        if frame is None:
+            data = orjson.dumps(frame_payload(record))
+            frame = encode_event(data, event=record.type, id=record.cursor)
+            self._frames[record.position] = frame
+            self._bytes += len(frame)
+            while len(self._frames) > self._size or self._bytes > self._max_bytes:
+                self._bytes -= len(self._frames.popitem(last=False)[1])
+        return frame

@@ -1,0 +1,98 @@
+"""The tailer's in-process batch listeners and its scoped history reads, as the SSE fan-out
+(gateway/feed_fanout.py) uses them: a listener registered at live point L receives exactly the
+events after L, in log order, while writers commit concurrently; history is scoped in the
+query by workspace and type."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+
+import pytest
+from test_subscribe import (
+    Stack,
+    append_one,
+    assert_same_sequence,
+    full_log,
+    stack,
+    store_writer,
+    wait_until,
+)
+
+from eventstore.cursor import ORIGIN
+from eventstore.records import RecordedEvent
+
+__all__ = ["stack"]
+
+
+async def test_a_listener_gets_every_event_after_its_live_point_once_in_order(
+    stack: Stack,
+) -> None:
+    rng = random.Random(20261121)
+    for n in range(50):
+        await append_one(stack.store, f"pre-{n % 3}", ws=f"ws{n % 3}")
+    writers = [
+        asyncio.create_task(store_writer(stack.store, i, 40, random.Random(rng.random())))
+        for i in range(4)
+    ]
+    await asyncio.sleep(0.05)
+    received: list[RecordedEvent] = []
+    # Registration and the live point are read in one step, as the fan-out does.
+    start = stack.tailer.live_point
+    stack.tailer.add_batch_listener(received.extend)
+    await asyncio.gather(*writers)
+
+    expected = [e for e in await full_log(stack.store) if e.point > start]
+    assert expected, "the writers committed nothing after registration"
+    await wait_until(lambda: len(received) >= len(expected), "the listener to see every event")
+    stack.tailer.wake()
+    await asyncio.sleep(0.3)
+    assert_same_sequence(received, expected)
+
+
+async def test_a_removed_listener_gets_nothing_more(stack: Stack) -> None:
+    received: list[RecordedEvent] = []
+
+    def listener(batch: Sequence[RecordedEvent]) -> None:
+        received.extend(batch)
+
+    stack.tailer.add_batch_listener(listener)
+    await append_one(stack.store, "s-1")
+    await wait_until(lambda: len(received) == 1, "the first event")
+    stack.tailer.remove_batch_listener(listener)
+    read_before = stack.tailer.events_fanned_out
+    await append_one(stack.store, "s-1")
+    await wait_until(
+        lambda: stack.tailer.events_fanned_out > read_before, "the tailer to read the second"
+    )
+    assert len(received) == 1
+
+
+async def test_a_failing_listener_does_not_stop_the_others(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    received: list[RecordedEvent] = []
+
+    def broken(batch: Sequence[RecordedEvent]) -> None:
+        raise RuntimeError("listener bug")
+
+    stack.tailer.add_batch_listener(broken)
+    stack.tailer.add_batch_listener(received.extend)
+    await append_one(stack.store, "s-2")
+    await wait_until(lambda: len(received) == 1, "the healthy listener's event")
+    assert "batch listener failed" in caplog.text
+
+
+async def test_history_is_scoped_by_workspace_and_type(stack: Stack) -> None:
+    for n in range(30):
+        await append_one(stack.store, f"h-{n % 3}", ws=f"ws{n % 3}")
+    log = await full_log(stack.store)
+    ws1 = [e async for e in stack.tailer.history(ORIGIN, "ws1")]
+    assert_same_sequence(ws1, [e for e in log if e.workspace_id == "ws1"])
+    typed = [e async for e in stack.tailer.history(ORIGIN, "ws2", ["Ticked", "Other"])]
+    assert_same_sequence(typed, [e for e in log if e.workspace_id == "ws2"])
+    assert [e async for e in stack.tailer.history(ORIGIN, "ws2", ["Other"])] == []
+    after = log[10].point
+    rest = [e async for e in stack.tailer.history(after, "ws0")]
+    assert_same_sequence(rest, [e for e in log if e.workspace_id == "ws0" and e.point > after])
