@@ -32,6 +32,7 @@ READER_ROLE = "svc_reader"
 # "this statement is wrong": connection exceptions (08), insufficient resources such as too
 # many connections (53), operator intervention such as shutdown and statement timeout (57),
 # idle-in-transaction timeout (25P03), serialization failure and deadlock (40).
+_SCOPE = "SELECT set_config('role', $1, true), set_config('svc.workspace_id', $2, true)"
 _UNAVAILABLE_CLASSES = ("08", "53", "57", "40")
 _UNAVAILABLE_STATES = frozenset({"25P03"})
 
@@ -238,14 +239,15 @@ class Database:
         """A transaction as the least-privilege reader, seeing one workspace's rows.
 
         Read-model tables carry row-level security on `current_setting('svc.workspace_id')`
-        (ARCHITECTURE.md decision 6). Both settings are transaction-local, so a pooled
-        connection never carries one request's workspace into the next.
+        (ARCHITECTURE.md decision 6). Both settings are made in one statement and are
+        transaction-local (`set_config(..., true)` is `SET LOCAL`; the role is the `role`
+        setting), so a pooled connection never carries one request's workspace or role into
+        the next, and the pool's reset round trip is skipped on release.
         """
         if not workspace_id:
             raise StoreError("a scoped transaction needs a workspace id")
-        async with self.transaction() as conn:
-            await conn.execute(f"SET LOCAL ROLE {READER_ROLE}")
-            await conn.execute("SELECT set_config('svc.workspace_id', $1, true)", workspace_id)
+        async with self.acquire(stateless=True) as conn, conn.transaction():
+            await conn.execute(_SCOPE, READER_ROLE, workspace_id)
             yield conn
 
     def pool_stats(self) -> PoolStats:
