@@ -26,11 +26,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-import ray.exceptions
 
 from actors.behaviour import ActorKey
 from actors.errors import AskTimeout, RuntimeNotStarted, RuntimeStopping
 from actors.ray.host import ActorHost, BehaviourSource, HostSpec
+from actors.ray.watch import (
+    HOST_ERRORS,
+    HOST_ERRORS_OR_TIMEOUT,
+    Attempts,
+    HostRestarted,
+    HostWatch,
+)
 from actors.ray.wire import Failure, HostStatus, Ok, WrongEpoch
 from actors.shards import (
     NOTIFY_CHANNEL,
@@ -56,15 +62,8 @@ from schemas.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
-# Raised by Ray when the host process is dead, restarting or unreachable, or (ValueError) when
-# a named host does not exist (yet): nothing a retry against the current map can't fix.
-_HOST_ERRORS: tuple[type[BaseException], ...] = (
-    ray.exceptions.RayActorError,
-    ray.exceptions.ActorUnavailableError,
-    ray.exceptions.ObjectLostError,
-    ValueError,
-)
-_HOST_ERRORS_OR_TIMEOUT: tuple[type[BaseException], ...] = (TimeoutError, *_HOST_ERRORS)
+_HOST_ERRORS = HOST_ERRORS
+_HOST_ERRORS_OR_TIMEOUT = HOST_ERRORS_OR_TIMEOUT
 
 
 class HostUnavailable(Unavailable):
@@ -88,8 +87,12 @@ class RaySettings:
     object_store_mb: int = 256
     runtime_env: Mapping[str, Any] | None = None
     retry_deadline_s: float = 30.0
-    dead_after_s: float = 5.0
-    supervise_every_s: float = 1.0
+    dead_after_s: float = 3.0
+    """A host whose pings stay unanswered this long loses its shards (a restart on the same
+    node answers again within about 1.5 s; a lost node never does)."""
+    supervise_every_s: float = 0.5
+    watch_every_s: float = 0.1
+    """How often the router pings each host to see a restarted process (see watch.py)."""
     move_batch: int = 32
     release_deadline_s: float = 30.0
     batch_items: int = 10
@@ -169,9 +172,12 @@ class RayRuntime:
         self._db: Database | None = None
         self._map: ShardMap | None = None
         self._handles: dict[str, Any] = {}
-        self._last_ok: dict[str, float] = {}
+        self._ready_at: dict[str, float] = {}
         self._listener: Connection | None = None
         self._supervisor: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._attempts = Attempts()
+        self._watch = HostWatch(self._attempts)
         self._refreshing: asyncio.Task[None] | None = None
         self._notified: set[asyncio.Future[None]] = set()
         self._moving = asyncio.Lock()
@@ -234,6 +240,7 @@ class RayRuntime:
         await self._listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
         if self._supervise_hosts:
             self._supervisor = asyncio.create_task(self._supervise(), name="ray-supervisor")
+        self._watcher = asyncio.create_task(self._watch_hosts(), name="ray-host-watch")
         self._accepting = True
         self._stopped = False
 
@@ -243,10 +250,11 @@ class RayRuntime:
         active actor is snapshotted; then the host processes are ended."""
         self._accepting = False
         self._stopped = True
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            await asyncio.gather(self._supervisor, return_exceptions=True)
-            self._supervisor = None
+        for task in (self._supervisor, self._watcher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._supervisor = self._watcher = None
         if self._listener is not None:
             self._listener.terminate()
             self._listener = None
@@ -262,6 +270,8 @@ class RayRuntime:
 
     async def _stop_hosts(self, names: Sequence[str], deadline_s: float) -> None:
         handles = [self._handles.pop(n) for n in names if n in self._handles]
+        for name in names:
+            self._watch.forget(name)
         stops = [h.stop.remote(deadline_s) for h in handles]
         try:
             await asyncio.wait_for(
@@ -317,7 +327,7 @@ class RayRuntime:
             except _HOST_ERRORS as exc:
                 problem = f"host {host} is unavailable ({type(exc).__name__})"
             attempt += 1
-            await self._before_retry(attempt, deadline, problem)
+            await self._before_retry(attempt, deadline, problem, host)
 
     async def _call(self, method: str, key: ActorKey, command: Command) -> Any:
         shard = shard_of(key)
@@ -326,16 +336,19 @@ class RayRuntime:
         while True:
             host, epoch, handle = self._route(shard)
             try:
-                answer = await getattr(handle, method).remote(shard, epoch, key, command)
+                ref = getattr(handle, method).remote(shard, epoch, key, command)
+                answer = await self._attempts.answer(host, shard, ref)
             except _HOST_ERRORS as exc:
                 problem = f"host {host} is unavailable ({type(exc).__name__})"
+            except HostRestarted:
+                problem = f"host {host} was restarted"
             else:
                 if isinstance(answer, Ok):
                     return answer.value
                 self._raise_unless_retryable(answer)
                 problem = f"shard {shard} moved away from {host}"
             attempt += 1
-            await self._before_retry(attempt, deadline, problem)
+            await self._before_retry(attempt, deadline, problem, host)
 
     def _raise_unless_retryable(self, answer: Failure | WrongEpoch) -> None:
         if isinstance(answer, WrongEpoch):
@@ -354,14 +367,16 @@ class RayRuntime:
         host, epoch = self._map.route(shard)
         return host, epoch, self._handle(host)
 
-    async def _before_retry(self, attempt: int, deadline: float, problem: str) -> None:
+    async def _before_retry(self, attempt: int, deadline: float, problem: str, host: str) -> None:
+        """Back off (5 ms doubling to 0.5 s), less if `host` is seen restarted meanwhile, then
+        reload the shard map."""
         self.retries += 1
         loop = asyncio.get_running_loop()
         if loop.time() >= deadline:
             raise HostUnavailable(
                 f"{problem}; gave up after {attempt} attempts; retry with the same Idempotency-Key"
             )
-        await asyncio.sleep(min(0.5, 0.005 * 2**attempt))
+        await self._watch.until_restarted(host, min(0.5, 0.005 * 2**attempt))
         await self._refresh()
 
     # --- hosts --------------------------------------------------------------------------
@@ -411,8 +426,9 @@ class RayRuntime:
             *(self._handles[n].ready.remote() for n in names)
         )
         now = asyncio.get_running_loop().time()
-        for name in names:
-            self._last_ok[name] = now
+        for name, status in zip(names, statuses, strict=True):
+            self._ready_at[name] = now
+            self._watch.seen(name, status.pid)
         return statuses
 
     # --- the shard map ------------------------------------------------------------------
@@ -434,9 +450,31 @@ class RayRuntime:
             return
         loaded = await load_map(self._db, self._settings.cluster)
         if loaded is not None:
-            self._map = loaded
+            before, self._map = self._map, loaded
+            if before is not None:
+                self._moved_away(before, loaded)
+
+    def _moved_away(self, before: ShardMap, after: ShardMap) -> None:
+        """Abandon attempts routed by the old map: their host refuses them (WrongEpoch) or,
+        lost with its node, never answers."""
+        if before.epochs == after.epochs:
+            return
+        for shard, (old, new) in enumerate(zip(before.epochs, after.epochs, strict=True)):
+            if old != new:
+                self._attempts.abandon(shard)
 
     # --- supervision and rebalancing ----------------------------------------------------
+
+    async def _watch_hosts(self) -> None:
+        every = self._settings.watch_every_s
+        # Pings to a dead process hang until Ray's own timeout (about 2 s here): keep enough
+        # outstanding that a new one still goes out every tick meanwhile.
+        pending = max(4, int(4.0 / every))
+        while True:
+            await asyncio.sleep(every)
+            # Only hosts this router has a handle for: looking one up is a blocking GCS call.
+            for name, handle in list(self._handles.items()):
+                self._watch.poll(name, handle, timeout_s=4.0, max_pending=pending)
 
     async def _supervise(self) -> None:
         while True:
@@ -451,7 +489,7 @@ class RayRuntime:
         s = self._settings
         count = await desired_hosts(self._db, s.cluster) or 1
         names = [host_name(s.cluster, i) for i in range(count)]
-        await self._ping(names)
+        self._watch_all(names)
         await self._refresh()
         live = self._live(names)
         if not live or self._map is None or self._moving.locked():
@@ -461,20 +499,23 @@ class RayRuntime:
                 if locked:
                     await self._rebalance(live)
 
-    async def _ping(self, names: Sequence[str]) -> None:
-        async def one(name: str) -> None:
+    def _watch_all(self, names: Sequence[str]) -> None:
+        """Have a handle for every host, so the watch pings them (and restarts are seen)."""
+        for name in names:
             try:
-                await asyncio.wait_for(self._handle(name).ping.remote(), 2.0)
-            except _HOST_ERRORS_OR_TIMEOUT:
-                return
-            self._last_ok[name] = asyncio.get_running_loop().time()
-
-        await asyncio.gather(*(one(n) for n in names))
+                self._handle(name)
+            except ValueError:
+                continue  # not created yet, or ended by `scale` elsewhere
 
     def _live(self, names: Sequence[str]) -> list[str]:
         now = asyncio.get_running_loop().time()
         dead_after = self._settings.dead_after_s
-        return [n for n in names if now - self._last_ok.get(n, -1e9) < dead_after]
+        return [n for n in names if now - self._answered_at(n) < dead_after]
+
+    def _answered_at(self, name: str) -> float:
+        watched = self._watch.answered_at(name)
+        ready = self._ready_at.get(name, -1e9)
+        return ready if watched is None else max(watched, ready)
 
     async def _rebalance(self, hosts: Sequence[str]) -> int:
         """Move shards until they are spread evenly over `hosts`; the caller holds the locks."""
@@ -575,7 +616,7 @@ class RayRuntime:
             surplus.append(name)
         await self._stop_hosts(surplus, self._settings.release_deadline_s)
         for name in surplus:
-            self._last_ok.pop(name, None)
+            self._ready_at.pop(name, None)
         return surplus
 
     # --- introspection ------------------------------------------------------------------

@@ -1,0 +1,93 @@
+"""Restart detection and abandoned attempts (actors/ray/watch.py), without a Ray cluster.
+
+An attempt is awaited through `ObjectRef.as_future`; `PendingRef` stands in for the ref of a
+call that has not answered yet (the only part of an ObjectRef the watch uses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+from actors.ray.watch import Attempts, HostRestarted, HostWatch
+
+
+class PendingRef:
+    def __init__(self) -> None:
+        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def as_future(self, _internal: bool = False) -> asyncio.Future[Any]:
+        return self.future
+
+
+async def started(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    task = asyncio.create_task(coro)
+    await asyncio.sleep(0)
+    return task
+
+
+async def test_an_attempt_answers_its_result() -> None:
+    attempts = Attempts()
+    ref = PendingRef()
+    task = await started(attempts.answer("h0", 7, ref))
+    ref.future.set_result("ok")
+    assert await task == "ok"
+
+
+async def test_a_new_process_abandons_the_attempts_sent_to_the_old_one() -> None:
+    attempts = Attempts()
+    watch = HostWatch(attempts)
+    watch.seen("h0", 100)
+    on_h0 = await started(attempts.answer("h0", 1, PendingRef()))
+    on_h1 = await started(attempts.answer("h1", 2, PendingRef()))
+    watch.seen("h0", 100)  # the same process: nothing happens
+    await asyncio.sleep(0)
+    assert not on_h0.done()
+    watch.seen("h0", 101)
+    with pytest.raises(HostRestarted):
+        await on_h0
+    assert not on_h1.done()
+    on_h1.cancel()
+
+
+async def test_the_first_sighting_of_a_host_is_not_a_restart() -> None:
+    attempts = Attempts()
+    watch = HostWatch(attempts)
+    task = await started(attempts.answer("h0", 1, PendingRef()))
+    watch.seen("h0", 100)
+    await asyncio.sleep(0)
+    assert not task.done()
+    task.cancel()
+
+
+async def test_a_moved_shard_abandons_only_its_own_attempts() -> None:
+    attempts = Attempts()
+    moved = await started(attempts.answer("h0", 5, PendingRef()))
+    stays = await started(attempts.answer("h0", 6, PendingRef()))
+    attempts.abandon(5)
+    with pytest.raises(HostRestarted):
+        await moved
+    assert not stays.done()
+    stays.cancel()
+
+
+async def test_cancelling_the_caller_is_not_reported_as_a_restart() -> None:
+    attempts = Attempts()
+    task = await started(attempts.answer("h0", 1, PendingRef()))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    attempts.abandon("h0")  # nothing left to abandon
+
+
+async def test_a_restart_wakes_a_retry_that_is_backing_off() -> None:
+    watch = HostWatch(Attempts())
+    watch.seen("h0", 100)
+    waiting = await started(watch.until_restarted("h0", 3600.0))
+    watch.seen("h0", 101)
+    for _ in range(10):  # a few turns of the loop, not an hour
+        await asyncio.sleep(0)
+    assert waiting.done()
