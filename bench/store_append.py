@@ -31,10 +31,10 @@ from eventstore.store import PostgresEventStore
 
 
 async def _writers(
-    dsn: str, writers: int, batch: int, start_at: float, duration_s: float, tag: str
+    dsn: str, writers: int, batch: int, start_at: float, duration_s: float, tag: str, lanes: int
 ) -> int:
     db = await Database.connect(dsn, min_size=writers, max_size=writers)
-    store = PostgresEventStore(db)
+    store = PostgresEventStore(db, append_lanes=lanes)
     done = 0
     # Every process starts at the same wall-clock instant, after its pool is connected.
     await asyncio.sleep(max(0.0, start_at - time.time()))
@@ -64,12 +64,21 @@ async def _writers(
 
 
 def _proc_main(
-    dsn: str, writers: int, batch: int, start_at: float, duration_s: float, tag: str, out: Any
+    dsn: str,
+    writers: int,
+    batch: int,
+    start_at: float,
+    duration_s: float,
+    tag: str,
+    lanes: int,
+    out: Any,
 ) -> None:
-    out.put(asyncio.run(_writers(dsn, writers, batch, start_at, duration_s, tag)))
+    out.put(asyncio.run(_writers(dsn, writers, batch, start_at, duration_s, tag, lanes)))
 
 
-def run_round(dsn: str, writers: int, batch: int, duration_s: float, procs: int) -> float:
+def run_round(
+    dsn: str, writers: int, batch: int, duration_s: float, procs: int, lanes: int
+) -> float:
     """Events per second with `writers` concurrent appenders spread over `procs` processes."""
     procs = max(1, min(procs, writers))
     share = [writers // procs + (1 if p < writers % procs else 0) for p in range(procs)]
@@ -78,7 +87,10 @@ def run_round(dsn: str, writers: int, batch: int, duration_s: float, procs: int)
     tag = uuid.uuid4().hex[:6]
     start_at = time.time() + _STARTUP_S
     workers = [
-        ctx.Process(target=_proc_main, args=(dsn, n, batch, start_at, duration_s, f"{tag}{p}", out))
+        ctx.Process(
+            target=_proc_main,
+            args=(dsn, n, batch, start_at, duration_s, f"{tag}{p}", lanes, out),
+        )
         for p, n in enumerate(share)
     ]
     for w in workers:
@@ -98,6 +110,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short rounds, to check it works")
     parser.add_argument("--procs", type=int, default=2, help="client processes (default 2)")
     parser.add_argument("--seconds", type=float, default=None, help="seconds per round")
+    parser.add_argument(
+        "--lanes", type=int, default=4, help="appends in flight per client process (default 4)"
+    )
     args = parser.parse_args()
     duration = args.seconds or (1.0 if args.quick else 8.0)
 
@@ -114,13 +129,14 @@ def main() -> None:
                 return await durability(dsn)
 
             print(f"store_append: durable commits ({asyncio.run(prepare())}), "
-                  f"{duration:.0f} s per round, {args.procs} client processes")  # fmt: skip
+                  f"{duration:.0f} s per round, {args.procs} client processes, "
+          f"{args.lanes} appends in flight per process")  # fmt: skip
             for writers in (1, 8, 32, 64):
-                rate = run_round(dsn, writers, 1, duration, args.procs)
+                rate = run_round(dsn, writers, 1, duration, args.procs, args.lanes)
                 target = "  (target >= 8,000/s)" if writers == 32 else ""
                 print(f"single-event appends, {writers:>2} writers: {rate:>9,.0f}/s{target}")
             for writers in (8, 32):
-                rate = run_round(dsn, writers, 10, duration, args.procs)
+                rate = run_round(dsn, writers, 10, duration, args.procs, args.lanes)
                 print(
                     f"batches of 10 events,  {writers:>2} writers: {rate:>9,.0f} events/s"
                     "  (target >= 50,000 events/s)"

@@ -173,8 +173,17 @@ class ActorHost:
         # since handed over (`forget`): never take back an epoch older than the hand-over.
         self._owned = {s: e for s, e in owned.items() if e >= self._gone.get(s, 0)}
 
-    def _submit(self, table: ActivationTable, shard: int, key: ActorKey, cmd: Command) -> Reply:
-        reply = table.submit(key, cmd)
+    def _submit(
+        self,
+        table: ActivationTable,
+        shard: int,
+        key: ActorKey,
+        cmd: Command,
+        *,
+        stream: bool = False,
+    ) -> Reply:
+        """`stream=False` (ask, tell): only the last item is read (`Activation.streaming`)."""
+        reply = table.submit(key, cmd, stream=stream)
         self._in_flight[shard] = self._in_flight.get(shard, 0) + 1
         self._keys.setdefault(shard, set()).add(key)
         return reply
@@ -227,7 +236,7 @@ class ActorHost:
             table = await self._ensure()
             refused = await self._admit(shard, epoch)
             if refused is None:
-                reply = self._submit(table, shard, key, command)
+                reply = self._submit(table, shard, key, command, stream=True)
         except Exception as exc:
             yield pack_error(exc)
             return
