@@ -74,6 +74,10 @@ class Coalescer(Generic[Request, Result]):
             outcomes = await self._send([request for request, _ in batch])
             if len(outcomes) != len(batch):
                 raise RuntimeError(f"a batch of {len(batch)} got {len(outcomes)} outcomes")
+        except asyncio.CancelledError:  # the drain itself was cancelled (loop teardown)
+            for _, future in batch:
+                future.cancel()
+            raise
         except Exception as exc:  # the whole batch failed: every caller learns why
             for _, future in batch:
                 if not future.done():

@@ -132,8 +132,11 @@ class CommitNotifier:
         # it from overlapping the liveness ping on the same connection.
         conn = self._listen_conn
         if conn is not None and not conn.is_closed():
-            async with self._listen_lock:
-                await conn.execute(self._notify_sql)
+            try:
+                await asyncio.wait_for(self._on_listen_conn(conn, self._notify_sql), self._ping_s)
+            except TimeoutError:
+                self._lost.set()  # half-open: the listener reconnects
+                raise
             return
         async with self._db.acquire() as pooled:
             await pooled.execute(self._notify_sql)
@@ -182,9 +185,13 @@ class CommitNotifier:
                 await asyncio.wait_for(self._lost.wait(), timeout=self._ping_s)
             if self._lost.is_set() or conn.is_closed():
                 return
-            # A half-open TCP connection never reports termination; a ping does.
-            async with self._listen_lock:
-                await asyncio.wait_for(conn.execute("SELECT 1"), timeout=self._ping_s)
+            # A half-open TCP connection never reports termination; a ping does. The deadline
+            # covers the wait for the lock too: a NOTIFY stuck on the same connection counts.
+            await asyncio.wait_for(self._on_listen_conn(conn, "SELECT 1"), timeout=self._ping_s)
+
+    async def _on_listen_conn(self, conn: Connection, sql: str) -> None:
+        async with self._listen_lock:
+            await conn.execute(sql)
 
     def _on_terminated(self, _conn: Any) -> None:
         self._lost.set()

@@ -80,14 +80,18 @@ class KeyCache:
         self._lookup = lookup
         self._ttl_s = ttl_s
         self._entries: dict[str, tuple[float, KeyRecord]] = {}
+        # Bumped by every forget: a lookup that was already reading when a key was forgotten
+        # may hold the record from before the change, so it is returned but not cached.
+        self._generation = 0
 
     async def find(self, key_hash: str) -> KeyRecord | None:
         now = time.monotonic()
         hit = self._entries.get(key_hash)
         if hit is not None and hit[0] > now:
             return hit[1]
+        generation = self._generation
         record = await self._lookup(key_hash)
-        if record is not None:
+        if record is not None and generation == self._generation:
             if len(self._entries) >= CACHE_MAX:
                 self._entries.clear()
             self._entries[key_hash] = (now + self._ttl_s, record)
@@ -95,11 +99,13 @@ class KeyCache:
 
     def forget(self, key_id: str) -> None:
         """Drop every cached lookup of `key_id`: its next use reads the read model."""
+        self._generation += 1
         stale = [h for h, (_, record) in self._entries.items() if record.key_id == key_id]
         for key_hash in stale:
             del self._entries[key_hash]
 
     def clear(self) -> None:
+        self._generation += 1
         self._entries.clear()
 
 

@@ -78,6 +78,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         log.info("svc shutting down (grace %.0f s)", settings.shutdown_grace_s)
     finally:
         await runner.cleanup()
+    log.info("svc stopped: turns finished, feeds closed, projections flushed, database closed")
     return 0
 
 

@@ -9,7 +9,8 @@
 --
 -- Invariants (eventstore/store.py relies on each of them), unchanged from migration 0003:
 -- * A duplicate wins over every other outcome. A command already committed is found by the
---   first lookup, before the head is checked. One still in flight holds its ledger row
+--   first lookup, or, when it committed just after that lookup, by a second one before a
+--   version or workspace error is raised. One still in flight holds its ledger row
 --   uncommitted: our INSERT ... ON CONFLICT DO NOTHING waits on that row until it commits
 --   (then we find it and return its first result) or rolls back (then we act ourselves).
 -- * Events and ledger row commit or vanish together: a command never takes effect twice and
@@ -54,11 +55,23 @@ BEGIN
     SELECT e.version, e.workspace_id INTO head_version, head_workspace
     FROM events AS e WHERE e.stream_id = p_stream_id
     ORDER BY e.version DESC LIMIT 1;
-    IF head_workspace IS DISTINCT FROM p_workspace_id AND head_workspace IS NOT NULL THEN
-        RAISE EXCEPTION 'stream belongs to another workspace' USING ERRCODE = 'SV403';
-    END IF;
     head_version := coalesce(head_version, 0);
-    IF p_expected_version IS NOT NULL AND p_expected_version <> head_version THEN
+    IF (head_workspace IS DISTINCT FROM p_workspace_id AND head_workspace IS NOT NULL)
+       OR (p_expected_version IS NOT NULL AND p_expected_version <> head_version) THEN
+        -- The same command may have committed between the first lookup and the head read
+        -- (a retry racing its first attempt): its ledger row committed with the events that
+        -- moved the head, so this statement's fresh snapshot sees it. The duplicate wins.
+        SELECT true, pc.stream_id, pc.first_version, pc.last_version, pc.last_tx,
+               pc.last_position
+        INTO duplicate, stream_id, first_version, last_version, last_tx, last_position
+        FROM processed_commands AS pc
+        WHERE pc.workspace_id = p_workspace_id AND pc.command_id = p_command_id;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        IF head_workspace IS DISTINCT FROM p_workspace_id AND head_workspace IS NOT NULL THEN
+            RAISE EXCEPTION 'stream belongs to another workspace' USING ERRCODE = 'SV403';
+        END IF;
         RAISE EXCEPTION 'stream moved past the expected version' USING ERRCODE = 'SV409';
     END IF;
 

@@ -163,3 +163,25 @@ async def test_close_waits_for_appends_in_flight(db: Database) -> None:
     await asyncio.sleep(0)
     await store.close()
     assert all(t.done() and not t.cancelled() and t.exception() is None for t in pending)
+
+
+async def test_a_retry_racing_its_uncommitted_first_attempt_gets_the_first_result(
+    store: PostgresEventStore, db: Database
+) -> None:
+    s, command = new_id("s"), new_id("c")
+    event = ev()
+    async with db.acquire() as first_attempt:
+        tx = first_attempt.transaction()
+        await tx.start()
+        first = await first_attempt.fetchrow(
+            "SELECT * FROM svc_append($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            WS, command, s, 0, [event.event_id], [event.type], [1], [event.data], [{}],
+        )  # fmt: skip
+        retry = asyncio.create_task(append(store, s, ev(), command_id=command))
+        await asyncio.sleep(0.3)
+        assert not retry.done()  # waiting on the first attempt's ledger row
+        await tx.commit()
+    result = await asyncio.wait_for(retry, timeout=30)
+    assert result.duplicate
+    assert (result.first_version, result.last_version) == (first["first_version"], 1)
+    assert [e.event_id for e in await store.read_stream(s)] == [event.event_id]

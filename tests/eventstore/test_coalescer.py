@@ -110,3 +110,15 @@ def test_a_coalescer_needs_a_lane() -> None:
 
     with pytest.raises(ValueError):
         Coalescer(send, lanes=0, max_batch=1)
+
+
+async def test_a_cancelled_send_cancels_its_callers_instead_of_leaving_them_waiting() -> None:
+    recorder = Recorder()
+    coalescer: Coalescer[int, int] = Coalescer(recorder.send, lanes=1, max_batch=8)
+    callers = [asyncio.create_task(coalescer.submit(n)) for n in (2, 4)]
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    for drain in list(coalescer._drains):
+        drain.cancel()
+    outcomes = await asyncio.wait_for(asyncio.gather(*callers, return_exceptions=True), 5)
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes)

@@ -158,3 +158,23 @@ async def test_key_cache_serves_within_its_ttl_and_forget_drops_a_key_at_once() 
     assert (await cache.find("hash-a")).revoked_at is not None  # type: ignore[union-attr]
     assert await cache.find("hash-b") == records["hash-b"]
     assert lookups == {"hash-a": 2, "hash-b": 1}
+
+
+async def test_a_lookup_in_flight_when_its_key_is_forgotten_is_not_cached() -> None:
+    revoked = KeyRecord("key-a", "ws", frozenset({"chat"}), revoked_at=datetime.now(UTC))
+    answers = [KeyRecord("key-a", "ws", frozenset({"chat"})), revoked]
+    release = asyncio.Event()
+
+    async def lookup(key_hash: str) -> KeyRecord | None:
+        answer = answers.pop(0)
+        if answer is not revoked:
+            await release.wait()  # read before the revocation, answered after it
+        return answer
+
+    cache = KeyCache(lookup, ttl_s=60.0)
+    stale = asyncio.create_task(cache.find("hash-a"))
+    await asyncio.sleep(0)
+    cache.forget("key-a")
+    release.set()
+    assert (await stale).revoked_at is None  # the caller that asked before gets what it read
+    assert (await cache.find("hash-a")).revoked_at is not None  # type: ignore[union-attr]
