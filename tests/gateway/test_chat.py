@@ -5,18 +5,16 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import aiohttp
 import openai
 import orjson
 import pytest
+import stub_upstream
 from aiohttp.test_utils import TestServer
 from test_admin_support import Service, SseReader, now, uid
 
@@ -35,19 +33,6 @@ OFFLINE = "svc-offline"
 COMPLETED = "conversation.assistant_message_completed"
 FAILED = "conversation.turn_failed"
 HELLO = [{"role": "user", "content": "hello there, model"}]
-
-
-def _load_stub() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "stub_upstream.py"
-    spec = importlib.util.spec_from_file_location("stub_upstream", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("stub_upstream", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-stub_upstream = _load_stub()
 
 
 @dataclass

@@ -2,34 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+import stub_upstream
 
 from actors.models.openai_compat import OpenAICompatProvider
 from actors.models.port import ChatMessage, Finished, ModelEvent, ModelRequest, TextDelta
 from schemas.errors import UpstreamError, UpstreamTimeout
 
 API_KEY = "sk-test-secret-0123456789"
-
-
-def _load_stub() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "stub_upstream.py"
-    spec = importlib.util.spec_from_file_location("stub_upstream", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("stub_upstream", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-stub_upstream = _load_stub()
 
 
 @pytest.fixture
