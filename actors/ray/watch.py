@@ -78,6 +78,10 @@ class HostWatch:
         self._restarted: dict[str, asyncio.Future[None]] = {}
         self._pinging: dict[str, int] = {}
         self._answered: dict[str, float] = {}
+        # Pings run concurrently, so answers may arrive out of order: a late answer from a
+        # process that has since died must not count after one from its replacement.
+        self._sent: dict[str, int] = {}
+        self._newest_answered: dict[str, int] = {}
 
     def restarted(self, host: str) -> asyncio.Future[None]:
         """Resolves when `host` is next seen in a process other than the one known now."""
@@ -114,15 +118,19 @@ class HostWatch:
         if self._pinging.get(host, 0) >= max_pending:
             return False
         self._pinging[host] = self._pinging.get(host, 0) + 1
-        task = asyncio.ensure_future(self._ping(host, handle, timeout_s))
+        ping = self._sent[host] = self._sent.get(host, 0) + 1
+        task = asyncio.ensure_future(self._ping(host, handle, timeout_s, ping))
         task.add_done_callback(lambda _: self._pinged(host))
         return True
 
-    async def _ping(self, host: str, handle: Any, timeout_s: float) -> None:
+    async def _ping(self, host: str, handle: Any, timeout_s: float, ping: int) -> None:
         try:
             pid = await asyncio.wait_for(handle.ping.remote(), timeout_s)
         except HOST_ERRORS_OR_TIMEOUT:
             return  # dead, restarting or gone: the supervisor's pings judge liveness
+        if ping < self._newest_answered.get(host, 0):
+            return  # overtaken by a newer ping's answer
+        self._newest_answered[host] = ping
         self.seen(host, pid)
 
     def _pinged(self, host: str) -> None:

@@ -91,3 +91,39 @@ async def test_a_restart_wakes_a_retry_that_is_backing_off() -> None:
     for _ in range(10):  # a few turns of the loop, not an hour
         await asyncio.sleep(0)
     assert waiting.done()
+
+
+class PingHandle:
+    """A host handle whose pings answer when the test says, in any order."""
+
+    def __init__(self) -> None:
+        self.answers: list[asyncio.Future[int]] = []
+        self.ping = self
+
+    def remote(self) -> asyncio.Future[int]:
+        self.answers.append(asyncio.get_running_loop().create_future())
+        return self.answers[-1]
+
+
+async def test_a_late_answer_from_the_old_process_does_not_undo_the_restart() -> None:
+    attempts = Attempts()
+    watch = HostWatch(attempts)
+    watch.seen("h0", 100)
+    handle = PingHandle()
+    assert watch.poll("h0", handle, timeout_s=5.0, max_pending=4)
+    assert watch.poll("h0", handle, timeout_s=5.0, max_pending=4)
+    await asyncio.sleep(0)
+    sent_before_restart = await started(attempts.answer("h0", 7, PendingRef()))
+    handle.answers[1].set_result(101)  # the newer ping, answered by the new process
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    ref = PendingRef()
+    sent_after_restart = await started(attempts.answer("h0", 8, ref))
+    handle.answers[0].set_result(100)  # the older ping, answered late by the old process
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not sent_after_restart.done()  # not abandoned by the stale answer
+    ref.future.set_result("ok")
+    assert await sent_after_restart == "ok"
+    with pytest.raises(HostRestarted):
+        await sent_before_restart
