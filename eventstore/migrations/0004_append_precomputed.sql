@@ -9,8 +9,8 @@
 --
 -- Invariants (eventstore/store.py relies on each of them), unchanged from migration 0003:
 -- * A duplicate wins over every other outcome. A command already committed is found by the
---   first lookup, or, when it committed just after that lookup, by a second one before a
---   version or workspace error is raised. One still in flight holds its ledger row
+--   first lookup (made with the head read, in one statement), or, when it committed just
+--   after that, by a second one before a version or workspace error is raised. One still in flight holds its ledger row
 --   uncommitted: our INSERT ... ON CONFLICT DO NOTHING waits on that row until it commits
 --   (then we find it and return its first result) or rolls back (then we act ourselves).
 -- * Events and ledger row commit or vanish together: a command never takes effect twice and
@@ -44,23 +44,28 @@ DECLARE
     head_workspace text;
     positions      bigint[];
 BEGIN
-    SELECT true, pc.stream_id, pc.first_version, pc.last_version, pc.last_tx, pc.last_position
-    INTO duplicate, stream_id, first_version, last_version, last_tx, last_position
-    FROM processed_commands AS pc
-    WHERE pc.workspace_id = p_workspace_id AND pc.command_id = p_command_id;
-    IF FOUND THEN
+    -- The ledger lookup and the head read in one statement (one executor run instead of two).
+    SELECT pc.command_id IS NOT NULL, pc.stream_id, pc.first_version, pc.last_version,
+           pc.last_tx, pc.last_position, h.version, h.workspace_id
+    INTO duplicate, stream_id, first_version, last_version, last_tx, last_position,
+         head_version, head_workspace
+    FROM (SELECT) AS one
+    LEFT JOIN processed_commands AS pc
+        ON pc.workspace_id = p_workspace_id AND pc.command_id = p_command_id
+    LEFT JOIN LATERAL (
+        SELECT e.version, e.workspace_id FROM events AS e WHERE e.stream_id = p_stream_id
+        ORDER BY e.version DESC LIMIT 1
+    ) AS h ON true;
+    IF duplicate THEN
         RETURN;
     END IF;
 
-    SELECT e.version, e.workspace_id INTO head_version, head_workspace
-    FROM events AS e WHERE e.stream_id = p_stream_id
-    ORDER BY e.version DESC LIMIT 1;
     head_version := coalesce(head_version, 0);
     IF (head_workspace IS DISTINCT FROM p_workspace_id AND head_workspace IS NOT NULL)
        OR (p_expected_version IS NOT NULL AND p_expected_version <> head_version) THEN
-        -- The same command may have committed between the first lookup and the head read
-        -- (a retry racing its first attempt): its ledger row committed with the events that
-        -- moved the head, so this statement's fresh snapshot sees it. The duplicate wins.
+        -- The same command may have committed since the lookup's snapshot (a retry racing
+        -- its first attempt): its ledger row committed with the events that moved the head,
+        -- so this statement's fresh snapshot sees it. The duplicate wins.
         SELECT true, pc.stream_id, pc.first_version, pc.last_version, pc.last_tx,
                pc.last_position
         INTO duplicate, stream_id, first_version, last_version, last_tx, last_position
@@ -75,10 +80,14 @@ BEGIN
         RAISE EXCEPTION 'stream moved past the expected version' USING ERRCODE = 'SV409';
     END IF;
 
-    positions := ARRAY(
-        SELECT nextval('events_position_seq') AS p FROM generate_series(1, event_count)
-        ORDER BY p
-    );
+    IF event_count = 1 THEN  -- a plain expression, no query
+        positions := ARRAY[nextval('events_position_seq')];
+    ELSE
+        positions := ARRAY(
+            SELECT nextval('events_position_seq') AS p FROM generate_series(1, event_count)
+            ORDER BY p
+        );
+    END IF;
     duplicate := false;
     stream_id := p_stream_id;
     first_version := head_version + 1;
