@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -40,7 +39,7 @@ from actors import (
 from actors.context import Activation, Counters, ExecutionPolicy
 from actors.models.port import Finished, ModelEvent, ModelRequest, TextDelta, Usage
 from eventstore import STORE_MIGRATIONS, Database, PostgresEventStore, apply_migrations
-from eventstore.embedded import EmbeddedPostgres
+from eventstore.embedded import temporary_server
 from schemas.commands import Command
 from schemas.conversation import (
     Message,
@@ -223,21 +222,15 @@ async def bench_end_to_end(store: PostgresEventStore, total: int, actors: int) -
 
 async def main(quick: bool) -> None:
     await bench_mailboxes(200_000 if quick else 1_000_000, 1_000)
-    with tempfile.TemporaryDirectory(prefix="svc-bench-pg-") as tmp:
-        Path(tmp).chmod(0o755)  # noqa: ASYNC240 (once, before the server starts)
-        server = EmbeddedPostgres(Path(tmp))
-        url = server.start()
+    with temporary_server("svc-bench-pg-") as url:
+        db = await Database.connect(url, max_size=20)
         try:
-            db = await Database.connect(url, max_size=20)
-            try:
-                await apply_migrations(db, [STORE_MIGRATIONS])
-                store = PostgresEventStore(db)
-                await bench_activation(store, 100 if quick else 1_000)
-                await bench_end_to_end(store, 2_000 if quick else 20_000, 32)
-            finally:
-                await db.close()
+            await apply_migrations(db, [STORE_MIGRATIONS])
+            store = PostgresEventStore(db)
+            await bench_activation(store, 100 if quick else 1_000)
+            await bench_end_to_end(store, 2_000 if quick else 20_000, 32)
         finally:
-            server.stop()
+            await db.close()
 
 
 if __name__ == "__main__":

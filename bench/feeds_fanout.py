@@ -53,7 +53,7 @@ from aiohttp import web
 from actors.workspace import workspace_key
 from eventstore import open_store
 from eventstore.cursor import decode_cursor
-from eventstore.embedded import EmbeddedPostgres
+from eventstore.embedded import temporary_server
 from eventstore.records import NewEvent, RecordedEvent
 from eventstore.store import PostgresEventStore
 from eventstore.tailer import LogTailer
@@ -293,13 +293,12 @@ async def database(url: str | None) -> AsyncIterator[str]:
     if url:
         yield url
         return
-    with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
-        await asyncio.to_thread(Path(tmp).chmod, 0o755)
-        server = EmbeddedPostgres(Path(tmp))
-        try:
-            yield await asyncio.to_thread(server.start)
-        finally:
-            await asyncio.to_thread(server.stop)
+    # Started and stopped in a thread: the event loop keeps serving meanwhile.
+    stack = contextlib.ExitStack()
+    try:
+        yield await asyncio.to_thread(stack.enter_context, temporary_server("svc-bench-"))
+    finally:
+        await asyncio.to_thread(stack.close)
 
 
 async def spawn(*args: str) -> asyncio.subprocess.Process:

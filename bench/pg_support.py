@@ -4,16 +4,14 @@ a throw-away database per run, and the durability settings every figure must sta
 from __future__ import annotations
 
 import os
-import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from eventstore.embedded import EmbeddedPostgres
+from eventstore.embedded import temporary_server
 
 
 @contextmanager
@@ -22,14 +20,8 @@ def server() -> Iterator[str]:
     if external:
         yield external
         return
-    with tempfile.TemporaryDirectory(prefix="svc-bench-pg-") as tmp:
-        Path(tmp).chmod(0o755)
-        pg = EmbeddedPostgres(Path(tmp))
-        url = pg.start()
-        try:
-            yield url
-        finally:
-            pg.stop()
+    with temporary_server("svc-bench-pg-") as url:
+        yield url
 
 
 async def create_database(url: str) -> str:

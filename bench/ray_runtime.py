@@ -35,7 +35,6 @@ import dataclasses
 import os
 import signal
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -61,7 +60,7 @@ from actors.models.port import TextDelta  # noqa: E402
 from actors.ray import ActorHost, HostSpec, RayRuntime, RaySettings  # noqa: E402
 from actors.shards import ShardMap, shard_of  # noqa: E402
 from eventstore import open_store  # noqa: E402
-from eventstore.embedded import EmbeddedPostgres  # noqa: E402
+from eventstore.embedded import temporary_server  # noqa: E402
 from schemas.conversation import Message, RunTurn  # noqa: E402
 
 WS = "bench"
@@ -407,17 +406,11 @@ def run_node_loss(dsn: str, trials: int) -> None:
 
 
 def run(plan: Plan) -> None:
-    with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
-        Path(tmp).chmod(0o755)
-        server = EmbeddedPostgres(Path(tmp))
-        dsn = server.start()
-        try:
-            if set(plan.parts) - {"node-loss"}:
-                run_local_ray(dsn, plan)
-            if "node-loss" in plan.parts:
-                run_node_loss(dsn, plan.node_trials)
-        finally:
-            server.stop()
+    with temporary_server("svc-bench-") as dsn:
+        if set(plan.parts) - {"node-loss"}:
+            run_local_ray(dsn, plan)
+        if "node-loss" in plan.parts:
+            run_node_loss(dsn, plan.node_trials)
 
 
 if __name__ == "__main__":

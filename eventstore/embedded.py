@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,3 +53,19 @@ class EmbeddedPostgres:
         if self._server is not None:
             self._server.cleanup()
             self._server = None
+
+
+@contextmanager
+def temporary_server(prefix: str) -> Iterator[str]:
+    """A throw-away embedded PostgreSQL in a new temporary directory, for tests and
+    benchmarks; yields its URL, stops it and removes the directory on exit."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        # Run as root, the wheel starts the server as its own user, which must traverse
+        # the directory that mkdtemp created private (0700).
+        Path(tmp).chmod(0o755)
+        server = EmbeddedPostgres(Path(tmp))
+        url = server.start()
+        try:
+            yield url
+        finally:
+            server.stop()

@@ -7,16 +7,14 @@ SVC_TEST_DATABASE_URL points at an external server, whose user may create databa
 from __future__ import annotations
 
 import os
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
-from eventstore.embedded import EmbeddedPostgres
+from eventstore.embedded import temporary_server
 
 
 def _with_database(url: str, name: str) -> str:
@@ -30,14 +28,8 @@ def pg_server_url() -> Iterator[str]:
     if external:
         yield external
         return
-    with tempfile.TemporaryDirectory(prefix="svc-test-pg-") as tmp:
-        Path(tmp).chmod(0o755)
-        server = EmbeddedPostgres(Path(tmp))
-        url = server.start()
-        try:
-            yield url
-        finally:
-            server.stop()
+    with temporary_server("svc-test-pg-") as url:
+        yield url
 
 
 @pytest.fixture
