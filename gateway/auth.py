@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from aiohttp import web
 from gateway.ratelimit import RateDecision, RateLimiter
 from gateway.settings import Settings
 from gateway.state import AUTH, Principal
+from gateway.ttl_cache import TtlCache
 from schemas.errors import Forbidden, Unauthorized
 
 KEY_PREFIX = "svc_"
@@ -76,37 +76,21 @@ def bearer_token(request: web.Request) -> str:
 
 
 class KeyCache:
+    """Key records by hash, cached `ttl_s` (see `TtlCache` for what a forget guarantees)."""
+
     def __init__(self, lookup: KeyLookup, ttl_s: float = CACHE_TTL_S) -> None:
         self._lookup = lookup
-        self._ttl_s = ttl_s
-        self._entries: dict[str, tuple[float, KeyRecord]] = {}
-        # Bumped by every forget: a lookup that was already reading when a key was forgotten
-        # may hold the record from before the change, so it is returned but not cached.
-        self._generation = 0
+        self._cache: TtlCache[str, KeyRecord | None] = TtlCache(ttl_s, CACHE_MAX)
 
     async def find(self, key_hash: str) -> KeyRecord | None:
-        now = time.monotonic()
-        hit = self._entries.get(key_hash)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        generation = self._generation
-        record = await self._lookup(key_hash)
-        if record is not None and generation == self._generation:
-            if len(self._entries) >= CACHE_MAX:
-                self._entries.clear()
-            self._entries[key_hash] = (now + self._ttl_s, record)
-        return record
+        return await self._cache.get(key_hash, lambda: self._lookup(key_hash))
 
     def forget(self, key_id: str) -> None:
         """Drop every cached lookup of `key_id`: its next use reads the read model."""
-        self._generation += 1
-        stale = [h for h, (_, record) in self._entries.items() if record.key_id == key_id]
-        for key_hash in stale:
-            del self._entries[key_hash]
+        self._cache.forget_where(lambda record: record is not None and record.key_id == key_id)
 
     def clear(self) -> None:
-        self._generation += 1
-        self._entries.clear()
+        self._cache.clear()
 
 
 def _check_usable(record: KeyRecord) -> None:

@@ -57,6 +57,7 @@ from gateway.errors import read_json
 from gateway.openapi import document
 from gateway.sse import open_sse, send_event
 from gateway.state import DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
+from gateway.ttl_cache import TtlCache
 from projections import agent_queries
 from projections.agent_queries import Agent
 from schemas.chat import (
@@ -151,27 +152,20 @@ class AgentDirectory:
     in `agent_queries.find_active_agent`."""
 
     def __init__(self, ttl_s: float = AGENT_CACHE_TTL_S, max_workspaces: int = 10_000) -> None:
-        self._ttl_s = ttl_s
-        self._max_workspaces = max_workspaces
-        self._entries: dict[str, tuple[float, dict[str, Agent]]] = {}
+        self._cache: TtlCache[str, dict[str, Agent]] = TtlCache(ttl_s, max_workspaces)
 
     async def find(self, db: Database, workspace_id: str, name: str) -> Agent | None:
-        now = time.monotonic()
-        hit = self._entries.get(workspace_id)
-        if hit is None or hit[0] <= now:
-            agents = await agent_queries.list_agents(db, workspace_id)
-            if len(self._entries) >= self._max_workspaces:
-                self._entries.clear()
-            hit = (now + self._ttl_s, _by_name(agents))
-            self._entries[workspace_id] = hit
-        return hit[1].get(name)
+        async def load() -> dict[str, Agent]:
+            return _by_name(await agent_queries.list_agents(db, workspace_id))
+
+        return (await self._cache.get(workspace_id, load)).get(name)
 
     def forget(self, workspace_id: str | None = None) -> None:
         """Drop one workspace's entry (every entry without one): its next lookup reads."""
         if workspace_id is None:
-            self._entries.clear()
+            self._cache.clear()
         else:
-            self._entries.pop(workspace_id, None)
+            self._cache.forget(workspace_id)
 
 
 AGENTS: web.AppKey[AgentDirectory] = web.AppKey("svc_chat_agents", AgentDirectory)
