@@ -4,8 +4,8 @@ its own and joins them; a steady stream is batched without delaying read-your-wr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
+from commit_signal import CommitSignal
 from projection_events import append, chat, renamed, workspace_created
 
 from eventstore import Database, PostgresEventStore
@@ -69,21 +69,6 @@ async def test_a_projector_behind_catches_up_alone_then_joins_the_others(
     assert (conversation.title, conversation.message_count) == ("one group again", 6)
 
 
-class _Signal:
-    def __init__(self) -> None:
-        self.listeners: list[Callable[[], None]] = []
-
-    def add_listener(self, cb: Callable[[], None]) -> None:
-        self.listeners.append(cb)
-
-    def remove_listener(self, cb: Callable[[], None]) -> None:
-        self.listeners.remove(cb)
-
-    def committed(self) -> None:
-        for cb in self.listeners:
-            cb()
-
-
 async def test_a_reader_waiting_cuts_the_linger_short(
     store: PostgresEventStore, db: Database
 ) -> None:
@@ -91,7 +76,7 @@ async def test_a_reader_waiting_cuts_the_linger_short(
     the next batch going: if it did not, these waits would time out."""
     await chat(store, WS, "c1", 1)
     await chat(store, WS, "c2", 1)
-    notifier = _Signal()
+    notifier = CommitSignal()
     runner = ProjectionRunner(
         db, default_projectors(), notifier=notifier, poll_interval_s=3600, linger_s=3600
     )

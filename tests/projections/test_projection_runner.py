@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from commit_signal import CommitSignal
 from projection_events import (
     append,
     chat,
@@ -193,27 +193,10 @@ class _Lenient(ConversationsProjector):
         await super().apply(conn, event)
 
 
-class _Signal:
-    """The commit-signal side of eventstore's CommitNotifier, without its connections."""
-
-    def __init__(self) -> None:
-        self.listeners: list[Callable[[], None]] = []
-
-    def add_listener(self, cb: Callable[[], None]) -> None:
-        self.listeners.append(cb)
-
-    def remove_listener(self, cb: Callable[[], None]) -> None:
-        self.listeners.remove(cb)
-
-    def committed(self) -> None:
-        for cb in self.listeners:
-            cb()
-
-
 async def test_background_runner_gives_read_your_writes(
     store: PostgresEventStore, db: Database
 ) -> None:
-    notifier = _Signal()
+    notifier = CommitSignal()
     # A long fallback poll: the runner must react to the commit signal (or to wait_for).
     runner = ProjectionRunner(db, default_projectors(), notifier=notifier, poll_interval_s=3600)
     await runner.start()
