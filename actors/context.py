@@ -111,12 +111,16 @@ class Activation(Generic[S]):
 
     # --- activation ---------------------------------------------------------------------
 
-    async def load(self) -> None:
-        """Latest usable snapshot, then replay of every later event."""
+    def start_empty(self) -> None:
+        """The state before any event, without reading the store (see `Command.new_stream`)."""
         self._counters.activations += 1
         self._state = self._behaviour.initial_state(self._key)
         self._version = 0
         self.snapshot_version = 0
+
+    async def load(self) -> None:
+        """Latest usable snapshot, then replay of every later event."""
+        self.start_empty()
         if self._store is None:
             return
         snapshot = await self._store.load_snapshot(self._key.stream_id)

@@ -291,7 +291,12 @@ class ActivationTable:
     async def _work(self, key: ActorKey, slot: _Slot) -> None:
         try:
             slot.busy = True
-            await slot.activation.load()
+            # The command that activated the actor is already queued (submit queues it right
+            # after activating, before this task first runs).
+            if slot.mailbox and slot.mailbox[0].command.new_stream:
+                slot.activation.start_empty()
+            else:
+                await slot.activation.load()
         except Exception as exc:
             # An actor that cannot load takes no commands; the next submit activates afresh.
             if self._active.get(key) is slot:

@@ -249,12 +249,22 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             TURN_DURATION.observe(time.perf_counter() - started)
 
 
-def _request_ids(request: web.Request, principal: Principal) -> tuple[str, str]:
-    """(command id, conversation id) of this request; the conversation id goes out in the
-    response header from here on, error responses included."""
+@dataclass(frozen=True, slots=True)
+class _RequestIds:
+    command_id: str
+    conversation_id: str
+    new_conversation: bool
+    """The conversation id was drawn at random here: no stream can exist for it yet."""
+
+
+def _request_ids(request: web.Request, principal: Principal) -> _RequestIds:
+    """The ids of this request; the conversation id goes out in the response header from here
+    on, error responses included. A conversation id derived from an idempotency key is not
+    new: a retry of the request finds the conversation its first attempt started."""
     idempotency_key = _header_id(request, IDEMPOTENCY_HEADER)
     command_id = idempotency_key or uuid.uuid4().hex
     conversation_id = _header_id(request, CONVERSATION_HEADER)
+    new_conversation = conversation_id is None and idempotency_key is None
     if conversation_id is None:
         conversation_id = (
             _stable_id(principal.workspace_id, "conversation", idempotency_key)
@@ -262,13 +272,13 @@ def _request_ids(request: web.Request, principal: Principal) -> tuple[str, str]:
             else str(uuid.uuid4())
         )
     request[_CONVERSATION_KEY] = conversation_id
-    return command_id, conversation_id
+    return _RequestIds(command_id, conversation_id, new_conversation)
 
 
 def _build_turn(
-    ids: tuple[str, str], principal: Principal, body: ChatCompletionRequest, agent: Agent | None
+    ids: _RequestIds, principal: Principal, body: ChatCompletionRequest, agent: Agent | None
 ) -> _Turn:
-    command_id, conversation_id = ids
+    command_id, conversation_id = ids.command_id, ids.conversation_id
     turn_id = _stable_id(principal.workspace_id, "turn", f"{conversation_id}/{command_id}")
     now = datetime.now(UTC)
     messages = tuple(
@@ -280,6 +290,7 @@ def _build_turn(
     command = RunTurn(
         command_id=command_id,
         workspace_id=principal.workspace_id,
+        new_stream=ids.new_conversation,
         turn_id=turn_id,
         message_id=_stable_id(principal.workspace_id, "message", turn_id),
         model=body.model if agent is None else agent.model,

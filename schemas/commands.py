@@ -17,3 +17,9 @@ class Command(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     command_id: str = Field(min_length=1, max_length=200)
     workspace_id: str = Field(min_length=1, max_length=200)
+    new_stream: bool = False
+    """Set by a sender that made the actor's id itself just now from fresh randomness (a new
+    conversation without a client-chosen id): its stream cannot exist yet, so an actor that
+    this command activates starts empty instead of reading the store. Nothing depends on the
+    promise for correctness: were the stream there after all, the first append would meet the
+    store's version fence, and the actor reloads and decides again."""

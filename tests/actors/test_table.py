@@ -12,6 +12,7 @@ from actor_doubles import COUNTER, AddToCounter, CounterBehaviour, ScriptedProvi
 from actors import (
     ActivationTable,
     ActorKey,
+    CommandOutcome,
     ConflictRetriesExhausted,
     ConversationBehaviour,
     ConversationState,
@@ -22,6 +23,7 @@ from actors import (
 )
 from actors.context import Activation, Counters, ExecutionPolicy
 from eventstore import PostgresEventStore
+from eventstore.records import RecordedEvent, Snapshot
 from schemas.conversation import Message, RenameConversation, RunTurn
 from schemas.errors import Conflict
 from schemas.events import EVENTS
@@ -166,3 +168,52 @@ def test_runtime_errors_pickle_with_their_code() -> None:
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error)
         assert (copy.message, copy.code) == (error.message, error.code)
+
+
+class CountingStore(PostgresEventStore):
+    """The real store, counting the reads an activation makes."""
+
+    reads = 0
+
+    async def load_snapshot(self, stream_id: str) -> Snapshot | None:
+        self.reads += 1
+        return await super().load_snapshot(stream_id)
+
+    async def read_stream(
+        self, stream_id: str, from_version: int = 1, *, workspace_id: str | None = None
+    ) -> list[RecordedEvent]:
+        self.reads += 1
+        return await super().read_stream(stream_id, from_version, workspace_id=workspace_id)
+
+
+async def test_a_new_stream_command_activates_its_actor_without_reading(
+    store: PostgresEventStore,
+) -> None:
+    counting = CountingStore(store.db)
+    table = ActivationTable(counting, [CounterBehaviour()])
+    await table.start()
+    fresh = ActorKey(COUNTER, uuid.uuid4().hex)
+    outcome = await table.submit(fresh, add(2).model_copy(update={"new_stream": True})).last()
+    await table.stop()
+    assert counting.reads == 0
+    assert isinstance(outcome, CommandOutcome) and outcome.last_version == 1
+    assert [e.version for e in await store.read_stream(fresh.stream_id)] == [1]
+
+
+async def test_a_wrong_new_stream_promise_is_caught_by_the_version_fence(
+    store: PostgresEventStore,
+) -> None:
+    """A stream that exists after all: the first append conflicts, the actor catches up from
+    the store and decides again, so nothing is lost or forked."""
+    table = ActivationTable(store, [CounterBehaviour()])
+    await table.start()
+    existing = ActorKey(COUNTER, uuid.uuid4().hex)
+    for _ in range(3):
+        await table.submit(existing, add(1)).last()
+    await table.passivate([existing])
+    outcome = await table.submit(existing, add(4).model_copy(update={"new_stream": True})).last()
+    stats = table.stats()
+    await table.stop()
+    assert isinstance(outcome, CommandOutcome) and outcome.first_version == 4
+    assert stats.conflicts_retried == 1
+    assert [e.version for e in await store.read_stream(existing.stream_id)] == [1, 2, 3, 4]
