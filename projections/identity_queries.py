@@ -212,15 +212,21 @@ async def user_api_keys(db: Database, workspace_id: str, user_id: str) -> list[s
 
 
 async def key_owner_blocked(db: Database, workspace_id: str, key_id: str) -> bool:
-    """True when `key_id` belongs to a user who is deactivated or deprovisioned."""
-    async with db.scoped(workspace_id) as conn:
+    """True when `key_id` belongs to a user who is deactivated or deprovisioned.
+
+    Part of authenticating the key, like the key lookup itself, so it runs on every request:
+    one statement as the service role with the workspace named in the query (a scoped
+    transaction would take four round trips), and no cache, so a user cut off through any
+    gateway process is refused by all of them at once."""
+    async with db.acquire(stateless=True) as conn:
         blocked = await conn.fetchval(
             """
             SELECT u.deleted OR u.active IS FALSE
             FROM identity_user_api_keys k
             JOIN identity_users u ON u.workspace_id = k.workspace_id AND u.user_id = k.user_id
-            WHERE k.key_id = $1
+            WHERE k.workspace_id = $1 AND k.key_id = $2
             """,
+            workspace_id,
             key_id,
         )
     return bool(blocked)
