@@ -3,6 +3,7 @@ little stale (API keys, a workspace's agents) but must reflect this process's ow
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
@@ -15,29 +16,45 @@ class TtlCache(Generic[K, V]):
     """Values loaded on a miss and kept `ttl_s`; at most `max_entries` (all dropped when
     full). `None` is never kept: a miss asks again.
 
+    Concurrent misses of one key share one load: when an entry expires under load, one read
+    goes to the database instead of one per waiting request.
+
     `forget` drops entries at once, for a process that has just changed what they hold. A load
     that was already running when anything was forgotten may have read the old state, so it is
-    returned to its caller but not kept.
+    returned to the callers already waiting for it but not kept, and later callers start a new
+    one.
     """
 
     def __init__(self, ttl_s: float, max_entries: int) -> None:
         self._ttl_s = ttl_s
         self._max_entries = max_entries
         self._entries: dict[K, tuple[float, V]] = {}
+        self._loading: dict[K, tuple[int, asyncio.Task[V]]] = {}
         self._generation = 0  # bumped by every forget
 
     async def get(self, key: K, load: Callable[[], Awaitable[V]]) -> V:
-        now = time.monotonic()
         hit = self._entries.get(key)
-        if hit is not None and hit[0] > now:
+        if hit is not None and hit[0] > time.monotonic():
             return hit[1]
-        generation = self._generation
-        value = await load()
-        if value is not None and generation == self._generation:
-            if len(self._entries) >= self._max_entries:
-                self._entries.clear()
-            self._entries[key] = (now + self._ttl_s, value)
-        return value
+        flight = self._loading.get(key)
+        if flight is None or flight[0] != self._generation:
+            flight = (self._generation, asyncio.ensure_future(load()))
+            self._loading[key] = flight
+            flight[1].add_done_callback(lambda task: self._landed(key, flight[0], task))
+        # Shielded: a caller that gives up does not cancel the load the others wait for.
+        return await asyncio.shield(flight[1])
+
+    def _landed(self, key: K, generation: int, task: asyncio.Task[V]) -> None:
+        if self._loading.get(key, (None, None))[1] is task:
+            del self._loading[key]
+        if task.cancelled() or task.exception() is not None:
+            return  # the exception went to every waiting caller; nothing is kept
+        value = task.result()
+        if value is None or generation != self._generation:
+            return
+        if len(self._entries) >= self._max_entries:
+            self._entries.clear()
+        self._entries[key] = (time.monotonic() + self._ttl_s, value)
 
     def forget(self, key: K) -> None:
         self._generation += 1

@@ -1,0 +1,106 @@
+"""The per-process read-through cache behind API keys and agents (gateway.ttl_cache)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from gateway.ttl_cache import TtlCache
+
+
+async def settle() -> None:
+    """Let every ready task run up to its next wait (a caller, then the load it started)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+class Source:
+    """A value per key behind a gate, counting loads, so a test decides when loads land."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str | None] = {}
+        self.loads = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    def loader(self, key: str) -> Callable[[], Awaitable[str | None]]:
+        async def load() -> str | None:
+            self.loads += 1
+            value = self.values.get(key)  # read when the load starts, answered at the gate
+            await self.gate.wait()
+            if key == "boom":
+                raise RuntimeError("database unavailable")
+            return value
+
+        return load
+
+
+async def test_concurrent_misses_share_one_load() -> None:
+    source, cache = Source(), TtlCache[str, str | None](60.0, 10)
+    source.values["a"] = "A"
+    source.gate.clear()
+    waiting = [asyncio.ensure_future(cache.get("a", source.loader("a"))) for _ in range(20)]
+    await settle()
+    source.gate.set()
+    assert await asyncio.gather(*waiting) == ["A"] * 20
+    assert source.loads == 1
+    assert await cache.get("a", source.loader("a")) == "A"
+    assert source.loads == 1
+
+
+async def test_a_failed_load_reaches_every_waiter_and_is_not_kept() -> None:
+    source, cache = Source(), TtlCache[str, str | None](60.0, 10)
+    source.gate.clear()
+    waiting = [asyncio.ensure_future(cache.get("boom", source.loader("boom"))) for _ in range(3)]
+    await settle()
+    source.gate.set()
+    results = await asyncio.gather(*waiting, return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in results)
+    with pytest.raises(RuntimeError):
+        await cache.get("boom", source.loader("boom"))
+    assert source.loads == 2
+
+
+async def test_a_load_that_raced_a_forget_is_returned_but_not_kept() -> None:
+    source, cache = Source(), TtlCache[str, str | None](60.0, 10)
+    source.values["a"] = "old"
+    source.gate.clear()
+    first = asyncio.ensure_future(cache.get("a", source.loader("a")))
+    await settle()
+    source.values["a"] = "new"
+    cache.forget("a")
+    # A caller after the forget does not join the stale load: it starts its own.
+    second = asyncio.ensure_future(cache.get("a", source.loader("a")))
+    await settle()
+    source.gate.set()
+    assert await first == "old"
+    assert await second == "new"
+    assert source.loads == 2
+    assert await cache.get("a", source.loader("a")) == "new"
+    assert source.loads == 2
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_shared_load() -> None:
+    source, cache = Source(), TtlCache[str, str | None](60.0, 10)
+    source.values["a"] = "A"
+    source.gate.clear()
+    quitter = asyncio.ensure_future(cache.get("a", source.loader("a")))
+    stayer = asyncio.ensure_future(cache.get("a", source.loader("a")))
+    await settle()
+    quitter.cancel()
+    source.gate.set()
+    assert await stayer == "A"
+    assert quitter.cancelled()
+    assert source.loads == 1
+
+
+async def test_none_is_never_kept_and_expiry_reads_again() -> None:
+    source, cache = Source(), TtlCache[str, str | None](0.0, 10)
+    assert await cache.get("missing", source.loader("missing")) is None
+    assert await cache.get("missing", source.loader("missing")) is None
+    source.values["a"] = "A"
+    await cache.get("a", source.loader("a"))
+    await cache.get("a", source.loader("a"))
+    assert source.loads == 4
