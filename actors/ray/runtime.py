@@ -255,6 +255,7 @@ class RayRuntime:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         self._supervisor = self._watcher = None
+        await self._watch.stop()
         if self._listener is not None:
             self._listener.terminate()
             self._listener = None

@@ -82,6 +82,7 @@ class HostWatch:
         # process that has since died must not count after one from its replacement.
         self._sent: dict[str, int] = {}
         self._newest_answered: dict[str, int] = {}
+        self._pings: set[asyncio.Task[None]] = set()
 
     def restarted(self, host: str) -> asyncio.Future[None]:
         """Resolves when `host` is next seen in a process other than the one known now."""
@@ -120,8 +121,16 @@ class HostWatch:
         self._pinging[host] = self._pinging.get(host, 0) + 1
         ping = self._sent[host] = self._sent.get(host, 0) + 1
         task = asyncio.ensure_future(self._ping(host, handle, timeout_s, ping))
-        task.add_done_callback(lambda _: self._pinged(host))
+        self._pings.add(task)
+        task.add_done_callback(lambda done: self._pinged(host, done))
         return True
+
+    async def stop(self) -> None:
+        """Cancel the pings still waiting (one to a dead host waits up to its timeout)."""
+        pending = list(self._pings)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def _ping(self, host: str, handle: Any, timeout_s: float, ping: int) -> None:
         try:
@@ -133,8 +142,9 @@ class HostWatch:
         self._newest_answered[host] = ping
         self.seen(host, pid)
 
-    def _pinged(self, host: str) -> None:
+    def _pinged(self, host: str, task: asyncio.Task[None]) -> None:
         self._pinging[host] -= 1
+        self._pings.discard(task)
 
     async def until_restarted(self, host: str, timeout_s: float) -> None:
         """Sleep up to `timeout_s`, less if `host` is seen restarted meanwhile."""

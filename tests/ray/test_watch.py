@@ -127,3 +127,16 @@ async def test_a_late_answer_from_the_old_process_does_not_undo_the_restart() ->
     assert await sent_after_restart == "ok"
     with pytest.raises(HostRestarted):
         await sent_before_restart
+
+
+async def test_stop_cancels_the_pings_still_waiting() -> None:
+    watch = HostWatch(Attempts())
+    handle = PingHandle()
+    assert watch.poll("h0", handle, timeout_s=60.0, max_pending=4)
+    assert watch.poll("h1", handle, timeout_s=60.0, max_pending=4)
+    await asyncio.sleep(0)
+    await watch.stop()
+    assert all(answer.cancelled() for answer in handle.answers)
+    # Their slots are free again: a new ping to the same host goes out.
+    assert watch.poll("h0", handle, timeout_s=60.0, max_pending=1)
+    await watch.stop()
