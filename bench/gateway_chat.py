@@ -222,6 +222,7 @@ async def main() -> None:
     parser.add_argument("--gateway-pid", type=int)
     parser.add_argument("--stub-pid", type=int)
     parser.add_argument("--concurrency", default="1,32,128")
+    parser.add_argument("--modes", default="json,stream", help="json, stream or both")
     parser.add_argument("--requests", type=int, default=2000, help="requests per level")
     parser.add_argument("--quick", action="store_true", help="a few requests per level")
     parser.add_argument("--no-baseline", action="store_true")
@@ -283,8 +284,10 @@ async def report_rss(args: argparse.Namespace, gateway: Target) -> None:
 
 async def run_levels(args: argparse.Namespace, gateway: Target, stub: Target) -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
-    for stream in (False, True):
-        mode = "stream" if stream else "json"
+    for mode in args.modes.split(","):
+        if mode not in ("json", "stream"):
+            raise SystemExit(f"--modes: unknown mode {mode!r} (json, stream)")
+        stream = mode == "stream"
         for concurrency in levels:
             total = max(20, 4 * concurrency) if args.quick else max(args.requests, concurrency)
             base = None
