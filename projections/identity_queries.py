@@ -211,17 +211,18 @@ async def user_api_keys(db: Database, workspace_id: str, user_id: str) -> list[s
     return [str(r["key_id"]) for r in rows]
 
 
-async def key_owner_blocked(db: Database, workspace_id: str, key_id: str) -> bool:
-    """True when `key_id` belongs to a user who is deactivated or deprovisioned.
+async def key_owner_blocked(db: Database, workspace_id: str, key_id: str) -> bool | None:
+    """True when `key_id` belongs to a user who is deactivated or deprovisioned, False when
+    to an active user, None when to no user.
 
-    Part of authenticating the key, like the key lookup itself, so it runs on every request:
-    one statement as the service role with the workspace named in the query (a scoped
-    transaction would take four round trips), and no cache, so a user cut off through any
-    gateway process is refused by all of them at once."""
+    Part of authenticating the key, like the key lookup itself: one statement as the service
+    role with the workspace named in the query (a scoped transaction would take four round
+    trips), and no cache, so a user cut off through any gateway process is refused by all of
+    them at once."""
     async with db.acquire(stateless=True) as conn:
-        blocked = await conn.fetchval(
+        row = await conn.fetchrow(
             """
-            SELECT u.deleted OR u.active IS FALSE
+            SELECT u.deleted OR u.active IS FALSE AS blocked
             FROM identity_user_api_keys k
             JOIN identity_users u ON u.workspace_id = k.workspace_id AND u.user_id = k.user_id
             WHERE k.workspace_id = $1 AND k.key_id = $2
@@ -229,7 +230,7 @@ async def key_owner_blocked(db: Database, workspace_id: str, key_id: str) -> boo
             workspace_id,
             key_id,
         )
-    return bool(blocked)
+    return None if row is None else bool(row["blocked"])
 
 
 async def find_scim_token(db: Database, token_hash: str) -> ScimTokenRow | None:

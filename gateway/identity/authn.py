@@ -93,12 +93,16 @@ async def oidc_principal(ident: Identity, verifier: OidcVerifier, token: str) ->
 
 async def key_principal(request: web.Request, ident: Identity) -> Principal:
     """The platform's check (API keys, static key), then: a key that belongs to a deactivated
-    or deprovisioned user is refused at once (its revocation may still sit in a key cache)."""
+    or deprovisioned user is refused at once (its revocation may still sit in a key cache).
+    A key seen to belong to no user skips that check from then on (see `UnownedKeys`)."""
     principal = await request.app[AUTH].authenticate(request)
-    if principal.key_id and await key_owner_blocked(
-        ident.db, principal.workspace_id, principal.key_id
-    ):
-        raise Unauthorized("invalid API key: it has been revoked")
+    key_id = principal.key_id
+    if key_id and key_id not in ident.unowned_keys:
+        blocked = await key_owner_blocked(ident.db, principal.workspace_id, key_id)
+        if blocked is None:
+            ident.unowned_keys.add(key_id)
+        elif blocked:
+            raise Unauthorized("invalid API key: it has been revoked")
     return principal
 
 

@@ -39,6 +39,32 @@ log = logging.getLogger(__name__)
 
 APPLY_TIMEOUT_S = 5.0
 AUDIT_PRUNE_EVERY_S = 24 * 3600.0
+UNOWNED_KEYS_MAX = 10_000
+
+
+class UnownedKeys:
+    """API keys seen to belong to no user, whose requests then skip the check that their
+    owner is still active (a statement per request otherwise).
+
+    "No owner" never turns into "owner": a user's key is linked to the user, and the link
+    projected (`Identity.ask`), before the key is handed out (`admin.issue_user_key`), and a
+    link is never removed. So nobody can present a key that is unlinked now and linked later,
+    and the set needs no expiry; it is only bounded (cleared when full)."""
+
+    def __init__(self, max_entries: int = UNOWNED_KEYS_MAX) -> None:
+        self._max_entries = max_entries
+        self._keys: set[str] = set()
+
+    def __contains__(self, key_id: object) -> bool:
+        return key_id in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, key_id: str) -> None:
+        if len(self._keys) >= self._max_entries:
+            self._keys.clear()
+        self._keys.add(key_id)
 
 
 @dataclass
@@ -50,6 +76,7 @@ class Identity:
     vault: IdentityVault
     throttle: LoginThrottle
     totp: TotpVerifier = field(default_factory=TotpVerifier)
+    unowned_keys: UnownedKeys = field(default_factory=UnownedKeys)
     extras: dict[str, Any] = field(default_factory=dict)
     """Lazily built helpers (the OIDC key cache, the SAML client), by name."""
 

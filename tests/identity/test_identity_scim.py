@@ -8,6 +8,9 @@ from typing import Any
 import pytest
 from identity_support import WHOAMI, Running, running, settings_for
 
+from gateway.identity.service import IDENTITY
+from gateway.state import DATABASE
+
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
 USER = "urn:ietf:params:scim:schemas:core:2.0:User"
@@ -230,4 +233,39 @@ async def test_deprovisioning_revokes_the_users_api_keys(database_url: str) -> N
         revoked = [k for k in keys["api_keys"] if k["id"] == issued["key_id"]]
         assert revoked and revoked[0]["revoked_at"] is not None
         # Other keys are untouched.
+        assert (await svc.request("GET", WHOAMI, admin_key))[0] == 200
+
+
+async def test_a_user_key_is_refused_once_its_owner_is_inactive_even_while_cached(
+    database_url: str,
+) -> None:
+    """The owner check runs on every request of a user's key, even while the key's own record
+    sits in the key cache: here the user row turns inactive the way another gateway process's
+    projection would write it, with no revocation through this process."""
+    async with running(settings_for(database_url)) as svc:
+        admin_key = await svc.issue_key()
+        token = (await scim_token(svc, admin_key))["token"]
+        _, created, _ = await svc.request(
+            "POST", "/scim/v2/Users", token, json=scim_user("lee@example.com")
+        )
+        _, issued, _ = await svc.request(
+            "POST",
+            f"/v1/admin/users/{created['id']}/apikeys",
+            admin_key,
+            json={"name": "lee's key", "scopes": ["admin:read"]},
+        )
+        personal = issued["key"]
+        assert (await svc.request("GET", WHOAMI, personal))[0] == 200
+        assert (await svc.request("GET", WHOAMI, admin_key))[0] == 200
+        unowned = svc.app[IDENTITY].unowned_keys
+        # The workspace key, seen to belong to no user, skips the owner check from now on;
+        # the user's key is checked on every request.
+        assert len(unowned) == 1 and issued["key_id"] not in unowned
+
+        async with svc.app[DATABASE].acquire() as conn:
+            await conn.execute(
+                "UPDATE identity_users SET active = false WHERE user_id = $1", created["id"]
+            )
+        status, err, _ = await svc.request("GET", WHOAMI, personal)
+        assert status == 401 and err["error"]["code"] == "unauthorized"
         assert (await svc.request("GET", WHOAMI, admin_key))[0] == 200
