@@ -51,6 +51,10 @@ _SECRET_PATTERNS = (
 )
 
 
+_JSON_BODY = {"Content-Type": "application/json"}
+"""Request bodies are encoded with orjson, a few times faster than aiohttp's `json=`."""
+
+
 class _Transient(Exception):
     def __init__(self, reason: str, retry_after_s: float | None = None) -> None:
         super().__init__(reason)
@@ -199,7 +203,10 @@ class OpenAICompatProvider:
             raise TimeoutError
         timeout = aiohttp.ClientTimeout(total=remaining)
         try:
-            async with self._client().post(self._url, json=body, timeout=timeout) as resp:
+            request = self._client().post(
+                self._url, data=orjson.dumps(body), headers=_JSON_BODY, timeout=timeout
+            )
+            async with request as resp:
                 if resp.status != 200:
                     await _raise_for_status(resp, self._api_key)
                 if resp.content_type == "application/json":
