@@ -10,7 +10,7 @@ stream head, inserting the events and completing the ledger row.
 Runs its own embedded PostgreSQL in a temporary directory unless SVC_BENCH_DATABASE_URL names
 a server (a database is created on it and dropped afterwards).
 
-    python bench/store_append.py [--quick] [--procs N]
+    python bench/store_append.py [--quick] [--procs N] [--only single|batch]
 """
 
 from __future__ import annotations
@@ -113,6 +113,9 @@ def main() -> None:
     parser.add_argument(
         "--lanes", type=int, default=4, help="appends in flight per client process (default 4)"
     )
+    parser.add_argument(
+        "--only", choices=("single", "batch"), help="run only the single-event or batch rounds"
+    )
     args = parser.parse_args()
     duration = args.seconds or (1.0 if args.quick else 8.0)
 
@@ -131,11 +134,11 @@ def main() -> None:
             print(f"store_append: durable commits ({asyncio.run(prepare())}), "
                   f"{duration:.0f} s per round, {args.procs} client processes, "
           f"{args.lanes} appends in flight per process")  # fmt: skip
-            for writers in (1, 8, 32, 64):
+            for writers in (1, 8, 32, 64) if args.only != "batch" else ():
                 rate = run_round(dsn, writers, 1, duration, args.procs, args.lanes)
                 target = "  (target >= 8,000/s)" if writers == 32 else ""
                 print(f"single-event appends, {writers:>2} writers: {rate:>9,.0f}/s{target}")
-            for writers in (8, 32):
+            for writers in (8, 32) if args.only != "single" else ():
                 rate = run_round(dsn, writers, 10, duration, args.procs, args.lanes)
                 print(
                     f"batches of 10 events,  {writers:>2} writers: {rate:>9,.0f} events/s"

@@ -3,21 +3,85 @@ hundred thousand on catch-up reads, picklable across the Ray runtime."""
 
 from __future__ import annotations
 
+import itertools
+import os
+import struct
+import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from asyncpg.pgproto.pgproto import UUID as _DriverUUID
+
 from eventstore.cursor import LogPoint, encode_cursor
 
+_COUNTER_BITS = 62
+_pack_uuid = struct.Struct(">QQ").pack
 
-@dataclass(frozen=True, slots=True)
+
+def _draw_process_bits() -> tuple[int, itertools.count[int]]:
+    seed = int.from_bytes(os.urandom(10)) >> 6  # 74 bits: 12 process bits, 62 counter bits
+    return seed >> _COUNTER_BITS, itertools.count(seed & ((1 << _COUNTER_BITS) - 1))
+
+
+_process_bits, _counter = _draw_process_bits()
+
+
+def _redraw_after_fork() -> None:
+    # A forked child would otherwise continue the parent's sequence: same ids, same ms.
+    global _process_bits, _counter
+    _process_bits, _counter = _draw_process_bits()
+
+
+os.register_at_fork(after_in_child=_redraw_after_fork)
+
+
+def new_event_id() -> uuid.UUID:
+    """A time-ordered event id: a UUIDv7 (RFC 9562) with a 48-bit Unix millisecond timestamp,
+    12 random bits drawn once per process, and a 62-bit counter started at a random value.
+
+    Ids sort by the wall-clock millisecond they were made in, then (within a process) by the
+    counter, so the UNIQUE event_id index grows at its right edge instead of splitting and
+    dirtying random leaf pages. Uniqueness never depends on the clock: within a process the
+    counter never repeats (2**62 values; `next()` on an itertools.count is atomic, so threads
+    need no lock); two processes collide only with the same 12 process bits and overlapping
+    counter ranges in the same millisecond. It costs about a fifth of `uuid.uuid4()` (no
+    system call per id), and is the driver's own `uuid.UUID` subclass, which it encodes by
+    copying 16 bytes.
+    """
+    high = (time.time_ns() // 1_000_000) << 16 | 0x7000 | _process_bits
+    low = 0x8000_0000_0000_0000 | (next(_counter) & 0x3FFF_FFFF_FFFF_FFFF)
+    event_id: uuid.UUID = _DriverUUID(_pack_uuid(high, low))
+    return event_id
+
+
+@dataclass(slots=True, init=False)
 class NewEvent:
-    type: str
-    data: dict[str, Any]
-    schema_version: int = 1
-    metadata: dict[str, Any] = field(default_factory=dict)
-    event_id: uuid.UUID = field(default_factory=uuid.uuid4)
+    """An event to append. Built once per event on every append path, so it is not frozen at
+    run time (the fields are `Final` for the type checker: read-only all the same), for the
+    same reason as `RecordedEvent`: a frozen dataclass's `__init__` sets each field through
+    `object.__setattr__`, which made building one cost twice as much."""
+
+    type: Final[str]
+    data: Final[dict[str, Any]]
+    schema_version: Final[int]
+    metadata: Final[dict[str, Any]]
+    event_id: Final[uuid.UUID]
+
+    def __init__(
+        self,
+        type: str,
+        data: dict[str, Any],
+        schema_version: int = 1,
+        metadata: dict[str, Any] | None = None,
+        event_id: uuid.UUID | None = None,
+    ) -> None:
+        self.type = type
+        self.data = data
+        self.schema_version = schema_version
+        self.metadata = {} if metadata is None else metadata
+        self.event_id = new_event_id() if event_id is None else event_id
 
 
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)

@@ -41,31 +41,38 @@ class LogSubscriber(Protocol):
     ) -> AsyncIterator[RecordedEvent]: ...
 
 
-# The whole append is one statement, `svc_append` (migration 0003), run in an implicit
-# transaction: one round trip (Bind/Execute/Sync of a statement asyncpg keeps prepared per
-# connection) where BEGIN + claim + insert + COMMIT took four. What it guarantees:
-# - The idempotency ledger row `(workspace_id, command_id)` is claimed first, in the append's
-#   own transaction: a concurrent duplicate of the same command blocks on this row until the
+# Every append is one statement run in an implicit transaction: one round trip (Bind/Execute/
+# Sync of a statement asyncpg keeps prepared per connection) where BEGIN + claim + insert +
+# COMMIT took four. Appends that arrive while others are in flight share one statement,
+# `svc_append_set` (migration 0006): one round trip and one durable commit for all of them,
+# each still succeeding or failing on its own. What every append is guaranteed (migrations
+# 0004-0006):
+# - The idempotency ledger row `(workspace_id, command_id)` is claimed in the append's own
+#   transaction: a concurrent duplicate of the same command blocks on this row until the
 #   first append commits (then sees it and returns the first result, `duplicate`) or rolls back
 #   (then acts itself). Events and ledger row commit or vanish together, so a command can never
 #   take effect twice or be recorded without effect. A duplicate wins over a stale version.
 # - The single-writer fence is `UNIQUE (stream_id, version)` (never ON CONFLICT on events):
-#   the batch takes versions head+1.., and a second writer of a version fails with a unique
+#   the append takes versions head+1.., and a second writer of a version fails with a unique
 #   violation on events_stream_version. An expected version other than the head fails with
 #   SV409 before writing; a stream of another workspace with SV403. Any failure rolls the
 #   claim back with the rest, so a failed command leaves no ledger row and may be retried.
+# An append sent alone goes to `svc_append` (migration 0004; the one-by-one path of
+# `svc_append_set` runs it per item): for one append it costs less server CPU than the
+# set-based path (about 150-200 us less per call, measured on the 2-core machine).
 _APPEND = """
 SELECT duplicate, stream_id, first_version, last_version, last_tx, last_position
 FROM svc_append($1, $2, $3, $4, $5, $6, $7, $8, $9)
 """
-_APPEND_BATCH = """
+_APPEND_SET = """
 SELECT item, error_state, error_constraint, duplicate, stream_id, first_version, last_version,
        last_tx, last_position
-FROM svc_append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+FROM svc_append_set($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 """
 _MAX_APPENDS_PER_BATCH = 32
-"""Each item of a batch takes a subtransaction id; a backend caches 64 of them before its
-snapshots overflow and slow every other session (migration 0005)."""
+"""When a batch takes the one-by-one path, each item takes a subtransaction id; a backend
+caches 64 of them before its snapshots overflow and slow every other session (migration
+0005)."""
 _STATE_UNIQUE = "23505"
 _CLASS_DATA = "22"
 _STATE_CONFLICT = "SV409"
@@ -183,27 +190,30 @@ async def _append_one(conn: Connection, item: _Append) -> _AppendRow | StoreErro
 
 
 async def _append_many(conn: Connection, batch: list[_Append]) -> list[_AppendRow | Exception]:
-    """Several appends through `svc_append_batch`: one round trip, one commit, each item in
-    its own subtransaction (migration 0005)."""
+    """Several appends through `svc_append_set`: one round trip, one commit; set-based when
+    no item depends on or conflicts with another, one by one otherwise (migration 0006)."""
     try:
-        rows = await conn.fetch(_APPEND_BATCH, *_batch_arguments(batch))
-    except asyncpg.DataError:
+        rows = await conn.fetch(_APPEND_SET, *_set_arguments(batch))
+    except (asyncpg.DataError, asyncpg.ProgramLimitExceededError):
         # Parameters are parsed before the function runs, so one item's unstorable JSON
         # fails the whole statement, and nothing was written: send them one by one so only
-        # that item fails.
+        # that item fails. The same when the batch's data, one jsonb document, is over
+        # jsonb's 256 MB: one by one, each event's data is a jsonb of its own.
         return [await _append_one(conn, item) for item in batch]
     outcomes: list[_AppendRow | Exception] = []
     for item, row in zip(batch, rows, strict=True):
-        state = row["error_state"]
+        state = row[1]
         if state is None:
             outcomes.append((row[3], row[4], row[5], row[6], row[7], row[8]))
         else:
-            failure = _item_failure(item, state, row["error_constraint"])
+            failure = _item_failure(item, state, row[2])
             outcomes.append(failure or _unexpected_failure(item, state))
     return outcomes
 
 
-def _batch_arguments(batch: list[_Append]) -> tuple[list[Any], ...]:
+def _set_arguments(batch: list[_Append]) -> tuple[list[Any], ...]:
+    """The columns of `svc_append_set`. Data and metadata go as one JSON array each: the
+    connection's jsonb codec serialises each list in one orjson call (eventstore/db.py)."""
     events = [e for item in batch for e in item.events]
     return (
         [item.workspace_id for item in batch],
@@ -315,7 +325,7 @@ class PostgresEventStore:
     async def _send_appends(self, batch: list[_Append]) -> list[_AppendRow | Exception]:
         async with self._db.acquire(stateless=True) as conn:
             outcomes: list[_AppendRow | Exception]
-            if len(batch) == 1:
+            if len(batch) == 1:  # a quiet store: svc_append is the shorter path for one
                 outcomes = [await _append_one(conn, batch[0])]
             else:
                 outcomes = await _append_many(conn, batch)

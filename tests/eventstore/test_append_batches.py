@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg
 import pytest
 
 from eventstore.db import Database
@@ -185,3 +186,89 @@ async def test_a_retry_racing_its_uncommitted_first_attempt_gets_the_first_resul
     assert result.duplicate
     assert (result.first_version, result.last_version) == (first["first_version"], 1)
     assert [e.event_id for e in await store.read_stream(s)] == [event.event_id]
+
+
+async def test_a_duplicate_in_a_batch_gets_its_first_result_and_the_rest_is_written(
+    store: PostgresEventStore,
+) -> None:
+    s, command, fresh = new_id("s"), new_id("c"), new_id("s")
+    first = await append(store, s, ev(n=1), ev(n=2), command_id=command)
+    results = await together(
+        append(store), append(store, s, ev(n=3), command_id=command), append(store, fresh)
+    )
+    repeat, written = results[1], results[2]
+    assert isinstance(repeat, AppendResult) and isinstance(written, AppendResult)
+    assert repeat == AppendResult(s, 1, 2, first.cursor, duplicate=True)
+    assert (written.duplicate, written.last_version) == (False, 1)
+    assert [e.data["n"] for e in await store.read_stream(s)] == [1, 2]
+
+
+async def test_a_batch_losing_a_race_for_one_stream_fails_only_that_append(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """Both the batch and another transaction read head 0 of `contested`; the other commits
+    version 1 first. The batch's set-based insert hits the fence, is rolled back and the batch
+    runs again one by one: only the append to `contested` fails."""
+    contested, other = new_id("s"), new_id("s")
+    rival = ev(n=0)
+    async with db.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await conn.fetchrow(
+            "SELECT * FROM svc_append($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            WS, new_id("c"), contested, 0, [rival.event_id], [rival.type], [1], [rival.data],
+            [{}],
+        )  # fmt: skip
+        batch = asyncio.create_task(
+            together(append(store), append(store, contested, ev(n=1)), append(store, other))
+        )
+        await asyncio.sleep(0.3)
+        assert not batch.done()  # the batch waits on the rival's uncommitted version 1
+        await tx.commit()
+    results = await asyncio.wait_for(batch, timeout=30)
+    assert isinstance(results[1], ConcurrencyConflict)
+    assert isinstance(results[2], AppendResult) and results[2].last_version == 1
+    assert [e.data for e in await store.read_stream(contested)] == [{"n": 0}]
+    assert len(await store.read_stream(other)) == 1
+
+
+async def test_the_set_function_refuses_arrays_that_do_not_line_up(db: Database) -> None:
+    event = ev()
+    async with db.acquire() as conn:
+        with pytest.raises(asyncpg.InvalidParameterValueError):
+            await conn.fetch(
+                "SELECT * FROM svc_append_set($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                [WS], [new_id("c")], [new_id("s")], [0], [2], [event.event_id], [event.type],
+                [1], [event.data], [{}],
+            )  # fmt: skip
+        assert await conn.fetchval("SELECT count(*) FROM events") == 0
+
+
+async def test_a_batched_retry_racing_its_uncommitted_first_attempt_gets_the_first_result(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """The retry's set-based claim waits on the first attempt's ledger row and, once that
+    commits, is skipped: the batch is rolled back and runs one by one, finding the command."""
+    s, command, other = new_id("s"), new_id("c"), new_id("s")
+    event = ev()
+    async with db.acquire() as first_attempt:
+        tx = first_attempt.transaction()
+        await tx.start()
+        await first_attempt.fetchrow(
+            "SELECT * FROM svc_append($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            WS, command, s, 0, [event.event_id], [event.type], [1], [event.data], [{}],
+        )  # fmt: skip
+        batch = asyncio.create_task(
+            together(
+                append(store), append(store, s, ev(), command_id=command), append(store, other)
+            )
+        )
+        await asyncio.sleep(0.3)
+        assert not batch.done()  # waiting on the first attempt's ledger row
+        await tx.commit()
+    results = await asyncio.wait_for(batch, timeout=30)
+    retry, written = results[1], results[2]
+    assert isinstance(retry, AppendResult) and retry.duplicate and retry.last_version == 1
+    assert isinstance(written, AppendResult) and not written.duplicate
+    assert [e.event_id for e in await store.read_stream(s)] == [event.event_id]
+    assert len(await store.read_stream(other)) == 1

@@ -23,6 +23,7 @@ STORE_LABELS = [
     "eventstore/0003_append_function",
     "eventstore/0004_append_precomputed",
     "eventstore/0005_append_batch",
+    "eventstore/0006_append_set",
 ]
 
 
@@ -80,6 +81,7 @@ async def test_concurrent_runs_on_a_fresh_database_apply_each_migration_once(
             ("eventstore", 3, "append_function"),
             ("eventstore", 4, "append_precomputed"),
             ("eventstore", 5, "append_batch"),
+            ("eventstore", 6, "append_set"),
         ]
         assert await apply_migrations(dbs[1], [STORE_MIGRATIONS]) == []
     finally:
