@@ -98,6 +98,10 @@ class CommitNotifier:
 
     async def stop(self) -> None:
         self._running = False
+        # Should a loop have lost its cancellation (see _send_notify), this wakes it to see
+        # `_running` and end.
+        self._dirty.set()
+        self._lost.set()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -113,7 +117,7 @@ class CommitNotifier:
                 log.exception("commit listener failed")
 
     async def _send_loop(self) -> None:
-        while True:
+        while self._running:
             await self._dirty.wait()
             # Coalesce: commits landing in the next millisecond ride on this NOTIFY.
             await asyncio.sleep(self._coalesce_s)
@@ -132,8 +136,12 @@ class CommitNotifier:
         # it from overlapping the liveness ping on the same connection.
         conn = self._listen_conn
         if conn is not None and not conn.is_closed():
+            # asyncio.timeout rather than wait_for: on Python 3.11, wait_for swallows a
+            # cancellation that lands as the awaited call finishes, and stop() then waited
+            # for this loop forever.
             try:
-                await asyncio.wait_for(self._on_listen_conn(conn, self._notify_sql), self._ping_s)
+                async with asyncio.timeout(self._ping_s):
+                    await self._on_listen_conn(conn, self._notify_sql)
             except TimeoutError:
                 self._lost.set()  # half-open: the listener reconnects
                 raise
@@ -142,7 +150,7 @@ class CommitNotifier:
             await pooled.execute(self._notify_sql)
 
     async def _listen_loop(self) -> None:
-        while True:
+        while self._running:
             try:
                 await self._listen_once()
             except asyncio.CancelledError:
@@ -180,14 +188,16 @@ class CommitNotifier:
                         )
 
     async def _watch(self, conn: Connection) -> None:
-        while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._lost.wait(), timeout=self._ping_s)
+        while self._running:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._ping_s):
+                    await self._lost.wait()
             if self._lost.is_set() or conn.is_closed():
                 return
             # A half-open TCP connection never reports termination; a ping does. The deadline
             # covers the wait for the lock too: a NOTIFY stuck on the same connection counts.
-            await asyncio.wait_for(self._on_listen_conn(conn, "SELECT 1"), timeout=self._ping_s)
+            async with asyncio.timeout(self._ping_s):
+                await self._on_listen_conn(conn, "SELECT 1")
 
     async def _on_listen_conn(self, conn: Connection, sql: str) -> None:
         async with self._listen_lock:
