@@ -16,6 +16,10 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+def new_cache(ttl_s: float = 60.0) -> TtlCache[str, str | None]:
+    return TtlCache[str, str | None](ttl_s, 10)
+
+
 class Source:
     """A value per key behind a gate, counting loads, so a test decides when loads land."""
 
@@ -24,6 +28,10 @@ class Source:
         self.loads = 0
         self.gate = asyncio.Event()
         self.gate.set()
+
+    def ask(self, cache: TtlCache[str, str | None], key: str) -> asyncio.Future[str | None]:
+        """A caller looking `key` up in `cache`, running as its own task."""
+        return asyncio.ensure_future(cache.get(key, self.loader(key)))
 
     def loader(self, key: str) -> Callable[[], Awaitable[str | None]]:
         async def load() -> str | None:
@@ -38,56 +46,56 @@ class Source:
 
 
 async def test_concurrent_misses_share_one_load() -> None:
-    source, cache = Source(), TtlCache[str, str | None](60.0, 10)
+    source, cache = Source(), new_cache()
     source.values["a"] = "A"
     source.gate.clear()
-    waiting = [asyncio.ensure_future(cache.get("a", source.loader("a"))) for _ in range(20)]
+    waiting = [source.ask(cache, "a") for _ in range(20)]
     await settle()
     source.gate.set()
     assert await asyncio.gather(*waiting) == ["A"] * 20
     assert source.loads == 1
-    assert await cache.get("a", source.loader("a")) == "A"
+    assert await source.ask(cache, "a") == "A"
     assert source.loads == 1
 
 
 async def test_a_failed_load_reaches_every_waiter_and_is_not_kept() -> None:
-    source, cache = Source(), TtlCache[str, str | None](60.0, 10)
+    source, cache = Source(), new_cache()
     source.gate.clear()
-    waiting = [asyncio.ensure_future(cache.get("boom", source.loader("boom"))) for _ in range(3)]
+    waiting = [source.ask(cache, "boom") for _ in range(3)]
     await settle()
     source.gate.set()
     results = await asyncio.gather(*waiting, return_exceptions=True)
     assert all(isinstance(r, RuntimeError) for r in results)
     with pytest.raises(RuntimeError):
-        await cache.get("boom", source.loader("boom"))
+        await source.ask(cache, "boom")
     assert source.loads == 2
 
 
 async def test_a_load_that_raced_a_forget_is_returned_but_not_kept() -> None:
-    source, cache = Source(), TtlCache[str, str | None](60.0, 10)
+    source, cache = Source(), new_cache()
     source.values["a"] = "old"
     source.gate.clear()
-    first = asyncio.ensure_future(cache.get("a", source.loader("a")))
+    first = source.ask(cache, "a")
     await settle()
     source.values["a"] = "new"
     cache.forget("a")
     # A caller after the forget does not join the stale load: it starts its own.
-    second = asyncio.ensure_future(cache.get("a", source.loader("a")))
+    second = source.ask(cache, "a")
     await settle()
     source.gate.set()
     assert await first == "old"
     assert await second == "new"
     assert source.loads == 2
-    assert await cache.get("a", source.loader("a")) == "new"
+    assert await source.ask(cache, "a") == "new"
     assert source.loads == 2
 
 
 async def test_a_cancelled_caller_does_not_cancel_the_shared_load() -> None:
-    source, cache = Source(), TtlCache[str, str | None](60.0, 10)
+    source, cache = Source(), new_cache()
     source.values["a"] = "A"
     source.gate.clear()
-    quitter = asyncio.ensure_future(cache.get("a", source.loader("a")))
-    stayer = asyncio.ensure_future(cache.get("a", source.loader("a")))
+    quitter = source.ask(cache, "a")
+    stayer = source.ask(cache, "a")
     await settle()
     quitter.cancel()
     source.gate.set()
@@ -97,10 +105,10 @@ async def test_a_cancelled_caller_does_not_cancel_the_shared_load() -> None:
 
 
 async def test_none_is_never_kept_and_expiry_reads_again() -> None:
-    source, cache = Source(), TtlCache[str, str | None](0.0, 10)
-    assert await cache.get("missing", source.loader("missing")) is None
-    assert await cache.get("missing", source.loader("missing")) is None
+    source, cache = Source(), new_cache(ttl_s=0.0)
+    assert await source.ask(cache, "missing") is None
+    assert await source.ask(cache, "missing") is None
     source.values["a"] = "A"
-    await cache.get("a", source.loader("a"))
-    await cache.get("a", source.loader("a"))
+    await source.ask(cache, "a")
+    await source.ask(cache, "a")
     assert source.loads == 4
