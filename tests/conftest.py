@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from eventstore import STORE_MIGRATIONS, Database, apply_migrations
 from eventstore.embedded import temporary_server
 
 
@@ -47,3 +48,14 @@ async def database_url(pg_server_url: str) -> AsyncIterator[str]:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@pytest.fixture
+async def store_db(database_url: str) -> AsyncIterator[Database]:
+    """A pool on the test's fresh database, with the event store's migrations applied."""
+    db = await Database.connect(database_url, max_size=10)
+    try:
+        await apply_migrations(db, [STORE_MIGRATIONS])
+        yield db
+    finally:
+        await db.close()

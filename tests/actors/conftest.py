@@ -22,24 +22,17 @@ from actor_doubles import (
 
 from actors import ActivationTable, Behaviour, ConversationBehaviour, LocalRuntime
 from eventstore import (
-    STORE_MIGRATIONS,
     Database,
     PostgresEventStore,
-    apply_migrations,
 )
 
 RUNTIMES = ["local"]
 
 
 @pytest.fixture
-async def store(database_url: str) -> AsyncIterator[PostgresEventStore]:
+def store(store_db: Database) -> PostgresEventStore:
     """The real PostgreSQL store; actors need no log tailer, so none is started."""
-    db = await Database.connect(database_url, max_size=10)
-    try:
-        await apply_migrations(db, [STORE_MIGRATIONS])
-        yield PostgresEventStore(db)
-    finally:
-        await db.close()
+    return PostgresEventStore(store_db)
 
 
 @pytest.fixture(params=RUNTIMES)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -17,7 +16,6 @@ import pytest
 
 from eventstore.db import Database
 from eventstore.errors import ConcurrencyConflict, InvalidAppend
-from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
 from eventstore.records import AppendResult, NewEvent
 from eventstore.store import PostgresEventStore
 
@@ -51,18 +49,8 @@ def append(
 
 
 @pytest.fixture
-async def db(database_url: str) -> AsyncIterator[Database]:
-    db = await Database.connect(database_url, max_size=4)
-    await apply_migrations(db, [STORE_MIGRATIONS])
-    try:
-        yield db
-    finally:
-        await db.close()
-
-
-@pytest.fixture
-def store(db: Database) -> PostgresEventStore:
-    return PostgresEventStore(db, append_lanes=1)
+def store(store_db: Database) -> PostgresEventStore:
+    return PostgresEventStore(store_db, append_lanes=1)
 
 
 async def together(*appends: Any) -> list[AppendResult | BaseException]:
@@ -77,7 +65,7 @@ async def batch_sizes(db: Database) -> list[int]:
 
 
 async def test_appends_to_many_streams_share_one_transaction(
-    store: PostgresEventStore, db: Database
+    store: PostgresEventStore, store_db: Database
 ) -> None:
     streams = [new_id("s") for _ in range(20)]
     results = await together(*(append(store, s, ev(k=k), ev(k=k)) for k, s in enumerate(streams)))
@@ -85,7 +73,7 @@ async def test_appends_to_many_streams_share_one_transaction(
     assert [(r.stream_id, r.first_version, r.last_version) for r in results] == [  # type: ignore[union-attr]
         (s, 1, 2) for s in streams
     ]
-    assert await batch_sizes(db) == [40]
+    assert await batch_sizes(store_db) == [40]
     for k, s in enumerate(streams):
         recorded = await store.read_stream(s)
         assert [(e.version, e.data) for e in recorded] == [(1, {"k": k}), (2, {"k": k})]
@@ -94,7 +82,7 @@ async def test_appends_to_many_streams_share_one_transaction(
 
 
 async def test_a_conflict_fails_only_its_own_append(
-    store: PostgresEventStore, db: Database
+    store: PostgresEventStore, store_db: Database
 ) -> None:
     busy, ok_a, ok_b = new_id("s"), new_id("s"), new_id("s")
     await append(store, busy)
@@ -103,13 +91,13 @@ async def test_a_conflict_fails_only_its_own_append(
     )
     assert isinstance(results[2], ConcurrencyConflict)
     assert isinstance(results[1], AppendResult) and isinstance(results[3], AppendResult)
-    assert await batch_sizes(db) == [1, 3]
+    assert await batch_sizes(store_db) == [1, 3]
     assert len(await store.read_stream(busy)) == 1
     assert [len(await store.read_stream(s)) for s in (ok_a, ok_b)] == [1, 1]
 
 
 async def test_two_appends_of_one_stream_in_a_batch_act_in_order(
-    store: PostgresEventStore, db: Database
+    store: PostgresEventStore, store_db: Database
 ) -> None:
     s = new_id("s")
     results = await together(
@@ -120,12 +108,12 @@ async def test_two_appends_of_one_stream_in_a_batch_act_in_order(
     )
     assert [getattr(r, "last_version", None) for r in results[1:3]] == [1, 2]
     assert isinstance(results[3], ConcurrencyConflict)
-    assert await batch_sizes(db) == [3]
+    assert await batch_sizes(store_db) == [3]
     assert [e.data["n"] for e in await store.read_stream(s)] == [1, 2]
 
 
 async def test_a_command_repeated_inside_a_batch_acts_once(
-    store: PostgresEventStore, db: Database
+    store: PostgresEventStore, store_db: Database
 ) -> None:
     s, command = new_id("s"), new_id("c")
     results = await together(
@@ -135,7 +123,7 @@ async def test_a_command_repeated_inside_a_batch_acts_once(
     assert isinstance(first, AppendResult) and isinstance(repeat, AppendResult)
     assert (first.duplicate, repeat.duplicate) == (False, True)
     assert repeat.cursor == first.cursor and repeat.last_version == first.last_version
-    assert await batch_sizes(db) == [2]
+    assert await batch_sizes(store_db) == [2]
 
 
 async def test_unstorable_data_fails_only_its_own_append(store: PostgresEventStore) -> None:
@@ -158,8 +146,8 @@ async def test_a_foreign_stream_fails_only_its_own_append(store: PostgresEventSt
     assert isinstance(results[2], AppendResult)
 
 
-async def test_close_waits_for_appends_in_flight(db: Database) -> None:
-    store = PostgresEventStore(db, append_lanes=1)
+async def test_close_waits_for_appends_in_flight(store_db: Database) -> None:
+    store = PostgresEventStore(store_db, append_lanes=1)
     pending = [asyncio.create_task(append(store)) for _ in range(10)]
     await asyncio.sleep(0)
     await store.close()
@@ -167,11 +155,11 @@ async def test_close_waits_for_appends_in_flight(db: Database) -> None:
 
 
 async def test_a_retry_racing_its_uncommitted_first_attempt_gets_the_first_result(
-    store: PostgresEventStore, db: Database
+    store: PostgresEventStore, store_db: Database
 ) -> None:
     s, command = new_id("s"), new_id("c")
     event = ev()
-    async with db.acquire() as first_attempt:
+    async with store_db.acquire() as first_attempt:
         tx = first_attempt.transaction()
         await tx.start()
         first = await first_attempt.fetchrow(
@@ -204,14 +192,14 @@ async def test_a_duplicate_in_a_batch_gets_its_first_result_and_the_rest_is_writ
 
 
 async def test_a_batch_losing_a_race_for_one_stream_fails_only_that_append(
-    store: PostgresEventStore, db: Database
+    store: PostgresEventStore, store_db: Database
 ) -> None:
     """Both the batch and another transaction read head 0 of `contested`; the other commits
     version 1 first. The batch's set-based insert hits the fence, is rolled back and the batch
     runs again one by one: only the append to `contested` fails."""
     contested, other = new_id("s"), new_id("s")
     rival = ev(n=0)
-    async with db.acquire() as conn:
+    async with store_db.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
         await conn.fetchrow(
@@ -232,9 +220,9 @@ async def test_a_batch_losing_a_race_for_one_stream_fails_only_that_append(
     assert len(await store.read_stream(other)) == 1
 
 
-async def test_the_set_function_refuses_arrays_that_do_not_line_up(db: Database) -> None:
+async def test_the_set_function_refuses_arrays_that_do_not_line_up(store_db: Database) -> None:
     event = ev()
-    async with db.acquire() as conn:
+    async with store_db.acquire() as conn:
         with pytest.raises(asyncpg.InvalidParameterValueError):
             await conn.fetch(
                 "SELECT * FROM svc_append_set($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
@@ -245,13 +233,13 @@ async def test_the_set_function_refuses_arrays_that_do_not_line_up(db: Database)
 
 
 async def test_a_batched_retry_racing_its_uncommitted_first_attempt_gets_the_first_result(
-    store: PostgresEventStore, db: Database
+    store: PostgresEventStore, store_db: Database
 ) -> None:
     """The retry's set-based claim waits on the first attempt's ledger row and, once that
     commits, is skipped: the batch is rolled back and runs one by one, finding the command."""
     s, command, other = new_id("s"), new_id("c"), new_id("s")
     event = ev()
-    async with db.acquire() as first_attempt:
+    async with store_db.acquire() as first_attempt:
         tx = first_attempt.transaction()
         await tx.start()
         await first_attempt.fetchrow(

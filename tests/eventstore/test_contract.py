@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import pickle
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -416,13 +415,8 @@ class EventStoreContract:
 
 class TestPostgresEventStore(EventStoreContract):
     @pytest.fixture
-    async def db(self, database_url: str) -> AsyncIterator[Database]:
-        db = await Database.connect(database_url, max_size=10)
-        await apply_migrations(db, [STORE_MIGRATIONS])
-        try:
-            yield db
-        finally:
-            await db.close()
+    def db(self, store_db: Database) -> Database:
+        return store_db
 
     @pytest.fixture
     def commits(self) -> list[None]:
