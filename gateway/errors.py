@@ -112,14 +112,37 @@ def reject_nul_in_url(request: web.Request) -> None:
         raise InvalidInput(_NUL_MESSAGE.format(where="the URL"), code="invalid_character")
 
 
-def _contains_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return NUL in value
-    if isinstance(value, dict):
-        return any(NUL in k or _contains_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_contains_nul(v) for v in value)
-    return False
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects a request body may have: far beyond any document
+this API takes, and far below the interpreter's recursion limit that validating a deeper one
+would reach (a 500 for the client's mistake)."""
+
+
+def _check_json_value(value: Any) -> None:
+    """Refuse NUL in any string or key (PostgreSQL text cannot hold it) and nesting deeper
+    than MAX_JSON_DEPTH; an explicit stack, so the check itself never recurses."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if NUL in item:
+                raise InvalidInput(
+                    _NUL_MESSAGE.format(where="JSON strings"), code="invalid_character"
+                )
+            continue
+        if isinstance(item, dict):
+            children: list[Any] = [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidInput(
+                f"JSON body nested too deeply: at most {MAX_JSON_DEPTH} levels of arrays and "
+                "objects",
+                code="invalid_json",
+            )
+        stack.extend((child, depth + 1) for child in children)
 
 
 @web.middleware
@@ -176,8 +199,7 @@ async def read_json(request: web.Request, model: type[M] | None = None) -> M | A
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"malformed JSON body: {exc}", code="invalid_json") from None
-    if _contains_nul(data):
-        raise InvalidInput(_NUL_MESSAGE.format(where="JSON strings"), code="invalid_character")
+    _check_json_value(data)
     if model is None:
         return data
     try:

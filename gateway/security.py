@@ -15,8 +15,10 @@ import ipaddress
 from collections.abc import Iterable
 from functools import lru_cache
 
+import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from yarl import URL
 
 from gateway.settings import Settings
 from gateway.state import SETTINGS
@@ -32,9 +34,11 @@ HIDDEN_EXACT = frozenset({"/admin", "/debug/pprof"})
 CORS_METHODS = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type, Idempotency-Key, Last-Event-ID, X-SVC-Conversation-Id"
 EXPOSED_HEADERS = (
-    "X-SVC-Conversation-Id, Retry-After, X-RateLimit-Limit, X-RateLimit-Remaining, "
-    "X-RateLimit-Reset"
+    "X-SVC-Conversation-Id, X-SVC-Cursor, Retry-After, X-RateLimit-Limit, "
+    "X-RateLimit-Remaining, X-RateLimit-Reset"
 )
+# Orchestrators probe these over plain HTTP from the node, not from loopback.
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 CLIENT_IP: web.RequestKey[str] = web.RequestKey("svc_client_ip", str)
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -101,14 +105,31 @@ def _is_loopback(request: web.Request) -> bool:
     return ip is not None and ip.is_loopback
 
 
-def _enforce_https(request: web.Request, settings: Settings) -> None:
+def _enforce_https(request: web.Request, settings: Settings) -> web.Response | None:
+    """None when the request may go on; else the redirect (GET, HEAD) to send instead.
+    Anything else over plain HTTP is refused (a body may already be on its way)."""
     if not settings.flag("SVC_REQUIRE_SECURE") or _is_secure(request, settings):
-        return
-    if _is_loopback(request):
-        return
-    if request.method in ("GET", "HEAD"):
-        raise web.HTTPPermanentRedirect(f"https://{request.host}{request.path_qs}")
-    raise Forbidden("plain HTTP is not accepted: use HTTPS", code="https_required")
+        return None
+    if _is_loopback(request) or request.path in PROBE_PATHS:
+        return None
+    if request.method not in ("GET", "HEAD"):
+        raise Forbidden("plain HTTP is not accepted: use HTTPS", code="https_required")
+    location = _https_location(request, settings)
+    message = f"plain HTTP is not accepted: use {location}"
+    body = orjson.dumps(
+        {"error": {"message": message, "type": "permission_error", "code": "https_required"}}
+    )
+    return web.Response(
+        status=308, body=body, content_type="application/json", headers={"Location": location}
+    )
+
+
+def _https_location(request: web.Request, settings: Settings) -> str:
+    """The same path over HTTPS, on the configured public host when there is one (a Host
+    header is the client's to choose, so it only serves when nothing is configured)."""
+    public = URL(settings.text("SVC_PUBLIC_URL").strip())
+    host = public.raw_authority if public.scheme == "https" and public.host else request.host
+    return f"https://{host}{request.path_qs}"
 
 
 def allowed_origins(settings: Settings) -> frozenset[str]:
@@ -148,7 +169,9 @@ async def security_middleware(request: web.Request, handler: Handler) -> web.Str
     if path in HIDDEN_EXACT or path.startswith(HIDDEN_PREFIXES):
         raise NotFound("not found: no such endpoint")
     settings = request.app[SETTINGS]
-    _enforce_https(request, settings)
+    redirect = _enforce_https(request, settings)
+    if redirect is not None:
+        return redirect
     if _is_preflight(request):
         origin = request.headers["Origin"].rstrip("/")
         if origin not in allowed_origins(settings):

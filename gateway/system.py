@@ -61,8 +61,14 @@ class ReadinessProbe:
             self.ready, self.reason = False, "the database is not open yet"
             return False
         try:
-            async with asyncio.timeout(self.timeout_s), db.acquire() as conn:
-                await conn.fetchval("SELECT 1")
+            async with asyncio.timeout(self.timeout_s), db.acquire(stateless=True) as conn:
+                try:
+                    await conn.fetchval("SELECT 1")
+                except asyncio.CancelledError:
+                    # Out of time on a server that does not answer: handing the connection
+                    # back would wait on it again (the pool's reset), so drop it instead.
+                    conn.terminate()
+                    raise
         except (TimeoutError, Exception) as exc:
             self.ready, self.reason = False, _reason(exc)
             return False
@@ -146,6 +152,19 @@ def redact(text: str, secrets: list[str]) -> str:
     return _SECRET_TEXT.sub(REDACTED, text)
 
 
+# Control characters of a client's text are written as escapes: a line break in a message must
+# not start a line of its own in the service log (a forged entry at any level).
+_CONTROL_ESCAPES = (
+    {code: f"\\x{code:02x}" for code in [*range(0x20), 0x7F, 0x85]}
+    | {code: f"\\u{code:04x}" for code in (0x2028, 0x2029)}
+    | {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+)
+
+
+def one_line(text: str) -> str:
+    return text.translate(_CONTROL_ESCAPES)
+
+
 def _log_entry(entry: ClientLogEntry, ip: str, secrets: list[str]) -> None:
     context = {
         k: REDACTED if _SECRET_NAME.search(k) else redact(str(v), secrets)
@@ -155,8 +174,8 @@ def _log_entry(entry: ClientLogEntry, ip: str, secrets: list[str]) -> None:
         _LEVELS[entry.level],
         "client log from %s [%s]: %s %s",
         ip,
-        redact(entry.source or "-", secrets),
-        redact(entry.message, secrets),
+        one_line(redact(entry.source or "-", secrets)),
+        one_line(redact(entry.message, secrets)),
         orjson.dumps(context).decode() if context else "",
     )
 

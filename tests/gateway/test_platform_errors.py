@@ -107,3 +107,18 @@ async def test_nul_character_is_400_not_500(database_url: str) -> None:
         # An escaped backslash followed by "u0000" is not a NUL.
         status, body, _ = await svc.request("POST", ECHO, data=b'{"name": "\\\\u0000", "count": 1}')
         assert status == 200 and body["name"] == "\\u0000"
+
+
+async def test_deeply_nested_json_is_400_not_500(database_url: str) -> None:
+    """A valid JSON document nested hundreds of levels deep is the client's mistake: a 400
+    naming the limit, not a RecursionError while it is checked or validated."""
+    async with running(settings_for(database_url)) as svc:
+        for depth in (65, 600, 1000):
+            deep = b'{"name": "ok", "count": 1, "x": ' + b"[" * depth + b"]" * depth + b"}"
+            status, body, _ = await svc.request("POST", ECHO, data=deep)
+            assert status == 400, depth
+            assert "nested too deeply" in str(assert_envelope(body, "invalid_json")["message"])
+        # Up to the limit it is an ordinary document (the echo model ignores "x").
+        fine = b'{"name": "ok", "count": 1, "x": ' + b"[" * 63 + b"]" * 63 + b"}"
+        status, body, _ = await svc.request("POST", ECHO, data=fine)
+        assert status == 200 and body == {"name": "ok", "count": 1}

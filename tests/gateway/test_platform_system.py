@@ -146,6 +146,16 @@ async def test_client_log_is_validated_limited_and_redacted(
         assert "abc.def" not in caplog.text and "x" * 40 not in caplog.text
         assert "tok-123" not in caplog.text and "/chat" in caplog.text
 
+        # A line break in a client's text cannot start a forged line of the service log.
+        forged = {"level": "info", "message": "one\nERROR svc: forged\r\x1b[2J", "source": "a\nb"}
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="svc.client"):
+            status, _, _ = await svc.request("POST", "/v1/client-log", json={"entries": [forged]})
+        assert status == 202
+        (line,) = [r.getMessage() for r in caplog.records if r.name == "svc.client"]
+        assert "\n" not in line and "\r" not in line and "\x1b" not in line
+        assert "one\\nERROR svc: forged\\r\\x1b[2J" in line and "[a\\nb]" in line
+
         status, body, _ = await svc.request(
             "POST", "/v1/client-log", json={"entries": [{"level": "loud", "message": "x"}]}
         )
@@ -194,6 +204,11 @@ async def test_csp_override_and_cors(database_url: str) -> None:
             "GET", "/healthz", headers={"Origin": "https://evil.example"}
         )
         assert "Access-Control-Allow-Origin" not in headers
+        _, _, headers = await svc.request(
+            "GET", "/healthz", headers={"Origin": "https://app.example"}
+        )
+        exposed = {h.strip() for h in headers["Access-Control-Expose-Headers"].split(",")}
+        assert {"X-SVC-Conversation-Id", "X-SVC-Cursor", "Retry-After"} <= exposed
 
 
 async def test_require_secure_behind_a_trusted_proxy(database_url: str) -> None:
@@ -204,16 +219,42 @@ async def test_require_secure_behind_a_trusted_proxy(database_url: str) -> None:
     async with running(settings) as svc:
         status, _, _ = await svc.request("GET", "/healthz")
         assert status == 200  # loopback is always allowed
-        status, _, headers = await svc.request(
-            "GET", "/healthz?x=1", headers=remote, allow_redirects=False
+        status, body, headers = await svc.request(
+            "GET", "/v1/ping?x=1", headers=remote, allow_redirects=False
         )
         assert status == 308 and headers["Location"].startswith("https://")
-        assert headers["Location"].endswith("/healthz?x=1")
+        assert headers["Location"].endswith("/v1/ping?x=1")
+        assert body["error"]["code"] == "https_required"
+        assert headers["Location"] in body["error"]["message"]
+        # The Host header is the client's: it only names the target when no public URL is set.
+        status, _, headers = await svc.request(
+            "GET", "/v1/ping", headers={**remote, "Host": "evil.example"}, allow_redirects=False
+        )
+        assert status == 308 and headers["Location"] == "https://evil.example/v1/ping"
+        # Orchestrators probe over plain HTTP from the node's address.
+        for probe in ("/healthz", "/readyz"):
+            status, _, _ = await svc.request("GET", probe, headers=remote, allow_redirects=False)
+            assert status in (200, 503), probe
         status, body, _ = await svc.request("POST", "/v1/client-log", headers=remote, json={})
         assert status == 403 and body["error"]["type"] == "permission_error"
         secure = {**remote, "X-Forwarded-Proto": "https"}
         status, _, _ = await svc.request("GET", "/healthz", headers=secure)
         assert status == 200
+
+
+async def test_https_redirect_goes_to_the_public_url(database_url: str) -> None:
+    settings = settings_for(
+        database_url,
+        SVC_REQUIRE_SECURE="1",
+        SVC_TRUSTED_PROXIES="127.0.0.1/32",
+        SVC_PUBLIC_URL="https://svc.example.com",
+    )
+    remote = {"X-Forwarded-For": "203.0.113.9", "Host": "evil.example"}
+    async with running(settings) as svc:
+        status, _, headers = await svc.request(
+            "GET", "/v1/time?a=1", headers=remote, allow_redirects=False
+        )
+        assert status == 308 and headers["Location"] == "https://svc.example.com/v1/time?a=1"
 
 
 async def test_forwarded_headers_ignored_from_untrusted_peers(database_url: str) -> None:
