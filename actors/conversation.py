@@ -215,7 +215,7 @@ def _decide_run(state: ConversationState, c: RunTurn) -> list[Event]:
     if user is None:
         raise InvalidInput("messages must contain at least one message with role 'user'")
     events: list[Event] = []
-    if not state.exists:
+    if not state.exists and not c.continue_only:
         title = c.title or _title_from(user.content)
         events.append(
             ConversationStarted(

@@ -77,7 +77,7 @@ MODELS_PATH = "/v1/models"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 _CONVERSATION_KEY: web.RequestKey[str] = web.RequestKey("svc_conversation_id", str)
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _KEY_NAMESPACE = uuid.UUID("7f6b2f8e-4c1e-4f0e-9a51-2b1f3c1d5e00")
 AGENT_CACHE_TTL_S = 1.0
 
@@ -255,6 +255,8 @@ class _RequestIds:
     conversation_id: str
     new_conversation: bool
     """The conversation id was drawn at random here: no stream can exist for it yet."""
+    named_by_client: bool
+    """The client sent the conversation id: the turn continues that conversation or fails."""
 
 
 def _request_ids(request: web.Request, principal: Principal) -> _RequestIds:
@@ -264,6 +266,7 @@ def _request_ids(request: web.Request, principal: Principal) -> _RequestIds:
     idempotency_key = _header_id(request, IDEMPOTENCY_HEADER)
     command_id = idempotency_key or uuid.uuid4().hex
     conversation_id = _header_id(request, CONVERSATION_HEADER)
+    named_by_client = conversation_id is not None
     new_conversation = conversation_id is None and idempotency_key is None
     if conversation_id is None:
         conversation_id = (
@@ -272,7 +275,7 @@ def _request_ids(request: web.Request, principal: Principal) -> _RequestIds:
             else str(uuid.uuid4())
         )
     request[_CONVERSATION_KEY] = conversation_id
-    return _RequestIds(command_id, conversation_id, new_conversation)
+    return _RequestIds(command_id, conversation_id, new_conversation, named_by_client)
 
 
 def _build_turn(
@@ -291,6 +294,7 @@ def _build_turn(
         command_id=command_id,
         workspace_id=principal.workspace_id,
         new_stream=ids.new_conversation,
+        continue_only=ids.named_by_client,
         turn_id=turn_id,
         message_id=_stable_id(principal.workspace_id, "message", turn_id),
         model=body.model if agent is None else agent.model,

@@ -241,6 +241,29 @@ async def test_out_of_range_temperature_is_a_bad_request(chat: Chat) -> None:
     assert chat.stub.calls == 0
 
 
+async def test_values_of_the_wrong_type_are_refused_not_converted(chat: Chat) -> None:
+    """As OpenAI's API does: "1" is not a temperature, `true` not a token count."""
+    wrong = [
+        ("temperature", "1"),
+        ("temperature", True),
+        ("top_p", "0.5"),
+        ("max_tokens", "5"),
+        ("max_tokens", True),
+        ("max_tokens", 5.5),
+        ("stream", "yes"),
+        ("stream_options", {"include_usage": "yes"}),
+    ]
+    for field_name, value in wrong:
+        body = {"model": OFFLINE, "messages": HELLO, field_name: value}
+        resp = await chat.raw_post(body)
+        assert resp.status == 400, (field_name, value)
+        error = (await resp.json())["error"]
+        assert error["code"] == "invalid_request" and field_name in error["message"]
+    resp = await chat.raw_post({"model": OFFLINE, "messages": HELLO, "temperature": 1})
+    assert resp.status == 200  # an integer is a number
+    assert chat.stub.calls == 0
+
+
 async def test_n_above_one_is_refused_clearly(chat: Chat) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         await chat.client().chat.completions.create(model=OFFLINE, messages=HELLO, n=2)
@@ -384,11 +407,33 @@ async def test_another_workspace_cannot_continue_a_conversation(chat: Chat) -> N
     )
 
 
+async def test_a_client_cannot_name_a_new_conversation(chat: Chat) -> None:
+    """An id the service never issued is 404, like another workspace's: nothing is recorded
+    under it, so no workspace can claim an id before another one uses it."""
+    chosen = uid("support-ticket-")
+    other = await chat.issue_key(uid("ws-"))
+    for key in (None, other):
+        with pytest.raises(openai.NotFoundError) as caught:
+            await chat.client(key).chat.completions.create(
+                model=OFFLINE, messages=HELLO, extra_headers={"X-SVC-Conversation-Id": chosen}
+            )
+        assert caught.value.response.headers["X-SVC-Conversation-Id"] == chosen
+        assert f"conversation {chosen} does not exist" in caught.value.message
+    assert await chat.events(chosen) == []
+    assert chat.stub.calls == 0
+
+
 async def test_malformed_conversation_header_is_a_bad_request(chat: Chat) -> None:
     with pytest.raises(openai.BadRequestError):
         await chat.client().chat.completions.create(
             model=OFFLINE, messages=HELLO, extra_headers={"X-SVC-Conversation-Id": "a b/c"}
         )
+    # The documented alphabet, any character first, 1 to 128 of them.
+    for key, status in (("_retry.1:a-b", 200), ("k" * 128, 200), ("k" * 129, 400)):
+        resp = await chat.raw_post(
+            {"model": OFFLINE, "messages": HELLO}, **{"Idempotency-Key": key}
+        )
+        assert resp.status == status, key
 
 
 async def test_disconnect_mid_stream_still_records_the_turn(chat: Chat) -> None:
