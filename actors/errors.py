@@ -6,7 +6,14 @@ runtime raises them in a host process and re-raises them in the caller).
 
 from __future__ import annotations
 
-from schemas.errors import Conflict, InvalidInput, SvcError, Unavailable, UpstreamError
+from schemas.errors import (
+    Conflict,
+    InvalidInput,
+    SvcError,
+    Unavailable,
+    UpstreamError,
+    UpstreamTimeout,
+)
 
 
 class RuntimeStopping(Unavailable):
@@ -60,6 +67,23 @@ class StoreRequired(Unavailable):
         return cls(f"actor {stream_id} tried to record events but its table has no event store")
 
 
+# A recorded failure answers a retry with the status its first attempt got; the codes that
+# are not an upstream's 502 (conversation._failure_facts records the raising error's code).
+_RECORDED_STATUS: dict[str, tuple[int, str]] = {
+    UpstreamTimeout.default_code: (UpstreamTimeout.http_status, UpstreamTimeout.error_type),
+    "interrupted": (Unavailable.http_status, Unavailable.error_type),
+    RuntimeStopping.default_code: (Unavailable.http_status, Unavailable.error_type),
+    "internal_error": (SvcError.http_status, SvcError.error_type),
+}
+
+
 class RecordedTurnFailure(UpstreamError):
     """A retried RunTurn whose first attempt failed: the recorded failure is returned again
-    (idempotency); send a new Idempotency-Key to try the turn again."""
+    (idempotency), with the first attempt's status; send a new Idempotency-Key to try the
+    turn again."""
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        status = _RECORDED_STATUS.get(self.code)
+        if status is not None:
+            self.http_status, self.error_type = status

@@ -20,7 +20,7 @@ from actors.models.port import Finished, ModelEvent, ModelRequest, TextDelta, Us
 from actors.runtime import ActorRuntime
 from actors.table import TableStats
 from schemas.commands import Command
-from schemas.errors import InvalidInput, UpstreamError
+from schemas.errors import InvalidInput, SvcError, UpstreamError
 from schemas.events import Event, event
 
 COUNTER = "counter"
@@ -114,11 +114,14 @@ class ScriptedProvider:
         deltas: Sequence[str] = ("Hel", "lo", " world"),
         delay_s: float = 0.0,
         fail_after: int | None = None,
+        failure: SvcError | None = None,
     ) -> None:
+        """`fail_after`: raise `failure` (an upstream 502 by default) before that delta."""
         self.model = model
         self.deltas = tuple(deltas)
         self.delay_s = delay_s
         self.fail_after = fail_after
+        self.failure = failure or UpstreamError("the upstream model server answered 502")
         self.calls = 0
         self.requests: list[ModelRequest] = []
 
@@ -130,7 +133,7 @@ class ScriptedProvider:
         self.requests.append(request)
         for i, text in enumerate(self.deltas):
             if self.fail_after is not None and i == self.fail_after:
-                raise UpstreamError("the upstream model server answered 502")
+                raise self.failure
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
             yield TextDelta(text)

@@ -21,7 +21,7 @@ from actors import (
 from actors.models.port import TextDelta
 from eventstore import PostgresEventStore
 from schemas.conversation import Message, RenameConversation, RunTurn, TurnParams
-from schemas.errors import Conflict, NotFound, UpstreamError
+from schemas.errors import Conflict, NotFound, UpstreamError, UpstreamTimeout
 
 WS = "ws-1"
 
@@ -179,6 +179,27 @@ async def test_failing_provider_records_turn_failed_and_reraises(
     with pytest.raises(RecordedTurnFailure, match="first attempt"):
         await runtime.ask(conversation_key(cid), command)
     assert len(await store.read_stream(conversation_key(cid).stream_id)) == len(recorded)
+
+
+async def test_a_retried_failure_keeps_the_status_of_its_first_attempt(
+    make_runtime: MakeRuntime,
+) -> None:
+    """A timed-out turn is a 504; its retry (same command id) answers 504 again, not the
+    502 of an upstream's refusal."""
+    timing_out = ScriptedProvider(fail_after=0, failure=UpstreamTimeout("over the 3s budget"))
+    runtime = await make_runtime([ConversationBehaviour([timing_out])])
+    cid, command = uuid.uuid4().hex, run_turn()
+    with pytest.raises(UpstreamTimeout):
+        await runtime.ask(conversation_key(cid), command)
+    with pytest.raises(RecordedTurnFailure) as raised:
+        await runtime.ask(conversation_key(cid), command)
+    retried = raised.value
+    assert (retried.http_status, retried.error_type, retried.code) == (
+        UpstreamTimeout.http_status,
+        UpstreamTimeout.error_type,
+        "ErrCallTimeout",
+    )
+    assert "over the 3s budget" in retried.message and timing_out.calls == 1
 
 
 async def test_unknown_model_is_refused_before_anything_is_recorded(
