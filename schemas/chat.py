@@ -35,7 +35,7 @@ class ChatMessageIn(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    include_usage: bool = False
+    include_usage: bool = Field(default=False, strict=True)
 
 
 class ChatCompletionRequest(BaseModel):
@@ -43,15 +43,16 @@ class ChatCompletionRequest(BaseModel):
 
     model: str = Field(min_length=1, max_length=200)
     messages: list[ChatMessageIn] = Field(min_length=1, max_length=10_000)
-    stream: bool = False
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, ge=0, le=1)
-    max_tokens: int | None = Field(default=None, gt=0)
-    max_completion_tokens: int | None = Field(default=None, gt=0)
+    # Strict like OpenAI's own API: "1" is not a temperature and `true` is not a token count.
+    stream: bool = Field(default=False, strict=True)
+    temperature: float | None = Field(default=None, ge=0, le=2, strict=True)
+    top_p: float | None = Field(default=None, ge=0, le=1, strict=True)
+    max_tokens: int | None = Field(default=None, gt=0, strict=True)
+    max_completion_tokens: int | None = Field(default=None, gt=0, strict=True)
     stream_options: StreamOptions | None = None
-    n: int | None = None
+    n: int | None = Field(default=None, strict=True)
     tools: list[Any] | None = None
-    logprobs: bool | None = None
+    logprobs: bool | None = Field(default=None, strict=True)
     user: str | None = None
 
     @field_validator("n")
