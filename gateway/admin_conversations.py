@@ -28,6 +28,7 @@ from schemas.admin import (
 from schemas.errors import NotFound
 
 _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
+_BACKTICKS = re.compile(r"`+")
 
 
 def summary(c: queries.Conversation) -> ConversationSummary:
@@ -127,20 +128,33 @@ async def conversation_turns(request: web.Request) -> web.Response:
 
 
 def to_markdown(export: ConversationExport) -> str:
+    """Headings and list items hold single lines; each message's text sits in a code fence
+    longer than any run of backticks in it, so no content (a line `## assistant · ...`, say)
+    can pass for a section of its own."""
     c = export.conversation
-    lines = [f"# {c.title or 'Conversation ' + c.id}", ""]
+    lines = [f"# {_line(c.title or 'Conversation ' + c.id)}", ""]
     lines.append(f"- id: `{c.id}`")
     lines.append(f"- created: {c.created_at.isoformat()}")
     lines.append(f"- updated: {c.updated_at.isoformat()}")
     if c.folder:
-        lines.append(f"- folder: {c.folder}")
+        lines.append(f"- folder: {_line(c.folder)}")
     if c.tags:
-        lines.append(f"- tags: {', '.join(c.tags)}")
+        lines.append(f"- tags: {_line(', '.join(c.tags))}")
     lines.append(f"- exported: {export.exported_at.isoformat()}")
     for m in export.messages:
-        author = f"{m.role} ({m.name})" if m.name else m.role
-        lines += ["", f"## {author} · {m.created_at.isoformat()}", "", m.content]
+        author = f"{m.role} ({_line(m.name)})" if m.name else m.role
+        fence = "`" * max(3, _longest_backtick_run(m.content) + 1)
+        lines += ["", f"## {author} · {m.created_at.isoformat()}", "", f"{fence}text"]
+        lines += [m.content, fence]
     return "\n".join(lines) + "\n"
+
+
+def _line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _longest_backtick_run(text: str) -> int:
+    return max((len(run) for run in _BACKTICKS.findall(text)), default=0)
 
 
 async def export_conversation(request: web.Request) -> web.Response:
