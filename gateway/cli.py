@@ -270,10 +270,16 @@ async def cmd_conversations(args: argparse.Namespace, settings: Settings) -> int
             key.stream_id, workspace_id=args.workspace or None
         )
     if not events:
-        raise NotFound(f"conversation {args.conversation_id} has no events")
-    until = args.at_version or events[-1].version
-    if not 1 <= until <= events[-1].version:
-        raise InvalidInput(f"--at-version must be between 1 and {events[-1].version}")
+        where = f" in workspace {args.workspace}" if args.workspace else ""
+        raise NotFound(f"no conversation {args.conversation_id}{where}")
+    last = events[-1].version
+    until = last if args.at_version is None else args.at_version
+    if until > last:
+        # The same range as the admin API's at_version: 0 is the state before any event.
+        raise InvalidInput(
+            f"--at-version must be between 0 and {last}: conversation {args.conversation_id} "
+            f"has {last} events"
+        )
     behaviour = ConversationBehaviour()
     state = behaviour.initial_state(key)
     for recorded in events:
@@ -390,17 +396,25 @@ def _conversations_parser(sub: Any) -> None:
     acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
     r = acts.add_parser("replay", help="events with versions and the rebuilt state")
     r.add_argument("conversation_id")
-    r.add_argument("--at-version", type=_positive_int, dest="at_version")
+    r.add_argument("--at-version", type=_non_negative_int, dest="at_version")
     r.add_argument("--workspace")
 
 
+def _non_negative_int(raw: str) -> int:
+    return _int_from(raw, 0, "0 or a positive integer")
+
+
 def _positive_int(raw: str) -> int:
+    return _int_from(raw, 1, "a positive integer")
+
+
+def _int_from(raw: str, lowest: int, expected: str) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {raw!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {raw!r}")
+        value = lowest - 1
+    if value < lowest:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {raw!r}")
     return value
 
 

@@ -178,6 +178,19 @@ async def _replay_and_rebuild(data_dir: Path, conversation: str) -> None:
         data_dir, "conversations", "replay", conversation, "--at-version", "1"
     )
     assert code == 0 and "# state at version 1" in out and "v2\t" not in out
+    # Version 0 is the state before any event, as in the admin API's at_version.
+    code, out, _ = await _run(
+        data_dir, "conversations", "replay", conversation, "--at-version", "0"
+    )
+    assert code == 0 and "# state at version 0" in out and "v1\t" not in out
+    code, _, err = await _run(
+        data_dir, "conversations", "replay", conversation, "--at-version", "99"
+    )
+    assert code == 2 and "between 0 and " in err
+    code, _, err = await _run(
+        data_dir, "conversations", "replay", conversation, "--workspace", "elsewhere"
+    )
+    assert code == 2 and f"no conversation {conversation} in workspace elsewhere" in err
     code, out, err = await _run(data_dir, "projections", "rebuild", "messages")
     assert code == 0 and out.startswith("rebuilt messages from ") and "events" in err
     code, out, _ = await _run(data_dir, "projections", "status")
