@@ -29,7 +29,7 @@ from gateway.admin_common import (
 from gateway.auth import check_delegation, generate_key, hash_key
 from gateway.errors import read_json
 from gateway.identity.common import describe
-from gateway.state import AUTH, DATABASE, Principal
+from gateway.state import AUTH, DATABASE, STORE, Principal
 from projections import queries
 from schemas.admin import (
     AdminRead,
@@ -41,7 +41,8 @@ from schemas.admin import (
 )
 from schemas.commands import Command
 from schemas.errors import Conflict, SvcError
-from schemas.workspace import IssueApiKey, RevokeApiKey
+from schemas.events import EVENTS
+from schemas.workspace import ApiKeyRevoked, IssueApiKey, RevokeApiKey
 
 PREFIX_LEN = 8
 
@@ -129,4 +130,22 @@ async def revoke_key(request: web.Request) -> web.Response:
     )
     outcome = await _execute(request, principal, command)
     request.app[AUTH].forget_key(command.key_id)  # refused at once by this process
-    return ok(RevokedApiKey(id=command.key_id, revoked_at=command.at, cursor=outcome.cursor))
+    if outcome.events:
+        return ok(RevokedApiKey(id=command.key_id, revoked_at=command.at, cursor=outcome.cursor))
+    # Revoked before: nothing was written; answer with the revocation that stands.
+    earlier = await _recorded_revocation(request, principal.workspace_id, command.key_id)
+    return ok(earlier)
+
+
+async def _recorded_revocation(
+    request: web.Request, workspace_id: str, key_id: str
+) -> RevokedApiKey:
+    recorded = await request.app[STORE].read_stream(
+        workspace_key(workspace_id).stream_id, workspace_id=workspace_id
+    )
+    for event in reversed(recorded):
+        if event.type == ApiKeyRevoked.type_name and event.data.get("key_id") == key_id:
+            revoked = EVENTS.decode(event.type, event.schema_version, event.data)
+            if isinstance(revoked, ApiKeyRevoked):
+                return RevokedApiKey(id=key_id, revoked_at=revoked.at, cursor=event.cursor)
+    raise SvcError(f"API key {key_id} is revoked but its revocation is not in the log")

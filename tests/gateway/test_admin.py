@@ -245,7 +245,11 @@ async def test_api_keys_issue_list_revoke(service: Service) -> None:
     revoked = await service.post_json(f"/v1/admin/apikeys/{issued['id']}/revoke", admin, None)
     assert revoked["id"] == issued["id"] and revoked["revoked_at"]
     listing = await service.get_json("/v1/admin/apikeys", admin, min_cursor=revoked["cursor"])
-    assert {k["id"]: k for k in listing["api_keys"]}[issued["id"]]["revoked_at"]
+    listed = {k["id"]: k for k in listing["api_keys"]}[issued["id"]]
+    assert listed["revoked_at"] == revoked["revoked_at"]
+    # Revoking again changes nothing and says so: the revocation that stands, its cursor.
+    again = await service.post_json(f"/v1/admin/apikeys/{issued['id']}/revoke", admin, None)
+    assert again == revoked
 
     # The process that revoked it drops it from its key cache: refused at once (other
     # processes within gateway/auth.py CACHE_TTL_S).
