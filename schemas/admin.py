@@ -107,7 +107,8 @@ class AnalyticsQuery(AdminRead):
     def window(self, now: datetime) -> tuple[datetime, datetime]:
         until = self.until or now
         default = timedelta(hours=24) if self.bucket == "hour" else timedelta(days=7)
-        since = self.since or until - default
+        # The default window stops at the earliest instant a caller may name.
+        since = self.since or max(until - default, EARLIEST)
         if until <= since:
             raise ValueError("until must be later than since")
         if until - since > MAX_WINDOW[self.bucket]:

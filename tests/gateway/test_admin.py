@@ -204,6 +204,12 @@ async def test_analytics_validation(service: Service, params: dict[str, str]) ->
     assert body["error"]["type"] == "invalid_request_error"
 
 
+async def test_default_window_starts_no_earlier_than_1970(service: Service) -> None:
+    key = await service.issue_key(uid("ws-"), ("admin:read",))
+    body = await service.get_json("/v1/admin/analytics", key, until="1970-01-02T00:00:00Z")
+    assert body["since"].startswith("1970-01-01T00:00:00")
+
+
 async def test_scopes(service: Service) -> None:
     ws = uid("ws-")
     chat = await service.issue_key(ws, ("chat",))
