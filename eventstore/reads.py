@@ -126,6 +126,23 @@ async def read_log(
     return rows_to_events(rows)
 
 
+# A point was issued by this log when its transaction id was ever assigned (below the
+# snapshot's xmax, the first id not yet assigned) and its position was ever drawn from the
+# positions sequence (NULL before the first draw). Such a point may still be ahead of every
+# reader (its transaction may not have committed, or an older one holds xmin back); one that
+# fails either test comes from another database or was made up.
+_ISSUED = """
+SELECT $1::xid8 < pg_snapshot_xmax(pg_current_snapshot())
+   AND $2::int8 <= coalesce(pg_sequence_last_value('events_position_seq'::regclass), 0)
+"""
+
+
+async def point_issued(conn: Connection, point: LogPoint) -> bool:
+    """Whether `point` names a transaction and a position this log has handed out."""
+    issued = await conn.fetchval(_ISSUED, point.tx, point.position)
+    return bool(issued)
+
+
 async def log_head(conn: Connection) -> LogPoint:
     """The newest point visible to gap-free readers; `ORIGIN` for an empty log."""
     row = await conn.fetchrow(_HEAD)

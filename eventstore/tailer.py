@@ -21,7 +21,7 @@ from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Connection, Database
 from eventstore.errors import StoreError
 from eventstore.notify import CommitNotifier
-from eventstore.reads import log_head, read_log
+from eventstore.reads import log_head, point_issued, read_log
 from eventstore.records import RecordedEvent
 from schemas.errors import Unavailable
 
@@ -154,6 +154,17 @@ class LogTailer:
 
     def wake(self) -> None:
         self._wake.set()
+
+    async def issued(self, point: LogPoint) -> bool:
+        """Whether `point` was handed out by this log. A point at or before the live point
+        was; one past it costs a query: a cursor an append has just returned may be ahead of
+        the live point and even of the visible head (an older transaction still running holds
+        xmin back), and it is valid; a point never issued (another database's, made up) would
+        leave a reader waiting for events that never come after it."""
+        if point <= self._live:
+            return True
+        async with self._db.acquire(stateless=True) as conn:
+            return await point_issued(conn, point)
 
     def add_batch_listener(self, listener: BatchListener) -> None:
         """Hand every batch read from now on to `listener`, synchronously, in the same step

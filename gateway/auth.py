@@ -45,6 +45,9 @@ class KeyRecord:
 
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("svc_principal", Principal)
 RATE_DECISION: web.RequestKey[RateDecision] = web.RequestKey("svc_rate_limit", RateDecision)
+RECHECK: web.RequestKey[bool] = web.RequestKey("svc_recheck", bool)
+"""Set on a request that checks again a credential already admitted (an open SSE feed's):
+every rule applies except the rate limit, which the admitting request counted."""
 
 Identify = Callable[[web.Request], Awaitable[Principal]]
 IDENTIFY: web.AppKey[Identify] = web.AppKey("svc_identify")
@@ -108,10 +111,17 @@ class Authenticator:
         self._settings = settings
         self._keys = KeyCache(lookup)
         self._limiter = limiter
+        self._on_forget: list[Callable[[str], None]] = []
+
+    def on_forget(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(key_id)` after every `forget_key` (a key revoked or changed here)."""
+        self._on_forget.append(listener)
 
     def forget_key(self, key_id: str) -> None:
         """Call after revoking `key_id` (or changing its scopes or limit) in this process."""
         self._keys.forget(key_id)
+        for listener in self._on_forget:
+            listener(key_id)
 
     def _static_principal(self, token: str) -> Principal | None:
         static = self._settings.text("SVC_NATIVE_COMPAT_KEY")
@@ -133,8 +143,9 @@ class Authenticator:
             raise Unauthorized(
                 "personal API keys are disabled on this endpoint (SVC_PERSONAL_API_KEYS=off)"
             )
-        if record.rate_limit_rpm is not None and self._limiter is not None:
-            request[RATE_DECISION] = await self._limiter.check(record.key_id, record.rate_limit_rpm)
+        rpm, limiter = record.rate_limit_rpm, self._limiter
+        if rpm is not None and limiter is not None and not request.get(RECHECK):
+            request[RATE_DECISION] = await limiter.check(record.key_id, rpm)
         return Principal(
             workspace_id=record.workspace_id,
             scopes=record.scopes,

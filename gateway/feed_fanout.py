@@ -25,13 +25,19 @@ off: it gets a final `event: error` frame with the cursor of the last event writ
 after the events already buffered, and its socket is aborted if that does not drain within
 `write_timeout_s`. Nothing ever waits for it. A sweep every `tick_s` sends heartbeats to idle
 connections and notices closed sockets.
+
+Credentials: a feed is authorised when it opens, and its credential is checked again by every
+sweep (and at once on `recheck_soon`, for a revocation made in this process), one check per
+distinct credential, under the rules of a new request. A feed whose credential is refused
+(revoked, expired, its user deactivated, its rights withdrawn) gets a final `event: error`
+frame with the refusal and its cursor, and nothing after it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,7 +51,7 @@ from schemas.errors import SvcError, Unavailable
 
 log = logging.getLogger(__name__)
 
-EndReason = Literal["shutdown", "too_slow", "gone"]
+EndReason = Literal["shutdown", "too_slow", "unauthorized", "gone"]
 
 SHUTDOWN_ERROR = Unavailable(
     "the service is shutting down; reconnect with the last cursor to resume", code="shutdown"
@@ -68,6 +74,16 @@ class FeedFilter:
 
     def accepts(self, event: RecordedEvent) -> bool:
         return (self.types is None or event.type in self.types) and self.selects(event)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Credential:
+    """What opened a feed, to be checked again while it is open. `check` raises the
+    `SvcError` a new request with this credential would get (401, 403) once it is no longer
+    accepted; feeds whose credentials have equal `key`s share one check."""
+
+    key: Hashable
+    check: Callable[[], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +134,9 @@ class FeedConnection:
     skipped by its filter); `pending` is its catch-up queue, None once it is live."""
 
     __slots__ = (
+        "credential",
         "cursor",
+        "end_error",
         "ended",
         "filter",
         "final_sent",
@@ -130,14 +148,23 @@ class FeedConnection:
         "unsent_since",
     )
 
-    def __init__(self, feed_filter: FeedFilter, outlet: Outlet, cursor: str, now: float) -> None:
+    def __init__(
+        self,
+        feed_filter: FeedFilter,
+        credential: Credential,
+        outlet: Outlet,
+        cursor: str,
+        now: float,
+    ) -> None:
         self.filter = feed_filter
+        self.credential = credential
         self.outlet = outlet
         self.cursor = cursor
         self.point: LogPoint = decode_cursor(cursor)
         self.pending: list[RecordedEvent] | None = []
         self.overflowed = False
         self.ended: asyncio.Future[EndReason] = asyncio.get_running_loop().create_future()
+        self.end_error: SvcError | None = None  # the refusal that ended it, when unauthorized
         self.final_sent = False
         self.last_write = now
         self.unsent_since: float | None = None
@@ -164,14 +191,18 @@ class FeedFanout:
         self.write_timeout_s = 10.0
         self.max_buffer_bytes = 4 * 1024 * 1024
         self.max_pending = 10_000
+        self.recheck_concurrency = 8
         self.shutting_down = False
         self.cut_off_total = 0
+        self.unauthorized_total = 0
         self._by_ws: dict[str, set[FeedConnection]] = {}
         self._round: dict[str, list[RecordedEvent]] = {}
         self._flush_handle: asyncio.Handle | None = None
         self._last_flush = 0.0
         self._tailer: LogTailer | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._rechecker: asyncio.Task[None] | None = None
+        self._recheck_again = False
 
     @property
     def connection_count(self) -> int:
@@ -192,6 +223,8 @@ class FeedFanout:
             self._tailer.remove_batch_listener(self._on_batch)
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._rechecker is not None:
+            self._rechecker.cancel()
         self._flush()
         for conns in list(self._by_ws.values()):
             for conn in list(conns):
@@ -200,12 +233,18 @@ class FeedFanout:
     # -- one connection ---------------------------------------------------------------------
 
     async def serve(
-        self, request: web.Request, resp: web.StreamResponse, feed_filter: FeedFilter, cursor: str
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        feed_filter: FeedFilter,
+        credential: Credential,
+        cursor: str,
     ) -> None:
         """Run one feed from `cursor` until it ends; `resp` is prepared and has been written
         to. Raises ConnectionError or TimeoutError when the client goes away mid-catch-up."""
         loop = asyncio.get_running_loop()
-        conn = FeedConnection(feed_filter, Outlet(request, resp), cursor, loop.time())
+        outlet = Outlet(request, resp)
+        conn = FeedConnection(feed_filter, credential, outlet, cursor, loop.time())
         self._add(conn)
         try:
             if self.shutting_down or self._tailer is None:
@@ -248,7 +287,7 @@ class FeedFanout:
         self, conn: FeedConnection, resp: web.StreamResponse, events: list[RecordedEvent]
     ) -> None:
         fresh = [event for event in events if event.point > conn.point]
-        if not fresh:
+        if not fresh or conn.ended.done():
             return
         frames = [self.frames.frame(event) for event in fresh if conn.filter.accepts(event)]
         if frames:
@@ -286,17 +325,21 @@ class FeedFanout:
             if not conns:
                 del self._by_ws[conn.filter.workspace_id]
 
-    def _end(self, conn: FeedConnection, reason: EndReason) -> None:
+    def _end(self, conn: FeedConnection, reason: EndReason, error: SvcError | None = None) -> None:
         """Stop writing to `conn`; a live one gets its final frame here, in order after
-        everything already written (a catching-up one gets it from its own task)."""
+        everything already written (a catching-up one gets it from its own task). `error` is
+        the refusal of an unauthorized one."""
         if conn.ended.done():
             return
         self._remove(conn)
+        conn.end_error = error
         if reason == "too_slow":
             self.cut_off_total += 1
-        if reason in ("shutdown", "too_slow") and conn.pending is None and not conn.outlet.closing:
-            error = _closing_error(conn, reason)
-            conn.outlet.send(Payload.of(closing_frame(_closing_event(reason), conn.cursor, error)))
+        elif reason == "unauthorized":
+            self.unauthorized_total += 1
+        if reason != "gone" and conn.pending is None and not conn.outlet.closing:
+            final = _closing_error(conn, reason)
+            conn.outlet.send(Payload.of(closing_frame(_closing_event(reason), conn.cursor, final)))
             conn.final_sent = True
         conn.ended.set_result(reason)
 
@@ -405,6 +448,7 @@ class FeedFanout:
                 for conn in list(conns):
                     if conn.pending is None:
                         self._check(conn, now)
+            self.recheck_soon()
 
     def _check(self, conn: FeedConnection, now: float) -> None:
         outlet = conn.outlet
@@ -423,15 +467,56 @@ class FeedFanout:
             outlet.send(HEARTBEAT)
             conn.last_write = now
 
+    # -- credentials ------------------------------------------------------------------------
+
+    def recheck_soon(self) -> None:
+        """Check every open feed's credential again, now (a check already running may have
+        read the state before a revocation, so one more follows it)."""
+        self._recheck_again = True
+        if self._connections_open() and (self._rechecker is None or self._rechecker.done()):
+            self._rechecker = asyncio.create_task(self._recheck(), name="svc-feed-recheck")
+
+    def _connections_open(self) -> bool:
+        return bool(self._by_ws) and not self.shutting_down
+
+    async def _recheck(self) -> None:
+        while self._recheck_again and self._connections_open():
+            self._recheck_again = False
+            by_credential: dict[Hashable, list[FeedConnection]] = {}
+            for conns in self._by_ws.values():
+                for conn in conns:
+                    by_credential.setdefault(conn.credential.key, []).append(conn)
+            limit = asyncio.Semaphore(self.recheck_concurrency)
+            await asyncio.gather(
+                *(self._recheck_one(conns, limit) for conns in by_credential.values())
+            )
+
+    async def _recheck_one(self, conns: list[FeedConnection], limit: asyncio.Semaphore) -> None:
+        """One credential's check; its feeds end only on a refusal of the credential (401,
+        403), never because the check itself failed (the database briefly out, say)."""
+        async with limit:
+            try:
+                await conns[0].credential.check()
+            except SvcError as exc:
+                if exc.http_status not in (401, 403):
+                    log.warning("feed credential check failed: %s", exc.message)
+                    return
+                for conn in conns:
+                    self._end(conn, "unauthorized", exc)
+            except Exception as exc:
+                log.warning("feed credential check failed: %r", exc)
+
 
 HEARTBEAT = Payload.of(HEARTBEAT_FRAME)
 
 
 def _closing_event(reason: EndReason) -> str:
-    return "error" if reason == "too_slow" else "shutdown"
+    return "shutdown" if reason == "shutdown" else "error"
 
 
 def _closing_error(conn: FeedConnection, reason: EndReason) -> SvcError:
+    if conn.end_error is not None:
+        return conn.end_error
     return SubscriberTooSlow(conn.cursor) if reason == "too_slow" else SHUTDOWN_ERROR
 
 

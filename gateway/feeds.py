@@ -6,11 +6,16 @@ workspace. Every frame carries `id: <cursor>`, where the
 cursor is the opaque `(tx, position)` of the gap-free order (decision 3), so a client that
 resumes with `Last-Event-ID` (or `?cursor=`) gets exactly the events after the last one it saw.
 
-- /v1/events/stream: every event of the acting workspace.
-- /v1/web/stream: what the web UI's live views need, the events of conversation streams.
+- /v1/events/stream: every event of the acting workspace; needs `admin:read` (read on every
+  resource domain), the right to read all of it through the admin API.
+- /v1/web/stream: what the web UI's live views need, the events of conversation streams;
+  needs read access to conversations, as GET /v1/admin/conversations/events does.
 
-A consumer that falls behind is cut off by the fan-out (`SubscriberTooSlow`) with a final
-`event: error` frame carrying its cursor; other consumers are never slowed. See docs/feeds.md.
+A feed's credential is checked again while it is open (by the fan-out's sweep, and at once
+on `FeedFanout.recheck_soon`, for a revocation made in this process): a feed whose credential
+a new request would be refused with is closed with a final `event: error` frame. A consumer that
+falls behind is cut off by the fan-out (`SubscriberTooSlow`) the same way, with its cursor;
+other consumers are never slowed. See docs/feeds.md.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from eventstore.cursor import decode_cursor
 from eventstore.errors import InvalidCursor
 from eventstore.records import RecordedEvent
 from eventstore.tailer import LogTailer
-from gateway.auth import authenticate
-from gateway.feed_fanout import FeedFanout, FeedFilter
+from gateway.auth import RECHECK, authenticate, require_scope
+from gateway.feed_fanout import Credential, FeedFanout, FeedFilter
 from gateway.feed_frames import (
     REDACTED,
     FrameCache,
@@ -37,11 +42,12 @@ from gateway.feed_frames import (
     is_secret_field,
     redact,
 )
+from gateway.identity.roles import require_access
 from gateway.openapi import document
 from gateway.sse import open_sse, send_retry
-from gateway.state import STORE, TAILER
+from gateway.state import AUTH, STORE, TAILER, Principal
 from schemas.admin import FeedEvent, FeedQuery
-from schemas.errors import InvalidInput
+from schemas.errors import InvalidInput, RateLimited
 
 __all__ = [
     "EVENTS_FEED",
@@ -75,6 +81,9 @@ class FeedSpec:
     path: str
     summary: str
     selects: Callable[[RecordedEvent], bool]
+    authorize: Callable[[Principal], None]
+    """Raises Forbidden unless the principal may read everything the feed selects."""
+    rights: str
 
 
 def _every_event(record: RecordedEvent) -> bool:
@@ -85,17 +94,31 @@ def _web_ui_event(record: RecordedEvent) -> bool:
     return record.stream_id.startswith("conversation:")
 
 
+def _reads_everything(principal: Principal) -> None:
+    # Every event of the workspace spans every resource domain (keys, users, settings...):
+    # plain admin:read, which a user principal holds only with read on every domain.
+    require_scope(principal, "admin:read")
+
+
+def _reads_conversations(principal: Principal) -> None:
+    require_access(principal, "conversations", "read")
+
+
 EVENTS_FEED = FeedSpec(
     "events",
     "/v1/events/stream",
     "Every event of the acting workspace, secret fields redacted.",
     _every_event,
+    _reads_everything,
+    "admin:read",
 )
 WEB_FEED = FeedSpec(
     "web",
     "/v1/web/stream",
     "Events of the workspace's conversation streams (messages, turns): the web UI's live view.",
     _web_ui_event,
+    _reads_conversations,
+    "admin:read, or a user's read access to conversations",
 )
 FEED_SPECS = (EVENTS_FEED, WEB_FEED)
 
@@ -106,13 +129,19 @@ FEED_HUB: web.AppKey[FeedFanout] = web.AppKey("svc_feed_hub", FeedFanout)
 # -- request parsing --------------------------------------------------------------------------
 
 
-def resume_cursor(request: web.Request) -> str:
+async def resume_cursor(request: web.Request) -> str:
     """`Last-Event-ID` (sent by a reconnecting EventSource) wins over `?cursor=`. Validated
-    here, before the stream starts, so a malformed cursor is a plain 400 envelope."""
+    here, before the stream starts, so a malformed cursor is a plain 400 envelope, and so is
+    one this log never issued: a feed from there would wait forever for events after it."""
     raw = (request.headers.get("Last-Event-ID") or request.query.get("cursor") or "").strip()
     point = decode_cursor(raw)
     if max(point) > _MAX_INT8:
         raise InvalidCursor("malformed cursor: it points outside the log; omit it to start over")
+    if not await _tailer(request.app).issued(point):
+        raise InvalidCursor(
+            "cursor ahead of the log: this service never issued it; resume from a cursor "
+            "this service returned (an SSE id or a write's cursor), or omit it to start over"
+        )
     return raw
 
 
@@ -138,7 +167,7 @@ def requested_types(request: web.Request) -> list[str] | None:
 async def start_cursor(request: web.Request) -> str:
     """Where the feed starts: the resume cursor; with none, the start of the workspace's log,
     or its current head with `?start=latest`."""
-    cursor = resume_cursor(request)
+    cursor = await resume_cursor(request)
     start = request.query.get("start", "earliest")
     if start not in ("earliest", "latest"):
         raise InvalidInput("start: use earliest or latest", code="invalid_start")
@@ -157,9 +186,42 @@ def _tailer(app: web.Application) -> LogTailer:
     return tailer
 
 
+async def _authorize(request: web.Request, spec: FeedSpec) -> Principal:
+    principal = await authenticate(request)
+    spec.authorize(principal)
+    return principal
+
+
+async def _watch_revocations(app: web.Application) -> None:
+    """A key revoked (or changed) in this process has its feeds checked at once, not at the
+    next sweep. Runs after the cleanup contexts started, so the authenticator exists."""
+    hub = app[FEED_HUB]
+    app[AUTH].on_forget(lambda _key_id: hub.recheck_soon())
+
+
+def credential(request: web.Request, spec: FeedSpec) -> Credential:
+    """The feed's credential, checked again by the fan-out as a new request with the same
+    headers would be: every rule of `authenticate` (key revoked or expired, its user
+    deactivated, a session ended...) and the feed's rights."""
+
+    async def check() -> None:
+        fresh = request.clone()
+        for name in list(fresh):
+            del fresh[name]  # the principal resolved when the feed opened, and its marks
+        fresh[RECHECK] = True
+        try:
+            await _authorize(fresh, spec)
+        except RateLimited:
+            pass  # the key is still valid; the feed was admitted when it opened
+
+    headers = request.headers
+    key = (spec.name, headers.get("Authorization", ""), headers.get("Cookie", ""))
+    return Credential(key, check)
+
+
 def _handler(spec: FeedSpec) -> Callable[[web.Request], Any]:
     async def serve(request: web.Request) -> web.StreamResponse:
-        principal = await authenticate(request)
+        principal = await _authorize(request, spec)
         cursor = await start_cursor(request)
         types = requested_types(request)
         hub = request.app[FEED_HUB]
@@ -174,7 +236,7 @@ def _handler(spec: FeedSpec) -> Callable[[web.Request], Any]:
         # Also sends the headers: the fan-out writes below aiohttp's writer from here on.
         await send_retry(resp, RETRY_MS)
         try:
-            await hub.serve(request, resp, feed_filter, cursor)
+            await hub.serve(request, resp, feed_filter, credential(request, spec), cursor)
         except (TimeoutError, ConnectionError):
             log.debug("feed %s of workspace %s dropped", spec.name, principal.workspace_id)
         return resp
@@ -189,15 +251,16 @@ async def _close_feeds(app: web.Application) -> None:
 
 def add_routes(app: web.Application) -> None:
     app[FEED_HUB] = FeedFanout()
+    app.on_startup.append(_watch_revocations)
     app.on_shutdown.append(_close_feeds)
     for spec in FEED_SPECS:
         app.router.add_get(spec.path, _handler(spec), name=f"feed_{spec.name}")
         document(
             "GET",
             spec.path,
-            summary=f"SSE feed (any valid key): {spec.summary} Frames: id = cursor, "
-            "event = type, data = FeedEvent; a final event: error or shutdown carries "
-            "FeedClosing. See docs/feeds.md.",
+            summary=f"SSE feed ({spec.rights}): {spec.summary} Frames: id = cursor, "
+            "event = type, data = FeedEvent; a final event: error (too slow, credential no "
+            "longer valid) or shutdown carries FeedClosing. See docs/feeds.md.",
             tag="Events",
             query=FeedQuery,
             response=FeedEvent,

@@ -1,0 +1,315 @@
+"""Who may read the SSE feeds, for how long, and from where: the rights each feed needs, open
+feeds closed once their key is revoked or expires, and cursors this log never issued."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import aiohttp
+import pytest
+from test_admin_support import Frame, Service, SseReader, now, open_feed, service, uid
+
+from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
+from gateway import feeds
+from gateway.state import DATABASE, STORE
+
+__all__ = ["service"]
+
+pytestmark = pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")
+
+EVENTS = "/v1/events/stream"
+WEB = "/v1/web/stream"
+KEYS = "/v1/admin/apikeys"
+
+
+async def new_key(svc: Service, admin: str, scopes: list[str], **fields: Any) -> tuple[str, str]:
+    """A key issued through the admin API, as a client would: (its id, its text)."""
+    body = {"name": uid("k-"), "scopes": scopes, **fields}
+    issued = await svc.post_json(KEYS, admin, body, status=201)
+    return issued["id"], issued["key"]
+
+
+async def revoke(svc: Service, admin: str, key_id: str) -> None:
+    await svc.post_json(f"{KEYS}/{key_id}/revoke", admin, None)
+
+
+async def until_closed(reader: SseReader, wait_s: float = 20.0) -> tuple[list[Frame], Frame]:
+    """Events up to the feed's final frame, and that frame; the stream must end after it.
+    Fails if that takes over `wait_s` (heartbeats do not count as progress)."""
+    events: list[Frame] = []
+    async with asyncio.timeout(wait_s):
+        while True:
+            frame = await reader.frame()
+            assert frame is not None, "the feed ended without its final frame"
+            if frame.event in ("error", "shutdown"):
+                break
+            if frame.event is not None:
+                events.append(frame)
+        assert await reader.frame() is None, "something was sent after the final frame"
+    return events, frame
+
+
+def fast_sweeps(svc: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(svc.app[feeds.FEED_HUB], "tick_s", 0.1)
+
+
+# -- rights -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [EVENTS, WEB])
+@pytest.mark.parametrize("scopes", [["chat"], ["mcp"], ["admin:write"]])
+async def test_keys_without_read_rights_are_refused(
+    service: Service, path: str, scopes: list[str]
+) -> None:
+    ws = uid("ws-")
+    admin = await service.issue_key(ws)
+    _, key = await new_key(service, admin, scopes)
+    resp = await service.get(path, key, start="latest")
+    assert resp.status == 403
+    assert resp.headers["Content-Type"].startswith("application/json")
+    assert (await resp.json())["error"]["code"] == "insufficient_scope"
+
+
+@pytest.mark.parametrize("path", [EVENTS, WEB])
+async def test_a_read_key_gets_the_feed(service: Service, path: str) -> None:
+    ws = uid("ws-")
+    admin = await service.issue_key(ws)
+    _, key = await new_key(service, admin, ["admin:read"])
+    resp, reader = await open_feed(service, path, key, start="latest")
+    await reader.frame()  # retry
+    cid = await service.start_conversation(ws, "visible to readers")
+    (frame,) = await reader.events(1)
+    resp.close()
+    assert frame.event == "conversation.started"
+    assert frame.json()["stream_id"] == f"conversation:{cid}"
+
+
+# -- credentials checked while a feed is open -------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [EVENTS, WEB])
+async def test_revoking_a_key_closes_its_open_feeds(
+    service: Service, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    fast_sweeps(service, monkeypatch)
+    ws = uid("ws-")
+    admin = await service.issue_key(ws)
+    key_id, key = await new_key(service, admin, ["admin:read"])
+    resp, reader = await open_feed(service, path, key, start="latest")
+    other, other_reader = await open_feed(service, path, admin, start="latest")
+    await service.start_conversation(ws, "before the revocation")
+    (seen,) = await reader.events(1)
+
+    await revoke(service, admin, key_id)
+    events, final = await until_closed(reader)
+    resp.close()
+    body = final.json()
+    assert final.event == "error"
+    assert body["error"]["code"] == "unauthorized"
+    assert body["error"]["type"] == "authentication_error"
+    delivered = [seen, *events]
+    # Its cursor is the newest point it consumed: the last event sent, or on the web feed a
+    # later event it does not carry (the revocation itself).
+    assert final.id == body["cursor"]
+    assert decode_cursor(body["cursor"]) >= decode_cursor(delivered[-1].id or "")
+
+    # The admin's feed is untouched; what the revoked key missed, it would be refused.
+    await service.start_conversation(ws, "after the revocation")
+    frames = await other_reader.events(len(delivered) + 1)
+    other.close()
+    assert [f.id for f in frames[: len(delivered)]] == [f.id for f in delivered]
+    assert "after the revocation" in frames[-1].data
+    refused = await service.get(path, key, cursor=body["cursor"])
+    refused.close()
+    assert refused.status == 401
+
+
+async def test_a_local_revocation_closes_feeds_at_once(service: Service) -> None:
+    # The sweep stays at its default interval: the revocation itself (the authenticator's
+    # forget_key) asks for the check, so the feed closes without waiting for a sweep.
+    hub = service.app[feeds.FEED_HUB]
+    ws = uid("ws-")
+    admin = await service.issue_key(ws)
+    key_id, key = await new_key(service, admin, ["*"])
+    resp, reader = await open_feed(service, EVENTS, key, start="latest")
+    await reader.frame()
+    await revoke(service, admin, key_id)
+    _, final = await until_closed(reader, hub.tick_s / 2)
+    resp.close()
+    assert final.event == "error" and final.json()["error"]["code"] == "unauthorized"
+    assert hub.unauthorized_total == 1
+
+
+async def test_an_expiring_key_closes_its_feed(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast_sweeps(service, monkeypatch)
+    ws = uid("ws-")
+    admin = await service.issue_key(ws)
+    expires = now() + timedelta(seconds=2)
+    _, key = await new_key(service, admin, ["admin:read"], expires_at=expires.isoformat())
+    resp, reader = await open_feed(service, EVENTS, key)
+    _, final = await until_closed(reader)
+    resp.close()
+    assert now() >= expires
+    assert final.json()["error"]["code"] == "unauthorized"
+    assert "expired" in final.json()["error"]["message"]
+
+
+async def test_deactivating_the_owning_user_closes_the_feed(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast_sweeps(service, monkeypatch)
+    ws = uid("ws-")
+    admin = await service.issue_key(ws)
+    user = await service.post_json("/v1/admin/users", admin, {"user_name": uid("u-")}, status=201)
+    issued = await service.post_json(
+        f"/v1/admin/users/{user['id']}/apikeys",
+        admin,
+        {"name": "feed", "scopes": ["admin:read"]},
+        status=201,
+    )
+    resp, reader = await open_feed(service, WEB, issued["key"], start="latest")
+    await reader.frame()
+    patched = await service.http.patch(
+        service.url(f"/v1/admin/users/{user['id']}"),
+        headers=service.auth(admin),
+        json={"active": False},
+    )
+    assert patched.status == 200, await patched.text()
+    _, final = await until_closed(reader)
+    resp.close()
+    assert final.event == "error" and final.json()["error"]["code"] == "unauthorized"
+
+
+async def sign_in_member(
+    svc: Service, browser: aiohttp.ClientSession, ws: str, admin: str
+) -> tuple[str, str]:
+    """A user with the read-only `member` role, signed in on `browser`: (its id, CSRF token)."""
+    name, password = uid("u-"), "a long enough passphrase"
+    user = {"user_name": name, "password": password, "roles": ["member"]}
+    created = await svc.post_json("/v1/admin/users", admin, user, status=201)
+    login = {"username": name, "password": password, "workspace_id": ws}
+    signed_in = await browser.post(svc.url("/v1/admin/auth/login"), json=login)
+    assert signed_in.status == 200, await signed_in.text()
+    return created["id"], (await signed_in.json())["csrf_token"]
+
+
+def browser() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+
+
+async def test_logging_out_closes_a_session_feed(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The web UI's own credential: a session cookie of a user whose role reads conversations.
+    fast_sweeps(service, monkeypatch)
+    ws = uid("ws-")
+    admin = await service.issue_key(ws)
+    async with browser() as session:
+        _, csrf = await sign_in_member(service, session, ws, admin)
+        resp = await session.get(service.url(WEB), params={"start": "latest"})
+        assert resp.status == 200, await resp.text()
+        reader = SseReader(resp)
+        await reader.frame()
+        await service.start_conversation(ws, "seen by the member")
+        (seen,) = await reader.events(1)
+        logout = await session.post(
+            service.url("/v1/admin/auth/logout"), headers={"X-CSRF-Token": csrf}
+        )
+        assert logout.status == 200, await logout.text()
+        _, final = await until_closed(reader)
+        resp.close()
+    assert seen.event == "conversation.started"
+    assert final.event == "error" and final.json()["error"]["code"] == "unauthorized"
+
+
+async def test_losing_the_right_closes_a_session_feed(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast_sweeps(service, monkeypatch)
+    ws = uid("ws-")
+    admin = await service.issue_key(ws)
+    async with browser() as session:
+        user_id, _ = await sign_in_member(service, session, ws, admin)
+        resp = await session.get(service.url(EVENTS), params={"start": "latest"})
+        assert resp.status == 200, await resp.text()
+        reader = SseReader(resp)
+        await reader.frame()
+        unbound = await service.http.delete(
+            service.url(f"/v1/admin/users/{user_id}/roles/member"), headers=service.auth(admin)
+        )
+        assert unbound.status == 200, await unbound.text()
+        _, final = await until_closed(reader)
+        resp.close()
+        again = await session.get(service.url(EVENTS), params={"start": "latest"})
+        again.close()
+    error = final.json()["error"]
+    assert final.event == "error"
+    assert error["code"] == "insufficient_scope" and error["type"] == "permission_error"
+    assert again.status == 403
+
+
+async def test_valid_keys_keep_their_feeds_across_checks(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Checks of an open feed do not count against the key's rate, and a key over its rate
+    # would still be a valid key: the feed it opened stays open.
+    fast_sweeps(service, monkeypatch)
+    ws = uid("ws-")
+    admin = await service.issue_key(ws)
+    _, key = await new_key(service, admin, ["admin:read"], rate_limit_rpm=2)
+    resp, reader = await open_feed(service, EVENTS, key, start="latest")
+    await reader.frame()
+    await asyncio.sleep(1.0)  # about ten checks
+    last = await service.append_pings(ws, 1)
+    (frame,) = await reader.events(1)
+    resp.close()
+    assert frame.id == last
+    assert service.app[feeds.FEED_HUB].unauthorized_total == 0
+    second = await service.get("/v1/admin/overview", key)  # the key's second request
+    second.close()
+    assert second.status == 200
+
+
+# -- cursors the log never issued -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [EVENTS, WEB])
+async def test_a_cursor_ahead_of_the_log_is_a_400(service: Service, path: str) -> None:
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    head = decode_cursor(await service.app[STORE].head())
+    ahead = [
+        "c1AAAA6NSlEAAAAAAAAAAAAQ",  # tx 10**12
+        encode_cursor(LogPoint(head.tx, head.position + 1_000_000)),
+    ]
+    for cursor in ahead:
+        for headers in ({"Last-Event-ID": cursor}, {}):
+            params = {} if headers else {"cursor": cursor}
+            resp = await service.http.get(
+                service.url(path), headers=service.auth(key, **headers), params=params
+            )
+            assert resp.status == 400, cursor
+            error = (await resp.json())["error"]
+            assert error["code"] == "invalid_cursor"
+            assert "ahead of the log" in error["message"]
+
+
+async def test_a_fresh_cursor_behind_a_running_transaction_is_accepted(service: Service) -> None:
+    # An older transaction still running holds xmin back: the event just appended is not yet
+    # visible to readers, so its cursor is ahead of the tailer and of the visible head. It
+    # was issued by this log, so a feed from it is valid and goes on after it.
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    async with service.app[DATABASE].transaction() as holder:
+        await holder.fetchval("SELECT pg_current_xact_id()")
+        fresh = await service.append_pings(ws, 1)
+        assert decode_cursor(fresh) > decode_cursor(await service.app[STORE].head())
+        resp, reader = await open_feed(service, EVENTS, key, cursor=fresh)
+    sentinel = await service.append_pings(ws, 1, kind="test.sentinel")
+    (frame,) = await reader.events(1)
+    resp.close()
+    assert frame.id == sentinel
