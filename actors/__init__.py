@@ -22,6 +22,7 @@ from actors.conversation import (
 )
 from actors.errors import (
     AskTimeout,
+    CommandInterrupted,
     ConflictRetriesExhausted,
     RecordedTurnFailure,
     RuntimeNotStarted,
@@ -42,6 +43,7 @@ __all__ = [
     "AgentState",
     "AskTimeout",
     "Behaviour",
+    "CommandInterrupted",
     "CommandOutcome",
     "ConflictRetriesExhausted",
     "ConversationBehaviour",

@@ -30,6 +30,22 @@ class RuntimeStopping(Unavailable):
         )
 
 
+class CommandInterrupted(RuntimeStopping):
+    """The runtime stopped while this command ran and cancelled it at the stop deadline. A chat
+    turn is recorded as failed (`interrupted`), so the same Idempotency-Key returns that
+    failure: the client runs the turn again with a new key."""
+
+    default_code = "interrupted"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or "the service stopped while this request ran and interrupted it (a chat turn is "
+            "recorded as failed); send it again, to another instance or after the restart, "
+            "with a new Idempotency-Key (the same key returns the recorded failure)"
+        )
+
+
 class RuntimeNotStarted(Unavailable):
     default_code = "runtime_not_started"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from actors.behaviour import ActorKey
 from actors.errors import AskTimeout
-from actors.table import ActivationTable, Reply, TableStats
+from actors.table import ActivationTable, Reply, StopSummary, TableStats
 from schemas.commands import Command
 
 
@@ -61,6 +61,11 @@ class LocalRuntime:
 
     async def stop(self, deadline_s: float = 10.0) -> None:
         await self._table.stop(deadline_s)
+
+    @property
+    def last_stop(self) -> StopSummary | None:
+        """What the last `stop` did with the commands in flight (see ActivationTable.stop)."""
+        return self._table.last_stop
 
     async def stats(self) -> TableStats:
         return self._table.stats()

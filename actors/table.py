@@ -20,7 +20,12 @@ from typing import Any
 
 from actors.behaviour import ActorKey, Behaviour
 from actors.context import Activation, Counters, ExecutionPolicy
-from actors.errors import RuntimeNotStarted, RuntimeStopping, UnknownActorKind
+from actors.errors import (
+    CommandInterrupted,
+    RuntimeNotStarted,
+    RuntimeStopping,
+    UnknownActorKind,
+)
 from eventstore.port import EventStore
 from schemas.commands import Command
 from schemas.errors import SvcError
@@ -29,6 +34,22 @@ from schemas.events import EVENTS, EventRegistry
 log = logging.getLogger(__name__)
 
 _DONE = object()
+
+INTERRUPT_RECORD_S = 5.0
+"""After the stop deadline: how long the cancelled commands get to record their failure (a
+chat turn appends one `turn_failed`, a few milliseconds) before the table gives up on them."""
+
+
+@dataclass(frozen=True, slots=True)
+class StopSummary:
+    """What one `ActivationTable.stop` did with the work it found."""
+
+    finished: int
+    """Commands that ended (answered or failed on their own) between the stop and its deadline."""
+    interrupted: int
+    """Commands still running at the deadline, cancelled (their callers get CommandInterrupted)."""
+    refused: int
+    """Commands queued behind others, failed with RuntimeStopping without running."""
 
 
 class Reply:
@@ -211,10 +232,12 @@ class ActivationTable:
         self._reaper: asyncio.Task[None] | None = None
         self._accepting = False
         self._stopped = False
+        self._last_stop: StopSummary | None = None
         self._passivations_idle = 0
         self._passivations_lru = 0
         self._processed = 0
         self._failed = 0
+        self._interrupted = 0
 
     @property
     def kinds(self) -> list[str]:
@@ -231,19 +254,39 @@ class ActivationTable:
 
     async def stop(self, deadline_s: float = 10.0) -> None:
         """Refuse new commands, fail queued ones, let running ones finish until the deadline
-        (then cancel them), snapshot and passivate every active actor."""
+        (then cancel them: their callers get CommandInterrupted), snapshot and passivate every
+        active actor. Takes at most `deadline_s + INTERRUPT_RECORD_S`; `last_stop` says what
+        happened to the work in flight."""
         self._accepting = False
         self._stopped = True
+        ended_before = self._processed + self._failed
+        interrupted_before = self._interrupted
         if self._reaper is not None:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
             self._reaper = None
-        slots = list(self._active.values())
-        for slot in slots:
+        refused = 0
+        for slot in list(self._active.values()):
             while slot.mailbox:
                 slot.mailbox.popleft().reply.fail(RuntimeStopping())
+                refused += 1
         for key in list(self._active):
             self._passivate(key)
+        await self._wait_closing(max(0.0, deadline_s))
+        interrupted = self._interrupted - interrupted_before
+        ended = self._processed + self._failed - ended_before
+        self._last_stop = StopSummary(ended - interrupted, interrupted, refused)
+        if interrupted or refused:
+            log.warning(
+                "actor table stopped: %d commands in flight finished within the %.0f s "
+                "deadline, %d interrupted, %d queued refused",
+                ended - interrupted,
+                deadline_s,
+                interrupted,
+                refused,
+            )
+
+    async def _wait_closing(self, deadline_s: float) -> None:
         tasks = [t for t in self._closing if not t.done()]
         if not tasks:
             return
@@ -253,7 +296,12 @@ class ActivationTable:
         if running:
             # A cancelled turn records its failure on the way out: give that one short
             # append a bounded grace period.
-            await asyncio.wait(running, timeout=5.0)
+            await asyncio.wait(running, timeout=INTERRUPT_RECORD_S)
+
+    @property
+    def last_stop(self) -> StopSummary | None:
+        """What the last `stop` did; None before the first."""
+        return self._last_stop
 
     # --- commands -----------------------------------------------------------------------
 
@@ -337,8 +385,9 @@ class ActivationTable:
             async for item in activation.behaviour.handle(activation, envelope.command):
                 reply.push(item)
         except asyncio.CancelledError:
-            reply.fail(RuntimeStopping("the actor runtime stopped while this command ran"))
+            reply.fail(CommandInterrupted())
             self._failed += 1
+            self._interrupted += 1
             raise
         except Exception as exc:
             reply.fail(exc)

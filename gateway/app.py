@@ -6,9 +6,14 @@ envelope, then transport security. Routes: system endpoints, admin settings, cha
 the admin API and identity (sessions, SSO, SCIM, OAuth), each module's `add_routes`; identity's
 `identify` widens `gateway.auth.authenticate` to sessions and OAuth/OIDC tokens.
 
-Shutdown (aiohttp's runner, see gateway/cli.py): the listener stops accepting, feeds close
-with their last cursor (on_shutdown), in-flight requests get `SVC_SHUTDOWN_GRACE_SEC`, then
-the platform closes in reverse order (runtime, projections flushed, store, embedded database).
+Shutdown (aiohttp's runner, see gateway/cli.py): the listener stops accepting and idle
+connections close; then the on_shutdown hooks, in order: the one budget of
+`SVC_SHUTDOWN_GRACE_SEC` starts (if the signal did not start it already), feeds close with
+their last cursor, and the actor runtime stops within what is left of the budget (turns still
+running then are interrupted and recorded as failed). Only then does aiohttp drain the
+handlers, so a handler waiting on an interrupted turn writes its 503 (or SSE error frame)
+instead of being cancelled; aiohttp's own timeout (`HANDLER_DRAIN_S`) is a backstop for that
+last write. Last, the platform closes in reverse order (projections flushed, store, database).
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from gateway import admin, admin_agents, chat, feeds, identity, settings_api, sy
 from gateway.auth import IDENTIFY, Authenticator, KeyLookup, KeyRecord, add_rate_limit_headers
 from gateway.bootstrap import open_platform
 from gateway.errors import error_middleware
+from gateway.feeds import FEED_HUB
 from gateway.identity.authn import identify
 from gateway.security import add_security_headers, security_middleware
 from gateway.settings import Settings
+from gateway.shutdown import Shutdown
 from gateway.state import (
     AUTH,
     DATABASE,
@@ -37,6 +44,11 @@ from gateway.state import (
     TAILER,
 )
 from projections import queries
+
+SHUTDOWN: web.AppKey[Shutdown] = web.AppKey("svc_shutdown", Shutdown)
+HANDLER_DRAIN_S = 5.0
+"""aiohttp's shutdown timeout: once the runtime has stopped, handlers only write their last
+bytes. aiohttp waits this long, then cancels a handler and waits as long again."""
 
 RouteInstaller = Callable[[web.Application], None]
 ROUTES: tuple[RouteInstaller, ...] = (
@@ -78,7 +90,27 @@ async def platform_ctx(app: web.Application) -> AsyncIterator[None]:
         app[MODEL_PROVIDERS] = platform.providers
         app[SETTINGS_SERVICE] = platform.settings_service
         app[AUTH] = Authenticator(settings, key_lookup(platform.db), platform.limiter)
+        app[SHUTDOWN] = platform.shutdown
         yield
+
+
+async def begin_shutdown(app: web.Application) -> None:
+    """The first on_shutdown hook: start the budget (unless the signal did) and count the
+    feeds that the feeds module's hook, next, closes."""
+    shutdown = app.get(SHUTDOWN)
+    if shutdown is None:  # the platform never opened
+        return
+    shutdown.begin()
+    if FEED_HUB in app:
+        shutdown.report.feeds_closed = app[FEED_HUB].connection_count
+
+
+async def stop_runtime(app: web.Application) -> None:
+    """The last on_shutdown hook: in-flight turns get what is left of the budget, and their
+    handlers an answer or a CommandInterrupted, before aiohttp drains the handlers."""
+    shutdown = app.get(SHUTDOWN)
+    if shutdown is not None:
+        await shutdown.stop_runtime()
 
 
 def create_app(
@@ -94,6 +126,8 @@ def create_app(
     app.cleanup_ctx.append(platform_ctx)
     app.on_response_prepare.append(add_security_headers)
     app.on_response_prepare.append(add_rate_limit_headers)
+    app.on_shutdown.append(begin_shutdown)
     for install in (*ROUTES, *extra_routes):
-        install(app)
+        install(app)  # gateway/feeds.py adds the hook that closes the feeds
+    app.on_shutdown.append(stop_runtime)
     return app

@@ -12,9 +12,12 @@ line, so both see the same wiring. Startup order:
 5. the default workspace (created through the workspace actor when missing);
 6. the projection runner and the background tasks (live settings, rate-limit pruning).
 
-Shutdown runs the same steps backwards: background tasks, the runtime (in-flight turns get
-`SVC_SHUTDOWN_GRACE_SEC`), projections (caught up to the head, then stopped), providers,
-the store, the embedded database.
+Shutdown runs the same steps backwards: background tasks, the runtime, projections (caught up
+to the head, then stopped), providers, the store, the embedded database. The runtime is stopped
+through `Platform.shutdown`, which holds the one budget of `SVC_SHUTDOWN_GRACE_SEC`: the
+server starts it at the signal and stops the runtime before draining its handlers
+(gateway/app.py), so the step here only waits for that same stop; `shutdown.report` is what
+the final log line of `svc serve` says.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from eventstore.tailer import LogTailer, SubscriberTooSlow
 from gateway.ratelimit import RateLimiter
 from gateway.secrets import DatabaseVault
 from gateway.settings import Settings, SettingsService, read_stored_settings
+from gateway.shutdown import PROJECTION_FLUSH_S, Shutdown, ShutdownReport, bounded
 from projections import PROJECTION_MIGRATIONS, ProjectionRunner, default_projectors
 from schemas.errors import Conflict
 from schemas.settings import INSTANCE_WORKSPACE_ID, SettingChanged, SettingUnset
@@ -64,9 +68,7 @@ log = logging.getLogger(__name__)
 GATEWAY_MIGRATIONS = MigrationSource("gateway", "gateway.migrations")
 MIGRATIONS = (STORE_MIGRATIONS, PROJECTION_MIGRATIONS, GATEWAY_MIGRATIONS, SHARD_MIGRATIONS)
 """Every migration source, the store's first (open_store_parts applies it itself)."""
-PROJECTION_FLUSH_S = 5.0
 PRUNE_EVERY_S = 300.0
-STOP_STEP_S = 10.0
 STORE_STOP_S = 25.0
 """Closing the store stops the sampler, the tailer and the notifier, then the pool (which
 gives borrowed connections 10 s before terminating them)."""
@@ -83,6 +85,7 @@ class Platform:
     providers: ProviderSet
     settings_service: SettingsService
     limiter: RateLimiter
+    shutdown: Shutdown
 
 
 def model_config(settings: Settings) -> ModelConfig:
@@ -118,24 +121,20 @@ async def _database_url(settings: Settings, stack: AsyncExitStack) -> str:
     return url
 
 
-async def open_store(settings: Settings, stack: AsyncExitStack) -> tuple[OpenedStore, str]:
-    """The store with its notifier and tailer, closed by `stack`; and the database URL."""
+async def open_store(
+    settings: Settings, stack: AsyncExitStack, report: ShutdownReport | None = None
+) -> tuple[OpenedStore, str]:
+    """The store with its notifier and tailer, closed by `stack`; and the database URL.
+    A close that overruns its deadline is noted in `report`."""
     dsn = await _database_url(settings, stack)
     opened = await open_store_parts(dsn, migrations=MIGRATIONS[1:])
-    stack.push_async_callback(bounded, "event store", opened.store.close, STORE_STOP_S)
+
+    async def close() -> None:
+        if not await bounded("event store", opened.store.close, STORE_STOP_S) and report:
+            report.overran.append("event store")
+
+    stack.push_async_callback(close)
     return opened, dsn
-
-
-async def bounded(
-    what: str, stop: Callable[[], Awaitable[object]], deadline_s: float = STOP_STEP_S
-) -> None:
-    """Run one shutdown step with a deadline: a step that hangs is logged and left behind,
-    so that the steps after it (closing the pool, stopping the database) still run."""
-    try:
-        async with asyncio.timeout(deadline_s):
-            await stop()
-    except TimeoutError:
-        log.error("stopping the %s took more than %.0f s; continuing shutdown", what, deadline_s)
 
 
 def behaviours(providers: ModelProvider) -> list[Behaviour[Any]]:
@@ -220,10 +219,11 @@ def _initial_workspaces(settings: Settings) -> list[str]:
     return out
 
 
-async def _flush_and_stop(runner: ProjectionRunner) -> None:
+async def _flush_and_stop(runner: ProjectionRunner, report: ShutdownReport) -> None:
     with contextlib.suppress(Exception):
         async with asyncio.timeout(PROJECTION_FLUSH_S):
             await runner.catch_up()
+            report.projections_flushed = True
     await runner.stop()
 
 
@@ -291,17 +291,19 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
     """Everything behind the gateway, opened in order and closed in reverse.
     `background=False` (the CLI) runs no projection loops and no watchers."""
     async with AsyncExitStack() as stack:
-        opened, dsn = await open_store(settings, stack)
+        report = ShutdownReport(settings.shutdown_grace_s)
+        opened, dsn = await open_store(settings, stack, report)
         store, notifier, tailer = opened.store, opened.notifier, opened.tailer
         vault = DatabaseVault(store.db)
         settings.load_stored(await read_stored_settings(store, vault))
         providers = ProviderSet.from_config(model_config(settings))
         stack.push_async_callback(providers.aclose)
         projections = ProjectionRunner(store.db, default_projectors(), notifier=notifier)
-        stack.push_async_callback(_flush_and_stop, projections)
+        stack.push_async_callback(_flush_and_stop, projections, report)
         runtime = _runtime(settings, dsn, store, providers)
         await runtime.start()
-        stack.push_async_callback(runtime.stop, settings.shutdown_grace_s)
+        shutdown = Shutdown(runtime, settings.shutdown_grace_s, report)
+        stack.push_async_callback(shutdown.stop_runtime)
         service = SettingsService(settings, runtime, store, vault)
         settings.on_live_change(_apply_live(settings, providers))
         for workspace in _initial_workspaces(settings):
@@ -312,5 +314,14 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
             _background(stack, _watch_settings(store, service), "svc-settings-watcher")
             _background(stack, _every(PRUNE_EVERY_S, limiter.prune), "svc-rate-limit-prune")
         yield Platform(
-            settings, store.db, store, tailer, runtime, projections, providers, service, limiter
+            settings,
+            store.db,
+            store,
+            tailer,
+            runtime,
+            projections,
+            providers,
+            service,
+            limiter,
+            shutdown,
         )

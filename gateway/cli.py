@@ -65,20 +65,27 @@ def _out(text: str = "", stream: TextIO | None = None) -> None:
 
 
 async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from gateway.app import create_app
+    """Serve until SIGTERM or SIGINT, then shut down within one grace (gateway/app.py has the
+    order): the budget of `SVC_SHUTDOWN_GRACE_SEC` for in-flight turns starts at the signal."""
+    from gateway.app import HANDLER_DRAIN_S, SHUTDOWN, create_app
 
-    runner = web.AppRunner(create_app(settings), shutdown_timeout=settings.shutdown_grace_s)
+    app = create_app(settings)
+    runner = web.AppRunner(app, shutdown_timeout=HANDLER_DRAIN_S)
     await runner.setup()  # opens the platform: stored settings apply from here on
     logging.getLogger().setLevel(settings.text("SVC_LOG_LEVEL").upper())
     host, port = settings.gateway_addr
+    shutdown = app[SHUTDOWN]
     try:
         await web.TCPSite(runner, host, port).start()
         log.info("svc listening on %s:%d", host or "*", port)
         await _until_signalled()
-        log.info("svc shutting down (grace %.0f s)", settings.shutdown_grace_s)
+        shutdown.begin()
+        log.info("svc shutting down: in-flight turns get %.0f s", shutdown.grace_s)
     finally:
+        stopping_since = asyncio.get_running_loop().time()
         await runner.cleanup()
-    log.info("svc stopped: turns finished, feeds closed, projections flushed, database closed")
+    took = asyncio.get_running_loop().time() - stopping_since
+    log.info("svc stopped in %.1f s: %s", took, shutdown.report.summary())
     return 0
 
 

@@ -1,0 +1,351 @@
+"""Graceful shutdown with chat turns in flight: one budget of SVC_SHUTDOWN_GRACE_SEC, then
+the turns still running are interrupted, recorded as failed, and their clients answered (a 503
+envelope, or an SSE error frame once the stream has started) instead of cut off.
+
+Real servers on loopback with a stub upstream that stalls: the app's own shutdown path
+(aiohttp's runner cleanup) in process, and `svc serve` as a subprocess stopped by SIGTERM.
+The only timing assertions are generous bounds (3x what shutdown should take)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, ClassVar
+
+import aiohttp
+import asyncpg
+import orjson
+import pytest
+from aiohttp import web
+from platform_support import issue_key, uid
+from pydantic import BaseModel
+
+from actors import ActivationTable, ActorContext, ActorKey, Behaviour, RuntimeStopping
+from actors.errors import CommandInterrupted
+from gateway.app import HANDLER_DRAIN_S, SHUTDOWN, create_app
+from gateway.settings import Settings
+from schemas.commands import Command
+from schemas.events import Event
+
+# Closing the store's LISTEN connection warns (asyncpg InterfaceWarning); under the suite's
+# warnings-as-errors that warning would abort the platform's shutdown (see test_feeds.py).
+pytestmark = pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")
+
+GRACE_S = 2.0
+MARGIN_S = 3.0
+"""What shutdown may take past the grace on this machine: record the interrupted turns, drain
+the handlers, flush projections, close the pool (well under a second when idle)."""
+CALL_TIMEOUT_S = 300
+"""The model call's own timeout: far longer than the test, so no turn ends on its own."""
+MODEL = "stub-model"
+CHAT = "/v1/chat/completions"
+HELLO = [{"role": "user", "content": "hello, slow model"}]
+
+
+def _settings(database_url: str, upstream: str, tmp_path: Path) -> Settings:
+    return Settings(
+        {
+            "SVC_DATABASE_URL": database_url,
+            "SVC_DATA_DIR": str(tmp_path),
+            "SVC_LLM_GATEWAY_URL": upstream,
+            "SVC_LLM_MODEL": MODEL,
+            "SVC_LLM_RETRIES": "0",
+            "SVC_LLM_CALL_TIMEOUT_S": str(CALL_TIMEOUT_S),
+            "SVC_SHUTDOWN_GRACE_SEC": str(int(GRACE_S)),
+        }
+    )
+
+
+class StallingUpstream:
+    """An OpenAI-compatible model server that never finishes an answer: a JSON call gets
+    nothing, a streaming call its first chunk. Its handlers end when the test leaves."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._called = asyncio.Event()
+        self._release = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        self.calls += 1
+        self._called.set()
+        body = await request.json()
+        if not body.get("stream"):
+            await self._release.wait()
+            raise web.HTTPServiceUnavailable()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        chunk = {
+            "id": "chatcmpl-stall",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": MODEL,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": "Hel"},
+                    "finish_reason": None,
+                }
+            ],
+        }
+        await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await self._release.wait()
+        return resp
+
+    async def until_calls(self, calls: int) -> None:
+        """Wait until the turns have reached the model, so they are in flight."""
+        async with asyncio.timeout(30):
+            while self.calls < calls:
+                self._called.clear()
+                await self._called.wait()
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[StallingUpstream]:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.base_url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/v1"
+        try:
+            yield self
+        finally:
+            self._release.set()
+            await self._runner.cleanup()
+
+
+async def _turn_failures(database_url: str) -> list[str]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT data->>'error_code' AS code FROM events "
+            "WHERE type = 'conversation.turn_failed' ORDER BY position"
+        )
+    finally:
+        await conn.close()
+    return [row["code"] for row in rows]
+
+
+def _sse_payloads(raw: bytes) -> list[Any]:
+    payloads: list[Any] = []
+    for frame in raw.decode().split("\n\n"):
+        data = [line[6:] for line in frame.splitlines() if line.startswith("data: ")]
+        if data:
+            text = "\n".join(data)
+            payloads.append(text if text == "[DONE]" else orjson.loads(text))
+    return payloads
+
+
+async def _post(
+    http: aiohttp.ClientSession, url: str, key: str, body: dict[str, Any]
+) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with http.post(url + CHAT, json=body, headers=headers) as resp:
+        return resp.status, await resp.read()
+
+
+def _interrupted(status: int, raw: bytes) -> None:
+    assert status == 503, raw
+    error = orjson.loads(raw)["error"]
+    assert error["code"] == "interrupted" and error["type"] == "server_error", error
+    assert "new Idempotency-Key" in error["message"]
+
+
+async def test_shutdown_answers_in_flight_turns_and_records_them(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with StallingUpstream().running() as stub:
+        app = create_app(_settings(database_url, stub.base_url, tmp_path))
+        runner = web.AppRunner(app, shutdown_timeout=HANDLER_DRAIN_S)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        key, _ = await issue_key(app, uid("ws-"), ("chat",))
+        async with aiohttp.ClientSession() as http:
+            json_reply = asyncio.create_task(
+                _post(http, url, key, {"model": MODEL, "messages": HELLO})
+            )
+            stream_reply = asyncio.create_task(
+                _post(http, url, key, {"model": MODEL, "messages": HELLO, "stream": True})
+            )
+            await stub.until_calls(2)
+            started = time.monotonic()
+            await runner.cleanup()
+            took = time.monotonic() - started
+            # Both handlers wrote their answer before the server closed their connections.
+            _interrupted(*await json_reply)
+            status, raw = await stream_reply
+    assert status == 200, raw
+    payloads = _sse_payloads(raw)
+    # The stream had started: the text so far, then the error object, and no [DONE].
+    assert payloads[0]["choices"][0]["delta"]["content"] == "Hel", payloads
+    error = payloads[-1]["error"]
+    assert error["code"] == "interrupted" and "new Idempotency-Key" in error["message"]
+    assert "[DONE]" not in payloads
+    assert took < 3 * (GRACE_S + MARGIN_S), f"shutdown took {took:.1f} s"
+    report = app[SHUTDOWN].report
+    assert report.runtime_stopped and report.commands is not None
+    assert (report.commands.interrupted, report.commands.refused) == (2, 0)
+    summary = report.summary()
+    assert "2 interrupted" in summary and "0 feeds closed" in summary, summary
+    assert await _turn_failures(database_url) == ["interrupted", "interrupted"]
+
+
+# --- the activation table's stop -----------------------------------------------------------
+
+
+class Pause(Command):
+    seconds: float
+
+
+class Nothing(BaseModel):
+    pass
+
+
+class PauseBehaviour(Behaviour[Nothing]):
+    """Sleeps as long as each command says (no events, so the table needs no store)."""
+
+    kind: ClassVar[str] = "pause"
+    state_type: ClassVar[type[BaseModel]] = Nothing
+
+    def initial_state(self, key: ActorKey) -> Nothing:
+        return Nothing()
+
+    def decide(self, state: Nothing, command: Command) -> Sequence[Event]:
+        return []
+
+    def evolve(self, state: Nothing, event: Event) -> Nothing:
+        return state
+
+    async def handle(self, ctx: ActorContext[Nothing], command: Command) -> AsyncIterator[Any]:
+        assert isinstance(command, Pause)
+        await asyncio.sleep(command.seconds)
+        yield command.command_id
+
+
+async def test_table_stop_counts_what_it_did_with_the_work_in_flight() -> None:
+    table = ActivationTable(None, [PauseBehaviour()])
+    await table.start()
+    assert table.last_stop is None
+    quick, stuck = ActorKey("pause", "quick"), ActorKey("pause", "stuck")
+    done = table.submit(quick, Pause(command_id="quick", workspace_id="w", seconds=0.05))
+    cut = table.submit(stuck, Pause(command_id="stuck", workspace_id="w", seconds=600))
+    queued = table.submit(stuck, Pause(command_id="queued", workspace_id="w", seconds=0))
+    await asyncio.sleep(0)  # both workers have taken their first command
+    await table.stop(deadline_s=1.0)
+    assert await done.last() == "quick"
+    with pytest.raises(CommandInterrupted) as interrupted:
+        await cut.last()
+    assert interrupted.value.code == "interrupted" and interrupted.value.http_status == 503
+    # The ray runtime raises it in a host process and again in the caller.
+    copy = pickle.loads(pickle.dumps(interrupted.value))
+    assert type(copy) is CommandInterrupted and copy.code == "interrupted"
+    with pytest.raises(RuntimeStopping) as refused:
+        await queued.last()
+    assert refused.value.code == "runtime_stopping"
+    summary = table.last_stop
+    assert summary is not None
+    assert (summary.finished, summary.interrupted, summary.refused) == (1, 1, 1)
+
+
+# --- `svc serve` and SIGTERM -------------------------------------------------------------------
+
+SVC = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _env(database_url: str, upstream: str, tmp_path: Path, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SVC_")}
+    settings = {
+        "SVC_DATABASE_URL": database_url,
+        "SVC_DATA_DIR": str(tmp_path),
+        "SVC_LLM_GATEWAY_URL": upstream,
+        "SVC_LLM_MODEL": MODEL,
+        "SVC_LLM_RETRIES": "0",
+        "SVC_LLM_CALL_TIMEOUT_S": str(CALL_TIMEOUT_S),
+        "SVC_SHUTDOWN_GRACE_SEC": str(int(GRACE_S)),
+        "SVC_GATEWAY_ADDR": f"127.0.0.1:{port}",
+    }
+    return {**env, **settings}
+
+
+async def _wait_healthy(url: str, server: asyncio.subprocess.Process) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            assert server.returncode is None, "svc serve exited early"
+            try:
+                async with http.get(url + "/healthz") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError("svc serve did not become healthy")
+
+
+async def test_sigterm_answers_in_flight_turns_within_one_grace(
+    database_url: str, tmp_path: Path
+) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "serve.log"
+    async with StallingUpstream().running() as stub:
+        env = _env(database_url, stub.base_url, tmp_path, port)
+        with log_path.open("wb") as log_file:
+            server = await asyncio.create_subprocess_exec(
+                *SVC, "serve", env=env, stdout=log_file, stderr=log_file, cwd=ROOT
+            )
+            try:
+                await _wait_healthy(url, server)
+                created = await asyncio.to_thread(
+                    subprocess.run,
+                    [*SVC, "apikeys", "create", "--scopes", "chat"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=180,
+                    cwd=ROOT,
+                )
+                assert created.returncode == 0, created.stderr
+                key = created.stdout.strip()
+                async with aiohttp.ClientSession() as http:
+                    reply = asyncio.create_task(
+                        _post(http, url, key, {"model": MODEL, "messages": HELLO})
+                    )
+                    await stub.until_calls(1)
+                    server.send_signal(signal.SIGTERM)
+                    signalled = time.monotonic()
+                    _interrupted(*await reply)
+                    async with asyncio.timeout(60):
+                        await server.wait()
+                    took = time.monotonic() - signalled
+            finally:
+                if server.returncode is None:
+                    server.kill()
+                    await server.wait()
+    log = log_path.read_text(errors="replace")
+    assert server.returncode == 0, log
+    assert took < 3 * (GRACE_S + MARGIN_S), f"exit {took:.1f} s after SIGTERM\n{log}"
+    stopped = next(line for line in log.splitlines() if "svc stopped in" in line)
+    assert "0 in-flight commands" in stopped and "1 interrupted" in stopped, stopped
+    assert "0 feeds closed" in stopped, stopped
+    assert await _turn_failures(database_url) == ["interrupted"]
