@@ -4,6 +4,7 @@ the session's PostgreSQL, and keys issued through the workspace actor."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -31,6 +32,28 @@ STORE_BOOM = "/test/store-boom"
 
 def uid(prefix: str = "") -> str:
     return prefix + uuid.uuid4().hex[:10]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def wait_healthy(base: str, server: asyncio.subprocess.Process) -> None:
+    """Poll `svc serve` (a subprocess) until /healthz answers; fail if it exits first."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            assert server.returncode is None, "svc serve exited early"
+            try:
+                async with http.get(base + "/healthz") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError("svc serve did not become healthy")
 
 
 def settings_for(database_url: str, **env: str) -> Settings:

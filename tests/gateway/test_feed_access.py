@@ -201,6 +201,17 @@ def browser() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
 
 
+async def open_session_feed(
+    service: Service, session: aiohttp.ClientSession, path: str
+) -> tuple[aiohttp.ClientResponse, SseReader]:
+    """A feed opened with the session's cookie, past its first frame (the retry advice)."""
+    resp = await session.get(service.url(path), params={"start": "latest"})
+    assert resp.status == 200, await resp.text()
+    reader = SseReader(resp)
+    await reader.frame()
+    return resp, reader
+
+
 async def test_logging_out_closes_a_session_feed(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -210,10 +221,7 @@ async def test_logging_out_closes_a_session_feed(
     admin = await service.issue_key(ws)
     async with browser() as session:
         _, csrf = await sign_in_member(service, session, ws, admin)
-        resp = await session.get(service.url(WEB), params={"start": "latest"})
-        assert resp.status == 200, await resp.text()
-        reader = SseReader(resp)
-        await reader.frame()
+        resp, reader = await open_session_feed(service, session, WEB)
         await service.start_conversation(ws, "seen by the member")
         (seen,) = await reader.events(1)
         logout = await session.post(
@@ -234,10 +242,7 @@ async def test_losing_the_right_closes_a_session_feed(
     admin = await service.issue_key(ws)
     async with browser() as session:
         user_id, _ = await sign_in_member(service, session, ws, admin)
-        resp = await session.get(service.url(EVENTS), params={"start": "latest"})
-        assert resp.status == 200, await resp.text()
-        reader = SseReader(resp)
-        await reader.frame()
+        resp, reader = await open_session_feed(service, session, EVENTS)
         unbound = await service.http.delete(
             service.url(f"/v1/admin/users/{user_id}/roles/member"), headers=service.auth(admin)
         )

@@ -12,7 +12,6 @@ import asyncio
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ import asyncpg
 import orjson
 import pytest
 from aiohttp import web
-from platform_support import issue_key, uid
+from platform_support import free_port, issue_key, uid, wait_healthy
 from pydantic import BaseModel
 
 from actors import ActivationTable, ActorContext, ActorKey, Behaviour, RuntimeStopping
@@ -51,18 +50,20 @@ CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello, slow model"}]
 
 
+def _config(database_url: str, upstream: str, tmp_path: Path) -> dict[str, str]:
+    return {
+        "SVC_DATABASE_URL": database_url,
+        "SVC_DATA_DIR": str(tmp_path),
+        "SVC_LLM_GATEWAY_URL": upstream,
+        "SVC_LLM_MODEL": MODEL,
+        "SVC_LLM_RETRIES": "0",
+        "SVC_LLM_CALL_TIMEOUT_S": str(CALL_TIMEOUT_S),
+        "SVC_SHUTDOWN_GRACE_SEC": str(int(GRACE_S)),
+    }
+
+
 def _settings(database_url: str, upstream: str, tmp_path: Path) -> Settings:
-    return Settings(
-        {
-            "SVC_DATABASE_URL": database_url,
-            "SVC_DATA_DIR": str(tmp_path),
-            "SVC_LLM_GATEWAY_URL": upstream,
-            "SVC_LLM_MODEL": MODEL,
-            "SVC_LLM_RETRIES": "0",
-            "SVC_LLM_CALL_TIMEOUT_S": str(CALL_TIMEOUT_S),
-            "SVC_SHUTDOWN_GRACE_SEC": str(int(GRACE_S)),
-        }
-    )
+    return Settings(_config(database_url, upstream, tmp_path))
 
 
 class StallingUpstream:
@@ -266,46 +267,16 @@ SVC = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _env(database_url: str, upstream: str, tmp_path: Path, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SVC_")}
-    settings = {
-        "SVC_DATABASE_URL": database_url,
-        "SVC_DATA_DIR": str(tmp_path),
-        "SVC_LLM_GATEWAY_URL": upstream,
-        "SVC_LLM_MODEL": MODEL,
-        "SVC_LLM_RETRIES": "0",
-        "SVC_LLM_CALL_TIMEOUT_S": str(CALL_TIMEOUT_S),
-        "SVC_SHUTDOWN_GRACE_SEC": str(int(GRACE_S)),
-        "SVC_GATEWAY_ADDR": f"127.0.0.1:{port}",
-    }
-    return {**env, **settings}
-
-
-async def _wait_healthy(url: str, server: asyncio.subprocess.Process) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(600):
-            assert server.returncode is None, "svc serve exited early"
-            try:
-                async with http.get(url + "/healthz") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError("svc serve did not become healthy")
+    config = _config(database_url, upstream, tmp_path)
+    return {**env, **config, "SVC_GATEWAY_ADDR": f"127.0.0.1:{port}"}
 
 
 async def test_sigterm_answers_in_flight_turns_within_one_grace(
     database_url: str, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "serve.log"
     async with StallingUpstream().running() as stub:
@@ -315,7 +286,7 @@ async def test_sigterm_answers_in_flight_turns_within_one_grace(
                 *SVC, "serve", env=env, stdout=log_file, stderr=log_file, cwd=ROOT
             )
             try:
-                await _wait_healthy(url, server)
+                await wait_healthy(url, server)
                 created = await asyncio.to_thread(
                     subprocess.run,
                     [*SVC, "apikeys", "create", "--scopes", "chat"],

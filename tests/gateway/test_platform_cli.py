@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from subprocess import PIPE
 
 import aiohttp
 import pytest
+from platform_support import free_port, wait_healthy
 
 SVC = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
 KEY = re.compile(r"svc_[A-Za-z0-9_\-]{40}")
@@ -93,27 +93,6 @@ def test_settings_commands_mask_secrets(data_dir: Path) -> None:
     assert got.stdout.startswith("SVC_INBOUND_SECRET=********")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-async def _wait_healthy(base: str, server: asyncio.subprocess.Process) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(300):
-            assert server.returncode is None, "svc serve exited early"
-            try:
-                async with http.get(base + "/healthz") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError("svc serve did not become healthy")
-
-
 async def _run(data_dir: Path, *args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         *SVC, *args, env=_env(data_dir), stdout=PIPE, stderr=PIPE
@@ -123,7 +102,7 @@ async def _run(data_dir: Path, *args: str) -> tuple[int, str, str]:
 
 
 async def test_key_created_while_the_server_runs_works_at_once(data_dir: Path) -> None:
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = data_dir / "serve.log"
     with log_path.open("wb") as log_file:
@@ -135,7 +114,7 @@ async def test_key_created_while_the_server_runs_works_at_once(data_dir: Path) -
             stderr=log_file,
         )
         try:
-            await _wait_healthy(base, server)
+            await wait_healthy(base, server)
             code, out, err = await _run(
                 data_dir, "apikeys", "create", "--scopes", "*", "--workspace", "w2"
             )
