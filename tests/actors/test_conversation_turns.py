@@ -182,7 +182,7 @@ async def test_failing_provider_records_turn_failed_and_reraises(
 
 
 async def test_a_retried_failure_keeps_the_status_of_its_first_attempt(
-    make_runtime: MakeRuntime,
+    make_runtime: MakeRuntime, store: PostgresEventStore
 ) -> None:
     """A timed-out turn is a 504; its retry (same command id) answers 504 again, not the
     502 of an upstream's refusal."""
@@ -191,6 +191,7 @@ async def test_a_retried_failure_keeps_the_status_of_its_first_attempt(
     cid, command = uuid.uuid4().hex, run_turn()
     with pytest.raises(UpstreamTimeout):
         await runtime.ask(conversation_key(cid), command)
+    recorded = await store.read_stream(conversation_key(cid).stream_id)
     with pytest.raises(RecordedTurnFailure) as raised:
         await runtime.ask(conversation_key(cid), command)
     retried = raised.value
@@ -199,7 +200,10 @@ async def test_a_retried_failure_keeps_the_status_of_its_first_attempt(
         UpstreamTimeout.error_type,
         "ErrCallTimeout",
     )
-    assert "over the 3s budget" in retried.message and timing_out.calls == 1
+    assert "over the 3s budget" in retried.message
+    # Nothing more recorded: the model was not called again (under the ray runtime the
+    # provider runs in a host process, so the log is what the test can see).
+    assert len(await store.read_stream(conversation_key(cid).stream_id)) == len(recorded)
 
 
 async def test_unknown_model_is_refused_before_anything_is_recorded(
