@@ -129,11 +129,7 @@ async def open_store(
     dsn = await _database_url(settings, stack)
     opened = await open_store_parts(dsn, migrations=MIGRATIONS[1:])
 
-    async def close() -> None:
-        if not await bounded("event store", opened.store.close, STORE_STOP_S) and report:
-            report.overran.append("event store")
-
-    stack.push_async_callback(close)
+    stack.push_async_callback(bounded, "event store", opened.store.close, STORE_STOP_S, report)
     return opened, dsn
 
 

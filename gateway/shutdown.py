@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 PROJECTION_FLUSH_S = 5.0
 """How long the projections get to catch up with the log before they stop."""
 STOP_STEP_S = 10.0
+"""The deadline of a shutdown step that names none of its own."""
 RUNTIME_STOP_MARGIN_S = INTERRUPT_RECORD_S + 5.0
 """Past the grace, the most the runtime's stop may take: cancelled turns record their failure
 (the table bounds that), actors save their snapshots. A stop that hangs longer is left behind."""
@@ -108,29 +109,33 @@ class Shutdown:
         # skip the rest of the shutdown (closing the store, stopping the database).
         remaining = self.remaining_s()
         stop = partial(self._runtime.stop, remaining)
+        deadline_s = remaining + RUNTIME_STOP_MARGIN_S
         try:
-            stopped = await bounded("actor runtime", stop, remaining + RUNTIME_STOP_MARGIN_S)
+            stopped = await bounded("actor runtime", stop, deadline_s, self.report)
         except Exception:
             log.exception("stopping the actor runtime failed; continuing shutdown")
             self.report.failed.append("actor runtime")
         else:
             self.report.runtime_stopped = stopped
-            if not stopped:
-                self.report.overran.append("actor runtime")
         if isinstance(self._runtime, LocalRuntime):
             self.report.commands = self._runtime.last_stop
 
 
 async def bounded(
-    what: str, stop: Callable[[], Awaitable[object]], deadline_s: float = STOP_STEP_S
+    what: str,
+    stop: Callable[[], Awaitable[object]],
+    deadline_s: float = STOP_STEP_S,
+    report: ShutdownReport | None = None,
 ) -> bool:
-    """Run one shutdown step with a deadline: a step that hangs is logged and left behind,
-    so that the steps after it (closing the pool, stopping the database) still run. False
-    when it was left behind."""
+    """Run one shutdown step with a deadline: a step that hangs is logged (and noted in
+    `report`) and left behind, so that the steps after it (closing the pool, stopping the
+    database) still run. False when it was left behind."""
     try:
         async with asyncio.timeout(deadline_s):
             await stop()
     except TimeoutError:
         log.error("stopping the %s took more than %.0f s; continuing shutdown", what, deadline_s)
+        if report is not None:
+            report.overran.append(what)
         return False
     return True
