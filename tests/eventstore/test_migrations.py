@@ -15,7 +15,7 @@ from eventstore.db import Database
 from eventstore.errors import StoreError
 from eventstore.migrate import STORE_MIGRATIONS, MigrationSource, apply_migrations
 from eventstore.records import NewEvent
-from eventstore.store import check_xid_horizon
+from eventstore.store import PostgresEventStore, check_xid_horizon
 
 STORE_LABELS = [
     "eventstore/0001_event_store",
@@ -24,6 +24,7 @@ STORE_LABELS = [
     "eventstore/0004_append_precomputed",
     "eventstore/0005_append_batch",
     "eventstore/0006_append_set",
+    "eventstore/0007_log_order_key",
 ]
 
 
@@ -82,11 +83,50 @@ async def test_concurrent_runs_on_a_fresh_database_apply_each_migration_once(
             ("eventstore", 4, "append_precomputed"),
             ("eventstore", 5, "append_batch"),
             ("eventstore", 6, "append_set"),
+            ("eventstore", 7, "log_order_key"),
         ]
         assert await apply_migrations(dbs[1], [STORE_MIGRATIONS]) == []
     finally:
         for d in dbs:
             await d.close()
+
+
+async def test_a_log_written_before_the_order_key_reads_the_same_after_it(
+    db: Database, tmp_path: Path, make_source: type[MigrationSource]
+) -> None:
+    # The store as it was before migration 0007: its first six files, in its namespace.
+    earlier = {
+        f"{m.version:04d}_{m.name}.sql": m.sql
+        for m in STORE_MIGRATIONS.migrations()
+        if m.version < 7
+    }
+    package = write_package(tmp_path, earlier).package
+    await apply_migrations(db, [make_source("eventstore", package)])
+    store = PostgresEventStore(db)
+    for n in range(30):
+        events = [NewEvent("t", {"n": n, "k": k}) for k in range(3)]
+        await store.append(
+            f"s-{n % 4}", events, expected_version=None, command_id=f"c{n}", workspace_id="w"
+        )
+    before = await store.read_all(limit=1000)
+
+    assert await apply_migrations(db, [STORE_MIGRATIONS]) == ["eventstore/0007_log_order_key"]
+
+    assert [(e.event_id, e.tx, e.position) for e in await store.read_all(limit=1000)] == [
+        (e.event_id, e.tx, e.position) for e in before
+    ]
+    async with db.acquire() as conn:
+        key = await conn.fetchval(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conrelid = 'events'::regclass AND contype = 'p'"
+        )
+    assert key == 'PRIMARY KEY (tx, "position")'
+    appended = NewEvent("t", {})
+    await store.append(
+        "s-0", [appended], expected_version=None, command_id="c-after", workspace_id="w"
+    )
+    newer = await store.read_all(after=before[-1].cursor)
+    assert [e.event_id for e in newer] == [appended.event_id]
 
 
 async def test_sources_apply_in_order_and_a_failing_migration_leaves_no_trace(
