@@ -20,6 +20,7 @@ import asyncio
 import multiprocessing as mp
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from pg_support import create_database, drop_database, durability, server
@@ -32,13 +33,15 @@ from eventstore.store import PostgresEventStore
 
 async def _writers(
     dsn: str, writers: int, batch: int, start_at: float, duration_s: float, tag: str, lanes: int
-) -> int:
+) -> tuple[int, float]:
+    """Events appended in the round, and the CPU seconds this client process spent on it."""
     db = await Database.connect(dsn, min_size=writers, max_size=writers)
     store = PostgresEventStore(db, append_lanes=lanes)
     done = 0
     # Every process starts at the same wall-clock instant, after its pool is connected.
     await asyncio.sleep(max(0.0, start_at - time.time()))
     deadline = time.perf_counter() + duration_s
+    cpu_start = time.process_time()
 
     async def writer(w: int) -> None:
         nonlocal done
@@ -58,9 +61,10 @@ async def _writers(
 
     try:
         await asyncio.gather(*(writer(w) for w in range(writers)))
+        cpu = time.process_time() - cpu_start
     finally:
         await db.close()
-    return done
+    return done, cpu
 
 
 def _proc_main(
@@ -76,9 +80,16 @@ def _proc_main(
     out.put(asyncio.run(_writers(dsn, writers, batch, start_at, duration_s, tag, lanes)))
 
 
+@dataclass(frozen=True)
+class Round:
+    events_per_s: float
+    client_cpu_us_per_event: float
+    """CPU time of the client processes (building events, encoding, the driver) per event."""
+
+
 def run_round(
     dsn: str, writers: int, batch: int, duration_s: float, procs: int, lanes: int
-) -> float:
+) -> Round:
     """Events per second with `writers` concurrent appenders spread over `procs` processes."""
     procs = max(1, min(procs, writers))
     share = [writers // procs + (1 if p < writers % procs else 0) for p in range(procs)]
@@ -95,10 +106,12 @@ def run_round(
     ]
     for w in workers:
         w.start()
-    total = sum(int(out.get()) for _ in workers)
+    outcomes = [out.get() for _ in workers]
     for w in workers:
         w.join()
-    return total / duration_s
+    events = sum(done for done, _ in outcomes)
+    cpu = sum(cpu for _, cpu in outcomes)
+    return Round(events / duration_s, 1e6 * cpu / events if events else float("nan"))
 
 
 _STARTUP_S = 3.0
@@ -135,13 +148,17 @@ def main() -> None:
                   f"{duration:.0f} s per round, {args.procs} client processes, "
           f"{args.lanes} appends in flight per process")  # fmt: skip
             for writers in (1, 8, 32, 64) if args.only != "batch" else ():
-                rate = run_round(dsn, writers, 1, duration, args.procs, args.lanes)
+                r = run_round(dsn, writers, 1, duration, args.procs, args.lanes)
                 target = "  (target >= 8,000/s)" if writers == 32 else ""
-                print(f"single-event appends, {writers:>2} writers: {rate:>9,.0f}/s{target}")
-            for writers in (8, 32) if args.only != "single" else ():
-                rate = run_round(dsn, writers, 10, duration, args.procs, args.lanes)
                 print(
-                    f"batches of 10 events,  {writers:>2} writers: {rate:>9,.0f} events/s"
+                    f"single-event appends, {writers:>2} writers: {r.events_per_s:>9,.0f}/s  "
+                    f"client CPU {r.client_cpu_us_per_event:5.1f} us/event{target}"
+                )
+            for writers in (8, 32) if args.only != "single" else ():
+                r = run_round(dsn, writers, 10, duration, args.procs, args.lanes)
+                print(
+                    f"batches of 10 events,  {writers:>2} writers: {r.events_per_s:>9,.0f} "
+                    f"events/s  client CPU {r.client_cpu_us_per_event:5.1f} us/event"
                     "  (target >= 50,000 events/s)"
                 )
         finally:
