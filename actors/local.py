@@ -59,12 +59,8 @@ class LocalRuntime:
     async def start(self) -> None:
         await self._table.start()
 
-    async def stop(self, deadline_s: float = 10.0) -> None:
+    async def stop(self, deadline_s: float = 10.0) -> StopSummary | None:
         await self._table.stop(deadline_s)
-
-    @property
-    def last_stop(self) -> StopSummary | None:
-        """What the last `stop` did with the commands in flight (see ActivationTable.stop)."""
         return self._table.last_stop
 
     async def stats(self) -> TableStats:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from actors.behaviour import ActorKey
+from actors.table import StopSummary
 from schemas.commands import Command
 
 
@@ -24,7 +25,8 @@ class ActorRuntime(Protocol):
 
     async def start(self) -> None: ...
 
-    async def stop(self, deadline_s: float = 10.0) -> None:
+    async def stop(self, deadline_s: float = 10.0) -> StopSummary | None:
         """Stop taking commands, let running ones finish up to the deadline, fail the rest
-        with `RuntimeStopping`, snapshot and passivate every active actor."""
+        with `RuntimeStopping`, snapshot and passivate every active actor. Returns what
+        became of the commands in flight when they ran in this process, else None."""
         ...

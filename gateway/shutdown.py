@@ -13,9 +13,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import partial
 
-from actors.local import LocalRuntime
 from actors.runtime import ActorRuntime
 from actors.table import INTERRUPT_RECORD_S, StopSummary
 
@@ -108,7 +106,10 @@ class Shutdown:
         # Never raises: it runs in an aiohttp on_shutdown hook, and a failure there would
         # skip the rest of the shutdown (closing the store, stopping the database).
         remaining = self.remaining_s()
-        stop = partial(self._runtime.stop, remaining)
+
+        async def stop() -> None:
+            self.report.commands = await self._runtime.stop(remaining)
+
         deadline_s = remaining + RUNTIME_STOP_MARGIN_S
         try:
             stopped = await bounded("actor runtime", stop, deadline_s, self.report)
@@ -117,8 +118,6 @@ class Shutdown:
             self.report.failed.append("actor runtime")
         else:
             self.report.runtime_stopped = stopped
-        if isinstance(self._runtime, LocalRuntime):
-            self.report.commands = self._runtime.last_stop
 
 
 async def bounded(

@@ -247,7 +247,8 @@ class RayRuntime:
     async def stop(self, deadline_s: float = 10.0) -> None:
         """Stop routing. When this runtime owns the hosts (`stop_hosts`), stop them too:
         running commands finish to the deadline, queued ones fail with RuntimeStopping, every
-        active actor is snapshotted; then the host processes are ended."""
+        active actor is snapshotted; then the host processes are ended. Returns None: the
+        commands ran in the hosts, which log what became of them."""
         self._accepting = False
         self._stopped = True
         for task in (self._supervisor, self._watcher):
