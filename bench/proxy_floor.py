@@ -16,9 +16,10 @@ It serves `POST /v1/chat/completions` only.
 `--record` adds the least a gateway that records turns durably must do: before forwarding,
 one append of two events (the user message and the turn start) to a new stream, and after
 the answer, one append of the outcome, each through the real `PostgresEventStore` with
-durable commits, on a throw-away embedded PostgreSQL (or `--database-url`). No actor, no
-projection, no validation, no authentication: its requests/s bound what SVC can reach with
-the two durable appends per turn that the chat issue asks for.
+durable commits, in a throw-away database on an embedded PostgreSQL (or on the server
+`SVC_BENCH_DATABASE_URL` names). No actor, no projection, no validation, no authentication:
+its requests/s bound what SVC can reach with the two durable appends per turn that the chat
+issue asks for.
 """
 
 from __future__ import annotations
