@@ -60,8 +60,7 @@ class LocalRuntime:
         await self._table.start()
 
     async def stop(self, deadline_s: float = 10.0) -> StopSummary | None:
-        await self._table.stop(deadline_s)
-        return self._table.last_stop
+        return await self._table.stop(deadline_s)
 
     async def stats(self) -> TableStats:
         return self._table.stats()

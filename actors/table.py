@@ -232,7 +232,6 @@ class ActivationTable:
         self._reaper: asyncio.Task[None] | None = None
         self._accepting = False
         self._stopped = False
-        self._last_stop: StopSummary | None = None
         self._passivations_idle = 0
         self._passivations_lru = 0
         self._processed = 0
@@ -252,11 +251,11 @@ class ActivationTable:
         self._stopped = False
         self._reaper = asyncio.create_task(self._reap_idle(), name="actor-table-reaper")
 
-    async def stop(self, deadline_s: float = 10.0) -> None:
+    async def stop(self, deadline_s: float = 10.0) -> StopSummary:
         """Refuse new commands, fail queued ones, let running ones finish until the deadline
         (then cancel them: their callers get CommandInterrupted), snapshot and passivate every
-        active actor. Takes at most `deadline_s + INTERRUPT_RECORD_S`; `last_stop` says what
-        happened to the work in flight."""
+        active actor. Takes at most `deadline_s + INTERRUPT_RECORD_S`; returns what happened
+        to the work in flight."""
         self._accepting = False
         self._stopped = True
         ended_before = self._processed + self._failed
@@ -275,16 +274,17 @@ class ActivationTable:
         await self._wait_closing(max(0.0, deadline_s))
         interrupted = self._interrupted - interrupted_before
         ended = self._processed + self._failed - ended_before
-        self._last_stop = StopSummary(ended - interrupted, interrupted, refused)
+        summary = StopSummary(ended - interrupted, interrupted, refused)
         if interrupted or refused:
             log.warning(
                 "actor table stopped: %d commands in flight finished within the %.0f s "
                 "deadline, %d interrupted, %d queued refused",
-                ended - interrupted,
+                summary.finished,
                 deadline_s,
                 interrupted,
                 refused,
             )
+        return summary
 
     async def _wait_closing(self, deadline_s: float) -> None:
         tasks = [t for t in self._closing if not t.done()]
@@ -297,11 +297,6 @@ class ActivationTable:
             # A cancelled turn records its failure on the way out: give that one short
             # append a bounded grace period.
             await asyncio.wait(running, timeout=INTERRUPT_RECORD_S)
-
-    @property
-    def last_stop(self) -> StopSummary | None:
-        """What the last `stop` did; None before the first."""
-        return self._last_stop
 
     # --- commands -----------------------------------------------------------------------
 
