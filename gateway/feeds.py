@@ -47,7 +47,7 @@ from gateway.openapi import document
 from gateway.sse import open_sse, send_retry
 from gateway.state import AUTH, STORE, TAILER, Principal
 from schemas.admin import FeedEvent, FeedQuery
-from schemas.errors import InvalidInput, RateLimited
+from schemas.errors import InvalidInput
 
 __all__ = [
     "EVENTS_FEED",
@@ -208,11 +208,8 @@ def credential(request: web.Request, spec: FeedSpec) -> Credential:
         fresh = request.clone()
         for name in list(fresh):
             del fresh[name]  # the principal resolved when the feed opened, and its marks
-        fresh[RECHECK] = True
-        try:
-            await _authorize(fresh, spec)
-        except RateLimited:
-            pass  # the key is still valid; the feed was admitted when it opened
+        fresh[RECHECK] = True  # not counted against the key's rate: it was, when it opened
+        await _authorize(fresh, spec)
 
     headers = request.headers
     key = (spec.name, headers.get("Authorization", ""), headers.get("Cookie", ""))
