@@ -53,7 +53,7 @@ from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
 from gateway.auth import CHAT_PATH, CHAT_SCOPE, authenticate, require_scope
-from gateway.errors import read_json
+from gateway.errors import error_body, read_json
 from gateway.openapi import document
 from gateway.sse import open_sse, send_event
 from gateway.state import DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
@@ -519,8 +519,7 @@ class _ChunkSender:
         await self._send(b"[DONE]")
 
     async def error(self, message: str, error_type: str, code: str | None) -> None:
-        body = {"error": {"message": message, "type": error_type, "code": code}}
-        await self._send(orjson.dumps(body))
+        await self._send(orjson.dumps(error_body(message, error_type, code)))
 
     async def close(self) -> None:
         if self.client_gone:

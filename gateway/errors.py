@@ -41,10 +41,15 @@ _HTTP_CODES: dict[int, tuple[str, str]] = {
 }
 
 
+def error_body(message: str, error_type: str, code: str | None) -> dict[str, Any]:
+    """The spec's error object, wherever one is sent: a response, an SSE frame, a redirect."""
+    return {"error": {"message": message, "type": error_type, "code": code}}
+
+
 def envelope(status: int, message: str, error_type: str, code: str | None) -> web.Response:
     HTTP_ERRORS.labels(status=str(status)).inc()
-    body = {"error": {"message": message, "type": error_type, "code": code}}
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+    body = orjson.dumps(error_body(message, error_type, code))
+    return web.Response(status=status, body=body, content_type="application/json")
 
 
 def describe_validation(exc: ValidationError) -> str:

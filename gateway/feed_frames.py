@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from eventstore.records import RecordedEvent
+from gateway.errors import error_body
 from gateway.sse import encode_event
 from schemas.errors import SvcError
 from schemas.events import EVENTS
@@ -60,7 +61,7 @@ def frame_payload(record: RecordedEvent) -> dict[str, Any]:
 
 
 def closing_payload(cursor: str, message: str, error_type: str, code: str) -> str:
-    body = {"error": {"message": message, "type": error_type, "code": code}, "cursor": cursor}
+    body = {**error_body(message, error_type, code), "cursor": cursor}
     return orjson.dumps(body).decode()
 
 

@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from yarl import URL
 
+from gateway.errors import error_body
 from gateway.settings import Settings
 from gateway.state import SETTINGS
 from schemas.errors import Forbidden, NotFound
@@ -116,9 +117,7 @@ def _enforce_https(request: web.Request, settings: Settings) -> web.Response | N
         raise Forbidden("plain HTTP is not accepted: use HTTPS", code="https_required")
     location = _https_location(request, settings)
     message = f"plain HTTP is not accepted: use {location}"
-    body = orjson.dumps(
-        {"error": {"message": message, "type": "permission_error", "code": "https_required"}}
-    )
+    body = orjson.dumps(error_body(message, "permission_error", "https_required"))
     return web.Response(
         status=308, body=body, content_type="application/json", headers={"Location": location}
     )
