@@ -68,9 +68,10 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     """Serve until SIGTERM or SIGINT, then shut down within one grace (gateway/app.py has the
     order): the budget of `SVC_SHUTDOWN_GRACE_SEC` for in-flight turns starts at the signal."""
     from gateway.app import HANDLER_DRAIN_S, SHUTDOWN, create_app
+    from gateway.http_server import GatewayRunner
 
     app = create_app(settings)
-    runner = web.AppRunner(app, shutdown_timeout=HANDLER_DRAIN_S)
+    runner = GatewayRunner(app, shutdown_timeout=HANDLER_DRAIN_S)
     await runner.setup()  # opens the platform: stored settings apply from here on
     logging.getLogger().setLevel(settings.text("SVC_LOG_LEVEL").upper())
     host, port = settings.gateway_addr

@@ -71,12 +71,16 @@ def from_svc_error(exc: SvcError) -> web.Response:
     return response
 
 
-def from_http_exception(exc: web.HTTPException) -> web.Response:
+def status_envelope(status: int, message: str) -> web.Response:
+    """The envelope of an HTTP status that no project error names, typed by its status."""
     error_type, code = _HTTP_CODES.get(
-        exc.status, ("invalid_request_error" if exc.status < 500 else "server_error", None)
+        status, ("invalid_request_error" if status < 500 else "server_error", None)
     )
-    message = _http_message(exc)
-    response = envelope(exc.status, message, error_type, code)
+    return envelope(status, message, error_type, code)
+
+
+def from_http_exception(exc: web.HTTPException) -> web.Response:
+    response = status_envelope(exc.status, _http_message(exc))
     for name in ("Allow", "Retry-After", "WWW-Authenticate"):
         if name in exc.headers:
             response.headers[name] = exc.headers[name]
@@ -94,7 +98,7 @@ def _http_message(exc: web.HTTPException) -> str:
     return exc.reason or f"HTTP {exc.status}"
 
 
-def internal_error(request: web.Request, exc: BaseException) -> web.Response:
+def internal_error(request: web.BaseRequest, exc: BaseException) -> web.Response:
     error_id = f"svc-{uuid.uuid4()}"
     log.error(
         "unhandled error %s on %s %s",

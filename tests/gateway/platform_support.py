@@ -20,6 +20,7 @@ from actors.workspace import workspace_key
 from gateway.app import RouteInstaller, create_app
 from gateway.auth import authenticate, generate_key, hash_key
 from gateway.bootstrap import ensure_workspace
+from gateway.http_server import GatewayRunner
 from gateway.settings import Settings
 from gateway.state import PROJECTIONS, RUNTIME
 from schemas.workspace import IssueApiKey, RevokeApiKey
@@ -100,7 +101,7 @@ def test_routes(app: web.Application) -> None:
 @dataclass
 class Running:
     app: web.Application
-    runner: web.AppRunner
+    runner: GatewayRunner
     base: str
     http: aiohttp.ClientSession
 
@@ -169,7 +170,7 @@ async def running(
     settings: Settings, extra_routes: Sequence[RouteInstaller] = (test_routes,)
 ) -> AsyncIterator[Running]:
     app = create_app(settings, extra_routes=extra_routes)
-    runner = web.AppRunner(app, shutdown_timeout=5.0)
+    runner = GatewayRunner(app, shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

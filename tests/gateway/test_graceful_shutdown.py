@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from actors import ActivationTable, ActorContext, ActorKey, Behaviour, RuntimeStopping
 from actors.errors import CommandInterrupted
 from gateway.app import HANDLER_DRAIN_S, SHUTDOWN, create_app
+from gateway.http_server import GatewayRunner
 from gateway.settings import Settings
 from schemas.commands import Command
 from schemas.events import Event
@@ -168,7 +169,7 @@ async def test_shutdown_answers_in_flight_turns_and_records_them(
 ) -> None:
     async with StallingUpstream().running() as stub:
         app = create_app(_settings(database_url, stub.base_url, tmp_path))
-        runner = web.AppRunner(app, shutdown_timeout=HANDLER_DRAIN_S)
+        runner = GatewayRunner(app, shutdown_timeout=HANDLER_DRAIN_S)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

@@ -3,12 +3,16 @@ oversized bodies, validation failures and unexpected exceptions (500, process ke
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 
+import orjson
 import pytest
-from platform_support import BOOM, ECHO, STORE_BOOM, running, settings_for
+from platform_support import BOOM, ECHO, STORE_BOOM, Running, running, settings_for
 from yarl import URL
+
+from gateway.http_server import MALFORMED_REQUEST
 
 
 def assert_envelope(body: object, code: str | None = None) -> dict[str, object]:
@@ -122,3 +126,59 @@ async def test_deeply_nested_json_is_400_not_500(database_url: str) -> None:
         fine = b'{"name": "ok", "count": 1, "x": ' + b"[" * 63 + b"]" * 63 + b"}"
         status, body, _ = await svc.request("POST", ECHO, data=fine)
         assert status == 200 and body == {"name": "ok", "count": 1}
+
+
+async def _raw_exchange(svc: Running, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send bytes that no HTTP client library would send; read the answer until the server
+    closes the connection, which it must after an unparseable request (the read times out
+    otherwise)."""
+    port = URL(svc.base).port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout=10.0)  # up to EOF
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(status_line.split()[1]), headers, body
+
+
+async def test_requests_the_http_parser_refuses_get_the_envelope(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp answers these before any middleware runs; they still carry the envelope, close
+    the connection, and neither the answer nor the log quotes what the parser refused."""
+    secret = "sk-" + "s3cret" * 4
+    refused = {
+        "not HTTP": b"HELLO THERE\r\n\r\n",
+        "header line too long": (
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Token: " + secret.encode() * 400 + b"\r\n\r\n"
+        ),
+        "control character in a header": (
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + secret.encode()
+            + b"\x01\r\n\r\n"
+        ),
+        "bad chunk size": (
+            b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"zz\r\n" + secret.encode() + b"\r\n0\r\n\r\n"
+        ),
+    }
+    async with running(settings_for(database_url)) as svc:
+        with caplog.at_level(logging.DEBUG):
+            for case, request in refused.items():
+                status, headers, body = await _raw_exchange(svc, request)
+                assert status == 400, case
+                assert headers["content-type"].startswith("application/json"), case
+                error = assert_envelope(orjson.loads(body), "invalid_request")
+                assert error["message"] == MALFORMED_REQUEST, case
+                assert secret not in body.decode("latin-1"), case
+        assert not [r for r in caplog.records if "s3cret" in r.getMessage() + str(r.exc_info)]
+        status, _, _ = await svc.request("GET", "/healthz")  # and the process keeps serving
+        assert status == 200

@@ -1,0 +1,76 @@
+"""aiohttp's HTTP server under the application, with its own error answers in the envelope.
+
+aiohttp answers some requests before any handler or middleware runs: a request its parser
+refuses (a request line or header that is not HTTP, a line over 8,190 bytes, a bad chunked
+body) and a handler that fails outside the middleware chain. It writes those as plain text;
+here they carry the spec's envelope like every other error, and the connection is still closed
+after them (the byte stream may be out of step with the requests).
+
+aiohttp has no public hook for this. Its answer comes from `RequestHandler.handle_error` (a
+public method of a public class), and the request handlers are made by the `Server` that
+`AppRunner._make_server` returns; both are overridden below. tests/gateway/
+test_platform_errors.py sends such requests, so an aiohttp upgrade that moves them fails there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from gateway.errors import internal_error, status_envelope
+
+log = logging.getLogger(__name__)
+
+MALFORMED_REQUEST = (
+    "malformed HTTP request: the request line, a header or the chunked body could not be "
+    "parsed (a request or header line may be at most 8,190 bytes); the connection is closed"
+)
+
+
+class _EnvelopeRequestHandler(RequestHandler):
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            # As aiohttp: a response already under way cannot be replaced by another one.
+            raise ConnectionError("the response was already started; closing the connection")
+        if status >= 500:  # a failure outside the middleware chain, not the client's doing
+            response = internal_error(request, exc or RuntimeError(f"aiohttp answered {status}"))
+        else:
+            # The parser's own message may quote the bytes it refused (a header's value, which
+            # can be a credential): neither the client nor the log gets it.
+            log.info(
+                "refused a malformed HTTP request from %s with %d (%s)",
+                request.remote,
+                status,
+                type(exc).__name__ if exc is not None else "no detail",
+            )
+            response = status_envelope(status, MALFORMED_REQUEST)
+        response.force_close()
+        return response
+
+
+class _EnvelopeServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _EnvelopeRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class GatewayRunner(web.AppRunner):
+    """`web.AppRunner` whose server answers aiohttp's own errors with the envelope."""
+
+    async def _make_server(self) -> web.Server:
+        plain = await super()._make_server()  # runs the application's startup
+        return _EnvelopeServer(
+            plain.request_handler,
+            request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation,
+            loop=asyncio.get_running_loop(),
+            **plain._kwargs,
+        )
