@@ -256,7 +256,11 @@ async def _second_factor(ident: Identity, user: UserRow, code: str | None) -> bo
     if not user.totp_enrolled:
         return False
     secret = await ident.vault.get(user.workspace_id, user.user_id, TOTP)
-    if not code or secret is None or not ident.totp.verify(secret, code):
+    if (
+        not code
+        or secret is None
+        or not await ident.totp.verify(user.workspace_id, user.user_id, secret, code)
+    ):
         raise Unauthorized("a valid TOTP code is required", code="unauthorized")
     return True
 
@@ -369,7 +373,7 @@ async def totp_verify(request: web.Request) -> web.Response:
     pending = await ident.vault.get(principal.workspace_id, user_id, TOTP_PENDING)
     if pending is None:
         raise InvalidInput("start TOTP enrolment first", code="totp_not_started")
-    if not ident.totp.verify(pending, body.code):
+    if not await ident.totp.verify(principal.workspace_id, user_id, pending, body.code):
         raise InvalidInput("the TOTP code does not match", code="totp_mismatch")
     await ident.vault.put(principal.workspace_id, user_id, TOTP, pending)
     await ident.vault.delete(principal.workspace_id, user_id, TOTP_PENDING)

@@ -75,7 +75,7 @@ class Identity:
     projections: ProjectionRunner
     vault: IdentityVault
     throttle: LoginThrottle
-    totp: TotpVerifier = field(default_factory=TotpVerifier)
+    totp: TotpVerifier
     unowned_keys: UnownedKeys = field(default_factory=UnownedKeys)
     extras: dict[str, Any] = field(default_factory=dict)
     """Lazily built helpers (the OIDC key cache, the SAML client), by name."""
@@ -135,7 +135,7 @@ async def identity_ctx(app: web.Application) -> AsyncIterator[None]:
         await own_runner.start()
         runner = own_runner
     app[IDENTITY] = Identity(
-        app[SETTINGS], db, runtime, runner, IdentityVault(db), LoginThrottle(db)
+        app[SETTINGS], db, runtime, runner, IdentityVault(db), LoginThrottle(db), TotpVerifier(db)
     )
     pruner = asyncio.create_task(_prune_audit_daily(db, app[SETTINGS]), name="svc-audit-prune")
     try:

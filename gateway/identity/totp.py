@@ -1,7 +1,7 @@
 """TOTP (RFC 6238 over RFC 4226): SHA-1, 30-second steps, 6 digits, one step of clock drift.
 
-A used step is remembered per secret for the process's life, so a code cannot be replayed
-within its window on this process.
+A code is accepted once: each user's last used time step is kept in the database (migration
+gateway/0101), shared by every gateway process, and only a later step's code is accepted.
 """
 
 from __future__ import annotations
@@ -14,10 +14,17 @@ import struct
 import time
 from urllib.parse import quote, urlencode
 
+from eventstore.db import Database
+
 STEP_S = 30
 DIGITS = 6
 DRIFT_STEPS = 1
-_USED_MAX = 10_000
+_CLAIM_STEP = """
+INSERT INTO identity_totp_last_step AS t (workspace_id, user_id, last_step) VALUES ($1, $2, $3)
+ON CONFLICT (workspace_id, user_id) DO UPDATE SET last_step = excluded.last_step
+WHERE t.last_step < excluded.last_step
+RETURNING last_step
+"""
 
 
 def new_secret() -> str:
@@ -46,22 +53,30 @@ def provisioning_uri(secret: str, account: str, issuer: str = "SVC") -> str:
     return f"otpauth://totp/{label}?{query}"
 
 
-class TotpVerifier:
-    def __init__(self) -> None:
-        self._used: dict[tuple[str, int], None] = {}
+def matching_step(secret: str, code: str, at: float | None = None) -> int | None:
+    """The time step within the allowed drift whose code `code` is, if any."""
+    code = code.strip().replace(" ", "")
+    if len(code) != DIGITS or not code.isdigit():
+        return None
+    step = int((time.time() if at is None else at) // STEP_S)
+    for candidate in range(step - DRIFT_STEPS, step + DRIFT_STEPS + 1):
+        if hmac.compare_digest(code_at(secret, candidate), code):
+            return candidate
+    return None
 
-    def verify(self, secret: str, code: str, at: float | None = None) -> bool:
-        code = code.strip().replace(" ", "")
-        if len(code) != DIGITS or not code.isdigit():
+
+class TotpVerifier:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def verify(
+        self, workspace_id: str, user_id: str, secret: str, code: str, at: float | None = None
+    ) -> bool:
+        """Whether `code` is the user's current code and no code of this step or a later one
+        was accepted before; accepting it records its step."""
+        step = matching_step(secret, code, at)
+        if step is None:
             return False
-        step = int((time.time() if at is None else at) // STEP_S)
-        fingerprint = hashlib.sha256(secret.encode()).hexdigest()
-        for candidate in range(step - DRIFT_STEPS, step + DRIFT_STEPS + 1):
-            if hmac.compare_digest(code_at(secret, candidate), code):
-                if (fingerprint, candidate) in self._used:
-                    return False
-                if len(self._used) >= _USED_MAX:
-                    self._used.clear()
-                self._used[(fingerprint, candidate)] = None
-                return True
-        return False
+        async with self._db.acquire() as conn:
+            claimed = await conn.fetchval(_CLAIM_STEP, workspace_id, user_id, step)
+        return claimed is not None

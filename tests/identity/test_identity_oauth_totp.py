@@ -3,6 +3,8 @@ and a login that needs the second factor."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import time
 
 import aiohttp
@@ -10,7 +12,8 @@ import jwt
 import pytest
 from identity_support import GUARDED, WHOAMI, running, settings_for
 
-from gateway.identity.totp import now_code
+from gateway.identity.service import IDENTITY
+from gateway.identity.totp import TotpVerifier, matching_step, new_secret, now_code
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
@@ -151,3 +154,39 @@ async def test_totp_enrolment_and_login(database_url: str) -> None:
         status, err, b = await svc.login("tina", PASSWORD, totp_code=code)
         await b.close()
         assert status == 401
+
+
+def test_codes_match_rfc_6238_vectors() -> None:
+    """RFC 6238 appendix B, SHA-1 seed "12345678901234567890", cut to six digits."""
+    secret = base64.b32encode(b"12345678901234567890").decode()
+    for at, code in ((59, "287082"), (1111111109, "081804"), (1234567890, "005924")):
+        assert now_code(secret, at) == code
+        assert matching_step(secret, code, at) == int(at // 30)
+        assert matching_step(secret, code, at + 30) == int(at // 30)  # one step of drift
+        assert matching_step(secret, code, at + 90) is None
+    assert matching_step(secret, "28708", 59) is None
+    assert matching_step(secret, "28708x", 59) is None
+
+
+async def test_a_code_is_accepted_once_across_processes(database_url: str) -> None:
+    """Each gateway process has its own verifier; the used step is in the database, so a code
+    accepted by one is refused by another, an older code is refused after a newer one, and two
+    processes checking the same code at once accept it once."""
+    async with running(settings_for(database_url)) as svc:
+        db = svc.app[IDENTITY].db
+        first, second = TotpVerifier(db), TotpVerifier(db)
+        secret, t = new_secret(), time.time()
+        assert await first.verify("ws-a", "u1", secret, now_code(secret, t), t)
+        assert not await second.verify("ws-a", "u1", secret, now_code(secret, t), t)
+        # Another user (or workspace) with a code of the same step is not affected.
+        assert await second.verify("ws-b", "u1", secret, now_code(secret, t), t)
+
+        later = now_code(secret, t + 30)
+        assert await second.verify("ws-a", "u1", secret, later, t + 30)
+        assert not await first.verify("ws-a", "u1", secret, now_code(secret, t), t + 30)
+
+        racing = now_code(secret, t + 60)
+        outcomes = await asyncio.gather(
+            *(v.verify("ws-a", "u1", secret, racing, t + 60) for v in (first, second) * 4)
+        )
+        assert sorted(outcomes) == [False] * 7 + [True]
