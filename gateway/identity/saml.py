@@ -2,13 +2,18 @@
 
 - `GET /saml/login?next=/path`: an AuthnRequest over the HTTP-Redirect binding, RelayState
   carrying `next` (a same-site path only, so the login cannot be turned into an open
-  redirect). The request id is recorded (table `identity_saml_state`, 10 minutes).
+  redirect). The request id is recorded (table `identity_saml_state`, 10 minutes), and the
+  browser gets a cookie named after it (`svc_saml_<hash of the id>`, 10 minutes, path of the
+  ACS URL, HttpOnly, Secure, SameSite=None so the IdP's cross-site POST carries it).
 - `POST /saml/acs` (HTTP-POST binding): the response must answer an outstanding request of
   ours (unsolicited responses are refused), be signed (the response or its assertions, by a
   key of the IdP metadata in SVC_SAML_IDP_METADATA), name our ACS URL as recipient, carry an
   AudienceRestriction naming our entity id, and be inside its validity window (pysaml2 checks
   NotBefore/NotOnOrAfter with `ACCEPTED_SKEW_S`). Each assertion id is accepted once: a
-  replayed response is refused even within its window.
+  replayed response is refused even within its window. With an https ACS URL the response
+  must also arrive with the cookie of its request: a response obtained by one person cannot
+  be posted from another's browser to sign them in (login CSRF). Over plain http browsers
+  refuse SameSite=None cookies, so there the binding is not enforced (docs/identity.md).
 - Roles come from the assertion attribute SVC_SAML_ROLE_ATTRIBUTE (default `groups`) through
   SVC_SAML_ROLE_MAPPINGS, else SVC_SAML_DEFAULT_ROLE. The NameID is the user name in the
   default workspace; a user first seen is provisioned (`source: saml`), one provisioned by
@@ -31,6 +36,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +69,7 @@ REQUEST_TTL_S = 600
 ACCEPTED_SKEW_S = 60
 ASSERTION_KEEP_S = 24 * 3600
 REFUSED = "SAML response refused"
+BINDING_COOKIE_PREFIX = "svc_saml_"
 
 _CONSUME_REQUEST = """
 DELETE FROM identity_saml_state WHERE kind = 'request' AND id = $1 AND expires_at > now()
@@ -85,6 +92,11 @@ class SamlSettings:
     role_attribute: str
     role_mappings: dict[str, str]
     default_role: str
+
+    @property
+    def binds_browser(self) -> bool:
+        """Browsers send a SameSite=None cookie with the IdP's POST only over https."""
+        return self.acs_url.startswith("https://")
 
     def fingerprint(self, sp_key: str) -> str:
         parts = (self.entity_id, self.acs_url, self.idp_metadata, self.sp_cert, sp_key)
@@ -208,7 +220,24 @@ async def login(request: web.Request) -> web.Response:
         await conn.execute(_PRUNE)
         await conn.execute(_REMEMBER, "request", str(request_id), float(REQUEST_TTL_S))
     location = dict(info["headers"])["Location"]
-    return web.Response(status=302, headers={"Location": location, "Cache-Control": "no-store"})
+    redirect = web.Response(status=302, headers={"Location": location, "Cache-Control": "no-store"})
+    if sp.settings.binds_browser:
+        redirect.set_cookie(
+            binding_cookie(str(request_id)),
+            "1",
+            max_age=REQUEST_TTL_S,
+            path=urlsplit(sp.settings.acs_url).path,
+            secure=True,
+            httponly=True,
+            samesite="None",
+        )
+    return redirect
+
+
+def binding_cookie(request_id: str) -> str:
+    """The cookie that says this browser started the request: one per request, so logins
+    started in two tabs do not undo each other."""
+    return BINDING_COOKIE_PREFIX + hashlib.sha256(request_id.encode()).hexdigest()[:16]
 
 
 def _in_response_to(saml_response: str) -> str | None:
@@ -240,10 +269,18 @@ def map_role(values: list[str], mappings: dict[str, str], default: str) -> str |
     return default or None
 
 
-async def _verified(ident: Identity, sp: ServiceProvider, saml_response: str) -> Any:
+async def _verified(
+    ident: Identity, sp: ServiceProvider, saml_response: str, cookies: Mapping[str, str]
+) -> tuple[Any, str]:
+    """The verified response, and the id of the request it answers."""
     request_id = _in_response_to(saml_response)
     if request_id is None:
         raise Unauthorized(f"{REFUSED}: it answers no request of ours")
+    if sp.settings.binds_browser and binding_cookie(request_id) not in cookies:
+        raise Unauthorized(
+            f"{REFUSED}: this browser did not start the sign-in it answers; "
+            "start again at /saml/login"
+        )
     async with ident.db.acquire() as conn:
         consumed = await conn.fetchval(_CONSUME_REQUEST, request_id)
     if consumed is None:
@@ -266,7 +303,7 @@ async def _verified(ident: Identity, sp: ServiceProvider, saml_response: str) ->
         )
     if fresh is None:
         raise Unauthorized(f"{REFUSED}: assertion already used")
-    return response
+    return response, request_id
 
 
 def _external(sp: ServiceProvider, response: Any) -> ExternalUser:
@@ -295,7 +332,7 @@ async def acs(request: web.Request) -> web.StreamResponse:
     if not isinstance(saml_response, str) or not saml_response:
         raise InvalidInput("SAMLResponse is required (HTTP-POST binding)")
     relay = form.get("RelayState")
-    response = await _verified(ident, sp, saml_response)
+    response, request_id = await _verified(ident, sp, saml_response, request.cookies)
     found = _external(sp, response)
     workspace_id = ident.settings.default_workspace_id
     existing = await find_user_by_name(ident.db, workspace_id, found.login)
@@ -308,6 +345,14 @@ async def acs(request: web.Request) -> web.StreamResponse:
     target = safe_next(relay if isinstance(relay, str) else None)
     redirect = web.Response(status=303, headers={"Location": target, "Cache-Control": "no-store"})
     set_session_cookies(request, redirect, session)
+    if sp.settings.binds_browser:
+        redirect.del_cookie(
+            binding_cookie(request_id),
+            path=urlsplit(sp.settings.acs_url).path,
+            secure=True,
+            httponly=True,
+            samesite="None",
+        )
     return redirect
 
 

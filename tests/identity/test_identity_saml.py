@@ -10,8 +10,9 @@ import datetime as dt
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from http.cookies import Morsel
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -24,6 +25,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from identity_support import WHOAMI, Running, running, settings_for
+from multidict import CIMultiDict
+
+from gateway.identity.saml import binding_cookie
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # pysaml2's import-time deprecation warnings
@@ -133,9 +137,16 @@ def idp_metadata(keys: Keys) -> str:
 
 
 class Flow:
+    """A browser's round: /saml/login, the IdP's answer, the POST to /saml/acs. The binding
+    cookie of each login started is sent with every POST, as the browser that started them
+    would (the test talks plain http to the service, so no cookie jar would send a Secure
+    cookie by itself)."""
+
     def __init__(self, svc: Running, idp: Server) -> None:
         self.svc = svc
         self.idp = idp
+        self.bindings: dict[str, Morsel[str]] = {}
+        """Per request id, the cookie /saml/login set for it."""
 
     async def start(self, next_path: str = "/dashboard") -> tuple[str, str]:
         async with self.svc.http.get(
@@ -143,10 +154,13 @@ class Flow:
         ) as resp:
             assert resp.status == 302, await resp.text()
             location = resp.headers["Location"]
+            (binding,) = resp.cookies.values()
         assert location.startswith(SSO)
         query = parse_qs(urlsplit(location).query)
         request = self.idp.parse_authn_request(query["SAMLRequest"][0], BINDING_HTTP_REDIRECT)
-        return str(request.message.id), query["RelayState"][0]
+        request_id = str(request.message.id)
+        self.bindings[request_id] = binding
+        return request_id, query["RelayState"][0]
 
     def response(
         self,
@@ -172,13 +186,27 @@ class Flow:
         return str(resp)
 
     async def post(
-        self, xml: str, relay: str, session: aiohttp.ClientSession | None = None
-    ) -> tuple[int, Any, dict[str, str]]:
+        self,
+        xml: str,
+        relay: str,
+        session: aiohttp.ClientSession | None = None,
+        *,
+        bindings: Sequence[str] | None = None,
+    ) -> tuple[int, Any, CIMultiDict[str]]:
+        """POST a response with the binding cookies of `bindings` (request ids; all started
+        logins by default)."""
         form = {"SAMLResponse": base64.b64encode(xml.encode()).decode(), "RelayState": relay}
+        chosen = self.bindings if bindings is None else {r: self.bindings[r] for r in bindings}
+        cookie = "; ".join(f"{m.key}={m.value}" for m in chosen.values())
         client = session or self.svc.http
-        async with client.post(self.svc.url("/saml/acs"), data=form, allow_redirects=False) as r:
+        async with client.post(
+            self.svc.url("/saml/acs"),
+            data=form,
+            headers={"Cookie": cookie} if cookie else {},
+            allow_redirects=False,
+        ) as r:
             body = await r.text()
-            return r.status, body, dict(r.headers)
+            return r.status, body, r.headers.copy()
 
 
 async def configured(svc: Running) -> tuple[str, Server]:
@@ -229,7 +257,7 @@ async def test_saml_login_and_hostile_responses(database_url: str, keys: Keys) -
 
         # The same response again: refused (its request is consumed, its assertion used).
         status, body, _ = await flow.post(good, relay)
-        assert status == 401 and '"unauthorized"' in body
+        assert status == 401 and "no outstanding request" in body
 
         hostile: dict[str, Any] = {}
         rid, _ = await flow.start()
@@ -250,16 +278,49 @@ async def test_saml_login_and_hostile_responses(database_url: str, keys: Keys) -
         assert "https://other.example" in wrong
         hostile["wrong audience"] = (wrong, rid)
         hostile["unsolicited"] = (flow.response("id-nobody-asked-for"), "x")
+        # Even with a binding cookie for it: the service never issued that request.
+        forged: Morsel[str] = Morsel()
+        forged.set(binding_cookie("id-nobody-asked-for"), "1", "1")
+        flow.bindings["id-nobody-asked-for"] = forged
         for case, (xml, _) in hostile.items():
             status, body, _ = await flow.post(xml, "/")
             assert status == 401, (case, body)
             assert '"unauthorized"' in body, case
+            # Each is refused for its own fault, not for a missing binding cookie.
+            assert "did not start the sign-in" not in body, case
 
         # Only the good login provisioned a user; groups mapped to the admin role.
         status, users, _ = await svc.request("GET", "/v1/admin/users", api_key)
         assert [(u["user_name"], u["roles"], u["source"]) for u in users["items"]] == [
             ("alice", ["admin"], "saml")
         ]
+
+
+async def test_saml_response_is_bound_to_the_browser_that_started_it(
+    database_url: str, keys: Keys
+) -> None:
+    """Login CSRF: a response obtained by one person, posted from another's browser, must
+    not sign that browser in."""
+    async with running(settings_for(database_url, **saml_settings(database_url, keys))) as svc:
+        _, sp_metadata = await configured(svc)
+        flow = Flow(svc, idp_server(keys, sp_metadata))
+        other_id, _ = await flow.start()
+        request_id, relay = await flow.start()
+        binding = flow.bindings[request_id]
+        assert binding.key.startswith("svc_saml_") and binding["max-age"] == "600"
+        assert binding["path"] == "/saml/acs" and binding["samesite"] == "None"
+        assert binding["secure"] and binding["httponly"]
+
+        attackers = flow.response(request_id, user="mallory")
+        for bindings in ([], [other_id]):  # no cookie, or the cookie of another sign-in
+            status, body, _ = await flow.post(attackers, relay, bindings=bindings)
+            assert status == 401, body
+            assert "did not start the sign-in" in body and '"unauthorized"' in body
+        # The browser that started it signs in, and its binding cookie is cleared.
+        status, body, headers = await flow.post(attackers, relay, bindings=[request_id])
+        assert status == 303, body
+        cleared = [c for c in headers.getall("Set-Cookie") if c.startswith(binding.key + "=")]
+        assert cleared and "Max-Age=0" in cleared[0]
 
 
 async def test_saml_role_mapping_default_and_safe_relay_state(
