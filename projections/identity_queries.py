@@ -211,18 +211,30 @@ async def user_api_keys(db: Database, workspace_id: str, user_id: str) -> list[s
     return [str(r["key_id"]) for r in rows]
 
 
-async def key_owner_blocked(db: Database, workspace_id: str, key_id: str) -> bool | None:
-    """True when `key_id` belongs to a user who is deactivated or deprovisioned, False when
-    to an active user, None when to no user.
+@dataclass(frozen=True, slots=True)
+class KeyOwner:
+    """The user an API key belongs to, as authentication needs them."""
+
+    blocked: bool
+    """Deactivated or deprovisioned: the key is refused."""
+    roles: tuple[str, ...]
+
+
+async def key_owner(db: Database, workspace_id: str, key_id: str) -> KeyOwner | None:
+    """The user `key_id` belongs to, None when it belongs to no user.
 
     Part of authenticating the key, like the key lookup itself: one statement as the service
     role with the workspace named in the query (a scoped transaction would take four round
-    trips), and no cache, so a user cut off through any gateway process is refused by all of
-    them at once."""
+    trips), and no cache, so a user cut off or demoted through any gateway process is seen by
+    all of them at once."""
     async with db.acquire(stateless=True) as conn:
         row = await conn.fetchrow(
             """
-            SELECT u.deleted OR u.active IS FALSE AS blocked
+            SELECT u.deleted OR u.active IS FALSE AS blocked,
+                   coalesce((SELECT array_agg(b.role ORDER BY b.role)
+                             FROM identity_role_bindings b
+                             WHERE b.workspace_id = u.workspace_id AND b.user_id = u.user_id),
+                            '{}') AS roles
             FROM identity_user_api_keys k
             JOIN identity_users u ON u.workspace_id = k.workspace_id AND u.user_id = k.user_id
             WHERE k.workspace_id = $1 AND k.key_id = $2
@@ -230,7 +242,7 @@ async def key_owner_blocked(db: Database, workspace_id: str, key_id: str) -> boo
             workspace_id,
             key_id,
         )
-    return None if row is None else bool(row["blocked"])
+    return None if row is None else KeyOwner(bool(row["blocked"]), tuple(row["roles"]))
 
 
 async def find_scim_token(db: Database, token_hash: str) -> ScimTokenRow | None:

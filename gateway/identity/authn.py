@@ -19,6 +19,7 @@ token of a user who is deactivated, deprovisioned or unknown is refused with 401
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from aiohttp import web
@@ -26,7 +27,7 @@ from aiohttp import web
 from gateway.auth import PRINCIPAL
 from gateway.identity.oauth import is_oauth_token, verify_access_token
 from gateway.identity.oidc import OidcConfig, OidcVerifier, looks_like_jwt
-from gateway.identity.roles import scopes_for
+from gateway.identity.roles import scopes_for, within_rights
 from gateway.identity.service import IDENTITY, Identity, identity
 from gateway.identity.sessions import check_csrf, session_token, token_hash
 from gateway.state import AUTH, Principal
@@ -35,7 +36,7 @@ from projections.identity_queries import (
     find_session,
     find_user_by_subject,
     get_user,
-    key_owner_blocked,
+    key_owner,
     role_permissions,
 )
 from schemas.errors import Unauthorized
@@ -92,18 +93,22 @@ async def oidc_principal(ident: Identity, verifier: OidcVerifier, token: str) ->
 
 
 async def key_principal(request: web.Request, ident: Identity) -> Principal:
-    """The platform's check (API keys, static key), then: a key that belongs to a deactivated
-    or deprovisioned user is refused at once (its revocation may still sit in a key cache).
-    A key seen to belong to no user skips that check from then on (see `UnownedKeys`)."""
+    """The platform's check (API keys, static key), then, for a key that belongs to a user:
+    refused at once when the user is deactivated or deprovisioned (its revocation may still
+    sit in a key cache), and its admin scopes cut to what the user's roles grant now
+    (`within_rights`). A key seen to belong to no user skips this from then on."""
     principal = await request.app[AUTH].authenticate(request)
     key_id = principal.key_id
-    if key_id and key_id not in ident.unowned_keys:
-        blocked = await key_owner_blocked(ident.db, principal.workspace_id, key_id)
-        if blocked is None:
-            ident.unowned_keys.add(key_id)
-        elif blocked:
-            raise Unauthorized("invalid API key: it has been revoked")
-    return principal
+    if not key_id or key_id in ident.unowned_keys:
+        return principal
+    owner = await key_owner(ident.db, principal.workspace_id, key_id)
+    if owner is None:
+        ident.unowned_keys.add(key_id)
+        return principal
+    if owner.blocked:
+        raise Unauthorized("invalid API key: it has been revoked")
+    rights = scopes_for(await role_permissions(ident.db, principal.workspace_id, owner.roles))
+    return replace(principal, scopes=within_rights(principal.scopes, rights))
 
 
 async def _resolve(request: web.Request) -> Principal:

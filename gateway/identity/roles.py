@@ -19,6 +19,10 @@ from collections.abc import Mapping
 from gateway.state import Principal
 from schemas.errors import Forbidden
 from schemas.identity import DOMAINS, Access
+from schemas.workspace import API_KEY_SCOPES
+
+NON_ADMIN_SCOPES = frozenset(s for s in API_KEY_SCOPES if s != "*" and not s.startswith("admin:"))
+"""What a key may carry beyond the admin API (`chat`, `mcp`): no role governs these."""
 
 
 def scopes_for(permissions: Mapping[str, Access]) -> frozenset[str]:
@@ -32,6 +36,21 @@ def scopes_for(permissions: Mapping[str, Access]) -> frozenset[str]:
         if all(permissions[d] == "write" for d in DOMAINS):
             scopes.add("admin:write")
     return frozenset(scopes)
+
+
+def within_rights(key_scopes: frozenset[str], rights: frozenset[str]) -> frozenset[str]:
+    """The scopes a user's own API key acts with. The key acts as its user, so its admin
+    scopes are cut to what the user's roles grant now (`rights`, from `scopes_for`):
+    `*` and `admin:write` reach all of them (write includes read), `admin:read` the read
+    ones. Its other scopes (`chat`, `mcp`; all of them under `*`) stand."""
+    if "*" in key_scopes or "admin:write" in key_scopes:
+        admin = rights
+    elif "admin:read" in key_scopes:
+        admin = frozenset(r for r in rights if r == "admin:read" or r.startswith("admin:read:"))
+    else:
+        admin = frozenset()
+    others = NON_ADMIN_SCOPES if "*" in key_scopes else key_scopes & NON_ADMIN_SCOPES
+    return others | admin
 
 
 def allowed(principal: Principal, domain: str, access: Access) -> bool:

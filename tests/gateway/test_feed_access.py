@@ -164,7 +164,9 @@ async def test_deactivating_the_owning_user_closes_the_feed(
     fast_sweeps(service, monkeypatch)
     ws = uid("ws-")
     admin = await service.issue_key(ws)
-    user = await service.post_json("/v1/admin/users", admin, {"user_name": uid("u-")}, status=201)
+    # A member: a user's key reads only what the user's roles let it read.
+    account = {"user_name": uid("u-"), "roles": ["member"]}
+    user = await service.post_json("/v1/admin/users", admin, account, status=201)
     issued = await service.post_json(
         f"/v1/admin/users/{user['id']}/apikeys",
         admin,

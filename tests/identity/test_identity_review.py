@@ -5,16 +5,19 @@ OpenAPI descriptions of every identity route."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
 from identity_support import WHOAMI, running, settings_for
 
+from gateway.identity.roles import scopes_for, within_rights
 from gateway.identity.routes import ROUTE_DOCS, SCIM_DOCS
 from gateway.identity.saml import safe_next
 from gateway.identity.scim import PREFIX as SCIM_PREFIX
 from gateway.identity.throttle import MAX_PER_ACCOUNT, account_key, address_key
 from gateway.openapi import build_document
+from schemas.identity import BUILTIN_ROLES
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
@@ -306,3 +309,69 @@ async def test_platform_key_endpoint_cannot_mint_rights_the_user_lacks(database_
             "POST", "/v1/admin/apikeys", key, json={"name": "k", "scopes": ["*"]}
         )
         assert status == 201
+
+
+async def test_a_users_key_acts_within_the_users_current_rights(database_url: str) -> None:
+    """A key issued to a user acts as that user: an admin's `*` key loses its writes when the
+    admin is demoted to member, and gets them back with the role; `chat` is no role's to cut."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        user = await svc.create_user(key, "dana", PASSWORD, roles=["admin"])
+        status, issued, _ = await svc.request(
+            "POST",
+            f"/v1/admin/users/{user['id']}/apikeys",
+            key,
+            json={"name": "d", "scopes": ["*"]},
+        )
+        assert status == 201, issued
+        personal = issued["key"]
+
+        async def scopes() -> set[str]:
+            status, who, _ = await svc.request("GET", WHOAMI, personal)
+            assert status == 200, who
+            return set(who["scopes"])
+
+        async def can_write() -> int:
+            role = {"name": f"r{time.monotonic_ns()}", "permissions": {"agents": "read"}}
+            status, _, _ = await svc.request("POST", "/v1/admin/roles", personal, json=role)
+            return status
+
+        assert {"admin:write", "admin:read", "chat", "mcp"} <= await scopes()
+        assert "*" not in await scopes()
+        assert await can_write() == 201
+
+        status, _, _ = await svc.request(
+            "POST", f"/v1/admin/users/{user['id']}/roles", key, json={"role": "member"}
+        )
+        assert status == 200
+        status, _, _ = await svc.request("DELETE", f"/v1/admin/users/{user['id']}/roles/admin", key)
+        assert status == 200
+        now = await scopes()
+        assert "admin:read" in now and "chat" in now and "mcp" in now
+        assert not [s for s in now if s.startswith("admin:write")]
+        assert await can_write() == 403
+        status, _, _ = await svc.request("GET", "/v1/admin/users", personal)
+        assert status == 200  # reads, which member grants, still work
+
+        status, _, _ = await svc.request(
+            "DELETE", f"/v1/admin/users/{user['id']}/roles/member", key
+        )
+        assert status == 200
+        assert await scopes() == {"chat", "mcp"}
+        status, _, _ = await svc.request(
+            "POST", f"/v1/admin/users/{user['id']}/roles", key, json={"role": "admin"}
+        )
+        assert status == 200
+        assert await can_write() == 201
+
+
+def test_within_rights_cuts_admin_scopes_only() -> None:
+    member = scopes_for(BUILTIN_ROLES["member"])
+    admin = scopes_for(BUILTIN_ROLES["admin"])
+    assert within_rights(frozenset({"*"}), admin) == admin | {"chat", "mcp"}
+    assert within_rights(frozenset({"admin:write"}), member) == member
+    assert within_rights(frozenset({"admin:read", "chat"}), admin) == {"chat"} | {
+        s for s in admin if s.startswith("admin:read")
+    }
+    assert within_rights(frozenset({"admin:write", "admin:read"}), frozenset()) == frozenset()
+    assert within_rights(frozenset({"chat"}), admin) == {"chat"}
