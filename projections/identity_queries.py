@@ -16,12 +16,15 @@ from typing import Any
 from eventstore.db import Database
 from schemas.identity import BUILTIN_ROLES, DOMAINS, Access
 
-_USER_COLUMNS = """
-u.workspace_id, u.user_id, u.user_name, u.display_name, u.given_name, u.family_name, u.emails,
-u.external_id, u.active, u.source, u.has_password, u.totp_enrolled, u.deleted, u.version,
-u.created_at, u.updated_at,
+_ROLES_OF_U = """
 coalesce((SELECT array_agg(b.role ORDER BY b.role) FROM identity_role_bindings b
           WHERE b.workspace_id = u.workspace_id AND b.user_id = u.user_id), '{}') AS roles
+"""
+"""The roles bound to the user row aliased `u`, sorted."""
+_USER_COLUMNS = f"""
+u.workspace_id, u.user_id, u.user_name, u.display_name, u.given_name, u.family_name, u.emails,
+u.external_id, u.active, u.source, u.has_password, u.totp_enrolled, u.deleted, u.version,
+u.created_at, u.updated_at, {_ROLES_OF_U}
 """
 
 
@@ -229,12 +232,8 @@ async def key_owner(db: Database, workspace_id: str, key_id: str) -> KeyOwner | 
     all of them at once."""
     async with db.acquire(stateless=True) as conn:
         row = await conn.fetchrow(
-            """
-            SELECT u.deleted OR u.active IS FALSE AS blocked,
-                   coalesce((SELECT array_agg(b.role ORDER BY b.role)
-                             FROM identity_role_bindings b
-                             WHERE b.workspace_id = u.workspace_id AND b.user_id = u.user_id),
-                            '{}') AS roles
+            f"""
+            SELECT u.deleted OR u.active IS FALSE AS blocked, {_ROLES_OF_U}
             FROM identity_user_api_keys k
             JOIN identity_users u ON u.workspace_id = k.workspace_id AND u.user_id = k.user_id
             WHERE k.workspace_id = $1 AND k.key_id = $2

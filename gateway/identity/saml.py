@@ -226,10 +226,7 @@ async def login(request: web.Request) -> web.Response:
             binding_cookie(str(request_id)),
             "1",
             max_age=REQUEST_TTL_S,
-            path=urlsplit(sp.settings.acs_url).path,
-            secure=True,
-            httponly=True,
-            samesite="None",
+            **_binding_cookie_scope(sp.settings),
         )
     return redirect
 
@@ -238,6 +235,12 @@ def binding_cookie(request_id: str) -> str:
     """The cookie that says this browser started the request: one per request, so logins
     started in two tabs do not undo each other."""
     return BINDING_COOKIE_PREFIX + hashlib.sha256(request_id.encode()).hexdigest()[:16]
+
+
+def _binding_cookie_scope(settings: SamlSettings) -> dict[str, Any]:
+    """Sent only to the ACS, never to scripts, and with the IdP's cross-site POST."""
+    path = urlsplit(settings.acs_url).path
+    return {"path": path, "secure": True, "httponly": True, "samesite": "None"}
 
 
 def _in_response_to(saml_response: str) -> str | None:
@@ -346,13 +349,7 @@ async def acs(request: web.Request) -> web.StreamResponse:
     redirect = web.Response(status=303, headers={"Location": target, "Cache-Control": "no-store"})
     set_session_cookies(request, redirect, session)
     if sp.settings.binds_browser:
-        redirect.del_cookie(
-            binding_cookie(request_id),
-            path=urlsplit(sp.settings.acs_url).path,
-            secure=True,
-            httponly=True,
-            samesite="None",
-        )
+        redirect.del_cookie(binding_cookie(request_id), **_binding_cookie_scope(sp.settings))
     return redirect
 
 
