@@ -109,6 +109,16 @@ class Running:
         assert await self.app[PROJECTIONS].wait_for(outcome.cursor, 10.0)
         return key
 
+    async def issue_user_key(
+        self, admin_key: str, user_id: str, scopes: Sequence[str], name: str = "personal"
+    ) -> dict[str, Any]:
+        """A key that belongs to `user_id` (POST /v1/admin/users/{id}/apikeys): the answer."""
+        body = {"name": name, "scopes": list(scopes)}
+        path = f"/v1/admin/users/{user_id}/apikeys"
+        status, issued, _ = await self.request("POST", path, admin_key, json=body)
+        assert status == 201, issued
+        return dict(issued)
+
     async def create_user(
         self, key: str, user_name: str, password: str | None = None, roles: Sequence[str] = ()
     ) -> dict[str, Any]:

@@ -317,14 +317,7 @@ async def test_a_users_key_acts_within_the_users_current_rights(database_url: st
     async with running(settings_for(database_url)) as svc:
         key = await svc.issue_key()
         user = await svc.create_user(key, "dana", PASSWORD, roles=["admin"])
-        status, issued, _ = await svc.request(
-            "POST",
-            f"/v1/admin/users/{user['id']}/apikeys",
-            key,
-            json={"name": "d", "scopes": ["*"]},
-        )
-        assert status == 201, issued
-        personal = issued["key"]
+        personal = (await svc.issue_user_key(key, user["id"], ["*"]))["key"]
 
         async def scopes() -> set[str]:
             status, who, _ = await svc.request("GET", WHOAMI, personal)

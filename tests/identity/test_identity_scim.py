@@ -214,13 +214,7 @@ async def test_deprovisioning_revokes_the_users_api_keys(database_url: str) -> N
             "POST", "/scim/v2/Users", token, json=scim_user("kay@example.com")
         )
         assert status == 201
-        status, issued, _ = await svc.request(
-            "POST",
-            f"/v1/admin/users/{created['id']}/apikeys",
-            admin_key,
-            json={"name": "kay's key", "scopes": ["chat"]},
-        )
-        assert status == 201, issued
+        issued = await svc.issue_user_key(admin_key, created["id"], ["chat"])
         personal = issued["key"]
         status, who, _ = await svc.request("GET", WHOAMI, personal)
         assert status == 200 and who["scopes"] == ["chat"]
@@ -248,12 +242,7 @@ async def test_a_user_key_is_refused_once_its_owner_is_inactive_even_while_cache
         _, created, _ = await svc.request(
             "POST", "/scim/v2/Users", token, json=scim_user("lee@example.com")
         )
-        _, issued, _ = await svc.request(
-            "POST",
-            f"/v1/admin/users/{created['id']}/apikeys",
-            admin_key,
-            json={"name": "lee's key", "scopes": ["admin:read"]},
-        )
+        issued = await svc.issue_user_key(admin_key, created["id"], ["admin:read"])
         personal = issued["key"]
         assert (await svc.request("GET", WHOAMI, personal))[0] == 200
         assert (await svc.request("GET", WHOAMI, admin_key))[0] == 200
