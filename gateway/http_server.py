@@ -30,7 +30,9 @@ MALFORMED_REQUEST = (
 )
 
 
-class _EnvelopeRequestHandler(RequestHandler):
+class EnvelopeRequestHandler(RequestHandler):
+    """aiohttp's per-connection handler, answering its own errors with the envelope."""
+
     def handle_error(
         self,
         request: web.BaseRequest,
@@ -59,7 +61,7 @@ class _EnvelopeRequestHandler(RequestHandler):
 
 class _EnvelopeServer(web.Server):
     def __call__(self) -> RequestHandler:
-        return _EnvelopeRequestHandler(self, loop=self._loop, **self._kwargs)
+        return EnvelopeRequestHandler(self, loop=self._loop, **self._kwargs)
 
 
 class GatewayRunner(web.AppRunner):

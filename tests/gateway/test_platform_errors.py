@@ -6,13 +6,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from types import SimpleNamespace
+from typing import Any, cast
 
 import orjson
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 from platform_support import BOOM, ECHO, STORE_BOOM, Running, running, settings_for
 from yarl import URL
 
-from gateway.http_server import MALFORMED_REQUEST
+from gateway.http_server import MALFORMED_REQUEST, EnvelopeRequestHandler
 
 
 def assert_envelope(body: object, code: str | None = None) -> dict[str, object]:
@@ -182,3 +186,24 @@ async def test_requests_the_http_parser_refuses_get_the_envelope(
         assert not [r for r in caplog.records if "s3cret" in r.getMessage() + str(r.exc_info)]
         status, _, _ = await svc.request("GET", "/healthz")  # and the process keeps serving
         assert status == 200
+
+
+def test_a_failure_outside_the_middleware_is_an_opaque_500(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """aiohttp's own 500 (an exception that escaped every middleware) gets the same opaque,
+    id'd envelope as the error middleware's, and the traceback goes to the log only."""
+    writer = SimpleNamespace(output_size=0)
+    request = make_mocked_request("GET", "/somewhere", writer=writer)
+    with caplog.at_level(logging.ERROR, logger="gateway.errors"):
+        response = EnvelopeRequestHandler.handle_error(
+            cast(Any, None), request, 500, RuntimeError("secret detail")
+        )
+    assert isinstance(response, web.Response) and response.status == 500
+    assert response.body is not None
+    error = assert_envelope(orjson.loads(bytes(response.body)), "internal_error")
+    assert "secret detail" not in str(error["message"])
+    assert any(r.exc_info for r in caplog.records if "svc-" in r.getMessage())
+    writer.output_size = 10  # a response already under way cannot be replaced
+    with pytest.raises(ConnectionError):
+        EnvelopeRequestHandler.handle_error(cast(Any, None), request, 500, RuntimeError("x"))
