@@ -1,7 +1,8 @@
 """Prometheus metrics of the gateway and the /metrics rendering.
 
 Only non-sensitive series: build info, process uptime and runtime, the database pool, the
-readiness gauge, error counts by status. No tenant, key or per-request label, ever. The
+readiness gauge, error counts by status, and the in-process actor table (active actors,
+commands handled). No tenant, key or per-request label, ever. The
 store, projections and chat register their own series (store append latency, projection lag,
 turn latency) in the default registry; /metrics renders that registry plus this app's own.
 """
@@ -14,9 +15,10 @@ from collections.abc import Callable, Iterator
 from importlib import metadata
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from actors.table import TableStats
 from eventstore.db import PoolStats
 
 HTTP_ERRORS = Counter(
@@ -40,13 +42,15 @@ class GatewayCollector(Collector):
         self,
         pool_stats: Callable[[], PoolStats | None],
         ready: Callable[[], bool],
+        actor_stats: Callable[[], TableStats | None] = lambda: None,
         started_monotonic: float | None = None,
     ) -> None:
         self._pool_stats = pool_stats
         self._ready = ready
+        self._actor_stats = actor_stats
         self._started = time.monotonic() if started_monotonic is None else started_monotonic
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         info = GaugeMetricFamily(
             "svc_build_info", "Build of the running service.", labels=["version", "python"]
         )
@@ -63,6 +67,7 @@ class GatewayCollector(Collector):
             value=1.0 if self._ready() else 0.0,
         )
         yield from self._pool()
+        yield from self._actors()
 
     def _pool(self) -> Iterator[GaugeMetricFamily]:
         stats = self._pool_stats()
@@ -76,6 +81,21 @@ class GatewayCollector(Collector):
         pool.add_metric(["in_use"], float(stats.size - stats.idle))
         pool.add_metric(["max"], float(stats.max))
         yield pool
+
+    def _actors(self) -> Iterator[Metric]:
+        # Only an actor table in this process is counted: with the Ray runtime the actors live
+        # in the host processes, which this gateway does not scrape.
+        stats = self._actor_stats()
+        if stats is None:
+            return
+        yield GaugeMetricFamily(
+            "svc_actor_active", "Logical actors active in this process.", value=stats.active
+        )
+        yield CounterMetricFamily(
+            "svc_actor_commands",
+            "Commands the actors of this process have handled (succeeded or failed).",
+            value=stats.commands_processed + stats.commands_failed,
+        )
 
 
 def render(app_registry: CollectorRegistry) -> bytes:

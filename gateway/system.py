@@ -15,12 +15,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from pydantic import BaseModel
 
+from actors.local import LocalRuntime
+from actors.table import TableStats
 from eventstore.db import Database, PoolStats
 from gateway import openapi
 from gateway.errors import read_body, read_json
 from gateway.metrics import GatewayCollector, build_version, render
 from gateway.security import client_ip
-from gateway.state import DATABASE, SETTINGS
+from gateway.state import DATABASE, RUNTIME, SETTINGS
 from schemas.errors import PayloadTooLarge, RateLimited, Unavailable
 from schemas.settings_catalog import CATALOG
 from schemas.system import (
@@ -233,7 +235,11 @@ def setup_metrics(app: web.Application) -> None:
     def pool() -> PoolStats | None:
         return _pool_stats(app)
 
-    registry.register(GatewayCollector(pool, lambda: probe.ready))
+    def actors() -> TableStats | None:
+        runtime = app.get(RUNTIME)
+        return runtime.table.stats() if isinstance(runtime, LocalRuntime) else None
+
+    registry.register(GatewayCollector(pool, lambda: probe.ready, actors))
     app[METRICS_REGISTRY] = registry
 
 

@@ -78,6 +78,11 @@ async def test_metrics_have_no_tenant_or_request_labels(database_url: str) -> No
         ):
             assert series in text, series
         assert ws not in text and key_id not in text and key not in text
+        # Issuing the key ran a command on the workspace's actor, in this process.
+        active = re.search(r"^svc_actor_active (\S+)$", text, re.M)
+        handled = re.search(r"^svc_actor_commands_total (\S+)$", text, re.M)
+        assert active and float(active.group(1)) >= 1
+        assert handled and float(handled.group(1)) >= 1
         names = {
             pair.split("=", 1)[0]
             for labels in re.findall(r"\{([^}]*)\}", text)

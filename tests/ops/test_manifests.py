@@ -1,5 +1,5 @@
 """Static checks of the deployment files under ops/: they parse, the probes point at the
-right endpoints, and alerts and dashboards only use metrics the service exports.
+right endpoints, and alerts and dashboards only use metrics a running gateway exports.
 
 `yaml` (PyYAML) is needed for everything but the JSON checks; it is skipped only when it is not
 installed. promtool checks run when promtool is on PATH (Debian package `prometheus`).
@@ -15,41 +15,38 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
 
-# Every metric the alert rules and the dashboard may name: what the service exports (GET
-# /metrics), Prometheus' own `up`, and the recording rules of svc-rules.yaml. A new metric is
-# added here in the same change that exports it. The pool appears under two spellings until
-# one is chosen: svc_db_pool_connections{state} (gateway/metrics.py) and svc_db_pool_size/idle.
-KNOWN_METRICS = {
-    "svc_build_info",
-    "svc_process_uptime_seconds",
-    "svc_ready",
-    "svc_db_pool_connections",
-    "svc_db_pool_size",
-    "svc_db_pool_idle",
-    "svc_store_append_seconds",
-    "svc_store_oldest_open_tx_age_seconds",
-    "svc_projection_lag_events",
-    "svc_projection_lag_seconds",
-    "svc_projection_stalled",
-    "svc_turn_duration_seconds",
-    "svc_turn_errors_total",
-    "svc_http_requests_total",
-    "svc_http_errors_total",
-    "svc_deliveries_pending",
-    "svc_actor_active",
-    "svc_actor_commands_total",
-    "process_resident_memory_bytes",
-    "process_virtual_memory_bytes",
-    "process_cpu_seconds_total",
-    "process_open_fds",
-    "process_max_fds",
-    "process_start_time_seconds",
-    "up",
-}
+NOT_YET_EXPORTED = {"svc_deliveries_pending"}
+"""Named by a rule and a panel ahead of the delivery subsystem, both marked as such; nothing
+else the ops files name may be missing from /metrics."""
+PROMETHEUS_OWN = {"up"}
+
+
+@pytest.fixture
+async def exported(database_url: str) -> set[str]:
+    """Every metric a gateway exports, read from the `# TYPE` lines of its real /metrics
+    (labelled counters show there before their first sample)."""
+    from aiohttp.test_utils import TestServer
+
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    server = TestServer(create_app(Settings({"SVC_DATABASE_URL": database_url})), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(server.make_url("/metrics")) as resp:
+                assert resp.status == 200
+                text = await resp.text()
+    finally:
+        await server.close()
+    return set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+
+
 HISTOGRAMS = {"svc_store_append_seconds", "svc_turn_duration_seconds"}
 HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
 
@@ -310,15 +307,16 @@ def test_every_alert_has_a_runbook() -> None:
         assert anchor.group(1) in headings, f"{rule['alert']}: no heading for {anchor.group(1)}"
 
 
-def test_alert_rules_use_known_metrics_only() -> None:
+def test_alert_rules_use_exported_metrics_only(exported: set[str]) -> None:
     rules = _rules()
     recorded = {rule["record"] for rule in rules if "record" in rule}
+    known = exported | recorded | PROMETHEUS_OWN | NOT_YET_EXPORTED
     for rule in rules:
         for name in metric_names(rule["expr"]):
-            assert _base_name(name) in KNOWN_METRICS | recorded, (rule.get("alert"), name)
+            assert _base_name(name) in known, (rule.get("alert"), name)
 
 
-def test_dashboard_uses_known_metrics_only() -> None:
+def test_dashboard_uses_exported_metrics_only(exported: set[str]) -> None:
     dashboard = _dashboard()
     assert dashboard["schemaVersion"] >= 39
     exprs = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
@@ -326,7 +324,8 @@ def test_dashboard_uses_known_metrics_only() -> None:
     used = set()
     for expr in exprs:
         used |= {_base_name(name) for name in metric_names(expr)}
-    assert used <= KNOWN_METRICS, used - KNOWN_METRICS
+    known = exported | PROMETHEUS_OWN | NOT_YET_EXPORTED
+    assert used <= known, used - known
     for metric in (
         "svc_turn_duration_seconds",
         "svc_turn_errors_total",
@@ -334,8 +333,7 @@ def test_dashboard_uses_known_metrics_only() -> None:
         "svc_projection_lag_seconds",
         "svc_store_oldest_open_tx_age_seconds",
         "svc_store_append_seconds",
-        "svc_db_pool_size",
-        "svc_db_pool_idle",
+        "svc_db_pool_connections",
         "svc_actor_active",
         "svc_ready",
     ):
