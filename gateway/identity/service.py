@@ -104,7 +104,7 @@ def identity(request: web.Request) -> Identity:
 def _platform_hosts_identity(runtime: ActorRuntime) -> bool:
     """A local table says which kinds it hosts. Any other runtime (Ray hosts) builds its
     tables from gateway.bootstrap.behaviours(), which the wiring extends with the identity
-    kinds: it is then trusted to host them (docs/identity-wiring.md, step 2)."""
+    kinds: it is then trusted to host them (docs/identity-wiring.md)."""
     if isinstance(runtime, LocalRuntime):
         return DIRECTORY_KIND in runtime.table.kinds
     return True
