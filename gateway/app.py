@@ -1,8 +1,9 @@
 """The composition root: `create_app(settings)` wires the whole service into one aiohttp app.
 
 Every long-lived resource is opened by a `cleanup_ctx` (gateway/bootstrap.py holds the order)
-and published under a typed key of gateway/state.py. Middlewares, outermost first: the error
-envelope, then transport security. Routes: system endpoints, admin settings, chat, feeds,
+and published under a typed key of gateway/state.py. Middlewares, outermost first: tracing
+(only with `SVC_OTEL_ENDPOINT`, gateway/telemetry.py), the error envelope, then transport
+security. Routes: system endpoints, admin settings, chat, feeds,
 the admin API and identity (sessions, SSO, SCIM, OAuth), each module's `add_routes`; identity's
 `identify` widens `gateway.auth.authenticate` to sessions and OAuth/OIDC tokens.
 
@@ -23,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from aiohttp import web
 
 from eventstore.db import Database
-from gateway import admin, admin_agents, chat, feeds, identity, settings_api, system
+from gateway import admin, admin_agents, chat, feeds, identity, settings_api, system, telemetry
 from gateway.auth import IDENTIFY, Authenticator, KeyLookup, KeyRecord, add_rate_limit_headers
 from gateway.bootstrap import open_platform
 from gateway.errors import error_middleware
@@ -123,6 +124,7 @@ def create_app(
     )
     app[SETTINGS] = settings
     app[IDENTIFY] = identify
+    telemetry.install(app)  # first to open, last to close: spans of the shutdown get out
     app.cleanup_ctx.append(platform_ctx)
     app.on_response_prepare.append(add_security_headers)
     app.on_response_prepare.append(add_rate_limit_headers)

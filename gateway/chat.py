@@ -57,6 +57,7 @@ from gateway.errors import error_body, read_json
 from gateway.openapi import document
 from gateway.sse import open_sse, send_event
 from gateway.state import DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
+from gateway.telemetry import record_turn, turn_span
 from gateway.ttl_cache import TtlCache
 from projections import agent_queries
 from projections.agent_queries import Agent
@@ -235,9 +236,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         _check_model(request.app, body.model, agent)
         turn = _build_turn(ids, principal, body, agent)
         runtime = request.app[RUNTIME]
-        if body.stream:
-            return await _stream(request, runtime, turn, body.include_usage)
-        return await _complete(runtime, turn)
+        with turn_span(request, body.stream):
+            if body.stream:
+                return await _stream(request, runtime, turn, body.include_usage)
+            return await _complete(runtime, turn)
     except SvcError as exc:
         TURN_ERRORS.labels(exc.code).inc()
         raise
@@ -359,6 +361,7 @@ async def _complete(runtime: ActorRuntime, turn: _Turn) -> web.Response:
     result = await runtime.ask(turn.key, turn.command)
     if not isinstance(result, TurnResult):
         raise TypeError(f"conversation actor answered {type(result).__name__}, not TurnResult")
+    record_turn(result.usage.prompt_tokens, result.usage.completion_tokens, result.finish_reason)
     # The `ChatCompletionResponse` shape.
     response = {
         "id": turn.completion_id,
@@ -428,6 +431,9 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
                 result = item
         if result is None:
             raise RuntimeError("conversation actor ended the stream without a TurnResult")
+        record_turn(
+            result.usage.prompt_tokens, result.usage.completion_tokens, result.finish_reason
+        )
         await sender.finish(result)
     except SvcError as exc:
         if exc.http_status == 500:

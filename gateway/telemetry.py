@@ -1,0 +1,127 @@
+"""OTLP trace export when `SVC_OTEL_ENDPOINT` is set: the spec's optional telemetry push.
+
+With the setting blank nothing here runs: no middleware, no provider, no thread. With it set,
+every HTTP request is a server span named `METHOD route`, where the route is the pattern
+(`/v1/admin/users/{id}`), so ids in paths never become span names; a chat turn is a child span
+with its token usage and finish reason. Spans carry no workspace, key, user, query string,
+header or message text: only the method, the route, the status and the timing.
+
+Spans leave in batches over OTLP/HTTP (protobuf) to `<endpoint>/v1/traces` from the SDK's
+background thread, so a slow or unreachable collector costs dropped spans and a warning in the
+log, never a request. Metrics stay on `/metrics` (Prometheus); OTLP carries traces only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, get_current_span
+
+from gateway.metrics import build_version
+from gateway.state import SETTINGS
+
+log = logging.getLogger(__name__)
+
+TRACER: web.AppKey[Tracer] = web.AppKey("svc_tracer")
+EXPORT_TIMEOUT_S = 5.0
+UNMATCHED_ROUTE = "unmatched"
+
+
+def otel_endpoint(app: web.Application) -> str:
+    return app[SETTINGS].text("SVC_OTEL_ENDPOINT").strip()
+
+
+def traces_url(endpoint: str) -> str:
+    """The OTLP/HTTP traces URL of a collector endpoint, as OTel's own exporters read
+    `OTEL_EXPORTER_OTLP_ENDPOINT`: the base URL plus `/v1/traces`, unless it is already there."""
+    base = endpoint.rstrip("/")
+    return base if base.endswith("/v1/traces") else f"{base}/v1/traces"
+
+
+def _shown(url: str) -> str:
+    """The URL for the log, without any user:password it may carry."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+async def telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Opens the tracer provider and its exporter; on close, exports what is left."""
+    url = traces_url(otel_endpoint(app))
+    resource = Resource.create({"service.name": "svc", "service.version": build_version()})
+    provider = TracerProvider(resource=resource)
+    exporter = OTLPSpanExporter(endpoint=url, timeout=EXPORT_TIMEOUT_S)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    app[TRACER] = provider.get_tracer("svc.gateway", build_version())
+    log.info("telemetry: spans go over OTLP/HTTP to %s", _shown(url))
+    try:
+        yield
+    finally:
+        # Flushes the last batch; the SDK blocks on its HTTP call, so not on the event loop.
+        await asyncio.to_thread(provider.shutdown)
+
+
+def _route(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return UNMATCHED_ROUTE if resource is None else resource.canonical
+
+
+@web.middleware
+async def tracing_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Outermost, so the span sees the status the client gets (errors are responses by then)."""
+    tracer = request.app.get(TRACER)
+    if tracer is None:  # the context has not opened yet, or is closing
+        return await handler(request)
+    route = _route(request)
+    attributes = {"http.request.method": request.method, "http.route": route}
+    with tracer.start_as_current_span(
+        f"{request.method} {route}", kind=SpanKind.SERVER, attributes=attributes
+    ) as span:
+        response = await handler(request)
+        span.set_attribute("http.response.status_code", response.status)
+        if response.status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+        return response
+
+
+@contextlib.contextmanager
+def turn_span(request: web.Request, streamed: bool) -> Iterator[Span | None]:
+    """A child span of the request's for one chat turn, or None when tracing is off."""
+    tracer = request.app.get(TRACER)
+    if tracer is None:
+        yield None
+        return
+    with tracer.start_as_current_span(
+        "chat turn", attributes={"gen_ai.operation.name": "chat", "svc.turn.streamed": streamed}
+    ) as span:
+        yield span
+
+
+def record_turn(prompt_tokens: int, completion_tokens: int, finish_reason: str | None) -> None:
+    """Usage and finish reason on the current turn span (a no-op when tracing is off)."""
+    span = get_current_span()
+    if not span.is_recording():
+        return
+    span.set_attribute("gen_ai.usage.input_tokens", prompt_tokens)
+    span.set_attribute("gen_ai.usage.output_tokens", completion_tokens)
+    if finish_reason:
+        span.set_attribute("gen_ai.response.finish_reasons", (finish_reason,))
+
+
+def install(app: web.Application) -> None:
+    """Tracing when `SVC_OTEL_ENDPOINT` is set; nothing at all otherwise."""
+    if not otel_endpoint(app):
+        return
+    app.middlewares.insert(0, tracing_middleware)
+    app.cleanup_ctx.append(telemetry_ctx)

@@ -1,0 +1,114 @@
+"""OTLP trace export (SVC_OTEL_ENDPOINT) to a collector on loopback that decodes what the
+OpenTelemetry SDK's own exporter sends: request spans named by route, a chat turn as their
+child with its usage, nothing tenant-specific or secret, and nothing at all when unset."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from platform_support import running, settings_for
+
+from gateway.telemetry import TRACER, traces_url
+
+
+class Collector:
+    """The OTLP/HTTP traces endpoint of a collector: every span it receives, decoded."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+        self.resources: list[dict[str, Any]] = []
+
+    async def traces(self, request: web.Request) -> web.Response:
+        assert request.content_type == "application/x-protobuf"
+        export = ExportTraceServiceRequest.FromString(await request.read())
+        for resource_spans in export.resource_spans:
+            self.resources.append(_attributes(resource_spans.resource.attributes))
+            for scope_spans in resource_spans.scope_spans:
+                self.spans.extend(scope_spans.spans)
+        body = ExportTraceServiceResponse().SerializeToString()
+        return web.Response(body=body, content_type="application/x-protobuf")
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[str]:
+        app = web.Application()
+        app.router.add_post("/v1/traces", self.traces)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        finally:
+            await runner.cleanup()
+
+
+def _value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None
+
+
+def _attributes(pairs: Any) -> dict[str, Any]:
+    return {pair.key: _value(pair.value) for pair in pairs}
+
+
+def test_traces_url_follows_the_otlp_convention() -> None:
+    assert traces_url("http://collector:4318") == "http://collector:4318/v1/traces"
+    assert traces_url("http://collector:4318/") == "http://collector:4318/v1/traces"
+    assert traces_url("https://c.example/v1/traces") == "https://c.example/v1/traces"
+
+
+async def test_requests_and_turns_are_exported_as_spans(database_url: str) -> None:
+    collector = Collector()
+    async with collector.running() as endpoint:
+        settings = settings_for(database_url, SVC_OTEL_ENDPOINT=endpoint)
+        async with running(settings) as svc:
+            ws = "ws-otel-secret-tenant"
+            key, _ = await svc.issue_key(ws)
+            secret_text = "my private question about payroll"
+            chat = {"model": "svc-offline", "messages": [{"role": "user", "content": secret_text}]}
+            status, _, _ = await svc.request("POST", "/v1/chat/completions", key, json=chat)
+            assert status == 200
+            status, _, _ = await svc.request(
+                "GET", "/v1/admin/users/u-hidden-id?token=query-secret", key
+            )
+            assert status == 404
+            status, _, _ = await svc.request("GET", "/no/such/path")
+            assert status == 404
+        # Leaving `running` closed the app, which flushed the last batch to the collector.
+
+    assert collector.resources and collector.resources[0]["service.name"] == "svc"
+    by_name: dict[str, list[Any]] = {}
+    for span in collector.spans:
+        by_name.setdefault(span.name, []).append(span)
+    (request_span,) = by_name["POST /v1/chat/completions"]
+    request_attrs = _attributes(request_span.attributes)
+    assert request_attrs["http.route"] == "/v1/chat/completions"
+    assert request_attrs["http.response.status_code"] == 200
+    (turn,) = by_name["chat turn"]
+    assert turn.trace_id == request_span.trace_id and turn.parent_span_id == request_span.span_id
+    usage = _attributes(turn.attributes)
+    assert usage["gen_ai.usage.input_tokens"] > 0 and usage["gen_ai.usage.output_tokens"] > 0
+    assert usage["gen_ai.response.finish_reasons"] == ["stop"]
+    (user_span,) = by_name["GET /v1/admin/users/{id}"]
+    assert _attributes(user_span.attributes)["http.response.status_code"] == 404
+    assert _attributes(by_name["GET unmatched"][0].attributes)["http.response.status_code"] == 404
+
+    everything = repr([(s.name, _attributes(s.attributes)) for s in collector.spans])
+    for private in (ws, key, secret_text, "u-hidden-id", "query-secret"):
+        assert private not in everything, private
+
+
+async def test_no_endpoint_no_tracing(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        assert TRACER not in svc.app
+        assert all(m.__name__ != "tracing_middleware" for m in svc.app.middlewares)
