@@ -21,10 +21,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, get_current_span
 
 from gateway.metrics import build_version
@@ -57,7 +53,13 @@ def _shown(url: str) -> str:
 
 
 async def telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Opens the tracer provider and its exporter; on close, exports what is left."""
+    """Opens the tracer provider and its exporter; on close, exports what is left. The SDK
+    and the exporter (with `requests` and `protobuf`) are imported only when tracing is on."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     url = traces_url(otel_endpoint(app))
     resource = Resource.create({"service.name": "svc", "service.version": build_version()})
     provider = TracerProvider(resource=resource)
