@@ -1,20 +1,20 @@
 """The composition root: `create_app(settings)` wires the whole service into one aiohttp app.
 
 Every long-lived resource is opened by a `cleanup_ctx` (gateway/bootstrap.py holds the order)
-and published under a typed key of gateway/state.py. Middlewares, outermost first: tracing
-(only with `SVC_OTEL_ENDPOINT`, gateway/telemetry.py), the error envelope, then transport
-security. Routes: system endpoints, admin settings, chat, feeds,
-the admin API and identity (sessions, SSO, SCIM, OAuth), each module's `add_routes`; identity's
-`identify` widens `gateway.auth.authenticate` to sessions and OAuth/OIDC tokens.
+and published under a typed key of gateway/state.py. Middlewares, outermost first: tracing (only
+with `SVC_OTEL_ENDPOINT`, gateway/telemetry.py), the error envelope, then transport security.
+Routes: system endpoints, admin settings, chat, feeds, the admin API and identity (sessions,
+SSO, SCIM, OAuth), each module's `add_routes`; identity's `identify` widens
+`gateway.auth.authenticate` to sessions and OAuth/OIDC tokens.
 
 Shutdown (aiohttp's runner, see gateway/cli.py): the listener stops accepting and idle
 connections close; then the on_shutdown hooks, in order: the one budget of
-`SVC_SHUTDOWN_GRACE_SEC` starts (if the signal did not start it already), feeds close with
-their last cursor, and the actor runtime stops within what is left of the budget (turns still
-running then are interrupted and recorded as failed). Only then does aiohttp drain the
-handlers, so a handler waiting on an interrupted turn writes its 503 (or SSE error frame)
-instead of being cancelled; aiohttp's own timeout (`HANDLER_DRAIN_S`) is a backstop for that
-last write. Last, the platform closes in reverse order (projections flushed, store, database).
+`SVC_SHUTDOWN_GRACE_SEC` starts (if the signal did not start it already), feeds close with their
+last cursor, and the actor runtime stops within what is left of the budget (turns still running
+then are interrupted and recorded as failed). Only then does aiohttp drain the handlers, so a
+handler waiting on an interrupted turn writes its 503 (or SSE error frame) instead of being
+cancelled; aiohttp's own timeout (`HANDLER_DRAIN_S`) is a backstop for that last write. Last,
+the platform closes in reverse order (projections flushed, store, database).
 """
 
 from __future__ import annotations

@@ -361,7 +361,7 @@ async def _complete(runtime: ActorRuntime, turn: _Turn) -> web.Response:
     result = await runtime.ask(turn.key, turn.command)
     if not isinstance(result, TurnResult):
         raise TypeError(f"conversation actor answered {type(result).__name__}, not TurnResult")
-    record_turn(result.usage.prompt_tokens, result.usage.completion_tokens, result.finish_reason)
+    record_turn(result)
     # The `ChatCompletionResponse` shape.
     response = {
         "id": turn.completion_id,
@@ -431,9 +431,7 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
                 result = item
         if result is None:
             raise RuntimeError("conversation actor ended the stream without a TurnResult")
-        record_turn(
-            result.usage.prompt_tokens, result.usage.completion_tokens, result.finish_reason
-        )
+        record_turn(result)
         await sender.finish(result)
     except SvcError as exc:
         if exc.http_status == 500:

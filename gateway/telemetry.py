@@ -1,6 +1,6 @@
 """OTLP trace export when `SVC_OTEL_ENDPOINT` is set: the spec's optional telemetry push.
 
-With the setting blank nothing here runs: no middleware, no provider, no thread. With it set,
+With the setting blank nothing is installed: no middleware, no provider, no thread. With it set,
 every HTTP request is a server span named `METHOD route`, where the route is the pattern
 (`/v1/admin/users/{id}`), so ids in paths never become span names; a chat turn is a child span
 with its token usage and finish reason. Spans carry no workspace, key, user, query string,
@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, get_current_span
 
+from actors.conversation import TurnResult
 from gateway.metrics import build_version
 from gateway.state import SETTINGS
 
@@ -48,6 +49,8 @@ def _shown(url: str) -> str:
     """The URL for the log, without any user:password it may carry."""
     parts = urlsplit(url)
     host = parts.hostname or ""
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
     netloc = f"{host}:{parts.port}" if parts.port else host
     return urlunsplit(parts._replace(netloc=netloc))
 
@@ -110,15 +113,15 @@ def turn_span(request: web.Request, streamed: bool) -> Iterator[Span | None]:
         yield span
 
 
-def record_turn(prompt_tokens: int, completion_tokens: int, finish_reason: str | None) -> None:
+def record_turn(result: TurnResult) -> None:
     """Usage and finish reason on the current turn span (a no-op when tracing is off)."""
     span = get_current_span()
     if not span.is_recording():
         return
-    span.set_attribute("gen_ai.usage.input_tokens", prompt_tokens)
-    span.set_attribute("gen_ai.usage.output_tokens", completion_tokens)
-    if finish_reason:
-        span.set_attribute("gen_ai.response.finish_reasons", (finish_reason,))
+    span.set_attribute("gen_ai.usage.input_tokens", result.usage.prompt_tokens)
+    span.set_attribute("gen_ai.usage.output_tokens", result.usage.completion_tokens)
+    if result.finish_reason:
+        span.set_attribute("gen_ai.response.finish_reasons", (result.finish_reason,))
 
 
 def install(app: web.Application) -> None:
