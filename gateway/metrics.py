@@ -42,7 +42,7 @@ class GatewayCollector(Collector):
         self,
         pool_stats: Callable[[], PoolStats | None],
         ready: Callable[[], bool],
-        actor_stats: Callable[[], TableStats | None] = lambda: None,
+        actor_stats: Callable[[], TableStats | None],
         started_monotonic: float | None = None,
     ) -> None:
         self._pool_stats = pool_stats
