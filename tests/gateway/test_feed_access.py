@@ -35,20 +35,32 @@ async def revoke(svc: Service, admin: str, key_id: str) -> None:
     await svc.post_json(f"{KEYS}/{key_id}/revoke", admin, None)
 
 
-async def until_closed(reader: SseReader, wait_s: float = 20.0) -> tuple[list[Frame], Frame]:
+async def until_closed(
+    resp: aiohttp.ClientResponse, reader: SseReader, wait_s: float = 20.0
+) -> tuple[list[Frame], Frame]:
     """Events up to the feed's final frame, and that frame; the stream must end after it.
-    Fails if that takes over `wait_s` (heartbeats do not count as progress)."""
+    Fails if that takes over `wait_s` (heartbeats do not count as progress). The response is
+    closed either way."""
     events: list[Frame] = []
-    async with asyncio.timeout(wait_s):
-        while True:
-            frame = await reader.frame()
-            assert frame is not None, "the feed ended without its final frame"
-            if frame.event in ("error", "shutdown"):
-                break
-            if frame.event is not None:
-                events.append(frame)
-        assert await reader.frame() is None, "something was sent after the final frame"
+    try:
+        async with asyncio.timeout(wait_s):
+            while True:
+                frame = await reader.frame()
+                assert frame is not None, "the feed ended without its final frame"
+                if frame.event in ("error", "shutdown"):
+                    break
+                if frame.event is not None:
+                    events.append(frame)
+            assert await reader.frame() is None, "something was sent after the final frame"
+    finally:
+        resp.close()
     return events, frame
+
+
+async def new_workspace(svc: Service) -> tuple[str, str]:
+    """A fresh workspace and a `*` key of it: (workspace id, key)."""
+    ws = uid("ws-")
+    return ws, await svc.issue_key(ws)
 
 
 def fast_sweeps(svc: Service, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,8 +75,7 @@ def fast_sweeps(svc: Service, monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_keys_without_read_rights_are_refused(
     service: Service, path: str, scopes: list[str]
 ) -> None:
-    ws = uid("ws-")
-    admin = await service.issue_key(ws)
+    _, admin = await new_workspace(service)
     _, key = await new_key(service, admin, scopes)
     resp = await service.get(path, key, start="latest")
     assert resp.status == 403
@@ -74,8 +85,7 @@ async def test_keys_without_read_rights_are_refused(
 
 @pytest.mark.parametrize("path", [EVENTS, WEB])
 async def test_a_read_key_gets_the_feed(service: Service, path: str) -> None:
-    ws = uid("ws-")
-    admin = await service.issue_key(ws)
+    ws, admin = await new_workspace(service)
     _, key = await new_key(service, admin, ["admin:read"])
     resp, reader = await open_feed(service, path, key, start="latest")
     await reader.frame()  # retry
@@ -94,8 +104,7 @@ async def test_revoking_a_key_closes_its_open_feeds(
     service: Service, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
     fast_sweeps(service, monkeypatch)
-    ws = uid("ws-")
-    admin = await service.issue_key(ws)
+    ws, admin = await new_workspace(service)
     key_id, key = await new_key(service, admin, ["admin:read"])
     resp, reader = await open_feed(service, path, key, start="latest")
     other, other_reader = await open_feed(service, path, admin, start="latest")
@@ -103,8 +112,7 @@ async def test_revoking_a_key_closes_its_open_feeds(
     (seen,) = await reader.events(1)
 
     await revoke(service, admin, key_id)
-    events, final = await until_closed(reader)
-    resp.close()
+    events, final = await until_closed(resp, reader)
     body = final.json()
     assert final.event == "error"
     assert body["error"]["code"] == "unauthorized"
@@ -130,14 +138,12 @@ async def test_a_local_revocation_closes_feeds_at_once(service: Service) -> None
     # The sweep stays at its default interval: the revocation itself (the authenticator's
     # forget_key) asks for the check, so the feed closes without waiting for a sweep.
     hub = service.app[feeds.FEED_HUB]
-    ws = uid("ws-")
-    admin = await service.issue_key(ws)
+    _, admin = await new_workspace(service)
     key_id, key = await new_key(service, admin, ["*"])
     resp, reader = await open_feed(service, EVENTS, key, start="latest")
     await reader.frame()
     await revoke(service, admin, key_id)
-    _, final = await until_closed(reader, hub.tick_s / 2)
-    resp.close()
+    _, final = await until_closed(resp, reader, hub.tick_s / 2)
     assert final.event == "error" and final.json()["error"]["code"] == "unauthorized"
     assert hub.unauthorized_total == 1
 
@@ -146,13 +152,11 @@ async def test_an_expiring_key_closes_its_feed(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fast_sweeps(service, monkeypatch)
-    ws = uid("ws-")
-    admin = await service.issue_key(ws)
+    _, admin = await new_workspace(service)
     expires = now() + timedelta(seconds=2)
     _, key = await new_key(service, admin, ["admin:read"], expires_at=expires.isoformat())
     resp, reader = await open_feed(service, EVENTS, key)
-    _, final = await until_closed(reader)
-    resp.close()
+    _, final = await until_closed(resp, reader)
     assert now() >= expires
     assert final.json()["error"]["code"] == "unauthorized"
     assert "expired" in final.json()["error"]["message"]
@@ -162,8 +166,7 @@ async def test_deactivating_the_owning_user_closes_the_feed(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fast_sweeps(service, monkeypatch)
-    ws = uid("ws-")
-    admin = await service.issue_key(ws)
+    _, admin = await new_workspace(service)
     # A member: a user's key reads only what the user's roles let it read.
     account = {"user_name": uid("u-"), "roles": ["member"]}
     user = await service.post_json("/v1/admin/users", admin, account, status=201)
@@ -181,8 +184,7 @@ async def test_deactivating_the_owning_user_closes_the_feed(
         json={"active": False},
     )
     assert patched.status == 200, await patched.text()
-    _, final = await until_closed(reader)
-    resp.close()
+    _, final = await until_closed(resp, reader)
     assert final.event == "error" and final.json()["error"]["code"] == "unauthorized"
 
 
@@ -219,8 +221,7 @@ async def test_logging_out_closes_a_session_feed(
 ) -> None:
     # The web UI's own credential: a session cookie of a user whose role reads conversations.
     fast_sweeps(service, monkeypatch)
-    ws = uid("ws-")
-    admin = await service.issue_key(ws)
+    ws, admin = await new_workspace(service)
     async with browser() as session:
         _, csrf = await sign_in_member(service, session, ws, admin)
         resp, reader = await open_session_feed(service, session, WEB)
@@ -230,8 +231,7 @@ async def test_logging_out_closes_a_session_feed(
             service.url("/v1/admin/auth/logout"), headers={"X-CSRF-Token": csrf}
         )
         assert logout.status == 200, await logout.text()
-        _, final = await until_closed(reader)
-        resp.close()
+        _, final = await until_closed(resp, reader)
     assert seen.event == "conversation.started"
     assert final.event == "error" and final.json()["error"]["code"] == "unauthorized"
 
@@ -240,8 +240,7 @@ async def test_losing_the_right_closes_a_session_feed(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fast_sweeps(service, monkeypatch)
-    ws = uid("ws-")
-    admin = await service.issue_key(ws)
+    ws, admin = await new_workspace(service)
     async with browser() as session:
         user_id, _ = await sign_in_member(service, session, ws, admin)
         resp, reader = await open_session_feed(service, session, EVENTS)
@@ -249,8 +248,7 @@ async def test_losing_the_right_closes_a_session_feed(
             service.url(f"/v1/admin/users/{user_id}/roles/member"), headers=service.auth(admin)
         )
         assert unbound.status == 200, await unbound.text()
-        _, final = await until_closed(reader)
-        resp.close()
+        _, final = await until_closed(resp, reader)
         again = await session.get(service.url(EVENTS), params={"start": "latest"})
         again.close()
     error = final.json()["error"]
@@ -265,8 +263,7 @@ async def test_valid_keys_keep_their_feeds_across_checks(
     # Checks of an open feed do not count against the key's rate, and a key over its rate
     # would still be a valid key: the feed it opened stays open.
     fast_sweeps(service, monkeypatch)
-    ws = uid("ws-")
-    admin = await service.issue_key(ws)
+    ws, admin = await new_workspace(service)
     _, key = await new_key(service, admin, ["admin:read"], rate_limit_rpm=2)
     resp, reader = await open_feed(service, EVENTS, key, start="latest")
     await reader.frame()
@@ -286,8 +283,7 @@ async def test_valid_keys_keep_their_feeds_across_checks(
 
 @pytest.mark.parametrize("path", [EVENTS, WEB])
 async def test_a_cursor_ahead_of_the_log_is_a_400(service: Service, path: str) -> None:
-    ws = uid("ws-")
-    key = await service.issue_key(ws)
+    _, key = await new_workspace(service)
     head = decode_cursor(await service.app[STORE].head())
     ahead = [
         "c1AAAA6NSlEAAAAAAAAAAAAQ",  # tx 10**12
@@ -309,8 +305,7 @@ async def test_a_fresh_cursor_behind_a_running_transaction_is_accepted(service: 
     # An older transaction still running holds xmin back: the event just appended is not yet
     # visible to readers, so its cursor is ahead of the tailer and of the visible head. It
     # was issued by this log, so a feed from it is valid and goes on after it.
-    ws = uid("ws-")
-    key = await service.issue_key(ws)
+    ws, key = await new_workspace(service)
     async with service.app[DATABASE].transaction() as holder:
         await holder.fetchval("SELECT pg_current_xact_id()")
         fresh = await service.append_pings(ws, 1)
