@@ -65,6 +65,9 @@ class LocalRuntime:
     async def stats(self) -> TableStats:
         return self._table.stats()
 
+    async def host_stats(self) -> dict[str, TableStats]:
+        return {}  # the actors run in this process: see `table`
+
 
 async def _follow(reply: Reply) -> AsyncIterator[Any]:
     try:

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from actors.behaviour import ActorKey
-from actors.table import StopSummary
+from actors.table import StopSummary, TableStats
 from schemas.commands import Command
 
 
@@ -29,4 +29,9 @@ class ActorRuntime(Protocol):
         """Stop taking commands, let running ones finish up to the deadline, fail the rest
         with `RuntimeStopping`, snapshot and passivate every active actor. Returns what
         became of the commands in flight when they ran in this process, else None."""
+        ...
+
+    async def host_stats(self) -> dict[str, TableStats]:
+        """The actor table counters of each host process the actors are spread over, by host
+        name (for metrics); empty when they run in this process."""
         ...

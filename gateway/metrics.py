@@ -2,7 +2,8 @@
 
 Only non-sensitive series: build info, process uptime and runtime, the database pool, the
 readiness gauge, error counts by status, and the in-process actor table (active actors,
-commands handled). No tenant, key or per-request label, ever. The
+commands handled; with the Ray runtime, the same per actor host). No tenant, key or
+per-request label, ever. The
 store, projections and chat register their own series (store append latency, projection lag,
 turn latency) in the default registry; /metrics renders that registry plus this app's own.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, generate_latest
@@ -83,8 +84,8 @@ class GatewayCollector(Collector):
         yield pool
 
     def _actors(self) -> Iterator[Metric]:
-        # Only an actor table in this process is counted: with the Ray runtime the actors live
-        # in the host processes, which this gateway does not scrape.
+        # Only an actor table in this process is counted here: with the Ray runtime the actors
+        # live in the host processes, reported per host by ActorHostsCollector.
         stats = self._actor_stats()
         if stats is None:
             return
@@ -98,5 +99,34 @@ class GatewayCollector(Collector):
         )
 
 
-def render(app_registry: CollectorRegistry) -> bytes:
-    return generate_latest(REGISTRY) + generate_latest(app_registry)
+class ActorHostsCollector(Collector):
+    """The actor tables of the Ray runtime's host processes, by host, as one scrape read them.
+
+    Every gateway of a cluster reports every host, so a dashboard takes `max by (host)`.
+    With the local runtime the families are declared and empty."""
+
+    def __init__(self, hosts: Mapping[str, TableStats]) -> None:
+        self._hosts = hosts
+
+    def collect(self) -> Iterator[Metric]:
+        active = GaugeMetricFamily(
+            "svc_actor_host_active",
+            "Logical actors active in each Ray actor host (hosts that answered this scrape).",
+            labels=["host"],
+        )
+        commands = CounterMetricFamily(
+            "svc_actor_host_commands",
+            "Commands each Ray actor host has handled since it started (succeeded or failed).",
+            labels=["host"],
+        )
+        for host, stats in sorted(self._hosts.items()):
+            active.add_metric([host], float(stats.active))
+            commands.add_metric([host], float(stats.commands_processed + stats.commands_failed))
+        yield active
+        yield commands
+
+
+def render(app_registry: CollectorRegistry, hosts: Mapping[str, TableStats]) -> bytes:
+    per_scrape = CollectorRegistry(auto_describe=False)
+    per_scrape.register(ActorHostsCollector(hosts))
+    return generate_latest(REGISTRY) + generate_latest(app_registry) + generate_latest(per_scrape)

@@ -198,7 +198,9 @@ async def ingest_client_log(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     await request.app[READINESS].check(request.app.get(DATABASE))
-    body = render(request.app[METRICS_REGISTRY])
+    runtime = request.app.get(RUNTIME)
+    hosts = {} if runtime is None else await runtime.host_stats()
+    body = render(request.app[METRICS_REGISTRY], hosts)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

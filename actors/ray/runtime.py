@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 
 _HOST_ERRORS = HOST_ERRORS
 _HOST_ERRORS_OR_TIMEOUT = HOST_ERRORS_OR_TIMEOUT
+_STATS_TIMEOUT_S = 2.0
 
 
 class HostUnavailable(Unavailable):
@@ -624,19 +625,27 @@ class RayRuntime:
     # --- introspection ------------------------------------------------------------------
 
     async def stats(self) -> TableStats:
-        """The table counters summed over every host."""
+        """The table counters summed over every host that answered."""
+        each = list((await self.host_stats()).values())
+        fields = [f.name for f in dataclasses.fields(TableStats)]
+        return TableStats(**{f: sum(getattr(st, f) for st in each) for f in fields})
+
+    async def host_stats(self) -> dict[str, TableStats]:
+        """The table counters of each host that answers within `_STATS_TIMEOUT_S`, by name.
+
+        A host that is down, restarting or ended by another process (`svc cluster scale`)
+        is left out: a scrape must not wait for Ray to give up on it."""
         assert self._map is not None
         names = sorted(set(self._map.owners) | set(self._handles))
         answers = await asyncio.gather(
             *(self._host_stats(n) for n in names), return_exceptions=True
         )
-        # A host ended by another process (`svc cluster scale`) has nothing left to count.
-        each = [a for a in answers if isinstance(a, TableStats)]
-        fields = [f.name for f in dataclasses.fields(TableStats)]
-        return TableStats(**{f: sum(getattr(st, f) for st in each) for f in fields})
+        return {n: a for n, a in zip(names, answers, strict=True) if isinstance(a, TableStats)}
 
     async def _host_stats(self, name: str) -> TableStats:
-        stats: TableStats = await self._handle(name).stats.remote()
+        stats: TableStats = await asyncio.wait_for(
+            self._handle(name).stats.remote(), _STATS_TIMEOUT_S
+        )
         return stats
 
     async def status(self) -> dict[str, Any]:

@@ -21,10 +21,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# The actor doubles and the contract suites live in tests/actors: importable by name when
-# tests/ray runs alone (pyproject's `pythonpath = ["."]` already puts the project first).
-if str(ROOT / "tests" / "actors") not in sys.path:
-    sys.path.insert(0, str(ROOT / "tests" / "actors"))
+# The actor doubles and the contract suites live in tests/actors, the gateway's test helpers in
+# tests/gateway: importable by name when tests/ray runs alone (pyproject's `pythonpath = ["."]`
+# already puts the project first).
+for helpers in ("actors", "gateway"):
+    if str(ROOT / "tests" / helpers) not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests" / helpers))
 
 import pytest  # noqa: E402
 import ray  # noqa: E402
