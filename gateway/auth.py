@@ -20,7 +20,7 @@ from aiohttp import web
 
 from gateway.ratelimit import RateDecision, RateLimiter
 from gateway.settings import Settings
-from gateway.state import AUTH, Principal
+from gateway.state import AUTH, SETTINGS, Principal
 from gateway.ttl_cache import TtlCache
 from schemas.errors import Forbidden, Unauthorized
 
@@ -184,6 +184,17 @@ def require_scope(principal: Principal, scope: str) -> None:
     if scope == "mcp":
         raise Unauthorized("this endpoint needs an API key with the mcp scope")
     raise Forbidden(f"this API key lacks the {scope} scope", code="insufficient_scope")
+
+
+def require_instance_admin(principal: Principal, request: web.Request, what: str) -> None:
+    """Instance-wide state (settings, SSO secrets) is managed from the default workspace: an
+    admin of any other workspace administers only that workspace."""
+    default = request.app[SETTINGS].default_workspace_id
+    if principal.workspace_id != default:
+        raise Forbidden(
+            f"{what} are managed by admins of the {default!r} workspace",
+            code="instance_admin_required",
+        )
 
 
 def check_delegation(principal: Principal, scopes: tuple[str, ...]) -> None:

@@ -10,12 +10,11 @@ from __future__ import annotations
 from aiohttp import web
 from pydantic import BaseModel
 
-from gateway.auth import authenticate
+from gateway.auth import authenticate, require_instance_admin
 from gateway.errors import read_json
 from gateway.identity.roles import domain_for_path, require_access
 from gateway.openapi import document
-from gateway.state import SETTINGS, SETTINGS_SERVICE
-from schemas.errors import Forbidden
+from gateway.state import SETTINGS_SERVICE
 from schemas.settings import SetSettingRequest, SettingChangeResult, SettingList, SettingView
 
 
@@ -24,12 +23,7 @@ async def _admin(request: web.Request, scope: str) -> None:
     # Keys pass by their admin:read/admin:write scopes; users by read/write on `settings`.
     writing = scope == "admin:write"
     require_access(principal, domain_for_path(request.path), "write" if writing else "read")
-    default = request.app[SETTINGS].default_workspace_id
-    if principal.workspace_id != default:
-        raise Forbidden(
-            f"instance settings are managed by admin keys of the {default!r} workspace",
-            code="instance_admin_required",
-        )
+    require_instance_admin(principal, request, "instance settings")
 
 
 def _json(model: BaseModel) -> web.Response:

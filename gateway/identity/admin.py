@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from actors.identity import directory_key, session_key
 from actors.workspace import workspace_key
-from gateway.auth import check_delegation, generate_key, hash_key
+from gateway.auth import check_delegation, generate_key, hash_key, require_instance_admin
 from gateway.errors import read_json
 from gateway.identity.common import acting, actor_of, command_id, json, new_id, now, user_view
 from gateway.identity.oauth import new_client_credentials, secret_hash
@@ -530,9 +530,10 @@ async def scim_token(request: web.Request) -> web.Response:
 
 async def put_secret(request: web.Request) -> web.Response:
     """Set an SSO secret (the LDAP bind password, the SAML SP key). Instance-wide, so only a
-    principal with write on `security` everywhere (an owner/admin or a `*`/admin:write key).
-    Write-only: no endpoint ever returns it."""
+    principal of the default workspace with write on `security` (an owner, or a `*` or
+    admin:write key). Write-only: no endpoint ever returns it."""
     principal = await acting(request, "security", "write")
+    require_instance_admin(principal, request, "instance secrets")
     name = (request.match_info["scope"], request.match_info["name"])
     if name not in INSTANCE_SECRETS:
         raise NotFound(f"no secret {name[0]}/{name[1]}")

@@ -54,6 +54,28 @@ async def test_workspaces_do_not_see_each_other(database_url: str) -> None:
         assert total == 1 and users[0].user_id == user_b["id"]
 
 
+async def test_only_the_default_workspace_manages_instance_secrets_and_settings(
+    database_url: str,
+) -> None:
+    """The LDAP bind password, the SAML key and the settings serve every workspace: an owner
+    of another workspace must not be able to change them."""
+    async with running(settings_for(database_url)) as svc:
+        tenant = await svc.issue_key("ws-tenant")
+        owner = await svc.issue_key()  # the default workspace's
+        secret = "/v1/admin/identity/secrets/ldap/bind_password"
+        status, body, _ = await svc.request("PUT", secret, tenant, json={"value": "tenant-pw"})
+        assert status == 403 and body["error"]["code"] == "instance_admin_required"
+        assert "'default' workspace" in body["error"]["message"]
+        for method, path, payload in (
+            ("GET", "/v1/admin/settings", None),
+            ("PUT", "/v1/admin/settings/SVC_LOG_LEVEL", {"value": "debug"}),
+        ):
+            status, body, _ = await svc.request(method, path, tenant, json=payload)
+            assert status == 403 and body["error"]["code"] == "instance_admin_required"
+        status, _, _ = await svc.request("PUT", secret, owner, json={"value": "owner-pw"})
+        assert status == 204
+
+
 async def test_audit_retention(database_url: str) -> None:
     async with running(settings_for(database_url, SVC_AUDIT_RETENTION_DAYS="30")) as svc:
         key = await svc.issue_key()
