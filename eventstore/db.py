@@ -52,6 +52,13 @@ def _is_unavailable(exc: asyncpg.PostgresError) -> bool:
     return is_unavailable_state(getattr(exc, "sqlstate", "") or "")
 
 
+_MALFORMED_DSN = (
+    "the database URL is not a valid PostgreSQL URL (postgresql://user:password@host:port/db"
+    "?options); percent-encode reserved characters such as / ? # @ : in the user name and "
+    "password"
+)
+
+
 @contextmanager
 def translate_errors() -> Iterator[None]:
     """Map driver, socket and timeout errors to `eventstore.errors`.
@@ -172,16 +179,21 @@ class Database:
             "idle_in_transaction_session_timeout": str(idle_in_tx_timeout_ms),
             "application_name": "svc",
         }
-        with translate_errors():
-            pool = await asyncpg.create_pool(
-                dsn,
-                min_size=min_size,
-                max_size=max_size,
-                timeout=connect_timeout_s,
-                server_settings=settings,
-                init=_init_connection,
-                connection_class=_StoreConnection,
-            )
+        try:
+            with translate_errors():
+                pool = await asyncpg.create_pool(
+                    dsn,
+                    min_size=min_size,
+                    max_size=max_size,
+                    timeout=connect_timeout_s,
+                    server_settings=settings,
+                    init=_init_connection,
+                    connection_class=_StoreConnection,
+                )
+        except ValueError:
+            # The driver's URL parser quotes the part it could not read, which is often the
+            # password: neither its message nor its traceback may travel further.
+            raise StoreError(_MALFORMED_DSN) from None
         if acquire_timeout_s is None:
             acquire_timeout_s = connect_timeout_s + 1.0
         return cls(

@@ -46,7 +46,7 @@ Answer: TypeAlias = Ok | Failure | WrongEpoch
 class HostSpec:
     cluster: str
     name: str
-    dsn: str
+    dsn: str = field(repr=False)  # may hold the database password
     behaviours: BehaviourSource
     table_options: dict[str, Any] = field(default_factory=dict)
     batch_items: int = 10

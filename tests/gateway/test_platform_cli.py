@@ -81,6 +81,18 @@ def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
     assert "rate_limit_rpm" in done.stderr and "internal error" not in done.stderr
 
 
+def test_a_malformed_database_url_is_refused_without_its_password(data_dir: Path) -> None:
+    """Generated passwords often hold / ? or #, which a URL must percent-encode; the driver's
+    own error quotes the part it could not parse."""
+    for password in ("s3cr/et-pw", "s3cr?et-pw", "s3cr#et-pw"):
+        url = f"postgresql://svc:{password}@127.0.0.1:5432/svc"
+        done = svc(data_dir, "migrate", SVC_DATABASE_URL=url, SVC_LOG_LEVEL="debug")
+        assert done.returncode == 1, done.stderr
+        assert "percent-encode" in done.stderr, done.stderr
+        for part in password.split(password[4]):
+            assert part not in done.stderr + done.stdout, (password, done.stderr)
+
+
 def test_settings_commands_mask_secrets(data_dir: Path) -> None:
     secret = "cli-secret-value-123"
     done = svc(data_dir, "settings", "set", "SVC_INBOUND_SECRET", secret)
