@@ -4,7 +4,8 @@ With the setting blank nothing is installed: no middleware, no provider, no thre
 every HTTP request is a server span named `METHOD route`, where the route is the pattern
 (`/v1/admin/users/{id}`), so ids in paths never become span names; a chat turn is a child span
 with its token usage and finish reason. Spans carry no workspace, key, user, query string,
-header or message text: only the method, the route, the status and the timing.
+header or message text: only the method, the route, the status and the timing; a failure is
+recorded by its error code or exception type (`error.type`), never its message or traceback.
 
 Spans leave in batches over OTLP/HTTP (protobuf) to `<endpoint>/v1/traces` from the SDK's
 background thread, so a slow or unreachable collector costs dropped spans and a warning in the
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
@@ -26,6 +27,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, get_
 from actors.conversation import TurnResult
 from gateway.metrics import build_version
 from gateway.state import SETTINGS
+from schemas.errors import SvcError
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +92,7 @@ async def tracing_middleware(request: web.Request, handler: Handler) -> web.Stre
         return await handler(request)
     route = _route(request)
     attributes = {"http.request.method": request.method, "http.route": route}
-    with tracer.start_as_current_span(
-        f"{request.method} {route}", kind=SpanKind.SERVER, attributes=attributes
-    ) as span:
+    with _span(tracer, f"{request.method} {route}", SpanKind.SERVER, attributes) as span:
         response = await handler(request)
         span.set_attribute("http.response.status_code", response.status)
         if response.status >= 500:
@@ -107,10 +107,38 @@ def turn_span(request: web.Request, streamed: bool) -> Iterator[Span | None]:
     if tracer is None:
         yield None
         return
-    with tracer.start_as_current_span(
-        "chat turn", attributes={"gen_ai.operation.name": "chat", "svc.turn.streamed": streamed}
-    ) as span:
+    attributes: dict[str, str | bool] = {
+        "gen_ai.operation.name": "chat",
+        "svc.turn.streamed": streamed,
+    }
+    with _span(tracer, "chat turn", SpanKind.INTERNAL, attributes) as span:
         yield span
+
+
+@contextlib.contextmanager
+def _span(
+    tracer: Tracer, name: str, kind: SpanKind, attributes: Mapping[str, str | bool]
+) -> Iterator[Span]:
+    """A span that records a failure by its type or error code only: the SDK's own exception
+    event would carry the message and traceback, which can hold an upstream's error text,
+    database detail or a key an upstream echoed back."""
+    with tracer.start_as_current_span(
+        name,
+        kind=kind,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            span.set_status(Status(StatusCode.ERROR))
+            span.set_attribute("error.type", _error_type(exc))
+            raise
+
+
+def _error_type(exc: BaseException) -> str:
+    return exc.code if isinstance(exc, SvcError) else type(exc).__name__
 
 
 def record_turn(result: TurnResult) -> None:

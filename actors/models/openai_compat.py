@@ -45,6 +45,8 @@ _MAX_LINE_BYTES = 4 * 1024 * 1024
 _SECRET_PATTERNS = (
     re.compile(r"(?i)bearer\s+[^\s\"',;]+"),
     re.compile(r"\bsk-[A-Za-z0-9_\-]{6,}"),
+    # A key masked by its issuer (sk-ab****wxyz, ****wxyz) still gives away part of it.
+    re.compile(r"[A-Za-z0-9_\-]*\*{3,}[A-Za-z0-9_\-]*"),
     re.compile(
         r"(?i)(api[_-]?key|authorization|token|secret|password)([\"']?\s*[:=]\s*)[^\s\"',;]+"
     ),
@@ -237,14 +239,20 @@ def _timeout(budget_s: float) -> UpstreamTimeout:
 
 
 async def _raise_for_status(resp: aiohttp.ClientResponse, api_key: str | None) -> None:
-    message = _scrub(await _error_message(resp), api_key)
     status = resp.status
+    if status in (401, 403):
+        # Model servers quote the refused key here, often masked as a prefix and a suffix
+        # (sk-ab****wxyz), which is still part of the secret: their text is not passed on.
+        raise UpstreamError(
+            f"model server refused the configured credentials (HTTP {status}); check "
+            "SVC_NATIVE_API_KEY",
+            code="upstream_auth_failed",
+        )
+    message = _scrub(await _error_message(resp), api_key)
     if status in TRANSIENT_STATUSES:
         raise _Transient(f"HTTP {status}: {message}", _retry_after(resp.headers))
     code = {
         400: "upstream_rejected",
-        401: "upstream_auth_failed",
-        403: "upstream_auth_failed",
         404: "upstream_model_not_found",
         422: "upstream_rejected",
     }.get(status, "upstream_error")

@@ -15,6 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from platform_support import running, settings_for
+from stub_upstream import Fault, StubUpstream
 
 from gateway.telemetry import TRACER, traces_url
 
@@ -106,6 +107,37 @@ async def test_requests_and_turns_are_exported_as_spans(database_url: str) -> No
     everything = repr([(s.name, _attributes(s.attributes)) for s in collector.spans])
     for private in (ws, key, secret_text, "u-hidden-id", "query-secret"):
         assert private not in everything, private
+
+
+async def test_a_failed_turn_is_recorded_by_its_code_without_its_message(
+    database_url: str,
+) -> None:
+    """An upstream's error text can echo a credential: the span gets the error code only."""
+    collector, stub = Collector(), await StubUpstream().start()
+    upstream_text = "context window exceeded for key sk-pro****wxyz"
+    stub.faults.append(Fault(400, upstream_text))
+    try:
+        async with collector.running() as endpoint:
+            settings = settings_for(
+                database_url,
+                SVC_OTEL_ENDPOINT=endpoint,
+                SVC_LLM_GATEWAY_URL=stub.base_url,
+                SVC_LLM_MODEL="upstream-model",
+            )
+            async with running(settings) as svc:
+                key, _ = await svc.issue_key("ws-otel-failure")
+                chat = {"model": "upstream-model", "messages": [{"role": "user", "content": "hi"}]}
+                status, body, _ = await svc.request("POST", "/v1/chat/completions", key, json=chat)
+                assert status == 502 and body["error"]["code"] == "upstream_rejected"
+    finally:
+        await stub.stop()
+
+    (turn,) = [span for span in collector.spans if span.name == "chat turn"]
+    assert turn.status.code == turn.status.STATUS_CODE_ERROR
+    assert _attributes(turn.attributes)["error.type"] == "upstream_rejected"
+    assert list(turn.events) == []  # no exception event: it would carry message and traceback
+    everything = repr(collector.spans)
+    assert "sk-pro" not in everything and "context window" not in everything
 
 
 async def test_no_endpoint_no_tracing(database_url: str) -> None:

@@ -144,12 +144,25 @@ async def test_400_is_not_retried_and_message_is_scrubbed(stub: Any) -> None:
     assert "sk-other" not in error.message
 
 
-async def test_upstream_auth_failure_is_not_retried(stub: Any) -> None:
-    stub.faults.append(stub_upstream.Fault(401, "invalid key"))
+@pytest.mark.parametrize("status", [401, 403])
+async def test_upstream_auth_failure_is_not_retried_nor_quoted(stub: Any, status: int) -> None:
+    # Model servers quote the refused key, masked as a prefix and a suffix: part of a secret.
+    stub.faults.append(stub_upstream.Fault(status, "Incorrect API key provided: sk-pro****wxyz"))
     with pytest.raises(UpstreamError) as caught:
         await collect(provider(stub.base_url), request())
     assert caught.value.code == "upstream_auth_failed"
+    assert f"HTTP {status}" in caught.value.message
+    assert "SVC_NATIVE_API_KEY" in caught.value.message
+    assert "wxyz" not in caught.value.message and "sk-pro" not in caught.value.message
     assert stub.calls == 1
+
+
+async def test_a_masked_key_in_other_errors_is_redacted(stub: Any) -> None:
+    stub.faults.append(stub_upstream.Fault(400, "quota exceeded for sk-ab****wxyz and ****9f3c"))
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url), request())
+    assert "quota exceeded" in caught.value.message
+    assert "wxyz" not in caught.value.message and "9f3c" not in caught.value.message
 
 
 async def test_connection_drop_after_a_delta_is_not_retried(stub: Any) -> None:
