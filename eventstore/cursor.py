@@ -14,6 +14,7 @@ from eventstore.errors import InvalidCursor
 
 _PREFIX = "c1"
 _LAYOUT = struct.Struct(">QQ")
+_MAX_INT8 = 2**63 - 1
 
 
 class LogPoint(NamedTuple):
@@ -43,4 +44,6 @@ def decode_cursor(cursor: str | None) -> LogPoint:
         tx, position = _LAYOUT.unpack(base64.urlsafe_b64decode(body))
     except (ValueError, struct.error):
         raise InvalidCursor("malformed cursor: it does not decode; omit it to start over") from None
+    if max(tx, position) > _MAX_INT8:  # xid8 and bigint: the log holds nothing out there
+        raise InvalidCursor("malformed cursor: it points outside the log; omit it to start over")
     return LogPoint(tx, position)

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Connection, Database
-from eventstore.errors import StoreError
+from eventstore.errors import InvalidCursor, StoreError
 from eventstore.notify import CommitNotifier
 from eventstore.reads import log_head, point_issued, read_log
 from eventstore.records import RecordedEvent
@@ -165,6 +165,17 @@ class LogTailer:
             return True
         async with self._db.acquire(stateless=True) as conn:
             return await point_issued(conn, point)
+
+    async def issued_cursor(self, cursor: str) -> LogPoint:
+        """A client's cursor decoded, refused with InvalidCursor unless this log issued it
+        (see `issued`): waiting for events after a point never issued would never end."""
+        point = decode_cursor(cursor)
+        if not await self.issued(point):
+            raise InvalidCursor(
+                "cursor ahead of the log: this service never issued it; pass back a cursor "
+                "this service returned (an SSE id or a write's cursor), or omit it"
+            )
+        return point
 
     def add_batch_listener(self, listener: BatchListener) -> None:
         """Hand every batch read from now on to `listener`, synchronously, in the same step

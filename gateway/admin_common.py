@@ -11,11 +11,10 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from actors.behaviour import ActorKey
-from eventstore.cursor import decode_cursor
 from gateway.auth import authenticate
 from gateway.errors import describe_validation
 from gateway.identity.roles import domain_for_path, require_access
-from gateway.state import PROJECTIONS, RUNTIME, Principal
+from gateway.state import PROJECTIONS, RUNTIME, TAILER, Principal
 from schemas.commands import Command
 from schemas.errors import InvalidInput, Unavailable
 
@@ -72,18 +71,18 @@ async def wait_applied(request: web.Request, cursor: str) -> bool:
     return reached
 
 
-def min_cursor(request: web.Request) -> str | None:
+async def min_cursor(request: web.Request) -> str | None:
     raw = request.query.get("min_cursor", "").strip()
     if not raw:
         return None
-    decode_cursor(raw)
+    await request.app[TAILER].issued_cursor(raw)
     return raw
 
 
 async def read_your_writes(request: web.Request) -> None:
     """With `?min_cursor=<cursor>` (from a write's response or a feed), wait up to
     READ_YOUR_WRITES_TIMEOUT_S until the read models have applied it, so the read sees it."""
-    cursor = min_cursor(request)
+    cursor = await min_cursor(request)
     if cursor is not None and not await wait_applied(request, cursor):
         raise Unavailable(
             "the read models did not reach min_cursor in time; retry shortly",

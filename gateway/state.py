@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from actors.models.registry import ProviderSet
     from actors.runtime import ActorRuntime
     from eventstore.db import Database
-    from eventstore.store import LogSubscriber, PostgresEventStore
+    from eventstore.store import PostgresEventStore
+    from eventstore.tailer import LogTailer
     from gateway.auth import Authenticator
     from gateway.settings import Settings, SettingsService
     from projections.runner import ProjectionRunner
@@ -22,7 +23,7 @@ SETTINGS_SERVICE: web.AppKey[SettingsService] = web.AppKey("svc_settings_service
 DATABASE: web.AppKey[Database] = web.AppKey("svc_database")
 STORE: web.AppKey[PostgresEventStore] = web.AppKey("svc_store")
 RUNTIME: web.AppKey[ActorRuntime] = web.AppKey("svc_runtime")
-TAILER: web.AppKey[LogSubscriber] = web.AppKey("svc_tailer")
+TAILER: web.AppKey[LogTailer] = web.AppKey("svc_tailer")
 """The process's one log tailer (the store's `subscribe` fans out from it)."""
 AUTH: web.AppKey[Authenticator] = web.AppKey("svc_auth")
 PROJECTIONS: web.AppKey[ProjectionRunner] = web.AppKey("svc_projections")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from test_admin_support import Service, service, uid
 
+from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
 from gateway.state import STORE
 
 __all__ = ["service"]
@@ -332,6 +333,14 @@ async def test_min_cursor(service: Service) -> None:
         await service.get_json("/v1/admin/conversations", key, 400, min_cursor="garbage"),
         "invalid_cursor",
     )
+    # Never issued: waiting for the read models to reach it would only time out (a 503).
+    point = decode_cursor(head)
+    for never in (
+        encode_cursor(LogPoint(point.tx, point.position + 1_000_000)),
+        "c1_____________________w",  # both halves 2**64 - 1: past bigint and xid8
+    ):
+        error = await service.get_json("/v1/admin/overview", key, 400, min_cursor=never)
+        assert_error(error, "invalid_cursor")
 
 
 async def test_a_key_cannot_mint_a_key_with_admin_scopes_it_lacks(service: Service) -> None:
