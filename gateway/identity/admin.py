@@ -16,7 +16,8 @@ from actors.identity import directory_key, session_key
 from actors.workspace import workspace_key
 from gateway.auth import check_delegation, generate_key, hash_key, require_instance_admin
 from gateway.errors import read_json
-from gateway.identity.common import acting, actor_of, command_id, json, new_id, now, user_view
+from gateway.identity.authn import acting
+from gateway.identity.common import actor_of, command_id, json, new_id, now, user_view
 from gateway.identity.oauth import new_client_credentials, secret_hash
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password
 from gateway.identity.roles import allowed
@@ -33,6 +34,7 @@ from projections.identity_queries import (
     user_api_keys,
     user_session_ids,
 )
+from schemas.admin import MAX_OFFSET
 from schemas.errors import Forbidden, InvalidInput, NotFound
 from schemas.identity import (
     BUILTIN_ROLES,
@@ -59,6 +61,8 @@ from schemas.workspace import API_KEY_SCOPES, IssueApiKey, RevokeApiKey
 
 Password = Annotated[SecretStr, Field(min_length=MIN_LENGTH, max_length=MAX_LENGTH)]
 SCIM_TOKEN_PREFIX = "svc_scim_"
+MAX_POSITION = 2**63 - 1
+"""The largest audit position (a PostgreSQL bigint)."""
 
 
 class _Body(BaseModel):
@@ -238,13 +242,26 @@ async def check_manageable(ident: Identity, principal: Principal, user: UserRow)
     _check_holds(principal, perms, f"managing user {user.user_id}")
 
 
+def _bounded(request: web.Request, name: str, low: int, high: int) -> int:
+    """Query parameter `name` (absent: `low`) as an integer within [low, high], else a 400
+    that states the bounds, as PageQuery (schemas/admin.py) does: every value reaching SQL
+    must fit its bigint column, and Python integers are unbounded."""
+    try:
+        value = int(request.query.get(name) or low)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise InvalidInput(f"{name} must be an integer from {low} to {high}")
+    return value
+
+
 async def list_users_handler(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "read")
     try:
         limit = min(500, max(1, int(request.query.get("limit", "100"))))
-        offset = max(0, int(request.query.get("offset", "0")))
     except ValueError:
-        raise InvalidInput("limit and offset must be integers") from None
+        raise InvalidInput("limit must be an integer") from None
+    offset = _bounded(request, "offset", 0, MAX_OFFSET)
     users, total = await list_users(
         identity(request).db,
         principal.workspace_id,
@@ -593,9 +610,9 @@ async def audit_log(request: web.Request) -> web.Response:
     principal = await acting(request, "audit", "read")
     try:
         limit = min(500, max(1, int(request.query.get("limit", "100"))))
-        before = int(request.query["before"]) if request.query.get("before") else None
     except ValueError:
-        raise InvalidInput("limit and before must be integers") from None
+        raise InvalidInput("limit must be an integer") from None
+    before = _bounded(request, "before", 1, MAX_POSITION) if request.query.get("before") else None
     rows = await list_audit(
         identity(request).db,
         principal.workspace_id,

@@ -25,9 +25,10 @@ from datetime import UTC, datetime
 from aiohttp import web
 
 from gateway.auth import PRINCIPAL
+from gateway.identity.common import storable
 from gateway.identity.oauth import is_oauth_token, verify_access_token
-from gateway.identity.oidc import OidcConfig, OidcVerifier, looks_like_jwt
-from gateway.identity.roles import scopes_for, within_rights
+from gateway.identity.oidc import OidcConfig, OidcIdentity, OidcVerifier, looks_like_jwt
+from gateway.identity.roles import require_access, scopes_for, within_rights
 from gateway.identity.service import IDENTITY, Identity, identity
 from gateway.identity.sessions import check_csrf, session_token, token_hash
 from gateway.state import AUTH, Principal
@@ -40,6 +41,7 @@ from projections.identity_queries import (
     role_permissions,
 )
 from schemas.errors import Unauthorized
+from schemas.identity import Access
 
 
 async def user_principal(ident: Identity, user: UserRow, attributes: dict[str, str]) -> Principal:
@@ -83,8 +85,17 @@ def oidc_verifier(ident: Identity) -> OidcVerifier | None:
     return verifier
 
 
+def _check_usable_claims(found: OidcIdentity) -> None:
+    """The subject and tenant claims are looked up as PostgreSQL text, which cannot hold NUL
+    or a lone surrogate (JSON allows both): even a token the IdP validly signed is refused
+    with 401 when they carry one, before any query."""
+    if not all(storable(v) for v in (found.subject, found.tenant or "")):
+        raise Unauthorized("invalid token: its claims are not usable (NUL or invalid Unicode)")
+
+
 async def oidc_principal(ident: Identity, verifier: OidcVerifier, token: str) -> Principal:
     found = await verifier.verify(token)
+    _check_usable_claims(found)
     workspace = found.tenant or ident.settings.default_workspace_id
     user = await find_user_by_subject(ident.db, workspace, found.subject)
     if user is None or not user.usable:
@@ -138,4 +149,11 @@ async def identify(request: web.Request) -> Principal:
         return request[PRINCIPAL]
     principal = await _resolve(request)
     request[PRINCIPAL] = principal
+    return principal
+
+
+async def acting(request: web.Request, domain: str, access: Access) -> Principal:
+    """The acting principal, refused unless it has `access` on `domain` (roles.py)."""
+    principal = await identify(request)
+    require_access(principal, domain, access)
     return principal

@@ -1,4 +1,8 @@
-"""Small helpers shared by the identity handlers: ids, clocks, command ids, JSON views."""
+"""Small helpers shared by the identity handlers: ids, clocks, command ids, JSON views, forms.
+
+This module imports no other identity handler module (oauth.py and authn.py use it), so it
+must stay free of import cycles: who is calling (`acting`) lives in authn.py.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,13 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
+from multidict import MultiDictProxy
 
 from gateway.auth import PRINCIPAL
-from gateway.identity.authn import identify
-from gateway.identity.roles import require_access
 from gateway.state import Principal
 from projections.identity_queries import UserRow
-from schemas.errors import InvalidInput
-from schemas.identity import Access
+from schemas.errors import InvalidInput, PayloadTooLarge
 
 SCIM_ACTOR: web.RequestKey[str] = web.RequestKey("svc_scim_actor", str)
 
@@ -67,12 +70,6 @@ def json(body: Any, *, status: int = 200, headers: dict[str, str] | None = None)
     )
 
 
-async def acting(request: web.Request, domain: str, access: Access) -> Principal:
-    principal = await identify(request)
-    require_access(principal, domain, access)
-    return principal
-
-
 def user_view(user: UserRow) -> dict[str, Any]:
     return {
         "id": user.user_id,
@@ -91,3 +88,55 @@ def user_view(user: UserRow) -> dict[str, Any]:
         "created_at": user.created_at.isoformat(),
         "updated_at": user.updated_at.isoformat(),
     }
+
+
+def storable(text: str) -> bool:
+    """Whether PostgreSQL text can hold `text`: no NUL, and valid Unicode (a lone surrogate,
+    which a JSON `\\ud800` escape or a lenient decoder can produce, has no UTF-8 form)."""
+    return "\x00" not in text and _is_unicode(text)
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+Form = MultiDictProxy[str | bytes | bytearray | web.FileField]
+
+_MALFORMED_FORM = (
+    ValueError,  # undecodable bytes (UnicodeDecodeError), no or bad multipart boundary, ...
+    LookupError,  # a charset Python does not know, or one that is not a text encoding
+    BadHttpMessage,  # broken header lines in a multipart part
+    RuntimeError,  # aiohttp's multipart reader: an unknown Content-Transfer-Encoding
+)
+
+
+async def read_form(request: web.Request) -> Form:
+    """The request's form (urlencoded or multipart). Whatever the client sends, the outcome
+    is the form or a client error: undecodable or malformed bodies are InvalidInput (400),
+    oversized ones PayloadTooLarge (413), never an exception that would become a 500. Every
+    text name and value of the form is valid Unicode; NUL is left to the caller."""
+    try:
+        form = await request.post()
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge("form body too large, or with too many fields") from None
+    except _MALFORMED_FORM as exc:
+        raise InvalidInput(f"malformed form body: {_form_problem(exc)}") from None
+    for name, value in form.items():
+        if not _is_unicode(name) or (isinstance(value, str) and not _is_unicode(value)):
+            raise InvalidInput("malformed form body: a name or value is not valid UTF-8")
+    return form
+
+
+def _form_problem(exc: Exception) -> str:
+    """What was wrong, without echoing the body (it may carry a secret)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not valid {exc.encoding}"
+    if isinstance(exc, LookupError):
+        return "unknown or unusable charset"
+    if isinstance(exc, BadHttpMessage):
+        return "invalid multipart part headers"
+    return "invalid encoding or multipart structure"

@@ -18,7 +18,6 @@ granted scopes are cut to the client's scopes at that moment.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import secrets
@@ -30,11 +29,12 @@ import jwt
 import orjson
 from aiohttp import web
 
+from gateway.identity.common import Form, read_form
 from gateway.identity.service import Identity, identity
 from gateway.identity.vault import INSTANCE
 from gateway.state import Principal
 from projections.identity_queries import find_oauth_client
-from schemas.errors import Unauthorized
+from schemas.errors import SvcError, Unauthorized
 
 OAUTH_ISSUER = "svc-oauth"
 AUDIENCE = "svc"
@@ -122,8 +122,10 @@ def _basic_credentials(request: web.Request) -> tuple[str, str] | None:
     if scheme.lower() != "basic":
         raise OAuthError(401, "invalid_client", "client authentication must use HTTP Basic")
     try:
+        # ValueError covers binascii.Error (bad base64), a non-ASCII header value (b64decode
+        # takes ASCII text only) and UnicodeDecodeError (credentials that are not UTF-8).
         decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:
         raise OAuthError(401, "invalid_client", "malformed Basic credentials") from None
     client_id, sep, secret = decoded.partition(":")
     if not sep:
@@ -131,7 +133,16 @@ def _basic_credentials(request: web.Request) -> tuple[str, str] | None:
     return unquote(client_id), unquote(secret)
 
 
-async def _client_credentials(request: web.Request, form: Any) -> tuple[str, str, bool]:
+async def _form(request: web.Request) -> Form:
+    """The token request's form; a body that is no readable form is RFC 6749's
+    invalid_request (with the status read_form gives it), not the service's envelope."""
+    try:
+        return await read_form(request)
+    except SvcError as exc:
+        raise OAuthError(exc.http_status, "invalid_request", exc.message) from None
+
+
+async def _client_credentials(request: web.Request, form: Form) -> tuple[str, str, bool]:
     basic = _basic_credentials(request)
     in_body = form.get("client_id") is not None or form.get("client_secret") is not None
     if basic is not None and in_body:
@@ -149,7 +160,7 @@ async def _issue(request: web.Request) -> dict[str, Any]:
         raise OAuthError(
             400, "invalid_request", "the body must be application/x-www-form-urlencoded"
         )
-    form = await request.post()
+    form = await _form(request)
     grant = form.get("grant_type")
     if not isinstance(grant, str) or not grant:
         raise OAuthError(400, "invalid_request", "grant_type is required")

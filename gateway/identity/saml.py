@@ -46,6 +46,7 @@ import orjson
 from aiohttp import web
 from defusedxml import ElementTree  # type: ignore[import-untyped]
 
+from gateway.identity.common import read_form
 from gateway.identity.login import ExternalUser, start_session, sync_external_user
 from gateway.identity.service import Identity, identity
 from gateway.identity.sessions import set_session_cookies
@@ -330,7 +331,7 @@ def _external(sp: ServiceProvider, response: Any) -> ExternalUser:
 async def acs(request: web.Request) -> web.StreamResponse:
     ident = identity(request)
     sp = await service_provider(ident)
-    form = await request.post()
+    form = await read_form(request)
     saml_response = form.get("SAMLResponse")
     if not isinstance(saml_response, str) or not saml_response:
         raise InvalidInput("SAMLResponse is required (HTTP-POST binding)")

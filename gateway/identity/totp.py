@@ -56,7 +56,10 @@ def provisioning_uri(secret: str, account: str, issuer: str = "SVC") -> str:
 def matching_step(secret: str, code: str, at: float | None = None) -> int | None:
     """The time step within the allowed drift whose code `code` is, if any."""
     code = code.strip().replace(" ", "")
-    if len(code) != DIGITS or not code.isdigit():
+    # ASCII digits only: str.isdigit() also takes other scripts' digits (Arabic-Indic,
+    # full-width, superscripts), which are no code and which hmac.compare_digest refuses
+    # with a TypeError (non-ASCII str).
+    if len(code) != DIGITS or not (code.isascii() and code.isdigit()):
         return None
     step = int((time.time() if at is None else at) // STEP_S)
     for candidate in range(step - DRIFT_STEPS, step + DRIFT_STEPS + 1):

@@ -6,13 +6,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import jwt
+import orjson
 import pytest
-from identity_support import GUARDED, WHOAMI, running, settings_for
+from identity_support import GUARDED, WHOAMI, Running, running, settings_for
 
 from gateway.identity.service import IDENTITY
+from gateway.identity.throttle import MAX_PER_ACCOUNT
 from gateway.identity.totp import TotpVerifier, matching_step, new_secret, now_code
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
@@ -190,3 +194,131 @@ async def test_a_code_is_accepted_once_across_processes(database_url: str) -> No
             *(v.verify("ws-a", "u1", secret, racing, t + 60) for v in (first, second) * 4)
         )
         assert sorted(outcomes) == [False] * 7 + [True]
+
+
+FORM = "application/x-www-form-urlencoded"
+
+
+async def raw_post(svc: Running, path: str, headers: bytes, body: bytes) -> tuple[int, Any]:
+    """POST exact bytes over a plain socket (no client library re-encodes the headers)."""
+    url = urlsplit(svc.base)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nConnection: close\r\n"
+        f"Content-Length: {len(body)}\r\n"
+    ).encode()
+    writer.write(head + headers + b"\r\n" + body)
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), orjson.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+def assert_oauth_error(status: int, body: Any, expected: int, error: str) -> None:
+    """RFC 6749 section 5.2's shape, not the service's envelope."""
+    assert status == expected, body
+    assert set(body) == {"error", "error_description"}, body
+    assert body["error"] == error and isinstance(body["error_description"], str)
+
+
+async def test_unreadable_token_forms_are_invalid_request(database_url: str) -> None:
+    """Bodies that are no form in the declared charset: 400 invalid_request, never a 500."""
+    async with running(settings_for(database_url)) as svc:
+        cases = {
+            "invalid UTF-8": (FORM, b"grant_type=\xff\xfe&client_id=a&client_secret=b"),
+            "unknown charset": (f"{FORM}; charset=bogus", b"grant_type=client_credentials"),
+            "not a text charset": (f"{FORM}; charset=rot13", b"grant_type=client_credentials"),
+            "undecodable in its charset": (f"{FORM}; charset=utf-16", b"grant_type=x"),
+            # A lenient codec can produce a lone surrogate, which has no UTF-8 form to query.
+            "lone surrogate": (
+                f"{FORM}; charset=raw_unicode_escape",
+                b"grant_type=client_credentials&client_id=\\ud800&client_secret=b",
+            ),
+        }
+        for case, (content_type, body) in cases.items():
+            status, err, headers = await svc.request(
+                "POST", "/v1/oauth/token", data=body, headers={"Content-Type": content_type}
+            )
+            assert_oauth_error(status, err, 400, "invalid_request")
+            assert headers["Cache-Control"] == "no-store", case
+
+
+async def test_non_ascii_basic_credentials_are_invalid_client(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        form = f"Content-Type: {FORM}\r\n".encode()
+        body = b"grant_type=client_credentials"
+        # UTF-8 "é" (bytes that are not UTF-8 are refused for every route, gateway/security.py).
+        for value in ("é".encode(), "Zm9v\u00e9OmJhcg==".encode()):
+            header = b"Authorization: Basic " + value + b"\r\n"
+            status, err = await raw_post(svc, "/v1/oauth/token", form + header, body)
+            assert_oauth_error(status, err, 401, "invalid_client")
+
+
+async def enrolled_user(svc: Running, key: str, name: str) -> tuple[str, aiohttp.ClientSession]:
+    """A user with a TOTP secret pending (enrolment started, not verified): the secret and
+    the user's signed-in browser (CSRF header set on every request)."""
+    await svc.create_user(key, name, PASSWORD, roles=["admin"])
+    status, body, browser = await svc.login(name, PASSWORD)
+    assert status == 200, body
+    browser.headers["X-CSRF-Token"] = body["csrf_token"]
+    status, enrol, _ = await svc.request("POST", "/v1/admin/auth/totp/enrol", session=browser)
+    assert status == 200, enrol
+    return enrol["secret"], browser
+
+
+NOT_ASCII_DIGITS = (
+    "\u0661\u0662\u0663\u0664\u0665\u0666",
+    "\uff11\uff12\uff13\uff14\uff15\uff16",
+    "\u00b2" * 6,
+)
+"""Six Arabic-Indic, full-width and superscript digits: str.isdigit() says yes to each."""
+
+
+async def test_only_ascii_digits_are_totp_codes(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        secret, browser = await enrolled_user(svc, key, "uma")
+        async with browser:
+            for code in NOT_ASCII_DIGITS:
+                status, err, _ = await svc.request(
+                    "POST", "/v1/admin/auth/totp/verify", session=browser, json={"code": code}
+                )
+                assert status == 400, err
+                assert err["error"]["code"] == "totp_mismatch"
+            status, ok, _ = await svc.request(
+                "POST",
+                "/v1/admin/auth/totp/verify",
+                session=browser,
+                json={"code": now_code(secret)},
+            )
+            assert status == 200 and ok["totp_enrolled"] is True
+
+        # At login they are wrong codes: 401, recorded as failed logins, counted by the throttle.
+        for code in NOT_ASCII_DIGITS:
+            status, err, b = await svc.login("uma", PASSWORD, totp_code=code)
+            await b.close()
+            assert status == 401, err
+            assert err["error"]["code"] == "unauthorized"
+        status, audit, _ = await svc.request(
+            "GET", "/v1/admin/audit?action=identity.login_failed", key
+        )
+        assert status == 200
+        reasons = [i["detail"]["reason"] for i in audit["items"] if i["user_name"] == "uma"]
+        assert reasons == ["bad_second_factor"] * len(NOT_ASCII_DIGITS)
+        for _ in range(MAX_PER_ACCOUNT - len(NOT_ASCII_DIGITS)):
+            status, _, b = await svc.login("uma", PASSWORD, totp_code=NOT_ASCII_DIGITS[0])
+            await b.close()
+            assert status == 401
+        status, err, b = await svc.login(
+            "uma", PASSWORD, totp_code=now_code(secret, time.time() + 30)
+        )
+        await b.close()
+        assert status == 429 and err["error"]["code"] == "login_rate_limited"
+
+
+def test_non_ascii_digits_match_no_step() -> None:
+    secret = base64.b32encode(b"12345678901234567890").decode()
+    for code in NOT_ASCII_DIGITS:
+        assert matching_step(secret, code, 59) is None

@@ -202,3 +202,35 @@ async def test_oidc_is_off_without_an_issuer(database_url: str) -> None:
         status, body, _ = await svc.request("GET", WHOAMI, token)
         assert status == 401 and body["error"]["code"] == "unauthorized"
         assert PASSWORD not in json.dumps(body)
+
+
+async def test_validly_signed_claims_postgresql_cannot_hold_are_401(database_url: str) -> None:
+    """NUL or a lone surrogate (JSON's \\u0000, \\ud800) in the subject or the tenant claim of
+    a token the IdP really signed: 401, never a database error."""
+    key1 = _rsa()
+    idp = Idp(keys=[jwk_of(key1, "k1")])
+    async with serve_jwks(idp):
+        settings = settings_for(
+            database_url,
+            SVC_OIDC_ISSUER=ISSUER,
+            SVC_OIDC_JWKS_URL=idp.url,
+            SVC_OIDC_AUDIENCE=AUDIENCE,
+            SVC_OIDC_TENANT_CLAIM="ws",
+        )
+        async with running(settings) as svc:
+            await svc.create_user(await svc.issue_key(), "sub-ada", roles=["member"])
+
+            def sign(**over: Any) -> str:
+                return jwt.encode(claims(**over), key1, algorithm="RS256", headers={"kid": "k1"})
+
+            assert (await svc.request("GET", WHOAMI, sign()))[0] == 200
+            for case in (
+                {"sub": "sub-ada\x00"},
+                {"sub": "\ud800"},
+                {"ws": "default\x00"},
+                {"ws": "\udfff"},
+            ):
+                status, body, _ = await svc.request("GET", WHOAMI, sign(**case))
+                assert status == 401, (case, body)
+                assert body["error"]["code"] == "unauthorized", case
+                assert "claims are not usable" in body["error"]["message"], case

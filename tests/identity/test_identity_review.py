@@ -368,3 +368,30 @@ def test_within_rights_cuts_admin_scopes_only() -> None:
     }
     assert within_rights(frozenset({"admin:write", "admin:read"}), frozenset()) == frozenset()
     assert within_rights(frozenset({"chat"}), admin) == {"chat"}
+
+
+async def test_paging_integers_are_bounded_before_sql(database_url: str) -> None:
+    """offset and the audit cursor are refused with a 400 naming the bounds, as PageQuery
+    does, when outside what the database's bigint holds (or the page bound): never a 500."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        refused = {
+            "/v1/admin/users?offset=" + str(10**30): "offset must be an integer from 0 to",
+            "/v1/admin/users?offset=-1": "offset must be an integer from 0 to",
+            "/v1/admin/users?offset=1000000001": "offset must be an integer from 0 to",
+            "/v1/admin/users?offset=ten": "offset must be an integer from 0 to",
+            "/v1/admin/audit?before=" + str(10**30): "before must be an integer from 1 to",
+            "/v1/admin/audit?before=" + str(-(10**30)): "before must be an integer from 1 to",
+            "/v1/admin/audit?before=" + str(2**63): "before must be an integer from 1 to",
+        }
+        for path, message in refused.items():
+            status, body, _ = await svc.request("GET", path, key)
+            assert status == 400, (path, body)
+            assert body["error"]["code"] == "invalid_request", path
+            assert body["error"]["message"].startswith(message), (path, body)
+        for path in (
+            "/v1/admin/users?offset=1000000000",
+            "/v1/admin/audit?before=" + str(2**63 - 1),
+        ):
+            status, body, _ = await svc.request("GET", path, key)
+            assert status == 200, (path, body)

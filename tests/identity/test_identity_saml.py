@@ -348,3 +348,43 @@ async def test_saml_disabled_is_501(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         status, body, _ = await svc.request("GET", "/saml/metadata")
         assert status == 501 and body["error"]["code"] == "feature_disabled"
+
+
+def _part(headers: bytes, value: bytes = b"PHNhbWw+") -> bytes:
+    return b"--b\r\n" + headers + b"\r\n\r\n" + value + b"\r\n--b--\r\n"
+
+
+NAMED = b'Content-Disposition: form-data; name="SAMLResponse"'
+UNREADABLE_ACS_BODIES = {
+    "invalid UTF-8": ("application/x-www-form-urlencoded", b"SAMLResponse=\xff\xfe&RelayState=/"),
+    "unknown charset": ("application/x-www-form-urlencoded; charset=bogus", b"SAMLResponse=x"),
+    "multipart without boundary": ("multipart/form-data", _part(NAMED)),
+    "broken part header": ("multipart/form-data; boundary=b", _part(b"no colon here")),
+    "no starting boundary": ("multipart/form-data; boundary=b", b"SAMLResponse=x"),
+    "unknown part charset": (
+        "multipart/form-data; boundary=b",
+        _part(NAMED + b"\r\nContent-Type: text/plain; charset=bogus"),
+    ),
+    "unknown transfer encoding": (
+        "multipart/form-data; boundary=b",
+        _part(NAMED + b"\r\nContent-Transfer-Encoding: bogus"),
+    ),
+}
+
+
+async def test_unreadable_acs_forms_are_400(database_url: str, keys: Keys) -> None:
+    """A body that is no readable form is the client's mistake: a 400 in the envelope."""
+    async with running(settings_for(database_url, **saml_settings(database_url, keys))) as svc:
+        await configured(svc)
+        for case, (content_type, body) in UNREADABLE_ACS_BODIES.items():
+            async with svc.http.post(
+                svc.url("/saml/acs"),
+                data=body,
+                headers={"Content-Type": content_type},
+                allow_redirects=False,
+            ) as resp:
+                status, err = resp.status, await resp.json(content_type=None)
+            assert status == 400, (case, err)
+            assert set(err["error"]) == {"message", "type", "code"}, case
+            assert err["error"]["code"] == "invalid_request", case
+            assert err["error"]["message"].startswith("malformed form body"), case
