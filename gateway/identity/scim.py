@@ -1,9 +1,13 @@
 """SCIM 2.0 service provider (RFC 7643 / RFC 7644) under /scim/v2: Users only.
 
 Authentication: the workspace's SCIM bearer token (issued, rotated, revoked at
-POST /v1/admin/scim/token); only its sha256 is stored. Every error is a SCIM error document
-(`urn:ietf:params:scim:api:messages:2.0:Error`, `status` as a string, `scimType` where RFC 7644
-section 3.12 defines one) with `application/scim+json`, never the service's envelope.
+POST /v1/admin/scim/token); only its sha256 is stored. Every client error (4xx) is a SCIM error
+document (`urn:ietf:params:scim:api:messages:2.0:Error`, `status` as a string, `scimType` where
+RFC 7644 section 3.12 defines one) with `application/scim+json`, never the service's envelope.
+A server failure (5xx) is left to the gateway's error middleware, as everywhere else: a 500
+answers only an id (`internal error (id svc-...)`) that is logged with the traceback, so no
+database detail reaches the client. (A NUL in the URL is refused by that middleware too, with
+the service's envelope: it runs before any SCIM handler.)
 
 Supported: create, read, replace (PUT), PATCH (add/replace/remove on the core attributes, with
 or without a path, operation names case-insensitive), delete; list with `filter` (`eq` on
@@ -24,9 +28,10 @@ from pydantic import ValidationError
 
 from actors.identity import directory_key
 from gateway.auth import hash_key
-from gateway.errors import read_body
+from gateway.errors import read_json
 from gateway.identity.admin import cut_off, deprovision, profile_of, set_password
 from gateway.identity.common import SCIM_ACTOR, actor_of, new_id, now
+from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
 from gateway.identity.service import Identity, identity
 from projections.identity_queries import UserRow, find_scim_token, get_user, list_users
 from schemas.errors import Conflict, InvalidInput, SvcError, Unauthorized
@@ -43,6 +48,10 @@ SCHEMA_SCHEMA = "urn:ietf:params:scim:schemas:core:2.0:Schema"
 CONTENT_TYPE = "application/scim+json"
 MAX_COUNT = 200
 DEFAULT_COUNT = 100
+MAX_START_INDEX = 2**53 - 1
+"""The largest startIndex passed on. A larger one is clamped to it, not refused (see _paging):
+it is past any result a workspace can hold, fits PostgreSQL's bigint OFFSET, and is exactly
+representable in every JSON parser (RFC 8259 section 6), since the response echoes it."""
 
 _FILTER = re.compile(r'^\s*(\w+)\s+eq\s+"((?:[^"\\]|\\.)*)"\s*$', re.IGNORECASE)
 
@@ -102,6 +111,11 @@ def scim_route(handler: ScimHandler) -> Callable[[web.Request], Awaitable[web.St
         except Unauthorized as exc:
             return _error(401, exc.message, None)
         except SvcError as exc:
+            if exc.http_status >= 500:
+                # A server failure (a store query that failed, say): its message may carry
+                # database detail or parameter values, so it never becomes a SCIM `detail`;
+                # the error middleware logs it and answers the opaque id.
+                raise
             return _from_svc(exc)
         except ValidationError as exc:
             problems = "; ".join(
@@ -242,11 +256,14 @@ def _profile_fields(data: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
-    raw = await read_body(request)
+    """The body, a JSON object. read_json refuses a NUL in any string or key (PostgreSQL text
+    cannot hold one, so no SCIM value with a NUL ever reaches the store): invalidValue; and an
+    empty, malformed or too deeply nested body: invalidSyntax."""
     try:
-        data = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
-        raise ScimError(400, "malformed JSON body", "invalidSyntax") from None
+        data = await read_json(request)
+    except InvalidInput as exc:
+        scim_type = "invalidValue" if exc.code == "invalid_character" else "invalidSyntax"
+        raise ScimError(400, exc.message, scim_type) from None
     if not isinstance(data, dict):
         raise ScimError(400, "the body must be a JSON object", "invalidSyntax")
     return data
@@ -272,13 +289,34 @@ async def _writable_user(ident: Identity, workspace_id: str, user_id: str) -> Us
 # --- users ------------------------------------------------------------------------------------
 
 
+def _integer(params: Any, name: str, default: int) -> int:
+    """A paging parameter: a query-string numeral or a JSON integer (orjson reads an integer
+    beyond 64 bits as a float, so an integral float counts as one). Absent or null is the
+    default (RFC 7643 section 2.5: null means unassigned); anything else is a 400."""
+    raw = params.get(name)
+    if raw is None:
+        return default
+    if isinstance(raw, float) and raw.is_integer():
+        return int(raw)
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str):
+        try:
+            return int(raw)
+        except ValueError:
+            pass
+    raise ScimError(400, f"{name} must be an integer", "invalidValue")
+
+
 def _paging(params: Any) -> tuple[int, int]:
-    try:
-        start = int(params.get("startIndex", 1))
-        count = int(params.get("count", DEFAULT_COUNT))
-    except ValueError:
-        raise ScimError(400, "startIndex and count must be integers", "invalidValue") from None
-    return max(1, start), min(MAX_COUNT, max(0, count))
+    """startIndex and count, clamped, never refused for their size: RFC 7644 section 3.4.2.4
+    reads a startIndex below 1 as 1 and a negative count as 0, and lets the server return fewer
+    results than count, so clients expect leniency. A startIndex past the end (up to
+    MAX_START_INDEX) is an empty page with the true totalResults; count is at most MAX_COUNT.
+    Both bounds keep OFFSET and LIMIT within PostgreSQL's bigint."""
+    start = _integer(params, "startIndex", 1)
+    count = _integer(params, "count", DEFAULT_COUNT)
+    return min(MAX_START_INDEX, max(1, start)), min(MAX_COUNT, max(0, count))
 
 
 async def _filtered(
@@ -331,12 +369,36 @@ async def search_handler(request: web.Request, ident: Identity, ws: str) -> web.
     return await _search(request, ident, ws, body)
 
 
-async def create_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
-    data = await _json_object(request)
+def _full_profile(data: dict[str, Any]) -> UserProfile:
+    """The profile a POST or PUT body states in full (userName required)."""
     fields = _profile_fields(data)
     if not isinstance(fields.get("user_name"), str) or not fields["user_name"]:
         raise ScimError(400, "userName is required", "invalidValue")
-    profile = UserProfile.model_validate(fields)
+    return UserProfile.model_validate(fields)
+
+
+def _password(value: Any) -> str:
+    """A password SCIM sets, under the admin API's rules: MIN_LENGTH to MAX_LENGTH characters
+    (a NUL is already refused with the body). Checked before anything is written, so a refused
+    password leaves the user as it was."""
+    if not isinstance(value, str) or not MIN_LENGTH <= len(value) <= MAX_LENGTH:
+        raise ScimError(
+            400,
+            f"password must be a string of {MIN_LENGTH} to {MAX_LENGTH} characters",
+            "invalidValue",
+        )
+    return value
+
+
+def _password_in(data: dict[str, Any]) -> str | None:
+    raw = _lower_keys(data).get("password")
+    return None if raw is None else _password(raw)
+
+
+async def create_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+    data = await _json_object(request)
+    profile = _full_profile(data)
+    password = _password_in(data)
     user_id = new_id("usr_")
     await ident.ask(
         directory_key(ws),
@@ -350,8 +412,7 @@ async def create_handler(request: web.Request, ident: Identity, ws: str) -> web.
             at=now(),
         ),
     )
-    password = _lower_keys(data).get("password")
-    if isinstance(password, str) and password:
+    if password is not None:
         await set_password(request, ident, ws, user_id, password)
     user = await _user(ident, ws, user_id)
     body = resource(request, user)
@@ -386,21 +447,11 @@ async def _save(
 async def put_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
     user = await _writable_user(ident, ws, request.match_info["id"])
     data = await _json_object(request)
-    fields = _profile_fields(data)
-    if not isinstance(fields.get("user_name"), str) or not fields["user_name"]:
-        raise ScimError(400, "userName is required", "invalidValue")
-    await _maybe_password(request, ident, ws, user.user_id, _lower_keys(data).get("password"))
-    return await _save(request, ident, ws, user, UserProfile.model_validate(fields))
-
-
-async def _maybe_password(
-    request: web.Request, ident: Identity, ws: str, user_id: str, password: Any
-) -> None:
-    if password is None:
-        return
-    if not isinstance(password, str) or not password:
-        raise ScimError(400, "password must be a non-empty string", "invalidValue")
-    await set_password(request, ident, ws, user_id, password)
+    profile = _full_profile(data)
+    password = _password_in(data)
+    if password is not None:
+        await set_password(request, ident, ws, user.user_id, password)
+    return await _save(request, ident, ws, user, profile)
 
 
 def _take_password(op: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -410,15 +461,11 @@ def _take_password(op: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     if isinstance(path, str) and _attr_name(path) == "password":
         if kind == "remove":
             return {}, None
-        if not isinstance(value, str) or not value:
-            raise ScimError(400, "password must be a non-empty string", "invalidValue")
-        return {}, value
+        return {}, _password(value)
     if not path and isinstance(value, dict):
         rest = {k: v for k, v in value.items() if _attr_name(k) != "password"}
         found = [v for k, v in value.items() if _attr_name(k) == "password"]
-        if found and (not isinstance(found[0], str) or not found[0]):
-            raise ScimError(400, "password must be a non-empty string", "invalidValue")
-        return {**op, "value": rest}, (found[0] if found else None)
+        return {**op, "value": rest}, (_password(found[0]) if found else None)
     return op, None
 
 
@@ -455,7 +502,8 @@ def _apply_op(current: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
 async def patch_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
     user = await _writable_user(ident, ws, request.match_info["id"])
     data = await _json_object(request)
-    if PATCH_SCHEMA not in (data.get("schemas") or []):
+    schemas = data.get("schemas")
+    if not isinstance(schemas, list) or PATCH_SCHEMA not in schemas:
         raise ScimError(400, f"a PATCH body must use the {PATCH_SCHEMA} schema", "invalidSyntax")
     ops = data.get("Operations")
     if not isinstance(ops, list) or not ops:
@@ -469,7 +517,8 @@ async def patch_handler(request: web.Request, ident: Identity, ws: str) -> web.S
         password = new_password or password
         current = _apply_op(current, rest)
     profile = UserProfile.model_validate(current)
-    await _maybe_password(request, ident, ws, user.user_id, password)
+    if password is not None:
+        await set_password(request, ident, ws, user.user_id, password)
     return await _save(request, ident, ws, user, profile)
 
 

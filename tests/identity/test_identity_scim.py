@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from identity_support import WHOAMI, Running, running, settings_for
 
+from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
 from gateway.identity.service import IDENTITY
 from gateway.state import DATABASE
 
@@ -258,3 +259,179 @@ async def test_a_user_key_is_refused_once_its_owner_is_inactive_even_while_cache
         status, err, _ = await svc.request("GET", WHOAMI, personal)
         assert status == 401 and err["error"]["code"] == "unauthorized"
         assert (await svc.request("GET", WHOAMI, admin_key))[0] == 200
+
+
+def assert_scim_error(status: int, body: Any, expected: int, scim_type: str | None) -> None:
+    """A SCIM error document (RFC 7644 section 3.12): the schema, `status` as a string, and
+    `scimType` where the RFC defines one."""
+    assert status == expected, body
+    assert body["schemas"] == [ERROR] and body["status"] == str(expected), body
+    assert body.get("scimType") == scim_type, body
+
+
+async def test_out_of_range_paging_is_clamped_not_a_database_error(database_url: str) -> None:
+    """RFC 7644 section 3.4.2.4 reads startIndex < 1 as 1 and count < 0 as 0; a huge value is
+    clamped too (to an empty page past the end, or to the page maximum), however it is
+    spelled: a long query string, a JSON integer beyond 64 bits, or an integral float."""
+    async with running(settings_for(database_url)) as svc:
+        token = (await scim_token(svc, await svc.issue_key()))["token"]
+        for name in ("a@example.com", "b@example.com"):
+            status, _, _ = await svc.request("POST", "/scim/v2/Users", token, json=scim_user(name))
+            assert status == 201
+        huge = "99999999999999999999999"
+        for query in (
+            f"startIndex={huge}",
+            f'startIndex={huge}&filter=userName eq "a@example.com"',
+        ):
+            status, page, _ = await svc.request("GET", f"/scim/v2/Users?{query}", token)
+            assert status == 200, page
+            assert page["Resources"] == [] and page["totalResults"] in (1, 2)
+        status, page, _ = await svc.request("GET", f"/scim/v2/Users?count={huge}", token)
+        assert status == 200 and page["itemsPerPage"] == 2, page
+        for big in (2**70, 1e308):
+            status, page, _ = await svc.request(
+                "POST", "/scim/v2/Users/.search", token, json={"startIndex": big}
+            )
+            assert status == 200 and page["Resources"] == [] and page["totalResults"] == 2
+            status, page, _ = await svc.request(
+                "POST", "/scim/v2/Users/.search", token, json={"count": big}
+            )
+            assert status == 200 and page["itemsPerPage"] == 2, page
+            status, page, _ = await svc.request(
+                "POST", "/scim/v2/.search", token, json={"startIndex": -big, "count": -big}
+            )
+            assert status == 200 and page["startIndex"] == 1 and page["Resources"] == []
+
+
+async def test_wrong_json_types_are_scim_400s_and_an_empty_search_is_valid(
+    database_url: str,
+) -> None:
+    async with running(settings_for(database_url)) as svc:
+        token = (await scim_token(svc, await svc.issue_key()))["token"]
+        status, created, _ = await svc.request(
+            "POST", "/scim/v2/Users", token, json=scim_user("t@example.com")
+        )
+        assert status == 201
+        # RFC 7644 section 3.4.3: every SearchRequest attribute is optional, and a null value
+        # is the same as an absent one (RFC 7643 section 2.5).
+        valid: list[dict[str, Any]] = [{}, {"count": None}, {"startIndex": None, "filter": None}]
+        for body in valid:
+            status, page, _ = await svc.request("POST", "/scim/v2/Users/.search", token, json=body)
+            assert status == 200 and page["totalResults"] == 1, (body, page)
+        wrong: list[dict[str, Any]] = [
+            {"startIndex": [1]},
+            {"count": {}},
+            {"count": True},
+            {"count": 1.5},
+            {"count": "many"},
+        ]
+        for body in wrong:
+            status, err, _ = await svc.request("POST", "/scim/v2/Users/.search", token, json=body)
+            assert_scim_error(status, err, 400, "invalidValue")
+        ops = [{"op": "replace", "path": "displayName", "value": "T"}]
+        for schemas in (5, True, 1.5, PATCH, {"x": PATCH}):
+            status, err, _ = await svc.request(
+                "PATCH",
+                f"/scim/v2/Users/{created['id']}",
+                token,
+                json={"schemas": schemas, "Operations": ops},
+            )
+            assert_scim_error(status, err, 400, "invalidSyntax")
+
+
+async def test_nul_in_scim_input_is_a_400_invalid_value(database_url: str) -> None:
+    """PostgreSQL text cannot hold NUL: anywhere in a SCIM body it is the client's mistake."""
+    async with running(settings_for(database_url)) as svc:
+        token = (await scim_token(svc, await svc.issue_key()))["token"]
+        status, created, _ = await svc.request(
+            "POST", "/scim/v2/Users", token, json=scim_user("n@example.com")
+        )
+        assert status == 201
+        search = {"filter": 'userName eq "a\u0000"'}
+        status, err, _ = await svc.request("POST", "/scim/v2/Users/.search", token, json=search)
+        assert_scim_error(status, err, 400, "invalidValue")
+        bad_users = [
+            scim_user("a\u0000@example.com"),
+            scim_user("d@example.com", displayName="D\u0000"),
+            scim_user("e@example.com", emails=[{"value": "e\u0000@example.com"}]),
+            scim_user("x@example.com", externalId="x\u0000"),
+            scim_user("p@example.com", password="long enough\u0000"),
+        ]
+        for body in bad_users:
+            status, err, _ = await svc.request("POST", "/scim/v2/Users", token, json=body)
+            assert_scim_error(status, err, 400, "invalidValue")
+            status, err, _ = await svc.request(
+                "PUT", f"/scim/v2/Users/{created['id']}", token, json=body
+            )
+            assert_scim_error(status, err, 400, "invalidValue")
+        patch = {"schemas": [PATCH], "Operations": [{"op": "add", "value": {"externalId": "\0"}}]}
+        status, err, _ = await svc.request(
+            "PATCH", f"/scim/v2/Users/{created['id']}", token, json=patch
+        )
+        assert_scim_error(status, err, 400, "invalidValue")
+        status, page, _ = await svc.request("GET", "/scim/v2/Users", token)
+        assert page["totalResults"] == 1 and "externalId" not in page["Resources"][0]
+
+
+async def test_a_store_failure_is_an_opaque_logged_500(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No client input reaches the store with a bad value any more, so the store is made to
+    fail for real: the read-model role loses its grant on the users table. The database's
+    message must stay in the log, and the client gets only the error id."""
+    async with running(settings_for(database_url)) as svc:
+        token = (await scim_token(svc, await svc.issue_key()))["token"]
+        async with svc.app[DATABASE].acquire() as conn:
+            await conn.execute("REVOKE SELECT ON identity_users FROM svc_reader")
+        status, err, _ = await svc.request("GET", "/scim/v2/Users", token)
+        assert status == 500
+        message = err["error"]["message"]
+        error_id = message.removeprefix("internal error (id ").removesuffix(")")
+        assert error_id.startswith("svc-") and "identity_users" not in str(err)
+        logged = [r for r in caplog.records if error_id in r.getMessage()]
+        assert logged and logged[0].exc_info is not None
+        assert "identity_users" in str(logged[0].exc_info[1])
+
+
+async def test_scim_passwords_follow_the_admin_length_rules(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        token = (await scim_token(svc, await svc.issue_key()))["token"]
+        status, created, _ = await svc.request(
+            "POST", "/scim/v2/Users", token, json=scim_user("w@example.com")
+        )
+        assert status == 201
+        path = f"/scim/v2/Users/{created['id']}"
+        bounds = f"{MIN_LENGTH} to {MAX_LENGTH} characters"
+        for password in ("x" * (MIN_LENGTH - 1), "x" * (MAX_LENGTH + 1), "x" * 1_000_000):
+            attempts: list[tuple[str, str, dict[str, Any]]] = [
+                ("POST", "/scim/v2/Users", scim_user("v@example.com", password=password)),
+                ("PUT", path, scim_user("w@example.com", password=password)),
+                (
+                    "PATCH",
+                    path,
+                    {
+                        "schemas": [PATCH],
+                        "Operations": [{"op": "replace", "path": "password", "value": password}],
+                    },
+                ),
+                (
+                    "PATCH",
+                    path,
+                    {
+                        "schemas": [PATCH],
+                        "Operations": [{"op": "replace", "value": {"password": password}}],
+                    },
+                ),
+            ]
+            for method, where, body in attempts:
+                status, err, _ = await svc.request(method, where, token, json=body)
+                assert_scim_error(status, err, 400, "invalidValue")
+                assert bounds in err["detail"]
+        # The refused create wrote nothing.
+        status, page, _ = await svc.request("GET", "/scim/v2/Users", token)
+        assert page["totalResults"] == 1
+        ok = scim_user("v@example.com", password="x" * MAX_LENGTH)
+        assert (await svc.request("POST", "/scim/v2/Users", token, json=ok))[0] == 201
+        status, _, browser = await svc.login("v@example.com", "x" * MAX_LENGTH)
+        await browser.close()
+        assert status == 200
