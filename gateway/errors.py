@@ -48,6 +48,9 @@ def error_body(message: str, error_type: str, code: str | None) -> dict[str, Any
 
 def envelope(status: int, message: str, error_type: str, code: str | None) -> web.Response:
     HTTP_ERRORS.labels(status=str(status)).inc()
+    # A message quoting client input may hold lone surrogates (undecodable bytes kept by
+    # aiohttp), which JSON cannot carry: they become "?" rather than a failed error.
+    message = message.encode("utf-8", "replace").decode()
     body = orjson.dumps(error_body(message, error_type, code))
     return web.Response(status=status, body=body, content_type="application/json")
 
@@ -186,6 +189,12 @@ async def read_body(request: web.Request) -> bytes:
         raise PayloadTooLarge(
             f"request body too large: the limit is {request.client_max_size} bytes "
             "(SVC_MAX_BODY_BYTES)"
+        ) from None
+    except ConnectionResetError:
+        # The client closed the connection before sending all it announced: nobody will read
+        # the answer, and a client's hang-up is not the service's error to log.
+        raise InvalidInput(
+            "request body incomplete: the connection closed before Content-Length bytes came"
         ) from None
 
 

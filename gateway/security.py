@@ -23,7 +23,7 @@ from yarl import URL
 from gateway.errors import error_body
 from gateway.settings import Settings
 from gateway.state import SETTINGS
-from schemas.errors import Forbidden, NotFound
+from schemas.errors import Forbidden, InvalidInput, NotFound
 
 DEFAULT_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -162,8 +162,22 @@ def _is_preflight(request: web.Request) -> bool:
     )
 
 
+def _check_header_encoding(request: web.Request) -> None:
+    """aiohttp keeps header bytes that are not UTF-8 as lone surrogates, which every later
+    `encode()` (key hashing, JWT decoding, JSON rendering) would fail on: refuse them here,
+    once, for every route."""
+    for name, value in request.headers.items():
+        if value.isascii():
+            continue
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise InvalidInput(f"header {name} is not valid UTF-8", code="invalid_header") from None
+
+
 @web.middleware
 async def security_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    _check_header_encoding(request)
     path = request.path
     if path in HIDDEN_EXACT or path.startswith(HIDDEN_PREFIXES):
         raise NotFound("not found: no such endpoint")

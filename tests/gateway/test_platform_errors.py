@@ -207,3 +207,54 @@ def test_a_failure_outside_the_middleware_is_an_opaque_500(
     writer.output_size = 10  # a response already under way cannot be replaced
     with pytest.raises(ConnectionError):
         EnvelopeRequestHandler.handle_error(cast(Any, None), request, 500, RuntimeError("x"))
+
+
+async def test_header_bytes_that_are_not_utf8_are_a_400(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each of these reached an encode() deep in a handler (key hashing, the session cookie,
+    the idempotency id, the CORS error message) and answered 500."""
+    bad = b"\xff\xfe"
+    requests = {
+        "bearer key": b"GET /v1/admin/overview HTTP/1.1\r\nAuthorization: Bearer svc_" + bad,
+        "session cookie": b"GET /v1/admin/overview HTTP/1.1\r\nCookie: svc_session=" + bad,
+        "idempotency key": (
+            b"POST /v1/admin/agents HTTP/1.1\r\nAuthorization: Bearer svc_x\r\n"
+            b"Idempotency-Key: " + bad
+        ),
+        "preflight origin": (
+            b"OPTIONS /v1/models HTTP/1.1\r\nOrigin: http://" + bad + b"\r\n"
+            b"Access-Control-Request-Method: GET"
+        ),
+    }
+    async with running(settings_for(database_url)) as svc:
+        with caplog.at_level(logging.WARNING):
+            for case, head in requests.items():
+                request = head + b"\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+                status, headers, body = await _raw_exchange(svc, request)
+                assert status == 400, case
+                assert headers["content-type"].startswith("application/json"), case
+                assert "not valid UTF-8" in str(
+                    assert_envelope(orjson.loads(body), "invalid_header")
+                )
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_body_cut_short_by_the_client_is_not_a_server_error(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running(settings_for(database_url)) as svc:
+        port = URL(svc.base).port
+        with caplog.at_level(logging.INFO):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                f"POST {ECHO} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 100\r\n\r\n{}".encode()
+            )
+            await writer.drain()
+            await asyncio.sleep(0.2)  # the handler is waiting for the rest of the body
+            writer.close()
+            status, _, _ = await svc.request("GET", "/healthz")
+            assert status == 200
+            await asyncio.sleep(0.2)  # the cut-short request's handler has finished
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
