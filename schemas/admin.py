@@ -268,9 +268,16 @@ class ApiKeyCreate(_Wire):
     @field_validator("expires_at")
     @classmethod
     def _expiry(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
             raise ValueError("must carry a UTC offset, e.g. 2027-01-01T00:00:00Z")
-        return value
+        # Kept in UTC and bounded: 9999-12-31T23:59:59-14:00 is past what PostgreSQL's
+        # timestamptz holds, and a read model that cannot store it stops applying events.
+        _in_range(value)  # compared first: converting 9999-12-31T23:59:59-14:00 overflows
+        if value <= datetime.now(UTC):
+            raise ValueError("must lie in the future")
+        return value.astimezone(UTC)
 
 
 class ApiKeyRecord(_Wire):
