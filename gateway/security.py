@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
-from functools import lru_cache
 
 import orjson
 from aiohttp import web
@@ -24,6 +23,7 @@ from gateway.errors import error_body
 from gateway.settings import Settings
 from gateway.state import SETTINGS
 from schemas.errors import Forbidden, InvalidInput, NotFound
+from schemas.settings_catalog import Network, parse_networks
 
 DEFAULT_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -41,18 +41,6 @@ EXPOSED_HEADERS = (
 # Orchestrators probe these over plain HTTP from the node, not from loopback.
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 CLIENT_IP: web.RequestKey[str] = web.RequestKey("svc_client_ip", str)
-
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-@lru_cache(maxsize=16)
-def parse_networks(raw: str) -> tuple[Network, ...]:
-    out: list[Network] = []
-    for item in raw.split(","):
-        text = item.strip()
-        if text:
-            out.append(ipaddress.ip_network(text, strict=False))
-    return tuple(out)
 
 
 def _ip(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

@@ -13,6 +13,7 @@ expected type or choices. Raw strings are what is stored (env, env file, setting
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -47,6 +48,8 @@ class SettingSpec:
     max_value: float | None = None
     bool_mode: BoolMode = "standard"
     numeric_text: bool = False
+    networks: bool = False
+    """Text holding a comma list of IP networks (CIDR) or addresses; blank = none."""
     coerce_invalid_to: str | None = None
     from_env: bool = True
     storable: bool = True
@@ -69,6 +72,8 @@ class SettingSpec:
         if self.numeric_text:
             lo, hi = _fmt(self.min_value), _fmt(self.max_value)
             return f"blank or a number from {lo} to {hi}"
+        if self.networks:
+            return "blank or a comma list of IP addresses or CIDR networks, e.g. 10.0.0.0/8,::1"
         return "text"
 
 
@@ -149,6 +154,20 @@ def _parse_numeric_text(spec: SettingSpec, raw: str) -> str:
     return text
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_networks(raw: str) -> tuple[Network, ...]:
+    """`10.0.0.0/8, 192.168.1.7, ::1` -> networks (an address is its own /32 or /128);
+    ValueError names the first item that is neither."""
+    out: list[Network] = []
+    for item in raw.split(","):
+        text = item.strip()
+        if text:
+            out.append(ipaddress.ip_network(text, strict=False))
+    return tuple(out)
+
+
 def parse(spec: SettingSpec, raw: str) -> SettingValue:
     """Validate `raw` for `spec` and return the typed value (bool, int, seconds or text)."""
     if spec.type == "bool":
@@ -164,6 +183,11 @@ def parse(spec: SettingSpec, raw: str) -> SettingValue:
         raise _invalid(spec, raw)
     if spec.numeric_text:
         return _parse_numeric_text(spec, raw)
+    if spec.networks:
+        try:
+            parse_networks(raw)
+        except ValueError:
+            raise _invalid(spec, raw) from None
     return raw
 
 
@@ -1419,6 +1443,7 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_TTS_VOICE": {"default": "", "note": _VENDOR_DEFAULT},
     "SVC_EMBEDDER_MODEL": {"default": "", "note": _VENDOR_DEFAULT},
     "SVC_ACTOR_RUNTIME": {"choices": ("local", "ray")},
+    "SVC_TRUSTED_PROXIES": {"networks": True},
     "SVC_LOG_LEVEL": {"choices": ("debug", "info", "warning", "error")},
     "SVC_ACTOR_IDLE_SEC": {"min_value": 1.0},
     "SVC_ACTOR_MAX_ACTIVE": {"min_value": 1.0},

@@ -89,6 +89,13 @@ def test_validation_errors_say_what_is_expected() -> None:
         parse(get_spec("SVC_CODE_EXEC"), "maybe")
     with pytest.raises(InvalidInput, match="from the environment"):
         Settings({"SVC_LLM_RETRIES": "-1"})
+    # A typo here would silently trust no proxy (or the wrong one): refused, not ignored.
+    proxies = get_spec("SVC_TRUSTED_PROXIES")
+    for bad in ("zzz", "10.0.0.0/8, 10.0.0.300", "10.0.0.0/33"):
+        with pytest.raises(InvalidInput, match="comma list of IP addresses or CIDR networks"):
+            parse(proxies, bad)
+    assert parse(proxies, " 10.0.0.0/8, 192.168.1.7 ,::1 ") == " 10.0.0.0/8, 192.168.1.7 ,::1 "
+    assert parse(proxies, "") == ""
 
 
 def test_bool_dialects() -> None:
