@@ -2,7 +2,7 @@
 
     svc serve                         run the gateway on SVC_GATEWAY_ADDR
     svc migrate                       apply pending database migrations
-    svc settings set KEY VALUE | get KEY | list [--json] | unset KEY
+    svc settings set KEY [VALUE] | get KEY | list [--json] | unset KEY
     svc apikeys create --scopes SCOPES [--workspace ID] [--rate-limit-rpm N] [--name NAME]
     svc apikeys list [--workspace ID] [--json] | revoke ID [--workspace ID]
     svc projections status | rebuild NAME
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import logging
 import signal
@@ -118,14 +119,26 @@ async def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:
         get_spec(args.key)
     if args.action in ("get", "list"):
         return await _settings_show(args, settings)
+    value = args.value
+    if args.action == "set" and value is None:
+        value = _value_from_stdin(args.key)
     async with open_platform(settings, background=False) as platform:
         service = platform.settings_service
         if args.action == "set":
-            result = await service.set(args.key, args.value)
+            result = await service.set(args.key, value)
         else:
             result = await service.unset(args.key)
     _out(result.message)
     return 0
+
+
+def _value_from_stdin(key: str) -> str:
+    """A prompt that does not echo on a terminal, else standard input up to its end (one
+    trailing newline dropped: `echo secret | svc settings set KEY`)."""
+    if sys.stdin.isatty():
+        return getpass.getpass(f"{key}: ")
+    value = sys.stdin.read()
+    return value[:-1] if value.endswith("\n") else value
 
 
 async def _settings_show(args: argparse.Namespace, settings: Settings) -> int:
@@ -367,7 +380,12 @@ def _settings_parser(sub: Any) -> None:
     acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
     s = acts.add_parser("set", help="store a value")
     s.add_argument("key")
-    s.add_argument("value")
+    s.add_argument(
+        "value",
+        nargs="?",
+        help="omit it to read the value from standard input (or a prompt that does not echo), "
+        "which keeps a secret out of the process list and the shell history",
+    )
     acts.add_parser("get", help="show one setting").add_argument("key")
     acts.add_parser("unset", help="remove the stored value").add_argument("key")
     acts.add_parser("list", help="every setting").add_argument("--json", action="store_true")

@@ -105,6 +105,31 @@ def test_settings_commands_mask_secrets(data_dir: Path) -> None:
     assert got.stdout.startswith("SVC_INBOUND_SECRET=********")
 
 
+def test_settings_set_reads_the_value_from_stdin_when_omitted(data_dir: Path) -> None:
+    """A secret given as an argument shows in the process list and the shell history."""
+
+    def set_from_stdin(key: str, text: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*SVC, "settings", "set", key],
+            env=_env(data_dir),
+            input=text,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+
+    done = set_from_stdin("SVC_LLM_RETRIES", "3\n")
+    assert done.returncode == 0, done.stderr
+    assert svc(data_dir, "settings", "get", "SVC_LLM_RETRIES").stdout.startswith(
+        "SVC_LLM_RETRIES=3"
+    )
+    secret = "stdin-secret-value-456"
+    done = set_from_stdin("SVC_INBOUND_SECRET", secret)
+    assert done.returncode == 0 and secret not in done.stdout + done.stderr
+    bad = set_from_stdin("SVC_LLM_RETRIES", "many\n")
+    assert bad.returncode == 2 and "SVC_LLM_RETRIES" in bad.stderr
+
+
 async def _run(data_dir: Path, *args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         *SVC, *args, env=_env(data_dir), stdout=PIPE, stderr=PIPE
