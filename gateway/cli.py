@@ -119,12 +119,12 @@ async def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:
         get_spec(args.key)
     if args.action in ("get", "list"):
         return await _settings_show(args, settings)
-    value = args.value
-    if args.action == "set" and value is None:
-        value = _value_from_stdin(args.key)
+    value = None
+    if args.action == "set":
+        value = args.value if args.value is not None else _value_from_stdin(args.key)
     async with open_platform(settings, background=False) as platform:
         service = platform.settings_service
-        if args.action == "set":
+        if value is not None:
             result = await service.set(args.key, value)
         else:
             result = await service.unset(args.key)
@@ -138,6 +138,9 @@ def _value_from_stdin(key: str) -> str:
     if sys.stdin.isatty():
         return getpass.getpass(f"{key}: ")
     value = sys.stdin.read()
+    if not value:
+        # Most likely a mistake (stdin redirected from nothing), not a wish to store a blank.
+        raise InvalidInput(f"no value for {key} on standard input; to store a blank value pass ''")
     return value[:-1] if value.endswith("\n") else value
 
 

@@ -128,6 +128,14 @@ def test_settings_set_reads_the_value_from_stdin_when_omitted(data_dir: Path) ->
     assert done.returncode == 0 and secret not in done.stdout + done.stderr
     bad = set_from_stdin("SVC_LLM_RETRIES", "many\n")
     assert bad.returncode == 2 and "SVC_LLM_RETRIES" in bad.stderr
+    empty = set_from_stdin("SVC_LLM_RETRIES", "")
+    assert empty.returncode == 2 and "no value for SVC_LLM_RETRIES" in empty.stderr
+    # `unset` takes no value and reads nothing.
+    done = svc(data_dir, "settings", "unset", "SVC_LLM_RETRIES")
+    assert done.returncode == 0, done.stderr
+    assert svc(data_dir, "settings", "get", "SVC_LLM_RETRIES").stdout.startswith(
+        "SVC_LLM_RETRIES=3"  # the default again
+    )
 
 
 async def _run(data_dir: Path, *args: str) -> tuple[int, str, str]:
