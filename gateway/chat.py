@@ -243,6 +243,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except SvcError as exc:
         TURN_ERRORS.labels(exc.code).inc()
         raise
+    except ConnectionResetError:
+        raise  # the client left before its stream started; the turn goes on and is recorded
     except Exception:
         TURN_ERRORS.labels("internal_error").inc()
         raise

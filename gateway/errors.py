@@ -41,6 +41,9 @@ _HTTP_CODES: dict[int, tuple[str, str]] = {
 }
 
 
+CLIENT_CLOSED = 499
+
+
 def error_body(message: str, error_type: str, code: str | None) -> dict[str, Any]:
     """The spec's error object, wherever one is sent: a response, an SSE frame, a redirect."""
     return {"error": {"message": message, "type": error_type, "code": code}}
@@ -177,6 +180,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return from_svc_error(exc)
     except ValidationError as exc:
         return envelope(400, describe_validation(exc), "invalid_request_error", "invalid_request")
+    except ConnectionResetError:
+        # The client hung up (mid-body, or before a stream's headers went out): nobody reads
+        # an answer, and a client's hang-up is not the service's error to log. 499 is the
+        # status proxies record for it; it only reaches the access log and the metrics.
+        log.info("%s %s: the client closed the connection", request.method, request.path)
+        return envelope(
+            CLIENT_CLOSED, "client closed the connection", "invalid_request_error", None
+        )
     except Exception as exc:
         return internal_error(request, exc)
 
@@ -189,12 +200,6 @@ async def read_body(request: web.Request) -> bytes:
         raise PayloadTooLarge(
             f"request body too large: the limit is {request.client_max_size} bytes "
             "(SVC_MAX_BODY_BYTES)"
-        ) from None
-    except ConnectionResetError:
-        # The client closed the connection before sending all it announced: nobody will read
-        # the answer, and a client's hang-up is not the service's error to log.
-        raise InvalidInput(
-            "request body incomplete: the connection closed before Content-Length bytes came"
         ) from None
 
 

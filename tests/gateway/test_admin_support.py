@@ -27,6 +27,7 @@ from eventstore.records import NewEvent
 from gateway.app import create_app
 from gateway.auth import generate_key, hash_key
 from gateway.bootstrap import ensure_workspace
+from gateway.http_server import GatewayRunner
 from gateway.settings import Settings
 from gateway.state import PROJECTIONS, RUNTIME, STORE
 from schemas.conversation import RenameConversation, RunTurn, StartConversation
@@ -149,9 +150,19 @@ class Service:
         return result
 
 
+class GatewayTestServer(TestServer):
+    """aiohttp's TestServer serving through the gateway's own runner, as `svc serve` does. The
+    difference that matters: TestServer cancels a handler whose client went away, the gateway
+    does not (a turn's handler meets the closed connection and must take it quietly)."""
+
+    async def _make_runner(self, **kwargs: Any) -> web.BaseRunner:
+        kwargs["handler_cancellation"] = False
+        return GatewayRunner(self.app, **kwargs)
+
+
 async def start_service(database_url: str, data_dir: Path) -> Service:
     settings = Settings({"SVC_DATABASE_URL": database_url, "SVC_DATA_DIR": str(data_dir)})
-    server = TestServer(create_app(settings), host="127.0.0.1")
+    server = GatewayTestServer(create_app(settings), host="127.0.0.1")
     await server.start_server()
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=None))
     return Service(server.app, server, http)

@@ -12,8 +12,7 @@ import aiohttp
 import openai
 import orjson
 import pytest
-from aiohttp.test_utils import TestServer
-from test_admin_support import Service, uid
+from test_admin_support import GatewayTestServer, Service, uid
 from test_chat import UPSTREAM_MODEL, Chat, stub_upstream
 
 import gateway.app
@@ -57,7 +56,7 @@ async def chat(database_url: str, tmp_path: Path, agents_wired: list[Any]) -> As
             "SVC_LLM_CALL_TIMEOUT_S": "30",
         }
     )
-    server = TestServer(create_app(settings, extra_routes=agents_wired), host="127.0.0.1")
+    server = GatewayTestServer(create_app(settings, extra_routes=agents_wired), host="127.0.0.1")
     await server.start_server()
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
     service = Service(server.app, server, http)

@@ -15,8 +15,7 @@ import openai
 import orjson
 import pytest
 import stub_upstream
-from aiohttp.test_utils import TestServer
-from test_admin_support import Service, SseReader, now, uid
+from test_admin_support import GatewayTestServer, Service, SseReader, now, uid
 
 from actors.behaviour import CommandOutcome
 from actors.workspace import workspace_key
@@ -110,7 +109,7 @@ async def chat(database_url: str, tmp_path: Path) -> AsyncIterator[Chat]:
             "SVC_LLM_CALL_TIMEOUT_S": "30",
         }
     )
-    server = TestServer(create_app(settings), host="127.0.0.1")
+    server = GatewayTestServer(create_app(settings), host="127.0.0.1")
     await server.start_server()
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
     service = Service(server.app, server, http)
@@ -449,6 +448,31 @@ async def test_disconnect_mid_stream_still_records_the_turn(chat: Chat) -> None:
     assert completed.data["content"] == "".join(f"tok{i} " for i in range(20))
     assert completed.data["finish_reason"] == "stop"
     assert chat.stub.calls == 1
+
+
+async def test_a_client_gone_before_its_stream_starts_is_not_a_server_error(
+    chat: Chat, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The second turn of a conversation waits in the actor's mailbox behind the first; its
+    client leaves meanwhile, so its stream's headers meet a closed connection."""
+    chat.stub.chunk_delay_s = 0.15
+    body = {"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True}
+    first = await chat.raw_post(body)
+    conversation_id = first.headers["X-SVC-Conversation-Id"]
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.3):
+            await chat.raw_post(body, **{"X-SVC-Conversation-Id": conversation_id})
+    await first.read()
+    async with asyncio.timeout(20):
+        while True:
+            events = await chat.events(conversation_id)
+            if sum(e.type == COMPLETED for e in events) == 2:
+                break  # both turns recorded, the second without a reader
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)  # the second handler has met the closed connection by now
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    metrics = await (await chat.service.http.get(chat.service.url("/metrics"))).text()
+    assert 'svc_turn_errors_total{code="internal_error"}' not in metrics
 
 
 async def test_turn_metrics_are_exported(chat: Chat) -> None:
