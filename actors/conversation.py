@@ -701,12 +701,17 @@ class ConversationBehaviour(Behaviour[ConversationState]):
 
 
 def _request(command: RunTurn, streaming: bool) -> ModelRequest:
+    params = command.params
     return ModelRequest(
         model=command.model,
         messages=tuple(ChatMessage(m.role, m.content, m.name) for m in command.messages),
-        temperature=command.params.temperature,
-        top_p=command.params.top_p,
-        max_tokens=command.params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        max_tokens=params.max_tokens,
+        stop=params.stop,
+        seed=params.seed,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
         stream=streaming,
     )
 

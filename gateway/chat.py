@@ -291,7 +291,15 @@ def _build_turn(
     messages = tuple(
         Message(role=m.role, content=m.content, name=m.name or None) for m in body.messages
     )
-    params = TurnParams(temperature=body.temperature, top_p=body.top_p, max_tokens=body.token_limit)
+    params = TurnParams(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        max_tokens=body.token_limit,
+        stop=body.stop_sequences,
+        seed=body.seed,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+    )
     if agent is not None:
         messages, params = _with_agent(agent, messages, params)
     command = RunTurn(
@@ -328,10 +336,14 @@ def _with_agent(
                 "prompt takes one place"
             )
     defaults = agent.parameters
-    return messages, TurnParams(
-        temperature=defaults.temperature if params.temperature is None else params.temperature,
-        top_p=defaults.top_p if params.top_p is None else params.top_p,
-        max_tokens=defaults.max_tokens if params.max_tokens is None else params.max_tokens,
+    return messages, params.model_copy(
+        update={
+            "temperature": defaults.temperature
+            if params.temperature is None
+            else params.temperature,
+            "top_p": defaults.top_p if params.top_p is None else params.top_p,
+            "max_tokens": defaults.max_tokens if params.max_tokens is None else params.max_tokens,
+        }
     )
 
 

@@ -1,10 +1,11 @@
 """Wire records of the chat-completions-compatible endpoint (POST /v1/chat/completions).
 
 The shapes follow the OpenAI `chat.completion` / `chat.completion.chunk` convention so that
-stock OpenAI clients work unchanged. Request fields those clients commonly send that this
-service does not act on (`user`, `seed`, `stop`, penalties, `metadata`, ...) are accepted and
-ignored; fields whose silent omission would change the answer (`n` > 1, `tools`, `logprobs`)
-are refused with a 400.
+stock OpenAI clients work unchanged. Sampling fields reach the model (`temperature`, `top_p`,
+`max_tokens`, `stop`, `seed`, the penalties); fields that do not change the answer (`user`,
+`metadata`, `store`, ...) are accepted and ignored; fields whose silent omission would change
+the answer (`n` > 1, tools in either form, JSON or schema output, logprobs, logit bias, audio)
+are refused with a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from pydantic import (
 )
 
 Role = Literal["system", "user", "assistant", "tool"]
+MAX_STOP = 4
+"""Stop sequences per request, as OpenAI's API allows."""
+MAX_STOP_CHARS = 200
 
 
 class ChatMessageIn(BaseModel):
@@ -50,10 +54,23 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0, strict=True)
     max_completion_tokens: int | None = Field(default=None, gt=0, strict=True)
     stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1, strict=True)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
     n: int | None = Field(default=None, strict=True)
-    tools: list[Any] | None = None
-    logprobs: bool | None = Field(default=None, strict=True)
     user: str | None = None
+    # Refused unless absent or a no-op: each would change the answer, and none is honoured.
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    logprobs: bool | None = Field(default=None, strict=True)
+    top_logprobs: int | None = Field(default=None, strict=True)
+    logit_bias: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: Any = None
 
     @field_validator("n")
     @classmethod
@@ -62,18 +79,51 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("only n=1 is supported: one choice per completion")
         return value
 
-    @field_validator("tools")
+    @field_validator("stop")
     @classmethod
-    def _no_tools(cls, value: list[Any] | None) -> list[Any] | None:
+    def _stop_sequences(cls, value: str | list[str] | None) -> str | list[str] | None:
+        sequences = [value] if isinstance(value, str) else value or []
+        if len(sequences) > MAX_STOP or not all(0 < len(s) <= MAX_STOP_CHARS for s in sequences):
+            raise ValueError(
+                f"at most {MAX_STOP} stop sequences of 1 to {MAX_STOP_CHARS} characters each"
+            )
+        return value
+
+    @field_validator("tools", "functions", "function_call")
+    @classmethod
+    def _no_tools(cls, value: object) -> object:
         if value:
             raise ValueError("client-defined tools are not supported on this endpoint")
         return value
 
-    @field_validator("logprobs")
+    @field_validator("tool_choice")
     @classmethod
-    def _no_logprobs(cls, value: bool | None) -> bool | None:
+    def _no_tool_choice(cls, value: object) -> object:
+        if value not in (None, "none", "auto"):
+            raise ValueError("only 'none' or 'auto': client-defined tools are not supported")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type", "text") != "text":
+            raise ValueError(
+                "only {'type': 'text'} is supported: JSON mode and structured outputs are not"
+            )
+        return value
+
+    @field_validator("logprobs", "top_logprobs", "logit_bias")
+    @classmethod
+    def _no_token_level_control(cls, value: object) -> object:
         if value:
-            raise ValueError("logprobs are not supported")
+            raise ValueError("token log probabilities and logit bias are not supported")
+        return value
+
+    @field_validator("modalities", "audio")
+    @classmethod
+    def _no_audio(cls, value: object) -> object:
+        if value is not None and value != ["text"]:
+            raise ValueError("only text output is supported")
         return value
 
     @model_validator(mode="after")
@@ -90,6 +140,10 @@ class ChatCompletionRequest(BaseModel):
     def token_limit(self) -> int | None:
         """`max_tokens`, or its newer OpenAI name `max_completion_tokens`."""
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
     @property
     def include_usage(self) -> bool:

@@ -11,9 +11,17 @@ exactly the same state, times included.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from schemas.commands import Command
 from schemas.events import Event, event
@@ -51,12 +59,33 @@ class Message(BaseModel):
 
 
 class TurnParams(BaseModel):
-    """Sampling parameters of one turn; None means "not sent upstream"."""
+    """Sampling parameters of one turn; None (or no stop sequence) means "not sent upstream".
+    Fields added later default to that, so older events read as they were recorded."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    stop: tuple[Annotated[str, Field(min_length=1, max_length=200)], ...] = Field(
+        default=(), max_length=4
+    )
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+
+    @model_serializer(mode="wrap")
+    def _later_fields_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A turn that uses none of the fields added after the first release is recorded
+        # exactly as before, so a gateway of that release can still read it (a rolling
+        # upgrade): its TurnParams forbids fields it does not know.
+        data = handler(self)
+        for name in _LATER_PARAMS:
+            if data.get(name) in (None, (), []):
+                data.pop(name, None)
+        return data
+
+
+_LATER_PARAMS = ("stop", "seed", "presence_penalty", "frequency_penalty")
 
 
 # --- commands -------------------------------------------------------------------------------

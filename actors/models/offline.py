@@ -33,7 +33,7 @@ class OfflineProvider:
         return model in self.model_names
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        words = _WORD.findall(compose_reply(request.messages))
+        words = _WORD.findall(_until_stop(compose_reply(request.messages), request.stop))
         limit = request.max_tokens
         emitted = words if limit is None else words[:limit]
         for word in emitted:
@@ -45,6 +45,13 @@ class OfflineProvider:
 
     async def aclose(self) -> None:
         return None
+
+
+def _until_stop(text: str, stop: tuple[str, ...]) -> str:
+    """The text before the first stop sequence, which is not part of the answer (OpenAI's
+    convention)."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
+    return text[:cut]
 
 
 def compose_reply(messages: Iterable[ChatMessage]) -> str:

@@ -145,6 +145,14 @@ class OpenAICompatProvider:
             body["top_p"] = top_p
         if request.max_tokens is not None:
             body["max_tokens"] = request.max_tokens
+        if request.stop:
+            body["stop"] = list(request.stop)
+        optional = {
+            "seed": request.seed,
+            "presence_penalty": request.presence_penalty,
+            "frequency_penalty": request.frequency_penalty,
+        }
+        body.update({name: value for name, value in optional.items() if value is not None})
         return body
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:

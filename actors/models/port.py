@@ -26,6 +26,10 @@ class ModelRequest:
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     stream: bool = True
     """False when the caller reads only the outcome (an `ask`, not a `stream`): a provider may
     then fetch the answer in one piece, and yields its text as one delta before `Finished`."""

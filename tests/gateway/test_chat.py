@@ -174,6 +174,81 @@ async def test_request_temperature_is_sent_upstream(chat: Chat) -> None:
     assert (chat.stub.bodies[0]["temperature"], chat.stub.bodies[0]["top_p"]) == (0.3, 0.5)
 
 
+async def test_stop_seed_and_penalties_are_sent_upstream_and_recorded(chat: Chat) -> None:
+    raw = await chat.client().chat.completions.with_raw_response.create(
+        model=UPSTREAM_MODEL,
+        messages=HELLO,
+        stop=["\n\n", "END"],
+        seed=42,
+        presence_penalty=0.5,
+        frequency_penalty=-0.25,
+    )
+    sent = chat.stub.bodies[0]
+    assert sent["stop"] == ["\n\n", "END"] and sent["seed"] == 42
+    assert (sent["presence_penalty"], sent["frequency_penalty"]) == (0.5, -0.25)
+    started = await chat.wait_for_event(
+        raw.headers["X-SVC-Conversation-Id"], "conversation.turn_started"
+    )
+    assert started.data["params"]["stop"] == ["\n\n", "END"]
+    assert started.data["params"]["seed"] == 42
+    # A single stop string is the same as a list of one.
+    await chat.client().chat.completions.create(model=UPSTREAM_MODEL, messages=HELLO, stop="END")
+    assert chat.stub.bodies[1]["stop"] == ["END"]
+
+
+async def test_the_offline_model_stops_at_a_stop_sequence(chat: Chat) -> None:
+    full = await chat.client().chat.completions.create(model=OFFLINE, messages=HELLO)
+    text = full.choices[0].message.content or ""
+    assert "offline model" in text
+    cut = await chat.client().chat.completions.create(
+        model=OFFLINE, messages=HELLO, stop=["offline model"]
+    )
+    assert cut.choices[0].message.content == text[: text.index("offline model")]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("field_name", "value"),
+    [
+        ("response_format", {"type": "json_object"}),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+        ("functions", [{"name": "f", "parameters": {}}]),
+        ("function_call", "auto"),
+        ("tool_choice", "required"),
+        ("tool_choice", {"type": "function", "function": {"name": "f"}}),
+        ("top_logprobs", 3),
+        ("logit_bias", {"50256": -100}),
+        ("modalities", ["text", "audio"]),
+        ("audio", {"voice": "alloy", "format": "wav"}),
+        ("stop", ["a", "b", "c", "d", "e"]),
+        ("stop", [""]),
+        ("seed", "42"),
+        ("presence_penalty", 3),
+    ],
+)
+async def test_fields_whose_omission_would_change_the_answer_are_refused(
+    chat: Chat, field_name: str, value: object
+) -> None:
+    resp = await chat.raw_post({"model": OFFLINE, "messages": HELLO, field_name: value})
+    assert resp.status == 400, (field_name, value)
+    error = (await resp.json())["error"]
+    assert error["code"] == "invalid_request" and field_name in error["message"]
+
+
+async def test_no_op_values_of_those_fields_are_accepted(chat: Chat) -> None:
+    no_ops = {
+        "response_format": {"type": "text"},
+        "tool_choice": "none",
+        "modalities": ["text"],
+        "logit_bias": {},
+        "functions": [],
+        "user": "someone",
+        "metadata": {"k": "v"},
+    }
+    resp = await chat.raw_post({"model": OFFLINE, "messages": HELLO, **no_ops})
+    assert resp.status == 200, await resp.text()
+
+
 async def test_models_list(chat: Chat) -> None:
     models = await chat.client().models.list()
     assert {m.id for m in models.data} == {OFFLINE, UPSTREAM_MODEL}
