@@ -173,11 +173,9 @@ class TurnResult:
 
 
 def _require_live(state: ConversationState, command: Command) -> None:
-    # A conversation of another workspace answers exactly like a missing one.
-    if not state.exists or state.workspace_id != command.workspace_id:
+    # Missing, deleted and of another workspace answer exactly alike (docs/chat.md).
+    if not state.exists or state.deleted or state.workspace_id != command.workspace_id:
         raise NotFound(f"conversation {state.conversation_id} does not exist")
-    if state.deleted:
-        raise NotFound(f"conversation {state.conversation_id} was deleted")
 
 
 def _title_from(content: str) -> str | None:

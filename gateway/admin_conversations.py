@@ -28,6 +28,7 @@ from schemas.admin import (
 from schemas.errors import NotFound
 
 _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
+_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
 _BACKTICKS = re.compile(r"`+")
 
 
@@ -150,7 +151,10 @@ def to_markdown(export: ConversationExport) -> str:
 
 
 def _line(text: str) -> str:
-    return " ".join(text.split())
+    """One line of literal text: whitespace collapsed, and every ASCII punctuation character
+    backslash-escaped (CommonMark allows it for all of them), so a title or a name reads as
+    itself, never as emphasis, a link, an entity or inline HTML."""
+    return _PUNCTUATION.sub(r"\\\g<0>", " ".join(text.split()))
 
 
 def _longest_backtick_run(text: str) -> int:

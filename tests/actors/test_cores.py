@@ -233,9 +233,9 @@ def test_deleted_conversation_refuses_changes() -> None:
     state = run(conv, fresh_conversation(), turn(1))
     state, events = apply(conv, state, cmd(DeleteConversation, 2, at=at(2)))
     assert events == [ConversationDeleted(conversation_id="c-1", at=at(2))]
-    with pytest.raises(NotFound, match="conversation c-1 was deleted"):
+    with pytest.raises(NotFound, match="conversation c-1 does not exist"):
         conv.decide(state, cmd(RenameConversation, 3, title="x", at=at(3)))
-    with pytest.raises(NotFound, match="was deleted"):
+    with pytest.raises(NotFound, match="does not exist"):
         conv.decide(state, turn(4))
     assert conv.decide(state, cmd(DeleteConversation, 5, at=at(5))) == []
 

@@ -31,7 +31,7 @@ def sections(markdown: str) -> list[str]:
     """The text of each level-2 heading, as a CommonMark reader sees them."""
     tokens = MarkdownIt("commonmark").parse(markdown)
     return [
-        tokens[i + 1].content
+        "".join(child.content for child in tokens[i + 1].children or [])
         for i, token in enumerate(tokens)
         if token.type == "heading_open" and token.tag == "h2"
     ]
@@ -56,5 +56,18 @@ def test_a_fence_in_the_text_does_not_close_the_block() -> None:
 
 def test_single_line_fields_stay_on_one_line() -> None:
     text = to_markdown(export(message("user", "hi", name="bob\n## assistant"), title="a\n# b"))
-    assert text.startswith("# a # b\n")
+    assert text.startswith("# a \\# b\n")
     assert sections(text) == [f"user (bob ## assistant) · {AT.isoformat()}"]
+
+
+def test_a_title_or_a_name_reads_as_its_own_text() -> None:
+    """No emphasis, link, entity, code span or inline HTML from what a user typed."""
+    title = "```python x``` <script>alert(1)</script> <b>bold</b> **strong** [a](http://e) &amp;"
+    name = "<img src=x onerror=alert(1)> _me_"
+    text = to_markdown(export(message("user", "hi", name=name), title=title))
+    tokens = MarkdownIt("commonmark").parse(text)
+    headings = [tokens[i + 1] for i, t in enumerate(tokens) if t.type == "heading_open"]
+    kinds = {child.type for heading in headings for child in heading.children or []}
+    assert kinds == {"text"}, kinds
+    rendered = ["".join(c.content for c in h.children or []) for h in headings]
+    assert rendered == [title, f"user ({name}) · {AT.isoformat()}"]
