@@ -255,10 +255,18 @@ class Database:
         transaction-local (`set_config(..., true)` is `SET LOCAL`; the role is the `role`
         setting), so a pooled connection never carries one request's workspace or role into
         the next, and the pool's reset round trip is skipped on release.
+
+        The transaction is REPEATABLE READ: every statement of it sees one snapshot, so a
+        page and its total, or a row and its children, agree with each other while
+        projections write. For a reader that costs nothing over READ COMMITTED (no locks;
+        serialization failures concern writers, and the reader role may not write).
         """
         if not workspace_id:
             raise StoreError("a scoped transaction needs a workspace id")
-        async with self.acquire(stateless=True) as conn, conn.transaction():
+        async with (
+            self.acquire(stateless=True) as conn,
+            conn.transaction(isolation="repeatable_read"),
+        ):
             await conn.execute(_SCOPE, READER_ROLE, workspace_id)
             yield conn
 

@@ -131,3 +131,17 @@ async def test_every_table_svc_reader_can_read_is_under_a_workspace_policy(db: D
     readable = {r[0]: (r[1], r[2]) for r in rows}
     assert set(TABLES) <= set(readable)
     assert {name for name, (rls, policy) in readable.items() if not (rls and policy)} == set()
+
+
+async def test_a_scoped_read_sees_one_snapshot_while_projections_write(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """A page and its total come from two statements: both must see the same rows."""
+    await _two_tenants(store, db)
+    async with db.scoped(A) as conn:
+        before = await conn.fetchval("SELECT count(*) FROM conversations")
+        await chat(store, A, f"{A}-c3", 1)
+        await ProjectionRunner(db, default_projectors()).catch_up()  # commits meanwhile
+        assert await conn.fetchval("SELECT count(*) FROM conversations") == before
+    _, total = await queries.list_conversations(db, A)
+    assert total == before + 1
