@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from identity_support import GUARDED, WHOAMI, running, settings_for
 
+from gateway.settings import Settings
+
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
 ISSUER = "https://idp.example.test"
@@ -66,6 +68,17 @@ async def serve_jwks(idp: Idp) -> AsyncIterator[Idp]:
         await runner.cleanup()
 
 
+def oidc_settings(database_url: str, idp: Idp) -> Settings:
+    """OIDC against `idp`, the workspace taken from the token's `ws` claim."""
+    return settings_for(
+        database_url,
+        SVC_OIDC_ISSUER=ISSUER,
+        SVC_OIDC_JWKS_URL=idp.url,
+        SVC_OIDC_AUDIENCE=AUDIENCE,
+        SVC_OIDC_TENANT_CLAIM="ws",
+    )
+
+
 def claims(**over: Any) -> dict[str, Any]:
     now = int(time.time())
     base: dict[str, Any] = {
@@ -95,13 +108,7 @@ async def test_oidc_tokens_and_hostile_cases(database_url: str) -> None:
     key1 = _rsa()
     idp = Idp(keys=[jwk_of(key1, "k1")])
     async with serve_jwks(idp):
-        settings = settings_for(
-            database_url,
-            SVC_OIDC_ISSUER=ISSUER,
-            SVC_OIDC_JWKS_URL=idp.url,
-            SVC_OIDC_AUDIENCE=AUDIENCE,
-            SVC_OIDC_TENANT_CLAIM="ws",
-        )
+        settings = oidc_settings(database_url, idp)
         async with running(settings) as svc:
             api_key = await svc.issue_key()
             status, ada, _ = await svc.request(
@@ -210,13 +217,7 @@ async def test_validly_signed_claims_postgresql_cannot_hold_are_401(database_url
     key1 = _rsa()
     idp = Idp(keys=[jwk_of(key1, "k1")])
     async with serve_jwks(idp):
-        settings = settings_for(
-            database_url,
-            SVC_OIDC_ISSUER=ISSUER,
-            SVC_OIDC_JWKS_URL=idp.url,
-            SVC_OIDC_AUDIENCE=AUDIENCE,
-            SVC_OIDC_TENANT_CLAIM="ws",
-        )
+        settings = oidc_settings(database_url, idp)
         async with running(settings) as svc:
             await svc.create_user(await svc.issue_key(), "sub-ada", roles=["member"])
 

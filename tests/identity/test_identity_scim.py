@@ -34,6 +34,13 @@ def scim_user(user_name: str, **extra: Any) -> dict[str, Any]:
     return {"schemas": [USER], "userName": user_name, **extra}
 
 
+async def create_user(svc: Running, token: str, user_name: str) -> Any:
+    body = scim_user(user_name)
+    status, created, _ = await svc.request("POST", "/scim/v2/Users", token, json=body)
+    assert status == 201, created
+    return created
+
+
 async def test_token_issue_rotate_revoke(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         key = await svc.issue_key()
@@ -211,10 +218,7 @@ async def test_deprovisioning_revokes_the_users_api_keys(database_url: str) -> N
     async with running(settings_for(database_url)) as svc:
         admin_key = await svc.issue_key()
         token = (await scim_token(svc, admin_key))["token"]
-        status, created, _ = await svc.request(
-            "POST", "/scim/v2/Users", token, json=scim_user("kay@example.com")
-        )
-        assert status == 201
+        created = await create_user(svc, token, "kay@example.com")
         issued = await svc.issue_user_key(admin_key, created["id"], ["chat"])
         personal = issued["key"]
         status, who, _ = await svc.request("GET", WHOAMI, personal)
@@ -308,10 +312,7 @@ async def test_wrong_json_types_are_scim_400s_and_an_empty_search_is_valid(
 ) -> None:
     async with running(settings_for(database_url)) as svc:
         token = (await scim_token(svc, await svc.issue_key()))["token"]
-        status, created, _ = await svc.request(
-            "POST", "/scim/v2/Users", token, json=scim_user("t@example.com")
-        )
-        assert status == 201
+        created = await create_user(svc, token, "t@example.com")
         # RFC 7644 section 3.4.3: every SearchRequest attribute is optional, and a null value
         # is the same as an absent one (RFC 7643 section 2.5).
         valid: list[dict[str, Any]] = [{}, {"count": None}, {"startIndex": None, "filter": None}]
@@ -343,10 +344,7 @@ async def test_nul_in_scim_input_is_a_400_invalid_value(database_url: str) -> No
     """PostgreSQL text cannot hold NUL: anywhere in a SCIM body it is the client's mistake."""
     async with running(settings_for(database_url)) as svc:
         token = (await scim_token(svc, await svc.issue_key()))["token"]
-        status, created, _ = await svc.request(
-            "POST", "/scim/v2/Users", token, json=scim_user("n@example.com")
-        )
-        assert status == 201
+        created = await create_user(svc, token, "n@example.com")
         search = {"filter": 'userName eq "a\u0000"'}
         status, err, _ = await svc.request("POST", "/scim/v2/Users/.search", token, json=search)
         assert_scim_error(status, err, 400, "invalidValue")
@@ -396,10 +394,7 @@ async def test_a_store_failure_is_an_opaque_logged_500(
 async def test_scim_passwords_follow_the_admin_length_rules(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         token = (await scim_token(svc, await svc.issue_key()))["token"]
-        status, created, _ = await svc.request(
-            "POST", "/scim/v2/Users", token, json=scim_user("w@example.com")
-        )
-        assert status == 201
+        created = await create_user(svc, token, "w@example.com")
         path = f"/scim/v2/Users/{created['id']}"
         bounds = f"{MIN_LENGTH} to {MAX_LENGTH} characters"
         for password in ("x" * (MIN_LENGTH - 1), "x" * (MAX_LENGTH + 1), "x" * 1_000_000):
