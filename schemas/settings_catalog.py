@@ -17,6 +17,7 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Literal
 
 from schemas.errors import InvalidInput
@@ -157,6 +158,7 @@ def _parse_numeric_text(spec: SettingSpec, raw: str) -> str:
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
+@lru_cache(maxsize=16)  # read on every request that needs the client's address
 def parse_networks(raw: str) -> tuple[Network, ...]:
     """`10.0.0.0/8, 192.168.1.7, ::1` -> networks (an address is its own /32 or /128);
     ValueError names the first item that is neither."""
