@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from yarl import URL
 
-from gateway.errors import error_body
+from gateway.errors import error_body, is_utf8
 from gateway.settings import Settings
 from gateway.state import SETTINGS
 from schemas.errors import Forbidden, InvalidInput, NotFound
@@ -155,12 +155,8 @@ def _check_header_encoding(request: web.Request) -> None:
     `encode()` (key hashing, JWT decoding, JSON rendering) would fail on: refuse them here,
     once, for every route."""
     for name, value in request.headers.items():
-        if value.isascii():
-            continue
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            raise InvalidInput(f"header {name} is not valid UTF-8", code="invalid_header") from None
+        if not is_utf8(value):
+            raise InvalidInput(f"header {name} is not valid UTF-8", code="invalid_header")
 
 
 @web.middleware

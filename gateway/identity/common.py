@@ -17,6 +17,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from multidict import MultiDictProxy
 
 from gateway.auth import PRINCIPAL
+from gateway.errors import is_utf8
 from gateway.state import Principal
 from projections.identity_queries import UserRow
 from schemas.errors import InvalidInput, PayloadTooLarge
@@ -93,15 +94,7 @@ def user_view(user: UserRow) -> dict[str, Any]:
 def storable(text: str) -> bool:
     """Whether PostgreSQL text can hold `text`: no NUL, and valid Unicode (a lone surrogate,
     which a JSON `\\ud800` escape or a lenient decoder can produce, has no UTF-8 form)."""
-    return "\x00" not in text and _is_unicode(text)
-
-
-def _is_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return "\x00" not in text and is_utf8(text)
 
 
 Form = MultiDictProxy[str | bytes | bytearray | web.FileField]
@@ -126,7 +119,7 @@ async def read_form(request: web.Request) -> Form:
     except _MALFORMED_FORM as exc:
         raise InvalidInput(f"malformed form body: {_form_problem(exc)}") from None
     for name, value in form.items():
-        if not _is_unicode(name) or (isinstance(value, str) and not _is_unicode(value)):
+        if not is_utf8(name) or (isinstance(value, str) and not is_utf8(value)):
             raise InvalidInput("malformed form body: a name or value is not valid UTF-8")
     return form
 
