@@ -22,10 +22,9 @@ from pydantic import (
     model_validator,
 )
 
+from schemas.conversation import MAX_STOP, MAX_STOP_CHARS
+
 Role = Literal["system", "user", "assistant", "tool"]
-MAX_STOP = 4
-"""Stop sequences per request, as OpenAI's API allows."""
-MAX_STOP_CHARS = 200
 
 
 class ChatMessageIn(BaseModel):

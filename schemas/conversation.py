@@ -58,6 +58,11 @@ class Message(BaseModel):
     name: str | None = Field(default=None, max_length=200)
 
 
+MAX_STOP = 4
+"""Stop sequences per turn, as OpenAI's API allows."""
+MAX_STOP_CHARS = 200
+
+
 class TurnParams(BaseModel):
     """Sampling parameters of one turn; None (or no stop sequence) means "not sent upstream".
     Fields added later default to that, so older events read as they were recorded."""
@@ -66,8 +71,8 @@ class TurnParams(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    stop: tuple[Annotated[str, Field(min_length=1, max_length=200)], ...] = Field(
-        default=(), max_length=4
+    stop: tuple[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)], ...] = Field(
+        default=(), max_length=MAX_STOP
     )
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
