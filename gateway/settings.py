@@ -71,7 +71,11 @@ class Resolved:
 def read_env_file(path: Path) -> dict[str, str]:
     """KEY=VALUE lines; `#` comments, blank lines, `export ` and surrounding quotes allowed."""
     out: dict[str, str] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text_of_file = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{path}: the env file is not UTF-8 text") from None
+    for number, line in enumerate(text_of_file.splitlines(), start=1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
@@ -264,9 +268,18 @@ def _env_file_path(env: Mapping[str, str]) -> Path | None:
 def parse_listen_addr(addr: str) -> tuple[str | None, int]:
     """`:8780` -> (None = all interfaces, 8780); `127.0.0.1:9000`; `[::1]:9000`."""
     host, sep, port_text = addr.strip().rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise InvalidInput(f"invalid listen address {addr!r}: expected [host]:port, e.g. :8780")
-    host = host.strip("[]")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if (
+        not sep
+        or not port_text.isdigit()
+        or not 0 <= int(port_text) <= 65535
+        or ("[" in host or "]" in host) != bracketed
+    ):
+        raise InvalidInput(
+            f"invalid listen address {addr!r} (SVC_GATEWAY_ADDR): expected [host]:port, "
+            "e.g. :8780, 127.0.0.1:8780 or [::1]:8780"
+        )
+    host = host[1:-1] if bracketed else host
     return (host or None), int(port_text)
 
 

@@ -1453,6 +1453,11 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_MAX_BODY_BYTES": {"min_value": 1024.0, "storable": False, "note": _BUILD_TIME},
     "SVC_SHUTDOWN_GRACE_SEC": {"storable": False, "note": _BUILD_TIME},
     "SVC_DATABASE_URL": {"storable": False, "note": _NOT_STORABLE},
+    "SVC_GATEWAY_ADDR": {
+        "storable": False,
+        "note": "where this process listens, which only its environment can know: a stored "
+        "address would apply to every gateway and, if unusable, keep each from starting",
+    },
     "SVC_DATA_DIR": {"storable": False, "note": _NOT_STORABLE},
     "SVC_ENV_FILE": {"storable": False, "note": _NOT_STORABLE},
 }

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -226,3 +227,76 @@ def test_help_is_stable() -> None:
     assert done.returncode == 0
     for command in ("serve", "migrate", "settings", "apikeys", "projections", "conversations"):
         assert command in done.stdout
+
+
+async def _serve(data_dir: Path, port: int, log_path: Path) -> asyncio.subprocess.Process:
+    with log_path.open("ab") as log_file:
+        server = await asyncio.create_subprocess_exec(
+            *SVC,
+            "serve",
+            env=_env(data_dir, SVC_GATEWAY_ADDR=f"127.0.0.1:{port}"),
+            stdout=log_file,
+            stderr=log_file,
+        )
+    await wait_healthy(f"http://127.0.0.1:{port}", server)
+    return server
+
+
+def _postmaster_pid(data_dir: Path) -> int:
+    return int((data_dir / "svc" / "pgdata" / "postmaster.pid").read_text().split()[0])
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_a_clean_stop_after_a_crash_stops_the_embedded_database(data_dir: Path) -> None:
+    """The wheel stops PostgreSQL when its last user exits, counting users by pid; a serve
+    killed with SIGKILL stays counted unless the next start forgets it."""
+    port, log_path = free_port(), data_dir / "serve.log"
+    crashed = await _serve(data_dir, port, log_path)
+    crashed.kill()
+    await crashed.wait()
+    server = await _serve(data_dir, port, log_path)  # reuses the orphaned database
+    postmaster = _postmaster_pid(data_dir)
+    server.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(server.wait(), 60) == 0, log_path.read_text(errors="replace")
+    async with asyncio.timeout(30):
+        while True:
+            if not _running(postmaster):
+                break  # stopped by the clean exit, as the last user let go
+            await asyncio.sleep(0.1)
+
+
+def test_startup_problems_are_one_line_each(data_dir: Path) -> None:
+    """No traceback, no 'internal error': what is wrong and what to do."""
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    taken = blocker.getsockname()[1]
+    a_file = data_dir / "a-file"
+    a_file.write_text("not a directory")
+    long_dir = data_dir / ("d" * 120)
+    cases = [
+        ({"SVC_GATEWAY_ADDR": "abc"}, "invalid listen address 'abc' (SVC_GATEWAY_ADDR)"),
+        ({"SVC_GATEWAY_ADDR": "[::1:8780"}, "invalid listen address"),
+        ({"SVC_GATEWAY_ADDR": ":99999"}, "invalid listen address"),
+        ({"SVC_GATEWAY_ADDR": f"127.0.0.1:{taken}"}, f"cannot listen on 127.0.0.1:{taken}"),
+        ({"SVC_DATA_DIR": str(a_file)}, "as the data directory (SVC_DATA_DIR)"),
+        ({"SVC_DATA_DIR": str(long_dir)}, "too long for the embedded PostgreSQL's Unix socket"),
+        ({"SVC_DATABASE_URL": "postgresql://svc:pw@127.0.0.1:99999/svc"}, "percent-encode"),
+    ]
+    try:
+        for env, expected in cases:
+            done = svc(data_dir, "serve", **env)
+            assert done.returncode in (1, 2), (env, done.stderr)
+            assert expected in done.stderr, (env, done.stderr)
+            assert "Traceback" not in done.stderr and "internal error" not in done.stderr, env
+    finally:
+        blocker.close()
+    stored = svc(data_dir, "settings", "set", "SVC_GATEWAY_ADDR", ":9999")
+    assert stored.returncode == 2 and "cannot be stored" in stored.stderr
