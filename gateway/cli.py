@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from actors.behaviour import ActorKey
 from actors.conversation import ConversationBehaviour, conversation_key
+from actors.shards import NUM_SHARDS
 from actors.workspace import workspace_key
 from gateway import bootstrap
 from gateway.auth import SCOPES, generate_key, hash_key
@@ -390,7 +391,7 @@ def _cluster_parser(sub: Any) -> None:
         "--json", action="store_true", help="one JSON object with a hosts array"
     )
     acts.add_parser("scale", help="keep N hosts, moving shards a few at a time").add_argument(
-        "hosts", type=_positive_int
+        "hosts", type=_host_count
     )
 
 
@@ -448,6 +449,13 @@ def _conversations_parser(sub: Any) -> None:
 
 def _non_negative_int(raw: str) -> int:
     return _int_from(raw, 0, "0 or a positive integer")
+
+
+def _host_count(raw: str) -> int:
+    count = _positive_int(raw)
+    if count > NUM_SHARDS:
+        raise argparse.ArgumentTypeError(f"expected at most {NUM_SHARDS} hosts (one shard each)")
+    return count
 
 
 def _positive_int(raw: str) -> int:

@@ -21,7 +21,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+import signal
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +69,7 @@ log = logging.getLogger(__name__)
 _HOST_ERRORS = HOST_ERRORS
 _HOST_ERRORS_OR_TIMEOUT = HOST_ERRORS_OR_TIMEOUT
 _STATS_TIMEOUT_S = 2.0
+_PROBE_TIMEOUT_S = 3.0
 
 
 class HostUnavailable(Unavailable):
@@ -120,24 +125,62 @@ def connect_ray(settings: RaySettings) -> bool:
         return False
     runtime_env = dict(settings.runtime_env) if settings.runtime_env else None
     if settings.address:
-        ray.init(
-            address=settings.address,
-            namespace=settings.namespace,
-            log_to_driver=False,
-            runtime_env=runtime_env,
-        )
+        _probe(settings.address)
+        try:
+            with _keeping_signal_handlers():
+                ray.init(
+                    address=settings.address,
+                    namespace=settings.namespace,
+                    log_to_driver=False,
+                    runtime_env=runtime_env,
+                )
+        except ConnectionError as exc:  # "auto" with no local `ray start`, among others
+            raise HostUnavailable(
+                f"could not join the Ray cluster at {settings.address!r} (SVC_RAY_ADDRESS): "
+                f"{exc}; start Ray (`ray start --head`) or correct the address"
+            ) from None
         return False
     # "local" always starts a new Ray: a bare ray.init() would silently join a cluster that
     # `ray start` left on this machine, and `stop()` would then end hosts it does not own.
-    ray.init(
-        address="local",
-        namespace=settings.namespace,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=settings.object_store_mb * 1024 * 1024,
-        runtime_env=runtime_env,
-    )
+    with _keeping_signal_handlers():
+        ray.init(
+            address="local",
+            namespace=settings.namespace,
+            include_dashboard=False,
+            log_to_driver=False,
+            object_store_memory=settings.object_store_mb * 1024 * 1024,
+            runtime_env=runtime_env,
+        )
     return True
+
+
+@contextmanager
+def _keeping_signal_handlers() -> Iterator[None]:
+    """ray.init installs its own SIGTERM handler (it exits at once), which would skip the
+    gateway's graceful shutdown: the process's handlers are put back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread has handlers to set, and ray.init sets none elsewhere
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _probe(address: str) -> None:
+    """Fail fast on a `host:port` nobody listens on: ray.init would retry for minutes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto" (the address file of a local `ray start`) or a ray:// client URL
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise HostUnavailable(
+            f"no Ray cluster answers at {address} (SVC_RAY_ADDRESS): {exc.strerror or exc}; "
+            "start Ray (`ray start --head`) or correct the address"
+        ) from None
 
 
 _RemoteHost: Any = None

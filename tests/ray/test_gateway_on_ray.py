@@ -1,15 +1,22 @@
 """The gateway on the Ray runtime, built by the composition root from settings alone: a chat
-turn over HTTP runs on a Ray actor host, and /metrics reports each host's actor table."""
+turn over HTTP runs on a Ray actor host, /metrics reports each host's actor table, and
+`svc serve` joined to Ray still shuts down gracefully on SIGTERM."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import signal
+import socket
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import ray
-from platform_support import running, settings_for
+from platform_support import free_port, running, settings_for, wait_healthy
 from ray.cluster_utils import Cluster
 
 from actors.shards import host_name
@@ -66,3 +73,52 @@ async def test_chat_runs_on_ray_hosts_and_metrics_report_each_host(
         assert sum(commands.values()) >= 4
         # This process hosts no actors: its own table's series are absent.
         assert not re.search(r"^svc_actor_active ", text, re.M)
+
+
+async def test_sigterm_shuts_a_ray_gateway_down_gracefully(
+    ray_cluster: Cluster, database_url: str, cluster_name: str, tmp_path: Path
+) -> None:
+    """ray.init installs a SIGTERM handler that exits at once; `svc serve` must keep its own,
+    so in-flight turns finish and the shutdown report is written."""
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SVC_")},
+        "SVC_DATABASE_URL": database_url,
+        "SVC_DATA_DIR": str(tmp_path),
+        "SVC_GATEWAY_ADDR": f"127.0.0.1:{port}",
+        "SVC_ACTOR_RUNTIME": "ray",
+        "SVC_RAY_ADDRESS": ray_cluster.address,
+        "SVC_RAY_CLUSTER": cluster_name,
+        "SVC_ACTOR_HOSTS": "1",
+    }
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log_file:
+        server = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "serve", env=env, stdout=log_file, stderr=log_file
+        )
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", server)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(server.wait(), 120)
+    log = log_path.read_text(errors="replace")
+    assert code == 0, log
+    assert "svc shutting down" in log and "svc stopped in" in log, log
+
+
+async def test_a_ray_address_nobody_listens_on_fails_fast(tmp_path: Path) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SVC_")},
+        "SVC_DATA_DIR": str(tmp_path),
+        "SVC_RAY_ADDRESS": address,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "cluster", "status",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1, err
+    assert f"no Ray cluster answers at {address} (SVC_RAY_ADDRESS)" in err.decode()
