@@ -147,11 +147,9 @@ async def _run(data_dir: Path, *args: str) -> tuple[int, str, str]:
     return proc.returncode or 0, out.decode(), err.decode()
 
 
-async def test_key_created_while_the_server_runs_works_at_once(data_dir: Path) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log_path = data_dir / "serve.log"
-    with log_path.open("wb") as log_file:
+async def _serve(data_dir: Path, port: int, log_path: Path) -> asyncio.subprocess.Process:
+    """`svc serve` in its own process, answering /healthz (killed if it never does)."""
+    with log_path.open("ab") as log_file:
         server = await asyncio.create_subprocess_exec(
             *SVC,
             "serve",
@@ -159,27 +157,41 @@ async def test_key_created_while_the_server_runs_works_at_once(data_dir: Path) -
             stdout=log_file,
             stderr=log_file,
         )
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", server)
+    except BaseException:
+        if server.returncode is None:
+            server.kill()
+        await server.wait()
+        raise
+    return server
+
+
+async def test_key_created_while_the_server_runs_works_at_once(data_dir: Path) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = data_dir / "serve.log"
+    server = await _serve(data_dir, port, log_path)
+    try:
+        code, out, err = await _run(
+            data_dir, "apikeys", "create", "--scopes", "*", "--workspace", "w2"
+        )
+        assert code == 0, err
+        headers = {"Authorization": f"Bearer {out.strip()}"}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(base + "/v1/admin/apikeys", headers=headers) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+        conversation = await _chat(base, headers)
+        await _replay_and_rebuild(data_dir, conversation)
+    finally:
+        server.send_signal(signal.SIGTERM)
         try:
-            await wait_healthy(base, server)
-            code, out, err = await _run(
-                data_dir, "apikeys", "create", "--scopes", "*", "--workspace", "w2"
-            )
-            assert code == 0, err
-            headers = {"Authorization": f"Bearer {out.strip()}"}
-            async with (
-                aiohttp.ClientSession() as http,
-                http.get(base + "/v1/admin/apikeys", headers=headers) as resp,
-            ):
-                assert resp.status == 200, await resp.text()
-            conversation = await _chat(base, headers)
-            await _replay_and_rebuild(data_dir, conversation)
-        finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(server.wait(), 60)
-            except TimeoutError:
-                server.kill()
-                await server.wait()
+            await asyncio.wait_for(server.wait(), 60)
+        except TimeoutError:
+            server.kill()
+            await server.wait()
     assert server.returncode == 0, log_path.read_text(errors="replace")
 
 
@@ -227,19 +239,6 @@ def test_help_is_stable() -> None:
     assert done.returncode == 0
     for command in ("serve", "migrate", "settings", "apikeys", "projections", "conversations"):
         assert command in done.stdout
-
-
-async def _serve(data_dir: Path, port: int, log_path: Path) -> asyncio.subprocess.Process:
-    with log_path.open("ab") as log_file:
-        server = await asyncio.create_subprocess_exec(
-            *SVC,
-            "serve",
-            env=_env(data_dir, SVC_GATEWAY_ADDR=f"127.0.0.1:{port}"),
-            stdout=log_file,
-            stderr=log_file,
-        )
-    await wait_healthy(f"http://127.0.0.1:{port}", server)
-    return server
 
 
 def _postmaster_pid(data_dir: Path) -> int:
