@@ -69,6 +69,9 @@ log = logging.getLogger(__name__)
 _HOST_ERRORS = HOST_ERRORS
 _HOST_ERRORS_OR_TIMEOUT = HOST_ERRORS_OR_TIMEOUT
 _STATS_TIMEOUT_S = 2.0
+_LOOKUP_AGAIN_S = 0.5
+"""A host name Ray did not know is not looked up again sooner (each lookup blocks the loop
+on a call to Ray's control store)."""
 _PROBE_TIMEOUT_S = 3.0
 
 
@@ -101,6 +104,10 @@ class RaySettings:
     """How often the router pings each host to see a restarted process (see watch.py)."""
     move_batch: int = 32
     release_deadline_s: float = 30.0
+    host_start_timeout_s: float = 120.0
+    """How long a new host may take to be placed by Ray and open its store. A host Ray cannot
+    place (no node has `host_num_cpus` free) never starts: `start` and `scale` give up after
+    this long and end the hosts they created."""
     batch_items: int = 10
     batch_s: float = 0.05
     store_pool_size: int = 10
@@ -216,6 +223,7 @@ class RayRuntime:
         self._db: Database | None = None
         self._map: ShardMap | None = None
         self._handles: dict[str, Any] = {}
+        self._missing_at: dict[str, float] = {}
         self._ready_at: dict[str, float] = {}
         self._listener: Connection | None = None
         self._supervisor: asyncio.Task[None] | None = None
@@ -323,6 +331,8 @@ class RayRuntime:
             await asyncio.wait_for(
                 asyncio.gather(*stops, return_exceptions=True), deadline_s + 15.0
             )
+        except TimeoutError:
+            log.warning("hosts %s did not stop in time; ending them", ", ".join(names))
         finally:
             for handle in handles:
                 ray.kill(handle, no_restart=True)
@@ -357,8 +367,9 @@ class RayRuntime:
         attempt = 0
         deadline = asyncio.get_running_loop().time() + self._settings.retry_deadline_s
         while True:
-            host, epoch, handle = self._route(shard)
+            host, epoch = self._route(shard)
             try:
+                handle = self._handle(host)
                 async for part in handle.stream.remote(shard, epoch, key, command):
                     answer = await part
                     if isinstance(answer, list):
@@ -371,7 +382,7 @@ class RayRuntime:
                 else:
                     return
             except _HOST_ERRORS as exc:
-                problem = f"host {host} is unavailable ({type(exc).__name__})"
+                problem = self._unavailable(host, exc)
             attempt += 1
             await self._before_retry(attempt, deadline, problem, host)
 
@@ -380,12 +391,12 @@ class RayRuntime:
         attempt = 0
         deadline = asyncio.get_running_loop().time() + self._settings.retry_deadline_s
         while True:
-            host, epoch, handle = self._route(shard)
+            host, epoch = self._route(shard)
             try:
-                ref = getattr(handle, method).remote(shard, epoch, key, command)
+                ref = getattr(self._handle(host), method).remote(shard, epoch, key, command)
                 answer = await self._attempts.answer(host, shard, ref)
             except _HOST_ERRORS as exc:
-                problem = f"host {host} is unavailable ({type(exc).__name__})"
+                problem = self._unavailable(host, exc)
             except HostRestarted:
                 problem = f"host {host} was restarted"
             else:
@@ -406,12 +417,19 @@ class RayRuntime:
             return
         raise error
 
-    def _route(self, shard: int) -> tuple[str, int, Any]:
+    def _route(self, shard: int) -> tuple[str, int]:
         if not self._accepting:
             raise RuntimeStopping() if self._stopped else RuntimeNotStarted()
         assert self._map is not None
-        host, epoch = self._map.route(shard)
-        return host, epoch, self._handle(host)
+        return self._map.route(shard)
+
+    def _unavailable(self, host: str, exc: BaseException) -> str:
+        """Why an attempt on `host` failed. A host actor that died for good (ended by
+        `svc cluster scale` elsewhere, perhaps created again under its name) is dropped from
+        the handle cache, so the next attempt looks its name up again."""
+        if isinstance(exc, ray.exceptions.ActorDiedError):
+            self._handles.pop(host, None)
+        return f"host {host} is unavailable ({type(exc).__name__})"
 
     async def _before_retry(self, attempt: int, deadline: float, problem: str, host: str) -> None:
         """Back off (5 ms doubling to 0.5 s), less if `host` is seen restarted meanwhile, then
@@ -428,10 +446,22 @@ class RayRuntime:
     # --- hosts --------------------------------------------------------------------------
 
     def _handle(self, name: str) -> Any:
+        """The cached handle of host `name`, else Ray's (ValueError: no such host now)."""
         handle = self._handles.get(name)
         if handle is None:
+            handle = self._handles[name] = self._look_up(name)
+        return handle
+
+    def _look_up(self, name: str) -> Any:
+        now = asyncio.get_running_loop().time()
+        if now - self._missing_at.get(name, -1e9) < _LOOKUP_AGAIN_S:
+            raise ValueError(f"actor host {name} does not exist")
+        try:
             handle = ray.get_actor(name, namespace=self._settings.namespace)
-            self._handles[name] = handle
+        except ValueError:
+            self._missing_at[name] = now
+            raise
+        self._missing_at.pop(name, None)
         return handle
 
     def _spec(self, name: str) -> HostSpec:
@@ -449,33 +479,59 @@ class RayRuntime:
 
     async def _ensure_hosts(self, indexes: Sequence[int] | range) -> list[HostStatus]:
         """Create (or find, after a gateway restart) the named hosts and wait until each has
-        opened its store."""
+        opened its store. Hosts created here that are not ready within
+        `host_start_timeout_s` (Ray found no node with room) are ended: HostUnavailable."""
         s = self._settings
         names = [host_name(s.cluster, i) for i in indexes]
-        for name in names:
-            if name in self._handles:
-                continue
-            options: dict[str, Any] = {
-                "name": name,
-                "namespace": s.namespace,
-                "lifetime": "detached",
-                "get_if_exists": True,
-                "num_cpus": s.host_num_cpus,
-                "max_restarts": -1,
-                "max_task_retries": 0,
-                "max_concurrency": s.max_concurrency,
-            }
-            if s.spread:
-                options["scheduling_strategy"] = "SPREAD"
-            self._handles[name] = _remote_host().options(**options).remote(self._spec(name))
-        statuses: list[HostStatus] = await asyncio.gather(
-            *(self._handles[n].ready.remote() for n in names)
-        )
+        created = [name for name in names if name not in self._handles and self._create(name)]
+        statuses = await asyncio.gather(*(self._ready(name) for name in names))
+        unready = [name for name, status in zip(names, statuses, strict=True) if status is None]
+        if unready:
+            for name in set(unready).intersection(created):
+                ray.kill(self._handles.pop(name), no_restart=True)
+            raise HostUnavailable(_not_started(unready, s))
         now = asyncio.get_running_loop().time()
+        ready: list[HostStatus] = []
         for name, status in zip(names, statuses, strict=True):
+            assert status is not None
             self._ready_at[name] = now
             self._watch.seen(name, status.pid)
-        return statuses
+            ready.append(status)
+        return ready
+
+    def _create(self, name: str) -> bool:
+        """Have a handle for host `name`, creating the actor if Ray has none by that name;
+        True when created here."""
+        try:
+            self._handles[name] = self._look_up(name)
+            return False
+        except ValueError:
+            pass
+        s = self._settings
+        options: dict[str, Any] = {
+            "name": name,
+            "namespace": s.namespace,
+            "lifetime": "detached",
+            "get_if_exists": True,  # another gateway may be creating it at the same time
+            "num_cpus": s.host_num_cpus,
+            "max_restarts": -1,
+            "max_task_retries": 0,
+            "max_concurrency": s.max_concurrency,
+        }
+        if s.spread:
+            options["scheduling_strategy"] = "SPREAD"
+        self._handles[name] = _remote_host().options(**options).remote(self._spec(name))
+        self._missing_at.pop(name, None)
+        return True
+
+    async def _ready(self, name: str) -> HostStatus | None:
+        try:
+            status: HostStatus = await asyncio.wait_for(
+                self._handles[name].ready.remote(), self._settings.host_start_timeout_s
+            )
+        except TimeoutError:
+            return None
+        return status
 
     # --- the shard map ------------------------------------------------------------------
 
@@ -546,12 +602,23 @@ class RayRuntime:
                     await self._rebalance(live)
 
     def _watch_all(self, names: Sequence[str]) -> None:
-        """Have a handle for every host, so the watch pings them (and restarts are seen)."""
+        """Have a current handle for every host, so the watch pings them (and restarts are
+        seen). A host that stopped answering is looked up again: `svc cluster scale` in
+        another process may have ended it and created a new actor under its name, which the
+        old handle never reaches. A new actor gets `dead_after_s` to answer, as at start."""
+        stale = set(names).difference(self._live(names))
         for name in names:
+            if name in self._handles and name not in stale:
+                continue
             try:
-                self._handle(name)
+                current = self._look_up(name)
             except ValueError:
                 continue  # not created yet, or ended by `scale` elsewhere
+            if self._handles.get(name) != current:  # handles compare by actor id
+                if name in self._handles:
+                    log.info("%s is a new actor now; routing to it", name)
+                    self._ready_at[name] = asyncio.get_running_loop().time()
+                self._handles[name] = current
 
     def _live(self, names: Sequence[str]) -> list[str]:
         now = asyncio.get_running_loop().time()
@@ -638,7 +705,12 @@ class RayRuntime:
                 raise HostUnavailable("another process is changing the shard map; try again")
             before = await desired_hosts(db, s.cluster) or hosts
             await set_desired_hosts(db, s.cluster, hosts)
-            await self._ensure_hosts(range(hosts))
+            try:
+                await self._ensure_hosts(range(hosts))
+            except HostUnavailable:  # back to where it was: no shard has moved yet
+                await set_desired_hosts(db, s.cluster, before)
+                await self._remove_surplus(before, hosts)
+                raise
             names = [host_name(s.cluster, i) for i in range(hosts)]
             moved = await self._rebalance(names)
             removed = await self._remove_surplus(hosts, before)
@@ -747,6 +819,17 @@ def _nodes() -> list[dict[str, Any]]:
         }
         for n in ray.nodes()  # type: ignore[no-untyped-call]
     ]
+
+
+def _not_started(names: Sequence[str], s: RaySettings) -> str:
+    free = float(ray.available_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+    total = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+    return (
+        f"Ray did not start actor host(s) {', '.join(names)} within "
+        f"{s.host_start_timeout_s:g} s. Each host reserves {s.host_num_cpus:g} CPU and the "
+        f"cluster has {free:g} of {total:g} CPUs free (`ray status`): add nodes, or run "
+        "`svc cluster scale N` with fewer hosts"
+    )
 
 
 def _cpu_hosts(per_host: float) -> int:

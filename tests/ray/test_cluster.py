@@ -288,3 +288,55 @@ async def test_host_that_stays_down_loses_its_shards_under_load(
     assert hosts[gone]["shards"] == 0 and hosts[gone]["state"] != "alive"
     assert sorted(h["shards"] for n, h in hosts.items() if n != gone) == [512, 512]
     await check_exactly_once(runtime, store, keys, load)
+
+
+async def test_a_host_ended_and_created_again_elsewhere_gets_its_shards_back(
+    cluster_runtime: Any, store: PostgresEventStore, database_url: str
+) -> None:
+    runtime: RayRuntime = await cluster_runtime(2, dead_after_s=2.0)
+    keys = counter_keys(30)
+    stop = asyncio.Event()
+    driving = asyncio.create_task(drive(runtime, keys, stop, workers=6))
+    await asyncio.sleep(0.5)
+    # `svc cluster scale 1`, then `svc cluster scale 2`, from another process: host-1 is
+    # ended, then a new actor is created under its name. This router's handle to the ended
+    # one never answers again; it must find the new one instead of taking its shards away.
+    behaviours = fixed_behaviours([CounterBehaviour()])
+    await cluster_scale(database_url, 1, behaviours, runtime.settings)
+    again = await cluster_scale(database_url, 2, behaviours, runtime.settings)
+    assert again["shards_moved"] == NUM_SHARDS // 2
+    await asyncio.sleep(2.0 * runtime.settings.dead_after_s + 1.0)
+    stop.set()
+    load = await driving
+    await settle(runtime, load)
+
+    hosts = {h["name"]: h for h in (await runtime.status())["hosts"]}
+    assert [h["shards"] for h in hosts.values()] == [512, 512]
+    assert all(h["state"] == "alive" for h in hosts.values())
+    assert runtime.shard_map is not None
+    assert sorted(runtime.shard_map.counts().values()) == [512, 512]
+    await check_exactly_once(runtime, store, keys, load)
+
+
+async def test_scaling_past_the_clusters_cpus_gives_up_and_changes_nothing(
+    cluster_runtime: Any, store: PostgresEventStore
+) -> None:
+    # The test cluster has 2 CPUs: two hosts of 0.8 fit, a third never will.
+    runtime: RayRuntime = await cluster_runtime(1, host_num_cpus=0.8, host_start_timeout_s=6.0)
+    with pytest.raises(Unavailable) as refused:
+        await runtime.scale(3)
+    message = str(refused.value)
+    assert f"{runtime.cluster}-host-2" in message and "CPUs free" in message
+    assert "svc cluster scale" in message
+
+    status = await runtime.status()
+    assert status["desired_hosts"] == 1
+    assert [(h["name"], h["shards"]) for h in status["hosts"]] == [
+        (f"{runtime.cluster}-host-0", NUM_SHARDS)
+    ]
+    with pytest.raises(ValueError):  # the hosts this scale created are gone
+        ray.get_actor(f"{runtime.cluster}-host-1", namespace="svc")
+    # A count that fits still works afterwards.
+    assert (await runtime.scale(2))["shards_moved"] == NUM_SHARDS // 2
+    key = counter_keys(1)[0]
+    assert isinstance(await runtime.ask(key, add(1)), CommandOutcome)
