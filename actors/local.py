@@ -65,6 +65,9 @@ class LocalRuntime:
     async def stats(self) -> TableStats:
         return self._table.stats()
 
+    def configure(self, config: Any) -> None:
+        pass  # the behaviours are the caller's own objects, updated by the caller
+
     async def host_stats(self) -> dict[str, TableStats]:
         return {}  # the actors run in this process: see `table`
 

@@ -31,6 +31,12 @@ class ActorRuntime(Protocol):
         became of the commands in flight when they ran in this process, else None."""
         ...
 
+    def configure(self, config: Any) -> None:
+        """New settings for the behaviours (the model settings), where the runtime built them
+        apart from the caller: the `ray` hosts. The `local` runtime's behaviours share the
+        caller's objects, which the caller updates itself."""
+        ...
+
     async def host_stats(self) -> dict[str, TableStats]:
         """The actor table counters of each host process the actors are spread over, by host
         name (for metrics); empty when they run in this process."""

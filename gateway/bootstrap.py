@@ -25,11 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from actors.agent import AgentBehaviour
@@ -38,7 +37,7 @@ from actors.conversation import ConversationBehaviour
 from actors.identity import identity_behaviours
 from actors.local import LocalRuntime
 from actors.models.port import ModelProvider
-from actors.models.registry import ModelConfig, ProviderSet, optional_float
+from actors.models.registry import ModelConfig, ProviderSet, build_providers, optional_float
 from actors.runtime import ActorRuntime
 from actors.settings import SettingsBehaviour
 from actors.shards import SHARD_MIGRATIONS
@@ -144,9 +143,39 @@ def behaviours(providers: ModelProvider) -> list[Behaviour[Any]]:
     ]
 
 
-def host_behaviours(config: ModelConfig) -> list[Behaviour[Any]]:
-    """Run in each Ray host process: the actor kinds with that host's own model providers."""
-    return behaviours(ProviderSet.from_config(config))
+class HostBehaviours:
+    """What each Ray host runs: the actor kinds over the host's own model providers, built
+    from `config`. `reconfigure` (sent by the gateway: actors/ray/host.py) swaps in
+    providers for new model settings; turns under way finish on the old ones, closed once
+    the call timeout has passed. Pickled with its settings only."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.config = config
+        self._providers: ProviderSet | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def __call__(self) -> list[Behaviour[Any]]:
+        self._providers = ProviderSet.from_config(self.config)
+        return behaviours(self._providers)
+
+    def reconfigure(self, config: ModelConfig) -> None:
+        if config == self.config:
+            return
+        self.config = config
+        if self._providers is None:
+            return  # not built yet: built from the new settings
+        previous = self._providers.replace(build_providers(config))
+        task = asyncio.ensure_future(_close_after(previous, config.call_timeout_s + 5.0))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def __reduce__(self) -> tuple[type[HostBehaviours], tuple[ModelConfig]]:
+        return (HostBehaviours, (self.config,))
+
+
+async def _close_after(providers: Sequence[ModelProvider], delay_s: float) -> None:
+    await asyncio.sleep(delay_s)
+    await ProviderSet(providers).aclose()
 
 
 def _table_options(settings: Settings) -> dict[str, Any]:
@@ -177,15 +206,17 @@ def ray_settings(settings: Settings) -> RaySettings:
     )
 
 
-def ray_host_behaviours(settings: Settings) -> Callable[[], list[Behaviour[Any]]]:
+def ray_host_behaviours(settings: Settings) -> HostBehaviours:
     """The picklable factory each Ray host calls to build its actor kinds."""
-    return partial(host_behaviours, model_config(settings))
+    return HostBehaviours(model_config(settings))
 
 
 def _ray_runtime(settings: Settings, dsn: str) -> ActorRuntime:
     from actors.ray import RayRuntime
 
-    return RayRuntime(dsn, ray_host_behaviours(settings), ray_settings(settings))
+    runtime = RayRuntime(dsn, ray_host_behaviours(settings), ray_settings(settings))
+    runtime.configure(model_config(settings))  # hosts that exist may have older settings
+    return runtime
 
 
 async def ensure_workspace(
@@ -272,10 +303,14 @@ def _background(stack: AsyncExitStack, coro: Awaitable[None], name: str) -> None
     stack.push_async_callback(cancel)
 
 
-def _apply_live(settings: Settings, providers: ProviderSet) -> Callable[[str], None]:
+def _apply_live(
+    settings: Settings, providers: ProviderSet, runtime: ActorRuntime
+) -> Callable[[str], None]:
     def on_change(key: str) -> None:
         if key.startswith("SVC_LLM_"):
-            providers.apply_live(model_config(settings))
+            config = model_config(settings)
+            providers.apply_live(config)
+            runtime.configure(config)
         if key == "SVC_LOG_LEVEL":
             logging.getLogger().setLevel(settings.text("SVC_LOG_LEVEL").upper())
 
@@ -301,7 +336,7 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
         shutdown = Shutdown(runtime, settings.shutdown_grace_s, report)
         stack.push_async_callback(shutdown.stop_runtime)
         service = SettingsService(settings, runtime, store, vault)
-        settings.on_live_change(_apply_live(settings, providers))
+        settings.on_live_change(_apply_live(settings, providers, runtime))
         for workspace in _initial_workspaces(settings):
             await ensure_workspace(runtime, workspace)
         limiter = RateLimiter(store.db)

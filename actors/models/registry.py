@@ -120,6 +120,14 @@ class ProviderSet:
     def from_config(cls, config: ModelConfig) -> ProviderSet:
         return cls(build_providers(config))
 
+    def replace(self, providers: Sequence[ModelProvider]) -> tuple[ModelProvider, ...]:
+        """Serve from `providers` from now on; returns the previous ones, which calls already
+        under way keep using (the caller closes them once those are over)."""
+        previous = self.providers
+        self.providers = tuple(providers)
+        self.model_names = tuple(served_names(self.providers))
+        return previous
+
     def serves(self, model: str) -> bool:
         return any(p.serves(model) for p in self.providers)
 

@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import ray
 
@@ -54,13 +54,22 @@ class HostSpec:
     store_pool_size: int = 10
 
 
-def resolve_behaviours(source: BehaviourSource) -> list[Behaviour[Any]]:
+@runtime_checkable
+class Reconfigurable(Protocol):
+    """A behaviour factory whose settings can change while the behaviours it built run (the
+    model settings: gateway/bootstrap.py `HostBehaviours`). The router sends the current
+    settings to each host (`ActorHost.configure`): a host is created, and restarted by Ray,
+    with the settings of the process that created it."""
+
+    def reconfigure(self, config: Any) -> None: ...
+
+
+def resolve_factory(source: BehaviourSource) -> BehaviourFactory:
     if isinstance(source, str):
         module_name, _, attr = source.partition(":")
         factory: BehaviourFactory = getattr(importlib.import_module(module_name), attr)
-    else:
-        factory = source
-    return list(factory())
+        return factory
+    return source
 
 
 class ActorHost:
@@ -68,6 +77,7 @@ class ActorHost:
 
     def __init__(self, spec: HostSpec) -> None:
         self._spec = spec
+        self._factory = resolve_factory(spec.behaviours)
         self._table: ActivationTable | None = None
         self._store: PostgresEventStore | None = None
         self._starting: asyncio.Task[ActivationTable] | None = None
@@ -103,9 +113,7 @@ class ActorHost:
         self._store = PostgresEventStore(
             db, on_commit=notifier.committed, on_close=(notifier.stop, db.close)
         )
-        table = ActivationTable(
-            self._store, resolve_behaviours(spec.behaviours), **spec.table_options
-        )
+        table = ActivationTable(self._store, list(self._factory()), **spec.table_options)
         await table.start()
         self._owned = await load_assignment(db, spec.cluster, spec.name)
         self._node = ray.get_runtime_context().get_node_id()
@@ -130,6 +138,14 @@ class ActorHost:
 
     def ping(self) -> int:
         return os.getpid()
+
+    async def configure(self, config: Any) -> bool:
+        """Hand `config` to the behaviour factory (see `Reconfigurable`); False when it takes
+        none. The behaviours it built follow from their next call."""
+        if not isinstance(self._factory, Reconfigurable):
+            return False
+        self._factory.reconfigure(config)
+        return True
 
     async def stop(self, deadline_s: float) -> None:
         """Stop the table: running commands finish (to the deadline), queued ones fail with

@@ -33,7 +33,7 @@ import ray
 
 from actors.behaviour import ActorKey
 from actors.errors import AskTimeout, RuntimeNotStarted, RuntimeStopping
-from actors.ray.host import ActorHost, BehaviourSource, HostSpec
+from actors.ray.host import ActorHost, BehaviourSource, HostSpec, Reconfigurable
 from actors.ray.watch import (
     HOST_ERRORS,
     HOST_ERRORS_OR_TIMEOUT,
@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 _HOST_ERRORS = HOST_ERRORS
 _HOST_ERRORS_OR_TIMEOUT = HOST_ERRORS_OR_TIMEOUT
 _STATS_TIMEOUT_S = 2.0
+_CONFIGURE_TIMEOUT_S = 10.0
 _LOOKUP_AGAIN_S = 0.5
 """A host name Ray did not know is not looked up again sooner (each lookup blocks the loop
 on a call to Ray's control store)."""
@@ -229,7 +230,9 @@ class RayRuntime:
         self._supervisor: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._attempts = Attempts()
-        self._watch = HostWatch(self._attempts)
+        self._watch = HostWatch(self._attempts, on_restart=self._send_config)
+        self._config: Any = None
+        self._configuring: set[asyncio.Task[None]] = set()
         self._refreshing: asyncio.Task[None] | None = None
         self._notified: set[asyncio.Future[None]] = set()
         self._moving = asyncio.Lock()
@@ -309,6 +312,9 @@ class RayRuntime:
                 await asyncio.gather(task, return_exceptions=True)
         self._supervisor = self._watcher = None
         await self._watch.stop()
+        for task in list(self._configuring):
+            task.cancel()
+        await asyncio.gather(*self._configuring, return_exceptions=True)
         if self._listener is not None:
             self._listener.terminate()
             self._listener = None
@@ -338,6 +344,17 @@ class RayRuntime:
                 ray.kill(handle, no_restart=True)
 
     # --- the port -----------------------------------------------------------------------
+
+    def configure(self, config: Any) -> None:
+        """New settings for the hosts' behaviour factory (actors/ray/host.py `Reconfigurable`:
+        the model settings). Sent to every host now, to each host this router creates or
+        finds, and again to a host seen restarted: Ray brings it back with the settings it
+        was created with. The last router to send wins."""
+        self._config = config
+        if isinstance(self._behaviours, Reconfigurable):  # hosts created from now on
+            self._behaviours.reconfigure(config)
+        for name in list(self._handles):
+            self._send_config(name)
 
     # The port (actors/runtime.py) fixes the `timeout` parameter.
     async def ask(
@@ -445,11 +462,26 @@ class RayRuntime:
 
     # --- hosts --------------------------------------------------------------------------
 
+    def _send_config(self, name: str) -> None:
+        if self._config is None or name not in self._handles:
+            return
+        task = asyncio.ensure_future(self._configure_host(name, self._handles[name]))
+        self._configuring.add(task)
+        task.add_done_callback(self._configuring.discard)
+
+    async def _configure_host(self, name: str, handle: Any) -> None:
+        try:
+            await asyncio.wait_for(handle.configure.remote(self._config), _CONFIGURE_TIMEOUT_S)
+        except _HOST_ERRORS_OR_TIMEOUT as exc:
+            # A restart is seen again when the host answers, and the settings go again then.
+            log.warning("%s did not take the new settings (%s)", name, type(exc).__name__)
+
     def _handle(self, name: str) -> Any:
         """The cached handle of host `name`, else Ray's (ValueError: no such host now)."""
         handle = self._handles.get(name)
         if handle is None:
             handle = self._handles[name] = self._look_up(name)
+            self._send_config(name)  # it may have been created elsewhere, with other settings
         return handle
 
     def _look_up(self, name: str) -> Any:
@@ -497,6 +529,8 @@ class RayRuntime:
             self._ready_at[name] = now
             self._watch.seen(name, status.pid)
             ready.append(status)
+        if self._config is not None:
+            await asyncio.gather(*(self._configure_host(n, self._handles[n]) for n in names))
         return ready
 
     def _create(self, name: str) -> bool:
@@ -619,6 +653,7 @@ class RayRuntime:
                     log.info("%s is a new actor now; routing to it", name)
                     self._ready_at[name] = asyncio.get_running_loop().time()
                 self._handles[name] = current
+                self._send_config(name)
 
     def _live(self, names: Sequence[str]) -> list[str]:
         now = asyncio.get_running_loop().time()

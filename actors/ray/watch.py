@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import ray.exceptions
@@ -29,6 +30,10 @@ HOST_ERRORS: tuple[type[BaseException], ...] = (
     ValueError,
 )
 HOST_ERRORS_OR_TIMEOUT: tuple[type[BaseException], ...] = (TimeoutError, *HOST_ERRORS)
+
+
+def _ignore(_host: str) -> None:
+    pass
 
 
 class HostRestarted(Exception):
@@ -72,8 +77,9 @@ class Attempts:
 
 
 class HostWatch:
-    def __init__(self, attempts: Attempts) -> None:
+    def __init__(self, attempts: Attempts, on_restart: Callable[[str], None] = _ignore) -> None:
         self._attempts = attempts
+        self._on_restart = on_restart
         self._pids: dict[str, int] = {}
         self._restarted: dict[str, asyncio.Future[None]] = {}
         self._pinging: dict[str, int] = {}
@@ -102,6 +108,7 @@ class HostWatch:
         self._pids[host] = pid
         if known is not None and known != pid:
             self._attempts.abandon(host)
+            self._on_restart(host)
             future = self._restarted.pop(host, None)
             if future is not None and not future.done():
                 future.set_result(None)

@@ -119,3 +119,11 @@ async def test_provider_set_routes_by_model() -> None:
     with pytest.raises(NotFound):
         models.stream(ModelRequest("nope", (ChatMessage("user", "x"),)))
     await models.aclose()
+
+
+def test_a_provider_set_serves_from_its_replacements_at_once() -> None:
+    providers = ProviderSet.from_config(ModelConfig(model="first"))
+    previous = providers.replace(build_providers(ModelConfig(model="second")))
+    assert providers.serves("second") and not providers.serves("first")
+    assert "second" in providers.model_names and "first" not in providers.model_names
+    assert any(p.serves("first") for p in previous)  # the caller closes these later

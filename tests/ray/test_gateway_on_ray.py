@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 import ray
+import stub_upstream
 from platform_support import free_port, running, settings_for, wait_healthy
 from ray.cluster_utils import Cluster
 
 from actors.shards import host_name
+from gateway.state import SETTINGS_SERVICE
 
 HOSTS = 2
 
@@ -73,6 +75,50 @@ async def test_chat_runs_on_ray_hosts_and_metrics_report_each_host(
         assert sum(commands.values()) >= 4
         # This process hosts no actors: its own table's series are absent.
         assert not re.search(r"^svc_actor_active ", text, re.M)
+
+
+async def test_hosts_follow_the_model_settings_of_the_gateway(
+    ray_cluster: Cluster, database_url: str, cluster_name: str
+) -> None:
+    """The hosts are detached and outlive a gateway that joined a running Ray: a gateway
+    started again with other model settings, or a model setting changed live, must reach
+    the hosts, which make the model calls."""
+    stub = await stub_upstream.StubUpstream(tokens=3).start()
+    ray_mode = {
+        "SVC_ACTOR_RUNTIME": "ray",
+        "SVC_RAY_ADDRESS": ray_cluster.address,
+        "SVC_RAY_CLUSTER": cluster_name,
+        "SVC_ACTOR_HOSTS": str(HOSTS),
+    }
+    ask = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        async with running(settings_for(database_url, **ray_mode)) as svc:  # offline model
+            key, _ = await svc.issue_key(f"ws-{uuid.uuid4().hex[:8]}", ["chat"])
+            status, body, _ = await svc.request("POST", "/v1/chat/completions", key, json=ask)
+            assert status == 404, body
+
+        upstream = {"SVC_LLM_GATEWAY_URL": stub.base_url, "SVC_LLM_MODEL": "stub-model"}
+        async with running(settings_for(database_url, **ray_mode, **upstream)) as svc:
+            for _ in range(4):  # new conversations, on the shards of both hosts
+                status, body, _ = await svc.request("POST", "/v1/chat/completions", key, json=ask)
+                assert status == 200, body
+                assert body["choices"][0]["message"]["content"] == "tok0 tok1 tok2 "
+            assert stub.calls == 4 and "temperature" not in stub.bodies[-1]
+
+            await svc.app[SETTINGS_SERVICE].set("SVC_LLM_TEMPERATURE", "0.3")
+            async with asyncio.timeout(30):  # sent to the hosts in the background
+                while stub.bodies[-1].get("temperature") != 0.3:
+                    await asyncio.sleep(0.2)
+                    status, body, _ = await svc.request(
+                        "POST", "/v1/chat/completions", key, json=ask
+                    )
+                    assert status == 200, body
+            for _ in range(4):  # on every host
+                status, body, _ = await svc.request("POST", "/v1/chat/completions", key, json=ask)
+                assert status == 200, body
+                assert stub.bodies[-1]["temperature"] == 0.3
+    finally:
+        await stub.stop()
 
 
 async def test_sigterm_shuts_a_ray_gateway_down_gracefully(

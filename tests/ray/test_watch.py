@@ -63,6 +63,18 @@ async def test_the_first_sighting_of_a_host_is_not_a_restart() -> None:
     task.cancel()
 
 
+async def test_a_restart_is_reported_once_per_new_process() -> None:
+    restarted: list[str] = []
+    watch = HostWatch(Attempts(), on_restart=restarted.append)
+    watch.seen("h0", 100)
+    watch.seen("h1", 200)
+    watch.seen("h0", 100)
+    assert restarted == []
+    watch.seen("h0", 101)
+    watch.seen("h0", 101)
+    assert restarted == ["h0"]
+
+
 async def test_a_moved_shard_abandons_only_its_own_attempts() -> None:
     attempts = Attempts()
     moved = await started(attempts.answer("h0", 5, PendingRef()))
