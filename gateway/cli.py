@@ -38,6 +38,7 @@ from actors.workspace import workspace_key
 from gateway import bootstrap
 from gateway.auth import SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform
+from gateway.errors import validation_problems
 from gateway.settings import Settings
 from projections import queries
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
@@ -495,10 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     except ValidationError as exc:
         # An argument out of the command's bounds (--rate-limit-rpm, --name, ...).
-        problems = "; ".join(
-            f"{'.'.join(str(loc) for loc in error['loc']) or 'input'}: {error['msg']}"
-            for error in exc.errors(include_url=False)
-        )
+        problems = validation_problems(exc, whole="input")
         _out(f"svc: error: invalid argument: {problems}", sys.stderr)
         return USAGE_ERROR
     except SvcError as exc:

@@ -61,11 +61,17 @@ def envelope(status: int, message: str, error_type: str, code: str | None) -> we
 
 def describe_validation(exc: ValidationError) -> str:
     """One readable clause per problem, naming the field: `messages.0.role: Input should be...`."""
+    return "invalid request: " + validation_problems(exc, whole="body")
+
+
+def validation_problems(exc: ValidationError, *, whole: str) -> str:
+    """The problems of `exc`, `field: message` each (`whole` names a problem of no field),
+    without pydantic's "Value error, " before the messages of the project's own checks."""
     parts = []
     for error in exc.errors(include_url=False):
-        where = ".".join(str(loc) for loc in error["loc"]) or "body"
-        parts.append(f"{where}: {error['msg']}")
-    return "invalid request: " + "; ".join(parts)
+        where = ".".join(str(loc) for loc in error["loc"]) or whole
+        parts.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
+    return "; ".join(parts)
 
 
 def from_svc_error(exc: SvcError) -> web.Response:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Self
 
-from pydantic import AfterValidator, AwareDatetime, Field, model_validator
+from pydantic import AfterValidator, AwareDatetime, Field, field_validator, model_validator
 
 from schemas.commands import Command
 from schemas.events import Event, event
@@ -53,6 +53,18 @@ def _secret_has_no_value(secret: bool, value: str | None) -> None:
 class CreateWorkspace(Command):
     name: Name
     at: AwareDatetime
+
+    @field_validator("workspace_id")
+    @classmethod
+    def _printable(cls, workspace_id: str) -> str:
+        # A new workspace's id ends up in keys, logs, feeds and exports: no control or
+        # invisible characters, no spaces around it (ids recorded earlier stay readable).
+        if not workspace_id.isprintable() or workspace_id != workspace_id.strip():
+            raise ValueError(
+                "a workspace id must be printable text without control characters or "
+                "leading and trailing spaces"
+            )
+        return workspace_id
 
 
 class ChangeWorkspaceSetting(Command):

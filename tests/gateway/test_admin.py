@@ -358,3 +358,10 @@ async def test_a_key_cannot_mint_a_key_with_admin_scopes_it_lacks(service: Servi
         "/v1/admin/apikeys", writer, {"name": "chat", "scopes": ["chat"]}, 201
     )
     assert chat_only["scopes"] == ["chat"]
+
+
+async def test_a_refused_field_is_named_with_the_projects_own_message(service: Service) -> None:
+    admin = await service.issue_key(uid("ws-"), ("admin:write",))
+    body = {"name": "x", "scopes": ["root"]}
+    error = (await service.post_json("/v1/admin/apikeys", admin, body, 400))["error"]
+    assert error["message"].startswith("invalid request: scopes: unknown scopes ['root']")

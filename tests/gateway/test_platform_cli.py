@@ -72,6 +72,8 @@ def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
         # Out of the key's bounds: a usage error naming the argument, not "internal error".
         ("apikeys", "create", "--scopes", "chat", "--rate-limit-rpm", "99999999999"),
         ("apikeys", "create", "--scopes", "chat", "--name", "n" * 300),
+        ("apikeys", "create", "--scopes", "chat", "--workspace", " acme"),
+        ("apikeys", "create", "--scopes", "chat", "--workspace", "ac\x01me"),
     ):
         done = svc(data_dir, *args)
         assert done.returncode == 2, (args, done.stderr)
@@ -80,6 +82,11 @@ def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
     assert "unknown setting SVC_NOPE; see `svc settings list`" in done.stderr
     done = svc(data_dir, "apikeys", "create", "--scopes", "chat", "--rate-limit-rpm", "9999999")
     assert "rate_limit_rpm" in done.stderr and "internal error" not in done.stderr
+    done = svc(data_dir, "apikeys", "create", "--scopes", "chat", "--workspace", "\t")
+    assert done.stderr.strip() == (
+        "svc: error: invalid argument: workspace_id: a workspace id must be printable text "
+        "without control characters or leading and trailing spaces"
+    )
 
 
 def test_a_malformed_database_url_is_refused_without_its_password(data_dir: Path) -> None:
