@@ -100,6 +100,15 @@ async def _record(
     await ident.ask(audit_key(workspace_id), command)
 
 
+async def _typed_name(ident: Identity, workspace_id: str, typed: str) -> str:
+    """The user name a failed login is recorded with. A name no user of the workspace has may
+    be a password typed into the wrong field, and the audit trail is kept for good: only its
+    first character and its length are recorded."""
+    if await find_user_by_name(ident.db, workspace_id, typed) is not None:
+        return typed
+    return f"{typed[:1]}... ({len(typed)} characters, no such user)"
+
+
 async def _local(ident: Identity, workspace_id: str, body: LoginRequest) -> UserRow | None:
     user = await find_user_by_name(ident.db, workspace_id, body.username)
     stored = None
@@ -287,14 +296,9 @@ async def login(request: web.Request) -> web.Response:
     except Unauthorized as exc:
         await ident.throttle.failed(attempt)
         reason = "bad_credentials" if user is None else "bad_second_factor"
+        typed = body.username if user else await _typed_name(ident, workspace_id, body.username)
         await _record(
-            request,
-            ident,
-            workspace_id,
-            body.username,
-            user.user_id if user else None,
-            method,
-            reason,
+            request, ident, workspace_id, typed, user.user_id if user else None, method, reason
         )
         raise exc from None
     await ident.throttle.succeeded(attempt)

@@ -231,6 +231,9 @@ async def test_audit_log_records_logins_and_changes(database_url: str) -> None:
         await svc.create_user(key, "amy", PASSWORD, roles=["admin"])
         _, _, b1 = await svc.login("amy", "bad password 1")
         await b1.close()
+        # Its password typed into the user-name field: a name no user has.
+        _, _, b0 = await svc.login("Tr0ub4dor&3", "amy")
+        await b0.close()
         _, _, b2 = await svc.login("amy", PASSWORD)
         await b2.close()
         status, issued, _ = await svc.request(
@@ -258,6 +261,9 @@ async def test_audit_log_records_logins_and_changes(database_url: str) -> None:
             assert any(i["detail"].get("by", "").startswith("key:") for i in entries), action
         assert PASSWORD not in str(body) and "bad password" not in str(body)
         assert "key_hash" not in str(body)
+        failed = {i["user_name"] for i in body["items"] if i["action"] == "identity.login_failed"}
+        assert failed == {"amy", "T... (11 characters, no such user)"}
+        assert "Tr0ub4dor" not in str(body)
         member = await svc.issue_key(scopes=["admin:write"])
         assert (await svc.request("GET", "/v1/admin/audit", member))[0] == 403
 
