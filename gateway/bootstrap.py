@@ -143,11 +143,16 @@ def behaviours(providers: ModelProvider) -> list[Behaviour[Any]]:
     ]
 
 
+UNBOUNDED_CALLS_CLOSED_AFTER_S = 3600.0
+"""When model calls had no time limit (SVC_LLM_CALL_TIMEOUT_S 0), replaced providers are
+closed this long after the change, cutting off any call of theirs still running."""
+
+
 class HostBehaviours:
     """What each Ray host runs: the actor kinds over the host's own model providers, built
     from `config`. `reconfigure` (sent by the gateway: actors/ray/host.py) swaps in
     providers for new model settings; turns under way finish on the old ones, closed once
-    the call timeout has passed. Pickled with its settings only."""
+    their call timeout has passed. Pickled with its settings only."""
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
@@ -161,11 +166,15 @@ class HostBehaviours:
     def reconfigure(self, config: ModelConfig) -> None:
         if config == self.config:
             return
-        self.config = config
         if self._providers is None:
-            return  # not built yet: built from the new settings
+            self.config = config  # not built yet: built from the new settings
+            return
         previous = self._providers.replace(build_providers(config))
-        task = asyncio.ensure_future(_close_after(previous, config.call_timeout_s + 5.0))
+        # Calls under way keep the time budget they started with: the old one.
+        budget = self.config.call_timeout_s
+        self.config = config
+        delay = budget + 5.0 if budget > 0 else UNBOUNDED_CALLS_CLOSED_AFTER_S
+        task = asyncio.ensure_future(_close_after(previous, delay))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 

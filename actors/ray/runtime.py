@@ -224,6 +224,9 @@ class RayRuntime:
         self._db: Database | None = None
         self._map: ShardMap | None = None
         self._handles: dict[str, Any] = {}
+        self._known: dict[str, Any] = {}
+        """The last actor routed to per host name, kept when its handle is dropped: a lookup
+        that finds another actor under the name has found a new one."""
         self._missing_at: dict[str, float] = {}
         self._ready_at: dict[str, float] = {}
         self._listener: Connection | None = None
@@ -267,7 +270,7 @@ class RayRuntime:
             if not locked:
                 raise HostUnavailable(f"the shard map of {s.cluster} stays locked")
             count = await create_cluster(db, s.cluster, s.hosts or _cpu_hosts(s.host_num_cpus))
-            await self._ensure_hosts(range(count))
+            await self._ensure_hosts(range(count), all_ready=False)
         await self._open()
 
     async def attach(self) -> None:
@@ -444,8 +447,12 @@ class RayRuntime:
         """Why an attempt on `host` failed. A host actor that died for good (ended by
         `svc cluster scale` elsewhere, perhaps created again under its name) is dropped from
         the handle cache, so the next attempt looks its name up again."""
-        if isinstance(exc, ray.exceptions.ActorDiedError):
-            self._handles.pop(host, None)
+        handle = self._handles.get(host)
+        if isinstance(exc, ray.exceptions.ActorDiedError) and handle is not None:
+            # Only if it is the cached actor that died: a late answer from an actor already
+            # replaced must not drop its successor.
+            if exc.actor_id is None or exc.actor_id == handle._actor_id.hex():
+                del self._handles[host]
         return f"host {host} is unavailable ({type(exc).__name__})"
 
     async def _before_retry(self, attempt: int, deadline: float, problem: str, host: str) -> None:
@@ -463,16 +470,20 @@ class RayRuntime:
     # --- hosts --------------------------------------------------------------------------
 
     def _send_config(self, name: str) -> None:
-        if self._config is None or name not in self._handles:
+        """Send this router's settings to host `name`. Sent at once (not from a task), so they
+        reach the host before any command this router sends it afterwards."""
+        handle = self._handles.get(name)
+        if self._config is None or self._stopped or handle is None:
             return
-        task = asyncio.ensure_future(self._configure_host(name, self._handles[name]))
+        ref = handle.configure.remote(self._config)
+        task = asyncio.ensure_future(self._configured(name, ref))
         self._configuring.add(task)
         task.add_done_callback(self._configuring.discard)
 
-    async def _configure_host(self, name: str, handle: Any) -> None:
+    async def _configured(self, name: str, ref: Any) -> None:
         try:
-            await asyncio.wait_for(handle.configure.remote(self._config), _CONFIGURE_TIMEOUT_S)
-        except _HOST_ERRORS_OR_TIMEOUT as exc:
+            await asyncio.wait_for(ref, _CONFIGURE_TIMEOUT_S)
+        except Exception as exc:  # a host of an older build has no `configure`, for one
             # A restart is seen again when the host answers, and the settings go again then.
             log.warning("%s did not take the new settings (%s)", name, type(exc).__name__)
 
@@ -480,8 +491,20 @@ class RayRuntime:
         """The cached handle of host `name`, else Ray's (ValueError: no such host now)."""
         handle = self._handles.get(name)
         if handle is None:
-            handle = self._handles[name] = self._look_up(name)
-            self._send_config(name)  # it may have been created elsewhere, with other settings
+            handle = self._install(name, self._look_up(name))
+        return handle
+
+    def _install(self, name: str, handle: Any) -> Any:
+        """Route to `handle` for host `name` from now on. An actor other than the one known
+        before (ended and created again by another process) gets `dead_after_s` to answer,
+        as at start; an actor seen for the first time gets this router's settings."""
+        known = self._known.get(name)
+        self._handles[name] = self._known[name] = handle
+        if known != handle:  # handles compare by actor id
+            if known is not None:
+                log.info("%s is a new actor now; routing to it", name)
+                self._ready_at[name] = asyncio.get_running_loop().time()
+            self._send_config(name)
         return handle
 
     def _look_up(self, name: str) -> Any:
@@ -509,35 +532,35 @@ class RayRuntime:
             store_pool_size=s.store_pool_size,
         )
 
-    async def _ensure_hosts(self, indexes: Sequence[int] | range) -> list[HostStatus]:
+    async def _ensure_hosts(self, indexes: Sequence[int] | range, *, all_ready: bool) -> None:
         """Create (or find, after a gateway restart) the named hosts and wait until each has
-        opened its store. Hosts created here that are not ready within
-        `host_start_timeout_s` (Ray found no node with room) are ended: HostUnavailable."""
+        opened its store. Hosts created here that fail to, or are not ready within
+        `host_start_timeout_s` (Ray found no node with room), are ended: HostUnavailable.
+        Hosts that existed and are not ready fail the call only if `all_ready`; otherwise
+        they are left to the supervisor, as a host that went down."""
         s = self._settings
         names = [host_name(s.cluster, i) for i in indexes]
-        created = [name for name in names if name not in self._handles and self._create(name)]
-        statuses = await asyncio.gather(*(self._ready(name) for name in names))
-        unready = [name for name, status in zip(names, statuses, strict=True) if status is None]
-        if unready:
-            for name in set(unready).intersection(created):
-                ray.kill(self._handles.pop(name), no_restart=True)
-            raise HostUnavailable(_not_started(unready, s))
+        created = {name for name in names if self._create(name)}
+        outcomes = await asyncio.gather(*(self._ready(name) for name in names))
+        failed = {n: o for n, o in zip(names, outcomes, strict=True) if isinstance(o, str)}
+        for name in created.intersection(failed):
+            ray.kill(self._handles.pop(name), no_restart=True)
+            self._known.pop(name, None)
+        if failed and (all_ready or created.intersection(failed)):
+            raise HostUnavailable(_not_started(failed, s))
         now = asyncio.get_running_loop().time()
-        ready: list[HostStatus] = []
-        for name, status in zip(names, statuses, strict=True):
-            assert status is not None
+        for name, outcome in zip(names, outcomes, strict=True):
+            if isinstance(outcome, str):
+                log.warning("%s is not ready (%s); left to the supervisor", name, outcome)
+                continue
             self._ready_at[name] = now
-            self._watch.seen(name, status.pid)
-            ready.append(status)
-        if self._config is not None:
-            await asyncio.gather(*(self._configure_host(n, self._handles[n]) for n in names))
-        return ready
+            self._watch.seen(name, outcome.pid)
 
     def _create(self, name: str) -> bool:
-        """Have a handle for host `name`, creating the actor if Ray has none by that name;
-        True when created here."""
+        """Route to Ray's actor named `name` (looked up again: a cached handle may be to an
+        actor ended since), creating it when Ray has none; True when created here."""
         try:
-            self._handles[name] = self._look_up(name)
+            self._install(name, self._look_up(name))
             return False
         except ValueError:
             pass
@@ -554,17 +577,19 @@ class RayRuntime:
         }
         if s.spread:
             options["scheduling_strategy"] = "SPREAD"
-        self._handles[name] = _remote_host().options(**options).remote(self._spec(name))
+        self._install(name, _remote_host().options(**options).remote(self._spec(name)))
         self._missing_at.pop(name, None)
         return True
 
-    async def _ready(self, name: str) -> HostStatus | None:
+    async def _ready(self, name: str) -> HostStatus | str:
+        """The host's status once it has opened its store, else why not."""
+        timeout = self._settings.host_start_timeout_s
         try:
-            status: HostStatus = await asyncio.wait_for(
-                self._handles[name].ready.remote(), self._settings.host_start_timeout_s
-            )
+            status: HostStatus = await asyncio.wait_for(self._handles[name].ready.remote(), timeout)
         except TimeoutError:
-            return None
+            return f"not ready within {timeout:g} s"
+        except Exception as exc:  # its store unreachable, the actor ended meanwhile, ...
+            return f"failed to start: {type(exc).__name__}"
         return status
 
     # --- the shard map ------------------------------------------------------------------
@@ -639,7 +664,7 @@ class RayRuntime:
         """Have a current handle for every host, so the watch pings them (and restarts are
         seen). A host that stopped answering is looked up again: `svc cluster scale` in
         another process may have ended it and created a new actor under its name, which the
-        old handle never reaches. A new actor gets `dead_after_s` to answer, as at start."""
+        old handle never reaches (see `_install`)."""
         stale = set(names).difference(self._live(names))
         for name in names:
             if name in self._handles and name not in stale:
@@ -649,11 +674,7 @@ class RayRuntime:
             except ValueError:
                 continue  # not created yet, or ended by `scale` elsewhere
             if self._handles.get(name) != current:  # handles compare by actor id
-                if name in self._handles:
-                    log.info("%s is a new actor now; routing to it", name)
-                    self._ready_at[name] = asyncio.get_running_loop().time()
-                self._handles[name] = current
-                self._send_config(name)
+                self._install(name, current)
 
     def _live(self, names: Sequence[str]) -> list[str]:
         now = asyncio.get_running_loop().time()
@@ -720,12 +741,19 @@ class RayRuntime:
             epochs = await move_shards(self._db, self._settings.cluster, shards, source, target)
         except Exception:
             if source in live:
-                await _quietly(self._handle(source).reopen.remote(shards))
+                await self._tell(source, "reopen", shards)
             raise
-        await _quietly(self._handle(target).adopt.remote(epochs))
+        await self._tell(target, "adopt", epochs)
         if source in live:
-            await _quietly(self._handle(source).forget.remote(shards, epochs))
+            await self._tell(source, "forget", shards, epochs)
         return len(epochs)
+
+    async def _tell(self, name: str, method: str, *args: Any) -> None:
+        """Call `method` on host `name`, best effort: a host that misses it reads the map."""
+        try:
+            await asyncio.wait_for(getattr(self._handle(name), method).remote(*args), 10.0)
+        except _HOST_ERRORS_OR_TIMEOUT as exc:
+            log.info("host notification not delivered (%s); the host reads the map itself", exc)
 
     async def scale(self, hosts: int) -> dict[str, Any]:
         """Run the cluster on `hosts` hosts: start new ones, move shards (least loaded
@@ -741,8 +769,8 @@ class RayRuntime:
             before = await desired_hosts(db, s.cluster) or hosts
             await set_desired_hosts(db, s.cluster, hosts)
             try:
-                await self._ensure_hosts(range(hosts))
-            except HostUnavailable:  # back to where it was: no shard has moved yet
+                await self._ensure_hosts(range(hosts), all_ready=True)
+            except Exception:  # back to where it was: no shard has moved yet
                 await set_desired_hosts(db, s.cluster, before)
                 await self._remove_surplus(before, hosts)
                 raise
@@ -856,27 +884,20 @@ def _nodes() -> list[dict[str, Any]]:
     ]
 
 
-def _not_started(names: Sequence[str], s: RaySettings) -> str:
+def _not_started(failed: Mapping[str, str], s: RaySettings) -> str:
     free = float(ray.available_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
     total = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+    hosts = ", ".join(f"{name} ({why})" for name, why in failed.items())
     return (
-        f"Ray did not start actor host(s) {', '.join(names)} within "
-        f"{s.host_start_timeout_s:g} s. Each host reserves {s.host_num_cpus:g} CPU and the "
-        f"cluster has {free:g} of {total:g} CPUs free (`ray status`): add nodes, or run "
-        "`svc cluster scale N` with fewer hosts"
+        f"Ray did not start actor host(s) {hosts}. Each host reserves {s.host_num_cpus:g} CPU "
+        f"and the cluster has {free:g} of {total:g} CPUs free (`ray status`); a host also "
+        "needs to reach the database. Add nodes, or run `svc cluster scale N` with fewer hosts"
     )
 
 
 def _cpu_hosts(per_host: float) -> int:
     cpus = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
     return max(1, int(cpus // per_host) if per_host > 0 else 1)
-
-
-async def _quietly(ref: Any) -> None:
-    try:
-        await asyncio.wait_for(ref, 10.0)
-    except _HOST_ERRORS_OR_TIMEOUT as exc:
-        log.info("host notification not delivered (%s); the host reads the map itself", exc)
 
 
 # --- `svc cluster` ------------------------------------------------------------------------

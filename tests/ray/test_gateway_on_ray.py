@@ -20,8 +20,10 @@ import stub_upstream
 from platform_support import free_port, running, settings_for, wait_healthy
 from ray.cluster_utils import Cluster
 
-from actors.shards import host_name
-from gateway.state import SETTINGS_SERVICE
+from actors import conversation_key
+from actors.ray import RayRuntime
+from actors.shards import host_name, shard_of
+from gateway.state import RUNTIME, SETTINGS_SERVICE
 
 HOSTS = 2
 
@@ -113,10 +115,18 @@ async def test_hosts_follow_the_model_settings_of_the_gateway(
                         "POST", "/v1/chat/completions", key, json=ask
                     )
                     assert status == 200, body
-            for _ in range(4):  # on every host
-                status, body, _ = await svc.request("POST", "/v1/chat/completions", key, json=ask)
-                assert status == 200, body
-                assert stub.bodies[-1]["temperature"] == 0.3
+            runtime = svc.app[RUNTIME]
+            assert isinstance(runtime, RayRuntime) and runtime.shard_map is not None
+            hosts_seen: set[str] = set()
+            async with asyncio.timeout(30):
+                while len(hosts_seen) < HOSTS:  # new conversations until both hosts answered
+                    status, body, headers = await svc.request(
+                        "POST", "/v1/chat/completions", key, json=ask
+                    )
+                    assert status == 200, body
+                    assert stub.bodies[-1]["temperature"] == 0.3
+                    shard = shard_of(conversation_key(headers["X-SVC-Conversation-Id"]))
+                    hosts_seen.add(runtime.shard_map.route(shard)[0])
     finally:
         await stub.stop()
 
