@@ -53,7 +53,7 @@ from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
 from gateway.auth import CHAT_PATH, CHAT_SCOPE, authenticate, require_scope
-from gateway.errors import error_body, read_json
+from gateway.errors import client_gone, error_body, read_json
 from gateway.openapi import document
 from gateway.sse import open_sse, send_event
 from gateway.state import DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
@@ -242,6 +242,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return await _complete(runtime, turn)
     except SvcError as exc:
         TURN_ERRORS.labels(exc.code).inc()
+        if exc.code == "idempotency_key_reused" and turn and not turn.command.continue_only:
+            # The conversation the key would have started was never used: name none.
+            request.pop(_CONVERSATION_KEY, None)
         raise
     except ConnectionResetError:
         raise  # the client left before its stream started; the turn goes on and is recorded
@@ -348,10 +351,16 @@ def _with_agent(
 
 
 def _header_id(request: web.Request, name: str) -> str | None:
-    value = request.headers.get(name)
-    if value is None or not value.strip():
+    values = {value.strip() for value in request.headers.getall(name, ())}
+    if not values:
         return None
-    value = value.strip()
+    if len(values) > 1:
+        raise InvalidInput(
+            f"{name} was sent more than once, with different values", code="invalid_header"
+        )
+    # An empty value is refused too: a client whose key variable is empty would otherwise
+    # get a new turn on every retry without knowing it.
+    value = values.pop()
     if not _ID.match(value):
         raise InvalidInput(
             f"{name} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
@@ -381,7 +390,7 @@ async def _complete(runtime: ActorRuntime, turn: _Turn) -> web.Response:
         "id": turn.completion_id,
         "object": "chat.completion",
         "created": turn.created,
-        "model": turn.model,
+        "model": _answering_model(turn, result),
         "choices": [
             {
                 "index": 0,
@@ -398,6 +407,12 @@ async def _complete(runtime: ActorRuntime, turn: _Turn) -> web.Response:
         content_type="application/json",
         headers=_cursor_header(result),
     )
+
+
+def _answering_model(turn: _Turn, result: TurnResult) -> str:
+    """The name the client asked for (an agent's name stays as asked), unless the answer is
+    the recorded one of an earlier request with the same key that ran another model."""
+    return turn.model if result.model == turn.command.model else result.model
 
 
 def _usage(result: TurnResult) -> dict[str, int]:
@@ -422,7 +437,7 @@ async def _stream(
         # Failures before the first item (a foreign conversation, the upstream down before any
         # text) still get their own HTTP status; after that, an SSE error frame.
         first = await anext(items, None)
-        sender = _ChunkSender(await open_sse(request), turn, include_usage)
+        sender = _ChunkSender(request, await open_sse(request), turn, include_usage)
         await _relay(sender, _prepend(first, items))
     finally:
         close = getattr(items, "aclose", None)
@@ -478,9 +493,17 @@ async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncGenerator[Any, 
 class _ChunkSender:
     """Writes `chat.completion.chunk` frames; notes when the client has gone away."""
 
-    def __init__(self, response: web.StreamResponse, turn: _Turn, include_usage: bool) -> None:
+    def __init__(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        turn: _Turn,
+        include_usage: bool,
+    ) -> None:
+        self._request = request
         self.response = response
         self._turn = turn
+        self._model = turn.model
         self._include_usage = include_usage
         self._sent_role = False
         self._sent_text = False
@@ -502,7 +525,7 @@ class _ChunkSender:
             "id": self._turn.completion_id,
             "object": "chat.completion.chunk",
             "created": self._turn.created,
-            "model": self._turn.model,
+            "model": self._model,
             "choices": choices,
             "usage": usage,
             "system_fingerprint": None,
@@ -515,8 +538,12 @@ class _ChunkSender:
         try:
             await send_event(self.response, data, id=id)
         except ConnectionResetError:
-            self.client_gone = True
-            log.info("chat client went away mid-stream; the turn continues and is recorded")
+            self._gone()
+
+    def _gone(self) -> None:
+        self.client_gone = True
+        client_gone(self._request)
+        log.info("chat client went away mid-stream; the turn continues and is recorded")
 
     async def delta(self, text: str) -> None:
         if not text:
@@ -526,6 +553,8 @@ class _ChunkSender:
         await self._send(self._chunk(delta))
 
     async def finish(self, result: TurnResult) -> None:
+        if not self._sent_text:  # a recorded answer, replayed whole
+            self._model = _answering_model(self._turn, result)
         if not self._sent_text and result.content:
             await self.delta(result.content)
         delta = {} if self._sent_role else {"role": "assistant"}
@@ -545,4 +574,4 @@ class _ChunkSender:
         try:
             await self.response.write_eof()
         except ConnectionResetError:
-            self.client_gone = True
+            self._gone()

@@ -42,6 +42,8 @@ _HTTP_CODES: dict[int, tuple[str, str]] = {
 
 
 CLIENT_CLOSED = 499
+CLIENT_GONE: web.RequestKey[bool] = web.RequestKey("svc_client_gone", bool)
+"""Request key set by `client_gone`: the access log shows the response as CLIENT_CLOSED."""
 
 
 def error_body(message: str, error_type: str, code: str | None) -> dict[str, Any]:
@@ -57,6 +59,14 @@ def envelope(status: int, message: str, error_type: str, code: str | None) -> we
         message = message.encode("utf-8", "replace").decode()
     body = orjson.dumps(error_body(message, error_type, code))
     return web.Response(status=status, body=body, content_type="application/json")
+
+
+def client_gone(request: web.BaseRequest) -> None:
+    """The client left while its response was being written (a stream): the access log
+    (gateway/http_server.py) and the metrics show it as a hang-up, like one before the
+    response (`error_middleware`). Call once per response."""
+    request[CLIENT_GONE] = True
+    HTTP_ERRORS.labels(status=str(CLIENT_CLOSED)).inc()
 
 
 def describe_validation(exc: ValidationError) -> str:

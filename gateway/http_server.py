@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from aiohttp import web
+from aiohttp.web_log import AccessLogger
 from aiohttp.web_protocol import RequestHandler
 
-from gateway.errors import internal_error, status_envelope
+from gateway.errors import CLIENT_CLOSED, CLIENT_GONE, internal_error, status_envelope
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +66,34 @@ class _EnvelopeServer(web.Server):
         return EnvelopeRequestHandler(self, loop=self._loop, **self._kwargs)
 
 
+class _ClosedByClient:
+    """A streamed response whose client left mid-way, as the access log formats it."""
+
+    status = CLIENT_CLOSED
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        self.body_length = response.body_length
+        self.headers = response.headers
+
+
+class GatewayAccessLogger(AccessLogger):
+    """aiohttp's access log; a response whose client went away while it was written
+    (`gateway.errors.client_gone`) is logged as 499, like a hang-up before the response."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        if request.get(CLIENT_GONE):
+            shown: Any = _ClosedByClient(response)
+            response = shown
+        super().log(request, response, time)
+
+
 class GatewayRunner(web.AppRunner):
-    """`web.AppRunner` whose server answers aiohttp's own errors with the envelope."""
+    """`web.AppRunner` whose server answers aiohttp's own errors with the envelope and logs
+    with `GatewayAccessLogger`."""
+
+    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        kwargs.setdefault("access_log_class", GatewayAccessLogger)
+        super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:
         plain = await super()._make_server()  # runs the application's startup

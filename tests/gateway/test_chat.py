@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,7 @@ import openai
 import orjson
 import pytest
 import stub_upstream
+from multidict import CIMultiDict
 from test_admin_support import GatewayTestServer, Service, SseReader, now, uid
 
 from actors.behaviour import CommandOutcome
@@ -510,7 +513,91 @@ async def test_malformed_conversation_header_is_a_bad_request(chat: Chat) -> Non
         assert resp.status == status, key
 
 
-async def test_disconnect_mid_stream_still_records_the_turn(chat: Chat) -> None:
+async def test_an_empty_or_doubled_id_header_is_a_bad_request(chat: Chat) -> None:
+    """An empty key would make every retry a new turn; two different keys leave unclear
+    which one the client meant."""
+    for name in ("Idempotency-Key", "X-SVC-Conversation-Id"):
+        for values in ([""], ["  "], ["k-1", "k-2"]):
+            headers = CIMultiDict([("Authorization", f"Bearer {chat.key}")])
+            for value in values:
+                headers.add(name, value)
+            resp = await chat.service.http.post(
+                chat.service.url("/v1/chat/completions"),
+                headers=headers,
+                json={"model": OFFLINE, "messages": HELLO},
+            )
+            body = await resp.json()
+            assert resp.status == 400, (name, values, body)
+            assert body["error"]["code"] == "invalid_header"
+            assert name in body["error"]["message"]
+    # The same value twice is one value.
+    key = uid("idem-")
+    resp = await chat.service.http.post(
+        chat.service.url("/v1/chat/completions"),
+        headers=CIMultiDict(
+            [
+                ("Authorization", f"Bearer {chat.key}"),
+                ("Idempotency-Key", key),
+                ("Idempotency-Key", key),
+            ]
+        ),
+        json={"model": OFFLINE, "messages": HELLO},
+    )
+    assert resp.status == 200
+    assert chat.stub.calls == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_replay_names_the_model_that_gave_the_recorded_answer(
+    chat: Chat, stream: bool
+) -> None:
+    key = {"Idempotency-Key": uid("idem-")}
+    first = await chat.client().chat.completions.create(
+        model=UPSTREAM_MODEL, messages=HELLO, extra_headers=key
+    )
+    assert first.model == UPSTREAM_MODEL
+    again = await chat.client().chat.completions.create(
+        model=OFFLINE, messages=HELLO, extra_headers=key, stream=stream
+    )
+    if isinstance(again, openai.AsyncStream):
+        chunks = [c async for c in again]
+        assert {c.model for c in chunks} == {UPSTREAM_MODEL}
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        assert again.model == UPSTREAM_MODEL
+        text = again.choices[0].message.content or ""
+    assert text == first.choices[0].message.content
+    assert chat.stub.calls == 1
+
+
+async def test_a_key_reused_elsewhere_names_no_conversation(chat: Chat) -> None:
+    key = {"Idempotency-Key": uid("idem-")}
+    first = await chat.client().chat.completions.with_raw_response.create(
+        model=OFFLINE, messages=HELLO
+    )
+    conversation = {"X-SVC-Conversation-Id": first.headers["X-SVC-Conversation-Id"]}
+    await chat.client().chat.completions.create(
+        model=OFFLINE, messages=HELLO, extra_headers={**key, **conversation}
+    )
+    with pytest.raises(openai.ConflictError) as reused:  # no conversation header this time
+        await chat.client().chat.completions.create(
+            model=OFFLINE, messages=HELLO, extra_headers=key
+        )
+    assert reused.value.code == "idempotency_key_reused"
+    assert "X-SVC-Conversation-Id" not in reused.value.response.headers
+
+
+async def closed_by_clients(chat: Chat) -> float:
+    text = await (await chat.service.http.get(chat.service.url("/metrics"))).text()
+    found = re.search(r'^svc_http_errors_total\{status="499"\} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_disconnect_mid_stream_still_records_the_turn(
+    chat: Chat, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    hang_ups = await closed_by_clients(chat)
     chat.stub.tokens = 20
     chat.stub.chunk_delay_s = 0.05
     resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
@@ -523,6 +610,16 @@ async def test_disconnect_mid_stream_still_records_the_turn(chat: Chat) -> None:
     assert completed.data["content"] == "".join(f"tok{i} " for i in range(20))
     assert completed.data["finish_reason"] == "stop"
     assert chat.stub.calls == 1
+    # A hang-up, in the access log and the metrics, as one before the stream started.
+    async with asyncio.timeout(10):
+        while True:  # the handler meets the closed connection at its next write
+            if await closed_by_clients(chat) > hang_ups:
+                break
+            await asyncio.sleep(0.05)
+    assert await closed_by_clients(chat) == hang_ups + 1
+    access = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+    streamed = [line for line in access if "POST /v1/chat/completions" in line]
+    assert len(streamed) == 1 and '" 499 ' in streamed[0], streamed
 
 
 async def test_a_client_gone_before_its_stream_starts_is_not_a_server_error(
