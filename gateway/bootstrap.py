@@ -10,7 +10,8 @@ line, so both see the same wiring. Startup order:
 3. stored settings (so R settings set with `svc settings set` apply from this start on);
 4. model providers, the activation table and the local runtime;
 5. the default workspace (created through the workspace actor when missing);
-6. the projection runner and the background tasks (live settings, rate-limit pruning).
+6. the projection runner and the background tasks (live settings, rate-limit pruning, the
+   sweep of turns left running by a stopped process: gateway/turn_sweep.py).
 
 Shutdown runs the same steps backwards: background tasks, the runtime, projections (caught up
 to the head, then stopped), providers, the store, the embedded database. The runtime is stopped
@@ -29,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from actors.agent import AgentBehaviour
@@ -54,6 +56,7 @@ from gateway.ratelimit import RateLimiter
 from gateway.secrets import DatabaseVault
 from gateway.settings import Settings, SettingsService, read_stored_settings
 from gateway.shutdown import PROJECTION_FLUSH_S, Shutdown, ShutdownReport, bounded
+from gateway.turn_sweep import SWEEP_EVERY_S, sweep_abandoned_turns
 from projections import PROJECTION_MIGRATIONS, ProjectionRunner, default_projectors
 from schemas.errors import Conflict
 from schemas.settings import INSTANCE_WORKSPACE_ID, SettingChanged, SettingUnset
@@ -353,6 +356,8 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
             await projections.start()
             _background(stack, _watch_settings(store, service), "svc-settings-watcher")
             _background(stack, _every(PRUNE_EVERY_S, limiter.prune), "svc-rate-limit-prune")
+            sweep = partial(sweep_abandoned_turns, settings, store.db, runtime)
+            _background(stack, _every(SWEEP_EVERY_S, sweep), "svc-abandoned-turn-sweep")
         yield Platform(
             settings,
             store.db,

@@ -5,7 +5,7 @@ role `svc_reader` with `svc.workspace_id` set, so row-level security filters eve
 if a query here forgot its `WHERE workspace_id` (ARCHITECTURE.md decision 6). The queries still
 name the workspace: it lets the planner use the `(workspace_id, ...)` indexes.
 
-The one exception is `find_api_key_by_hash`, see there.
+The exceptions are `find_api_key_by_hash` and `stale_running_turns`, see there.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class UsageFigures:
     completion_tokens: int
     total_tokens: int
     avg_duration_ms: float | None
-    """Mean duration of finished turns; None when none finished."""
+    """Mean duration of finished turns, abandoned ones left out; None when there are none."""
     p95_duration_ms: float | None
 
 
@@ -226,6 +226,35 @@ async def list_turns(
     return [Turn(*r) for r in rows]
 
 
+@dataclass(frozen=True, slots=True)
+class RunningTurns:
+    workspace_id: str
+    conversation_id: str
+    turn_ids: tuple[str, ...]
+
+
+async def stale_running_turns(
+    db: Database, started_before: datetime, *, limit: int
+) -> list[RunningTurns]:
+    """Turns still `running` that started before `started_before`, by conversation, oldest
+    first, up to `limit` conversations. Across workspaces, as the table owner (row-level
+    security does not apply): the service's own sweep of abandoned turns, never a client's
+    read (gateway/turn_sweep.py)."""
+    async with db.acquire(stateless=True) as conn:
+        rows = await conn.fetch(
+            """
+            SELECT workspace_id, conversation_id, array_agg(turn_id ORDER BY turn_id)
+            FROM turns WHERE status = 'running' AND started_at < $1
+            GROUP BY workspace_id, conversation_id
+            ORDER BY min(started_at)
+            LIMIT $2
+            """,
+            started_before,
+            limit,
+        )
+    return [RunningTurns(r[0], r[1], tuple(r[2])) for r in rows]
+
+
 async def get_workspace(db: Database, workspace_id: str) -> Workspace | None:
     async with db.scoped(workspace_id) as conn:
         row = await conn.fetchrow(
@@ -294,9 +323,12 @@ count(t.turn_id) FILTER (WHERE t.status = 'running'),
 coalesce(sum(t.prompt_tokens), 0),
 coalesce(sum(t.completion_tokens), 0),
 coalesce(sum(t.total_tokens), 0),
-avg(t.duration_ms)::float8,
-percentile_cont(0.95) WITHIN GROUP (ORDER BY t.duration_ms)::float8
+avg(t.duration_ms) FILTER (WHERE t.error_code IS DISTINCT FROM 'turn_abandoned')::float8,
+percentile_cont(0.95) WITHIN GROUP (ORDER BY t.duration_ms)
+    FILTER (WHERE t.error_code IS DISTINCT FROM 'turn_abandoned')::float8
 """
+# Durations leave out abandoned turns: theirs is the time until the turn was found abandoned
+# (a restart later, say), not a model call's.
 # A turn belongs to the bucket of its start (its finish when it never started).
 _WHEN = "coalesce(t.started_at, t.finished_at)"
 

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from actors.workspace import workspace_key
@@ -188,3 +189,68 @@ async def clear_of_minute_boundary(margin_s: float = 8.0) -> None:
     into = time.time() % 60
     if into > 60 - margin_s:
         await asyncio.sleep(60 - into + 0.5)
+
+
+class StallingUpstream:
+    """An OpenAI-compatible model server that never finishes an answer: a JSON call gets
+    nothing, a streaming call its first chunk. Its handlers end when the test leaves."""
+
+    def __init__(self, model: str = "stub-model") -> None:
+        self.model = model
+        self.calls = 0
+        self._called = asyncio.Event()
+        self._release = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        self.calls += 1
+        self._called.set()
+        body = await request.json()
+        if not body.get("stream"):
+            await self._release.wait()
+            raise web.HTTPServiceUnavailable()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        chunk = {
+            "id": "chatcmpl-stall",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": "Hel"},
+                    "finish_reason": None,
+                }
+            ],
+        }
+        await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await self._release.wait()
+        return resp
+
+    def release(self) -> None:
+        """End the answers: a JSON call gets 503, a stream ends without finishing."""
+        self._release.set()
+
+    async def until_calls(self, calls: int) -> None:
+        """Wait until the turns have reached the model, so they are in flight."""
+        async with asyncio.timeout(30):
+            while self.calls < calls:
+                self._called.clear()
+                await self._called.wait()
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[StallingUpstream]:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.base_url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/v1"
+        try:
+            yield self
+        finally:
+            self._release.set()
+            await self._runner.cleanup()

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,7 +24,7 @@ import asyncpg
 import orjson
 import pytest
 from aiohttp import web
-from platform_support import free_port, issue_key, uid, wait_healthy
+from platform_support import StallingUpstream, free_port, issue_key, uid, wait_healthy
 from pydantic import BaseModel
 
 from actors import ActivationTable, ActorContext, ActorKey, Behaviour, RuntimeStopping
@@ -65,66 +64,6 @@ def _config(database_url: str, upstream: str, tmp_path: Path) -> dict[str, str]:
 
 def _settings(database_url: str, upstream: str, tmp_path: Path) -> Settings:
     return Settings(_config(database_url, upstream, tmp_path))
-
-
-class StallingUpstream:
-    """An OpenAI-compatible model server that never finishes an answer: a JSON call gets
-    nothing, a streaming call its first chunk. Its handlers end when the test leaves."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self._called = asyncio.Event()
-        self._release = asyncio.Event()
-        self._runner: web.AppRunner | None = None
-        self.base_url = ""
-
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        self.calls += 1
-        self._called.set()
-        body = await request.json()
-        if not body.get("stream"):
-            await self._release.wait()
-            raise web.HTTPServiceUnavailable()
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        chunk = {
-            "id": "chatcmpl-stall",
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": MODEL,
-            "choices": [
-                {
-                    "index": 0,
-                    "delta": {"role": "assistant", "content": "Hel"},
-                    "finish_reason": None,
-                }
-            ],
-        }
-        await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
-        await self._release.wait()
-        return resp
-
-    async def until_calls(self, calls: int) -> None:
-        """Wait until the turns have reached the model, so they are in flight."""
-        async with asyncio.timeout(30):
-            while self.calls < calls:
-                self._called.clear()
-                await self._called.wait()
-
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[StallingUpstream]:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self.chat)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.base_url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/v1"
-        try:
-            yield self
-        finally:
-            self._release.set()
-            await self._runner.cleanup()
 
 
 async def _turn_failures(database_url: str) -> list[str]:

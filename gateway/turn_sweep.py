@@ -1,0 +1,80 @@
+"""Turns left running by a process that died, found without waiting for their conversation.
+
+A conversation records a turn its previous incarnation never ended as `turn_abandoned` when
+its next command arrives (actors/conversation.py). A conversation nobody touches again (its
+client was cut off before it learnt the conversation id) would keep that turn `running` for
+good, in the turns read model, the overview and the analytics. So every gateway looks, once
+a minute, for turns running longer than any model call may last (the call timeout, plus a
+margin for the appends around it) and asks their conversations to record them as abandoned.
+
+Safe against a turn that is in fact still running: the command goes through the
+conversation's mailbox, behind a turn this runtime is running, and is decided on the state
+after it (a turn that ended meanwhile is left alone). With no call timeout
+(`SVC_LLM_CALL_TIMEOUT_S` 0) no age tells a dead turn from a slow one, and nothing is swept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from datetime import UTC, datetime, timedelta
+
+from actors import conversation_key
+from actors.runtime import ActorRuntime
+from eventstore.db import Database
+from gateway.settings import Settings
+from projections.queries import RunningTurns, stale_running_turns
+from schemas.conversation import RecoverAbandonedTurns
+from schemas.errors import SvcError
+
+log = logging.getLogger(__name__)
+
+SWEEP_EVERY_S = 60.0
+MARGIN_S = 60.0
+"""Beyond the call timeout: the turn's appends and a queue behind other commands."""
+MAX_CONVERSATIONS = 100
+"""Per sweep; the next sweep takes the rest."""
+
+
+def stale_after(settings: Settings) -> timedelta | None:
+    """How long a turn may run before it is taken for abandoned; None: never."""
+    budget = settings.integer("SVC_LLM_CALL_TIMEOUT_S")
+    return None if budget <= 0 else timedelta(seconds=budget + MARGIN_S)
+
+
+async def sweep_abandoned_turns(
+    settings: Settings, db: Database, runtime: ActorRuntime, now: datetime | None = None
+) -> int:
+    """Ask the conversations of up to MAX_CONVERSATIONS stale running turns to record them as
+    abandoned; returns how many were asked. Returns once the commands are in the mailboxes:
+    one queued behind a turn still running does not hold the sweep up."""
+    age = stale_after(settings)
+    if age is None:
+        return 0
+    now = now or datetime.now(UTC)
+    stale = await stale_running_turns(db, now - age, limit=MAX_CONVERSATIONS)
+    for turns in stale:
+        await _recover(runtime, turns, now)
+    if stale:
+        count = sum(len(t.turn_ids) for t in stale)
+        log.info("%d turn(s) running for over %s: asking their conversations", count, age)
+    return len(stale)
+
+
+async def _recover(runtime: ActorRuntime, turns: RunningTurns, now: datetime) -> None:
+    # The same id from every gateway sweeping at once: the turns are recorded once.
+    seed = f"{turns.conversation_id}/{','.join(turns.turn_ids)}"
+    command = RecoverAbandonedTurns(
+        command_id=f"sweep:{hashlib.sha256(seed.encode()).hexdigest()}",
+        workspace_id=turns.workspace_id,
+        turn_ids=turns.turn_ids,
+        at=now,
+    )
+    try:
+        await runtime.tell(conversation_key(turns.conversation_id), command)
+    except SvcError as exc:
+        log.warning(
+            "could not record the abandoned turns of conversation %s (%s); next sweep retries",
+            turns.conversation_id,
+            exc.code,
+        )

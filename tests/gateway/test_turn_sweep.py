@@ -1,0 +1,99 @@
+"""The sweep of turns left running by a stopped process (gateway/turn_sweep.py).
+
+Two platforms share one database. The first plays a process that stopped mid-turn: its
+model server never finishes the answer, and its turn stays `running` in the log. The second
+sweeps, as every gateway does once a minute, with its clock moved past the call timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+from platform_support import Running, StallingUpstream, running, settings_for, uid
+
+from gateway.state import DATABASE, RUNTIME, SETTINGS
+from gateway.turn_sweep import sweep_abandoned_turns
+from projections.queries import Turn, analytics, list_turns, overview
+
+MODEL = "stub-model"
+LATER = timedelta(minutes=10)
+"""Past SVC_LLM_CALL_TIMEOUT_S (60 s here) and the sweep's margin."""
+
+
+def _settings(database_url: str, upstream: str) -> Any:
+    return settings_for(
+        database_url,
+        SVC_LLM_GATEWAY_URL=upstream,
+        SVC_LLM_MODEL=MODEL,
+        SVC_LLM_RETRIES="0",
+        SVC_LLM_CALL_TIMEOUT_S="60",
+    )
+
+
+async def _start_stalled_turn(svc: Running, key: str) -> tuple[aiohttp.ClientResponse, str]:
+    """A streamed turn whose model call is under way (its first chunk arrived)."""
+    resp = await svc.http.post(
+        svc.url("/v1/chat/completions"),
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert resp.status == 200
+    await resp.content.readline()
+    return resp, resp.headers["X-SVC-Conversation-Id"]
+
+
+async def _turn(svc: Running, workspace: str, conversation: str, status: str) -> Turn:
+    async with asyncio.timeout(20):
+        while True:
+            turns = await list_turns(svc.app[DATABASE], workspace, conversation)
+            if turns and turns[0].status == status:
+                return turns[0]
+            await asyncio.sleep(0.05)
+
+
+async def _sweep(svc: Running, now: datetime) -> int:
+    app = svc.app
+    return await sweep_abandoned_turns(app[SETTINGS], app[DATABASE], app[RUNTIME], now)
+
+
+async def test_a_turn_of_a_stopped_process_is_recorded_abandoned(database_url: str) -> None:
+    workspace = uid("ws-")
+    async with StallingUpstream(MODEL).running() as stub:
+        settings = _settings(database_url, stub.base_url)
+        async with running(settings) as stopped, running(settings) as sweeper:
+            key, _ = await stopped.issue_key(workspace, ["chat", "admin:read"])
+            resp, conversation = await _start_stalled_turn(stopped, key)
+            await _turn(sweeper, workspace, conversation, "running")
+            assert await _sweep(sweeper, datetime.now(UTC)) == 0  # not stale yet
+
+            assert await _sweep(sweeper, datetime.now(UTC) + LATER) == 1
+            turn = await _turn(sweeper, workspace, conversation, "failed")
+            assert turn.error_code == "turn_abandoned"
+            db = sweeper.app[DATABASE]
+            assert (await overview(db, workspace)).turns_running == 0
+            day = timedelta(days=1)
+            now = datetime.now(UTC)
+            figures = (await analytics(db, workspace, since=now - day, until=now + day)).totals
+            assert figures.failed == 1 and figures.avg_duration_ms is None
+            assert await _sweep(sweeper, datetime.now(UTC) + LATER) == 0
+            resp.close()
+
+
+async def test_a_turn_still_running_here_is_left_to_finish(database_url: str) -> None:
+    workspace = uid("ws-")
+    async with StallingUpstream(MODEL).running() as stub:
+        async with running(_settings(database_url, stub.base_url)) as svc:
+            key, _ = await svc.issue_key(workspace, ["chat"])
+            resp, conversation = await _start_stalled_turn(svc, key)
+            await _turn(svc, workspace, conversation, "running")
+            # Queued behind the running turn in its conversation's mailbox: the sweep does not
+            # wait for it, and it finds the turn ended by the time it runs.
+            async with asyncio.timeout(10):
+                assert await _sweep(svc, datetime.now(UTC) + LATER) == 1
+            stub.release()
+            turn = await _turn(svc, workspace, conversation, "failed")
+            assert turn.error_code != "turn_abandoned"
+            resp.close()
