@@ -198,9 +198,14 @@ def _table_options(settings: Settings) -> dict[str, Any]:
 
 
 def _runtime(
-    settings: Settings, dsn: str, store: PostgresEventStore, providers: ProviderSet
+    settings: Settings,
+    dsn: str,
+    store: PostgresEventStore,
+    providers: ProviderSet,
+    *,
+    local_only: bool,
 ) -> ActorRuntime:
-    if settings.text("SVC_ACTOR_RUNTIME") == "ray":
+    if settings.text("SVC_ACTOR_RUNTIME") == "ray" and not local_only:
         return _ray_runtime(settings, dsn)
     table = ActivationTable(store, behaviours(providers), **_table_options(settings))
     return LocalRuntime(table)
@@ -332,7 +337,11 @@ def _apply_live(
 @asynccontextmanager
 async def open_platform(settings: Settings, *, background: bool = True) -> AsyncIterator[Platform]:
     """Everything behind the gateway, opened in order and closed in reverse.
-    `background=False` (the CLI) runs no projection loops and no watchers."""
+    `background=False` (the CLI) runs no projection loops and no watchers, and hosts the
+    actors it asks in this process whatever SVC_ACTOR_RUNTIME says: a short command must
+    not start or join Ray (with SVC_RAY_ADDRESS blank it would start a private Ray and
+    create hosts). Its appends meet those of the Ray hosts at the store's version fence,
+    as two gateways' would."""
     async with AsyncExitStack() as stack:
         report = ShutdownReport(settings.shutdown_grace_s)
         opened, dsn = await open_store(settings, stack, report)
@@ -343,7 +352,7 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
         stack.push_async_callback(providers.aclose)
         projections = ProjectionRunner(store.db, default_projectors(), notifier=notifier)
         stack.push_async_callback(_flush_and_stop, projections, report)
-        runtime = _runtime(settings, dsn, store, providers)
+        runtime = _runtime(settings, dsn, store, providers, local_only=not background)
         await runtime.start()
         shutdown = Shutdown(runtime, settings.shutdown_grace_s, report)
         stack.push_async_callback(shutdown.stop_runtime)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 import sys
 import types
 import typing
@@ -79,13 +80,39 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _settings_row(spec: SettingSpec) -> str:
+_CODE_PACKAGES = ("gateway", "actors", "eventstore", "projections")
+
+
+def keys_read_by_code() -> frozenset[str]:
+    """The catalog keys named in the code of the packages beside `schemas` (a key is read
+    by its name: `settings.text("SVC_...")`). Read from the source files, not imported:
+    `schemas` imports nothing of the project."""
+    root = Path(schemas.__file__).resolve().parents[1]
+    code = "".join(
+        path.read_text(encoding="utf-8")
+        for package in _CODE_PACKAGES
+        for path in sorted((root / package).rglob("*.py"))
+    )
+    named = set(re.findall(r"""["'](\w+)["']""", code))
+    return frozenset(key for key in CATALOG if key in named)
+
+
+def _settings_row(spec: SettingSpec, used: bool) -> str:
     choices = "/".join(choice or "blank" for choice in spec.choices)
     kind = f"{spec.type} ({choices})" if spec.choices else spec.type
     default = f"`{spec.default}`" if spec.default else "-"
     effect = spec.effect + (f" *Note: {spec.note}*" if spec.note else "")
     secret = "yes" if spec.secret else ""
-    cells = (f"`{spec.key}`", spec.group, kind, default, spec.apply or "-", secret, effect)
+    cells = (
+        f"`{spec.key}`",
+        spec.group,
+        kind,
+        default,
+        spec.apply or "-",
+        secret,
+        "yes" if used else "**no**",
+        effect,
+    )
     return "| " + " | ".join(cells) + " |"
 
 
@@ -95,12 +122,16 @@ def render_settings_table() -> str:
         "## Catalog",
         "",
         "Apply: R restart, L live, - not stated (treated as R). Secret: values never shown.",
-        "Generated from `schemas/settings_catalog.py` by `python -m schemas.catalogue settings`.",
+        "Used: **no** marks a key this build validates and stores but does not act on yet",
+        "(the capability it configures is not built); the effect describes the spec's intent.",
+        "Generated from `schemas/settings_catalog.py` and the code that reads each key by",
+        "`python -m schemas.catalogue settings`.",
         "",
-        "| Key | Group | Type | Default | Apply | Secret | Effect |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| Key | Group | Type | Default | Apply | Secret | Used | Effect |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    lines += [_settings_row(spec) for spec in CATALOG.values()]
+    used = keys_read_by_code()
+    lines += [_settings_row(spec, spec.key in used) for spec in CATALOG.values()]
     return "\n".join(lines) + "\n"
 
 

@@ -1406,6 +1406,10 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
         "note": "exact names only; set with `svc settings set`, not in the environment file",
     },
     "SVC_REQUIRE_2FA": {"note": "the spec says 'applied immediately': catalogued as L"},
+    "SVC_LLM_PROVIDER": {
+        "note": "this build has blank or auto, offline, and openai (also openai-compat, "
+        "compatible); the service refuses to start with any other value"
+    },
     "SVC_TOOL_SEARCH": {"default": "0", "note": "the spec's default column says false"},
     "SVC_SUBSCRIPTION_REASONING_EFFORT": {
         "choices": ("none", "low", "medium", "high", "xhigh"),

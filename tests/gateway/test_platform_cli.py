@@ -62,6 +62,15 @@ def test_apikeys_create_prints_only_the_key(data_dir: Path) -> None:
     assert listed.returncode == 0 and done.stdout.strip()[:8] in listed.stdout
 
 
+def test_commands_of_a_ray_deployment_do_not_start_ray(data_dir: Path) -> None:
+    """The gateways' environment says ray; a one-off command hosts its actors itself."""
+    ray_mode = {"SVC_ACTOR_RUNTIME": "ray", "SVC_ACTOR_HOSTS": "2"}
+    for args in (("migrate",), ("apikeys", "create", "--scopes", "chat", "--workspace", "w")):
+        done = svc(data_dir, *args, **ray_mode)
+        assert done.returncode == 0, done.stderr
+        assert "Ray" not in done.stderr, done.stderr
+
+
 def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
     for args in (
         ("apikeys", "create", "--scopes", "everything"),
