@@ -70,6 +70,7 @@ _HOST_ERRORS = HOST_ERRORS
 _HOST_ERRORS_OR_TIMEOUT = HOST_ERRORS_OR_TIMEOUT
 _STATS_TIMEOUT_S = 2.0
 _CONFIGURE_TIMEOUT_S = 10.0
+_NAME_RELEASE_S = 10.0
 _LOOKUP_AGAIN_S = 0.5
 """A host name Ray did not know is not looked up again sooner (each lookup blocks the loop
 on a call to Ray's control store)."""
@@ -343,8 +344,26 @@ class RayRuntime:
         except TimeoutError:
             log.warning("hosts %s did not stop in time; ending them", ", ".join(names))
         finally:
-            for handle in handles:
-                ray.kill(handle, no_restart=True)
+            await self._end(handles)
+
+    async def _end(self, handles: Sequence[Any]) -> None:
+        """Kill the host actors and wait (up to _NAME_RELEASE_S) until Ray stops resolving
+        their names to them: a host created next under one of the names must be a new
+        actor, not the dying one (`get_if_exists` and lookups would find that)."""
+        for handle in handles:
+            ray.kill(handle, no_restart=True)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + _NAME_RELEASE_S
+        dying = {h: n for n, h in self._known.items() if h in handles}
+        while dying and loop.time() < end:
+            await asyncio.sleep(0.1)
+            dying = {h: n for h, n in dying.items() if self._still_named(n, h)}
+
+    def _still_named(self, name: str, handle: Any) -> bool:
+        try:
+            return bool(ray.get_actor(name, namespace=self._settings.namespace) == handle)
+        except ValueError:
+            return False
 
     # --- the port -----------------------------------------------------------------------
 
@@ -543,9 +562,8 @@ class RayRuntime:
         created = {name for name in names if self._create(name)}
         outcomes = await asyncio.gather(*(self._ready(name) for name in names))
         failed = {n: o for n, o in zip(names, outcomes, strict=True) if isinstance(o, str)}
-        for name in created.intersection(failed):
-            ray.kill(self._handles.pop(name), no_restart=True)
-            self._known.pop(name, None)
+        unplaced = created.intersection(failed)
+        await self._end([self._handles.pop(name) for name in unplaced])
         if failed and (all_ready or created.intersection(failed)):
             raise HostUnavailable(_not_started(failed, s))
         now = asyncio.get_running_loop().time()

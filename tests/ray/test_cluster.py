@@ -80,6 +80,29 @@ async def settle(runtime: RayRuntime, load: Load) -> None:
         load.acked[command.command_id] = k
 
 
+@dataclass
+class Driving:
+    """A load of concurrent commands under way (`under_load`); `finish` stops it and retries
+    what failed, as `settle` does."""
+
+    runtime: RayRuntime
+    stop: asyncio.Event
+    task: asyncio.Task[Load]
+
+    async def finish(self) -> Load:
+        self.stop.set()
+        load = await self.task
+        await settle(self.runtime, load)
+        return load
+
+
+async def under_load(runtime: RayRuntime, keys: Sequence[ActorKey], workers: int = 8) -> Driving:
+    stop = asyncio.Event()
+    driving = Driving(runtime, stop, asyncio.create_task(drive(runtime, keys, stop, workers)))
+    await asyncio.sleep(0.5)
+    return driving
+
+
 async def check_exactly_once(
     runtime: RayRuntime, store: PostgresEventStore, keys: Sequence[ActorKey], load: Load
 ) -> None:
@@ -111,7 +134,9 @@ async def cluster_runtime(ray_cluster: Cluster, database_url: str) -> AsyncItera
 
     yield make
     for runtime in started:
-        await runtime.stop(deadline_s=5.0)
+        # Bounded: a stop that hangs fails here with the stack of what it waited on.
+        async with asyncio.timeout(120):
+            await runtime.stop(deadline_s=5.0)
 
 
 def counter_keys(n: int) -> list[ActorKey]:
@@ -193,9 +218,7 @@ async def test_scale_out_and_in_under_load(
 ) -> None:
     runtime: RayRuntime = await cluster_runtime(1, move_batch=64)
     keys = counter_keys(40)
-    stop = asyncio.Event()
-    driving = asyncio.create_task(drive(runtime, keys, stop))
-    await asyncio.sleep(0.5)
+    driving = await under_load(runtime, keys)
     out = await runtime.scale(3)
     assert out["shards_moved"] == NUM_SHARDS - 342
     await asyncio.sleep(0.5)
@@ -203,9 +226,7 @@ async def test_scale_out_and_in_under_load(
     back = await cluster_scale(database_url, 2, partial(list, ()), runtime.settings)
     assert back["removed"] == [f"{runtime.cluster}-host-2"]
     await asyncio.sleep(0.5)
-    stop.set()
-    load = await driving
-    await settle(runtime, load)
+    load = await driving.finish()
 
     status = await runtime.status()
     assert sorted(h["shards"] for h in status["hosts"]) == [512, 512]
@@ -225,8 +246,7 @@ async def test_host_kill_and_node_loss_under_load(
         conversations = [uuid.uuid4().hex for _ in range(4)]
         for cid in conversations:
             assert isinstance(await runtime.ask(conversation_key(cid), run_turn()), TurnResult)
-        stop = asyncio.Event()
-        driving = asyncio.create_task(drive(runtime, keys, stop))
+        driving = await under_load(runtime, keys)
         await asyncio.sleep(1.0)
 
         hosts = (await runtime.status())["hosts"]
@@ -240,9 +260,7 @@ async def test_host_kill_and_node_loss_under_load(
         ray_cluster.remove_node(by_id[on_worker[0]["node"]], allow_graceful=False)
         added.remove(by_id[on_worker[0]["node"]])
         await asyncio.sleep(3.0)
-        stop.set()
-        load = await driving
-        await settle(runtime, load)
+        load = await driving.finish()
 
         after = (await runtime.status())["hosts"]
         restarted = next(h for h in after if h["name"] == victim["name"])
@@ -262,9 +280,7 @@ async def test_host_that_stays_down_loses_its_shards_under_load(
 ) -> None:
     runtime: RayRuntime = await cluster_runtime(3, dead_after_s=2.0)
     keys = counter_keys(30)
-    stop = asyncio.Event()
-    driving = asyncio.create_task(drive(runtime, keys, stop, workers=6))
-    await asyncio.sleep(0.5)
+    driving = await under_load(runtime, keys, workers=6)
     gone = f"{runtime.cluster}-host-2"
     # Ended without restart: Ray will not bring it back, so the supervisor must hand its
     # shards to the live hosts (the lost-node case when no node has room for it).
@@ -280,9 +296,7 @@ async def test_host_that_stays_down_loses_its_shards_under_load(
         assert loop.time() < end, "the dead host's shards were never reassigned"
         await asyncio.sleep(0.1)
     await asyncio.sleep(0.5)
-    stop.set()
-    load = await driving
-    await settle(runtime, load)
+    load = await driving.finish()
 
     hosts = {h["name"]: h for h in (await runtime.status())["hosts"]}
     assert hosts[gone]["shards"] == 0 and hosts[gone]["state"] != "alive"
@@ -295,9 +309,7 @@ async def test_a_host_ended_and_created_again_elsewhere_gets_its_shards_back(
 ) -> None:
     runtime: RayRuntime = await cluster_runtime(2, dead_after_s=2.0)
     keys = counter_keys(30)
-    stop = asyncio.Event()
-    driving = asyncio.create_task(drive(runtime, keys, stop, workers=6))
-    await asyncio.sleep(0.5)
+    driving = await under_load(runtime, keys, workers=6)
     # `svc cluster scale 1`, then `svc cluster scale 2`, from another process: host-1 is
     # ended, then a new actor is created under its name. This router's handle to the ended
     # one never answers again; it must find the new one instead of taking its shards away.
@@ -306,9 +318,7 @@ async def test_a_host_ended_and_created_again_elsewhere_gets_its_shards_back(
     again = await cluster_scale(database_url, 2, behaviours, runtime.settings)
     assert again["shards_moved"] == NUM_SHARDS // 2
     await asyncio.sleep(2.0 * runtime.settings.dead_after_s + 1.0)
-    stop.set()
-    load = await driving
-    await settle(runtime, load)
+    load = await driving.finish()
 
     hosts = {h["name"]: h for h in (await runtime.status())["hosts"]}
     assert [h["shards"] for h in hosts.values()] == [512, 512]
