@@ -564,7 +564,7 @@ class RayRuntime:
         failed = {n: o for n, o in zip(names, outcomes, strict=True) if isinstance(o, str)}
         unplaced = created.intersection(failed)
         await self._end([self._handles.pop(name) for name in unplaced])
-        if failed and (all_ready or created.intersection(failed)):
+        if failed and (all_ready or unplaced):
             raise HostUnavailable(_not_started(failed, s))
         now = asyncio.get_running_loop().time()
         for name, outcome in zip(names, outcomes, strict=True):
