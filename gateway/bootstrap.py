@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from actors.agent import AgentBehaviour
@@ -56,7 +55,7 @@ from gateway.ratelimit import RateLimiter
 from gateway.secrets import DatabaseVault
 from gateway.settings import Settings, SettingsService, read_stored_settings
 from gateway.shutdown import PROJECTION_FLUSH_S, Shutdown, ShutdownReport, bounded
-from gateway.turn_sweep import SWEEP_EVERY_S, sweep_abandoned_turns
+from gateway.turn_sweep import SWEEP_EVERY_S, AbandonedTurnSweep
 from projections import PROJECTION_MIGRATIONS, ProjectionRunner, default_projectors
 from schemas.errors import Conflict
 from schemas.settings import INSTANCE_WORKSPACE_ID, SettingChanged, SettingUnset
@@ -365,7 +364,7 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
             await projections.start()
             _background(stack, _watch_settings(store, service), "svc-settings-watcher")
             _background(stack, _every(PRUNE_EVERY_S, limiter.prune), "svc-rate-limit-prune")
-            sweep = partial(sweep_abandoned_turns, settings, store.db, runtime)
+            sweep = AbandonedTurnSweep(settings, store.db, runtime).sweep
             _background(stack, _every(SWEEP_EVERY_S, sweep), "svc-abandoned-turn-sweep")
         yield Platform(
             settings,

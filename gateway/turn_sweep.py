@@ -42,23 +42,40 @@ def stale_after(settings: Settings) -> timedelta | None:
     return None if budget <= 0 else timedelta(seconds=budget + MARGIN_S)
 
 
-async def sweep_abandoned_turns(
-    settings: Settings, db: Database, runtime: ActorRuntime, now: datetime | None = None
-) -> int:
-    """Ask the conversations of up to MAX_CONVERSATIONS stale running turns to record them as
-    abandoned; returns how many were asked. Returns once the commands are in the mailboxes:
-    one queued behind a turn still running does not hold the sweep up."""
-    age = stale_after(settings)
-    if age is None:
-        return 0
-    now = now or datetime.now(UTC)
-    stale = await stale_running_turns(db, now - age, limit=MAX_CONVERSATIONS)
-    for turns in stale:
-        await _recover(runtime, turns, now)
-    if stale:
-        count = sum(len(t.turn_ids) for t in stale)
-        log.info("%d turn(s) running for over %s: asking their conversations", count, age)
-    return len(stale)
+OVERLAP = timedelta(minutes=5)
+"""Each sweep looks back this far behind where the last one ended: turns a sweep missed
+(its commands lost with a restarting host, say) are found again."""
+
+
+class AbandonedTurnSweep:
+    """The sweep of one process. Its first sweep looks at every stale turn, however old
+    (left by a crash before this process started); later ones at the turns that went stale
+    since, so each is a few index probes, not a scan of every turn ever recorded."""
+
+    def __init__(self, settings: Settings, db: Database, runtime: ActorRuntime) -> None:
+        self._settings = settings
+        self._db = db
+        self._runtime = runtime
+        self._swept_until: datetime | None = None
+
+    async def sweep(self, now: datetime | None = None) -> int:
+        """Ask the conversations of up to MAX_CONVERSATIONS stale running turns to record
+        them as abandoned; returns how many were asked. Returns once the commands are in
+        the mailboxes: one queued behind a turn still running does not hold the sweep up."""
+        age = stale_after(self._settings)
+        if age is None:
+            return 0
+        until = (now or datetime.now(UTC)) - age
+        since = None if self._swept_until is None else self._swept_until - OVERLAP
+        stale = await stale_running_turns(self._db, (since, until), limit=MAX_CONVERSATIONS)
+        for turns in stale:
+            await _recover(self._runtime, turns, until + age)
+        if len(stale) < MAX_CONVERSATIONS:  # else the next sweep goes on from the same point
+            self._swept_until = until
+        if stale:
+            count = sum(len(t.turn_ids) for t in stale)
+            log.info("%d turn(s) running for over %s: asking their conversations", count, age)
+        return len(stale)
 
 
 async def _recover(runtime: ActorRuntime, turns: RunningTurns, now: datetime) -> None:

@@ -234,22 +234,34 @@ class RunningTurns:
 
 
 async def stale_running_turns(
-    db: Database, started_before: datetime, *, limit: int
+    db: Database, started: tuple[datetime | None, datetime], *, limit: int
 ) -> list[RunningTurns]:
-    """Turns still `running` that started before `started_before`, by conversation, oldest
-    first, up to `limit` conversations. Across workspaces, as the table owner (row-level
-    security does not apply): the service's own sweep of abandoned turns, never a client's
-    read (gateway/turn_sweep.py)."""
+    """Turns still `running` that started in `started` (from, or from the first, up to but
+    not including until), by conversation, oldest first, up to `limit` conversations.
+
+    Across workspaces, as the table owner (row-level security does not apply): the
+    service's own sweep of abandoned turns, never a client's read (gateway/turn_sweep.py).
+    One probe of the `(workspace_id, started_at)` index per workspace: no index of its own,
+    which would make every turn's completion update the row's indexes (an index whose
+    predicate names `status` rules out heap-only updates of it)."""
+    since, until = started
     async with db.acquire(stateless=True) as conn:
         rows = await conn.fetch(
             """
-            SELECT workspace_id, conversation_id, array_agg(turn_id ORDER BY turn_id)
-            FROM turns WHERE status = 'running' AND started_at < $1
-            GROUP BY workspace_id, conversation_id
-            ORDER BY min(started_at)
-            LIMIT $2
+            SELECT t.workspace_id, t.conversation_id, array_agg(t.turn_id ORDER BY t.turn_id)
+            FROM workspaces AS w
+            CROSS JOIN LATERAL (
+                SELECT workspace_id, conversation_id, turn_id, started_at FROM turns
+                WHERE workspace_id = w.workspace_id
+                  AND started_at >= coalesce($1, '-infinity'::timestamptz)
+                  AND started_at < $2 AND status = 'running'
+            ) AS t
+            GROUP BY t.workspace_id, t.conversation_id
+            ORDER BY min(t.started_at)
+            LIMIT $3
             """,
-            started_before,
+            since,
+            until,
             limit,
         )
     return [RunningTurns(r[0], r[1], tuple(r[2])) for r in rows]

@@ -15,7 +15,7 @@ import aiohttp
 from platform_support import Running, StallingUpstream, running, settings_for, uid
 
 from gateway.state import DATABASE, RUNTIME, SETTINGS
-from gateway.turn_sweep import sweep_abandoned_turns
+from gateway.turn_sweep import AbandonedTurnSweep
 from projections.queries import Turn, analytics, list_turns, overview
 
 MODEL = "stub-model"
@@ -54,9 +54,8 @@ async def _turn(svc: Running, workspace: str, conversation: str, status: str) ->
             await asyncio.sleep(0.05)
 
 
-async def _sweep(svc: Running, now: datetime) -> int:
-    app = svc.app
-    return await sweep_abandoned_turns(app[SETTINGS], app[DATABASE], app[RUNTIME], now)
+def _sweeper(svc: Running) -> AbandonedTurnSweep:
+    return AbandonedTurnSweep(svc.app[SETTINGS], svc.app[DATABASE], svc.app[RUNTIME])
 
 
 async def test_a_turn_of_a_stopped_process_is_recorded_abandoned(database_url: str) -> None:
@@ -67,9 +66,10 @@ async def test_a_turn_of_a_stopped_process_is_recorded_abandoned(database_url: s
             key, _ = await stopped.issue_key(workspace, ["chat", "admin:read"])
             resp, conversation = await _start_stalled_turn(stopped, key)
             await _turn(sweeper, workspace, conversation, "running")
-            assert await _sweep(sweeper, datetime.now(UTC)) == 0  # not stale yet
+            sweep = _sweeper(sweeper).sweep
+            assert await sweep(datetime.now(UTC)) == 0  # not stale yet
 
-            assert await _sweep(sweeper, datetime.now(UTC) + LATER) == 1
+            assert await sweep(datetime.now(UTC) + LATER) == 1
             turn = await _turn(sweeper, workspace, conversation, "failed")
             assert turn.error_code == "turn_abandoned"
             db = sweeper.app[DATABASE]
@@ -78,7 +78,7 @@ async def test_a_turn_of_a_stopped_process_is_recorded_abandoned(database_url: s
             now = datetime.now(UTC)
             figures = (await analytics(db, workspace, since=now - day, until=now + day)).totals
             assert figures.failed == 1 and figures.avg_duration_ms is None
-            assert await _sweep(sweeper, datetime.now(UTC) + LATER) == 0
+            assert await sweep(datetime.now(UTC) + LATER) == 0
             resp.close()
 
 
@@ -92,7 +92,7 @@ async def test_a_turn_still_running_here_is_left_to_finish(database_url: str) ->
             # Queued behind the running turn in its conversation's mailbox: the sweep does not
             # wait for it, and it finds the turn ended by the time it runs.
             async with asyncio.timeout(10):
-                assert await _sweep(svc, datetime.now(UTC) + LATER) == 1
+                assert await _sweeper(svc).sweep(datetime.now(UTC) + LATER) == 1
             stub.release()
             turn = await _turn(svc, workspace, conversation, "failed")
             assert turn.error_code != "turn_abandoned"
