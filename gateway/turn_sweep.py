@@ -65,11 +65,12 @@ class AbandonedTurnSweep:
         age = stale_after(self._settings)
         if age is None:
             return 0
-        until = (now or datetime.now(UTC)) - age
+        now = now or datetime.now(UTC)
+        until = now - age
         since = None if self._swept_until is None else self._swept_until - OVERLAP
         stale = await stale_running_turns(self._db, (since, until), limit=MAX_CONVERSATIONS)
         for turns in stale:
-            await _recover(self._runtime, turns, until + age)
+            await _recover(self._runtime, turns, now)
         if len(stale) < MAX_CONVERSATIONS:  # else the next sweep goes on from the same point
             self._swept_until = until
         if stale:
