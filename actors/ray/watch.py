@@ -137,7 +137,8 @@ class HostWatch:
         pending = list(self._pings)
         for task in pending:
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        if pending:  # bounded: a ping to a host Ray never placed may not end on cancellation
+            await asyncio.wait(pending, timeout=1.0)
 
     async def _ping(self, host: str, handle: Any, timeout_s: float, ping: int) -> None:
         try:
