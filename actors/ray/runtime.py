@@ -362,7 +362,7 @@ class RayRuntime:
 
     def _still_named(self, name: str, handle: Any) -> bool:
         try:
-            return bool(ray.get_actor(name, namespace=self._settings.namespace) == handle)
+            return bool(self._look_up(name) == handle)
         except ValueError:
             return False
 

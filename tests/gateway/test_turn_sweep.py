@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import aiohttp
 from platform_support import Running, StallingUpstream, running, settings_for, uid
 
+from gateway.settings import Settings
 from gateway.state import DATABASE, RUNTIME, SETTINGS
 from gateway.turn_sweep import AbandonedTurnSweep
 from projections.queries import Turn, analytics, list_turns, overview
@@ -23,7 +23,7 @@ LATER = timedelta(minutes=10)
 """Past SVC_LLM_CALL_TIMEOUT_S (60 s here) and the sweep's margin."""
 
 
-def _settings(database_url: str, upstream: str) -> Any:
+def _settings(database_url: str, upstream: str) -> Settings:
     return settings_for(
         database_url,
         SVC_LLM_GATEWAY_URL=upstream,
