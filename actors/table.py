@@ -27,6 +27,7 @@ from actors.errors import (
     UnknownActorKind,
 )
 from eventstore.port import EventStore
+from eventstore.tasks import cancel_and_wait
 from schemas.commands import Command
 from schemas.errors import SvcError
 from schemas.events import EVENTS, EventRegistry
@@ -260,10 +261,8 @@ class ActivationTable:
         self._stopped = True
         ended_before = self._processed + self._failed
         interrupted_before = self._interrupted
-        if self._reaper is not None:
-            self._reaper.cancel()
-            await asyncio.gather(self._reaper, return_exceptions=True)
-            self._reaper = None
+        reaper, self._reaper = self._reaper, None
+        await cancel_and_wait(reaper)
         refused = 0
         for slot in list(self._active.values()):
             while slot.mailbox:

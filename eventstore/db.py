@@ -225,7 +225,8 @@ class Database:
         terminate whatever is still out, so shutdown never hangs on a leaked connection."""
         with translate_errors():
             try:
-                await asyncio.wait_for(self._pool.close(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self._pool.close()
             except TimeoutError:
                 log.warning("event store pool did not close in %.1fs; terminating it", timeout_s)
                 self._pool.terminate()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from prometheus_client import Gauge, Histogram
 
 from eventstore.db import Connection, Database
 from eventstore.errors import StoreError
+from eventstore.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,4 @@ class OpenTxAgeSampler:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from eventstore.db import Connection, Database
+from eventstore.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -102,12 +103,8 @@ class CommitNotifier:
         # `_running` and end.
         self._dirty.set()
         self._lost.set()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
+        tasks, self._tasks = self._tasks, []
+        await cancel_and_wait(*tasks)
 
     def _wake_local(self) -> None:
         for cb in list(self._listeners):
@@ -183,9 +180,8 @@ class CommitNotifier:
                 if not conn.is_closed():
                     # asyncpg warns about a connection released with a listener attached.
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(
-                            conn.remove_listener(self._channel, self._on_notification), 1.0
-                        )
+                        async with asyncio.timeout(1.0):
+                            await conn.remove_listener(self._channel, self._on_notification)
 
     async def _watch(self, conn: Connection) -> None:
         while self._running:

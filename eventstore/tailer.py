@@ -23,6 +23,7 @@ from eventstore.errors import InvalidCursor, StoreError
 from eventstore.notify import CommitNotifier
 from eventstore.reads import log_head, point_issued, read_log
 from eventstore.records import RecordedEvent
+from eventstore.tasks import cancel_and_wait
 from schemas.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -142,11 +143,8 @@ class LogTailer:
     async def stop(self) -> None:
         self._running = False
         self._notifier.remove_listener(self.wake)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
         for subs in self._subs.values():
             for sub in subs:
                 sub.close()
@@ -277,15 +275,16 @@ class LogTailer:
         # The tailer keeps one pooled connection: under a busy pool its reads must not queue
         # behind appends. Reads are single statements, so holding it pins no snapshot.
         failures = 0
-        while True:
+        while self._running:
             try:
                 async with self._db.acquire() as conn:
-                    while True:
+                    while self._running:
                         self._wake.clear()
                         await self._read_to_head(conn)
                         failures = 0
-                        with contextlib.suppress(asyncio.TimeoutError):
-                            await asyncio.wait_for(self._wake.wait(), self._poll_interval_s)
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(self._poll_interval_s):
+                                await self._wake.wait()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

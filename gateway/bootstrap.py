@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -51,6 +51,7 @@ from eventstore.embedded import EmbeddedPostgres
 from eventstore.migrate import STORE_MIGRATIONS, MigrationSource
 from eventstore.store import PostgresEventStore
 from eventstore.tailer import LogTailer, SubscriberTooSlow
+from eventstore.tasks import cancel_and_wait
 from gateway.ratelimit import RateLimiter
 from gateway.secrets import DatabaseVault
 from gateway.settings import Settings, SettingsService, read_stored_settings
@@ -303,20 +304,8 @@ async def _every(interval_s: float, job: Callable[[], Awaitable[object]]) -> Non
             log.exception("periodic job failed; will retry")
 
 
-def _background(stack: AsyncExitStack, coro: Awaitable[None], name: str) -> None:
-    task = asyncio.ensure_future(coro)
-    task.set_name(name)
-
-    async def cancel() -> None:
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            log.exception("background task %s failed", name)
-
-    stack.push_async_callback(cancel)
+def _background(stack: AsyncExitStack, coro: Coroutine[Any, Any, None], name: str) -> None:
+    stack.push_async_callback(cancel_and_wait, asyncio.create_task(coro, name=name))
 
 
 def _apply_live(

@@ -54,6 +54,7 @@ from eventstore.db import Connection, Database
 from eventstore.errors import StoreError, StoreUnavailable
 from eventstore.reads import log_head, read_log
 from eventstore.records import RecordedEvent
+from eventstore.tasks import cancel_and_wait
 from projections import metrics
 from projections.projector import Projector
 from schemas.errors import InvalidInput, Unavailable
@@ -301,14 +302,9 @@ class ProjectionRunner:
         self._running = False
         if self._notifier is not None:
             self._notifier.remove_listener(self.wake)
-        tasks = [task for task in (self._task, self._metrics_task) if task is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._task = None
-        self._metrics_task = None
+        tasks = (self._task, self._metrics_task)
+        self._task = self._metrics_task = None
+        await cancel_and_wait(*tasks)
 
     def wake(self) -> None:
         """Commit listener: something was appended, look at the log now."""
@@ -320,7 +316,7 @@ class ProjectionRunner:
         slots = list(self._slots.values())
         first_delay = min(self._poll_interval_s, _MAX_BACKOFF_S)
         delay = first_delay
-        while True:
+        while self._running:  # besides the cancellation: a stop must end the loop
             self._wake.clear()
             try:
                 consumed = await self._step(slots, wait=False)
@@ -346,7 +342,8 @@ class ProjectionRunner:
             # without a working NOTIFY, or a notifier that is not wired in). An idle poll also
             # rereads the checkpoints, which another process's rebuild may have moved back.
             try:
-                await asyncio.wait_for(self._wake.wait(), self._poll_interval_s)
+                async with asyncio.timeout(self._poll_interval_s):
+                    await self._wake.wait()
             except TimeoutError:
                 for slot in slots:
                     slot.loaded = False
@@ -358,10 +355,11 @@ class ProjectionRunner:
             return
         self._hurry.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._hurry.wait(), self._linger_s)
+            async with asyncio.timeout(self._linger_s):
+                await self._hurry.wait()
 
     async def _sample_metrics(self) -> None:
-        while True:
+        while self._running:
             try:
                 await self.status()
             except StoreError as exc:
@@ -601,7 +599,8 @@ class ProjectionRunner:
         slots = self._select(names)
         if not self._running:
             try:
-                await asyncio.wait_for(self.catch_up(cursor, names=names), timeout)
+                async with asyncio.timeout(timeout):
+                    await self.catch_up(cursor, names=names)
             except (TimeoutError, ProjectionFailed):
                 return False
             return True
@@ -613,8 +612,8 @@ class ProjectionRunner:
         self._hurry.set()
         self._wake.set()
         try:
-            async with self._progress:
-                await asyncio.wait_for(self._progress.wait_for(settled), timeout)
+            async with asyncio.timeout(timeout), self._progress:
+                await self._progress.wait_for(settled)
         except TimeoutError:
             return False
         finally:

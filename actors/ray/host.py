@@ -301,7 +301,8 @@ class ActorHost:
         while self._busy(shards) and (remaining := end - loop.time()) > 0:
             self._progress.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._progress.wait()
         keys = [k for s in shards for k in self._keys.pop(s, set())]
         await table.passivate(keys)
         return self._busy(shards)
@@ -375,8 +376,9 @@ async def _batches(reply: Reply, max_items: int, max_s: float) -> AsyncIterator[
         end = loop.time() + (0.0 if first else max_s)
         first = False
         try:
-            while len(batch) < max_items and (remaining := end - loop.time()) > 0:
-                batch.append(await asyncio.wait_for(items.__anext__(), remaining))
+            async with asyncio.timeout_at(end):
+                while len(batch) < max_items and loop.time() < end:
+                    batch.append(await items.__anext__())
         except TimeoutError:
             pass
         except StopAsyncIteration:

@@ -40,6 +40,7 @@ from actors.ray.watch import (
     Attempts,
     HostRestarted,
     HostWatch,
+    answer_within,
 )
 from actors.ray.wire import Failure, HostStatus, Ok, WrongEpoch
 from actors.shards import (
@@ -61,6 +62,7 @@ from actors.shards import (
 from actors.table import TableStats
 from eventstore.db import Connection, Database
 from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
+from eventstore.tasks import cancel_and_wait
 from schemas.commands import Command
 from schemas.errors import Unavailable
 
@@ -310,11 +312,9 @@ class RayRuntime:
         commands ran in the hosts, which log what became of them."""
         self._accepting = False
         self._stopped = True
-        for task in (self._supervisor, self._watcher):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        tasks = (self._supervisor, self._watcher)
         self._supervisor = self._watcher = None
+        await cancel_and_wait(*tasks)
         await self._watch.stop()
         for task in list(self._configuring):
             task.cancel()  # not awaited: see _stop_hosts
@@ -502,7 +502,7 @@ class RayRuntime:
 
     async def _configured(self, name: str, ref: Any) -> None:
         try:
-            await asyncio.wait_for(ref, _CONFIGURE_TIMEOUT_S)
+            await answer_within(_CONFIGURE_TIMEOUT_S, ref)
         except Exception as exc:  # a host of an older build has no `configure`, for one
             # A restart is seen again when the host answers, and the settings go again then.
             log.warning("%s did not take the new settings (%s)", name, type(exc).__name__)
@@ -604,7 +604,7 @@ class RayRuntime:
         """The host's status once it has opened its store, else why not."""
         timeout = self._settings.host_start_timeout_s
         try:
-            status: HostStatus = await asyncio.wait_for(self._handles[name].ready.remote(), timeout)
+            status: HostStatus = await answer_within(timeout, self._handles[name].ready.remote())
         except TimeoutError:
             return f"not ready within {timeout:g} s"
         except Exception as exc:  # its store unreachable, the actor ended meanwhile, ...
@@ -731,7 +731,7 @@ class RayRuntime:
 
         async def one(name: str) -> None:
             try:
-                load.update(await asyncio.wait_for(self._handle(name).shard_load.remote(), 5.0))
+                load.update(await answer_within(5.0, self._handle(name).shard_load.remote()))
             except _HOST_ERRORS_OR_TIMEOUT:
                 return
 
@@ -754,7 +754,7 @@ class RayRuntime:
         d = self._settings.release_deadline_s
         if source in live:
             try:
-                await asyncio.wait_for(self._handle(source).release.remote(shards, d), d + 10.0)
+                await answer_within(d + 10.0, self._handle(source).release.remote(shards, d))
             except _HOST_ERRORS_OR_TIMEOUT as exc:
                 log.warning("%s did not release shards (%s); trying later", source, exc)
                 return 0
@@ -772,7 +772,7 @@ class RayRuntime:
     async def _tell(self, name: str, method: str, *args: Any) -> None:
         """Call `method` on host `name`, best effort: a host that misses it reads the map."""
         try:
-            await asyncio.wait_for(getattr(self._handle(name), method).remote(*args), 10.0)
+            await answer_within(10.0, getattr(self._handle(name), method).remote(*args))
         except _HOST_ERRORS_OR_TIMEOUT as exc:
             log.info("host notification not delivered (%s); the host reads the map itself", exc)
 
@@ -842,9 +842,7 @@ class RayRuntime:
         return {n: a for n, a in zip(names, answers, strict=True) if isinstance(a, TableStats)}
 
     async def _host_stats(self, name: str) -> TableStats:
-        stats: TableStats = await asyncio.wait_for(
-            self._handle(name).stats.remote(), _STATS_TIMEOUT_S
-        )
+        stats: TableStats = await answer_within(_STATS_TIMEOUT_S, self._handle(name).stats.remote())
         return stats
 
     async def status(self) -> dict[str, Any]:
@@ -870,7 +868,7 @@ class RayRuntime:
 
     async def _host_status(self, name: str, shards: int) -> dict[str, Any]:
         try:
-            st: HostStatus = await asyncio.wait_for(self._handle(name).status.remote(), 3.0)
+            st: HostStatus = await answer_within(3.0, self._handle(name).status.remote())
         except _HOST_ERRORS_OR_TIMEOUT as exc:
             return {
                 "name": name,

@@ -32,6 +32,13 @@ HOST_ERRORS: tuple[type[BaseException], ...] = (
 HOST_ERRORS_OR_TIMEOUT: tuple[type[BaseException], ...] = (TimeoutError, *HOST_ERRORS)
 
 
+async def answer_within(timeout_s: float, ref: Any) -> Any:
+    """The result of the remote call `ref`; TimeoutError after `timeout_s`. (Not
+    `asyncio.wait_for`: see eventstore/tasks.py.)"""
+    async with asyncio.timeout(timeout_s):
+        return await ref
+
+
 def _ignore(_host: str) -> None:
     pass
 
@@ -142,7 +149,7 @@ class HostWatch:
 
     async def _ping(self, host: str, handle: Any, timeout_s: float, ping: int) -> None:
         try:
-            pid = await asyncio.wait_for(handle.ping.remote(), timeout_s)
+            pid = await answer_within(timeout_s, handle.ping.remote())
         except HOST_ERRORS_OR_TIMEOUT:
             return  # dead, restarting or gone: the supervisor's pings judge liveness
         if ping < self._newest_answered.get(host, 0):

@@ -24,6 +24,7 @@ from actors.local import LocalRuntime
 from actors.runtime import ActorRuntime
 from actors.table import ActivationTable
 from eventstore.db import Database
+from eventstore.tasks import cancel_and_wait
 from gateway.identity.throttle import LoginThrottle
 from gateway.identity.totp import TotpVerifier
 from gateway.identity.vault import IdentityVault
@@ -141,9 +142,7 @@ async def identity_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        pruner.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await pruner
+        await cancel_and_wait(pruner)
         if own_runtime is not None:
             await own_runtime.stop()
         if own_runner is not None:
