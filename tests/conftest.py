@@ -6,9 +6,13 @@ SVC_TEST_DATABASE_URL points at an external server, whose user may create databa
 
 from __future__ import annotations
 
+import gc
 import os
+import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
+from types import AsyncGeneratorType, CoroutineType, FrameType
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -16,6 +20,56 @@ import pytest
 
 from eventstore import STORE_MIGRATIONS, Database, apply_migrations
 from eventstore.embedded import temporary_server
+
+_WAITING = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Shortly before pytest-timeout fails a test, note where its coroutines wait: the
+    plugin's own dump shows only thread stacks, where the event loop sits in select()."""
+    marker = item.get_closest_marker("timeout")
+    timeout_s = float(marker.args[0] if marker and marker.args else item.config.getini("timeout"))
+    watchdog = threading.Timer(
+        max(timeout_s - 10.0, timeout_s * 0.9),
+        lambda: item.stash.setdefault(_WAITING, _waiting_coroutines()),
+    )
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        yield
+    finally:
+        watchdog.cancel()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, Any, None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.failed and _WAITING in item.stash:
+        report.sections.append(
+            ("coroutines waiting shortly before the timeout", item.stash[_WAITING])
+        )
+
+
+def _waiting_coroutines() -> str:
+    """Where this tree's suspended coroutines and async generators wait. Read from the
+    watchdog's thread while the loop's thread sits in select(): good enough for a diagnosis.
+    (A task's own stack would stop at the first await of an async generator's step.)"""
+    lines = []
+    for obj in gc.get_objects():
+        frame: FrameType | None = None
+        if isinstance(obj, CoroutineType) and obj.cr_await is not None:
+            frame = obj.cr_frame
+        elif isinstance(obj, AsyncGeneratorType) and obj.ag_await is not None:
+            frame = obj.ag_frame
+        if frame is not None and frame.f_code.co_filename.startswith(_ROOT):
+            where = f"{frame.f_code.co_filename[len(_ROOT) :]}:{frame.f_lineno}"
+            lines.append(f"  {where} in {frame.f_code.co_qualname}")
+    return "\n".join(sorted(lines))
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _with_database(url: str, name: str) -> str:
