@@ -260,6 +260,11 @@ class RayRuntime:
         """The router's cached copy of the shard map."""
         return self._map
 
+    @property
+    def routed_hosts(self) -> list[str]:
+        """The hosts this router holds a handle to: it pings them and asks them for stats."""
+        return sorted(self._handles)
+
     # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -673,8 +678,11 @@ class RayRuntime:
         names = [host_name(s.cluster, i) for i in range(count)]
         self._watch_all(names)
         await self._refresh()
+        if self._moving.locked():  # a scale here began meanwhile: its new hosts own no shard
+            return
+        self._forget_retired(names)
         live = self._live(names)
-        if not live or self._map is None or self._moving.locked():
+        if not live or self._map is None:
             return
         if plan_moves(self._map.owners, live):
             async with self._moving, cluster_lock(self._db, s.cluster, wait_s=0.0) as locked:
@@ -696,6 +704,15 @@ class RayRuntime:
                 continue  # not created yet, or ended by `scale` elsewhere
             if self._handles.get(name) != current:  # handles compare by actor id
                 self._install(name, current)
+
+    def _forget_retired(self, names: Sequence[str]) -> None:
+        """Drop the handles of hosts past the desired count that own no shard: ended by
+        `svc cluster scale` in another process, they would otherwise be pinged and asked for
+        stats for as long as this router runs. One that owns shards again is looked up."""
+        owners = set(self._map.owners) if self._map is not None else set()
+        for name in [n for n in self._handles if n not in names and n not in owners]:
+            del self._handles[name]
+            self._watch.forget(name)
 
     def _live(self, names: Sequence[str]) -> list[str]:
         now = asyncio.get_running_loop().time()

@@ -227,6 +227,12 @@ async def test_scale_out_and_in_under_load(
     assert back["removed"] == [f"{runtime.cluster}-host-2"]
     await asyncio.sleep(0.5)
     load = await driving.finish()
+    async with asyncio.timeout(30):  # this router lets go of the host the other one ended
+        while True:
+            if len(runtime.routed_hosts) == 2:
+                break
+            await asyncio.sleep(0.2)
+    assert runtime.routed_hosts == [f"{runtime.cluster}-host-{i}" for i in range(2)]
 
     status = await runtime.status()
     assert sorted(h["shards"] for h in status["hosts"]) == [512, 512]
