@@ -6,13 +6,14 @@ SVC_TEST_DATABASE_URL points at an external server, whose user may create databa
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import threading
 import uuid
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from types import AsyncGeneratorType, CoroutineType, FrameType
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -102,6 +103,38 @@ async def database_url(pg_server_url: str) -> AsyncIterator[str]:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+class WokenLoop(Protocol):
+    """A background loop that waits for wake-ups and is stopped by cancellation."""
+
+    async def start(self) -> None: ...
+    def wake(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+StopCheck = Callable[[Callable[[], WokenLoop]], Awaitable[None]]
+
+
+@pytest.fixture
+def stops_wherever_cancelled() -> StopCheck:
+    """Start a fresh loop from `make`, wake it, and stop it N event-loop steps into that
+    wake-up, for each N in turn: the stop must end the loop wherever its cancellation lands.
+    (Python 3.11's `asyncio.wait_for` dropped one that landed as the wake-up finished, and
+    the stop then waited forever: see eventstore/tasks.py.)"""
+
+    async def check(make: Callable[[], WokenLoop]) -> None:
+        for steps in range(8):
+            woken = make()
+            await woken.start()
+            await asyncio.sleep(0.05)  # into its wait for a wake-up
+            woken.wake()
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            async with asyncio.timeout(30.0):  # a bound on a hang, not a measurement
+                await woken.stop()
+
+    return check
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -435,23 +435,10 @@ async def test_a_burst_of_commits_sends_one_notify_and_wakes_listeners_each_time
     assert stack.notifier.notifies_sent == before + 1
 
 
-async def test_stop_ends_the_tailer_whenever_the_cancellation_lands(database_url: str) -> None:
-    """The tailer stops by cancellation. Python 3.11's `asyncio.wait_for` drops a
-    cancellation that arrives just as the awaited wake-up has finished, and the tailer then
-    looped on and `stop()` waited for it forever (seen as a 300 s teardown hang in CI). So
-    the cancellation is made to land at each step of a wake-up in turn."""
-    db = await Database.connect(database_url, max_size=4)
-    try:
-        await apply_migrations(db, [STORE_MIGRATIONS])
-        notifier = CommitNotifier(db)
-        for steps in range(8):
-            tailer = LogTailer(db, notifier, poll_interval_s=30.0)
-            await tailer.start()
-            await asyncio.sleep(0.05)  # into its wait for a wake-up
-            tailer.wake()
-            for _ in range(steps):
-                await asyncio.sleep(0)
-            async with asyncio.timeout(PATIENCE_S):  # a bound on a hang, not a measurement
-                await tailer.stop()
-    finally:
-        await db.close()
+async def test_stop_ends_the_tailer_wherever_its_cancellation_lands(
+    store_db: Database, stops_wherever_cancelled: Callable[..., Awaitable[None]]
+) -> None:
+    """The tailer looped on after a cancellation that Python 3.11's `asyncio.wait_for`
+    dropped, and `stop()` waited for it forever: a 300 s teardown hang in CI."""
+    notifier = CommitNotifier(store_db)
+    await stops_wherever_cancelled(lambda: LogTailer(store_db, notifier, poll_interval_s=30.0))
