@@ -30,7 +30,11 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """Shortly before pytest-timeout fails a test, note where its coroutines wait: the
     plugin's own dump shows only thread stacks, where the event loop sits in select()."""
     marker = item.get_closest_marker("timeout")
-    timeout_s = float(marker.args[0] if marker and marker.args else item.config.getini("timeout"))
+    configured = item.config.getoption("timeout", None) or item.config.getini("timeout")
+    timeout_s = float(marker.args[0] if marker and marker.args else configured or 0)
+    if timeout_s <= 0:  # no timeout: nothing to explain
+        yield
+        return
     watchdog = threading.Timer(
         max(timeout_s - 10.0, timeout_s * 0.9),
         lambda: item.stash.setdefault(_WAITING, _waiting_coroutines()),
