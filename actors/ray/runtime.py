@@ -342,8 +342,8 @@ class RayRuntime:
             self._watch.forget(name)
         stops = [asyncio.ensure_future(_answer(h.stop.remote(deadline_s))) for h in handles]
         try:
-            # asyncio.wait, not wait_for: a call to a host Ray never placed does not end on
-            # cancellation either, and must not hold the stop up.
+            # Calls still out at the deadline are cancelled and left behind, not awaited
+            # again: the stop takes no longer than its deadline whatever a host does.
             _, late = await asyncio.wait(stops, timeout=deadline_s + 15.0) if stops else ((), ())
             if late:
                 log.warning("hosts %s did not stop in time; ending them", ", ".join(names))
@@ -671,15 +671,15 @@ class RayRuntime:
 
     async def _check_hosts(self) -> None:
         assert self._db is not None
-        if self._moving.locked():  # a scale or a rebalance here owns the hosts meanwhile
-            return
         s = self._settings
         count = await desired_hosts(self._db, s.cluster) or 1
+        await self._refresh()
+        # Checked after the last await: a scale or a rebalance here owns the hosts meanwhile
+        # (one could re-adopt a host the scale is ending, or let go of one it just created).
+        if self._moving.locked():
+            return
         names = [host_name(s.cluster, i) for i in range(count)]
         self._watch_all(names)
-        await self._refresh()
-        if self._moving.locked():  # a scale here began meanwhile: its new hosts own no shard
-            return
         self._forget_retired(names)
         live = self._live(names)
         if not live or self._map is None:

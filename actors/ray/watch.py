@@ -144,7 +144,7 @@ class HostWatch:
         pending = list(self._pings)
         for task in pending:
             task.cancel()
-        if pending:  # bounded: a ping to a host Ray never placed may not end on cancellation
+        if pending:  # bounded: a stop never waits on a host's answer
             await asyncio.wait(pending, timeout=1.0)
 
     async def _ping(self, host: str, handle: Any, timeout_s: float, ping: int) -> None:
