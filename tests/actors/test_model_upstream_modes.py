@@ -54,14 +54,26 @@ async def test_a_streamed_request_gets_every_chunk_with_the_same_outcome(stub: A
 
 
 class _Chunks:
-    """An `aiohttp.StreamReader` stand-in that hands out fixed pieces of bytes."""
+    """An `aiohttp.StreamReader` stand-in that hands out fixed pieces of bytes.
+
+    `iter_any` returns a plain async iterator, as aiohttp's does, not an async generator: a
+    generator abandoned by a reader that raised would be closed later by a task of its own,
+    which outlives the test."""
 
     def __init__(self, pieces: Sequence[bytes]) -> None:
-        self._pieces = pieces
+        self._pieces = iter(pieces)
 
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        for piece in self._pieces:
-            yield piece
+    def iter_any(self) -> _Chunks:
+        return self
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return next(self._pieces)
+        except StopIteration:
+            raise StopAsyncIteration from None
 
 
 async def events_of(pieces: Sequence[bytes]) -> list[str]:
