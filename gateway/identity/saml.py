@@ -21,8 +21,10 @@
   Success starts the same admin session as a password login and redirects to RelayState.
 
 The SP signing key is a secret (scope `saml`, name `sp_key`, identity vault); pysaml2 and
-xmlsec1 want files, so it is written to a private temporary directory (mode 0700) for the life
-of the process. pysaml2 is synchronous and shells out to xmlsec1: parsing runs in a thread.
+xmlsec1 want files, so it is written to a private temporary directory (mode 0700, named after
+the process) for the life of the process; the directories of processes that were killed
+before removing theirs are removed when the next one is made. pysaml2 is synchronous and
+shells out to xmlsec1: parsing runs in a thread.
 """
 
 from __future__ import annotations
@@ -142,8 +144,39 @@ def read_settings(ident: Identity) -> SamlSettings:
     )
 
 
+_KEY_DIR_PREFIX = "svc-saml-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep_orphaned_key_dirs() -> None:
+    """Remove the key directories of processes of this user that ended without removing
+    theirs (killed, or crashed before the interpreter's exit hooks ran). Each directory is
+    named after the process that made it, so a live one is never touched."""
+    root = Path(tempfile.gettempdir())
+    for path in root.glob(f"{_KEY_DIR_PREFIX}*-*"):
+        pid_text = path.name[len(_KEY_DIR_PREFIX) :].partition("-")[0]
+        try:
+            owner, pid = path.lstat().st_uid, int(pid_text)
+        except (OSError, ValueError):
+            continue
+        if owner != os.getuid() or pid == os.getpid() or _alive(pid):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed the SAML key directory of ended process %d", pid)
+
+
 def _build(settings: SamlSettings, sp_key: str, fingerprint: str) -> ServiceProvider:
-    files = tempfile.TemporaryDirectory(prefix="svc-saml-")
+    _sweep_orphaned_key_dirs()
+    files = tempfile.TemporaryDirectory(prefix=f"{_KEY_DIR_PREFIX}{os.getpid()}-")
     os.chmod(files.name, 0o700)
     key_path, cert_path = Path(files.name, "sp.key"), Path(files.name, "sp.crt")
     key_path.touch(mode=0o600)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
@@ -27,6 +30,7 @@ from cryptography.x509.oid import NameOID
 from identity_support import WHOAMI, Running, running, settings_for
 from multidict import CIMultiDict
 
+from gateway.identity import saml
 from gateway.identity.saml import binding_cookie
 
 with warnings.catch_warnings():
@@ -388,3 +392,26 @@ async def test_unreadable_acs_forms_are_400(database_url: str, keys: Keys) -> No
             assert set(err["error"]) == {"message", "type", "code"}, case
             assert err["error"]["code"] == "invalid_request", case
             assert err["error"]["message"].startswith("malformed form body"), case
+
+
+def test_key_directories_of_ended_processes_are_swept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process killed while it held the SP key leaves its directory behind; the next one to
+    write the key removes it, and never a directory of a process still running."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, check=True, text=True)  # fmt: skip
+    ended_pid = int(ended.stdout)
+    dirs = {pid: tmp_path / f"svc-saml-{pid}-abc" for pid in (ended_pid, os.getpid(), os.getppid())}
+    for path in dirs.values():
+        path.mkdir()
+        (path / "sp.key").write_text("secret")
+    unrelated = tmp_path / "svc-saml-notapid-x"
+    unrelated.mkdir()
+
+    saml._sweep_orphaned_key_dirs()
+
+    assert not dirs[ended_pid].exists()
+    assert dirs[os.getpid()].exists() and dirs[os.getppid()].exists()
+    assert unrelated.exists()
