@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict, ValidationError
 
 from actors.behaviour import ActorContext, ActorKey, Behaviour
 from actors.errors import RecordedTurnFailure
@@ -51,7 +51,7 @@ from actors.models.port import (
     TextDelta,
     Usage,
 )
-from schemas.commands import Command
+from schemas.commands import Command, service_command_id
 from schemas.conversation import (
     MAX_TITLE,
     AssistantMessageCompleted,
@@ -468,15 +468,6 @@ def _evolve(state: ConversationState, event: Event) -> ConversationState:
 # --- the behaviour --------------------------------------------------------------------------
 
 
-def derived_command_id(command_id: str, step: str) -> str:
-    """The id of a follow-up command of `command_id` (complete, fail): stable across retries
-    so the ledger recognises them, and within the 200-character bound."""
-    derived = f"{command_id}:{step}"
-    if len(derived) <= 200:
-        return derived
-    return f"{hashlib.sha256(command_id.encode()).hexdigest()}:{step}"
-
-
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -619,7 +610,7 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         # Deterministic id: two activations racing to recover the same turns write once.
         seed = ctx.key.stream_id + "/" + ",".join(sorted(abandoned))
         recover = RecoverAbandonedTurns(
-            command_id=f"recover:{hashlib.sha256(seed.encode()).hexdigest()}",
+            command_id=service_command_id("recover", hashlib.sha256(seed.encode()).hexdigest()),
             workspace_id=state.workspace_id,
             turn_ids=abandoned,
             at=self._clock(),
@@ -642,22 +633,11 @@ class ConversationBehaviour(Behaviour[ConversationState]):
                     finished = item
             if finished is None:
                 raise UpstreamError(f"model {command.model!r} ended its answer without finishing")
+            duration_ms = _elapsed_ms(began)
+            complete = self._completion(command, "".join(parts), finished, duration_ms)
         except (Exception, asyncio.CancelledError) as exc:
             await self._record_failure(ctx, command, exc, _elapsed_ms(began))
             raise
-        duration_ms = _elapsed_ms(began)
-        complete = CompleteTurn(
-            command_id=derived_command_id(command.command_id, "complete"),
-            workspace_id=command.workspace_id,
-            turn_id=command.turn_id,
-            message_id=self._new_message_id(),
-            content="".join(parts),
-            finish_reason=finished.finish_reason,
-            prompt_tokens=finished.usage.prompt_tokens,
-            completion_tokens=finished.usage.completion_tokens,
-            duration_ms=duration_ms,
-            at=self._clock(),
-        )
         outcome = await ctx.execute(complete)
         yield TurnResult(
             conversation_id=ctx.key.id,
@@ -672,6 +652,34 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             duplicate=outcome.duplicate,
         )
 
+    def _completion(
+        self, command: RunTurn, content: str, finished: Finished, duration_ms: int
+    ) -> CompleteTurn:
+        """The turn's completion as the log records it. An answer the log cannot hold (an
+        empty or overlong finish reason, negative token counts, more text than a message
+        holds) is the model server's fault: a failed turn and a 502, never the client's 400."""
+        try:
+            return CompleteTurn(
+                command_id=service_command_id("complete", command.command_id),
+                workspace_id=command.workspace_id,
+                turn_id=command.turn_id,
+                message_id=self._new_message_id(),
+                content=content,
+                finish_reason=finished.finish_reason,
+                prompt_tokens=finished.usage.prompt_tokens,
+                completion_tokens=finished.usage.completion_tokens,
+                duration_ms=duration_ms,
+                at=self._clock(),
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise UpstreamError(
+                f"model {command.model!r} answered with a completion that cannot be recorded "
+                f"({where}: {first['msg']})",
+                code="upstream_bad_response",
+            ) from None
+
     async def _record_failure(
         self,
         ctx: ActorContext[ConversationState],
@@ -681,7 +689,7 @@ class ConversationBehaviour(Behaviour[ConversationState]):
     ) -> None:
         code, message, retryable = _failure_facts(exc)
         fail = FailTurn(
-            command_id=derived_command_id(command.command_id, "fail"),
+            command_id=service_command_id("fail", command.command_id),
             workspace_id=command.workspace_id,
             turn_id=command.turn_id,
             error_code=code[:100],

@@ -8,7 +8,8 @@ a usage chunk when `stream_options.include_usage` is set, then `data: [DONE]`.
 
 Tests script it through the `StubUpstream` object: queue `Fault`s (an HTTP error status for
 the next call), set `delay_s` (wait before answering), `drop_after` (cut the connection after
-that many chunks) or `reply` (fixed text); `calls`, `bodies` and `headers` record what came in.
+that many chunks), `reply` (fixed text) or `finish_reason`; `calls`, `bodies` and `headers`
+record what came in.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class StubUpstream:
         self.delay_s = delay_s
         self.chunk_delay_s = chunk_delay_s
         self.drop_after: int | None = None
+        self.finish_reason: str | None = None
+        """When set, the finish reason of every answer, whatever it is."""
         self.faults: deque[Fault] = deque()
         self.calls = 0
         self.bodies: list[dict[str, Any]] = []
@@ -103,6 +106,8 @@ class StubUpstream:
         finish = "stop"
         if isinstance(max_tokens, int) and max_tokens < len(words):
             words, finish = words[:max_tokens], "length"
+        if self.finish_reason is not None:
+            finish = self.finish_reason
         prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
         usage = {
             "prompt_tokens": prompt,

@@ -3,7 +3,6 @@ typed JSON responses, commands to actors and the read-your-writes wait."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -15,7 +14,7 @@ from gateway.auth import authenticate
 from gateway.errors import describe_validation
 from gateway.identity.roles import domain_for_path, require_access
 from gateway.state import PROJECTIONS, RUNTIME, TAILER, Principal
-from schemas.commands import Command
+from schemas.commands import Command, client_command_id
 from schemas.errors import InvalidInput, Unavailable
 
 M = TypeVar("M", bound=BaseModel)
@@ -52,13 +51,7 @@ def ok(model: BaseModel, *, status: int = 200) -> web.Response:
 
 
 def command_id(request: web.Request) -> str:
-    """The client's `Idempotency-Key`, else a fresh id (ARCHITECTURE.md decision 2)."""
-    given = request.headers.get("Idempotency-Key", "").strip()
-    if len(given) > 200:
-        raise InvalidInput(
-            "Idempotency-Key: at most 200 characters", code="invalid_idempotency_key"
-        )
-    return given or uuid.uuid4().hex
+    return client_command_id(request.headers.get("Idempotency-Key", "").strip())
 
 
 async def ask(request: web.Request, key: ActorKey, command: Command) -> Any:

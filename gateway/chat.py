@@ -33,6 +33,7 @@ per streamed token cost more than the rest of relaying it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
@@ -45,6 +46,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 from prometheus_client import Counter, Histogram
+from pydantic import ValidationError
 
 from actors.behaviour import ActorKey
 from actors.conversation import TurnResult, conversation_key
@@ -67,8 +69,9 @@ from schemas.chat import (
     ModelCard,
     ModelList,
 )
+from schemas.commands import check_client_key
 from schemas.conversation import MAX_MESSAGES, Message, RunTurn, TurnParams
-from schemas.errors import InvalidInput, NotFound, SvcError
+from schemas.errors import InvalidInput, NotFound, RateLimited, SvcError
 
 log = logging.getLogger(__name__)
 
@@ -228,9 +231,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     turn: _Turn | None = None
     try:
-        principal = await authenticate(request)
-        require_scope(principal, CHAT_SCOPE)
+        principal = await _admitted(request)
         ids = _request_ids(request, principal)
+        require_scope(principal, CHAT_SCOPE)
         body = await read_json(request, ChatCompletionRequest)
         agent = await _agent_named(request, principal, body.model)
         _check_model(request.app, body.model, agent)
@@ -246,6 +249,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # The conversation the key would have started was never used: name none.
             request.pop(_CONVERSATION_KEY, None)
         raise
+    except ValidationError:
+        TURN_ERRORS.labels("invalid_request").inc()  # a 400, as gateway/errors.py maps it
+        raise
     except ConnectionResetError:
         raise  # the client left before its stream started; the turn goes on and is recorded
     except Exception:
@@ -254,6 +260,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     finally:
         if turn is not None:
             TURN_DURATION.observe(time.perf_counter() - started)
+
+
+async def _admitted(request: web.Request) -> Principal:
+    """The authenticated principal. A request refused by its key's rate limit (429) still
+    names the conversation it asked to continue, so the client can retry that one."""
+    try:
+        return await authenticate(request)
+    except RateLimited:
+        with contextlib.suppress(InvalidInput):
+            named = _header_id(request, CONVERSATION_HEADER)
+            if named is not None:
+                request[_CONVERSATION_KEY] = named
+        raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +290,8 @@ def _request_ids(request: web.Request, principal: Principal) -> _RequestIds:
     on, error responses included. A conversation id derived from an idempotency key is not
     new: a retry of the request finds the conversation its first attempt started."""
     idempotency_key = _header_id(request, IDEMPOTENCY_HEADER)
+    if idempotency_key is not None:
+        check_client_key(IDEMPOTENCY_HEADER, idempotency_key)
     command_id = idempotency_key or uuid.uuid4().hex
     conversation_id = _header_id(request, CONVERSATION_HEADER)
     named_by_client = conversation_id is not None
@@ -292,7 +313,7 @@ def _build_turn(
     turn_id = _stable_id(principal.workspace_id, "turn", f"{conversation_id}/{command_id}")
     now = datetime.now(UTC)
     messages = tuple(
-        Message(role=m.role, content=m.content, name=m.name or None) for m in body.messages
+        Message(role=m.role, content=m.text, name=m.name or None) for m in body.messages
     )
     params = TurnParams(
         temperature=body.temperature,

@@ -24,6 +24,7 @@ from actors.runtime import ActorRuntime
 from eventstore.db import Database
 from gateway.settings import Settings
 from projections.queries import RunningTurns, stale_running_turns
+from schemas.commands import service_command_id
 from schemas.conversation import RecoverAbandonedTurns
 from schemas.errors import SvcError
 
@@ -83,7 +84,7 @@ async def _recover(runtime: ActorRuntime, turns: RunningTurns, now: datetime) ->
     # The same id from every gateway sweeping at once: the turns are recorded once.
     seed = f"{turns.conversation_id}/{','.join(turns.turn_ids)}"
     command = RecoverAbandonedTurns(
-        command_id=f"sweep:{hashlib.sha256(seed.encode()).hexdigest()}",
+        command_id=service_command_id("sweep", hashlib.sha256(seed.encode()).hexdigest()),
         workspace_id=turns.workspace_id,
         turn_ids=turns.turn_ids,
         at=now,

@@ -22,17 +22,59 @@ from pydantic import (
     model_validator,
 )
 
-from schemas.conversation import MAX_STOP, MAX_STOP_CHARS
+from schemas.conversation import MAX_CONTENT, MAX_STOP, MAX_STOP_CHARS, MAX_TOKEN_LIMIT
 
 Role = Literal["system", "user", "assistant", "tool"]
 
 
+class TextPart(BaseModel):
+    """One part of a message's content in the array form: text only here."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["text"]
+    text: str = Field(max_length=MAX_CONTENT)
+
+
 class ChatMessageIn(BaseModel):
+    """A message of the request. `content` takes OpenAI's three forms: a string, an array of
+    text parts (joined without a separator, as OpenAI-compatible gateways flatten them), or
+    null on an assistant message. Other part types (images, audio, files) are refused."""
+
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     role: Role
-    content: str = Field(max_length=1_000_000)
+    content: str | list[TextPart] | None = Field(max_length=MAX_CONTENT)
     name: str | None = Field(default=None, max_length=200)
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: object) -> object:
+        if isinstance(value, list):
+            for part in value:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(
+                        f"content part of type {kind!r} is not supported: only 'text' parts"
+                    )
+        return value
+
+    @model_validator(mode="after")
+    def _content_fits(self) -> ChatMessageIn:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content: null is for assistant only")
+        if len(self.text) > MAX_CONTENT:
+            raise ValueError(f"a message's content is at most {MAX_CONTENT:,} characters")
+        return self
+
+    @property
+    def text(self) -> str:
+        content = self.content
+        if content is None:
+            return ""
+        if isinstance(content, str):
+            return content
+        return "".join(part.text for part in content)
 
 
 class StreamOptions(BaseModel):
@@ -50,8 +92,10 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = Field(default=False, strict=True)
     temperature: float | None = Field(default=None, ge=0, le=2, strict=True)
     top_p: float | None = Field(default=None, ge=0, le=1, strict=True)
-    max_tokens: int | None = Field(default=None, gt=0, strict=True)
-    max_completion_tokens: int | None = Field(default=None, gt=0, strict=True)
+    max_tokens: int | None = Field(default=None, gt=0, le=MAX_TOKEN_LIMIT, strict=True)
+    max_completion_tokens: int | None = Field(
+        default=None, gt=0, le=MAX_TOKEN_LIMIT, strict=True
+    )
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1, strict=True)

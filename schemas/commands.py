@@ -2,7 +2,48 @@
 
 from __future__ import annotations
 
+import hashlib
+import uuid
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.errors import InvalidInput
+
+SERVICE_COMMAND_PREFIX = "svc:"
+"""Command ids the service makes itself from another id (a turn's completion from the turn's
+command id, the recovery of abandoned turns) start with this prefix, and no client key may:
+the ledger is one namespace per workspace, so a client key equal to a derived id would
+otherwise take its place, and the command it belongs to would be refused as a reuse."""
+
+
+def service_command_id(kind: str, source: str) -> str:
+    """The id of a command the service derives from `source` (stable across retries, so the
+    ledger recognises a repeat), within the 200-character bound of a command id."""
+    derived = f"{SERVICE_COMMAND_PREFIX}{kind}:{source}"
+    if len(derived) <= 200:
+        return derived
+    return f"{SERVICE_COMMAND_PREFIX}{kind}:{hashlib.sha256(source.encode()).hexdigest()}"
+
+
+def check_client_key(name: str, key: str) -> None:
+    """Refuse a client's idempotency key in the service's own namespace."""
+    if key.startswith(SERVICE_COMMAND_PREFIX):
+        raise InvalidInput(
+            f"{name} must not start with {SERVICE_COMMAND_PREFIX!r}: the service reserves "
+            "those ids for its own commands",
+            code="invalid_idempotency_key",
+        )
+
+
+def client_command_id(idempotency_key: str) -> str:
+    """The command id of a request carrying `idempotency_key` (the header's value, stripped;
+    empty when absent): the key itself, else a fresh id (ARCHITECTURE.md decision 2)."""
+    if len(idempotency_key) > 200:
+        raise InvalidInput(
+            "Idempotency-Key: at most 200 characters", code="invalid_idempotency_key"
+        )
+    check_client_key("Idempotency-Key", idempotency_key)
+    return idempotency_key or uuid.uuid4().hex
 
 
 class Command(BaseModel):

@@ -31,6 +31,8 @@ MAX_TAGS = 32
 MAX_TAG = 64
 MAX_FOLDER = 200
 MAX_CONTENT = 1_000_000
+MAX_TOKEN_LIMIT = 1_000_000
+"""The largest `max_tokens` a turn takes: above any model's context, so never a real limit."""
 MAX_MESSAGES = 10_000
 
 Id = Annotated[str, Field(min_length=1, max_length=200)]
@@ -70,7 +72,7 @@ class TurnParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKEN_LIMIT)
     stop: tuple[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)], ...] = Field(
         default=(), max_length=MAX_STOP
     )

@@ -7,7 +7,6 @@ must stay free of import cycles: who is calling (`acting`) lives in authn.py.
 from __future__ import annotations
 
 import secrets
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +19,7 @@ from gateway.auth import PRINCIPAL
 from gateway.errors import is_utf8
 from gateway.state import Principal
 from projections.identity_queries import UserRow
+from schemas.commands import client_command_id
 from schemas.errors import InvalidInput, PayloadTooLarge
 
 SCIM_ACTOR: web.RequestKey[str] = web.RequestKey("svc_scim_actor", str)
@@ -54,12 +54,7 @@ def new_id(prefix: str) -> str:
 
 
 def command_id(request: web.Request) -> str:
-    given = request.headers.get("Idempotency-Key", "").strip()
-    if len(given) > 200:
-        raise InvalidInput(
-            "Idempotency-Key: at most 200 characters", code="invalid_idempotency_key"
-        )
-    return given or uuid.uuid4().hex
+    return client_command_id(request.headers.get("Idempotency-Key", "").strip())
 
 
 def json(body: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

@@ -587,6 +587,104 @@ async def test_a_key_reused_elsewhere_names_no_conversation(chat: Chat) -> None:
     assert "X-SVC-Conversation-Id" not in reused.value.response.headers
 
 
+async def test_keys_that_look_like_a_turns_own_ids_are_turns_of_their_own(chat: Chat) -> None:
+    """The ids the service derives for a turn's completion live in a namespace no client key
+    can enter: a key spelled like one of them is just another key."""
+    base = uid("idem-")
+    answers = []
+    for key in (f"{base}:complete", base, f"{base}:fail"):
+        raw = await chat.client().chat.completions.with_raw_response.create(
+            model=UPSTREAM_MODEL, messages=HELLO, extra_headers={"Idempotency-Key": key}
+        )
+        answers.append(raw.headers["X-SVC-Conversation-Id"])
+    assert len(set(answers)) == 3 and chat.stub.calls == 3
+    for conversation in answers:
+        assert [e.type for e in await chat.events(conversation)].count(COMPLETED) == 1
+
+
+async def test_a_key_in_the_services_own_namespace_is_refused(chat: Chat) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        await chat.client().chat.completions.create(
+            model=OFFLINE, messages=HELLO, extra_headers={"Idempotency-Key": "svc:complete:x"}
+        )
+    assert caught.value.code == "invalid_idempotency_key" and "svc:" in caught.value.message
+    assert chat.stub.calls == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_the_log_cannot_record_fails_the_turn(chat: Chat, stream: bool) -> None:
+    """A model server's broken answer is its fault (502), never the client's (400), and the
+    turn ends recorded as failed rather than left running."""
+    chat.stub.finish_reason = "x" * 100  # over the 64 characters a recorded reason holds
+    raw = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": stream})
+    conversation_id = raw.headers["X-SVC-Conversation-Id"]
+    if stream:
+        frames = await raw.text()
+        assert "upstream_bad_response" in frames and "[DONE]" not in frames
+    else:
+        body = await raw.json()
+        assert raw.status == 502 and body["error"]["code"] == "upstream_bad_response"
+        assert "finish_reason" in body["error"]["message"]
+    failed = await chat.wait_for_event(conversation_id, FAILED)
+    assert failed.data["error_code"] == "upstream_bad_response"
+
+
+async def test_a_token_limit_over_the_bound_names_the_field_sent(chat: Chat) -> None:
+    raw = await chat.raw_post(
+        {"model": OFFLINE, "messages": HELLO, "max_completion_tokens": 2_000_000}
+    )
+    body = await raw.json()
+    assert raw.status == 400
+    assert body["error"]["message"] == (
+        "invalid request: max_completion_tokens: Input should be less than or equal to 1000000"
+    )
+
+
+async def test_refused_by_scope_or_rate_limit_the_named_conversation_is_still_named(
+    chat: Chat,
+) -> None:
+    first = await chat.client().chat.completions.with_raw_response.create(
+        model=OFFLINE, messages=HELLO
+    )
+    named = {"X-SVC-Conversation-Id": first.headers["X-SVC-Conversation-Id"]}
+    admin_only = await chat.issue_key(chat.workspace, scopes=("admin:read",))
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        await chat.client(admin_only).chat.completions.create(
+            model=OFFLINE, messages=HELLO, extra_headers=named
+        )
+    limited = chat.client(await chat.issue_key(chat.workspace, rpm=1))
+    await limited.chat.completions.create(model=OFFLINE, messages=HELLO, extra_headers=named)
+    with pytest.raises(openai.RateLimitError) as limited_out:
+        await limited.chat.completions.create(model=OFFLINE, messages=HELLO, extra_headers=named)
+    for error in (refused.value, limited_out.value):
+        headers = error.response.headers
+        assert headers["X-SVC-Conversation-Id"] == named["X-SVC-Conversation-Id"]
+
+
+async def test_content_as_text_parts_and_null_assistant_content(chat: Chat) -> None:
+    messages: Any = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "one "}, {"type": "text", "text": "two"}],
+        },
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "three"},
+    ]
+    await chat.client().chat.completions.create(model=UPSTREAM_MODEL, messages=messages)
+    sent = chat.stub.bodies[-1]["messages"]
+    assert [m["content"] for m in sent] == ["one two", "", "three"]
+    image: Any = [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await chat.client().chat.completions.create(
+            model=UPSTREAM_MODEL, messages=[{"role": "user", "content": image}]
+        )
+    assert "'image_url' is not supported" in caught.value.message
+    with pytest.raises(openai.BadRequestError):
+        await chat.client().chat.completions.create(
+            model=UPSTREAM_MODEL, messages=[{"role": "user", "content": None}]
+        )
+
+
 async def closed_by_clients(chat: Chat) -> float:
     text = await (await chat.service.http.get(chat.service.url("/metrics"))).text()
     found = re.search(r'^svc_http_errors_total\{status="499"\} (\S+)$', text, re.M)
