@@ -13,7 +13,7 @@ from actors.behaviour import ActorKey
 from actors.conversation import ConversationBehaviour, ConversationState, conversation_key
 from eventstore.records import RecordedEvent
 from gateway.admin_common import READ, acting, ok, query
-from gateway.feeds import redact
+from gateway.feed_frames import redact, redact_model
 from gateway.state import STORE
 from schemas.admin import ConversationHistory, HistoryEvent, HistoryQuery
 from schemas.errors import InvalidInput, NotFound
@@ -61,6 +61,6 @@ async def conversation_events(request: web.Request) -> web.Response:
             version=newest,
             at_version=at_version,
             events=[history_event(r) for r in upto],
-            state=redact(fold(key, upto).model_dump(mode="json")),
+            state=redact_model(fold(key, upto)),
         )
     )

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
+from pydantic import BaseModel
 
 from eventstore.records import RecordedEvent
 from gateway.errors import error_body
@@ -39,6 +41,34 @@ def redact(value: Any) -> Any:
     if isinstance(value, list):
         return [redact(item) for item in value]
     return value
+
+
+def redact_model(model: BaseModel) -> dict[str, Any]:
+    """`model` as JSON with its secret-named fields redacted, at any depth. Only the names of
+    fields are judged: the keys of a mapping field are data (ids, a client's idempotency
+    keys), and a key such as `reset-password-1` is not a secret field."""
+    redacted: dict[str, Any] = _redact_like(model, model.model_dump(mode="json"))
+    return redacted
+
+
+def _redact_like(instance: Any, dumped: Any) -> Any:
+    if isinstance(instance, BaseModel):
+        return {
+            name: REDACTED
+            if is_secret_field(name)
+            else _redact_like(getattr(instance, name, None), item)
+            for name, item in dumped.items()
+        }
+    if isinstance(instance, Mapping):
+        return {
+            key: _redact_like(original, item)
+            for original, (key, item) in zip(instance.values(), dumped.items(), strict=True)
+        }
+    if isinstance(instance, list | tuple):
+        return [
+            _redact_like(original, item) for original, item in zip(instance, dumped, strict=True)
+        ]
+    return dumped
 
 
 def _current_data(record: RecordedEvent) -> dict[str, Any]:

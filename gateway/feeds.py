@@ -233,7 +233,8 @@ def add_routes(app: web.Application) -> None:
     app.on_startup.append(_watch_revocations)
     app.on_shutdown.append(_close_feeds)
     for spec in FEED_SPECS:
-        app.router.add_get(spec.path, _handler(spec), name=f"feed_{spec.name}")
+        # No HEAD: a feed is all body, and a body after HEAD would be read as the next response.
+        app.router.add_get(spec.path, _handler(spec), name=f"feed_{spec.name}", allow_head=False)
         document(
             "GET",
             spec.path,

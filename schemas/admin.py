@@ -254,7 +254,7 @@ class ConversationHistory(_Wire):
 class ApiKeyCreate(_Wire):
     name: str = Field(min_length=1, max_length=200)
     scopes: list[str] = Field(min_length=1, max_length=16)
-    rate_limit_rpm: int | None = Field(default=None, ge=1)
+    rate_limit_rpm: int | None = Field(default=None, ge=1, le=1_000_000, strict=True)
     expires_at: datetime | None = None
 
     @field_validator("scopes")

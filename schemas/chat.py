@@ -93,9 +93,7 @@ class ChatCompletionRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2, strict=True)
     top_p: float | None = Field(default=None, ge=0, le=1, strict=True)
     max_tokens: int | None = Field(default=None, gt=0, le=MAX_TOKEN_LIMIT, strict=True)
-    max_completion_tokens: int | None = Field(
-        default=None, gt=0, le=MAX_TOKEN_LIMIT, strict=True
-    )
+    max_completion_tokens: int | None = Field(default=None, gt=0, le=MAX_TOKEN_LIMIT, strict=True)
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1, strict=True)

@@ -163,6 +163,17 @@ async def test_event_history_rebuilds_state_at_a_version(service: Service) -> No
     assert_error(await service.get_json(path, key, 400, id=cid, at_version=-1))
 
 
+async def test_event_history_state_keeps_client_keys_that_sound_secret(service: Service) -> None:
+    """Secret-named fields are redacted from the rebuilt state, but the keys of its mappings
+    are data: a client's idempotency key that mentions a password is shown with its turn."""
+    ws = uid("ws-")
+    key = await service.issue_key(ws, ("admin:read",))
+    cid = await service.start_conversation(ws)
+    result = await service.run_turn(ws, cid, "hello", command_id="retry-password-reset-1")
+    body = await service.get_json("/v1/admin/conversations/events", key, id=cid)
+    assert body["state"]["turn_by_command"] == {"retry-password-reset-1": result.turn_id}
+
+
 async def test_overview_and_analytics(service: Service) -> None:
     _, key, _ = await chatty_workspace(service)
     body = await service.get_json("/v1/admin/overview", key)
@@ -276,6 +287,8 @@ async def test_api_keys_issue_list_revoke(service: Service) -> None:
         {"name": "x", "scopes": []},
         {"name": "x", "scopes": ["root"]},
         {"name": "x", "scopes": ["chat"], "rate_limit_rpm": 0},
+        {"name": "x", "scopes": ["chat"], "rate_limit_rpm": True},
+        {"name": "x", "scopes": ["chat"], "rate_limit_rpm": "60"},
         {"name": "x", "scopes": ["chat"], "expires_at": "soon"},
         {"name": "x", "scopes": ["chat"], "expires_at": "2001-01-01T00:00:00Z"},
         # Past what the read model's timestamptz holds: it used to stop the api_keys projection.

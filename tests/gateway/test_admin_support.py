@@ -132,11 +132,13 @@ class Service:
         )
         await self.settle(outcome.cursor)
 
-    async def run_turn(self, workspace_id: str, cid: str, text: str) -> Any:
+    async def run_turn(
+        self, workspace_id: str, cid: str, text: str, command_id: str | None = None
+    ) -> Any:
         result = await self.app[RUNTIME].ask(
             conversation_key(cid),
             RunTurn(
-                command_id=uid("cmd-"),
+                command_id=command_id or uid("cmd-"),
                 workspace_id=workspace_id,
                 turn_id=uid("t-"),
                 message_id=uid("m-"),

@@ -164,6 +164,16 @@ async def test_feeds_need_a_valid_key(service: Service, path: str) -> None:
     assert (await resp.json())["error"]["code"] == "unauthorized"
 
 
+@pytest.mark.parametrize("path", [EVENTS, WEB])
+async def test_head_on_a_feed_is_405_without_a_body(service: Service, path: str) -> None:
+    """A feed is all body; after HEAD a body would be read as the next response."""
+    key = await service.issue_key(uid("ws-"))
+    await service.append_pings(uid("ws-"), 1)
+    resp = await service.http.head(service.url(path), headers=service.auth(key))
+    assert resp.status == 405 and resp.headers["Allow"] == "GET"
+    assert await resp.read() == b""
+
+
 async def test_start_latest_skips_history(service: Service) -> None:
     ws = uid("ws-")
     key = await service.issue_key(ws)
