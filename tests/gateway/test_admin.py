@@ -232,6 +232,13 @@ async def test_scopes(service: Service) -> None:
         "/v1/admin/apikeys", reader, {"name": "x", "scopes": ["chat"]}, 403
     )
     assert_error(body, "insufficient_scope")
+    # Listing keys is a read (admin:read, the spec's rule), revoking one a write.
+    listed = await service.get_json("/v1/admin/apikeys", reader)
+    assert sorted(k["scopes"][0] for k in listed["api_keys"]) == ["admin:read", "chat"]
+    assert not any("key" in k or "key_hash" in k for k in listed["api_keys"])
+    key_id = listed["api_keys"][0]["id"]
+    body = await service.post_json(f"/v1/admin/apikeys/{key_id}/revoke", reader, {}, 403)
+    assert_error(body, "insufficient_scope")
     resp = await service.http.get(service.url("/v1/admin/overview"))
     assert resp.status == 401
 
