@@ -58,6 +58,7 @@ from gateway.settings import Settings, SettingsService, read_stored_settings
 from gateway.shutdown import PROJECTION_FLUSH_S, Shutdown, ShutdownReport, bounded
 from gateway.turn_sweep import SWEEP_EVERY_S, AbandonedTurnSweep
 from projections import PROJECTION_MIGRATIONS, ProjectionRunner, default_projectors
+from schemas.commands import service_command_id
 from schemas.errors import Conflict
 from schemas.settings import INSTANCE_WORKSPACE_ID, SettingChanged, SettingUnset
 from schemas.workspace import CreateWorkspace
@@ -242,7 +243,7 @@ async def ensure_workspace(
     """Create `workspace_id` through its actor when it does not exist. True when created.
     The command id is derived from the id, so racing processes create it once."""
     command = CreateWorkspace(
-        command_id=f"create-workspace:{workspace_id}",
+        command_id=service_command_id("create-workspace", workspace_id),
         workspace_id=workspace_id,
         name=name or workspace_id,
         at=datetime.now(UTC),

@@ -113,6 +113,21 @@ def _known_layer(values: Mapping[str, str], source: Source) -> dict[str, str]:
     return out
 
 
+def _still_valid(spec: SettingSpec, raw: str) -> bool:
+    try:
+        parse_or_coerce(spec, raw)
+    except InvalidInput as exc:
+        log.warning(
+            "ignoring the stored value of %s: %s; unset it with `svc settings unset %s` or set "
+            "a valid one",
+            spec.key,
+            exc.message,
+            spec.key,
+        )
+        return False
+    return True
+
+
 class Settings:
     """Effective settings of this process, typed accessors over the catalog.
 
@@ -147,8 +162,15 @@ class Settings:
         return cls(env, file_values, env_file_path=path)
 
     def load_stored(self, stored: Mapping[str, str]) -> None:
-        """Set the stored layer at startup: every stored value applies, R and L alike."""
-        layer = {k: v for k, v in stored.items() if k in CATALOG and CATALOG[k].storable}
+        """Set the stored layer at startup: every stored value applies, R and L alike, except
+        one that is no longer valid (stored before its key's check existed): that one is
+        skipped with a warning, so it can neither stop the service nor lock out the `svc`
+        commands that would unset it."""
+        layer = {
+            k: v
+            for k, v in stored.items()
+            if k in CATALOG and CATALOG[k].storable and _still_valid(CATALOG[k], v)
+        }
         self._layers[Source.STORED] = layer
         self._running = {key: self.resolve(key).raw for key in CATALOG}
         self._parsed: dict[str, SettingValue] = {}

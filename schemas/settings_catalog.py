@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Literal
 
 from schemas.errors import InvalidInput
+from schemas.setting_rules import TEXT_RULES, TextRule
 
 SettingType = Literal["bool", "int", "text", "enum", "duration"]
 ApplyMode = Literal["R", "L", ""]
@@ -51,6 +52,8 @@ class SettingSpec:
     numeric_text: bool = False
     networks: bool = False
     """Text holding a comma list of IP networks (CIDR) or addresses; blank = none."""
+    rule: TextRule | None = None
+    """A shape the text must have (schemas/setting_rules.py)."""
     coerce_invalid_to: str | None = None
     from_env: bool = True
     storable: bool = True
@@ -75,6 +78,8 @@ class SettingSpec:
             return f"blank or a number from {lo} to {hi}"
         if self.networks:
             return "blank or a comma list of IP addresses or CIDR networks, e.g. 10.0.0.0/8,::1"
+        if self.rule is not None:
+            return TEXT_RULES[self.rule][1]
         return "text"
 
 
@@ -190,6 +195,8 @@ def parse(spec: SettingSpec, raw: str) -> SettingValue:
             parse_networks(raw)
         except ValueError:
             raise _invalid(spec, raw) from None
+    if spec.rule is not None and not TEXT_RULES[spec.rule][0](raw):
+        raise _invalid(spec, raw)
     return raw
 
 
@@ -1407,9 +1414,18 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     },
     "SVC_REQUIRE_2FA": {"note": "the spec says 'applied immediately': catalogued as L"},
     "SVC_LLM_PROVIDER": {
+        "rule": "llm_provider",
         "note": "this build has blank or auto, offline, and openai (also openai-compat, "
-        "compatible); the service refuses to start with any other value"
+        "compatible); any other value is refused",
     },
+    "SVC_CSP": {"rule": "header_value"},
+    "SVC_LDAP_ROLE_MAPPINGS": {"rule": "string_map"},
+    "SVC_SAML_ROLE_MAPPINGS": {"rule": "string_map"},
+    "SVC_LDAP_USER_FILTER": {"rule": "ldap_user_filter"},
+    "SVC_TIMEZONE": {"rule": "timezone"},
+    "SVC_DEFAULT_WORKSPACE_ID": {"rule": "workspace_id"},
+    "SVC_NATIVE_COMPAT_WORKSPACE": {"rule": "workspace_id"},
+    "SVC_OTEL_ENDPOINT": {"storable": False, "note": _BUILD_TIME},
     "SVC_TOOL_SEARCH": {"default": "0", "note": "the spec's default column says false"},
     "SVC_SUBSCRIPTION_REASONING_EFFORT": {
         "choices": ("none", "low", "medium", "high", "xhigh"),

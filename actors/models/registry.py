@@ -23,9 +23,7 @@ from actors.models.offline import OfflineProvider
 from actors.models.openai_compat import OpenAICompatProvider
 from actors.models.port import ModelEvent, ModelProvider, ModelRequest
 from schemas.errors import FeatureDisabled, InvalidInput, NotFound
-
-OFFLINE_NAMES = frozenset({"offline", "svc-offline"})
-UPSTREAM_NAMES = frozenset({"openai", "openai-compat", "openai_compat", "compatible"})
+from schemas.setting_rules import AUTO_PROVIDERS, OFFLINE_PROVIDERS, UPSTREAM_PROVIDERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +63,11 @@ def optional_float(value: str | float | None, *, low: float, high: float, key: s
 
 def build_providers(config: ModelConfig) -> list[ModelProvider]:
     kind = config.provider.strip().lower()
-    if kind in ("", "auto"):
+    if kind in AUTO_PROVIDERS:
         kind = "openai" if config.gateway_url.strip() else "offline"
-    if kind in OFFLINE_NAMES:
+    if kind in OFFLINE_PROVIDERS:
         return [OfflineProvider([config.model] if config.model else [])]
-    if kind in UPSTREAM_NAMES:
+    if kind in UPSTREAM_PROVIDERS:
         upstream = OpenAICompatProvider(
             base_url=config.gateway_url.strip(),
             model=config.model.strip(),

@@ -98,6 +98,59 @@ def test_validation_errors_say_what_is_expected() -> None:
     assert parse(proxies, "") == ""
 
 
+SHAPED_TEXT_SETTINGS = {
+    # key: (values refused, values taken)
+    "SVC_LLM_PROVIDER": (("bogus", "anthropic"), ("", "auto", "offline", "OpenAI", "compatible")),
+    "SVC_CSP": (
+        ("default-src 'self'\r\nSet-Cookie: a=1", "x\ny", "a\x00"),
+        ("", "default-src 'self'"),
+    ),
+    "SVC_LDAP_ROLE_MAPPINGS": (("not json", "[1, 2]", '{"ops": 1}'), ("", '{"cn=ops": "admin"}')),
+    "SVC_SAML_ROLE_MAPPINGS": (("[1,2]", "{"), ('{"admins": "admin"}',)),
+    "SVC_LDAP_USER_FILTER": (("(uid=foo)", "uid=%s"), ("", "(&(objectClass=person)(uid=%s))")),
+    "SVC_TIMEZONE": (("Not/AZone", "../etc/passwd"), ("UTC", "Europe/Paris")),
+    "SVC_DEFAULT_WORKSPACE_ID": (("w" * 201, "two words", "tab\there"), ("default", "w" * 200)),
+    "SVC_NATIVE_COMPAT_WORKSPACE": (("w" * 201,), ("", "compat-ws")),
+}
+
+
+@pytest.mark.parametrize("key", sorted(SHAPED_TEXT_SETTINGS))
+def test_text_settings_with_a_shape_refuse_values_that_would_fail_later(key: str) -> None:
+    """Values that would stop the service (an unknown provider, a workspace id no command can
+    carry), break every response (a line break in a header) or fail only at the next sign-in
+    (a mapping that is no JSON object) are refused when set, saying what is expected."""
+    refused, taken = SHAPED_TEXT_SETTINGS[key]
+    spec = get_spec(key)
+    for value in refused:
+        with pytest.raises(InvalidInput, match=f"for {key}: expected") as caught:
+            parse(spec, value)
+        assert "text" != spec.expected(), caught.value.message
+    for value in taken:
+        assert parse(spec, value) == value
+
+
+def test_a_stored_value_that_is_no_longer_valid_is_skipped_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A value stored before its key's check existed must not keep the service, or the
+    `svc settings unset` that would remove it, from starting."""
+    s = Settings(
+        environment={"SVC_LLM_PROVIDER": "offline"},
+        stored={"SVC_LLM_PROVIDER": "bogus", "SVC_LLM_RETRIES": "4"},
+    )
+    assert s.text("SVC_LLM_PROVIDER") == "offline"
+    assert s.resolve("SVC_LLM_PROVIDER").source is Source.ENVIRONMENT
+    assert s.integer("SVC_LLM_RETRIES") == 4
+    assert "ignoring the stored value of SVC_LLM_PROVIDER" in caplog.text
+    assert "svc settings unset SVC_LLM_PROVIDER" in caplog.text
+
+
+def test_the_telemetry_endpoint_is_not_storable() -> None:
+    """It is read when the app is built, before stored values are loaded: a stored one would
+    show as effective without ever being used."""
+    assert not get_spec("SVC_OTEL_ENDPOINT").storable
+
+
 def test_bool_dialects() -> None:
     for raw, expected in [("1", True), ("on", True), ("true", True), ("0", False), ("off", False)]:
         assert parse(get_spec("SVC_CODE_EXEC"), raw) is expected

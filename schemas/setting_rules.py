@@ -1,0 +1,85 @@
+"""Shapes a text setting must have beyond "text": each rule is checked when a value is set
+(`svc settings set`, the admin endpoint) and when a stored value is loaded, so a value that
+would stop the service, break a header or fail only at the next sign-in is refused up front.
+"""
+
+from __future__ import annotations
+
+import zoneinfo
+from collections.abc import Callable
+from typing import Literal
+
+import orjson
+
+TextRule = Literal[
+    "header_value", "string_map", "ldap_user_filter", "timezone", "workspace_id", "llm_provider"
+]
+
+OFFLINE_PROVIDERS = frozenset({"offline", "svc-offline"})
+"""SVC_LLM_PROVIDER names of the built-in offline model."""
+UPSTREAM_PROVIDERS = frozenset({"openai", "openai-compat", "openai_compat", "compatible"})
+"""SVC_LLM_PROVIDER names of the OpenAI-compatible upstream."""
+AUTO_PROVIDERS = frozenset({"", "auto"})
+"""Blank or auto: the upstream when SVC_LLM_GATEWAY_URL is set, else the offline model."""
+
+MAX_WORKSPACE_ID = 200
+
+
+def _header_value(raw: str) -> bool:
+    # A control character (CR and LF above all) would end or split the header line.
+    return not any((ord(ch) < 0x20 and ch != "\t") or ord(ch) == 0x7F for ch in raw)
+
+
+def _string_map(raw: str) -> bool:
+    if not raw.strip():
+        return True
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+
+
+def _ldap_user_filter(raw: str) -> bool:
+    text = raw.strip()
+    return not text or ("%s" in text and text.startswith("(") and text.endswith(")"))
+
+
+def _timezone(raw: str) -> bool:
+    text = raw.strip()
+    if text in ("", "UTC"):
+        return True
+    try:
+        zoneinfo.ZoneInfo(text)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
+
+
+def _workspace_id(raw: str) -> bool:
+    text = raw.strip()
+    return len(text) <= MAX_WORKSPACE_ID and text.isprintable() and " " not in text
+
+
+def _llm_provider(raw: str) -> bool:
+    return raw.strip().lower() in AUTO_PROVIDERS | OFFLINE_PROVIDERS | UPSTREAM_PROVIDERS
+
+
+TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
+    "header_value": (_header_value, "text without control characters (no line breaks)"),
+    "string_map": (_string_map, 'blank or a JSON object of strings, e.g. {"ops": "admin"}'),
+    "ldap_user_filter": (
+        _ldap_user_filter,
+        "blank or a parenthesised LDAP filter containing %s for the login, e.g. (uid=%s)",
+    ),
+    "timezone": (_timezone, "an IANA time zone such as UTC or Europe/Paris"),
+    "workspace_id": (
+        _workspace_id,
+        f"a workspace id of at most {MAX_WORKSPACE_ID} printable characters without spaces",
+    ),
+    "llm_provider": (
+        _llm_provider,
+        "blank or auto, offline, or openai (also openai-compat, compatible)",
+    ),
+}
+"""Each rule's check, and what a valid value looks like (for the error message)."""
