@@ -155,6 +155,7 @@ class _Slot:
         "last_submit",
         "last_used",
         "mailbox",
+        "running",
         "task",
         "wake",
     )
@@ -168,6 +169,8 @@ class _Slot:
         self.last_used = now
         self.wake: asyncio.Future[None] | None = None
         self.task: asyncio.Task[None] | None = None
+        self.running: Reply | None = None
+        """The reply of the command in progress."""
 
     @property
     def idle(self) -> bool:
@@ -229,7 +232,8 @@ class ActivationTable:
         self._registry = registry
         self._counters = Counters()
         self._active: OrderedDict[ActorKey, _Slot] = OrderedDict()
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closing: dict[asyncio.Task[None], _Slot] = {}
+        """Workers of passivated actors still finishing, with their slots."""
         self._reaper: asyncio.Task[None] | None = None
         self._accepting = False
         self._stopped = False
@@ -285,6 +289,9 @@ class ActivationTable:
             )
         return summary
 
+    def _forget_closed(self, task: asyncio.Task[None]) -> None:
+        self._closing.pop(task, None)
+
     async def _wait_closing(self, deadline_s: float) -> None:
         tasks = [t for t in self._closing if not t.done()]
         if not tasks:
@@ -292,10 +299,26 @@ class ActivationTable:
         _, running = await asyncio.wait(tasks, timeout=deadline_s)
         for task in running:
             task.cancel()
-        if running:
-            # A cancelled turn records its failure on the way out: give that one short
-            # append a bounded grace period.
-            await asyncio.wait(running, timeout=INTERRUPT_RECORD_S)
+        if not running:
+            return
+        # A cancelled turn records its failure on the way out: give that one short append a
+        # bounded grace period. A command still not done after it (its store stalled) is
+        # given up on: its caller is told now rather than whenever the store answers.
+        _, stuck = await asyncio.wait(running, timeout=INTERRUPT_RECORD_S)
+        for task in stuck:
+            slot = self._closing.get(task)
+            reply = slot.running if slot is not None else None
+            if reply is not None:
+                self._interrupt(reply)
+            task.cancel()
+
+    def _interrupt(self, reply: Reply) -> None:
+        """Fail `reply` with CommandInterrupted and count it, once."""
+        if reply.finished:
+            return
+        reply.fail(CommandInterrupted())
+        self._failed += 1
+        self._interrupted += 1
 
     # --- commands -----------------------------------------------------------------------
 
@@ -321,7 +344,7 @@ class ActivationTable:
         if behaviour is None:
             raise UnknownActorKind.of(key.kind, self.kinds)
         if len(self._active) >= self._max_active:
-            self._evict_lru()
+            self._evict_lru(room_for=1)
         activation = Activation(
             key, behaviour, self._store, self._registry, self._policy, self._counters
         )
@@ -372,16 +395,14 @@ class ActivationTable:
             log.exception("snapshot of %s on passivation failed", key)
 
     async def _run(self, slot: _Slot, envelope: _Envelope) -> None:
-        reply = envelope.reply
+        reply = slot.running = envelope.reply
         try:
             activation = slot.activation
             activation.streaming = envelope.stream
             async for item in activation.behaviour.handle(activation, envelope.command):
                 reply.push(item)
         except asyncio.CancelledError:
-            reply.fail(CommandInterrupted())
-            self._failed += 1
-            self._interrupted += 1
+            self._interrupt(reply)
             raise
         except Exception as exc:
             reply.fail(exc)
@@ -389,6 +410,8 @@ class ActivationTable:
         else:
             reply.close()
             self._processed += 1
+        finally:
+            slot.running = None
 
     # --- passivation --------------------------------------------------------------------
 
@@ -417,24 +440,29 @@ class ActivationTable:
         slot.closing = True
         slot.notify()
         if slot.task is not None and not slot.task.done():
-            self._closing.add(slot.task)
-            slot.task.add_done_callback(self._closing.discard)
+            self._closing[slot.task] = slot
+            slot.task.add_done_callback(self._forget_closed)
 
-    def _evict_lru(self) -> None:
-        # Never passivate an actor with a command queued or in progress: if every actor is
-        # busy the table runs over its cap until one finishes.
-        for key, slot in self._active.items():
-            if slot.idle:
-                self._passivate(key)
-                self._passivations_lru += 1
-                return
-        log.warning("actor table over its cap of %d: every actor is busy", self._max_active)
+    def _evict_lru(self, room_for: int = 0) -> None:
+        """Passivate idle actors, least recently used first, until `room_for` more fit under
+        the cap. Never one with a command queued or in progress: while too many are busy the
+        table runs over its cap, and the next activation or reaper pass brings it back."""
+        excess = len(self._active) + room_for - self._max_active
+        if excess <= 0:
+            return
+        idle = [key for key, slot in self._active.items() if slot.idle][:excess]
+        for key in idle:
+            self._passivate(key)
+        self._passivations_lru += len(idle)
+        if len(idle) < excess:
+            log.warning("actor table over its cap of %d: every actor is busy", self._max_active)
 
     async def _reap_idle(self) -> None:
         interval = max(0.01, min(self._idle_s / 4, 5.0))
         while True:
             await asyncio.sleep(interval)
             self.passivate_idle()
+            self._evict_lru()  # back under the cap once a burst of busy actors is over
 
     def passivate_idle(self) -> int:
         """Passivate actors idle for `idle_s`; returns how many (the reaper calls this)."""

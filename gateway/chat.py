@@ -558,7 +558,9 @@ class _ChunkSender:
             return
         try:
             await send_event(self.response, data, id=id)
-        except ConnectionResetError:
+        except ConnectionError:
+            # Reset, broken pipe, or aiohttp's "Connection lost" when the client hangs up
+            # while a write waits for its buffer to drain: all the client leaving.
             self._gone()
 
     def _gone(self) -> None:
@@ -594,5 +596,5 @@ class _ChunkSender:
             return
         try:
             await self.response.write_eof()
-        except ConnectionResetError:
+        except ConnectionError:
             self._gone()

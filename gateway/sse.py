@@ -4,7 +4,9 @@
 `send_event` writes one frame (`id:`, `event:`, one `data:` line per line of data, blank line);
 `send_comment` writes a `:` comment line, used as a heartbeat; `send_retry` sets the client's
 reconnect delay. Each write is flushed to the transport at once. A client that has gone away
-surfaces as `ConnectionResetError` from the write, which callers treat as the end of the stream.
+surfaces as a `ConnectionError` from the write (reset, broken pipe, or aiohttp's "Connection
+lost" when it hangs up while a write waits to drain), which callers treat as the end of the
+stream.
 """
 
 from __future__ import annotations

@@ -389,6 +389,8 @@ class ProjectionRunner:
                 await held.enter_async_context(slot.lock)
                 if slot.failure is None:
                     ready.append(slot)
+            if not ready:
+                return 0  # every projector busy elsewhere in this process, or stopped
             await self._load([slot for slot in ready if not slot.loaded])
             groups = _groups(ready)
             if len(groups) == 1:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from actor_doubles import COUNTER, AddToCounter, CounterBehaviour, ScriptedProvider
@@ -12,6 +14,7 @@ from actor_doubles import COUNTER, AddToCounter, CounterBehaviour, ScriptedProvi
 from actors import (
     ActivationTable,
     ActorKey,
+    CommandInterrupted,
     CommandOutcome,
     ConflictRetriesExhausted,
     ConversationBehaviour,
@@ -21,9 +24,11 @@ from actors import (
     UnknownActorKind,
     conversation_key,
 )
+from actors import table as table_module
 from actors.context import Activation, Counters, ExecutionPolicy
 from eventstore import PostgresEventStore
 from eventstore.records import RecordedEvent, Snapshot
+from schemas.commands import Command
 from schemas.conversation import Message, RenameConversation, RunTurn
 from schemas.errors import Conflict
 from schemas.events import EVENTS
@@ -147,6 +152,53 @@ async def test_explicit_passivation_snapshots_idle_actors_only(store: PostgresEv
     assert snapshot is not None and snapshot.version == 1
     await slow.last()
     await table.stop()
+
+
+async def test_the_cap_is_restored_once_a_burst_of_busy_actors_is_over(
+    store: PostgresEventStore,
+) -> None:
+    """Busy actors may take the table over its cap; once they are idle, the next activation
+    passivates as many least recently used ones as it takes to be under the cap again."""
+    table = ActivationTable(store, [CounterBehaviour()], max_active=2)
+    await table.start()
+    burst = [ActorKey(COUNTER, uuid.uuid4().hex) for _ in range(4)]
+    replies = [
+        table.submit(k, AddToCounter(command_id=uuid.uuid4().hex, workspace_id=WS, delay_s=0.3))
+        for k in burst
+    ]
+    for reply in replies:
+        await reply.last()
+    assert table.stats().active == 4  # over the cap while they were all busy
+    await table.submit(ActorKey(COUNTER, uuid.uuid4().hex), add(1)).last()
+    assert table.stats().active == 2
+    assert table.stats().passivations_lru == 3
+    await table.stop()
+
+
+class _StalledOnTheWayOut(CounterBehaviour):
+    """A command that, when cancelled, waits forever to record its failure: a store that
+    stopped answering at shutdown."""
+
+    async def handle(self, ctx: Any, command: Command) -> AsyncIterator[Any]:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.Event().wait()
+        yield None
+
+
+async def test_stop_fails_a_command_that_cannot_finish_recording_its_interruption(
+    store: PostgresEventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(table_module, "INTERRUPT_RECORD_S", 0.2)
+    table = ActivationTable(store, [_StalledOnTheWayOut()])
+    await table.start()
+    reply = table.submit(ActorKey(COUNTER, uuid.uuid4().hex), add(1))
+    await asyncio.sleep(0.05)
+    summary = await table.stop(deadline_s=0.1)
+    assert summary.interrupted == 1
+    with pytest.raises(CommandInterrupted):
+        await reply.last()
 
 
 def test_runtime_errors_pickle_with_their_code() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -718,6 +719,45 @@ async def test_disconnect_mid_stream_still_records_the_turn(
     access = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
     streamed = [line for line in access if "POST /v1/chat/completions" in line]
     assert len(streamed) == 1 and '" 499 ' in streamed[0], streamed
+
+
+async def test_a_client_that_stops_reading_then_leaves_is_a_hang_up_not_an_error(
+    chat: Chat, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client with a tiny receive window that never reads: the gateway's writes back up
+    until one waits for the socket to drain, then the client closes. That is the client
+    leaving (499, the turn recorded), not an internal error."""
+    caplog.set_level(logging.INFO, logger="gateway.chat")
+    chat.stub.tokens = 20_000  # megabytes of chunks: far more than the socket buffers hold
+    errors_before = await turn_errors(chat, "internal_error")
+    body = orjson.dumps({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
+    host, port = chat.service.server.host, chat.service.server.port
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {chat.key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    await writer.drain()
+    status_line = await reader.readline()
+    assert b" 200 " in status_line
+    await asyncio.sleep(1.0)  # the gateway's writer is now paused on a full socket
+    writer.close()
+    async with asyncio.timeout(30):
+        while True:
+            if "chat client went away mid-stream" in caplog.text:
+                break
+            await asyncio.sleep(0.05)
+    assert await turn_errors(chat, "internal_error") == errors_before
+    assert "chat stream failed" not in caplog.text
+
+
+async def turn_errors(chat: Chat, code: str) -> float:
+    text = await (await chat.service.http.get(chat.service.url("/metrics"))).text()
+    found = re.search(rf'^svc_turn_errors_total\{{code="{code}"\}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 async def test_a_client_gone_before_its_stream_starts_is_not_a_server_error(

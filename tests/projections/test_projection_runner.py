@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -303,3 +304,16 @@ async def test_stop_ends_the_runner_wherever_its_cancellation_lands(
     await stops_wherever_cancelled(
         lambda: ProjectionRunner(db, [ConversationsProjector()], poll_interval_s=30.0)
     )
+
+
+async def test_a_background_step_with_every_projector_busy_elsewhere_does_nothing(
+    db: Database,
+) -> None:
+    """While a catch-up or rebuild of this process holds every projector, the background
+    loop's step (which skips busy projectors) has nothing to move: nothing, not an error."""
+    runner = ProjectionRunner(db, [ConversationsProjector()])
+    slots = list(runner._slots.values())
+    async with contextlib.AsyncExitStack() as held:
+        for slot in slots:
+            await held.enter_async_context(slot.lock)
+        assert await runner._step(slots, wait=False) == 0
