@@ -88,12 +88,32 @@ def translate_errors() -> Iterator[None]:
             f"the event store connection is unusable ({type(exc).__name__}: {exc}); retry shortly"
         ) from exc
     except asyncpg.InternalClientError as exc:
-        raise StoreError(f"event store driver failed internally: {exc}") from exc
+        # What the driver raises on a connection whose server sent its shutdown message or
+        # was terminated mid-exchange ("cannot switch to state ..."): the database going away.
+        raise StoreUnavailable(
+            f"the event store connection is unusable ({type(exc).__name__}: {exc}); retry shortly"
+        ) from exc
     except OSError as exc:  # also TimeoutError (asyncio's included) on Python 3.11+
         reason = "timed out" if isinstance(exc, TimeoutError) else f"is unreachable ({exc})"
         raise StoreUnavailable(
             f"the event store database {reason}; check that PostgreSQL is running and reachable"
         ) from exc
+
+
+COMMAND_TIMEOUT_MARGIN_S = 5.0
+"""How long past the server's statement timeout the client waits for an answer. The server
+ends a slow statement itself; this bound is for a server that cannot answer at all (frozen,
+or the network gone without a reset), where only the client can give up."""
+
+NO_COMMAND_TIMEOUT_S = 7 * 24 * 3600.0
+"""The `timeout` of a call that may legitimately wait for as long as it takes (migrations,
+which take the migration lock and build indexes with no statement timeout)."""
+
+
+def _command_timeout_s(statement_timeout_ms: int) -> float | None:
+    if statement_timeout_ms <= 0:
+        return None
+    return statement_timeout_ms / 1000 + COMMAND_TIMEOUT_MARGIN_S
 
 
 def _encode_jsonb(value: Any) -> str:
@@ -186,6 +206,7 @@ class Database:
                     min_size=min_size,
                     max_size=max_size,
                     timeout=connect_timeout_s,
+                    command_timeout=_command_timeout_s(statement_timeout_ms),
                     server_settings=settings,
                     init=_init_connection,
                     connection_class=_StoreConnection,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 
-from eventstore.db import Connection, Database
+from eventstore.db import NO_COMMAND_TIMEOUT_S, Connection, Database
 from eventstore.errors import StoreError
 
 _FILE_NAME = re.compile(r"^(\d{4})_([A-Za-z0-9_]+)\.sql$")
@@ -74,7 +74,7 @@ async def _lock(conn: Connection) -> None:
     # Migrations may build indexes for minutes and a second process may wait that long for
     # the lock: the pool's statement timeout does not apply here.
     await conn.execute("SET LOCAL statement_timeout = 0")
-    await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY, timeout=NO_COMMAND_TIMEOUT_S)
 
 
 async def _apply_one(db: Database, migration: Migration) -> bool:
@@ -87,7 +87,7 @@ async def _apply_one(db: Database, migration: Migration) -> bool:
         )
         if done:
             return False
-        await conn.execute(migration.sql)
+        await conn.execute(migration.sql, timeout=NO_COMMAND_TIMEOUT_S)
         await conn.execute(
             "INSERT INTO schema_migrations (namespace, version, name) VALUES ($1, $2, $3)",
             migration.namespace,

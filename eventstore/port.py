@@ -8,7 +8,9 @@ from typing import Protocol
 from eventstore.records import AppendResult, NewEvent, RecordedEvent, Snapshot
 
 ANY_VERSION: int | None = None
-"""expected_version meaning "do not check"; 0 means "the stream must not exist yet"."""
+"""expected_version meaning "do not check": the events land after whatever the stream holds
+(the append is sent again when another writer takes the next version first); 0 means "the
+stream must not exist yet"."""
 
 
 class EventStore(Protocol):

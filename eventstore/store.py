@@ -73,6 +73,9 @@ _MAX_APPENDS_PER_BATCH = 32
 """When a batch takes the one-by-one path, each item takes a subtransaction id; a backend
 caches 64 of them before its snapshots overflow and slow every other session (migration
 0005)."""
+_ANY_VERSION_ATTEMPTS = 16
+"""How often an append without an expected version is sent again after losing the next
+version of its stream to another writer: each loss means another append succeeded."""
 _STATE_UNIQUE = "23505"
 _CLASS_DATA = "22"
 _STATE_CONFLICT = "SV409"
@@ -140,6 +143,9 @@ def _validate_append(
     for e in events:
         if not e.type:
             raise InvalidAppend(f"append to {stream_id!r} has an event without a type")
+        # A list would reach the driver as one more array dimension and be flattened.
+        if not isinstance(e.data, dict) or not isinstance(e.metadata, dict):
+            raise InvalidAppend(f"event {e.type!r}: data and metadata must be JSON objects")
         if not 0 < e.schema_version < 2**15:
             raise InvalidAppend(f"event {e.type!r} has schema version {e.schema_version}")
 
@@ -208,6 +214,25 @@ async def _append_many(conn: Connection, batch: list[_Append]) -> list[_AppendRo
         else:
             failure = _item_failure(item, state, row[2])
             outcomes.append(failure or _unexpected_failure(item, state))
+    return outcomes
+
+
+async def _append_in_stream_order(
+    conn: Connection, batch: list[_Append]
+) -> list[_AppendRow | Exception]:
+    """`_append_many` with the items sorted by stream id, outcomes in the batch's order.
+
+    Two batches in flight that touch the same streams (two processes, or lanes of one) wait
+    for each other's rows on the version fence and the ledger. Taken in arrival order, those
+    waits could cross (A holds s1 and waits for s2, B holds s2 and waits for s1): a deadlock,
+    which PostgreSQL breaks only after `deadlock_timeout` and then fails the items as
+    unavailable. Every batch taking its streams in one global order cannot cross. The sort
+    is stable, so appends of one stream keep their order, as the batch path requires."""
+    order = sorted(range(len(batch)), key=lambda i: batch[i].stream_id)
+    sorted_outcomes = await _append_many(conn, [batch[i] for i in order])
+    outcomes: list[_AppendRow | Exception] = [*sorted_outcomes]
+    for position, index in enumerate(order):
+        outcomes[index] = sorted_outcomes[position]
     return outcomes
 
 
@@ -310,7 +335,7 @@ class PostgresEventStore:
         request = _Append(stream_id, events, expected_version, command_id, workspace_id)
         started = time.perf_counter()
         try:
-            row = await self._appends.submit(request)
+            row = await self._submit(request)
         finally:
             APPEND_SECONDS.observe(time.perf_counter() - started)
         duplicate, recorded_stream, first_version, last_version, last_tx, last_position = row
@@ -322,13 +347,26 @@ class PostgresEventStore:
             duplicate=duplicate,
         )
 
+    async def _submit(self, request: _Append) -> _AppendRow:
+        """One append through the coalescer. Without an expected version ("do not check") a
+        collision on the fence only means another writer took the next version first: the
+        append is sent again, reading the new head, up to `_ANY_VERSION_ATTEMPTS` times."""
+        attempt = 1
+        while True:
+            try:
+                return await self._appends.submit(request)
+            except ConcurrencyConflict:
+                if request.expected_version is not None or attempt >= _ANY_VERSION_ATTEMPTS:
+                    raise
+                attempt += 1
+
     async def _send_appends(self, batch: list[_Append]) -> list[_AppendRow | Exception]:
         async with self._db.acquire(stateless=True) as conn:
             outcomes: list[_AppendRow | Exception]
             if len(batch) == 1:  # a quiet store: svc_append is the shorter path for one
                 outcomes = [await _append_one(conn, batch[0])]
             else:
-                outcomes = await _append_many(conn, batch)
+                outcomes = await _append_in_stream_order(conn, batch)
         if any(not isinstance(outcome, Exception) and not outcome[0] for outcome in outcomes):
             self._on_commit()
         return outcomes

@@ -660,7 +660,12 @@ class ProjectionRunner:
                         f"rebuild of {name} stopped at {slot.failure.cursor}: {slot.failure.error}"
                     )
                 if consumed is None:
+                    # Another runner (the service, beside this rebuild) applied batches of
+                    # this projector: they count too, read from how far it now lags.
                     await self._load([slot])
+                    done = max(done, total - (await self._lag(slot.point))[0])
+                    if progress is not None:
+                        progress(done, max(total, done))
                     continue
                 if consumed == 0:
                     break

@@ -260,3 +260,36 @@ async def test_a_batched_retry_racing_its_uncommitted_first_attempt_gets_the_fir
     assert isinstance(written, AppendResult) and not written.duplicate
     assert [e.event_id for e in await store.read_stream(s)] == [event.event_id]
     assert len(await store.read_stream(other)) == 1
+
+
+async def test_batches_crossing_on_the_same_streams_never_deadlock(store_db: Database) -> None:
+    """Two stores (two processes, or lanes of one) each batching appends to the same streams
+    in a different order: every stream gets exactly one append at version 1 and the other
+    is a ConcurrencyConflict, never a deadlock surfacing as StoreUnavailable."""
+    stores = [PostgresEventStore(store_db, append_lanes=2) for _ in range(2)]
+    for _ in range(4):
+        streams = [new_id("s") for _ in range(120)]
+        orders = [streams, streams[::-1]]
+        outcomes = await together(
+            *(
+                append(store, stream)
+                for store, order in zip(stores, orders, strict=True)
+                for stream in order
+            )
+        )
+        kinds = {type(o).__name__ for o in outcomes}
+        assert kinds <= {"AppendResult", "ConcurrencyConflict"}, kinds
+        wins = [o for o in outcomes if isinstance(o, AppendResult)]
+        assert sorted(w.stream_id for w in wins) == sorted(streams)
+
+
+async def test_appends_without_an_expected_version_all_land(store_db: Database) -> None:
+    """ANY_VERSION means "do not check": concurrent appends to a few streams, batched in
+    several lanes, each land at the next free version, however they race."""
+    store = PostgresEventStore(store_db, append_lanes=4)
+    streams = [new_id("s") for _ in range(5)]
+    outcomes = await together(*(append(store, streams[i % 5], expected=None) for i in range(200)))
+    assert all(isinstance(o, AppendResult) for o in outcomes), {type(o).__name__ for o in outcomes}
+    for stream in streams:
+        recorded = await store.read_stream(stream)
+        assert [e.version for e in recorded] == list(range(1, 41))

@@ -222,6 +222,9 @@ class EventStoreContract:
             ("s", [ev()], "", WS),
             ("s", [ev()], "c", ""),
             ("s", [NewEvent(type="", data={})], "c", WS),
+            # Data and metadata are JSON objects: a list would be flattened by the driver.
+            ("s", [NewEvent(type="t", data=[1]), NewEvent(type="t", data=[2])], "c", WS),  # type: ignore[arg-type]
+            ("s", [NewEvent(type="t", data={}, metadata=[1])], "c", WS),  # type: ignore[arg-type]
         ],
     )
     async def test_invalid_appends_are_refused(

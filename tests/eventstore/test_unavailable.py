@@ -4,15 +4,18 @@ error, and the same Database recovers by itself when PostgreSQL comes back."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import asyncpg
 import pytest
 
-from eventstore.db import Database
+from eventstore.db import Database, translate_errors
 from eventstore.embedded import EmbeddedPostgres
 from eventstore.errors import StoreUnavailable
 from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
@@ -150,3 +153,75 @@ async def test_the_store_fails_fast_while_the_server_is_down_and_recovers(
     await eventually(append(1))
     assert [e.version for e in await store.read_stream(stream)] == [1, 2]
     assert len(await store.read_all()) == 2
+
+
+async def test_a_terminated_connection_is_unavailable_not_a_driver_error(
+    store_db: Database, database_url: str
+) -> None:
+    """A pooled connection whose backend was terminated (an administrator, a failover) is
+    the database going away. Depending on when the backend's goodbye arrives, the next
+    append finds the connection closed (the pool opens another one), loses it mid-query,
+    or meets the driver mid-exchange; each is StoreUnavailable or success, never a driver
+    error, and the store goes on working."""
+    db = await Database.connect(database_url, min_size=1, max_size=1)
+    store = PostgresEventStore(db)
+    admin = await asyncpg.connect(database_url)
+    outcomes: set[str] = set()
+
+    def append() -> Awaitable[object]:
+        return store.append(
+            "s-" + uuid.uuid4().hex,
+            [NewEvent(type="t.Happened", data={})],
+            expected_version=0,
+            command_id=uuid.uuid4().hex,
+            workspace_id="w",
+        )
+
+    try:
+        for _ in range(10):
+            async with db.acquire() as conn:
+                backend = conn.get_server_pid()
+            await admin.execute("SELECT pg_terminate_backend($1)", backend)
+            try:
+                await append()
+                outcomes.add("ok")
+            except StoreUnavailable:
+                outcomes.add("unavailable")
+            await eventually(append)
+    finally:
+        await admin.close()
+        await db.close()
+    assert outcomes <= {"ok", "unavailable"}
+
+
+def test_the_drivers_mid_exchange_failure_is_unavailable() -> None:
+    """What asyncpg raises on a connection whose server said goodbye while a query started."""
+    with pytest.raises(StoreUnavailable, match="retry shortly"), translate_errors():
+        raise asyncpg.InternalClientError(
+            "cannot switch to state 12; another operation is in progress"
+        )
+
+
+async def test_a_server_that_stops_answering_is_unavailable_after_the_statement_timeout(
+    store_db: Database, database_url: str
+) -> None:
+    """The server's statement timeout cannot fire when its backend is frozen; the client's
+    own bound (statement timeout plus a margin) ends the wait as StoreUnavailable."""
+    db = await Database.connect(database_url, min_size=1, max_size=1, statement_timeout_ms=200)
+    store = PostgresEventStore(db)
+    async with db.acquire() as conn:
+        backend = conn.get_server_pid()
+    os.kill(backend, signal.SIGSTOP)
+    try:
+        async with asyncio.timeout(RECOVERY_S):
+            with pytest.raises(StoreUnavailable, match="timed out"):
+                await store.append(
+                    "s-" + uuid.uuid4().hex,
+                    [NewEvent(type="t.Happened", data={})],
+                    expected_version=0,
+                    command_id=uuid.uuid4().hex,
+                    workspace_id="w",
+                )
+    finally:
+        os.kill(backend, signal.SIGCONT)
+        await db.close()

@@ -317,3 +317,26 @@ async def test_a_background_step_with_every_projector_busy_elsewhere_does_nothin
         for slot in slots:
             await held.enter_async_context(slot.lock)
         assert await runner._step(slots, wait=False) == 0
+
+
+async def test_rebuild_progress_counts_batches_another_runner_applied(
+    store: PostgresEventStore, db: Database, database_url: str
+) -> None:
+    """A rebuild next to the running service: batches of the rebuilt projector that the
+    service applies still count, so the bar ends at the whole log and so does the count."""
+    await asyncio.gather(*(chat(store, WS, f"c{i}", 20) for i in range(60)))
+    total = len(await store.read_all(limit=100_000))
+    service = ProjectionRunner(db, default_projectors(), poll_interval_s=0.005, batch_size=50)
+    await service.start()
+    cli_db = await Database.connect(database_url, max_size=2)
+    try:
+        await service.catch_up()
+        cli = ProjectionRunner(cli_db, default_projectors(), batch_size=50)
+        calls: list[tuple[int, int]] = []
+        rebuilt = await cli.rebuild("messages", lambda done, of: calls.append((done, of)))
+    finally:
+        await service.stop()
+        await cli_db.close()
+    assert rebuilt == total
+    assert calls[-1] == (total, total)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
