@@ -51,6 +51,7 @@ def _get(
     response: type[BaseModel],
     content_type: str = "application/json",
     extra_statuses: tuple[int, ...] = (503,),
+    other_content_types: tuple[str, ...] = (),
 ) -> None:
     app.router.add_get(path, handler)
     document(
@@ -62,6 +63,7 @@ def _get(
         response=response,
         content_type=content_type,
         extra_statuses=extra_statuses,
+        other_content_types=other_content_types,
     )
 
 
@@ -119,6 +121,7 @@ def add_routes(app: web.Application) -> None:
         tag="Conversations",
         query=ExportQuery,
         response=ConversationExport,
+        other_content_types=("text/markdown",),
     )
     _get(
         app,
@@ -134,7 +137,7 @@ def add_routes(app: web.Application) -> None:
         app,
         "/v1/admin/apikeys",
         admin_keys.list_keys,
-        summary="API keys of the workspace; never the key or its hash (admin:write)",
+        summary="API keys of the workspace; never the key or its hash (admin:read)",
         tag="Admin",
         query=AdminRead,
         response=ApiKeyList,

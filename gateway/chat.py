@@ -110,7 +110,19 @@ def add_routes(app: web.Application) -> None:
         tag="Chat (compatible)",
         request=ChatCompletionRequest,
         response=ChatCompletionResponse,
-        extra_statuses=(502, 503, 504),
+        extra_statuses=(409, 413, 502, 503, 504),
+        other_content_types=("text/event-stream",),
+        request_headers=(
+            (
+                IDEMPOTENCY_HEADER,
+                "a retry with the same key returns the first result (docs/chat.md)",
+            ),
+            (CONVERSATION_HEADER, "continue this conversation; absent = a new one"),
+        ),
+        response_headers=(
+            (CONVERSATION_HEADER, "the conversation the turn belongs to"),
+            (CURSOR_HEADER, "JSON mode: cursor of the turn's last event, for ?min_cursor="),
+        ),
     )
     document(
         "GET",

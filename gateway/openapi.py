@@ -46,6 +46,16 @@ class RouteDoc:
     response_status: int = 200
     content_type: str = "application/json"
     extra_statuses: tuple[int, ...] = ()
+    other_content_types: tuple[str, ...] = ()
+    """Other media types of the success response (text/event-stream, text/markdown)."""
+    request_headers: tuple[tuple[str, str], ...] = ()
+    """(name, description) of the request headers the route reads."""
+    response_headers: tuple[tuple[str, str], ...] = ()
+    """(name, description) of the headers its success response carries."""
+    error: type[BaseModel] | None = None
+    """The body of its error responses, when not the service's ErrorEnvelope."""
+    form_request: bool = False
+    """The request body is application/x-www-form-urlencoded."""
 
 
 @dataclass
@@ -73,6 +83,11 @@ def document(
     response_status: int = 200,
     content_type: str = "application/json",
     extra_statuses: tuple[int, ...] = (),
+    other_content_types: tuple[str, ...] = (),
+    request_headers: tuple[tuple[str, str], ...] = (),
+    response_headers: tuple[tuple[str, str], ...] = (),
+    error: type[BaseModel] | None = None,
+    form_request: bool = False,
 ) -> None:
     """Describe one route for the OpenAPI document. `auth`: "bearer" or "none"."""
     REGISTRY.add(
@@ -88,6 +103,11 @@ def document(
             response_status,
             content_type,
             extra_statuses,
+            other_content_types,
+            request_headers,
+            response_headers,
+            error,
+            form_request,
         )
     )
 
@@ -106,10 +126,13 @@ class _Components:
         return {"$ref": _REF.format(model=name)}
 
 
-def _error_responses(doc: RouteDoc | None) -> dict[str, Any]:
-    ref = {
-        "content": {"application/json": {"schema": {"$ref": _REF.format(model="ErrorEnvelope")}}}
-    }
+def _error_responses(doc: RouteDoc | None, comps: _Components) -> dict[str, Any]:
+    schema = (
+        comps.add(doc.error)
+        if doc is not None and doc.error is not None
+        else {"$ref": _REF.format(model="ErrorEnvelope")}
+    )
+    ref = {"content": {"application/json": {"schema": schema}}}
     statuses = {400: "invalid request", 404: "not found", 500: "internal error"}
     if doc is None or doc.auth != "none":
         statuses.update({401: "missing or invalid API key", 403: "insufficient scope"})
@@ -140,17 +163,33 @@ def _operation(method: str, path: str, doc: RouteDoc | None, comps: _Components)
     ]
     if doc and doc.query:
         params.extend(_query_parameters(doc.query))
+    for name, text in doc.request_headers if doc else ():
+        params.append(
+            {"name": name, "in": "header", "required": False, "description": text,
+             "schema": {"type": "string"}}
+        )  # fmt: skip
     if params:
         op["parameters"] = params
     if doc and doc.request:
         schema = comps.add(doc.request)
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+        media = "application/x-www-form-urlencoded" if doc.form_request else "application/json"
+        op["requestBody"] = {"required": True, "content": {media: {"schema": schema}}}
     ok: dict[str, Any] = {"description": "success"}
     if doc and doc.response:
         ok["content"] = {doc.content_type: {"schema": comps.add(doc.response)}}
     elif doc and doc.content_type != "application/json":
         ok["content"] = {doc.content_type: {"schema": {"type": "string"}}}
-    op["responses"] = {str(doc.response_status if doc else 200): ok, **_error_responses(doc)}
+    for media in doc.other_content_types if doc else ():
+        ok.setdefault("content", {})[media] = {"schema": {"type": "string"}}
+    if doc and doc.response_headers:
+        ok["headers"] = {
+            name: {"description": text, "schema": {"type": "string"}}
+            for name, text in doc.response_headers
+        }
+    op["responses"] = {
+        str(doc.response_status if doc else 200): ok,
+        **_error_responses(doc, comps),
+    }
     if doc is None or doc.auth != "none":
         op["security"] = [{"bearerAuth": []}]
     else:

@@ -218,7 +218,7 @@ async def docs_page(request: web.Request) -> web.Response:
 
 
 async def docs_script(request: web.Request) -> web.Response:
-    return web.Response(text=_asset("docs.js"), content_type="application/javascript")
+    return web.Response(text=_asset("docs.js"), content_type="text/javascript")
 
 
 async def docs_style(request: web.Request) -> web.Response:

@@ -28,6 +28,7 @@ from urllib.parse import unquote
 import jwt
 import orjson
 from aiohttp import web
+from pydantic import BaseModel, Field
 
 from gateway.identity.common import Form, read_form
 from gateway.identity.service import Identity, identity
@@ -95,6 +96,29 @@ async def verify_access_token(ident: Identity, token: str) -> Principal:
         scopes=frozenset(granted),
         attributes={"auth": "oauth", "client_id": client.client_id},
     )
+
+
+class TokenRequestForm(BaseModel):
+    """The token request's form fields (documentation: the endpoint reads the form itself)."""
+
+    grant_type: str = Field(description="client_credentials")
+    scope: str | None = Field(default=None, description="space-separated; default all")
+    client_id: str | None = Field(default=None, description="unless sent by HTTP Basic")
+    client_secret: str | None = Field(default=None, description="unless sent by HTTP Basic")
+
+
+class TokenResponse(BaseModel):
+    access_token: str
+    token_type: str = "Bearer"
+    expires_in: int
+    scope: str
+
+
+class OAuthErrorBody(BaseModel):
+    """RFC 6749 section 5.2: the error responses of the token endpoint."""
+
+    error: str = Field(description="invalid_request, invalid_client, invalid_scope, ...")
+    error_description: str
 
 
 class OAuthError(Exception):

@@ -10,7 +10,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from gateway.identity import admin, login
-from gateway.identity.oauth import token_endpoint
+from gateway.identity.oauth import OAuthErrorBody, TokenRequestForm, TokenResponse, token_endpoint
 from gateway.identity.saml import add_saml_routes
 from gateway.identity.scim import CONTENT_TYPE as SCIM_CONTENT_TYPE
 from gateway.identity.scim import PREFIX as SCIM_PREFIX
@@ -152,15 +152,6 @@ ROUTE_DOCS: tuple[_Doc, ...] = (
         "bearer",
         204,
     ),
-    (
-        "POST",
-        "/v1/oauth/token",
-        "OAuth 2.0 token endpoint (client credentials)",
-        AUTH_TAG,
-        None,
-        "none",
-        200,
-    ),
     ("GET", "/saml/metadata", "SAML service-provider metadata", AUTH_TAG, None, "none", 200),
     (
         "GET",
@@ -204,6 +195,19 @@ def document_routes() -> None:
             response_status=status,
             extra_statuses=(429,) if path.endswith("/auth/login") else (),
         )
+    document(
+        "POST",
+        "/v1/oauth/token",
+        summary="OAuth 2.0 token endpoint (client credentials, RFC 6749 section 4.4): client "
+        "authentication by HTTP Basic or in the form; errors in RFC 6749's own shape",
+        tag=AUTH_TAG,
+        request=TokenRequestForm,
+        response=TokenResponse,
+        auth="none",
+        error=OAuthErrorBody,
+        form_request=True,
+        extra_statuses=(401,),
+    )
     for method, path, summary in SCIM_DOCS:
         document(
             method,

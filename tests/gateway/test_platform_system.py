@@ -123,6 +123,32 @@ async def test_openapi_document_is_3_1_and_covers_the_routes(database_url: str) 
         assert status == 200 and "/openapi.json" in script
 
 
+async def test_openapi_document_says_what_the_routes_really_answer(database_url: str) -> None:
+    """Media types, statuses, headers and error shapes beyond the JSON happy path."""
+    async with running(settings_for(database_url)) as svc:
+        _, doc, _ = await svc.request("GET", "/openapi.json")
+        chat = doc["paths"]["/v1/chat/completions"]["post"]
+        assert {"409", "413", "502", "503", "504"} <= set(chat["responses"])
+        assert "text/event-stream" in chat["responses"]["200"]["content"]
+        assert {"X-SVC-Conversation-Id", "X-SVC-Cursor"} <= set(chat["responses"]["200"]["headers"])
+        headers = {p["name"] for p in chat["parameters"] if p["in"] == "header"}
+        assert headers == {"Idempotency-Key", "X-SVC-Conversation-Id"}
+        export = doc["paths"]["/v1/admin/conversations/export"]["get"]
+        assert "text/markdown" in export["responses"]["200"]["content"]
+        keys = doc["paths"]["/v1/admin/apikeys"]["get"]
+        assert "(admin:read)" in keys["summary"]
+        token = doc["paths"]["/v1/oauth/token"]["post"]
+        assert "application/x-www-form-urlencoded" in token["requestBody"]["content"]
+        for status in ("400", "401"):
+            schema = token["responses"][status]["content"]["application/json"]["schema"]
+            assert schema == {"$ref": "#/components/schemas/OAuthErrorBody"}
+        resp = await svc.http.get(svc.url("/docs/explorer.js"))
+        assert resp.content_type == "text/javascript"
+        assert doc["paths"]["/docs/explorer.js"]["get"]["responses"]["200"]["content"] == {
+            "text/javascript": {"schema": {"type": "string"}}
+        }
+
+
 def _assert_refs_resolve(node: object, schemas: dict[str, object]) -> None:
     if isinstance(node, dict):
         ref = node.get("$ref")
