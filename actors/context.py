@@ -144,9 +144,10 @@ class Activation(Generic[S]):
         self._version = self.snapshot_version = snapshot.version
         self._counters.snapshots_loaded += 1
 
-    async def _catch_up(self) -> None:
-        # Versions are dense and immutable, so the state at version v plus the events after v
-        # equals a fresh load: catching up is the cheap form of "drop state and reload".
+    async def _catch_up(self) -> bool:
+        """Apply the events other writers appended since this state; True when there were.
+        Versions are dense and immutable, so the state at version v plus the events after v
+        equals a fresh load: catching up is the cheap form of "drop state and reload"."""
         assert self._store is not None
         recorded = await self._store.read_stream(self._key.stream_id, self._version + 1)
         state = self._state
@@ -156,6 +157,7 @@ class Activation(Generic[S]):
         if recorded:
             self._version = recorded[-1].version
         self._counters.events_replayed += len(recorded)
+        return bool(recorded)
 
     def _decode(self, rec: RecordedEvent) -> Event:
         return self._registry.decode(rec.type, rec.schema_version, rec.data)
@@ -166,8 +168,19 @@ class Activation(Generic[S]):
         """decide -> append(expected version, command id) -> evolve, retrying conflicts."""
         store = self._require_store()
         for _ in range(self._policy.conflict_retries + 1):
-            events = tuple(self._behaviour.decide(self._state, command))
+            # A refusal or a no-op decided on this state might be wrong only because another
+            # process (a second gateway, the CLI) appended since: neither meets the version
+            # fence that catches a stale write, so the stream is read again first, and the
+            # command decided again when it had moved.
+            try:
+                events = tuple(self._behaviour.decide(self._state, command))
+            except SvcError:
+                if await self._catch_up():
+                    continue
+                raise
             if not events:
+                if await self._catch_up():
+                    continue
                 return CommandOutcome(self._key, (), self._version, self._version, "")
             try:
                 result = await store.append(

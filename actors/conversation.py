@@ -16,15 +16,16 @@ The last item yielded is a `TurnResult`.
 
 Abandoned turns: a turn runs to its end inside the handler of its own RunTurn, and an
 activation runs one command at a time, so when any command starts no turn of this activation
-is running. A turn the state still calls running was started by an incarnation that is gone
-(a process that died mid-call: the activation table guarantees one activation per key per
-process and routing one process per key) or, rarely, by this one when recording its end
-failed. Before handling the command, the handler records such turns as failed with
-`turn_abandoned` (RecoverAbandonedTurns, stamped by the handler's clock): a retry with the
-turn's Idempotency-Key then gets that recorded failure instead of `turn_in_progress` forever,
-and a new key runs a new turn. A writer that was in fact still alive (a host cut off from its
-router past a shard move's deadline) loses at the store's version fence when it tries to
-record its answer.
+is running. A turn the state still calls running was started by another activation: one that
+is gone (a process that died mid-call), or one still at work in another process (two
+gateways with the local runtime share a database, and nothing routes a key to one of them).
+Nothing here tells the two apart but time: a turn cannot outlive its model call's time
+budget plus a margin (`turn_lifetime`). So before handling a command the handler records the
+running turns older than that as failed with `turn_abandoned` (RecoverAbandonedTurns, stamped
+by the handler's clock): a retry with such a turn's Idempotency-Key then gets that recorded
+failure, and a new key runs a new turn. A younger running turn is left to its owner: a retry
+with its key is `turn_in_progress`. A writer that was in fact still alive past the lifetime
+loses at the store's version fence when it tries to record its answer.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, ValidationError
@@ -326,6 +327,24 @@ def running_turns(state: ConversationState) -> tuple[str, ...]:
     return tuple(t.turn_id for t in state.turns.values() if t.status == "running")
 
 
+TURN_MARGIN_S = 60.0
+"""Beyond a turn's model-call budget: its appends, and a wait behind other commands."""
+
+
+def turn_lifetime(call_timeout_s: float) -> timedelta | None:
+    """The longest a turn may run (its call budget plus `TURN_MARGIN_S`); a turn running for
+    longer was abandoned. None when calls have no time limit: no age tells a dead turn from a
+    slow one."""
+    return None if call_timeout_s <= 0 else timedelta(seconds=call_timeout_s + TURN_MARGIN_S)
+
+
+def turns_running_since(state: ConversationState, before: datetime) -> tuple[str, ...]:
+    """The running turns started before `before`."""
+    return tuple(
+        t.turn_id for t in state.turns.values() if t.status == "running" and t.started_at < before
+    )
+
+
 def _decide_rename(state: ConversationState, c: RenameConversation) -> list[Event]:
     _require_live(state, c)
     if state.title == c.title:
@@ -550,10 +569,16 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         *,
         clock: Callable[[], datetime] = _utcnow,
         new_message_id: Callable[[], str] = _new_message_id,
+        abandoned_after: Callable[[], timedelta | None] = lambda: timedelta(0),
     ) -> None:
+        """`abandoned_after()`: the age past which a running turn of another activation is
+        taken for abandoned (`turn_lifetime` of the call budget; read on every command, as
+        the budget is a live setting). The default, zero, takes every such turn for
+        abandoned: right only where one process runs every turn of a conversation."""
         self._providers = tuple(providers)
         self._clock = clock
         self._new_message_id = new_message_id
+        self._abandoned_after = abandoned_after
 
     def initial_state(self, key: ActorKey) -> ConversationState:
         return ConversationState(conversation_id=key.id)
@@ -599,7 +624,10 @@ class ConversationBehaviour(Behaviour[ConversationState]):
     async def _recover_abandoned(self, ctx: ActorContext[ConversationState]) -> None:
         """Record the turns of a gone incarnation as failed (see the module docstring)."""
         state = ctx.state
-        abandoned = running_turns(state)
+        lifetime = self._abandoned_after()
+        if lifetime is None or not running_turns(state):
+            return
+        abandoned = turns_running_since(state, self._clock() - lifetime)
         if not abandoned or state.workspace_id is None:
             return
         log.warning(

@@ -30,11 +30,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from actors.agent import AgentBehaviour
 from actors.behaviour import ActorKey, Behaviour
-from actors.conversation import ConversationBehaviour
+from actors.conversation import ConversationBehaviour, turn_lifetime
 from actors.identity import identity_behaviours
 from actors.local import LocalRuntime
 from actors.models.port import ModelProvider
@@ -96,7 +97,7 @@ def model_config(settings: Settings) -> ModelConfig:
         gateway_url=settings.text("SVC_LLM_GATEWAY_URL"),
         model=settings.text("SVC_LLM_MODEL"),
         provider=settings.text("SVC_LLM_PROVIDER"),
-        call_timeout_s=float(settings.integer("SVC_LLM_CALL_TIMEOUT_S")),
+        call_timeout_s=_call_timeout_s(settings),
         retries=settings.integer("SVC_LLM_RETRIES"),
         temperature=optional_float(
             settings.text("SVC_LLM_TEMPERATURE"), low=0.0, high=2.0, key="SVC_LLM_TEMPERATURE"
@@ -136,11 +137,14 @@ async def open_store(
     return opened, dsn
 
 
-def behaviours(providers: ModelProvider) -> list[Behaviour[Any]]:
-    """Every actor kind of SVC."""
+def behaviours(
+    providers: ModelProvider, call_timeout_s: Callable[[], float]
+) -> list[Behaviour[Any]]:
+    """Every actor kind of SVC. `call_timeout_s()` is the model-call budget now (a live
+    setting): a turn older than its `turn_lifetime` was abandoned."""
     return [
         WorkspaceBehaviour(),
-        ConversationBehaviour([providers]),
+        ConversationBehaviour([providers], abandoned_after=lambda: turn_lifetime(call_timeout_s())),
         AgentBehaviour(),
         SettingsBehaviour(),
         *identity_behaviours(),
@@ -165,7 +169,7 @@ class HostBehaviours:
 
     def __call__(self) -> list[Behaviour[Any]]:
         self._providers = ProviderSet.from_config(self.config)
-        return behaviours(self._providers)
+        return behaviours(self._providers, lambda: self.config.call_timeout_s)
 
     def reconfigure(self, config: ModelConfig) -> None:
         if config == self.config:
@@ -191,6 +195,10 @@ async def _close_after(providers: Sequence[ModelProvider], delay_s: float) -> No
     await ProviderSet(providers).aclose()
 
 
+def _call_timeout_s(settings: Settings) -> float:
+    return float(settings.integer("SVC_LLM_CALL_TIMEOUT_S"))
+
+
 def _table_options(settings: Settings) -> dict[str, Any]:
     return {
         "idle_s": float(settings.integer("SVC_ACTOR_IDLE_SEC")),
@@ -208,7 +216,10 @@ def _runtime(
 ) -> ActorRuntime:
     if settings.text("SVC_ACTOR_RUNTIME") == "ray" and not local_only:
         return _ray_runtime(settings, dsn)
-    table = ActivationTable(store, behaviours(providers), **_table_options(settings))
+    call_timeout_s = partial(_call_timeout_s, settings)
+    table = ActivationTable(
+        store, behaviours(providers, call_timeout_s), **_table_options(settings)
+    )
     return LocalRuntime(table)
 
 

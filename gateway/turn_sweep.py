@@ -20,6 +20,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from actors import conversation_key
+from actors.conversation import turn_lifetime
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
 from gateway.settings import Settings
@@ -31,16 +32,13 @@ from schemas.errors import SvcError
 log = logging.getLogger(__name__)
 
 SWEEP_EVERY_S = 60.0
-MARGIN_S = 60.0
-"""Beyond the call timeout: the turn's appends and a queue behind other commands."""
 MAX_CONVERSATIONS = 100
 """Per sweep; the next sweep takes the rest."""
 
 
 def stale_after(settings: Settings) -> timedelta | None:
     """How long a turn may run before it is taken for abandoned; None: never."""
-    budget = settings.integer("SVC_LLM_CALL_TIMEOUT_S")
-    return None if budget <= 0 else timedelta(seconds=budget + MARGIN_S)
+    return turn_lifetime(settings.integer("SVC_LLM_CALL_TIMEOUT_S"))
 
 
 OVERLAP = timedelta(minutes=5)

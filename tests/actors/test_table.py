@@ -22,7 +22,9 @@ from actors import (
     RuntimeNotStarted,
     RuntimeStopping,
     UnknownActorKind,
+    WorkspaceBehaviour,
     conversation_key,
+    workspace_key,
 )
 from actors import table as table_module
 from actors.context import Activation, Counters, ExecutionPolicy
@@ -32,6 +34,7 @@ from schemas.commands import Command
 from schemas.conversation import Message, RenameConversation, RunTurn
 from schemas.errors import Conflict
 from schemas.events import EVENTS
+from schemas.workspace import CreateWorkspace, IssueApiKey, RevokeApiKey
 
 WS = "ws-1"
 
@@ -269,3 +272,38 @@ async def test_a_wrong_new_stream_promise_is_caught_by_the_version_fence(
     assert isinstance(outcome, CommandOutcome) and outcome.first_version == 4
     assert stats.conflicts_retried == 1
     assert [e.version for e in await store.read_stream(existing.stream_id)] == [1, 2, 3, 4]
+
+
+async def test_a_refusal_or_no_op_is_decided_again_on_what_another_process_appended(
+    store: PostgresEventStore,
+) -> None:
+    """Two processes host the same workspace actor (two gateways, or the CLI beside one).
+    A key issued by the first is unknown to the second's cached state: revoking it there
+    must not be refused as "no such key" (a refusal meets no version fence), nor a second
+    revoke be taken for a no-op when the first came from elsewhere."""
+    first, second = (ActivationTable(store, [WorkspaceBehaviour()]) for _ in range(2))
+    await first.start()
+    await second.start()
+    ws = f"ws-{uuid.uuid4().hex[:8]}"
+    key = workspace_key(ws)
+    now = datetime.now(UTC)
+    created = CreateWorkspace(command_id=uuid.uuid4().hex, workspace_id=ws, name=ws, at=now)
+    await second.submit(key, created).last()  # the second process caches the workspace
+    issue = IssueApiKey(
+        command_id=uuid.uuid4().hex,
+        workspace_id=ws,
+        key_id="key-1",
+        name="cli key",
+        key_hash="0" * 64,
+        prefix="svc_abcd",
+        scopes=("chat",),
+        at=now,
+    )
+    await first.submit(key, issue).last()
+    revoke = RevokeApiKey(command_id=uuid.uuid4().hex, workspace_id=ws, key_id="key-1", at=now)
+    outcome = await second.submit(key, revoke).last()
+    assert isinstance(outcome, CommandOutcome) and len(outcome.events) == 1
+    types = [e.type for e in await store.read_stream(key.stream_id)]
+    assert types[-1] == "workspace.api_key_revoked"
+    await first.stop()
+    await second.stop()

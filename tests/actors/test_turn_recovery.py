@@ -198,3 +198,54 @@ def test_recover_fails_only_the_running_turns_it_names() -> None:
     assert running_turns(state) == ()
     assert state.turns[command.turn_id].error_code == ABANDONED
     assert behaviour.decide(state, recover) == []
+
+
+LIFETIME = timedelta(minutes=2)
+
+
+async def test_a_turn_another_process_is_still_running_is_left_to_it(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    """Two gateways with the local runtime on one database: a turn the other one started
+    less than a turn's lifetime ago is in progress, not abandoned. A retry with its key is
+    `turn_in_progress`, other commands go on, and its answer is recorded when it comes."""
+    cid = uuid.uuid4().hex
+    command = run_turn(command_id=f"key-{uuid.uuid4().hex}")
+    gated, first = await dead_incarnation(make_runtime, store, cid, command)
+    provider = ScriptedProvider()
+    other = await make_runtime(
+        [ConversationBehaviour([provider], abandoned_after=lambda: LIFETIME)]
+    )
+
+    with pytest.raises(Conflict) as raised:
+        await other.ask(conversation_key(cid), command)
+    assert raised.value.code == "turn_in_progress" and provider.calls == 0
+    rename = RenameConversation(
+        command_id=uuid.uuid4().hex, workspace_id=WS, title="meanwhile", at=_now()
+    )
+    await other.ask(conversation_key(cid), rename)
+    assert FAILED not in await types_of(store, cid)
+
+    gated.gate.set()
+    result = await first
+    assert isinstance(result, TurnResult) and result.turn_id == command.turn_id
+    assert (await types_of(store, cid))[-1] == "conversation.assistant_message_completed"
+
+
+async def test_a_running_turn_older_than_its_lifetime_is_abandoned(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    cid = uuid.uuid4().hex
+    started_long_ago = run_turn(command_id=f"key-{uuid.uuid4().hex}").model_copy(
+        update={"at": _now() - 2 * LIFETIME}
+    )
+    gated, first = await dead_incarnation(make_runtime, store, cid, started_long_ago)
+    other = await make_runtime(
+        [ConversationBehaviour([ScriptedProvider()], abandoned_after=lambda: LIFETIME)]
+    )
+    with pytest.raises(RecordedTurnFailure) as raised:
+        await other.ask(conversation_key(cid), started_long_ago)
+    assert raised.value.code == ABANDONED
+    gated.gate.set()
+    with pytest.raises(Conflict):
+        await first
