@@ -12,7 +12,7 @@ import pytest
 from identity_support import WHOAMI, running, settings_for
 
 from gateway.identity.roles import scopes_for, within_rights
-from gateway.identity.routes import ROUTE_DOCS, SCIM_DOCS
+from gateway.identity.routes import ROUTE_DOCS, SCIM_DOCS, TOKEN_ROUTE
 from gateway.identity.saml import safe_next
 from gateway.identity.scim import PREFIX as SCIM_PREFIX
 from gateway.identity.throttle import MAX_PER_ACCOUNT, account_key, address_key
@@ -170,7 +170,7 @@ def test_relay_state_is_a_plain_same_site_path() -> None:
 async def test_every_identity_route_is_described_in_openapi(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         doc = build_document(svc.app, "test")
-    described = {(m, p) for m, p, *_ in ROUTE_DOCS}
+    described = {(m, p) for m, p, *_ in ROUTE_DOCS} | {TOKEN_ROUTE}
     described |= {(m, SCIM_PREFIX + p) for m, p, _ in SCIM_DOCS}
     for method, path in described:
         operation = doc["paths"][path][method.lower()]
