@@ -68,6 +68,12 @@ class ActorContext(Protocol[S_co]):
         conflict reload from the store and decide again, a bounded number of times."""
         ...
 
+    async def refresh(self) -> bool:
+        """Apply what other writers appended to the stream since this state (another
+        process hosting the same actor); True when there was anything. For an answer given
+        from the state alone that must not be a stale one."""
+        ...
+
 
 class Behaviour(Generic[S]):
     kind: ClassVar[str]

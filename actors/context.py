@@ -144,6 +144,10 @@ class Activation(Generic[S]):
         self._version = self.snapshot_version = snapshot.version
         self._counters.snapshots_loaded += 1
 
+    async def refresh(self) -> bool:
+        self._require_store()
+        return await self._catch_up()
+
     async def _catch_up(self) -> bool:
         """Apply the events other writers appended since this state; True when there were.
         Versions are dense and immutable, so the state at version v plus the events after v

@@ -487,6 +487,19 @@ def _evolve(state: ConversationState, event: Event) -> ConversationState:
 # --- the behaviour --------------------------------------------------------------------------
 
 
+async def _recorded_result_now(
+    ctx: ActorContext[ConversationState], command: RunTurn
+) -> TurnResult:
+    """The recorded outcome of a retried turn. One the cached state calls running may have
+    ended in another process since (two gateways on one database): read the stream again
+    before answering `turn_in_progress`."""
+    turn_id = ctx.state.turn_by_command[command.command_id]
+    turn = ctx.state.turns.get(turn_id)
+    if turn is not None and turn.status == "running":
+        await ctx.refresh()
+    return recorded_result(ctx.state, command)
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -611,7 +624,7 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             yield await ctx.execute(command)
             return
         if command.command_id in ctx.state.turn_by_command:
-            yield recorded_result(ctx.state, command)
+            yield await _recorded_result_now(ctx, command)
             return
         provider = self.provider_for(command.model)
         started = await ctx.execute(command)
@@ -623,11 +636,16 @@ class ConversationBehaviour(Behaviour[ConversationState]):
 
     async def _recover_abandoned(self, ctx: ActorContext[ConversationState]) -> None:
         """Record the turns of a gone incarnation as failed (see the module docstring)."""
-        state = ctx.state
         lifetime = self._abandoned_after()
-        if lifetime is None or not running_turns(state):
+        if lifetime is None or not running_turns(ctx.state):
             return
-        abandoned = turns_running_since(state, self._clock() - lifetime)
+        before = self._clock() - lifetime
+        if not turns_running_since(ctx.state, before):
+            return
+        # Another process may have ended them since this state was read: look first.
+        await ctx.refresh()
+        state = ctx.state
+        abandoned = turns_running_since(state, before)
         if not abandoned or state.workspace_id is None:
             return
         log.warning(

@@ -231,6 +231,12 @@ async def test_a_turn_another_process_is_still_running_is_left_to_it(
     assert isinstance(result, TurnResult) and result.turn_id == command.turn_id
     assert (await types_of(store, cid))[-1] == "conversation.assistant_message_completed"
 
+    # The other process's cached state still says "running": the retry reads the stream
+    # again and gets the recorded answer, not turn_in_progress until the lifetime is over.
+    again = await other.ask(conversation_key(cid), command)
+    assert isinstance(again, TurnResult) and again.content == result.content
+    assert provider.calls == 0
+
 
 async def test_a_running_turn_older_than_its_lifetime_is_abandoned(
     make_runtime: MakeRuntime, store: PostgresEventStore
