@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from actors.behaviour import ActorKey, Behaviour, CommandOutcome
 from actors.errors import ConflictRetriesExhausted, StoreRequired
-from eventstore.errors import ConcurrencyConflict
+from eventstore.errors import ConcurrencyConflict, StoreError
 from eventstore.port import EventStore
 from eventstore.records import AppendResult, NewEvent, RecordedEvent, Snapshot
 from schemas.commands import Command
@@ -171,20 +171,10 @@ class Activation(Generic[S]):
     async def execute(self, command: Command) -> CommandOutcome:
         """decide -> append(expected version, command id) -> evolve, retrying conflicts."""
         store = self._require_store()
-        for _ in range(self._policy.conflict_retries + 1):
-            # A refusal or a no-op decided on this state might be wrong only because another
-            # process (a second gateway, the CLI) appended since: neither meets the version
-            # fence that catches a stale write, so the stream is read again first, and the
-            # command decided again when it had moved.
-            try:
-                events = tuple(self._behaviour.decide(self._state, command))
-            except SvcError:
-                if await self._catch_up():
-                    continue
-                raise
+        conflicts = 0
+        while True:
+            events = await self._decide(command)
             if not events:
-                if await self._catch_up():
-                    continue
                 return CommandOutcome(self._key, (), self._version, self._version, "")
             try:
                 result = await store.append(
@@ -195,8 +185,14 @@ class Activation(Generic[S]):
                     workspace_id=command.workspace_id,
                 )
             except ConcurrencyConflict:
+                conflicts += 1
                 self._counters.conflicts_retried += 1
-                await self._catch_up()
+                await self._catch_up()  # the actor stays usable even when this one gives up
+                if conflicts > self._policy.conflict_retries:
+                    raise ConflictRetriesExhausted(
+                        f"{self._key} could not record {type(command).__name__}: other writers "
+                        f"moved the stream {conflicts} times in a row; retry the request"
+                    ) from None
                 continue
             if result.duplicate:
                 return await self._duplicate(command, result)
@@ -205,10 +201,28 @@ class Activation(Generic[S]):
             return CommandOutcome(
                 self._key, events, result.first_version, result.last_version, result.cursor
             )
-        raise ConflictRetriesExhausted(
-            f"{self._key} could not record {type(command).__name__}: other writers moved the "
-            f"stream {self._policy.conflict_retries + 1} times in a row; retry the request"
-        )
+
+    async def _decide(self, command: Command) -> tuple[Event, ...]:
+        """The command's events on the current state. A refusal or a no-op might be wrong only
+        because another process (a second gateway, the CLI) appended since this state was
+        read, and neither meets the version fence that catches a stale write: before either
+        stands, the stream is read once more and, when it had moved, the command decided
+        again. When that read fails (the store is down), the decision stands as made."""
+        try:
+            events = tuple(self._behaviour.decide(self._state, command))
+        except SvcError:
+            if not await self._moved_since_read():
+                raise
+            return tuple(self._behaviour.decide(self._state, command))
+        if not events and await self._moved_since_read():
+            return tuple(self._behaviour.decide(self._state, command))
+        return events
+
+    async def _moved_since_read(self) -> bool:
+        try:
+            return await self._catch_up()
+        except StoreError:
+            return False
 
     async def _duplicate(self, command: Command, result: AppendResult) -> CommandOutcome:
         # The processed-commands ledger said this command id already ran: nothing was written.

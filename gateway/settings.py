@@ -116,12 +116,13 @@ def _known_layer(values: Mapping[str, str], source: Source) -> dict[str, str]:
 def _still_valid(spec: SettingSpec, raw: str) -> bool:
     try:
         parse_or_coerce(spec, raw)
-    except InvalidInput as exc:
+    except Exception as exc:  # whatever a check raises, a stored value must not stop the start
+        reason = exc.message if isinstance(exc, InvalidInput) else type(exc).__name__
         log.warning(
             "ignoring the stored value of %s: %s; unset it with `svc settings unset %s` or set "
             "a valid one",
             spec.key,
-            exc.message,
+            reason,
             spec.key,
         )
         return False

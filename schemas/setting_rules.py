@@ -47,18 +47,20 @@ def _ldap_user_filter(raw: str) -> bool:
 
 def _timezone(raw: str) -> bool:
     text = raw.strip()
-    if text in ("", "UTC"):
+    if text.upper() in ("", "UTC"):
         return True
     try:
         zoneinfo.ZoneInfo(text)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    # Not found, a malformed key, or a directory of the zone database ("Europe" is one).
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
         return False
     return True
 
 
 def _workspace_id(raw: str) -> bool:
+    # What CreateWorkspace takes (schemas/workspace.py): printable, spaces inside allowed.
     text = raw.strip()
-    return len(text) <= MAX_WORKSPACE_ID and text.isprintable() and " " not in text
+    return len(text) <= MAX_WORKSPACE_ID and text.isprintable()
 
 
 def _llm_provider(raw: str) -> bool:
@@ -75,7 +77,7 @@ TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
     "timezone": (_timezone, "an IANA time zone such as UTC or Europe/Paris"),
     "workspace_id": (
         _workspace_id,
-        f"a workspace id of at most {MAX_WORKSPACE_ID} printable characters without spaces",
+        f"a workspace id of at most {MAX_WORKSPACE_ID} printable characters",
     ),
     "llm_provider": (
         _llm_provider,

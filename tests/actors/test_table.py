@@ -29,10 +29,11 @@ from actors import (
 from actors import table as table_module
 from actors.context import Activation, Counters, ExecutionPolicy
 from eventstore import PostgresEventStore
+from eventstore.errors import StoreUnavailable
 from eventstore.records import RecordedEvent, Snapshot
 from schemas.commands import Command
 from schemas.conversation import Message, RenameConversation, RunTurn
-from schemas.errors import Conflict
+from schemas.errors import Conflict, InvalidInput
 from schemas.events import EVENTS
 from schemas.workspace import CreateWorkspace, IssueApiKey, RevokeApiKey
 
@@ -307,3 +308,26 @@ async def test_a_refusal_or_no_op_is_decided_again_on_what_another_process_appen
     assert types[-1] == "workspace.api_key_revoked"
     await first.stop()
     await second.stop()
+
+
+class _StoreDownForReads:
+    """A store whose reads fail as unavailable: the database went away mid-command."""
+
+    async def read_stream(self, *args: Any, **kwargs: Any) -> list[RecordedEvent]:
+        raise StoreUnavailable("the event store database is unavailable")
+
+
+async def test_a_refusal_stands_when_the_stream_cannot_be_read_again() -> None:
+    """The read before a refusal stands only guards against a stale state: when it fails,
+    the client gets its 400 (or 404), not the store's 503."""
+    activation = Activation(
+        ActorKey(COUNTER, uuid.uuid4().hex),
+        CounterBehaviour(),
+        _StoreDownForReads(),  # type: ignore[arg-type]
+        EVENTS,
+        ExecutionPolicy(),
+        Counters(),
+    )
+    activation.start_empty()
+    with pytest.raises(InvalidInput, match="adding 0"):
+        await activation.execute(add(0))

@@ -108,8 +108,8 @@ SHAPED_TEXT_SETTINGS = {
     "SVC_LDAP_ROLE_MAPPINGS": (("not json", "[1, 2]", '{"ops": 1}'), ("", '{"cn=ops": "admin"}')),
     "SVC_SAML_ROLE_MAPPINGS": (("[1,2]", "{"), ('{"admins": "admin"}',)),
     "SVC_LDAP_USER_FILTER": (("(uid=foo)", "uid=%s"), ("", "(&(objectClass=person)(uid=%s))")),
-    "SVC_TIMEZONE": (("Not/AZone", "../etc/passwd"), ("UTC", "Europe/Paris")),
-    "SVC_DEFAULT_WORKSPACE_ID": (("w" * 201, "two words", "tab\there"), ("default", "w" * 200)),
+    "SVC_TIMEZONE": (("Not/AZone", "../etc/passwd", "Europe"), ("UTC", "utc", "Europe/Paris")),
+    "SVC_DEFAULT_WORKSPACE_ID": (("w" * 201, "tab\there"), ("default", "acme corp", "w" * 200)),
     "SVC_NATIVE_COMPAT_WORKSPACE": (("w" * 201,), ("", "compat-ws")),
 }
 
