@@ -627,7 +627,9 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             yield await _recorded_result_now(ctx, command)
             return
         provider = self.provider_for(command.model)
-        started = await ctx.execute(command)
+        # Stamped when it starts, not when it was asked for: it may have waited behind
+        # another turn, and its age tells other processes whether it can still be running.
+        started = await ctx.execute(command.model_copy(update={"at": self._clock()}))
         if started.duplicate or not started.events:
             yield recorded_result(ctx.state, command, started.events)
             return

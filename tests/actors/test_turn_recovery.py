@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -55,11 +55,16 @@ class GatedProvider:
 
 
 async def dead_incarnation(
-    make_runtime: MakeRuntime, store: PostgresEventStore, cid: str, command: RunTurn
+    make_runtime: MakeRuntime,
+    store: PostgresEventStore,
+    cid: str,
+    command: RunTurn,
+    clock: Callable[[], datetime] | None = None,
 ) -> tuple[GatedProvider, asyncio.Task[object]]:
-    """A table that started `command`'s turn and will not finish it until the gate opens."""
+    """A table that started `command`'s turn (at `clock()`) and will not finish it until
+    the gate opens."""
     gated = GatedProvider()
-    old = await make_runtime([ConversationBehaviour([gated])])
+    old = await make_runtime([ConversationBehaviour([gated], clock=clock or _now)])
     task: asyncio.Task[object] = asyncio.create_task(old.ask(conversation_key(cid), command))
     await eventually_recorded(store, cid, STARTED)
     return gated, task
@@ -242,10 +247,10 @@ async def test_a_running_turn_older_than_its_lifetime_is_abandoned(
     make_runtime: MakeRuntime, store: PostgresEventStore
 ) -> None:
     cid = uuid.uuid4().hex
-    started_long_ago = run_turn(command_id=f"key-{uuid.uuid4().hex}").model_copy(
-        update={"at": _now() - 2 * LIFETIME}
+    started_long_ago = run_turn(command_id=f"key-{uuid.uuid4().hex}")
+    gated, first = await dead_incarnation(
+        make_runtime, store, cid, started_long_ago, clock=lambda: _now() - 2 * LIFETIME
     )
-    gated, first = await dead_incarnation(make_runtime, store, cid, started_long_ago)
     other = await make_runtime(
         [ConversationBehaviour([ScriptedProvider()], abandoned_after=lambda: LIFETIME)]
     )
@@ -255,3 +260,23 @@ async def test_a_running_turn_older_than_its_lifetime_is_abandoned(
     gated.gate.set()
     with pytest.raises(Conflict):
         await first
+
+
+async def test_a_turn_asked_for_long_ago_is_as_old_as_its_start(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    """A turn that waited behind others before it started (its request older than a turn's
+    lifetime) is stamped when it starts: another process does not take it for abandoned."""
+    cid = uuid.uuid4().hex
+    asked_long_ago = run_turn().model_copy(update={"at": _now() - 2 * LIFETIME})
+    gated, first = await dead_incarnation(make_runtime, store, cid, asked_long_ago)
+    other = await make_runtime(
+        [ConversationBehaviour([ScriptedProvider()], abandoned_after=lambda: LIFETIME)]
+    )
+    rename = RenameConversation(
+        command_id=uuid.uuid4().hex, workspace_id=WS, title="meanwhile", at=_now()
+    )
+    await other.ask(conversation_key(cid), rename)
+    assert FAILED not in await types_of(store, cid)
+    gated.gate.set()
+    assert isinstance(await first, TurnResult)
