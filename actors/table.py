@@ -454,7 +454,7 @@ class ActivationTable:
         for key in idle:
             self._passivate(key)
         self._passivations_lru += len(idle)
-        if len(idle) < excess:
+        if len(idle) < excess and room_for:  # said once per activation, not per reaper pass
             log.warning("actor table over its cap of %d: every actor is busy", self._max_active)
 
     async def _reap_idle(self) -> None:
