@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from actors.behaviour import ActorContext, ActorKey, Behaviour
 from actors.errors import RecordedTurnFailure
@@ -145,8 +145,10 @@ class ConversationState(BaseModel):
     updated_at: AwareDatetime | None = None
     message_count: int = 0
     turn_count: int = 0
-    turns: dict[str, TurnRecord] = {}
-    turn_by_command: dict[str, str] = {}
+    # default_factory, not `= {}`: pydantic deep-copies a mutable default for every new
+    # state, which cost about 1.7% of the gateway's CPU at 32 turns in flight.
+    turns: dict[str, TurnRecord] = Field(default_factory=dict)
+    turn_by_command: dict[str, str] = Field(default_factory=dict)
 
     @property
     def exists(self) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from actors.behaviour import ActorKey, Behaviour
 from schemas.commands import Command
@@ -91,10 +91,10 @@ class UserRecord(_Frozen):
 
 class DirectoryState(_Frozen):
     workspace_id: str
-    users: dict[str, UserRecord] = {}
-    custom_roles: dict[str, dict[str, Access]] = {}
+    users: dict[str, UserRecord] = Field(default_factory=dict)
+    custom_roles: dict[str, dict[str, Access]] = Field(default_factory=dict)
     scim_token_id: str | None = None
-    oauth_clients: dict[str, bool] = {}
+    oauth_clients: dict[str, bool] = Field(default_factory=dict)
     """client id -> revoked"""
 
     def live_user(self, user_id: str) -> UserRecord:
