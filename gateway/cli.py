@@ -74,6 +74,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     The signals are taken from the start: one that arrives while the platform opens ends the
     process through the same clean shutdown (the embedded database stopped) once it is open."""
     from gateway.app import HANDLER_DRAIN_S, SHUTDOWN, create_app
+    from gateway.heap import settle_after_startup
     from gateway.http_server import GatewayRunner
 
     host, port = settings.gateway_addr  # a malformed address fails before anything starts
@@ -85,6 +86,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             shutdown = app[SHUTDOWN]
             logging.getLogger().setLevel(settings.text("SVC_LOG_LEVEL").upper())
             await _listen(runner, host, port)
+            settle_after_startup()
             await stop.wait()
             shutdown.begin()
             log.info("svc shutting down: in-flight turns get %.0f s", shutdown.grace_s)
