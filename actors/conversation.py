@@ -110,6 +110,7 @@ class TurnRecord(BaseModel):
     model: str
     status: Literal["running", "completed", "failed"]
     started_at: AwareDatetime
+    expires_at: AwareDatetime | None = None
     ended_at: AwareDatetime | None = None
     message_id: str | None = None
     content: str = ""
@@ -256,6 +257,7 @@ def _decide_run(state: ConversationState, c: RunTurn) -> list[Event]:
             request_messages=len(c.messages),
             at=c.at,
             agent=c.agent,
+            expires_at=c.expires_at,
         )
     )
     return events
@@ -310,6 +312,8 @@ def _decide_recover(state: ConversationState, c: RecoverAbandonedTurns) -> list[
         turn = state.turns.get(turn_id)
         if turn is None or turn.status != "running":
             continue
+        if turn.expires_at is not None and turn.expires_at > c.at:
+            continue  # its own budget has not run out, whatever the one in force now says
         elapsed = round((c.at - turn.started_at).total_seconds() * 1000)
         events.append(
             TurnFailed(
@@ -325,10 +329,6 @@ def _decide_recover(state: ConversationState, c: RecoverAbandonedTurns) -> list[
     return events
 
 
-def running_turns(state: ConversationState) -> tuple[str, ...]:
-    return tuple(t.turn_id for t in state.turns.values() if t.status == "running")
-
-
 TURN_MARGIN_S = 60.0
 """Beyond a turn's model-call budget: its appends, and a wait behind other commands."""
 
@@ -340,11 +340,22 @@ def turn_lifetime(call_timeout_s: float) -> timedelta | None:
     return None if call_timeout_s <= 0 else timedelta(seconds=call_timeout_s + TURN_MARGIN_S)
 
 
-def turns_running_since(state: ConversationState, before: datetime) -> tuple[str, ...]:
-    """The running turns started before `before`."""
+def expired_turns(
+    state: ConversationState, now: datetime, lifetime: timedelta | None
+) -> tuple[str, ...]:
+    """The running turns past their expiry at `now`: the one each recorded when it started
+    or, for a turn that recorded none, its start plus `lifetime` (None: never)."""
     return tuple(
-        t.turn_id for t in state.turns.values() if t.status == "running" and t.started_at < before
+        t.turn_id
+        for t in state.turns.values()
+        if t.status == "running" and (expiry := _expiry(t, lifetime)) is not None and expiry < now
     )
+
+
+def _expiry(turn: TurnRecord, lifetime: timedelta | None) -> datetime | None:
+    if turn.expires_at is not None:
+        return turn.expires_at
+    return None if lifetime is None else turn.started_at + lifetime
 
 
 def _decide_rename(state: ConversationState, c: RenameConversation) -> list[Event]:
@@ -436,6 +447,7 @@ def _evolve(state: ConversationState, event: Event) -> ConversationState:
             model=event.model,
             status="running",
             started_at=event.at,
+            expires_at=event.expires_at,
         )
         by_command = dict(state.turn_by_command)
         by_command[event.command_id] = event.turn_id
@@ -629,27 +641,32 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             yield await _recorded_result_now(ctx, command)
             return
         provider = self.provider_for(command.model)
-        # Stamped when it starts, not when it was asked for: it may have waited behind
-        # another turn, and its age tells other processes whether it can still be running.
-        started = await ctx.execute(command.model_copy(update={"at": self._clock()}))
+        started = await ctx.execute(self._stamped(command))
         if started.duplicate or not started.events:
             yield recorded_result(ctx.state, command, started.events)
             return
         async for item in self._run_model(ctx, command, provider):
             yield item
 
+    def _stamped(self, command: RunTurn) -> RunTurn:
+        """The turn as it starts: stamped with its start (it may have waited behind another
+        turn) and with its expiry under the call budget in force now, which is the one its
+        model call will have (the provider reads it as the call begins). Other activations
+        judge the turn by these, not by a budget changed while it runs."""
+        now = self._clock()
+        lifetime = self._abandoned_after()
+        expires_at = None if lifetime is None else now + lifetime
+        return command.model_copy(update={"at": now, "expires_at": expires_at})
+
     async def _recover_abandoned(self, ctx: ActorContext[ConversationState]) -> None:
         """Record the turns of a gone incarnation as failed (see the module docstring)."""
-        lifetime = self._abandoned_after()
-        if lifetime is None or not running_turns(ctx.state):
-            return
-        before = self._clock() - lifetime
-        if not turns_running_since(ctx.state, before):
+        lifetime, now = self._abandoned_after(), self._clock()
+        if not expired_turns(ctx.state, now, lifetime):
             return
         # Another process may have ended them since this state was read: look first.
         await ctx.refresh()
         state = ctx.state
-        abandoned = turns_running_since(state, before)
+        abandoned = expired_turns(state, now, lifetime)
         if not abandoned or state.workspace_id is None:
             return
         log.warning(

@@ -137,6 +137,8 @@ class RunTurn(Command):
     agent: Id | None = None
     continue_only: bool = False
     at: AwareDatetime
+    # Stamped with `at` by the conversation's handler as the turn starts (TurnStarted).
+    expires_at: AwareDatetime | None = None
 
 
 class CompleteTurn(Command):
@@ -236,6 +238,11 @@ class TurnStarted(Event):
     at: AwareDatetime
     # The agent whose configuration this turn ran with (gateway/chat.py resolves it).
     agent: Id | None = None
+    # When this turn, if still running, was abandoned: its start plus the model-call budget
+    # in force then plus a margin (actors/conversation.py, turn_lifetime). None when calls had
+    # no time limit, and on turns recorded before the field existed: those are judged by the
+    # budget in force when they are judged.
+    expires_at: AwareDatetime | None = None
 
 
 @event

@@ -18,7 +18,7 @@ from actor_doubles import MakeRuntime, RuntimeUnderTest, ScriptedProvider, answe
 from test_conversation_turns import eventually_recorded, run_turn, types_of
 
 from actors import ConversationBehaviour, RecordedTurnFailure, TurnResult, conversation_key
-from actors.conversation import ABANDONED, ConversationState, running_turns
+from actors.conversation import ABANDONED, ConversationState, expired_turns
 from actors.models.port import Finished, ModelEvent, ModelRequest, TextDelta, Usage
 from eventstore import PostgresEventStore
 from schemas.conversation import (
@@ -60,11 +60,15 @@ async def dead_incarnation(
     cid: str,
     command: RunTurn,
     clock: Callable[[], datetime] | None = None,
+    lifetime: timedelta | None = timedelta(0),
 ) -> tuple[GatedProvider, asyncio.Task[object]]:
-    """A table that started `command`'s turn (at `clock()`) and will not finish it until
-    the gate opens."""
+    """A table that started `command`'s turn (at `clock()`, with `lifetime` as the turn
+    lifetime of the call budget then in force) and will not finish it until the gate opens."""
     gated = GatedProvider()
-    old = await make_runtime([ConversationBehaviour([gated], clock=clock or _now)])
+    behaviour = ConversationBehaviour(
+        [gated], clock=clock or _now, abandoned_after=lambda: lifetime
+    )
+    old = await make_runtime([behaviour])
     task: asyncio.Task[object] = asyncio.create_task(old.ask(conversation_key(cid), command))
     await eventually_recorded(store, cid, STARTED)
     return gated, task
@@ -170,6 +174,10 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def running_turns(state: ConversationState) -> tuple[str, ...]:
+    return tuple(t.turn_id for t in state.turns.values() if t.status == "running")
+
+
 def _state_with_running_turn(
     behaviour: ConversationBehaviour, command: RunTurn
 ) -> ConversationState:
@@ -216,7 +224,7 @@ async def test_a_turn_another_process_is_still_running_is_left_to_it(
     `turn_in_progress`, other commands go on, and its answer is recorded when it comes."""
     cid = uuid.uuid4().hex
     command = run_turn(command_id=f"key-{uuid.uuid4().hex}")
-    gated, first = await dead_incarnation(make_runtime, store, cid, command)
+    gated, first = await dead_incarnation(make_runtime, store, cid, command, lifetime=LIFETIME)
     provider = ScriptedProvider()
     other = await make_runtime(
         [ConversationBehaviour([provider], abandoned_after=lambda: LIFETIME)]
@@ -249,7 +257,12 @@ async def test_a_running_turn_older_than_its_lifetime_is_abandoned(
     cid = uuid.uuid4().hex
     started_long_ago = run_turn(command_id=f"key-{uuid.uuid4().hex}")
     gated, first = await dead_incarnation(
-        make_runtime, store, cid, started_long_ago, clock=lambda: _now() - 2 * LIFETIME
+        make_runtime,
+        store,
+        cid,
+        started_long_ago,
+        clock=lambda: _now() - 2 * LIFETIME,
+        lifetime=LIFETIME,
     )
     other = await make_runtime(
         [ConversationBehaviour([ScriptedProvider()], abandoned_after=lambda: LIFETIME)]
@@ -269,7 +282,9 @@ async def test_a_turn_asked_for_long_ago_is_as_old_as_its_start(
     lifetime) is stamped when it starts: another process does not take it for abandoned."""
     cid = uuid.uuid4().hex
     asked_long_ago = run_turn().model_copy(update={"at": _now() - 2 * LIFETIME})
-    gated, first = await dead_incarnation(make_runtime, store, cid, asked_long_ago)
+    gated, first = await dead_incarnation(
+        make_runtime, store, cid, asked_long_ago, lifetime=LIFETIME
+    )
     other = await make_runtime(
         [ConversationBehaviour([ScriptedProvider()], abandoned_after=lambda: LIFETIME)]
     )
@@ -280,3 +295,70 @@ async def test_a_turn_asked_for_long_ago_is_as_old_as_its_start(
     assert FAILED not in await types_of(store, cid)
     gated.gate.set()
     assert isinstance(await first, TurnResult)
+
+
+async def test_a_turn_is_judged_by_the_budget_it_started_with_not_a_lowered_one(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    """The call budget is lowered while a turn runs under the old one: another process
+    leaves the turn to its owner until the turn's own lifetime is over."""
+    cid = uuid.uuid4().hex
+    command = run_turn(command_id=f"key-{uuid.uuid4().hex}")
+    gated, first = await dead_incarnation(make_runtime, store, cid, command, lifetime=LIFETIME)
+    provider = ScriptedProvider()
+    lowered = await make_runtime(
+        [ConversationBehaviour([provider], abandoned_after=lambda: timedelta(0))]
+    )
+    with pytest.raises(Conflict) as raised:
+        await lowered.ask(conversation_key(cid), command)
+    assert raised.value.code == "turn_in_progress" and provider.calls == 0
+    assert FAILED not in await types_of(store, cid)
+
+    gated.gate.set()
+    assert isinstance(await first, TurnResult)
+    assert (await types_of(store, cid))[-1] == "conversation.assistant_message_completed"
+
+
+async def test_a_turn_that_recorded_no_expiry_is_judged_by_the_budget_now(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    """A turn recorded without an expiry (its calls had no time limit, or it was recorded
+    before turns carried one) is abandoned once older than the lifetime in force now."""
+    cid = uuid.uuid4().hex
+    command = run_turn(command_id=f"key-{uuid.uuid4().hex}")
+    gated, first = await dead_incarnation(
+        make_runtime, store, cid, command, clock=lambda: _now() - 2 * LIFETIME, lifetime=None
+    )
+    recorded = await store.read_stream(conversation_key(cid).stream_id)
+    assert recorded[-1].type == STARTED and recorded[-1].data.get("expires_at") is None
+    other = await make_runtime(
+        [ConversationBehaviour([ScriptedProvider()], abandoned_after=lambda: LIFETIME)]
+    )
+    with pytest.raises(RecordedTurnFailure) as raised:
+        await other.ask(conversation_key(cid), command)
+    assert raised.value.code == ABANDONED
+    gated.gate.set()
+    with pytest.raises(Conflict):
+        await first
+
+
+def test_recover_leaves_a_turn_whose_recorded_expiry_is_still_ahead() -> None:
+    """The sweep names turns by their age under the budget in force now; a turn whose own
+    expiry is later is left running until then."""
+    behaviour = ConversationBehaviour()
+    command = run_turn().model_copy(update={"expires_at": _now() + LIFETIME})
+    state = _state_with_running_turn(behaviour, command)
+    assert command.expires_at is not None
+    early = command.expires_at - timedelta(seconds=1)
+    late = command.expires_at + timedelta(seconds=1)
+    assert expired_turns(state, early, timedelta(0)) == ()
+    assert expired_turns(state, late, None) == (command.turn_id,)
+
+    def recover(at: datetime) -> RecoverAbandonedTurns:
+        return RecoverAbandonedTurns(
+            command_id="r1", workspace_id=WS, turn_ids=(command.turn_id,), at=at
+        )
+
+    assert behaviour.decide(state, recover(early)) == []
+    [failed] = behaviour.decide(state, recover(late))
+    assert isinstance(failed, TurnFailed) and failed.error_code == ABANDONED
