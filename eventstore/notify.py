@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from eventstore.db import Connection, Database
-from eventstore.tasks import cancel_and_wait
+from eventstore.tasks import cancel_and_wait, wait_set
 
 log = logging.getLogger(__name__)
 
@@ -185,9 +185,7 @@ class CommitNotifier:
 
     async def _watch(self, conn: Connection) -> None:
         while self._running:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._ping_s):
-                    await self._lost.wait()
+            await wait_set(self._lost, self._ping_s)
             if self._lost.is_set() or conn.is_closed():
                 return
             # A half-open TCP connection never reports termination; a ping does. The deadline

@@ -23,7 +23,7 @@ from eventstore.errors import InvalidCursor, StoreError
 from eventstore.notify import CommitNotifier
 from eventstore.reads import log_head, point_issued, read_log
 from eventstore.records import RecordedEvent
-from eventstore.tasks import cancel_and_wait
+from eventstore.tasks import cancel_and_wait, wait_set
 from schemas.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -282,9 +282,7 @@ class LogTailer:
                         self._wake.clear()
                         await self._read_to_head(conn)
                         failures = 0
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(self._poll_interval_s):
-                                await self._wake.wait()
+                        await wait_set(self._wake, self._poll_interval_s)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -32,3 +32,14 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
     for task, outcome in zip(running, outcomes, strict=True):
         if isinstance(outcome, Exception):
             log.error("background task %s failed: %r", task.get_name(), outcome)
+
+
+async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for `event`: True if it is set, False when the time ran out.
+    Built on `asyncio.timeout`, so a cancellation of the waiter is never lost (see above)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

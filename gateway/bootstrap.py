@@ -29,7 +29,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +57,7 @@ from gateway.ratelimit import RateLimiter
 from gateway.secrets import DatabaseVault
 from gateway.settings import Settings, SettingsService, read_stored_settings
 from gateway.shutdown import PROJECTION_FLUSH_S, Shutdown, ShutdownReport, bounded
-from gateway.turn_sweep import SWEEP_EVERY_S, AbandonedTurnSweep
+from gateway.turn_sweep import SWEEP_EVERY_S, AbandonedTurnSweep, stale_after
 from projections import PROJECTION_MIGRATIONS, ProjectionRunner, default_projectors
 from schemas.commands import service_command_id
 from schemas.errors import Conflict
@@ -97,7 +97,7 @@ def model_config(settings: Settings) -> ModelConfig:
         gateway_url=settings.text("SVC_LLM_GATEWAY_URL"),
         model=settings.text("SVC_LLM_MODEL"),
         provider=settings.text("SVC_LLM_PROVIDER"),
-        call_timeout_s=_call_timeout_s(settings),
+        call_timeout_s=float(settings.integer("SVC_LLM_CALL_TIMEOUT_S")),
         retries=settings.integer("SVC_LLM_RETRIES"),
         temperature=optional_float(
             settings.text("SVC_LLM_TEMPERATURE"), low=0.0, high=2.0, key="SVC_LLM_TEMPERATURE"
@@ -138,13 +138,13 @@ async def open_store(
 
 
 def behaviours(
-    providers: ModelProvider, call_timeout_s: Callable[[], float]
+    providers: ModelProvider, turn_lifetime_now: Callable[[], timedelta | None]
 ) -> list[Behaviour[Any]]:
-    """Every actor kind of SVC. `call_timeout_s()` is the model-call budget now (a live
-    setting): a turn older than its `turn_lifetime` was abandoned."""
+    """Every actor kind of SVC. `turn_lifetime_now()` is the `turn_lifetime` of the model-call
+    budget in force (a live setting)."""
     return [
         WorkspaceBehaviour(),
-        ConversationBehaviour([providers], abandoned_after=lambda: turn_lifetime(call_timeout_s())),
+        ConversationBehaviour([providers], abandoned_after=turn_lifetime_now),
         AgentBehaviour(),
         SettingsBehaviour(),
         *identity_behaviours(),
@@ -169,7 +169,7 @@ class HostBehaviours:
 
     def __call__(self) -> list[Behaviour[Any]]:
         self._providers = ProviderSet.from_config(self.config)
-        return behaviours(self._providers, lambda: self.config.call_timeout_s)
+        return behaviours(self._providers, lambda: turn_lifetime(self.config.call_timeout_s))
 
     def reconfigure(self, config: ModelConfig) -> None:
         if config == self.config:
@@ -195,10 +195,6 @@ async def _close_after(providers: Sequence[ModelProvider], delay_s: float) -> No
     await ProviderSet(providers).aclose()
 
 
-def _call_timeout_s(settings: Settings) -> float:
-    return float(settings.integer("SVC_LLM_CALL_TIMEOUT_S"))
-
-
 def _table_options(settings: Settings) -> dict[str, Any]:
     return {
         "idle_s": float(settings.integer("SVC_ACTOR_IDLE_SEC")),
@@ -216,10 +212,8 @@ def _runtime(
 ) -> ActorRuntime:
     if settings.text("SVC_ACTOR_RUNTIME") == "ray" and not local_only:
         return _ray_runtime(settings, dsn)
-    call_timeout_s = partial(_call_timeout_s, settings)
-    table = ActivationTable(
-        store, behaviours(providers, call_timeout_s), **_table_options(settings)
-    )
+    lifetime = partial(stale_after, settings)
+    table = ActivationTable(store, behaviours(providers, lifetime), **_table_options(settings))
     return LocalRuntime(table)
 
 

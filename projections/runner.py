@@ -54,7 +54,7 @@ from eventstore.db import Connection, Database
 from eventstore.errors import StoreError, StoreUnavailable
 from eventstore.reads import log_head, read_log
 from eventstore.records import RecordedEvent
-from eventstore.tasks import cancel_and_wait
+from eventstore.tasks import cancel_and_wait, wait_set
 from projections import metrics
 from projections.projector import Projector
 from schemas.errors import InvalidInput, Unavailable
@@ -341,10 +341,7 @@ class ProjectionRunner:
             # The fallback poll covers commits whose wake-up never came (another process
             # without a working NOTIFY, or a notifier that is not wired in). An idle poll also
             # rereads the checkpoints, which another process's rebuild may have moved back.
-            try:
-                async with asyncio.timeout(self._poll_interval_s):
-                    await self._wake.wait()
-            except TimeoutError:
+            if not await wait_set(self._wake, self._poll_interval_s):
                 for slot in slots:
                     slot.loaded = False
 
@@ -354,9 +351,7 @@ class ProjectionRunner:
         if self._linger_s == 0 or self._readers_waiting:
             return
         self._hurry.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._linger_s):
-                await self._hurry.wait()
+        await wait_set(self._hurry, self._linger_s)
 
     async def _sample_metrics(self) -> None:
         while self._running:
@@ -664,13 +659,11 @@ class ProjectionRunner:
                     # this projector: they count too, read from how far it now lags.
                     await self._load([slot])
                     done = max(done, total - (await self._lag(slot.point))[0])
-                    if progress is not None:
-                        progress(done, max(total, done))
-                    continue
-                if consumed == 0:
+                elif consumed == 0:
                     break
-                done += consumed
-                total = max(total, done)
+                else:
+                    done += consumed
+                total = max(total, done)  # the log grew while it was replayed
                 if progress is not None:
                     progress(done, total)
         await self._notify_progress()

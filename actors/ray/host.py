@@ -12,7 +12,6 @@ it answers `WrongEpoch` and runs nothing (see actors/shards.py for why).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import logging
 import os
@@ -30,6 +29,7 @@ from actors.table import ActivationTable, Reply, TableStats
 from eventstore.db import Database
 from eventstore.notify import CommitNotifier
 from eventstore.store import PostgresEventStore
+from eventstore.tasks import wait_set
 from schemas.commands import Command
 
 log = logging.getLogger(__name__)
@@ -300,9 +300,7 @@ class ActorHost:
         end = loop.time() + deadline_s
         while self._busy(shards) and (remaining := end - loop.time()) > 0:
             self._progress.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self._progress.wait()
+            await wait_set(self._progress, remaining)
         keys = [k for s in shards for k in self._keys.pop(s, set())]
         await table.passivate(keys)
         return self._busy(shards)
