@@ -17,6 +17,7 @@ from gateway.identity.scim import PREFIX as SCIM_PREFIX
 from gateway.identity.scim import add_scim_routes
 from gateway.identity.service import identity_ctx
 from gateway.openapi import document
+from schemas import identity_api as views
 
 ADMIN = "/v1/admin"
 AUTH_TAG = "Auth & SSO"
@@ -168,6 +169,28 @@ ROUTE_DOCS: tuple[_Doc, ...] = (
     ("POST", "/saml/acs", "SAML assertion consumer (HTTP-POST)", AUTH_TAG, None, "none", 303),
 )
 
+RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
+    ("POST", f"{ADMIN}/auth/login"): views.LoginSession,
+    ("POST", f"{ADMIN}/auth/logout"): views.LoggedOut,
+    ("GET", f"{ADMIN}/auth/session"): views.SessionInfo,
+    ("POST", f"{ADMIN}/auth/totp/enrol"): views.TotpEnrolment,
+    ("POST", f"{ADMIN}/auth/totp/verify"): views.TotpEnrolled,
+    ("GET", f"{ADMIN}/users"): views.UserPage,
+    ("POST", f"{ADMIN}/users"): views.UserView,
+    ("GET", f"{ADMIN}/users/{{id}}"): views.UserView,
+    ("PATCH", f"{ADMIN}/users/{{id}}"): views.UserView,
+    ("POST", f"{ADMIN}/users/{{id}}/roles"): views.UserView,
+    ("DELETE", f"{ADMIN}/users/{{id}}/roles/{{role}}"): views.UserView,
+    ("POST", f"{ADMIN}/users/{{id}}/apikeys"): views.IssuedUserKey,
+    ("GET", f"{ADMIN}/roles"): views.RoleList,
+    ("POST", f"{ADMIN}/roles"): views.RoleView,
+    ("POST", f"{ADMIN}/scim/token"): views.IssuedScimToken,
+    ("POST", f"{ADMIN}/oauth/clients"): views.IssuedOAuthClient,
+    ("GET", f"{ADMIN}/audit"): views.AuditPage,
+}
+"""The JSON body each route answers with on success (schemas/identity_api.py); the routes
+not named here answer 204, a redirect, or XML (SAML metadata)."""
+
 SCIM_DOCS: tuple[tuple[str, str, str], ...] = (
     ("GET", "/ServiceProviderConfig", "SCIM service provider configuration"),
     ("GET", "/ResourceTypes", "SCIM resource types"),
@@ -194,6 +217,7 @@ def document_routes() -> None:
             summary=summary,
             tag=tag,
             request=request,
+            response=RESPONSES.get((method, path)),
             auth=auth,
             response_status=status,
             extra_statuses=(429,) if path.endswith("/auth/login") else (),

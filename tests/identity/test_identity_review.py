@@ -178,6 +178,9 @@ async def test_every_identity_route_is_described_in_openapi(database_url: str) -
     login = doc["paths"]["/v1/admin/auth/login"]["post"]
     assert login["security"] == []
     assert "LoginRequest" in doc["components"]["schemas"]
+    assert "LoginSession" in doc["components"]["schemas"]
+    answer = login["responses"]["200"]["content"]["application/json"]["schema"]
+    assert answer["$ref"].endswith("/LoginSession")
     assert doc["paths"]["/scim/v2/Users"]["get"]["tags"] == ["SCIM"]
     # Every route the identity subsystem installs is covered.
     identity_paths = [

@@ -1,0 +1,143 @@
+"""Response bodies of the identity routes (admin login, users, roles, credentials, audit), as
+the OpenAPI document describes them (gateway/identity/routes.py). The handlers build these
+bodies themselves; tests/identity/test_identity_responses.py holds every body a route
+answers against its model here, so a field added on one side and not the other fails.
+
+Request bodies live beside their handlers (gateway/identity/admin.py, login.py), the SCIM
+resources follow RFC 7643, and the OAuth token endpoint's bodies are in oauth.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from schemas.identity import Access
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SessionUser(_Body):
+    id: str
+    user_name: str
+    workspace_id: str
+    roles: list[str]
+
+
+class LoginSession(_Body):
+    """A new admin session. The session and CSRF cookies are set as well; a browser sends
+    `csrf_token` back in `X-CSRF-Token` with every unsafe request."""
+
+    user: SessionUser
+    session_id: str
+    csrf_token: str
+    expires_at: AwareDatetime
+    second_factor: bool = Field(description="whether a TOTP code was checked")
+    totp_enrolment_required: bool = Field(
+        description="SVC_REQUIRE_2FA is on and the user has no TOTP yet"
+    )
+    totp_enrolment_url: str | None = Field(
+        default=None, description="present when enrolment is required"
+    )
+
+
+class LoggedOut(_Body):
+    logged_out: bool
+
+
+class SessionInfo(_Body):
+    """Who the caller is: a session or a bearer key."""
+
+    workspace_id: str
+    user_id: str | None
+    user_name: str | None
+    auth: str | None = Field(description="how the caller signed in (password, ldap, saml, oidc)")
+    scopes: list[str]
+
+
+class TotpEnrolment(_Body):
+    """Shown once; confirm it with a code from the authenticator."""
+
+    secret: str
+    otpauth_uri: str
+
+
+class TotpEnrolled(_Body):
+    totp_enrolled: bool
+
+
+class UserView(_Body):
+    id: str
+    workspace_id: str
+    user_name: str
+    display_name: str | None
+    given_name: str | None
+    family_name: str | None
+    emails: list[dict[str, Any]] = Field(description="SCIM-style: value, type, primary")
+    external_id: str | None
+    active: bool | None
+    source: str = Field(description="local, scim, ldap, saml or oidc")
+    roles: list[str]
+    has_password: bool
+    totp_enrolled: bool
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+
+
+class UserPage(_Body):
+    items: list[UserView]
+    total: int = Field(ge=0)
+
+
+class IssuedUserKey(_Body):
+    """The key is shown once."""
+
+    key: str
+    key_id: str
+    user_id: str
+    scopes: list[str]
+
+
+class RoleView(_Body):
+    name: str
+    builtin: bool
+    permissions: dict[str, Access] = Field(description="domain -> read or write")
+
+
+class RoleList(_Body):
+    items: list[RoleView]
+
+
+class IssuedScimToken(_Body):
+    """Shown once. `{"action": "revoke"}` answers 200 with `{"revoked": true}` instead."""
+
+    token: str
+    token_id: str
+    prefix: str
+
+
+class IssuedOAuthClient(_Body):
+    """The secret is shown once."""
+
+    client_id: str
+    client_secret: str
+    scopes: list[str]
+
+
+class AuditEntry(_Body):
+    position: int
+    at: AwareDatetime
+    action: str
+    user_id: str | None
+    user_name: str | None
+    client_ip: str | None
+    detail: dict[str, Any]
+
+
+class AuditPage(_Body):
+    """Newest first; pass `next_cursor` as `before` for the next page (null: no more)."""
+
+    items: list[AuditEntry]
+    next_cursor: str | None

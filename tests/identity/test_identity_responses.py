@@ -1,0 +1,83 @@
+"""Every JSON body an identity route answers with matches the model its OpenAPI description
+names (gateway/identity/routes.py RESPONSES, schemas/identity_api.py): the models forbid
+unknown fields, so a field added to a handler and not to its model, or the other way round,
+fails here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from identity_support import running, settings_for
+
+from gateway.identity.routes import RESPONSES
+from gateway.identity.totp import now_code
+
+pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
+
+ADMIN = "/v1/admin"
+PASSWORD = "correct horse battery staple"
+
+
+class Checked:
+    """Validates each answer against the documented model of its route template."""
+
+    def __init__(self) -> None:
+        self.routes: set[tuple[str, str]] = set()
+
+    def __call__(self, method: str, template: str, status: int, body: Any) -> Any:
+        assert status in (200, 201), (method, template, status, body)
+        RESPONSES[(method, template)].model_validate(body)
+        self.routes.add((method, template))
+        return body
+
+
+async def test_every_documented_identity_body_is_what_the_route_answers(
+    database_url: str,
+) -> None:
+    check = Checked()
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+
+        async def call(method: str, template: str, path: str | None = None, **kw: Any) -> Any:
+            status, body, _ = await svc.request(method, path or template, key, **kw)
+            return check(method, template, status, body)
+
+        users = f"{ADMIN}/users"
+        body = {"user_name": "rita", "password": PASSWORD, "roles": ["admin"]}
+        rita = (await call("POST", users, json=body))["id"]
+        one = f"{users}/{{id}}"
+        await call("GET", users)
+        await call("GET", one, f"{users}/{rita}")
+        await call("PATCH", one, f"{users}/{rita}", json={"display_name": "Rita R."})
+        role = {"name": "auditor", "permissions": {"audit": "read"}}
+        await call("POST", f"{ADMIN}/roles", json=role)
+        await call("GET", f"{ADMIN}/roles")
+        await call("POST", f"{one}/roles", f"{users}/{rita}/roles", json={"role": "auditor"})
+        await call("DELETE", f"{one}/roles/{{role}}", f"{users}/{rita}/roles/auditor")
+        issued = {"name": "ci", "scopes": ["admin:read"]}
+        await call("POST", f"{one}/apikeys", f"{users}/{rita}/apikeys", json=issued)
+        await call("POST", f"{ADMIN}/scim/token", json={"action": "issue"})
+        client = {"name": "etl", "scopes": ["admin:read"]}
+        await call("POST", f"{ADMIN}/oauth/clients", json=client)
+
+        status, session, browser = await svc.login("rita", PASSWORD)
+        async with browser:
+            check("POST", f"{ADMIN}/auth/login", status, session)
+            csrf = {"X-CSRF-Token": session["csrf_token"]}
+
+            async def in_session(method: str, template: str, **kw: Any) -> Any:
+                status, body, _ = await svc.request(
+                    method, template, session=browser, headers=csrf, **kw
+                )
+                return check(method, template, status, body)
+
+            await in_session("GET", f"{ADMIN}/auth/session")
+            enrol = await in_session("POST", f"{ADMIN}/auth/totp/enrol")
+            code = {"code": now_code(enrol["secret"])}
+            await in_session("POST", f"{ADMIN}/auth/totp/verify", json=code)
+            await in_session("POST", f"{ADMIN}/auth/logout")
+
+        await call("GET", f"{ADMIN}/audit")
+
+    assert check.routes == set(RESPONSES)
