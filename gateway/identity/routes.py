@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from gateway.identity import admin, login
 from gateway.identity.oauth import OAuthErrorBody, TokenRequestForm, TokenResponse, token_endpoint
-from gateway.identity.saml import add_saml_routes
+from gateway.identity.saml import METADATA_CONTENT_TYPE, add_saml_routes
 from gateway.identity.scim import CONTENT_TYPE as SCIM_CONTENT_TYPE
 from gateway.identity.scim import PREFIX as SCIM_PREFIX
 from gateway.identity.scim import add_scim_routes
@@ -191,6 +191,9 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
 """The JSON body each route answers with on success (schemas/identity_api.py); the routes
 not named here answer 204, a redirect, or XML (SAML metadata)."""
 
+SAML_METADATA = ("GET", "/saml/metadata")
+JSON = "application/json"
+
 SCIM_DOCS: tuple[tuple[str, str, str], ...] = (
     ("GET", "/ServiceProviderConfig", "SCIM service provider configuration"),
     ("GET", "/ResourceTypes", "SCIM resource types"),
@@ -218,6 +221,7 @@ def document_routes() -> None:
             tag=tag,
             request=request,
             response=RESPONSES.get((method, path)),
+            content_type=METADATA_CONTENT_TYPE if (method, path) == SAML_METADATA else JSON,
             auth=auth,
             response_status=status,
             extra_statuses=(429,) if path.endswith("/auth/login") else (),

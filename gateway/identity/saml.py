@@ -65,6 +65,8 @@ with warnings.catch_warnings():
     from saml2.config import SPConfig
     from saml2.metadata import create_metadata_string
 
+METADATA_CONTENT_TYPE = "application/samlmetadata+xml"
+
 log = logging.getLogger(__name__)
 
 SP_KEY_SECRET = ("saml", "sp_key")
@@ -240,7 +242,7 @@ def safe_next(raw: str | None) -> str:
 async def metadata(request: web.Request) -> web.Response:
     sp = await service_provider(identity(request))
     xml = await asyncio.to_thread(create_metadata_string, None, sp.client.config)
-    return web.Response(body=xml, content_type="application/samlmetadata+xml")
+    return web.Response(body=xml, content_type=METADATA_CONTENT_TYPE)
 
 
 async def login(request: web.Request) -> web.Response:

@@ -181,6 +181,8 @@ async def test_every_identity_route_is_described_in_openapi(database_url: str) -
     assert "LoginSession" in doc["components"]["schemas"]
     answer = login["responses"]["200"]["content"]["application/json"]["schema"]
     assert answer["$ref"].endswith("/LoginSession")
+    metadata = doc["paths"]["/saml/metadata"]["get"]["responses"]["200"]["content"]
+    assert list(metadata) == ["application/samlmetadata+xml"]
     assert doc["paths"]["/scim/v2/Users"]["get"]["tags"] == ["SCIM"]
     # Every route the identity subsystem installs is covered.
     identity_paths = [
