@@ -60,6 +60,7 @@ from eventstore.tailer import LogTailer
 from gateway.app import create_app
 from gateway.auth import generate_key, hash_key
 from gateway.bootstrap import ensure_workspace
+from gateway.heap import settle_after_startup
 from gateway.settings import Settings
 from gateway.state import PROJECTIONS, RUNTIME, TAILER
 from schemas.workspace import IssueApiKey
@@ -118,6 +119,7 @@ async def serve_gateway(database_url: str, out: Path) -> None:
             site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
             await site.start()
             port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            settle_after_startup()  # as `svc serve` does (gateway/heap.py)
             key = await issue_key(app)
             tailer = app[TAILER]
             assert isinstance(tailer, LogTailer)
