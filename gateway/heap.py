@@ -1,11 +1,12 @@
 """The cyclic garbage collector's settings for a serving process.
 
 CPython collects its youngest generation every 700 net allocations of container objects
-and, every hundredth time, makes a full pass over every tracked object in the process. A
-turn allocates a few thousand such objects (the request, pydantic models, events, database
-records), almost none of them in reference cycles, so at 32 turns in flight the collector
-ran about 500 times and its full pass 4-5 times per 2,800 turns: 0.65-0.9 s of the
-gateway's one core, and pauses that showed in the p99 (docs/performance.md, session 11).
+and, about every hundredth time, makes a full pass over every tracked object in the
+process. A turn leaves some 125 such objects more than it frees by the time the count is
+checked (requests, pydantic models, events and database records in flight), almost none
+of them in reference cycles; at 32 turns in flight the collector ran about 500 times and
+its full pass 4-5 times per 2,800 turns: 0.65-0.9 s of the gateway's one core, and pauses
+that showed in the p99 (docs/performance.md, session 11).
 
 What the process builds while it starts (modules, the application, settings, compiled
 validators) lives until it exits, so it is moved out of the collector's view, and the
