@@ -20,12 +20,14 @@ is running. A turn the state still calls running was started by another activati
 is gone (a process that died mid-call), or one still at work in another process (two
 gateways with the local runtime share a database, and nothing routes a key to one of them).
 Nothing here tells the two apart but time: a turn cannot outlive its model call's time
-budget plus a margin (`turn_lifetime`). So before handling a command the handler records the
-running turns older than that as failed with `turn_abandoned` (RecoverAbandonedTurns, stamped
-by the handler's clock): a retry with such a turn's Idempotency-Key then gets that recorded
-failure, and a new key runs a new turn. A younger running turn is left to its owner: a retry
-with its key is `turn_in_progress`. A writer that was in fact still alive past the lifetime
-loses at the store's version fence when it tries to record its answer.
+budget plus a margin (`turn_lifetime`), so each turn records, as it starts, when that will
+have run out (TurnStarted.expires_at; `never_expires` when calls had no time limit). Before
+handling a command the handler records the running turns past their expiry as failed with
+`turn_abandoned` (RecoverAbandonedTurns, stamped by the handler's clock): a retry with such a
+turn's Idempotency-Key then gets that recorded failure, and a new key runs a new turn. A turn
+not yet past its expiry is left to its owner: a retry with its key is `turn_in_progress`. A
+writer that was in fact still alive past the expiry loses at the store's version fence when
+it tries to record its answer.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class TurnRecord(BaseModel):
     status: Literal["running", "completed", "failed"]
     started_at: AwareDatetime
     expires_at: AwareDatetime | None = None
+    never_expires: bool = False
     ended_at: AwareDatetime | None = None
     message_id: str | None = None
     content: str = ""
@@ -258,6 +261,7 @@ def _decide_run(state: ConversationState, c: RunTurn) -> list[Event]:
             at=c.at,
             agent=c.agent,
             expires_at=c.expires_at,
+            never_expires=c.never_expires,
         )
     )
     return events
@@ -312,7 +316,7 @@ def _decide_recover(state: ConversationState, c: RecoverAbandonedTurns) -> list[
         turn = state.turns.get(turn_id)
         if turn is None or turn.status != "running":
             continue
-        if turn.expires_at is not None and turn.expires_at > c.at:
+        if turn.never_expires or (turn.expires_at is not None and turn.expires_at > c.at):
             continue  # its own budget has not run out, whatever the one in force now says
         elapsed = round((c.at - turn.started_at).total_seconds() * 1000)
         events.append(
@@ -340,11 +344,18 @@ def turn_lifetime(call_timeout_s: float) -> timedelta | None:
     return None if call_timeout_s <= 0 else timedelta(seconds=call_timeout_s + TURN_MARGIN_S)
 
 
+def _lifetime(budget_s: float | None) -> timedelta | None:
+    """The lifetime a turn gets from `budget_s`; zero for a table that runs every turn of its
+    conversations alone (no budget given: see ConversationBehaviour)."""
+    return timedelta(0) if budget_s is None else turn_lifetime(budget_s)
+
+
 def expired_turns(
     state: ConversationState, now: datetime, lifetime: timedelta | None
 ) -> tuple[str, ...]:
     """The running turns past their expiry at `now`: the one each recorded when it started
-    or, for a turn that recorded none, its start plus `lifetime` (None: never)."""
+    (or none, `never_expires`) or, for a turn recorded before turns carried an expiry, its
+    start plus `lifetime` (None: never)."""
     return tuple(
         t.turn_id
         for t in state.turns.values()
@@ -353,6 +364,8 @@ def expired_turns(
 
 
 def _expiry(turn: TurnRecord, lifetime: timedelta | None) -> datetime | None:
+    if turn.never_expires:
+        return None
     if turn.expires_at is not None:
         return turn.expires_at
     return None if lifetime is None else turn.started_at + lifetime
@@ -448,6 +461,7 @@ def _evolve(state: ConversationState, event: Event) -> ConversationState:
             status="running",
             started_at=event.at,
             expires_at=event.expires_at,
+            never_expires=event.never_expires,
         )
         by_command = dict(state.turn_by_command)
         by_command[event.command_id] = event.turn_id
@@ -596,16 +610,17 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         *,
         clock: Callable[[], datetime] = _utcnow,
         new_message_id: Callable[[], str] = _new_message_id,
-        abandoned_after: Callable[[], timedelta | None] = lambda: timedelta(0),
+        call_budget_s: Callable[[], float] | None = None,
     ) -> None:
-        """`abandoned_after()`: the age past which a running turn of another activation is
-        taken for abandoned (`turn_lifetime` of the call budget; read on every command, as
-        the budget is a live setting). The default, zero, takes every such turn for
-        abandoned: right only where one process runs every turn of a conversation."""
+        """`call_budget_s()`: the model-call time budget in force, in seconds (0: no limit),
+        read as each turn starts (it is a live setting): the turn's call gets it, and the
+        turn records the expiry it gives (`turn_lifetime`). None, for a table that runs
+        every turn of its conversations alone: each call keeps its provider's own budget,
+        and a running turn of another activation is taken for abandoned at once."""
         self._providers = tuple(providers)
         self._clock = clock
         self._new_message_id = new_message_id
-        self._abandoned_after = abandoned_after
+        self._call_budget_s = call_budget_s
 
     def initial_state(self, key: ActorKey) -> ConversationState:
         return ConversationState(conversation_id=key.id)
@@ -641,22 +656,30 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             yield await _recorded_result_now(ctx, command)
             return
         provider = self.provider_for(command.model)
-        started = await ctx.execute(self._stamped(command))
+        budget_s = None if self._call_budget_s is None else self._call_budget_s()
+        started = await ctx.execute(self._stamped(command, budget_s))
         if started.duplicate or not started.events:
             yield recorded_result(ctx.state, command, started.events)
             return
-        async for item in self._run_model(ctx, command, provider):
+        async for item in self._run_model(ctx, command, provider, budget_s):
             yield item
 
-    def _stamped(self, command: RunTurn) -> RunTurn:
+    def _stamped(self, command: RunTurn, budget_s: float | None) -> RunTurn:
         """The turn as it starts: stamped with its start (it may have waited behind another
-        turn) and with its expiry under the call budget in force now, which is the one its
-        model call will have (the provider reads it as the call begins). Other activations
-        judge the turn by these, not by a budget changed while it runs."""
+        turn) and with the expiry of `budget_s`, the call budget its model call is given.
+        Other activations judge the turn by these, not by a budget changed while it runs."""
         now = self._clock()
-        lifetime = self._abandoned_after()
-        expires_at = None if lifetime is None else now + lifetime
-        return command.model_copy(update={"at": now, "expires_at": expires_at})
+        lifetime = _lifetime(budget_s)
+        return command.model_copy(
+            update={
+                "at": now,
+                "expires_at": None if lifetime is None else now + lifetime,
+                "never_expires": lifetime is None,
+            }
+        )
+
+    def _abandoned_after(self) -> timedelta | None:
+        return _lifetime(None if self._call_budget_s is None else self._call_budget_s())
 
     async def _recover_abandoned(self, ctx: ActorContext[ConversationState]) -> None:
         """Record the turns of a gone incarnation as failed (see the module docstring)."""
@@ -685,14 +708,18 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         await ctx.execute(recover)
 
     async def _run_model(
-        self, ctx: ActorContext[ConversationState], command: RunTurn, provider: ModelProvider
+        self,
+        ctx: ActorContext[ConversationState],
+        command: RunTurn,
+        provider: ModelProvider,
+        budget_s: float | None,
     ) -> AsyncIterator[Any]:
         began = time.monotonic()
         parts: list[str] = []
         finished: Finished | None = None
         try:
             # Without a reader for the deltas (an ask), the upstream is asked for one completion.
-            async for item in provider.stream(_request(command, ctx.streaming)):
+            async for item in provider.stream(_request(command, ctx.streaming, budget_s)):
                 if isinstance(item, TextDelta):
                     parts.append(item.text)
                     yield item
@@ -773,7 +800,7 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             log.exception("could not record the failure of turn %s", command.turn_id)
 
 
-def _request(command: RunTurn, streaming: bool) -> ModelRequest:
+def _request(command: RunTurn, streaming: bool, budget_s: float | None) -> ModelRequest:
     params = command.params
     return ModelRequest(
         model=command.model,
@@ -786,6 +813,7 @@ def _request(command: RunTurn, streaming: bool) -> ModelRequest:
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
         stream=streaming,
+        call_timeout_s=budget_s,
     )
 
 

@@ -29,13 +29,13 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from actors.agent import AgentBehaviour
 from actors.behaviour import ActorKey, Behaviour
-from actors.conversation import ConversationBehaviour, turn_lifetime
+from actors.conversation import ConversationBehaviour
 from actors.identity import identity_behaviours
 from actors.local import LocalRuntime
 from actors.models.port import ModelProvider
@@ -57,7 +57,7 @@ from gateway.ratelimit import RateLimiter
 from gateway.secrets import DatabaseVault
 from gateway.settings import Settings, SettingsService, read_stored_settings
 from gateway.shutdown import PROJECTION_FLUSH_S, Shutdown, ShutdownReport, bounded
-from gateway.turn_sweep import SWEEP_EVERY_S, AbandonedTurnSweep, stale_after
+from gateway.turn_sweep import SWEEP_EVERY_S, AbandonedTurnSweep, call_budget_s
 from projections import PROJECTION_MIGRATIONS, ProjectionRunner, default_projectors
 from schemas.commands import service_command_id
 from schemas.errors import Conflict
@@ -97,7 +97,7 @@ def model_config(settings: Settings) -> ModelConfig:
         gateway_url=settings.text("SVC_LLM_GATEWAY_URL"),
         model=settings.text("SVC_LLM_MODEL"),
         provider=settings.text("SVC_LLM_PROVIDER"),
-        call_timeout_s=float(settings.integer("SVC_LLM_CALL_TIMEOUT_S")),
+        call_timeout_s=call_budget_s(settings),
         retries=settings.integer("SVC_LLM_RETRIES"),
         temperature=optional_float(
             settings.text("SVC_LLM_TEMPERATURE"), low=0.0, high=2.0, key="SVC_LLM_TEMPERATURE"
@@ -138,13 +138,13 @@ async def open_store(
 
 
 def behaviours(
-    providers: ModelProvider, turn_lifetime_now: Callable[[], timedelta | None]
+    providers: ModelProvider, call_budget_s: Callable[[], float]
 ) -> list[Behaviour[Any]]:
-    """Every actor kind of SVC. `turn_lifetime_now()` is the `turn_lifetime` of the model-call
-    budget in force (a live setting)."""
+    """Every actor kind of SVC. `call_budget_s()` is the model-call time budget in force (a
+    live setting), in seconds, 0 for none."""
     return [
         WorkspaceBehaviour(),
-        ConversationBehaviour([providers], abandoned_after=turn_lifetime_now),
+        ConversationBehaviour([providers], call_budget_s=call_budget_s),
         AgentBehaviour(),
         SettingsBehaviour(),
         *identity_behaviours(),
@@ -169,7 +169,7 @@ class HostBehaviours:
 
     def __call__(self) -> list[Behaviour[Any]]:
         self._providers = ProviderSet.from_config(self.config)
-        return behaviours(self._providers, lambda: turn_lifetime(self.config.call_timeout_s))
+        return behaviours(self._providers, lambda: self.config.call_timeout_s)
 
     def reconfigure(self, config: ModelConfig) -> None:
         if config == self.config:
@@ -212,8 +212,8 @@ def _runtime(
 ) -> ActorRuntime:
     if settings.text("SVC_ACTOR_RUNTIME") == "ray" and not local_only:
         return _ray_runtime(settings, dsn)
-    lifetime = partial(stale_after, settings)
-    table = ActivationTable(store, behaviours(providers, lifetime), **_table_options(settings))
+    budget = partial(call_budget_s, settings)
+    table = ActivationTable(store, behaviours(providers, budget), **_table_options(settings))
     return LocalRuntime(table)
 
 

@@ -36,9 +36,14 @@ MAX_CONVERSATIONS = 100
 """Per sweep; the next sweep takes the rest."""
 
 
+def call_budget_s(settings: Settings) -> float:
+    """The model-call time budget in force, in seconds; 0: calls have no time limit."""
+    return float(settings.integer("SVC_LLM_CALL_TIMEOUT_S"))
+
+
 def stale_after(settings: Settings) -> timedelta | None:
     """How long a turn may run before it is taken for abandoned; None: never."""
-    return turn_lifetime(settings.integer("SVC_LLM_CALL_TIMEOUT_S"))
+    return turn_lifetime(call_budget_s(settings))
 
 
 OVERLAP = timedelta(minutes=5)

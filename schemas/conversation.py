@@ -139,6 +139,7 @@ class RunTurn(Command):
     at: AwareDatetime
     # Stamped with `at` by the conversation's handler as the turn starts (TurnStarted).
     expires_at: AwareDatetime | None = None
+    never_expires: bool = False
 
 
 class CompleteTurn(Command):
@@ -239,10 +240,12 @@ class TurnStarted(Event):
     # The agent whose configuration this turn ran with (gateway/chat.py resolves it).
     agent: Id | None = None
     # When this turn, if still running, was abandoned: its start plus the model-call budget
-    # in force then plus a margin (actors/conversation.py, turn_lifetime). None when calls had
-    # no time limit, and on turns recorded before the field existed: those are judged by the
-    # budget in force when they are judged.
+    # it was given plus a margin (actors/conversation.py, turn_lifetime). None when calls had
+    # no time limit (`never_expires`) and on turns recorded before the fields existed: those
+    # are judged by the budget in force when they are judged.
     expires_at: AwareDatetime | None = None
+    # True when the turn's call had no time limit: no age makes it abandoned.
+    never_expires: bool = False
 
 
 @event

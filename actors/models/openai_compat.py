@@ -7,9 +7,10 @@ the upstream produces them, unless the request says nobody reads the deltas
 for one `chat.completion`, which costs it and us less than a stream of chunks.
 
 Failure policy:
-- The call has one time budget (`call_timeout_s`, 0 = none) covering every attempt and the
-  back-off between them. When it runs out the call fails with `UpstreamTimeout`
-  (code `ErrCallTimeout`) and is never retried.
+- The call has one time budget covering every attempt and the back-off between them: the
+  request's (`ModelRequest.call_timeout_s`, the one its turn recorded its expiry by) or else
+  the provider's own `call_timeout_s`; 0 = none. When it runs out the call fails with
+  `UpstreamTimeout` (code `ErrCallTimeout`) and is never retried.
 - Transient failures (connection errors, HTTP 429, 502, 503, 504) are retried up to `retries`
   times with exponential back-off and jitter, but only while no delta has been yielded: once
   text reached the caller a retry would duplicate it.
@@ -157,7 +158,7 @@ class OpenAICompatProvider:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         loop = asyncio.get_running_loop()
-        budget = self._call_timeout_s
+        budget = self._call_timeout_s if request.call_timeout_s is None else request.call_timeout_s
         deadline = loop.time() + budget if budget > 0 else None
         body = self.payload(request)
         attempt = 0

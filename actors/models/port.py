@@ -33,6 +33,9 @@ class ModelRequest:
     stream: bool = True
     """False when the caller reads only the outcome (an `ask`, not a `stream`): a provider may
     then fetch the answer in one piece, and yields its text as one delta before `Finished`."""
+    call_timeout_s: float | None = None
+    """The call's time budget (0: none), the one its turn recorded its expiry by; None: the
+    provider's own (`SVC_LLM_CALL_TIMEOUT_S` when it was built or last reconfigured)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from actor_doubles import MakeRuntime, RuntimeUnderTest, ScriptedProvider, answe
 from test_conversation_turns import eventually_recorded, run_turn, types_of
 
 from actors import ConversationBehaviour, RecordedTurnFailure, TurnResult, conversation_key
-from actors.conversation import ABANDONED, ConversationState, expired_turns
+from actors.conversation import ABANDONED, TURN_MARGIN_S, ConversationState, expired_turns
 from actors.models.port import Finished, ModelEvent, ModelRequest, TextDelta, Usage
 from eventstore import PostgresEventStore
 from schemas.conversation import (
@@ -26,6 +26,8 @@ from schemas.conversation import (
     RenameConversation,
     RunTurn,
     TurnFailed,
+    TurnParams,
+    TurnStarted,
 )
 from schemas.errors import Conflict
 
@@ -60,14 +62,12 @@ async def dead_incarnation(
     cid: str,
     command: RunTurn,
     clock: Callable[[], datetime] | None = None,
-    lifetime: timedelta | None = timedelta(0),
+    budget_s: float | None = None,
 ) -> tuple[GatedProvider, asyncio.Task[object]]:
-    """A table that started `command`'s turn (at `clock()`, with `lifetime` as the turn
-    lifetime of the call budget then in force) and will not finish it until the gate opens."""
+    """A table that started `command`'s turn (at `clock()`, under the call budget `budget_s`;
+    None: a lifetime of zero) and will not finish it until the gate opens."""
     gated = GatedProvider()
-    behaviour = ConversationBehaviour(
-        [gated], clock=clock or _now, abandoned_after=lambda: lifetime
-    )
+    behaviour = ConversationBehaviour([gated], clock=clock or _now, call_budget_s=_budget(budget_s))
     old = await make_runtime([behaviour])
     task: asyncio.Task[object] = asyncio.create_task(old.ask(conversation_key(cid), command))
     await eventually_recorded(store, cid, STARTED)
@@ -213,7 +213,16 @@ def test_recover_fails_only_the_running_turns_it_names() -> None:
     assert behaviour.decide(state, recover) == []
 
 
-LIFETIME = timedelta(minutes=2)
+BUDGET_S = 60.0
+LIFETIME = timedelta(seconds=BUDGET_S + TURN_MARGIN_S)
+
+
+def _budget(budget_s: float | None) -> Callable[[], float] | None:
+    return None if budget_s is None else lambda: budget_s
+
+
+def with_budget(budget_s: float | None, provider: ScriptedProvider) -> ConversationBehaviour:
+    return ConversationBehaviour([provider], call_budget_s=_budget(budget_s))
 
 
 async def test_a_turn_another_process_is_still_running_is_left_to_it(
@@ -224,11 +233,9 @@ async def test_a_turn_another_process_is_still_running_is_left_to_it(
     `turn_in_progress`, other commands go on, and its answer is recorded when it comes."""
     cid = uuid.uuid4().hex
     command = run_turn(command_id=f"key-{uuid.uuid4().hex}")
-    gated, first = await dead_incarnation(make_runtime, store, cid, command, lifetime=LIFETIME)
+    gated, first = await dead_incarnation(make_runtime, store, cid, command, budget_s=BUDGET_S)
     provider = ScriptedProvider()
-    other = await make_runtime(
-        [ConversationBehaviour([provider], abandoned_after=lambda: LIFETIME)]
-    )
+    other = await make_runtime([with_budget(BUDGET_S, provider)])
 
     with pytest.raises(Conflict) as raised:
         await other.ask(conversation_key(cid), command)
@@ -262,11 +269,9 @@ async def test_a_running_turn_older_than_its_lifetime_is_abandoned(
         cid,
         started_long_ago,
         clock=lambda: _now() - 2 * LIFETIME,
-        lifetime=LIFETIME,
+        budget_s=BUDGET_S,
     )
-    other = await make_runtime(
-        [ConversationBehaviour([ScriptedProvider()], abandoned_after=lambda: LIFETIME)]
-    )
+    other = await make_runtime([with_budget(BUDGET_S, ScriptedProvider())])
     with pytest.raises(RecordedTurnFailure) as raised:
         await other.ask(conversation_key(cid), started_long_ago)
     assert raised.value.code == ABANDONED
@@ -283,11 +288,9 @@ async def test_a_turn_asked_for_long_ago_is_as_old_as_its_start(
     cid = uuid.uuid4().hex
     asked_long_ago = run_turn().model_copy(update={"at": _now() - 2 * LIFETIME})
     gated, first = await dead_incarnation(
-        make_runtime, store, cid, asked_long_ago, lifetime=LIFETIME
+        make_runtime, store, cid, asked_long_ago, budget_s=BUDGET_S
     )
-    other = await make_runtime(
-        [ConversationBehaviour([ScriptedProvider()], abandoned_after=lambda: LIFETIME)]
-    )
+    other = await make_runtime([with_budget(BUDGET_S, ScriptedProvider())])
     rename = RenameConversation(
         command_id=uuid.uuid4().hex, workspace_id=WS, title="meanwhile", at=_now()
     )
@@ -304,11 +307,9 @@ async def test_a_turn_is_judged_by_the_budget_it_started_with_not_a_lowered_one(
     leaves the turn to its owner until the turn's own lifetime is over."""
     cid = uuid.uuid4().hex
     command = run_turn(command_id=f"key-{uuid.uuid4().hex}")
-    gated, first = await dead_incarnation(make_runtime, store, cid, command, lifetime=LIFETIME)
+    gated, first = await dead_incarnation(make_runtime, store, cid, command, budget_s=BUDGET_S)
     provider = ScriptedProvider()
-    lowered = await make_runtime(
-        [ConversationBehaviour([provider], abandoned_after=lambda: timedelta(0))]
-    )
+    lowered = await make_runtime([with_budget(None, provider)])
     with pytest.raises(Conflict) as raised:
         await lowered.ask(conversation_key(cid), command)
     assert raised.value.code == "turn_in_progress" and provider.calls == 0
@@ -319,27 +320,73 @@ async def test_a_turn_is_judged_by_the_budget_it_started_with_not_a_lowered_one(
     assert (await types_of(store, cid))[-1] == "conversation.assistant_message_completed"
 
 
-async def test_a_turn_that_recorded_no_expiry_is_judged_by_the_budget_now(
+async def test_a_turn_whose_call_had_no_time_limit_is_never_abandoned(
     make_runtime: MakeRuntime, store: PostgresEventStore
 ) -> None:
-    """A turn recorded without an expiry (its calls had no time limit, or it was recorded
-    before turns carried one) is abandoned once older than the lifetime in force now."""
+    """A turn started while calls had no time limit records that it never expires: a budget
+    set since does not make it abandoned, however old it is."""
     cid = uuid.uuid4().hex
     command = run_turn(command_id=f"key-{uuid.uuid4().hex}")
     gated, first = await dead_incarnation(
-        make_runtime, store, cid, command, clock=lambda: _now() - 2 * LIFETIME, lifetime=None
+        make_runtime, store, cid, command, clock=lambda: _now() - 2 * LIFETIME, budget_s=0.0
     )
     recorded = await store.read_stream(conversation_key(cid).stream_id)
-    assert recorded[-1].type == STARTED and recorded[-1].data.get("expires_at") is None
-    other = await make_runtime(
-        [ConversationBehaviour([ScriptedProvider()], abandoned_after=lambda: LIFETIME)]
-    )
-    with pytest.raises(RecordedTurnFailure) as raised:
+    assert recorded[-1].type == STARTED
+    assert recorded[-1].data.get("expires_at") is None and recorded[-1].data["never_expires"]
+    provider = ScriptedProvider()
+    other = await make_runtime([with_budget(BUDGET_S, provider)])
+    with pytest.raises(Conflict) as raised:
         await other.ask(conversation_key(cid), command)
-    assert raised.value.code == ABANDONED
+    assert raised.value.code == "turn_in_progress" and provider.calls == 0
     gated.gate.set()
-    with pytest.raises(Conflict):
-        await first
+    assert isinstance(await first, TurnResult)
+
+
+def test_a_turn_recorded_before_turns_carried_an_expiry_is_judged_by_the_budget_now() -> None:
+    behaviour = ConversationBehaviour()
+    state = behaviour.initial_state(conversation_key("c1"))
+    started = TurnStarted(
+        conversation_id="c1",
+        turn_id="t1",
+        command_id="k1",
+        model="scripted",
+        params=TurnParams(),
+        request_messages=1,
+        at=_now() - 2 * LIFETIME,
+    )
+    state = behaviour.evolve(state, started)
+    assert expired_turns(state, _now(), 3 * LIFETIME) == ()
+    assert expired_turns(state, _now(), LIFETIME) == ("t1",)
+    assert expired_turns(state, _now(), None) == ()
+    recover = RecoverAbandonedTurns(command_id="r1", workspace_id=WS, turn_ids=("t1",), at=_now())
+    [failed] = behaviour.decide(state, recover)
+    assert isinstance(failed, TurnFailed) and failed.error_code == ABANDONED
+
+
+async def test_a_turns_call_gets_the_budget_its_expiry_was_recorded_by(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    """The budget is a live setting, here one that changes on every read: the call and the
+    recorded expiry still agree, as both come from one read."""
+    reads = iter(range(10, 100, 10))
+    provider = ScriptedProvider()
+    runtime = await make_runtime(
+        [ConversationBehaviour([provider], call_budget_s=lambda: float(next(reads)))]
+    )
+    cid = uuid.uuid4().hex
+    await runtime.ask(conversation_key(cid), run_turn())
+    await runtime.ask(conversation_key(cid), run_turn())
+
+    started = [
+        TurnStarted.model_validate(r.data)
+        for r in await store.read_stream(conversation_key(cid).stream_id)
+        if r.type == STARTED
+    ]
+    budgets = [r.call_timeout_s for r in provider.requests]
+    assert len(budgets) == 2
+    for turn, budget in zip(started, budgets, strict=True):
+        assert budget is not None and turn.expires_at is not None and not turn.never_expires
+        assert turn.expires_at - turn.at == timedelta(seconds=budget + TURN_MARGIN_S)
 
 
 def test_recover_leaves_a_turn_whose_recorded_expiry_is_still_ahead() -> None:

@@ -108,6 +108,16 @@ async def test_timeout_covers_a_slow_stream(stub: Any) -> None:
     assert stub.calls == 1
 
 
+async def test_the_budget_a_request_carries_replaces_the_providers(stub: Any) -> None:
+    """The conversation passes the budget its turn recorded its expiry by; a reconfigured
+    provider budget does not apply to that call."""
+    stub.delay_s = 0.6
+    with pytest.raises(UpstreamTimeout):
+        await collect(provider(stub.base_url, call_timeout_s=0), request(call_timeout_s=0.2))
+    events = await collect(provider(stub.base_url, call_timeout_s=0.2), request(call_timeout_s=0))
+    assert isinstance(events[-1], Finished)
+
+
 async def test_transient_503_is_retried_then_succeeds(stub: Any) -> None:
     stub.faults.extend([stub_upstream.Fault(503), stub_upstream.Fault(503)])
     events = await collect(provider(stub.base_url), request())
