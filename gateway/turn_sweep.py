@@ -4,13 +4,14 @@ A conversation records a turn its previous incarnation never ended as `turn_aban
 its next command arrives (actors/conversation.py). A conversation nobody touches again (its
 client was cut off before it learnt the conversation id) would keep that turn `running` for
 good, in the turns read model, the overview and the analytics. So every gateway looks, once
-a minute, for turns running longer than any model call may last (the call timeout, plus a
-margin for the appends around it) and asks their conversations to record them as abandoned.
+a minute, for running turns past the expiry each recorded as it started (its call's time
+budget, plus a margin for the appends around it) and asks their conversations to record
+them as abandoned.
 
 Safe against a turn that is in fact still running: the command goes through the
 conversation's mailbox, behind a turn this runtime is running, and is decided on the state
-after it (a turn that ended meanwhile is left alone). With no call timeout
-(`SVC_LLM_CALL_TIMEOUT_S` 0) no age tells a dead turn from a slow one, and nothing is swept.
+after it (a turn that ended meanwhile is left alone). A turn whose call had no time limit
+(`SVC_LLM_CALL_TIMEOUT_S` 0 as it started) never expires: no age tells it dead from slow.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from actors.conversation import turn_lifetime
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
 from gateway.settings import Settings
-from projections.queries import RunningTurns, stale_running_turns
+from projections.queries import RunningTurns, SweepWindow, stale_running_turns
 from schemas.commands import service_command_id
 from schemas.conversation import RecoverAbandonedTurns
 from schemas.errors import SvcError
@@ -54,33 +55,48 @@ OVERLAP = timedelta(minutes=5)
 class AbandonedTurnSweep:
     """The sweep of one process. Its first sweep looks at every stale turn, however old
     (left by a crash before this process started); later ones at the turns that went stale
-    since, so each is a few index probes, not a scan of every turn ever recorded."""
+    since, so each is a few index probes, not a scan of every turn ever recorded.
+
+    A turn goes stale at the expiry it recorded as it started, which a budget changed since
+    does not move, so the sweep names a turn exactly when its conversation will record it
+    (`_decide_recover` leaves a turn whose expiry is still ahead). Turns recorded before
+    turns carried an expiry go stale by age under the budget in force, as in the
+    conversation."""
 
     def __init__(self, settings: Settings, db: Database, runtime: ActorRuntime) -> None:
         self._settings = settings
         self._db = db
         self._runtime = runtime
-        self._swept_until: datetime | None = None
+        self._swept: SweepWindow | None = None
 
     async def sweep(self, now: datetime | None = None) -> int:
         """Ask the conversations of up to MAX_CONVERSATIONS stale running turns to record
         them as abandoned; returns how many were asked. Returns once the commands are in
         the mailboxes: one queued behind a turn still running does not hold the sweep up."""
-        age = stale_after(self._settings)
-        if age is None:
-            return 0
         now = now or datetime.now(UTC)
-        until = now - age
-        since = None if self._swept_until is None else self._swept_until - OVERLAP
-        stale = await stale_running_turns(self._db, (since, until), limit=MAX_CONVERSATIONS)
+        window = self._window(now)
+        stale = await stale_running_turns(self._db, window, limit=MAX_CONVERSATIONS)
         for turns in stale:
             await _recover(self._runtime, turns, now)
         if len(stale) < MAX_CONVERSATIONS:  # else the next sweep goes on from the same point
-            self._swept_until = until
+            self._swept = window
         if stale:
             count = sum(len(t.turn_ids) for t in stale)
-            log.info("%d turn(s) running for over %s: asking their conversations", count, age)
+            log.info("%d turn(s) running past their expiry: asking their conversations", count)
         return len(stale)
+
+    def _window(self, now: datetime) -> SweepWindow:
+        """From where the last complete sweep ended, less OVERLAP, up to `now` (expiries) and
+        `now` less the lifetime in force (starts of turns without an expiry; none when calls
+        have no time limit)."""
+        age = stale_after(self._settings)
+        started_until = None if age is None else now - age
+        last = self._swept
+        expired_from = None if last is None else last.expired[1] - OVERLAP
+        if started_until is None:
+            return SweepWindow((expired_from, now), None)
+        started_from = None if last is None or last.started is None else last.started[1] - OVERLAP
+        return SweepWindow((expired_from, now), (started_from, started_until))
 
 
 async def _recover(runtime: ActorRuntime, turns: RunningTurns, now: datetime) -> None:

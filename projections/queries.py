@@ -233,35 +233,54 @@ class RunningTurns:
     turn_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SweepWindow:
+    """Which running turns a sweep asks for: those whose recorded expiry falls in `expired`
+    and, of the turns that recorded none (from before turns carried one), those that
+    started in `started` (None: no such turn is stale). A window is [from, until); a from of
+    None is open."""
+
+    expired: tuple[datetime | None, datetime]
+    started: tuple[datetime | None, datetime] | None
+
+
 async def stale_running_turns(
-    db: Database, started: tuple[datetime | None, datetime], *, limit: int
+    db: Database, window: SweepWindow, *, limit: int
 ) -> list[RunningTurns]:
-    """Turns still `running` that started in `started` (from, or from the first, up to but
-    not including until), by conversation, oldest first, up to `limit` conversations.
+    """Turns still `running` in `window`, by conversation, soonest due first (by expiry, or
+    by start for the turns without one), up to `limit` conversations.
 
     Across workspaces, as the table owner (row-level security does not apply): the
     service's own sweep of abandoned turns, never a client's read (gateway/turn_sweep.py).
-    One probe of the `(workspace_id, started_at)` index per workspace: no index of its own,
-    which would make every turn's completion update the row's indexes (an index whose
-    predicate names `status` rules out heap-only updates of it)."""
-    since, until = started
+    Two range probes of the `(workspace_id, expires_at, started_at)` index per workspace.
+    `status` is in no index, so a turn's completion stays a heap-only update."""
+    (expired_from, expired_until), started = window.expired, window.started
+    started_from, started_until = started if started is not None else (None, None)
     async with db.acquire(stateless=True) as conn:
         rows = await conn.fetch(
             """
             SELECT t.workspace_id, t.conversation_id, array_agg(t.turn_id ORDER BY t.turn_id)
             FROM workspaces AS w
             CROSS JOIN LATERAL (
-                SELECT workspace_id, conversation_id, turn_id, started_at FROM turns
+                SELECT workspace_id, conversation_id, turn_id, expires_at AS due FROM turns
                 WHERE workspace_id = w.workspace_id
-                  AND started_at >= coalesce($1, '-infinity'::timestamptz)
-                  AND started_at < $2 AND status = 'running'
+                  AND expires_at >= coalesce($1, '-infinity'::timestamptz)
+                  AND expires_at < $2 AND status = 'running'
+                UNION ALL
+                SELECT workspace_id, conversation_id, turn_id, started_at FROM turns
+                WHERE $4::timestamptz IS NOT NULL
+                  AND workspace_id = w.workspace_id AND expires_at IS NULL
+                  AND started_at >= coalesce($3, '-infinity'::timestamptz)
+                  AND started_at < $4 AND status = 'running'
             ) AS t
             GROUP BY t.workspace_id, t.conversation_id
-            ORDER BY min(t.started_at)
-            LIMIT $3
+            ORDER BY min(t.due)
+            LIMIT $5
             """,
-            since,
-            until,
+            expired_from,
+            expired_until,
+            started_from,
+            started_until,
             limit,
         )
     return [RunningTurns(r[0], r[1], tuple(r[2])) for r in rows]

@@ -2,6 +2,8 @@
 
 Status values: `running` (TurnStarted recorded, no outcome yet), `completed` (the assistant
 message was recorded) and `failed` (TurnFailed recorded; error_code and error_message set).
+`expires_at` is the turn's recorded expiry: 'infinity' when it never expires, NULL when its
+TurnStarted predates expiries (migrations/0150_turn_expiry.sql).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ TURN_STATUSES = ("running", "completed", "failed")
 _UPSERT = """
 INSERT INTO turns (workspace_id, turn_id, conversation_id, status, model, prompt_tokens,
                    completion_tokens, total_tokens, duration_ms, error_code, error_message,
-                   started_at, finished_at, command_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                   started_at, finished_at, command_id, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+        CASE WHEN $16 THEN 'infinity'::timestamptz ELSE $15 END)
 ON CONFLICT (workspace_id, turn_id) DO UPDATE SET
     status = CASE WHEN EXCLUDED.status = 'running' THEN turns.status ELSE EXCLUDED.status END,
     model = coalesce(EXCLUDED.model, turns.model),
@@ -36,7 +39,8 @@ ON CONFLICT (workspace_id, turn_id) DO UPDATE SET
     error_message = coalesce(EXCLUDED.error_message, turns.error_message),
     started_at = coalesce(EXCLUDED.started_at, turns.started_at),
     finished_at = coalesce(EXCLUDED.finished_at, turns.finished_at),
-    command_id = coalesce(EXCLUDED.command_id, turns.command_id)
+    command_id = coalesce(EXCLUDED.command_id, turns.command_id),
+    expires_at = coalesce(EXCLUDED.expires_at, turns.expires_at)
 """
 
 
@@ -68,6 +72,8 @@ class TurnsProjector(Projector):
             ev.at,
             None,
             ev.command_id,
+            ev.expires_at,
+            ev.never_expires,
         )
 
     async def _completed(
@@ -89,6 +95,8 @@ class TurnsProjector(Projector):
             None,
             ev.at,
             None,
+            None,
+            False,
         )
 
     async def _failed(self, conn: Connection, rec: RecordedEvent, ev: TurnFailed) -> None:
@@ -108,4 +116,6 @@ class TurnsProjector(Projector):
             None,
             ev.at,
             None,
+            None,
+            False,
         )

@@ -2,17 +2,21 @@
 
 Two platforms share one database. The first plays a process that stopped mid-turn: its
 model server never finishes the answer, and its turn stays `running` in the log. The second
-sweeps, as every gateway does once a minute, with its clock moved past the call timeout.
+sweeps, as every gateway does once a minute, with its clock moved past the turn's expiry.
+Where the two have different call budgets, the second plays the first after its budget was
+changed.
 """
 
 from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from importlib import resources
 
 import aiohttp
 from platform_support import Running, StallingUpstream, running, settings_for, uid
 
+from actors.conversation import TURN_MARGIN_S
 from gateway.settings import Settings
 from gateway.state import DATABASE, RUNTIME, SETTINGS
 from gateway.turn_sweep import AbandonedTurnSweep
@@ -23,13 +27,14 @@ LATER = timedelta(minutes=10)
 """Past SVC_LLM_CALL_TIMEOUT_S (60 s here) and the sweep's margin."""
 
 
-def _settings(database_url: str, upstream: str) -> Settings:
+def _settings(database_url: str, upstream: str, budget_s: int = 60) -> Settings:
     return settings_for(
         database_url,
         SVC_LLM_GATEWAY_URL=upstream,
         SVC_LLM_MODEL=MODEL,
         SVC_LLM_RETRIES="0",
-        SVC_LLM_CALL_TIMEOUT_S="60",
+        SVC_LLM_CALL_TIMEOUT_S=str(budget_s),
+        SVC_SHUTDOWN_GRACE_SEC="1",  # the stalled turns are failed on the way out
     )
 
 
@@ -97,3 +102,80 @@ async def test_a_turn_still_running_here_is_left_to_finish(database_url: str) ->
             turn = await _turn(svc, workspace, conversation, "failed")
             assert turn.error_code != "turn_abandoned"
             resp.close()
+
+
+async def test_a_turn_is_swept_at_its_own_expiry_after_the_budget_was_lowered(
+    database_url: str,
+) -> None:
+    """Started under a 600 s budget (expiry 11 minutes on), swept by a process whose budget
+    is 60 s: not named at 10 minutes, when its conversation would leave it running, and
+    still found by a sweep long after, whatever sweeps ran in between."""
+    workspace = uid("ws-")
+    async with StallingUpstream(MODEL).running() as stub:
+        before = _settings(database_url, stub.base_url, budget_s=600)
+        async with (
+            running(before) as stopped,
+            running(_settings(database_url, stub.base_url)) as svc,
+        ):
+            key, _ = await stopped.issue_key(workspace, ["chat"])
+            resp, conversation = await _start_stalled_turn(stopped, key)
+            await _turn(svc, workspace, conversation, "running")
+            sweep = _sweeper(svc).sweep
+            now = datetime.now(UTC)
+            assert await sweep(now + LATER) == 0
+            assert await sweep(now + 3 * LATER) == 1
+            turn = await _turn(svc, workspace, conversation, "failed")
+            assert turn.error_code == "turn_abandoned"
+            resp.close()
+
+
+async def test_a_turn_whose_call_had_no_time_limit_is_never_swept(database_url: str) -> None:
+    workspace = uid("ws-")
+    async with StallingUpstream(MODEL).running() as stub:
+        unlimited = _settings(database_url, stub.base_url, budget_s=0)
+        async with (
+            running(unlimited) as stopped,
+            running(_settings(database_url, stub.base_url)) as svc,
+        ):
+            key, _ = await stopped.issue_key(workspace, ["chat"])
+            resp, conversation = await _start_stalled_turn(stopped, key)
+            await _turn(svc, workspace, conversation, "running")
+            assert await _sweeper(svc).sweep(datetime.now(UTC) + timedelta(days=30)) == 0
+            resp.close()
+
+
+async def test_a_turn_without_a_recorded_expiry_is_swept_by_its_age(database_url: str) -> None:
+    """A read-model row from before turns recorded an expiry (NULL), and the migration that
+    gives the rows of turns still running their recorded one, run again as a later start
+    does: idempotent."""
+    workspace = uid("ws-")
+    async with StallingUpstream(MODEL).running() as stub:
+        settings = _settings(database_url, stub.base_url)
+        async with running(settings) as stopped, running(settings) as svc:
+            key, _ = await stopped.issue_key(workspace, ["chat"])
+            resp, conversation = await _start_stalled_turn(stopped, key)
+            turn = await _turn(svc, workspace, conversation, "running")
+            db = svc.app[DATABASE]
+            async with db.acquire() as conn:
+                await conn.execute(
+                    "UPDATE turns SET expires_at = NULL WHERE turn_id = $1", turn.turn_id
+                )
+                assert await _sweeper(svc).sweep(datetime.now(UTC) + LATER) == 1
+                await _turn(svc, workspace, conversation, "failed")
+                await conn.execute(
+                    "UPDATE turns SET expires_at = NULL, status = 'running' WHERE turn_id = $1",
+                    turn.turn_id,
+                )
+                await conn.execute(_migration("0150_turn_expiry.sql"))
+                expiry = await conn.fetchval(
+                    "SELECT expires_at - started_at FROM turns WHERE turn_id = $1", turn.turn_id
+                )
+                await conn.execute(
+                    "UPDATE turns SET status = 'failed' WHERE turn_id = $1", turn.turn_id
+                )
+            assert expiry == timedelta(seconds=60 + TURN_MARGIN_S)
+            resp.close()
+
+
+def _migration(name: str) -> str:
+    return resources.files("projections.migrations").joinpath(name).read_text()
