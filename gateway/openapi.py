@@ -56,6 +56,8 @@ class RouteDoc:
     """The body of its error responses, when not the service's ErrorEnvelope."""
     form_request: bool = False
     """The request body is application/x-www-form-urlencoded."""
+    other_responses: tuple[tuple[int, type[BaseModel]], ...] = ()
+    """(status, body) of the route's other successful answers, e.g. a 200 beside its 201."""
 
 
 @dataclass
@@ -88,6 +90,7 @@ def document(
     response_headers: tuple[tuple[str, str], ...] = (),
     error: type[BaseModel] | None = None,
     form_request: bool = False,
+    other_responses: tuple[tuple[int, type[BaseModel]], ...] = (),
 ) -> None:
     """Describe one route for the OpenAPI document. `auth`: "bearer" or "none"."""
     REGISTRY.add(
@@ -108,6 +111,7 @@ def document(
             response_headers,
             error,
             form_request,
+            other_responses,
         )
     )
 
@@ -188,6 +192,13 @@ def _operation(method: str, path: str, doc: RouteDoc | None, comps: _Components)
         }
     op["responses"] = {
         str(doc.response_status if doc else 200): ok,
+        **{
+            str(status): {
+                "description": "success",
+                "content": {"application/json": {"schema": comps.add(model)}},
+            }
+            for status, model in (doc.other_responses if doc else ())
+        },
         **_error_responses(doc, comps),
     }
     if doc is None or doc.auth != "none":

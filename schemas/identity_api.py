@@ -8,7 +8,7 @@ resources follow RFC 7643, and the OAuth token endpoint's bodies are in oauth.py
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -111,11 +111,17 @@ class RoleList(_Body):
 
 
 class IssuedScimToken(_Body):
-    """Shown once. `{"action": "revoke"}` answers 200 with `{"revoked": true}` instead."""
+    """Shown once (201)."""
 
     token: str
     token_id: str
     prefix: str
+
+
+class ScimTokenRevoked(_Body):
+    """The 200 answer to `{"action": "revoke"}`: the workspace has no SCIM token any more."""
+
+    revoked: Literal[True]
 
 
 class IssuedOAuthClient(_Body):

@@ -191,6 +191,11 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
 """The JSON body each route answers with on success (schemas/identity_api.py); the routes
 not named here answer 204, a redirect, or XML (SAML metadata)."""
 
+OTHER_RESPONSES: dict[tuple[str, str], tuple[tuple[int, type[BaseModel]], ...]] = {
+    ("POST", f"{ADMIN}/scim/token"): ((200, views.ScimTokenRevoked),),
+}
+"""(status, body) of the other successful answers of a route, beside the one in RESPONSES."""
+
 SAML_METADATA = ("GET", "/saml/metadata")
 JSON = "application/json"
 
@@ -225,6 +230,7 @@ def document_routes() -> None:
             auth=auth,
             response_status=status,
             extra_statuses=(429,) if path.endswith("/auth/login") else (),
+            other_responses=OTHER_RESPONSES.get((method, path), ()),
         )
     document(
         *TOKEN_ROUTE,

@@ -1,7 +1,7 @@
 """Every JSON body an identity route answers with matches the model its OpenAPI description
-names (gateway/identity/routes.py RESPONSES, schemas/identity_api.py): the models forbid
-unknown fields, so a field added to a handler and not to its model, or the other way round,
-fails here."""
+names for its status (gateway/identity/routes.py RESPONSES and OTHER_RESPONSES,
+schemas/identity_api.py): the models forbid unknown fields, so a field added to a handler
+and not to its model, or the other way round, fails here."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from identity_support import running, settings_for
 
-from gateway.identity.routes import RESPONSES
+from gateway.identity.routes import OTHER_RESPONSES, RESPONSES, ROUTE_DOCS
 from gateway.identity.totp import now_code
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
@@ -19,16 +19,24 @@ ADMIN = "/v1/admin"
 PASSWORD = "correct horse battery staple"
 
 
+DOCUMENTED = {
+    **{(m, p, status): RESPONSES[(m, p)] for m, p, *_, status in ROUTE_DOCS if (m, p) in RESPONSES},
+    **{(m, p, s): model for (m, p), others in OTHER_RESPONSES.items() for s, model in others},
+}
+"""(method, route template, status) -> the documented body."""
+
+
 class Checked:
-    """Validates each answer against the documented model of its route template."""
+    """Validates each answer against the documented model of its route and status."""
 
     def __init__(self) -> None:
-        self.routes: set[tuple[str, str]] = set()
+        self.answers: set[tuple[str, str, int]] = set()
 
     def __call__(self, method: str, template: str, status: int, body: Any) -> Any:
-        assert status in (200, 201), (method, template, status, body)
-        RESPONSES[(method, template)].model_validate(body)
-        self.routes.add((method, template))
+        model = DOCUMENTED.get((method, template, status))
+        assert model is not None, (method, template, status, body)
+        model.model_validate(body)
+        self.answers.add((method, template, status))
         return body
 
 
@@ -58,6 +66,7 @@ async def test_every_documented_identity_body_is_what_the_route_answers(
         issued = {"name": "ci", "scopes": ["admin:read"]}
         await call("POST", f"{one}/apikeys", f"{users}/{rita}/apikeys", json=issued)
         await call("POST", f"{ADMIN}/scim/token", json={"action": "issue"})
+        await call("POST", f"{ADMIN}/scim/token", json={"action": "revoke"})
         client = {"name": "etl", "scopes": ["admin:read"]}
         await call("POST", f"{ADMIN}/oauth/clients", json=client)
 
@@ -80,4 +89,4 @@ async def test_every_documented_identity_body_is_what_the_route_answers(
 
         await call("GET", f"{ADMIN}/audit")
 
-    assert check.routes == set(RESPONSES)
+    assert check.answers == set(DOCUMENTED)

@@ -181,6 +181,10 @@ async def test_every_identity_route_is_described_in_openapi(database_url: str) -
     assert "LoginSession" in doc["components"]["schemas"]
     answer = login["responses"]["200"]["content"]["application/json"]["schema"]
     assert answer["$ref"].endswith("/LoginSession")
+    scim_token = doc["paths"]["/v1/admin/scim/token"]["post"]["responses"]
+    issued, revoked = (scim_token[s]["content"]["application/json"] for s in ("201", "200"))
+    assert issued["schema"]["$ref"].endswith("/IssuedScimToken")
+    assert revoked["schema"]["$ref"].endswith("/ScimTokenRevoked")
     metadata = doc["paths"]["/saml/metadata"]["get"]["responses"]["200"]["content"]
     assert list(metadata) == ["application/samlmetadata+xml"]
     assert doc["paths"]["/scim/v2/Users"]["get"]["tags"] == ["SCIM"]
