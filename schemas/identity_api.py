@@ -47,13 +47,20 @@ class LoggedOut(_Body):
     logged_out: bool
 
 
+AuthMethod = Literal["session", "oidc", "oauth", "api_key", "static"]
+
+
 class SessionInfo(_Body):
     """Who the caller is: a session or a bearer key."""
 
     workspace_id: str
     user_id: str | None
     user_name: str | None
-    auth: str | None = Field(description="how the caller signed in (password, ldap, saml, oidc)")
+    auth: AuthMethod = Field(
+        description="how this request was authenticated: session (an admin session cookie, "
+        "from a password, LDAP or SAML login), oidc (an OIDC bearer token), oauth (an OAuth "
+        "client-credentials token), api_key, or static (the SVC_NATIVE_COMPAT_KEY)"
+    )
     scopes: list[str]
 
 

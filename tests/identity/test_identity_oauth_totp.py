@@ -18,6 +18,7 @@ from identity_support import GUARDED, WHOAMI, Running, running, settings_for
 from gateway.identity.service import IDENTITY
 from gateway.identity.throttle import MAX_PER_ACCOUNT
 from gateway.identity.totp import TotpVerifier, matching_step, new_secret, now_code
+from schemas.identity_api import SessionInfo
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
@@ -52,6 +53,8 @@ async def test_client_credentials_grant(database_url: str) -> None:
         access = token["access_token"]
         status, who, _ = await svc.request("GET", WHOAMI, access)
         assert status == 200 and who["auth"] == "oauth" and who["scopes"] == ["admin:read"]
+        status, info, _ = await svc.request("GET", "/v1/admin/auth/session", access)
+        assert status == 200 and SessionInfo.model_validate(info).auth == "oauth"
         assert (await svc.request("GET", GUARDED.format(domain="users"), access))[0] == 200
         assert (await svc.request("POST", GUARDED.format(domain="users"), access))[0] == 403
 

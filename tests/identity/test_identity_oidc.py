@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from identity_support import GUARDED, WHOAMI, running, settings_for
 
 from gateway.settings import Settings
+from schemas.identity_api import SessionInfo
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
@@ -126,6 +127,8 @@ async def test_oidc_tokens_and_hostile_cases(database_url: str) -> None:
             status, who, _ = await svc.request("GET", WHOAMI, good)
             assert status == 200, who
             assert who["auth"] == "oidc" and who["user_id"] == ada["id"]
+            status, info, _ = await svc.request("GET", "/v1/admin/auth/session", good)
+            assert status == 200 and SessionInfo.model_validate(info).auth == "oidc"
             # The token carries the user's role bindings: operator writes conversations but
             # only reads users.
             assert (await svc.request("POST", GUARDED.format(domain="conversations"), good))[

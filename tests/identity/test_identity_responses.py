@@ -81,12 +81,13 @@ async def test_every_documented_identity_body_is_what_the_route_answers(
                 )
                 return check(method, template, status, body)
 
-            await in_session("GET", f"{ADMIN}/auth/session")
+            assert (await in_session("GET", f"{ADMIN}/auth/session"))["auth"] == "session"
             enrol = await in_session("POST", f"{ADMIN}/auth/totp/enrol")
             code = {"code": now_code(enrol["secret"])}
             await in_session("POST", f"{ADMIN}/auth/totp/verify", json=code)
             await in_session("POST", f"{ADMIN}/auth/logout")
 
         await call("GET", f"{ADMIN}/audit")
+        assert (await call("GET", f"{ADMIN}/auth/session"))["auth"] == "api_key"
 
     assert check.answers == set(DOCUMENTED)
