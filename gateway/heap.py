@@ -11,7 +11,11 @@ that showed in the p99 (docs/performance.md, session 11).
 What the process builds while it starts (modules, the application, settings, compiled
 validators) lives until it exits, so it is moved out of the collector's view, and the
 generations are collected less often. Reference counting still frees every object outside
-a cycle at once; cycles are still collected, only later."""
+a cycle at once, frozen or not; cycles made after startup are still collected, only later.
+The cost: a frozen object that later becomes part of an unreachable cycle (a startup object
+dropped from a cache while it refers back to itself, say) is never collected, as the
+collector no longer looks at it. What startup builds is meant to live as long as the
+process, so that stays a handful of objects."""
 
 from __future__ import annotations
 
