@@ -10,6 +10,9 @@ changed.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 
@@ -104,77 +107,73 @@ async def test_a_turn_still_running_here_is_left_to_finish(database_url: str) ->
             resp.close()
 
 
-async def test_a_turn_is_swept_at_its_own_expiry_after_the_budget_was_lowered(
-    database_url: str,
-) -> None:
-    """Started under a 600 s budget (expiry 11 minutes on), swept by a process whose budget
-    is 60 s: not named at 10 minutes, when its conversation would leave it running, and
-    still found by a sweep long after, whatever sweeps ran in between."""
+@dataclass(frozen=True)
+class Stalled:
+    svc: Running
+    """The process that sweeps."""
+    workspace: str
+    conversation: str
+    turn: Turn
+
+
+@asynccontextmanager
+async def stalled_turn(database_url: str, started_under_s: int) -> AsyncIterator[Stalled]:
+    """A turn left running by a process whose call budget was `started_under_s`, and a
+    process with a budget of 60 s to sweep it."""
     workspace = uid("ws-")
     async with StallingUpstream(MODEL).running() as stub:
-        before = _settings(database_url, stub.base_url, budget_s=600)
+        before = _settings(database_url, stub.base_url, budget_s=started_under_s)
         async with (
             running(before) as stopped,
             running(_settings(database_url, stub.base_url)) as svc,
         ):
             key, _ = await stopped.issue_key(workspace, ["chat"])
             resp, conversation = await _start_stalled_turn(stopped, key)
-            await _turn(svc, workspace, conversation, "running")
-            sweep = _sweeper(svc).sweep
-            now = datetime.now(UTC)
-            assert await sweep(now + LATER) == 0
-            assert await sweep(now + 3 * LATER) == 1
-            turn = await _turn(svc, workspace, conversation, "failed")
-            assert turn.error_code == "turn_abandoned"
+            turn = await _turn(svc, workspace, conversation, "running")
+            yield Stalled(svc, workspace, conversation, turn)
             resp.close()
+
+
+async def test_a_turn_is_swept_at_its_own_expiry_after_the_budget_was_lowered(
+    database_url: str,
+) -> None:
+    """Started under a 600 s budget (expiry 11 minutes on), swept by a process whose budget
+    is 60 s: not named at 10 minutes, when its conversation would leave it running, and
+    still found by a sweep long after, whatever sweeps ran in between."""
+    async with stalled_turn(database_url, started_under_s=600) as stalled:
+        sweep = _sweeper(stalled.svc).sweep
+        now = datetime.now(UTC)
+        assert await sweep(now + LATER) == 0
+        assert await sweep(now + 3 * LATER) == 1
+        turn = await _turn(stalled.svc, stalled.workspace, stalled.conversation, "failed")
+        assert turn.error_code == "turn_abandoned"
 
 
 async def test_a_turn_whose_call_had_no_time_limit_is_never_swept(database_url: str) -> None:
-    workspace = uid("ws-")
-    async with StallingUpstream(MODEL).running() as stub:
-        unlimited = _settings(database_url, stub.base_url, budget_s=0)
-        async with (
-            running(unlimited) as stopped,
-            running(_settings(database_url, stub.base_url)) as svc,
-        ):
-            key, _ = await stopped.issue_key(workspace, ["chat"])
-            resp, conversation = await _start_stalled_turn(stopped, key)
-            await _turn(svc, workspace, conversation, "running")
-            assert await _sweeper(svc).sweep(datetime.now(UTC) + timedelta(days=30)) == 0
-            resp.close()
+    async with stalled_turn(database_url, started_under_s=0) as stalled:
+        assert await _sweeper(stalled.svc).sweep(datetime.now(UTC) + timedelta(days=30)) == 0
 
 
 async def test_a_turn_without_a_recorded_expiry_is_swept_by_its_age(database_url: str) -> None:
     """A read-model row from before turns recorded an expiry (NULL), and the migration that
     gives the rows of turns still running their recorded one, run again as a later start
     does: idempotent."""
-    workspace = uid("ws-")
-    async with StallingUpstream(MODEL).running() as stub:
-        settings = _settings(database_url, stub.base_url)
-        async with running(settings) as stopped, running(settings) as svc:
-            key, _ = await stopped.issue_key(workspace, ["chat"])
-            resp, conversation = await _start_stalled_turn(stopped, key)
-            turn = await _turn(svc, workspace, conversation, "running")
-            db = svc.app[DATABASE]
-            async with db.acquire() as conn:
-                await conn.execute(
-                    "UPDATE turns SET expires_at = NULL WHERE turn_id = $1", turn.turn_id
-                )
-                assert await _sweeper(svc).sweep(datetime.now(UTC) + LATER) == 1
-                await _turn(svc, workspace, conversation, "failed")
-                await conn.execute(
-                    "UPDATE turns SET expires_at = NULL, status = 'running' WHERE turn_id = $1",
-                    turn.turn_id,
-                )
-                await conn.execute(_migration("0150_turn_expiry.sql"))
-                expiry = await conn.fetchval(
-                    "SELECT expires_at - started_at FROM turns WHERE turn_id = $1", turn.turn_id
-                )
-                await conn.execute(
-                    "UPDATE turns SET status = 'failed' WHERE turn_id = $1", turn.turn_id
-                )
-            assert expiry == timedelta(seconds=60 + TURN_MARGIN_S)
-            resp.close()
+    async with stalled_turn(database_url, started_under_s=60) as stalled:
+        svc, turn_id = stalled.svc, stalled.turn.turn_id
+        async with svc.app[DATABASE].acquire() as conn:
+            await conn.execute("UPDATE turns SET expires_at = NULL WHERE turn_id = $1", turn_id)
+            assert await _sweeper(svc).sweep(datetime.now(UTC) + LATER) == 1
+            await _turn(svc, stalled.workspace, stalled.conversation, "failed")
+            await conn.execute(
+                "UPDATE turns SET expires_at = NULL, status = 'running' WHERE turn_id = $1",
+                turn_id,
+            )
+            await conn.execute(_migration("0150_turn_expiry.sql"))
+            expiry = await conn.fetchval(
+                "SELECT expires_at - started_at FROM turns WHERE turn_id = $1", turn_id
+            )
+            await conn.execute("UPDATE turns SET status = 'failed' WHERE turn_id = $1", turn_id)
+        assert expiry == timedelta(seconds=60 + TURN_MARGIN_S)
 
 
 def _migration(name: str) -> str:
