@@ -310,9 +310,11 @@ async def patch_user(request: web.Request) -> web.Response:
     ident = identity(request)
     user = await live_user(ident, principal.workspace_id, request.match_info["id"])
     await check_manageable(ident, principal, user)
+    # Merged as plain data and validated whole: `model_copy(update=...)` would put the dumped
+    # emails (dicts) into the profile unvalidated, which pydantic then warns about on every
+    # dump. A field set to null is validated like any value (null user_name is a 400).
     changes = body.model_dump(exclude_unset=True)
-    profile = profile_of(user).model_copy(update=changes)
-    profile = UserProfile.model_validate(profile.model_dump())
+    profile = UserProfile.model_validate({**profile_of(user).model_dump(), **changes})
     await ident.ask(
         directory_key(principal.workspace_id),
         UpdateUser(

@@ -57,7 +57,10 @@ async def test_every_documented_identity_body_is_what_the_route_answers(
         one = f"{users}/{{id}}"
         await call("GET", users)
         await call("GET", one, f"{users}/{rita}")
-        await call("PATCH", one, f"{users}/{rita}", json={"display_name": "Rita R."})
+        emails = [{"value": "rita@example.com", "primary": True, "type": "work"}]
+        patch = {"display_name": "Rita R.", "emails": emails}
+        patched = await call("PATCH", one, f"{users}/{rita}", json=patch)
+        assert patched["display_name"] == "Rita R." and patched["emails"] == emails
         role = {"name": "auditor", "permissions": {"audit": "read"}}
         await call("POST", f"{ADMIN}/roles", json=role)
         await call("GET", f"{ADMIN}/roles")
