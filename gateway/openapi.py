@@ -130,6 +130,17 @@ class _Components:
         return {"$ref": _REF.format(model=name)}
 
 
+_EXTRA_STATUSES = {
+    409: "conflict",
+    413: "request body too large",
+    429: "too many requests",
+    501: "feature disabled (its setting is off)",
+    502: "the upstream model server failed",
+    503: "unavailable for now (retry shortly)",
+    504: "the upstream model call timed out",
+}
+
+
 def _error_responses(doc: RouteDoc | None, comps: _Components) -> dict[str, Any]:
     schema = (
         comps.add(doc.error)
@@ -142,7 +153,7 @@ def _error_responses(doc: RouteDoc | None, comps: _Components) -> dict[str, Any]
         statuses.update({401: "missing or invalid API key", 403: "insufficient scope"})
         statuses[429] = "rate limit exceeded (per-key rate_limit_rpm)"
     for status in doc.extra_statuses if doc else ():
-        statuses.setdefault(status, "error")
+        statuses.setdefault(status, _EXTRA_STATUSES.get(status, "error"))
     return {str(s): {"description": d, **ref} for s, d in sorted(statuses.items())}
 
 

@@ -216,6 +216,14 @@ SCIM_DOCS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def _extra_statuses(path: str) -> tuple[int, ...]:
+    if path.endswith("/auth/login"):
+        return (429,)  # the login throttle
+    if path.startswith("/saml/"):
+        return (501,)  # SVC_SAML_ENABLED off
+    return ()
+
+
 def document_routes() -> None:
     """Describe every identity route for the OpenAPI document (gateway/openapi.py)."""
     for method, path, summary, tag, request, auth, status in ROUTE_DOCS:
@@ -229,7 +237,7 @@ def document_routes() -> None:
             content_type=METADATA_CONTENT_TYPE if (method, path) == SAML_METADATA else JSON,
             auth=auth,
             response_status=status,
-            extra_statuses=(429,) if path.endswith("/auth/login") else (),
+            extra_statuses=_extra_statuses(path),
             other_responses=OTHER_RESPONSES.get((method, path), ()),
         )
     document(

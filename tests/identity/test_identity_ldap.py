@@ -4,8 +4,6 @@ overlay) to roles, wrong passwords, filter-injection characters in the login."""
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import shutil
 import socket
 import subprocess
@@ -17,11 +15,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
 from identity_support import GUARDED, WHOAMI, running, settings_for
+from self_signed import key_and_cert
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning"),
@@ -140,31 +135,9 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
 
 
 def _self_signed(root: Path) -> None:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1))
-        .not_valid_after(now + dt.timedelta(days=30))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    (root / "server.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (root / "server.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.TraditionalOpenSSL,
-            serialization.NoEncryption(),
-        )
-    )
+    key, cert = key_and_cert("127.0.0.1", ip_address="127.0.0.1")
+    (root / "server.crt").write_text(cert)
+    (root / "server.key").write_text(key)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ are refused; a good one starts the admin session with the mapped role."""
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import os
 import shutil
 import subprocess
@@ -23,12 +22,9 @@ from urllib.parse import parse_qs, urlsplit
 import aiohttp
 import orjson
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
 from identity_support import WHOAMI, Running, running, settings_for
 from multidict import CIMultiDict
+from self_signed import key_and_cert
 
 from gateway.identity import saml
 from gateway.identity.saml import binding_cookie
@@ -53,28 +49,6 @@ ACS = f"{ROOT}/saml/acs"
 IDP_ENTITY = "https://idp.example.test/idp"
 SSO = "https://idp.example.test/sso"
 AUTHN = {"class_ref": "urn:oasis:names:tc:SAML:2.0:ac:classes:PasswordProtectedTransport"}
-
-
-def key_and_cert(common_name: str) -> tuple[str, str]:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1))
-        .not_valid_after(now + dt.timedelta(days=30))
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
-    return key_pem, cert.public_bytes(serialization.Encoding.PEM).decode()
 
 
 @dataclass
