@@ -15,7 +15,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from gateway import admin_conversations, admin_history, admin_keys, admin_overview
-from gateway.openapi import document
+from gateway.openapi import IDEMPOTENCY_KEY, document
 from schemas.admin import (
     AdminRead,
     AnalyticsQuery,
@@ -152,6 +152,7 @@ def add_routes(app: web.Application) -> None:
         response=NewApiKey,
         response_status=201,
         extra_statuses=(409,),
+        request_headers=(IDEMPOTENCY_KEY,),
     )
     app.router.add_post("/v1/admin/apikeys/{key_id}/revoke", admin_keys.revoke_key)
     document(
@@ -160,4 +161,5 @@ def add_routes(app: web.Application) -> None:
         summary="Revoke an API key (admin:write)",
         tag="Admin",
         response=RevokedApiKey,
+        request_headers=(IDEMPOTENCY_KEY,),
     )

@@ -33,13 +33,12 @@ from gateway.admin_common import (
     ask,
     command_id,
     ok,
-    query,
     read_your_writes,
     wait_applied,
 )
 from gateway.chat import forget_agents
-from gateway.errors import read_json
-from gateway.openapi import document
+from gateway.errors import read_json, read_query
+from gateway.openapi import IDEMPOTENCY_KEY, document
 from gateway.state import DATABASE, MODEL_PROVIDERS, Principal
 from projections import agent_queries
 from schemas.admin import AdminRead
@@ -82,6 +81,7 @@ def add_routes(app: web.Application) -> None:
         response=WrittenAgent,
         response_status=201,
         extra_statuses=(409, 503),
+        request_headers=(IDEMPOTENCY_KEY,),
     )
     document(
         "GET",
@@ -110,6 +110,7 @@ def add_routes(app: web.Application) -> None:
         request=AgentUpdate,
         response=WrittenAgent,
         extra_statuses=(409, 503),
+        request_headers=(IDEMPOTENCY_KEY,),
     )
     document(
         "POST",
@@ -119,6 +120,7 @@ def add_routes(app: web.Application) -> None:
         tag=TAG,
         response=WrittenAgent,
         extra_statuses=(503,),
+        request_headers=(IDEMPOTENCY_KEY,),
     )
 
 
@@ -149,7 +151,7 @@ async def create_agent(request: web.Request) -> web.Response:
 
 async def list_agents(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
-    params = query(request, AgentListQuery)
+    params = read_query(request, AgentListQuery)
     await read_your_writes(request)
     agents = await agent_queries.list_agents(
         request.app[DATABASE], principal.workspace_id, include_archived=params.include_archived
@@ -159,7 +161,7 @@ async def list_agents(request: web.Request) -> web.Response:
 
 async def get_agent(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
-    query(request, AdminRead)
+    read_query(request, AdminRead)
     await read_your_writes(request)
     return ok(_record(await _read(request, principal, _path_id(request))))
 

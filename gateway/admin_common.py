@@ -1,23 +1,20 @@
-"""What every admin handler shares: the acting principal with a scope, typed query parsing,
-typed JSON responses, commands to actors and the read-your-writes wait."""
+"""What every admin handler shares: the acting principal with a scope, typed JSON responses,
+commands to actors and the read-your-writes wait. Query strings are read with
+`gateway.errors.read_query`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from actors.behaviour import ActorKey
 from gateway.auth import authenticate
-from gateway.errors import describe_validation
 from gateway.identity.roles import domain_for_path, require_access
 from gateway.state import PROJECTIONS, RUNTIME, TAILER, Principal
 from schemas.commands import Command, client_command_id
-from schemas.errors import InvalidInput, Unavailable
-
-M = TypeVar("M", bound=BaseModel)
+from schemas.errors import Unavailable
 
 READ = "admin:read"
 WRITE = "admin:write"
@@ -28,20 +25,6 @@ async def acting(request: web.Request, scope: str) -> Principal:
     principal = await authenticate(request)
     require_access(principal, domain_for_path(request.path), "write" if scope == WRITE else "read")
     return principal
-
-
-def parse(model: type[M], values: Mapping[str, Any]) -> M:
-    try:
-        return model.model_validate(dict(values))
-    except ValidationError as exc:
-        raise InvalidInput(describe_validation(exc)) from None
-
-
-def query(request: web.Request, model: type[M]) -> M:
-    """Validate the query string against `model`; an empty value counts as absent. Unknown
-    parameters are refused, so that a typo is a 400 rather than a silently ignored filter."""
-    values = {k: v for k, v in request.query.items() if v != ""}
-    return parse(model, values)
 
 
 def ok(model: BaseModel, *, status: int = 200) -> web.Response:

@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
-from gateway.admin_common import READ, acting, ok, query, read_your_writes
+from gateway.admin_common import READ, acting, ok, read_your_writes
+from gateway.errors import read_query
 from gateway.state import DATABASE
 from projections import queries
 from schemas.admin import (
@@ -89,7 +90,7 @@ async def _conversation(request: web.Request, workspace_id: str, cid: str) -> qu
 
 async def list_conversations(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
-    page = query(request, PageQuery)
+    page = read_query(request, PageQuery)
     await read_your_writes(request)
     rows, total = await queries.list_conversations(
         request.app[DATABASE], principal.workspace_id, limit=page.limit, offset=page.offset
@@ -106,7 +107,7 @@ async def list_conversations(request: web.Request) -> web.Response:
 
 async def conversation_messages(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
-    params = query(request, MessagesQuery)
+    params = read_query(request, MessagesQuery)
     await read_your_writes(request)
     await _conversation(request, principal.workspace_id, params.id)
     rows = await queries.get_messages(request.app[DATABASE], principal.workspace_id, params.id)
@@ -115,7 +116,7 @@ async def conversation_messages(request: web.Request) -> web.Response:
 
 async def conversation_turns(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
-    params = query(request, TurnsQuery)
+    params = read_query(request, TurnsQuery)
     await read_your_writes(request)
     if params.conversation_id is not None:
         await _conversation(request, principal.workspace_id, params.conversation_id)
@@ -163,7 +164,7 @@ def _longest_backtick_run(text: str) -> int:
 
 async def export_conversation(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
-    params = query(request, ExportQuery)
+    params = read_query(request, ExportQuery)
     await read_your_writes(request)
     found = await _conversation(request, principal.workspace_id, params.conversation_id)
     rows = await queries.get_messages(request.app[DATABASE], principal.workspace_id, found.id)

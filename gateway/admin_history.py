@@ -12,7 +12,8 @@ from aiohttp import web
 from actors.behaviour import ActorKey
 from actors.conversation import ConversationBehaviour, ConversationState, conversation_key
 from eventstore.records import RecordedEvent
-from gateway.admin_common import READ, acting, ok, query
+from gateway.admin_common import READ, acting, ok
+from gateway.errors import read_query
 from gateway.feed_frames import redact, redact_model
 from gateway.state import STORE
 from schemas.admin import ConversationHistory, HistoryEvent, HistoryQuery
@@ -40,7 +41,7 @@ def history_event(record: RecordedEvent) -> HistoryEvent:
 
 async def conversation_events(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
-    params = query(request, HistoryQuery)
+    params = read_query(request, HistoryQuery)
     key = conversation_key(params.id)
     # Scoped read: another workspace's stream reads as empty, so it is a 404 like an unknown id.
     records = await request.app[STORE].read_stream(

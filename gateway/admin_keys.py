@@ -23,12 +23,11 @@ from gateway.admin_common import (
     ask,
     command_id,
     ok,
-    query,
     read_your_writes,
     wait_applied,
 )
 from gateway.auth import check_delegation, generate_key, hash_key
-from gateway.errors import read_json
+from gateway.errors import read_json, read_query
 from gateway.identity.common import describe
 from gateway.state import AUTH, DATABASE, STORE, Principal
 from projections import queries
@@ -115,7 +114,7 @@ async def list_keys(request: web.Request) -> web.Response:
     # A read, so admin:read (the spec's rule): the list shows names, prefixes, scopes and
     # limits, never a key or its hash.
     principal = await acting(request, READ)
-    query(request, AdminRead)
+    read_query(request, AdminRead)
     await read_your_writes(request)
     keys = await queries.list_api_keys(request.app[DATABASE], principal.workspace_id)
     return ok(ApiKeyList(api_keys=[record(k) for k in keys]))

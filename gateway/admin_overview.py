@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
-from gateway.admin_common import READ, acting, ok, query, read_your_writes
+from gateway.admin_common import READ, acting, ok, read_your_writes
+from gateway.errors import read_query
 from gateway.state import DATABASE, PROJECTIONS
 from projections import queries
 from projections.runner import ProjectionStatus
@@ -42,7 +43,7 @@ def projection_health(status: ProjectionStatus) -> ProjectionHealth:
 
 async def overview(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
-    query(request, AdminRead)
+    read_query(request, AdminRead)
     await read_your_writes(request)
     db = request.app[DATABASE]
     counts = await queries.overview(db, principal.workspace_id)
@@ -67,7 +68,7 @@ def _figures(figures: queries.UsageFigures) -> UsageFigures:
 
 async def analytics(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
-    params = query(request, AnalyticsQuery)
+    params = read_query(request, AnalyticsQuery)
     try:
         since, until = params.window(datetime.now(UTC))
     except ValueError as exc:

@@ -258,3 +258,14 @@ async def read_json(request: web.Request, model: type[M] | None = None) -> M | A
         return model.model_validate(data)
     except ValidationError as exc:
         raise InvalidInput(describe_validation(exc)) from None
+
+
+def read_query(request: web.Request, model: type[M]) -> M:
+    """Validate the query string against `model`; an empty value counts as absent. Unknown
+    parameters are refused (models forbid extra fields), so that a typo is a 400 rather than
+    a silently ignored filter."""
+    values = {k: v for k, v in request.query.items() if v != ""}
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation(exc)) from None

@@ -245,4 +245,11 @@ def add_routes(app: web.Application) -> None:
             query=FeedQuery,
             response=FeedEvent,
             content_type="text/event-stream",
+            request_headers=(
+                (
+                    "Last-Event-ID",
+                    "resume after this cursor (an EventSource sends it when it reconnects); "
+                    "wins over ?cursor=",
+                ),
+            ),
         )

@@ -33,6 +33,14 @@ class ErrorEnvelope(BaseModel):
     error: ErrorBody
 
 
+IDEMPOTENCY_KEY = (
+    "Idempotency-Key",
+    "your id for this write (at most 200 characters): a retry with the same key is answered "
+    "from the first attempt's outcome and is never done twice",
+)
+"""The request header of every write that records a command (its command id)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RouteDoc:
     method: str

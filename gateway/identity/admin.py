@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from actors.identity import directory_key, session_key
 from actors.workspace import workspace_key
 from gateway.auth import check_delegation, generate_key, hash_key, require_instance_admin
-from gateway.errors import read_json
+from gateway.errors import read_json, read_query
 from gateway.identity.authn import acting
 from gateway.identity.common import actor_of, command_id, json, new_id, now, user_view
 from gateway.identity.oauth import new_client_credentials, secret_hash
@@ -67,6 +67,31 @@ MAX_POSITION = 2**63 - 1
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+PAGE = 100
+MAX_PAGE = 500
+
+
+class UserListQuery(_Body):
+    limit: int = Field(default=PAGE, ge=1, le=MAX_PAGE)
+    offset: int = Field(default=0, ge=0, le=MAX_OFFSET)
+    user_name: str | None = Field(
+        default=None, max_length=256, description="only the user of this name"
+    )
+
+
+class AuditQuery(_Body):
+    limit: int = Field(default=PAGE, ge=1, le=MAX_PAGE)
+    before: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_POSITION,
+        description="entries older than this position: the `next_cursor` of the page before",
+    )
+    action: str | None = Field(
+        default=None, max_length=200, description="only this action, e.g. identity.login_failed"
+    )
 
 
 class NewUser(_Body):
@@ -242,32 +267,15 @@ async def check_manageable(ident: Identity, principal: Principal, user: UserRow)
     _check_holds(principal, perms, f"managing user {user.user_id}")
 
 
-def _bounded(request: web.Request, name: str, low: int, high: int) -> int:
-    """Query parameter `name` (absent: `low`) as an integer within [low, high], else a 400
-    that states the bounds, as PageQuery (schemas/admin.py) does: every value reaching SQL
-    must fit its bigint column, and Python integers are unbounded."""
-    try:
-        value = int(request.query.get(name) or low)
-    except ValueError:
-        value = None
-    if value is None or not low <= value <= high:
-        raise InvalidInput(f"{name} must be an integer from {low} to {high}")
-    return value
-
-
 async def list_users_handler(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "read")
-    try:
-        limit = min(500, max(1, int(request.query.get("limit", "100"))))
-    except ValueError:
-        raise InvalidInput("limit must be an integer") from None
-    offset = _bounded(request, "offset", 0, MAX_OFFSET)
+    page = read_query(request, UserListQuery)
     users, total = await list_users(
         identity(request).db,
         principal.workspace_id,
-        user_name=request.query.get("user_name") or None,
-        offset=offset,
-        limit=limit,
+        user_name=page.user_name,
+        offset=page.offset,
+        limit=page.limit,
     )
     return json({"items": [user_view(u) for u in users], "total": total})
 
@@ -610,17 +618,13 @@ async def revoke_client(request: web.Request) -> web.Response:
 
 async def audit_log(request: web.Request) -> web.Response:
     principal = await acting(request, "audit", "read")
-    try:
-        limit = min(500, max(1, int(request.query.get("limit", "100"))))
-    except ValueError:
-        raise InvalidInput("limit must be an integer") from None
-    before = _bounded(request, "before", 1, MAX_POSITION) if request.query.get("before") else None
+    page = read_query(request, AuditQuery)
     rows = await list_audit(
         identity(request).db,
         principal.workspace_id,
-        limit=limit,
-        before=before,
-        action=request.query.get("action") or None,
+        limit=page.limit,
+        before=page.before,
+        action=page.action,
     )
     items = [
         {
@@ -634,5 +638,5 @@ async def audit_log(request: web.Request) -> web.Response:
         }
         for r in rows
     ]
-    next_before = str(rows[-1].position) if len(rows) == limit else None
+    next_before = str(rows[-1].position) if len(rows) == page.limit else None
     return json({"items": items, "next_cursor": next_before})

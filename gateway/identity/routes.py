@@ -11,12 +11,12 @@ from pydantic import BaseModel
 
 from gateway.identity import admin, login
 from gateway.identity.oauth import OAuthErrorBody, TokenRequestForm, TokenResponse, token_endpoint
-from gateway.identity.saml import METADATA_CONTENT_TYPE, add_saml_routes
+from gateway.identity.saml import METADATA_CONTENT_TYPE, SamlLoginQuery, add_saml_routes
 from gateway.identity.scim import CONTENT_TYPE as SCIM_CONTENT_TYPE
 from gateway.identity.scim import PREFIX as SCIM_PREFIX
-from gateway.identity.scim import add_scim_routes
+from gateway.identity.scim import ScimListQuery, ScimReadQuery, add_scim_routes
 from gateway.identity.service import identity_ctx
-from gateway.openapi import document
+from gateway.openapi import IDEMPOTENCY_KEY, document
 from schemas import identity_api as views
 
 ADMIN = "/v1/admin"
@@ -196,6 +196,36 @@ OTHER_RESPONSES: dict[tuple[str, str], tuple[tuple[int, type[BaseModel]], ...]] 
 }
 """(status, body) of the other successful answers of a route, beside the one in RESPONSES."""
 
+QUERIES: dict[tuple[str, str], type[BaseModel]] = {
+    ("GET", f"{ADMIN}/users"): admin.UserListQuery,
+    ("GET", f"{ADMIN}/audit"): admin.AuditQuery,
+    ("GET", "/saml/login"): SamlLoginQuery,
+}
+"""The query parameters of the routes that take any."""
+
+IDEMPOTENT: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("POST", f"{ADMIN}/auth/logout"),
+        ("POST", f"{ADMIN}/auth/totp/verify"),
+        ("POST", f"{ADMIN}/users"),
+        ("PATCH", f"{ADMIN}/users/{{id}}"),
+        ("DELETE", f"{ADMIN}/users/{{id}}"),
+        ("POST", f"{ADMIN}/users/{{id}}/roles"),
+        ("DELETE", f"{ADMIN}/users/{{id}}/roles/{{role}}"),
+        ("POST", f"{ADMIN}/users/{{id}}/apikeys"),
+        ("POST", f"{ADMIN}/roles"),
+        ("POST", f"{ADMIN}/scim/token"),
+        ("POST", f"{ADMIN}/oauth/clients"),
+        ("DELETE", f"{ADMIN}/oauth/clients/{{id}}"),
+    }
+)
+"""The writes whose command id is the request's Idempotency-Key (gateway/identity/common.py)."""
+
+SCIM_QUERIES: dict[tuple[str, str], type[BaseModel]] = {
+    ("GET", "/Users"): ScimListQuery,
+    ("GET", "/Users/{id}"): ScimReadQuery,
+}
+
 SAML_METADATA = ("GET", "/saml/metadata")
 JSON = "application/json"
 
@@ -234,6 +264,8 @@ def document_routes() -> None:
             tag=tag,
             request=request,
             response=RESPONSES.get((method, path)),
+            query=QUERIES.get((method, path)),
+            request_headers=(IDEMPOTENCY_KEY,) if (method, path) in IDEMPOTENT else (),
             content_type=METADATA_CONTENT_TYPE if (method, path) == SAML_METADATA else JSON,
             auth=auth,
             response_status=status,
@@ -258,6 +290,7 @@ def document_routes() -> None:
             SCIM_PREFIX + path,
             summary=summary,
             tag=SCIM_TAG,
+            query=SCIM_QUERIES.get((method, path)),
             response_status=201
             if method == "POST" and path == "/Users"
             else (204 if method == "DELETE" else 200),

@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 import orjson
 from aiohttp import web
 from defusedxml import ElementTree  # type: ignore[import-untyped]
+from pydantic import BaseModel, Field
 
 from gateway.identity.common import read_form
 from gateway.identity.login import ExternalUser, start_session, sync_external_user
@@ -243,6 +244,17 @@ async def metadata(request: web.Request) -> web.Response:
     sp = await service_provider(identity(request))
     xml = await asyncio.to_thread(create_metadata_string, None, sp.client.config)
     return web.Response(body=xml, content_type=METADATA_CONTENT_TYPE)
+
+
+class SamlLoginQuery(BaseModel):
+    """The query of `GET /saml/login`, for the OpenAPI document. A browser's query may carry
+    anything else as well, which is ignored."""
+
+    next: str | None = Field(
+        default=None,
+        description="where to send the browser once signed in: a path of this service; "
+        "anything else (another site, a malformed path) reads as /",
+    )
 
 
 async def login(request: web.Request) -> web.Response:

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from actors.identity import directory_key
 from gateway.auth import hash_key
@@ -199,6 +199,32 @@ def project(res: dict[str, Any], attributes: list[str], excluded: list[str]) -> 
             if sub and k.lower() == top and isinstance(v, dict):
                 out[k] = {sk: sv for sk, sv in v.items() if sk.lower() != sub}
     return out
+
+
+class ScimReadQuery(BaseModel):
+    """The query of a SCIM read, for the OpenAPI document: parsed as RFC 7644 reads it
+    (`_projection`), never refused for its form."""
+
+    attributes: str | None = Field(
+        default=None, description="comma-separated attributes to return (and the id, always)"
+    )
+    excludedAttributes: str | None = Field(
+        default=None, description="comma-separated attributes to leave out"
+    )
+
+
+class ScimListQuery(ScimReadQuery):
+    """The query of a SCIM list (`_search`, `_paging`): lenient, as RFC 7644 3.4.2.4 asks."""
+
+    filter: str | None = Field(
+        default=None, description='userName eq "...", externalId eq "..." or id eq "..."'
+    )
+    startIndex: int = Field(
+        default=1, description=f"1-based; below 1 reads as 1, beyond {MAX_START_INDEX} as it"
+    )
+    count: int = Field(
+        default=DEFAULT_COUNT, description=f"page size; negative reads as 0, at most {MAX_COUNT}"
+    )
 
 
 def _projection(source: Any) -> tuple[list[str], list[str]]:

@@ -13,9 +13,9 @@ that a bad value reaches as deep into the handler as it can):
 
 * each path parameter: 5,000 characters, a NUL (%00), unicode, "..%2F..", bytes that are not
   UTF-8, and the id of a resource of another workspace (which must not be accepted either);
-* each query parameter (the documented ones, and those the handlers read undocumented): a
-  wrong type, huge and negative numbers, an empty value, the parameter twice, and for cursors,
-  cursors that decode but point outside the log;
+* each query parameter the document lists: a wrong type, huge and negative numbers, an
+  empty value, the parameter twice, and for cursors, cursors that decode but point outside
+  the log;
 * each header parameter: 5,000 characters, empty, unicode;
 * each JSON body: none, not JSON, `[]`, `null`, `{}` and other broken documents; then every
   property (and those one level down) set in turn to the wrong type, 10**30, negative numbers,
@@ -132,39 +132,6 @@ class Operation:
         return self.method in ("POST", "PUT", "PATCH")
 
 
-UNDOCUMENTED_QUERY: dict[str, dict[str, JsonSchema]] = {
-    "GET /v1/admin/users": {
-        "limit": {"type": "integer"},
-        "offset": {"type": "integer"},
-        "user_name": {"type": "string"},
-    },
-    "GET /v1/admin/audit": {
-        "limit": {"type": "integer"},
-        "before": {"type": "integer"},
-        "action": {"type": "string"},
-    },
-    f"GET {SCIM_PREFIX}/Users": {
-        "filter": {"type": "string"},
-        "startIndex": {"type": "integer"},
-        "count": {"type": "integer"},
-        "attributes": {"type": "string"},
-        "excludedAttributes": {"type": "string"},
-    },
-    f"GET {SCIM_PREFIX}/Users/{{id}}": {
-        "attributes": {"type": "string"},
-        "excludedAttributes": {"type": "string"},
-    },
-    "GET /saml/login": {"next": {"type": "string"}},
-}
-"""Query parameters the handlers read that the document does not list."""
-
-UNDOCUMENTED_HEADERS: dict[str, tuple[str, ...]] = {
-    "GET /v1/events/stream": ("Last-Event-ID",),
-    "GET /v1/web/stream": ("Last-Event-ID",),
-    "POST /v1/admin/agents": ("Idempotency-Key",),
-}
-
-
 def resolve(schema: JsonSchema, components: dict[str, JsonSchema]) -> JsonSchema:
     ref = schema.get("$ref")
     if isinstance(ref, str):
@@ -187,10 +154,8 @@ def operations(document: dict[str, Any]) -> list[Operation]:
     found = []
     for template, methods in document["paths"].items():
         for method, op in methods.items():
-            label = f"{method.upper()} {template}"
             params = op.get("parameters", [])
             query = {p["name"]: p["schema"] for p in params if p["in"] == "query"}
-            query.update(UNDOCUMENTED_QUERY.get(label, {}))
             headers = tuple(p["name"] for p in params if p["in"] == "header")
             content = op.get("requestBody", {}).get("content", {})
             json_schema = content.get("application/json", {}).get("schema")
@@ -200,7 +165,7 @@ def operations(document: dict[str, Any]) -> list[Operation]:
                     template=template,
                     path_params=tuple(p["name"] for p in params if p["in"] == "path"),
                     query=query,
-                    headers=headers + UNDOCUMENTED_HEADERS.get(label, ()),
+                    headers=headers,
                     body=None if json_schema is None else resolve(json_schema, components),
                     form="application/x-www-form-urlencoded" in content,
                 )

@@ -12,7 +12,7 @@ import pytest
 from identity_support import WHOAMI, running, settings_for
 
 from gateway.identity.roles import scopes_for, within_rights
-from gateway.identity.routes import ROUTE_DOCS, SCIM_DOCS, TOKEN_ROUTE
+from gateway.identity.routes import IDEMPOTENT, ROUTE_DOCS, SCIM_DOCS, TOKEN_ROUTE
 from gateway.identity.saml import safe_next
 from gateway.identity.scim import PREFIX as SCIM_PREFIX
 from gateway.identity.throttle import MAX_PER_ACCOUNT, account_key, address_key
@@ -185,6 +185,13 @@ async def test_every_identity_route_is_described_in_openapi(database_url: str) -
     issued, revoked = (scim_token[s]["content"]["application/json"] for s in ("201", "200"))
     assert issued["schema"]["$ref"].endswith("/IssuedScimToken")
     assert revoked["schema"]["$ref"].endswith("/ScimTokenRevoked")
+    for method, path in IDEMPOTENT:
+        headers = [p["name"] for p in doc["paths"][path][method.lower()]["parameters"]]
+        assert "Idempotency-Key" in headers, (method, path)
+    users = doc["paths"]["/v1/admin/users"]["get"]["parameters"]
+    assert {p["name"] for p in users} == {"limit", "offset", "user_name"}
+    scim_list = doc["paths"]["/scim/v2/Users"]["get"]["parameters"]
+    assert {"filter", "startIndex", "count"} <= {p["name"] for p in scim_list}
     metadata = doc["paths"]["/saml/metadata"]["get"]["responses"]["200"]["content"]
     assert list(metadata) == ["application/samlmetadata+xml"]
     assert doc["paths"]["/scim/v2/Users"]["get"]["tags"] == ["SCIM"]
@@ -380,24 +387,30 @@ def test_within_rights_cuts_admin_scopes_only() -> None:
 
 
 async def test_paging_integers_are_bounded_before_sql(database_url: str) -> None:
-    """offset and the audit cursor are refused with a 400 naming the bounds, as PageQuery
-    does, when outside what the database's bigint holds (or the page bound): never a 500."""
+    """offset, limit and the audit cursor are refused with a 400 naming the field and its
+    bound, as PageQuery does, when outside what the database's bigint holds (or the page
+    bound): never a 500. So is a parameter the route does not take."""
     async with running(settings_for(database_url)) as svc:
         key = await svc.issue_key()
+        at_most, at_least = "less than or equal to", "greater than or equal to"
         refused = {
-            "/v1/admin/users?offset=" + str(10**30): "offset must be an integer from 0 to",
-            "/v1/admin/users?offset=-1": "offset must be an integer from 0 to",
-            "/v1/admin/users?offset=1000000001": "offset must be an integer from 0 to",
-            "/v1/admin/users?offset=ten": "offset must be an integer from 0 to",
-            "/v1/admin/audit?before=" + str(10**30): "before must be an integer from 1 to",
-            "/v1/admin/audit?before=" + str(-(10**30)): "before must be an integer from 1 to",
-            "/v1/admin/audit?before=" + str(2**63): "before must be an integer from 1 to",
+            "/v1/admin/users?offset="
+            + str(10**30): f"offset: Input should be {at_most} 1000000000",
+            "/v1/admin/users?offset=-1": f"offset: Input should be {at_least} 0",
+            "/v1/admin/users?offset=1000000001": f"offset: Input should be {at_most} 1000000000",
+            "/v1/admin/users?offset=ten": "offset: Input should be a valid integer",
+            "/v1/admin/users?limit=501": f"limit: Input should be {at_most} 500",
+            "/v1/admin/users?limit=0": f"limit: Input should be {at_least} 1",
+            "/v1/admin/users?page=2": "page: Extra inputs are not permitted",
+            "/v1/admin/audit?before=" + str(10**30): f"before: Input should be {at_most} 9223",
+            "/v1/admin/audit?before=" + str(-(10**30)): f"before: Input should be {at_least} 1",
+            "/v1/admin/audit?before=" + str(2**63): f"before: Input should be {at_most} 9223",
         }
         for path, message in refused.items():
             status, body, _ = await svc.request("GET", path, key)
             assert status == 400, (path, body)
             assert body["error"]["code"] == "invalid_request", path
-            assert body["error"]["message"].startswith(message), (path, body)
+            assert body["error"]["message"].startswith("invalid request: " + message), body
         for path in (
             "/v1/admin/users?offset=1000000000",
             "/v1/admin/audit?before=" + str(2**63 - 1),
