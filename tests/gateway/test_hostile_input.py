@@ -761,6 +761,19 @@ def verdict(answers: list[tuple[Probe, Answer]], records: list[logging.LogRecord
     return "\n".join(lines)
 
 
+def printed_verdict(
+    name: str, answers: list[tuple[Probe, Answer]], records: list[logging.LogRecord], ops: int
+) -> str:
+    """The verdict, printed with the sweep's figures for the reader of the run."""
+    print(f"\n{name}: {len(answers)} requests over {ops} operations")
+    print("statuses:", sorted(Counter(answer.status for _, answer in answers).items()))
+    report = verdict(answers, records)
+    print(report or "no failures")
+    if library_errors(records):
+        print("library error lines (not failures):\n" + library_errors(records))
+    return report
+
+
 def library_errors(records: list[logging.LogRecord]) -> str:
     """Error lines of libraries (not failures: shown for the reader of the run)."""
     return "\n".join(
@@ -1105,12 +1118,7 @@ async def test_hostile_input_gets_a_4xx_never_a_5xx(
     finally:
         await stub.stop()
 
-    print(f"\nhostile-input sweep: {len(answers)} requests over {len(ops)} operations")
-    print("statuses:", sorted(Counter(answer.status for _, answer in answers).items()))
-    report = verdict(answers, records)
-    print(report or "no failures")
-    if library_errors(records):
-        print("library error lines (not failures):\n" + library_errors(records))
+    report = printed_verdict("hostile-input sweep", answers, records, len(ops))
     assert ready == 200, "the service is not ready after the sweep"
     assert not report, report
 
@@ -1209,10 +1217,5 @@ async def test_saml_routes_answer_hostile_input_below_500_when_enabled(
                 answers = await send_all(http, svc.base, probes)
                 records = list(caplog.records)
 
-    print(f"\nSAML sweep: {len(answers)} requests over {len(ops)} operations")
-    print("statuses:", sorted(Counter(answer.status for _, answer in answers).items()))
-    report = verdict(answers, records)
-    print(report or "no failures")
-    if library_errors(records):
-        print("library error lines (not failures):\n" + library_errors(records))
+    report = printed_verdict("SAML sweep", answers, records, len(ops))
     assert not report, report
