@@ -173,7 +173,16 @@ class Activation(Generic[S]):
         store = self._require_store()
         conflicts = 0
         while True:
-            events = await self._decide(command)
+            try:
+                events = await self._decide(command)
+            except SvcError:
+                # Refused on a state its own first run may have made (a retried "create"
+                # finds the name it created taken): a command id the ledger holds is a
+                # retry, answered with the first run's events, not with the refusal.
+                first = await self._first_run(command)
+                if first is None:
+                    raise
+                return await self._duplicate(command, first)
             if not events:
                 return CommandOutcome(self._key, (), self._version, self._version, "")
             try:
@@ -217,6 +226,14 @@ class Activation(Generic[S]):
         if not events and await self._moved_since_read():
             return tuple(self._behaviour.decide(self._state, command))
         return events
+
+    async def _first_run(self, command: Command) -> AppendResult | None:
+        """The append this command id made before, if the ledger can say (None when it
+        cannot: the refusal then stands, as it would without the ledger)."""
+        try:
+            return await self._require_store().processed(command.command_id, command.workspace_id)
+        except StoreError:
+            return None
 
     async def _moved_since_read(self) -> bool:
         try:

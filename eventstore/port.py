@@ -24,6 +24,10 @@ class EventStore(Protocol):
         workspace_id: str,
     ) -> AppendResult: ...
 
+    async def processed(self, command_id: str, workspace_id: str) -> AppendResult | None:
+        """The append `command_id` made (as a duplicate result), or None when it made none."""
+        ...
+
     async def read_stream(
         self, stream_id: str, from_version: int = 1, *, workspace_id: str | None = None
     ) -> list[RecordedEvent]: ...

@@ -103,6 +103,10 @@ WHERE (snapshots.version, snapshots.schema_version)
 _LOAD_SNAPSHOT = """
 SELECT stream_id, version, schema_version, state FROM snapshots WHERE stream_id = $1
 """
+_PROCESSED = """
+SELECT stream_id, first_version, last_version, last_tx, last_position
+FROM processed_commands WHERE workspace_id = $1 AND command_id = $2
+"""
 _NEWEST_TX = "SELECT tx FROM events ORDER BY tx DESC LIMIT 1"
 _NEXT_XID = "SELECT pg_snapshot_xmax(pg_current_snapshot())"
 
@@ -370,6 +374,20 @@ class PostgresEventStore:
         if any(not isinstance(outcome, Exception) and not outcome[0] for outcome in outcomes):
             self._on_commit()
         return outcomes
+
+    async def processed(self, command_id: str, workspace_id: str) -> AppendResult | None:
+        async with self._db.acquire(stateless=True) as conn:
+            row = await conn.fetchrow(_PROCESSED, workspace_id, command_id)
+        if row is None:
+            return None
+        stream_id, first_version, last_version, last_tx, last_position = row
+        return AppendResult(
+            stream_id=stream_id,
+            first_version=first_version,
+            last_version=last_version,
+            cursor=encode_cursor(LogPoint(last_tx, last_position)),
+            duplicate=True,
+        )
 
     async def read_stream(
         self, stream_id: str, from_version: int = 1, *, workspace_id: str | None = None

@@ -316,6 +316,9 @@ class _StoreDownForReads:
     async def read_stream(self, *args: Any, **kwargs: Any) -> list[RecordedEvent]:
         raise StoreUnavailable("the event store database is unavailable")
 
+    async def processed(self, *args: Any, **kwargs: Any) -> None:
+        raise StoreUnavailable("the event store database is unavailable")
+
 
 async def test_a_refusal_stands_when_the_stream_cannot_be_read_again() -> None:
     """The read before a refusal stands only guards against a stale state: when it fails,

@@ -212,6 +212,22 @@ class EventStoreContract:
         )
         assert not a.duplicate and not b.duplicate
 
+    async def test_the_ledger_says_what_a_command_id_appended(self, store: EventStore) -> None:
+        s, command_id = stream(), cmd()
+        first = await store.append(
+            s, [ev(), ev()], expected_version=0, command_id=command_id, workspace_id=WS
+        )
+        found = await store.processed(command_id, WS)
+        assert found is not None and found.duplicate
+        assert (found.stream_id, found.first_version, found.last_version, found.cursor) == (
+            first.stream_id,
+            first.first_version,
+            first.last_version,
+            first.cursor,
+        )
+        assert await store.processed(command_id, OTHER_WS) is None
+        assert await store.processed(cmd(), WS) is None
+
     # invalid appends
 
     @pytest.mark.parametrize(
