@@ -35,8 +35,9 @@ class ErrorEnvelope(BaseModel):
 
 IDEMPOTENCY_KEY = (
     "Idempotency-Key",
-    "your id for this write (at most 200 characters): a retry with the same key is answered "
-    "from the first attempt's outcome and is never done twice",
+    "your id for this write (at most 200 characters): a retry with the same key is never "
+    "done twice; it gets the first attempt's outcome or, where that showed a secret once "
+    "(a key, a token, a client secret), 409 duplicate_request",
 )
 """The request header of every write that records a command (its command id)."""
 

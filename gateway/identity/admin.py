@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from actors.behaviour import CommandOutcome
 from actors.identity import directory_key, session_key
 from actors.workspace import workspace_key
 from gateway.auth import check_delegation, generate_key, hash_key, require_instance_admin
@@ -35,7 +36,7 @@ from projections.identity_queries import (
     user_session_ids,
 )
 from schemas.admin import MAX_OFFSET
-from schemas.errors import Forbidden, InvalidInput, NotFound
+from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound
 from schemas.identity import (
     BUILTIN_ROLES,
     Access,
@@ -56,6 +57,7 @@ from schemas.identity import (
     UnbindRole,
     UpdateUser,
     UserProfile,
+    UserProvisioned,
 )
 from schemas.workspace import API_KEY_SCOPES, IssueApiKey, RevokeApiKey
 
@@ -163,6 +165,17 @@ def profile_of(user: UserRow) -> UserProfile:
             "active": user.active,
         }
     )
+
+
+def refuse_repeat(outcome: CommandOutcome, issued: str) -> None:
+    """A retry (same Idempotency-Key) of a write whose answer showed a secret once: the
+    secret was never kept, so the retry cannot be answered from the first attempt."""
+    if outcome.duplicate:
+        raise Conflict(
+            f"this Idempotency-Key already issued {issued}, which is shown only once; list "
+            "them to find it, or send the request with another Idempotency-Key",
+            code="duplicate_request",
+        )
 
 
 async def live_user(ident: Identity, workspace_id: str, user_id: str) -> UserRow:
@@ -288,7 +301,7 @@ async def create_user(request: web.Request) -> web.Response:
     ws = principal.workspace_id
     user_id = new_id("usr_")
     profile = UserProfile.model_validate(body.model_dump(exclude={"password", "roles"}))
-    await ident.ask(
+    outcome = await ident.ask(
         directory_key(ws),
         ProvisionUser(
             by=actor_of(request),
@@ -301,9 +314,14 @@ async def create_user(request: web.Request) -> web.Response:
             at=now(),
         ),
     )
-    if body.password is not None:
+    if outcome.duplicate:  # a retry: the user its first attempt provisioned
+        user_id = next(e.user_id for e in outcome.events if isinstance(e, UserProvisioned))
+    user = await live_user(ident, ws, user_id)
+    # A retry sets the password only where its first attempt did not get that far.
+    if body.password is not None and not (outcome.duplicate and user.has_password):
         await set_password(request, ident, ws, user_id, body.password.get_secret_value())
-    return json(user_view(await live_user(ident, ws, user_id)), status=201)
+        user = await live_user(ident, ws, user_id)
+    return json(user_view(user), status=201)
 
 
 async def get_user_handler(request: web.Request) -> web.Response:
@@ -340,13 +358,14 @@ async def patch_user(request: web.Request) -> web.Response:
 
 
 async def deprovision(
-    ident: Identity, request: web.Request, workspace_id: str, user_id: str
+    ident: Identity, request: web.Request, workspace_id: str, user_id: str, command: str
 ) -> None:
+    """`command`: the command id (the admin API's Idempotency-Key; SCIM's own)."""
     await ident.ask(
         directory_key(workspace_id),
         DeprovisionUser(
             by=actor_of(request),
-            command_id=command_id(request),
+            command_id=command,
             workspace_id=workspace_id,
             user_id=user_id,
             at=now(),
@@ -360,7 +379,7 @@ async def delete_user(request: web.Request) -> web.Response:
     ident = identity(request)
     user = await live_user(ident, principal.workspace_id, request.match_info["id"])
     await check_manageable(ident, principal, user)
-    await deprovision(ident, request, principal.workspace_id, user.user_id)
+    await deprovision(ident, request, principal.workspace_id, user.user_id, command_id(request))
     return web.Response(status=204)
 
 
@@ -455,6 +474,7 @@ async def issue_user_key(request: web.Request) -> web.Response:
         at=now(),
     )
     outcome = await request.app[RUNTIME].ask(workspace_key(ws), issue)
+    refuse_repeat(outcome, "a key")
     if outcome.cursor:
         await request.app[PROJECTIONS].wait_for(outcome.cursor, APPLY_TIMEOUT_S)
     await ident.ask(
@@ -536,7 +556,7 @@ async def scim_token(request: web.Request) -> web.Response:
         return json({"revoked": True})
     token = SCIM_TOKEN_PREFIX + generate_key().removeprefix("svc_")
     token_id = new_id("scim_")
-    await ident.ask(
+    outcome = await ident.ask(
         key,
         IssueScimToken(
             by=actor_of(request),
@@ -548,6 +568,7 @@ async def scim_token(request: web.Request) -> web.Response:
             at=now(),
         ),
     )
+    refuse_repeat(outcome, "a SCIM token")
     return json(
         {"token": token, "token_id": token_id, "prefix": token[:12]},
         status=201,
@@ -581,7 +602,7 @@ async def register_client(request: web.Request) -> web.Response:
         raise InvalidInput(f"unknown scopes {unknown}", code="invalid_scope")
     check_delegation(principal, body.scopes)
     client_id, secret = new_client_credentials()
-    await identity(request).ask(
+    outcome = await identity(request).ask(
         directory_key(principal.workspace_id),
         RegisterOAuthClient(
             by=actor_of(request),
@@ -594,6 +615,7 @@ async def register_client(request: web.Request) -> web.Response:
             at=now(),
         ),
     )
+    refuse_repeat(outcome, "a client secret")
     return json(
         {"client_id": client_id, "client_secret": secret, "scopes": sorted(set(body.scopes))},
         status=201,

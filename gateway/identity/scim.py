@@ -550,7 +550,7 @@ async def patch_handler(request: web.Request, ident: Identity, ws: str) -> web.S
 
 async def delete_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
     user = await _writable_user(ident, ws, request.match_info["id"])
-    await deprovision(ident, request, ws, user.user_id)
+    await deprovision(ident, request, ws, user.user_id, new_id("scim-"))
     return web.Response(status=204)
 
 

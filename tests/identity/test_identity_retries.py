@@ -1,0 +1,92 @@
+"""Identity writes retried with the same Idempotency-Key (a client that lost the first
+answer): never done twice. A retry gets the first attempt's outcome, or, where that answer
+showed a secret once (a key, the SCIM token, an OAuth client secret), 409 duplicate_request:
+the secret was never kept, and the retry must not hand out one that was never recorded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from identity_support import Running, running, settings_for, uid
+
+pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
+
+ADMIN = "/v1/admin"
+PASSWORD = "correct horse battery staple"
+
+
+async def twice(
+    svc: Running, key: str, path: str, body: dict[str, Any]
+) -> tuple[tuple[int, Any], tuple[int, Any]]:
+    """The same write sent twice with one Idempotency-Key."""
+    headers = {"Idempotency-Key": uid("retry-")}
+    answers = []
+    for _ in range(2):
+        status, answer, _ = await svc.request("POST", path, key, json=body, headers=headers)
+        answers.append((status, answer))
+    return answers[0], answers[1]
+
+
+async def test_a_retried_user_creation_answers_with_the_user_it_created(
+    database_url: str,
+) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        body = {"user_name": uid("ada-"), "password": PASSWORD}
+        (first, created), (again, retried) = await twice(svc, key, f"{ADMIN}/users", body)
+
+        assert (first, again) == (201, 201)
+        assert retried["id"] == created["id"] and retried["user_name"] == body["user_name"]
+        _, listing, _ = await svc.request(
+            "GET", f"{ADMIN}/users?user_name={body['user_name']}", key
+        )
+        assert listing["total"] == 1
+        status, _, browser = await svc.login(body["user_name"], PASSWORD)
+        await browser.close()
+        assert status == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/scim/token", {"action": "issue"}),
+        ("/oauth/clients", {"name": "etl", "scopes": ["admin:read"]}),
+    ],
+)
+async def test_a_retried_secret_is_refused_not_made_up(
+    database_url: str, path: str, body: dict[str, Any]
+) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        (first, issued), (again, refused) = await twice(svc, key, ADMIN + path, body)
+
+        assert first == 201, issued
+        assert again == 409 and refused["error"]["code"] == "duplicate_request", refused
+
+
+async def test_a_retried_user_key_is_refused_and_the_user_can_still_be_removed(
+    database_url: str,
+) -> None:
+    """The retry used to answer 201 with a key never recorded, and link its made-up id to
+    the user, so deprovisioning the user later failed to revoke it (404)."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        _, user, _ = await svc.request(
+            "POST", f"{ADMIN}/users", key, json={"user_name": uid("bob-")}
+        )
+        keys = f"{ADMIN}/users/{user['id']}/apikeys"
+        body = {"name": "ci", "scopes": ["chat"]}
+        (first, issued), (again, refused) = await twice(svc, key, keys, body)
+
+        assert first == 201, issued
+        assert again == 409 and refused["error"]["code"] == "duplicate_request", refused
+        status, _, _ = await svc.request("DELETE", f"{ADMIN}/users/{user['id']}", key)
+        assert status == 204
+        status, _, _ = await svc.request(
+            "POST",
+            "/v1/chat/completions",
+            issued["key"],
+            json={"model": "svc-offline", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert status == 401  # revoked with its user
