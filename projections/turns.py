@@ -3,7 +3,7 @@
 Status values: `running` (TurnStarted recorded, no outcome yet), `completed` (the assistant
 message was recorded) and `failed` (TurnFailed recorded; error_code and error_message set).
 `expires_at` is the turn's recorded expiry: 'infinity' when it never expires, NULL when its
-TurnStarted predates expiries (migrations/0150_turn_expiry.sql).
+TurnStarted predates expiries (migrations/0150 and 0151).
 """
 
 from __future__ import annotations

@@ -241,8 +241,9 @@ class TurnStarted(Event):
     agent: Id | None = None
     # When this turn, if still running, was abandoned: its start plus the model-call budget
     # it was given plus a margin (actors/conversation.py, turn_lifetime). None when calls had
-    # no time limit (`never_expires`) and on turns recorded before the fields existed: those
-    # are judged by the budget in force when they are judged.
+    # no time limit (then `never_expires` is true and no age abandons it), and on turns
+    # recorded before these fields existed (both unset), which are judged by the budget in
+    # force when they are judged.
     expires_at: AwareDatetime | None = None
     # True when the turn's call had no time limit: no age makes it abandoned.
     never_expires: bool = False

@@ -168,7 +168,7 @@ async def test_a_turn_without_a_recorded_expiry_is_swept_by_its_age(database_url
                 "UPDATE turns SET expires_at = NULL, status = 'running' WHERE turn_id = $1",
                 turn_id,
             )
-            await conn.execute(_migration("0150_turn_expiry.sql"))
+            await conn.execute(_migration("0151_turn_expiry_index.sql"))
             expiry = await conn.fetchval(
                 "SELECT expires_at - started_at FROM turns WHERE turn_id = $1", turn_id
             )
