@@ -5,6 +5,7 @@ OpenAPI descriptions of every identity route."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from typing import Any
 
@@ -185,6 +186,18 @@ async def test_every_identity_route_is_described_in_openapi(database_url: str) -
     issued, revoked = (scim_token[s]["content"]["application/json"] for s in ("201", "200"))
     assert issued["schema"]["$ref"].endswith("/IssuedScimToken")
     assert revoked["schema"]["$ref"].endswith("/ScimTokenRevoked")
+    # The routes documented as taking an Idempotency-Key are those whose handler reads it.
+    handlers = {
+        (r.method, r.resource.canonical): r.handler
+        for r in svc.app.router.routes()
+        if r.resource is not None
+    }
+    reads_key = {
+        (m, p)
+        for m, p, *_ in ROUTE_DOCS
+        if "command_id(request)" in inspect.getsource(handlers[(m, p)])
+    }
+    assert reads_key == IDEMPOTENT
     for method, path in IDEMPOTENT:
         headers = [p["name"] for p in doc["paths"][path][method.lower()]["parameters"]]
         assert "Idempotency-Key" in headers, (method, path)
