@@ -20,6 +20,7 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from pg_support import create_database, drop_database, durability, server
@@ -38,6 +39,14 @@ def pgbench_binary() -> Path:
 
 
 def run_pgbench(dsn: str, clients: int, threads: int, seconds: int) -> float:
+    # The password goes in the environment: a command line is visible to every user (ps).
+    parts = urlsplit(dsn)
+    env = {**os.environ, "PGPASSWORD": parts.password or ""}
+    host = parts.hostname or ""
+    netloc = f"{parts.username}@{host}" if parts.username else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    dsn = urlunsplit(parts._replace(netloc=netloc))
     with tempfile.NamedTemporaryFile("w", suffix=".sql") as script:
         script.write(INSERT)
         script.flush()
@@ -52,6 +61,7 @@ def run_pgbench(dsn: str, clients: int, threads: int, seconds: int) -> float:
                 script.name,
                 dsn,  # libpq takes the URL as the database name
             ],
+            env=env,
             capture_output=True,
             text=True,
             check=True,
