@@ -316,7 +316,9 @@ def _decide_recover(state: ConversationState, c: RecoverAbandonedTurns) -> list[
         turn = state.turns.get(turn_id)
         if turn is None or turn.status != "running":
             continue
-        if turn.never_expires or (turn.expires_at is not None and turn.expires_at > c.at):
+        if not c.force and (
+            turn.never_expires or (turn.expires_at is not None and turn.expires_at > c.at)
+        ):
             continue  # its own budget has not run out, whatever the one in force now says
         elapsed = round((c.at - turn.started_at).total_seconds() * 1000)
         events.append(

@@ -7,6 +7,7 @@
     svc apikeys list [--workspace ID] [--json] | revoke ID [--workspace ID]
     svc projections status | rebuild NAME
     svc conversations replay ID [--at-version N] [--workspace ID]
+    svc conversations abandon ID [--turn TURN_ID ...] [--workspace ID]
 
 Every command but `serve` opens the same database as the server (the embedded one is shared
 per data directory), so it works while the server runs. `apikeys create` prints the key alone
@@ -32,15 +33,18 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from actors.behaviour import ActorKey
-from actors.conversation import ConversationBehaviour, conversation_key
+from actors.conversation import ConversationBehaviour, ConversationState, conversation_key
 from actors.shards import NUM_SHARDS
 from actors.workspace import workspace_key
+from eventstore.records import RecordedEvent
 from gateway import bootstrap
 from gateway.auth import SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform
 from gateway.errors import validation_problems
 from gateway.settings import Settings
 from projections import queries
+from schemas.commands import service_command_id
+from schemas.conversation import RecoverAbandonedTurns, TurnFailed
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
 from schemas.events import EVENTS
 from schemas.settings_catalog import get_spec
@@ -314,9 +318,59 @@ async def cmd_conversations(args: argparse.Namespace, settings: Settings) -> int
         events = await platform.store.read_stream(
             key.stream_id, workspace_id=args.workspace or None
         )
-    if not events:
-        where = f" in workspace {args.workspace}" if args.workspace else ""
-        raise NotFound(f"no conversation {args.conversation_id}{where}")
+        if not events:
+            where = f" in workspace {args.workspace}" if args.workspace else ""
+            raise NotFound(f"no conversation {args.conversation_id}{where}")
+        if args.action == "abandon":
+            return await _abandon(args, platform, events)
+    return _replay(args, events)
+
+
+async def _abandon(
+    args: argparse.Namespace, platform: Platform, events: Sequence[RecordedEvent]
+) -> int:
+    """Record running turns as abandoned whatever their expiry: the operator knows the
+    process that ran them is gone (a turn started with no call time limit never expires)."""
+    state = _state_at(args.conversation_id, events, events[-1].version)
+    running = [t.turn_id for t in state.turns.values() if t.status == "running"]
+    chosen = list(dict.fromkeys(args.turn)) or running
+    not_running = [t for t in chosen if t not in running]
+    if not_running:
+        raise InvalidInput(
+            f"turn {', '.join(not_running)} is not running in conversation "
+            f"{args.conversation_id}; running: {', '.join(running) or 'none'}"
+        )
+    if not chosen:
+        _out(f"no turn is running in conversation {args.conversation_id}")
+        return 0
+    command = RecoverAbandonedTurns(
+        command_id=service_command_id("abandon", uuid.uuid4().hex),
+        workspace_id=events[0].workspace_id,
+        turn_ids=tuple(chosen),
+        at=datetime.now(UTC),
+        force=True,
+    )
+    outcome = await platform.runtime.ask(conversation_key(args.conversation_id), command)
+    ended = [e.turn_id for e in outcome.events if isinstance(e, TurnFailed)]
+    _out(f"recorded as abandoned: {', '.join(ended) or 'none (they ended meanwhile)'}")
+    return 0
+
+
+def _state_at(
+    conversation_id: str, events: Sequence[RecordedEvent], until: int
+) -> ConversationState:
+    behaviour = ConversationBehaviour()
+    state = behaviour.initial_state(conversation_key(conversation_id))
+    for recorded in events:
+        if recorded.version > until:
+            break
+        state = behaviour.evolve(
+            state, EVENTS.decode(recorded.type, recorded.schema_version, recorded.data)
+        )
+    return state
+
+
+def _replay(args: argparse.Namespace, events: Sequence[RecordedEvent]) -> int:
     last = events[-1].version
     until = last if args.at_version is None else args.at_version
     if until > last:
@@ -325,15 +379,12 @@ async def cmd_conversations(args: argparse.Namespace, settings: Settings) -> int
             f"--at-version must be between 0 and {last}: conversation {args.conversation_id} "
             f"has {last} events"
         )
-    behaviour = ConversationBehaviour()
-    state = behaviour.initial_state(key)
     for recorded in events:
         if recorded.version > until:
             break
-        decoded = EVENTS.decode(recorded.type, recorded.schema_version, recorded.data)
-        state = behaviour.evolve(state, decoded)
         stamp = recorded.recorded_at.isoformat()
         _out(f"v{recorded.version}\t{stamp}\t{recorded.type}\t{json.dumps(recorded.data)}")
+    state = _state_at(args.conversation_id, events, until)
     _out(f"# state at version {until}")
     _out(state.model_dump_json(indent=2))
     return 0
@@ -448,6 +499,14 @@ def _conversations_parser(sub: Any) -> None:
     r.add_argument("conversation_id")
     r.add_argument("--at-version", type=_non_negative_int, dest="at_version")
     r.add_argument("--workspace")
+    a = acts.add_parser(
+        "abandon",
+        help="record running turns as failed (turn_abandoned) whatever their expiry, once the "
+        "process that ran them is known to be gone",
+    )
+    a.add_argument("conversation_id")
+    a.add_argument("--turn", action="append", default=[], help="this turn only (repeatable)")
+    a.add_argument("--workspace")
 
 
 def _non_negative_int(raw: str) -> int:

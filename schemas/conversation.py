@@ -164,11 +164,14 @@ class FailTurn(Command):
 
 class RecoverAbandonedTurns(Command):
     """Record `turn_ids` as failed with `turn_abandoned`: turns a gone incarnation started and
-    never ended. Issued by the conversation's own handler, never by a client; a turn that is
-    no longer running when this is decided is left alone."""
+    never ended. Issued by the conversation's own handler, the gateways' sweep and, `force`d,
+    an operator (`svc conversations abandon`), never by a client. A turn no longer running
+    when this is decided is left alone, and so, unless `force`, is one whose recorded expiry
+    is still ahead or that never expires."""
 
     turn_ids: tuple[Id, ...] = Field(min_length=1, max_length=MAX_MESSAGES)
     at: AwareDatetime
+    force: bool = False
 
 
 class RenameConversation(Command):

@@ -17,13 +17,16 @@ from datetime import UTC, datetime, timedelta
 from importlib import resources
 
 import aiohttp
+import pytest
 from platform_support import Running, StallingUpstream, running, settings_for, uid
 
 from actors.conversation import TURN_MARGIN_S
+from gateway.cli import build_parser, cmd_conversations
 from gateway.settings import Settings
 from gateway.state import DATABASE, RUNTIME, SETTINGS
 from gateway.turn_sweep import AbandonedTurnSweep
 from projections.queries import Turn, analytics, list_turns, overview
+from schemas.errors import InvalidInput
 
 MODEL = "stub-model"
 LATER = timedelta(minutes=10)
@@ -152,6 +155,26 @@ async def test_a_turn_is_swept_at_its_own_expiry_after_the_budget_was_lowered(
 async def test_a_turn_whose_call_had_no_time_limit_is_never_swept(database_url: str) -> None:
     async with stalled_turn(database_url, started_under_s=0) as stalled:
         assert await _sweeper(stalled.svc).sweep(datetime.now(UTC) + timedelta(days=30)) == 0
+
+
+async def test_an_operator_abandons_a_turn_that_never_expires(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`svc conversations abandon`: the way out for a dead turn no age can end."""
+    async with stalled_turn(database_url, started_under_s=0) as stalled:
+        settings = stalled.svc.app[SETTINGS]
+        abandon = ["conversations", "abandon", stalled.conversation]
+        wrong = build_parser().parse_args([*abandon, "--turn", "no-such-turn"])
+        with pytest.raises(InvalidInput, match="not running in conversation"):
+            await cmd_conversations(wrong, settings)
+
+        args = build_parser().parse_args([*abandon, "--workspace", stalled.workspace])
+        assert await cmd_conversations(args, settings) == 0
+        assert stalled.turn.turn_id in capsys.readouterr().out
+        turn = await _turn(stalled.svc, stalled.workspace, stalled.conversation, "failed")
+        assert turn.error_code == "turn_abandoned"
+        assert await cmd_conversations(args, settings) == 0
+        assert "no turn is running" in capsys.readouterr().out
 
 
 async def test_a_turn_without_a_recorded_expiry_is_swept_by_its_age(database_url: str) -> None:
