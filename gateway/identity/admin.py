@@ -315,7 +315,8 @@ async def create_user(request: web.Request) -> web.Response:
         ),
     )
     if outcome.duplicate:  # a retry: the user its first attempt provisioned
-        user_id = next(e.user_id for e in outcome.events if isinstance(e, UserProvisioned))
+        first = (e.user_id for e in outcome.events if isinstance(e, UserProvisioned))
+        user_id = next(first, user_id)
     user = await live_user(ident, ws, user_id)
     # A retry sets the password only where its first attempt did not get that far.
     if body.password is not None and not (outcome.duplicate and user.has_password):
