@@ -342,14 +342,8 @@ class PostgresEventStore:
             row = await self._submit(request)
         finally:
             APPEND_SECONDS.observe(time.perf_counter() - started)
-        duplicate, recorded_stream, first_version, last_version, last_tx, last_position = row
-        return AppendResult(
-            stream_id=recorded_stream,
-            first_version=first_version,
-            last_version=last_version,
-            cursor=encode_cursor(LogPoint(last_tx, last_position)),
-            duplicate=duplicate,
-        )
+        duplicate, *ledger_row = row
+        return _append_result(ledger_row, duplicate=duplicate)
 
     async def _submit(self, request: _Append) -> _AppendRow:
         """One append through the coalescer. Without an expected version ("do not check") a
@@ -378,16 +372,7 @@ class PostgresEventStore:
     async def processed(self, command_id: str, workspace_id: str) -> AppendResult | None:
         async with self._db.acquire(stateless=True) as conn:
             row = await conn.fetchrow(_PROCESSED, workspace_id, command_id)
-        if row is None:
-            return None
-        stream_id, first_version, last_version, last_tx, last_position = row
-        return AppendResult(
-            stream_id=stream_id,
-            first_version=first_version,
-            last_version=last_version,
-            cursor=encode_cursor(LogPoint(last_tx, last_position)),
-            duplicate=True,
-        )
+        return None if row is None else _append_result(row, duplicate=True)
 
     async def read_stream(
         self, stream_id: str, from_version: int = 1, *, workspace_id: str | None = None
@@ -452,6 +437,19 @@ class PostgresEventStore:
         async with self._db.acquire(stateless=True) as conn:
             point = await log_head(conn)
         return "" if point == ORIGIN else encode_cursor(point)
+
+
+def _append_result(ledger_row: Sequence[Any], *, duplicate: bool) -> AppendResult:
+    """An append's result from its ledger columns: stream_id, first_version, last_version,
+    last_tx, last_position."""
+    stream_id, first_version, last_version, last_tx, last_position = ledger_row
+    return AppendResult(
+        stream_id=stream_id,
+        first_version=first_version,
+        last_version=last_version,
+        cursor=encode_cursor(LogPoint(last_tx, last_position)),
+        duplicate=duplicate,
+    )
 
 
 def _checked_point(after: str | None) -> LogPoint:
