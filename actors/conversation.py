@@ -658,7 +658,7 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             yield await _recorded_result_now(ctx, command)
             return
         provider = self.provider_for(command.model)
-        budget_s = None if self._call_budget_s is None else self._call_budget_s()
+        budget_s = self._budget_now()
         started = await ctx.execute(self._stamped(command, budget_s))
         if started.duplicate or not started.events:
             yield recorded_result(ctx.state, command, started.events)
@@ -680,8 +680,12 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             }
         )
 
+    def _budget_now(self) -> float | None:
+        """The call budget in force (a live setting: read it once per use); None: none given."""
+        return None if self._call_budget_s is None else self._call_budget_s()
+
     def _abandoned_after(self) -> timedelta | None:
-        return _lifetime(None if self._call_budget_s is None else self._call_budget_s())
+        return _lifetime(self._budget_now())
 
     async def _recover_abandoned(self, ctx: ActorContext[ConversationState]) -> None:
         """Record the turns of a gone incarnation as failed (see the module docstring)."""
