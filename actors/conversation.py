@@ -108,6 +108,8 @@ def conversation_key(conversation_id: str) -> ActorKey:
 class TurnRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     turn_id: str
+    # The conversation's turn count when this turn started: its place in start order.
+    ordinal: int
     command_id: str
     model: str
     status: Literal["running", "completed", "failed"]
@@ -424,7 +426,12 @@ def _with_turn(state: ConversationState, turn: TurnRecord, at: datetime) -> Conv
     turns[turn.turn_id] = turn
     by_command = state.turn_by_command
     if len(turns) > RECENT_TURNS:
-        ended = [t for t in turns.values() if t.status != "running"]
+        # Oldest first by start order, never by the dict's order: a state restored from a
+        # snapshot has its keys in jsonb's order (shortest first, then bytewise), and live
+        # and restored states must drop the same turns.
+        ended = sorted(
+            (t for t in turns.values() if t.status != "running"), key=lambda t: t.ordinal
+        )
         expired = ended[: len(turns) - RECENT_TURNS]
         by_command = dict(by_command)
         for old in expired:
@@ -458,6 +465,7 @@ def _evolve(state: ConversationState, event: Event) -> ConversationState:
     if isinstance(event, TurnStarted):
         turn = TurnRecord(
             turn_id=event.turn_id,
+            ordinal=state.turn_count,
             command_id=event.command_id,
             model=event.model,
             status="running",
@@ -604,7 +612,8 @@ class ConversationBehaviour(Behaviour[ConversationState]):
 
     kind: ClassVar[str] = KIND
     state_type: ClassVar[type[BaseModel]] = ConversationState
-    state_schema_version: ClassVar[int] = 1
+    # 2: TurnRecord.ordinal. A snapshot of version 1 is ignored (replayed in full).
+    state_schema_version: ClassVar[int] = 2
 
     def __init__(
         self,

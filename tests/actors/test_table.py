@@ -28,6 +28,7 @@ from actors import (
 )
 from actors import table as table_module
 from actors.context import Activation, Counters, ExecutionPolicy
+from actors.conversation import RECENT_TURNS
 from eventstore import PostgresEventStore
 from eventstore.errors import StoreUnavailable
 from eventstore.records import RecordedEvent, Snapshot
@@ -44,8 +45,10 @@ def add(amount: int = 1, command_id: str | None = None) -> AddToCounter:
     return AddToCounter(command_id=command_id or uuid.uuid4().hex, workspace_id=WS, amount=amount)
 
 
-class ConversationBehaviourV2(ConversationBehaviour):
-    state_schema_version: ClassVar[int] = 2
+class ReplayInFull(ConversationBehaviour):
+    """Ignores every snapshot of the real behaviour (another state schema): full replay."""
+
+    state_schema_version: ClassVar[int] = ConversationBehaviour.state_schema_version + 1
 
 
 async def load(
@@ -90,10 +93,49 @@ async def test_conversation_from_snapshot_equals_full_replay(store: PostgresEven
         folded = behaviour.evolve(folded, EVENTS.decode(rec.type, rec.schema_version, rec.data))
 
     from_snapshot = await load(store, key, ConversationBehaviour())
-    full = await load(store, key, ConversationBehaviourV2())
+    full = await load(store, key, ReplayInFull())
     assert from_snapshot.state == full.state == folded
     assert from_snapshot.version == full.version == len(recorded) == 14
     assert folded.title == "renamed" and len(folded.turns) == 4
+
+
+def _turn(turn_id: str) -> RunTurn:
+    return RunTurn(
+        command_id=uuid.uuid4().hex,
+        workspace_id=WS,
+        turn_id=turn_id,
+        message_id=f"m-{turn_id}",
+        model="scripted",
+        messages=(Message(role="user", content="question"),),
+        at=datetime.now(UTC),
+    )
+
+
+async def test_turn_window_drops_the_same_turn_after_a_snapshot(
+    store: PostgresEventStore,
+) -> None:
+    # Turn ids that sort against their start order: jsonb hands a snapshot's `turns` back
+    # shortest key first, then bytewise, so a window that dropped "the first key" dropped the
+    # newest finished turn after a restore and the oldest one live.
+    ids = [f"t{99 - n:02d}" for n in range(RECENT_TURNS + 1)]
+    key = conversation_key(uuid.uuid4().hex)
+    first = ActivationTable(store, [ConversationBehaviour([ScriptedProvider()])])
+    await first.start()
+    for turn_id in ids[:RECENT_TURNS]:
+        await first.submit(key, _turn(turn_id)).last()
+    await first.stop()  # passivation snapshots the full window
+    assert (await store.load_snapshot(key.stream_id)) is not None
+
+    second = ActivationTable(store, [ConversationBehaviour([ScriptedProvider()])])
+    await second.start()
+    await second.submit(key, _turn(ids[-1])).last()
+    await second.stop()
+
+    from_snapshot = await load(store, key, ConversationBehaviour())
+    full = await load(store, key, ReplayInFull())
+    assert set(full.state.turns) == set(ids[1:])  # the oldest turn left the window
+    assert from_snapshot.state == full.state
+    assert from_snapshot.state.turn_by_command == full.state.turn_by_command
 
 
 async def test_conflict_retries_are_bounded(store: PostgresEventStore) -> None:
