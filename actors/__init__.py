@@ -2,8 +2,9 @@
 
 Wiring (the composition root does this once)::
 
-    table = ActivationTable(store, [ConversationBehaviour(providers), WorkspaceBehaviour(),
-                                    AgentBehaviour()], idle_s=settings.actor_idle_sec)
+    conversations = ConversationBehaviour(providers, call_budget_s=current_call_budget)
+    table = ActivationTable(store, [conversations, WorkspaceBehaviour(), AgentBehaviour()],
+                            idle_s=settings.actor_idle_sec)
     runtime = LocalRuntime(table)
     await runtime.start()
     result = await runtime.ask(conversation_key(cid), RunTurn(...))   # -> TurnResult

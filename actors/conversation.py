@@ -92,6 +92,7 @@ log = logging.getLogger(__name__)
 
 KIND = "conversation"
 RECENT_TURNS = 16
+NUL = "\x00"  # PostgreSQL text and jsonb cannot hold it
 ABANDONED = "turn_abandoned"
 ABANDONED_MESSAGE = (
     "the turn was abandoned: the service process running it stopped before the model answered"
@@ -744,10 +745,13 @@ class ConversationBehaviour(Behaviour[ConversationState]):
                 raise UpstreamError(f"model {command.model!r} ended its answer without finishing")
             duration_ms = _elapsed_ms(began)
             complete = self._completion(command, "".join(parts), finished, duration_ms)
+            # Inside the try: a completion the store refuses or never confirms (an outage, a
+            # stop's deadline) must leave the turn failed, not running until it expires.
+            # Should it have committed after all, the failure is refused as a conflict.
+            outcome = await ctx.execute(complete)
         except (Exception, asyncio.CancelledError) as exc:
             await self._record_failure(ctx, command, exc, _elapsed_ms(began))
             raise
-        outcome = await ctx.execute(complete)
         yield TurnResult(
             conversation_id=ctx.key.id,
             turn_id=command.turn_id,
@@ -766,7 +770,14 @@ class ConversationBehaviour(Behaviour[ConversationState]):
     ) -> CompleteTurn:
         """The turn's completion as the log records it. An answer the log cannot hold (an
         empty or overlong finish reason, negative token counts, more text than a message
-        holds) is the model server's fault: a failed turn and a 502, never the client's 400."""
+        holds, a NUL character that PostgreSQL text cannot store) is the model server's
+        fault: a failed turn and a 502, never the client's 400."""
+        if NUL in content or NUL in finished.finish_reason:
+            raise UpstreamError(
+                f"model {command.model!r} answered with a NUL character (\\u0000), which "
+                "cannot be recorded",
+                code="upstream_bad_response",
+            )
         try:
             return CompleteTurn(
                 command_id=service_command_id("complete", command.command_id),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any, cast
 
 import pytest
 from actor_doubles import MakeRuntime, RuntimeUnderTest, ScriptedProvider, answer
@@ -20,10 +22,13 @@ from actors import (
 )
 from actors.models.port import TextDelta
 from eventstore import PostgresEventStore
+from eventstore.errors import StoreUnavailable
+from eventstore.records import NewEvent
 from schemas.conversation import Message, RenameConversation, RunTurn, TurnParams
 from schemas.errors import Conflict, NotFound, UpstreamError, UpstreamTimeout
 
 WS = "ws-1"
+COMPLETED = "conversation.assistant_message_completed"
 
 
 def run_turn(
@@ -279,3 +284,42 @@ async def test_the_model_is_asked_to_stream_only_when_someone_reads_the_deltas(
     # Either way the whole answer comes back and is recorded.
     assert isinstance(streamed[-1], TurnResult) and isinstance(asked, TurnResult)
     assert asked.content == answer(provider, 2)
+
+
+class _CompletionOutage:
+    """The store, except that the first append of a turn's completion fails as an outage
+    would (StoreUnavailable) without writing anything."""
+
+    def __init__(self, store: PostgresEventStore) -> None:
+        self._store = store
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def append(self, stream_id: str, events: Sequence[NewEvent], **kw: Any) -> Any:
+        if not self.refused and any(e.type == COMPLETED for e in events):
+            self.refused += 1
+            raise StoreUnavailable("the database went away")
+        return await self._store.append(stream_id, events, **kw)
+
+
+async def test_a_completion_the_store_never_takes_leaves_the_turn_failed(
+    store: PostgresEventStore,
+) -> None:
+    """The model answered but recording the answer failed: the turn is recorded as failed
+    at once (retryable), not left running until its expiry makes it `turn_abandoned`."""
+    outage = _CompletionOutage(store)
+    table = ActivationTable(cast(Any, outage), [ConversationBehaviour([ScriptedProvider()])])
+    await table.start()
+    cid = uuid.uuid4().hex
+    with pytest.raises(StoreUnavailable):
+        await table.submit(conversation_key(cid), run_turn()).last()
+    await table.stop()
+    assert outage.refused == 1
+    recorded = await store.read_stream(conversation_key(cid).stream_id)
+    assert recorded[-1].type == "conversation.turn_failed"
+    assert (recorded[-1].data["error_code"], recorded[-1].data["retryable"]) == (
+        "store_unavailable",
+        True,
+    )

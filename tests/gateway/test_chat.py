@@ -613,10 +613,22 @@ async def test_a_key_in_the_services_own_namespace_is_refused(chat: Chat) -> Non
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_an_answer_the_log_cannot_record_fails_the_turn(chat: Chat, stream: bool) -> None:
+@pytest.mark.parametrize(
+    ("fault", "named"),
+    [
+        ("finish_reason", "finish_reason"),  # over the 64 characters a recorded reason holds
+        ("reply", "NUL"),  # PostgreSQL's jsonb cannot hold U+0000
+    ],
+)
+async def test_an_answer_the_log_cannot_record_fails_the_turn(
+    chat: Chat, stream: bool, fault: str, named: str
+) -> None:
     """A model server's broken answer is its fault (502), never the client's (400), and the
     turn ends recorded as failed rather than left running."""
-    chat.stub.finish_reason = "x" * 100  # over the 64 characters a recorded reason holds
+    if fault == "finish_reason":
+        chat.stub.finish_reason = "x" * 100
+    else:
+        chat.stub.reply = "half\x00way"
     raw = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": stream})
     conversation_id = raw.headers["X-SVC-Conversation-Id"]
     if stream:
@@ -625,7 +637,7 @@ async def test_an_answer_the_log_cannot_record_fails_the_turn(chat: Chat, stream
     else:
         body = await raw.json()
         assert raw.status == 502 and body["error"]["code"] == "upstream_bad_response"
-        assert "finish_reason" in body["error"]["message"]
+        assert named in body["error"]["message"]
     failed = await chat.wait_for_event(conversation_id, FAILED)
     assert failed.data["error_code"] == "upstream_bad_response"
 
