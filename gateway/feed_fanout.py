@@ -51,7 +51,7 @@ from schemas.errors import SvcError, Unavailable
 
 log = logging.getLogger(__name__)
 
-EndReason = Literal["shutdown", "too_slow", "unauthorized", "gone"]
+EndReason = Literal["shutdown", "too_slow", "unauthorized", "failed", "gone"]
 
 SHUTDOWN_ERROR = Unavailable(
     "the service is shutting down; reconnect with the last cursor to resume", code="shutdown"
@@ -164,7 +164,7 @@ class FeedConnection:
         self.pending: list[RecordedEvent] | None = []
         self.overflowed = False
         self.ended: asyncio.Future[EndReason] = asyncio.get_running_loop().create_future()
-        self.end_error: SvcError | None = None  # the refusal that ended it, when unauthorized
+        self.end_error: SvcError | None = None  # what ended it: a refusal, a failed read
         self.final_sent = False
         self.last_write = now
         self.unsent_since: float | None = None
@@ -250,12 +250,27 @@ class FeedFanout:
             if self.shutting_down or self._tailer is None:
                 self._end(conn, "shutdown")
             else:
-                await self._catch_up(conn, resp, self._tailer)
+                await self._catch_up_or_end(conn, resp, self._tailer)
             reason = await conn.ended
             if reason != "gone":
                 await self._finish(request, resp, conn, reason)
         finally:
             self._remove(conn)
+
+    async def _catch_up_or_end(
+        self, conn: FeedConnection, resp: web.StreamResponse, tailer: LogTailer
+    ) -> None:
+        """`_catch_up`, ending the feed with its final frame when that cannot go on. The
+        response's headers are long sent, so no error may escape to the HTTP layer, which
+        would write a second response into the event stream."""
+        try:
+            await self._catch_up(conn, resp, tailer)
+        except TimeoutError:
+            # The socket took nothing for write_timeout_s: cut off as on the live path.
+            self._end(conn, "too_slow")
+        except SvcError as exc:
+            # The history read failed (the database is out or the pool exhausted).
+            self._end(conn, "failed", exc)
 
     async def _catch_up(
         self, conn: FeedConnection, resp: web.StreamResponse, tailer: LogTailer
@@ -290,11 +305,14 @@ class FeedFanout:
         if not fresh or conn.ended.done():
             return
         frames = [self.frames.frame(event) for event in fresh if conn.filter.accepts(event)]
+        # Consumed before the write: once write() is entered its bytes are in the transport's
+        # buffer and reach the client ahead of any final frame (the timeout can only cut the
+        # drain short), so that frame's cursor must be past them, or a resume repeats them.
+        conn.consumed(fresh[-1].point, fresh[-1].cursor)
         if frames:
             async with asyncio.timeout(self.write_timeout_s):
                 await resp.write(b"".join(frames))
             conn.last_write = asyncio.get_running_loop().time()
-        conn.consumed(fresh[-1].point, fresh[-1].cursor)
 
     async def _finish(
         self,
@@ -328,7 +346,7 @@ class FeedFanout:
     def _end(self, conn: FeedConnection, reason: EndReason, error: SvcError | None = None) -> None:
         """Stop writing to `conn`; a live one gets its final frame here, in order after
         everything already written (a catching-up one gets it from its own task). `error` is
-        the refusal of an unauthorized one."""
+        the refusal of an unauthorized one or the failure that ended a catch-up."""
         if conn.ended.done():
             return
         self._remove(conn)

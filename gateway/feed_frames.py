@@ -22,13 +22,16 @@ from schemas.errors import SvcError
 from schemas.events import EVENTS
 
 _SECRET_WORDS = frozenset({"hash", "secret", "token", "password", "passwd", "credential"})
-_WORD_SPLIT = re.compile(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])")
+# Words: split at separators, at a lower-to-upper step (clientSecret) and before the last
+# capital of an acronym that runs into a word (APIToken -> API, Token).
+_WORD_SPLIT = re.compile(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 REDACTED = "[redacted]"
 
 
 def is_secret_field(name: str) -> bool:
     """True for a field named like a secret: a word of its name is hash, secret, token,
-    password (key_hash, push_token, clientSecret). Counters such as `prompt_tokens` stay."""
+    password (key_hash, push_token, clientSecret, APIToken). Counters such as
+    `prompt_tokens` stay."""
     return any(word.lower() in _SECRET_WORDS for word in _WORD_SPLIT.split(name) if word)
 
 

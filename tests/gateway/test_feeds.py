@@ -4,15 +4,18 @@ filters, cursor validation, workspace isolation, redaction, slow consumers and s
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from test_admin_support import Frame, Service, open_feed, service, start_service, uid
 
-from eventstore.records import NewEvent
+from eventstore.errors import StoreUnavailable
+from eventstore.records import NewEvent, RecordedEvent
 from gateway import feeds
-from gateway.state import STORE
+from gateway.state import STORE, TAILER
 
 __all__ = ["service"]
 
@@ -270,9 +273,12 @@ def feeds_event(data: dict[str, Any]) -> NewEvent:
 
 
 def test_secret_field_names() -> None:
-    for name in ("key_hash", "push_token", "clientSecret", "password", "api-token", "hash"):
+    for name in (
+        *("key_hash", "push_token", "clientSecret", "password", "api-token", "hash"),
+        *("APIToken", "JWTSecret", "DBPassword", "OAuthToken"),
+    ):
         assert feeds.is_secret_field(name), name
-    for name in ("prompt_tokens", "total_tokens", "hashtag", "title", "tokenizer"):
+    for name in ("prompt_tokens", "total_tokens", "hashtag", "title", "tokenizer", "HTTPSProxy"):
         assert not feeds.is_secret_field(name), name
 
 
@@ -325,6 +331,87 @@ async def test_slow_consumer_is_cut_off_with_its_cursor(
     resp.close()
     fast.close()
     assert ids(received) + rest == expected
+
+
+async def _final_frame(reader: Any) -> tuple[list[Frame], Frame]:
+    """Every event frame up to the feed's final `error` frame, and that frame; the stream
+    must then end cleanly."""
+    received: list[Frame] = []
+    while True:
+        frame = await reader.frame()
+        assert frame is not None, "the feed ended without its final frame"
+        if frame.event == "error":
+            assert await reader.frame() is None
+            return received, frame
+        if frame.event is not None:
+            received.append(frame)
+
+
+async def test_a_failed_history_read_ends_the_feed_with_a_frame(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database failing under a feed that is catching up: the 200 and its headers are
+    long sent, so the failure is the feed's final frame with its cursor, not a second HTTP
+    response written into the event stream."""
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    await service.append_pings(ws, 300)
+    tailer = service.app[TAILER]
+    real_history = tailer.history
+
+    async def failing_history(*args: Any) -> AsyncIterator[RecordedEvent]:
+        served = 0
+        async for event in real_history(*args):
+            if served == 300:  # after a first write of 256 frames
+                raise StoreUnavailable("the database went away")
+            served += 1
+            yield event
+
+    monkeypatch.setattr(tailer, "history", failing_history)
+    resp, reader = await open_feed(service, EVENTS, key)
+    received, final = await _final_frame(reader)
+    resp.close()
+    body = final.json()
+    assert body["error"]["code"] == "store_unavailable"
+    assert len(received) == 256 and body["cursor"] == received[-1].id == final.id
+
+
+async def test_a_client_that_stalls_while_catching_up_is_cut_off(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that reads nothing while its history is written is cut off as on the live
+    path: counted, let go, and given a final `subscriber_too_slow` frame with its cursor when
+    its socket takes one in time (else the socket is dropped)."""
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "write_timeout_s", 1.0)
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    for _ in range(30):
+        await service.append_pings(ws, 100, size=8000)
+    cut_before = hub.cut_off_total
+    resp, reader = await open_feed(service, EVENTS, key)
+    assert (await reader.frame()) is not None  # the retry frame; then stop reading
+    for _ in range(400):
+        if hub.cut_off_total > cut_before:
+            break
+        await asyncio.sleep(0.05)
+    assert hub.cut_off_total == cut_before + 1
+    received: list[Frame] = []
+    final: Frame | None = None
+    try:
+        while (frame := await reader.frame()) is not None:
+            if frame.event == "error":
+                final = frame
+            elif frame.event is not None:
+                received.append(frame)
+    except aiohttp.ClientPayloadError:
+        pass  # dropped: the final frame did not fit either
+    resp.close()
+    assert 0 < len(received) < 3000
+    if final is not None:
+        assert final.json()["error"]["code"] == "subscriber_too_slow"
+        assert final.json()["cursor"] == received[-1].id
+    assert hub.connection_count == 0
 
 
 async def test_graceful_shutdown_sends_a_final_frame(database_url: str, tmp_path: Path) -> None:
