@@ -177,13 +177,16 @@ class Settings:
         self._parsed: dict[str, SettingValue] = {}
 
     def apply_stored(self, key: str, raw: str | None) -> bool:
-        """Record a stored change; apply it now when the key is live. True when applied."""
+        """Record a stored change; apply it now when the key is live. True when applied.
+        A value no longer valid is skipped as at startup (`load_stored`): the next layer
+        applies."""
+        spec = get_spec(key)
         layer = self._layers[Source.STORED]
-        if raw is None:
+        if raw is None or not (spec.storable and _still_valid(spec, raw)):
             layer.pop(key, None)
         else:
             layer[key] = raw
-        if not get_spec(key).live:
+        if not spec.live:
             return False
         self._running[key] = self.resolve(key).raw
         self._parsed.pop(key, None)
@@ -393,7 +396,9 @@ class SettingsService:
         spec = get_spec(key)
         if not spec.storable:
             raise InvalidInput(f"{key} cannot be stored: {spec.note}", code="setting_not_storable")
-        parse(spec, raw)
+        typed = parse(spec, raw)
+        if spec.choices:
+            raw = str(typed)  # stored as it is read: the choice without surrounding spaces
         if spec.secret:
             await self._vault.put(key, raw)
         command = SetSetting(

@@ -186,8 +186,12 @@ def parse(spec: SettingSpec, raw: str) -> SettingValue:
             return parse_duration(raw)
         except ValueError:
             raise _invalid(spec, raw) from None
-    if spec.choices and raw.strip() not in spec.choices:
-        raise _invalid(spec, raw)
+    if spec.choices:
+        # Spaces around a choice are forgiven, and dropped: " debug" is "debug" to every reader.
+        choice = raw.strip()
+        if choice not in spec.choices:
+            raise _invalid(spec, raw)
+        return choice
     if spec.numeric_text:
         return _parse_numeric_text(spec, raw)
     if spec.networks:

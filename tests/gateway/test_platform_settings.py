@@ -145,6 +145,35 @@ def test_a_stored_value_that_is_no_longer_valid_is_skipped_with_a_warning(
     assert "svc settings unset SVC_LLM_PROVIDER" in caplog.text
 
 
+def test_a_stored_value_no_longer_valid_stays_skipped_when_it_changes_live(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The settings watcher applies stored changes as they commit: one that is not valid
+    (here the value skipped at startup, seen as new by the watcher's first read) is skipped
+    again, so readers of a live key never meet a value that fails to parse."""
+    s = Settings(stored={"SVC_TRUSTED_PROXIES": "not-a-network"})
+    assert s.text("SVC_TRUSTED_PROXIES") == ""
+    s.apply_stored("SVC_TRUSTED_PROXIES", "not-a-network")
+    assert s.text("SVC_TRUSTED_PROXIES") == ""
+    assert s.resolve("SVC_TRUSTED_PROXIES").source is Source.DEFAULT
+    assert s.apply_stored("SVC_TRUSTED_PROXIES", "10.0.0.0/8")
+    assert s.text("SVC_TRUSTED_PROXIES") == "10.0.0.0/8"
+    assert caplog.text.count("ignoring the stored value of SVC_TRUSTED_PROXIES") == 2
+
+
+@pytest.mark.parametrize("value", [" debug", "debug ", " debug\t"])
+def test_a_choice_is_read_without_the_spaces_around_it(value: str) -> None:
+    """Accepted with surrounding spaces, so read without them: `setLevel(" DEBUG")` failed
+    after the value was stored, and every later start with it."""
+    assert Settings(environment={"SVC_LOG_LEVEL": value}).text("SVC_LOG_LEVEL") == "debug"
+    assert (
+        Settings(stored={"SVC_ACTOR_RUNTIME": value.replace("debug", "ray")}).text(
+            "SVC_ACTOR_RUNTIME"
+        )
+        == "ray"
+    )
+
+
 def test_the_telemetry_endpoint_is_not_storable() -> None:
     """It is read when the app is built, before stored values are loaded: a stored one would
     show as effective without ever being used."""
