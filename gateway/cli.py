@@ -296,9 +296,11 @@ async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
                 raise InvalidInput(
                     f"unknown projection {args.name}; known: {', '.join(runner.names)}"
                 )
-            count = await runner.rebuild(args.name, _progress_bar)
-            sys.stderr.write("\n")
-            _out(f"rebuilt {args.name} from {count} events")
+            try:
+                count = await runner.rebuild(args.name, _progress_bar)
+            finally:
+                sys.stderr.write("\n")  # ends the bar's line, before any error message
+            _out(f"rebuilt {args.name} from {count} events of its types")
             return 0
         for status in await runner.status():
             failure = f"\tSTOPPED: {status.failure.error}" if status.failure else ""

@@ -18,17 +18,12 @@ from projections import queries
 from projections.agents import AgentsProjector
 from projections.apikeys import ApiKeysProjector
 from projections.conversations import ConversationsProjector
+from projections.errors import ProjectionFailed
 from projections.identity import IdentityProjector
 from projections.messages import MessagesProjector
 from projections.projector import Projector
-from projections.runner import (
-    CommitSignal,
-    PoisonEvent,
-    Progress,
-    ProjectionFailed,
-    ProjectionRunner,
-    ProjectionStatus,
-)
+from projections.rebuild import Progress
+from projections.runner import CommitSignal, PoisonEvent, ProjectionRunner, ProjectionStatus
 from projections.turns import TURN_STATUSES, TurnsProjector
 from projections.workspaces import WorkspacesProjector
 

@@ -19,7 +19,7 @@ from schemas.conversation import (
 from schemas.events import Event
 
 # One statement for a conversation's start and its messages, the events of every chat turn,
-# so that a batch's conversation rows reach the server as one run (runner._Pipeline) however
+# so that a batch's conversation rows reach the server as one run (pipeline.Pipeline) however
 # the turns of different conversations interleave. $10 says which half applies: a start
 # inserts the row (and the update, gated off, touches nothing); a message bumps the count.
 _STARTED_OR_MESSAGE = """

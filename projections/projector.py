@@ -22,11 +22,12 @@ Handler = Callable[[Connection, RecordedEvent, Any], Awaitable[None]]
 class Projector(ABC):
     """Base of every projector.
 
-    Subclasses set `name` (the checkpoint key, stable forever) and `tables` (truncated by
-    `reset`), and map event classes to handlers in `handlers()`. Events of other types are
-    passed over (the checkpoint still moves past them).
+    Subclasses set `name` (the checkpoint key, stable forever) and `tables` (every table its
+    handlers write or read: a rebuild replays into copies of them), and map event classes to
+    handlers in `handlers()`. Events of other types are passed over (the checkpoint still
+    moves past them).
 
-    Handlers get the batch's connection or a stand-in for it (runner._Pipeline) that offers
+    Handlers get the batch's connection or a stand-in for it (pipeline.Pipeline) that offers
     `execute`, `fetch`, `fetchrow` and `fetchval`: use only those. They must not commit, open
     transactions or swallow database errors: the runner owns the transaction.
     """
@@ -58,7 +59,3 @@ class Projector(ABC):
             return
         decoded = EVENTS.decode(event.type, event.schema_version, event.data)
         await handler(conn, event, decoded)
-
-    async def reset(self, conn: Connection) -> None:
-        """Empty this projector's tables, for a rebuild from the start of the log."""
-        await conn.execute("TRUNCATE " + ", ".join(self.tables))

@@ -20,17 +20,17 @@ one durable commit for all the read models together, not one transaction per pro
 projector that is behind (rebuilt, added, or stopped and retried) is its own group; its reads
 are capped at the next group's point, so once it has caught up the two merge.
 
-The compare-and-set makes several runners (processes, or a rebuild next to a running service)
-safe without a lease: a runner whose checkpoints were moved by another one since it last read
-them updates fewer rows than it expects, rolls its batch back and reloads. Moving the
+The compare-and-set makes several runners (processes, or a rebuild's switch next to a running
+service) safe without a lease: a runner whose checkpoints were moved by another one since it
+last read them updates fewer rows than it expects, rolls its batch back and reloads. Moving the
 checkpoints *before* applying takes the checkpoint row locks first (always in name order, so
 two runners never deadlock on them), so a second runner waits on those rows instead of
-interleaving its writes with ours, and a rebuild (which also locks its row before truncating)
-never deadlocks with a batch.
+interleaving its writes with ours, and a rebuild's switch (which also locks its row before it
+replaces the tables' rows; projections/rebuild.py) never deadlocks with a batch.
 
 A batch is a writing transaction, and every writing transaction holds back gap-free readers of
 the log until it ends; `batch_size` bounds how long that is. Within a batch, runs of the same
-statement are pipelined (`_Pipeline`); each projector applies the whole batch in turn, so its
+statement are pipelined (`Pipeline`); each projector applies the whole batch in turn, so its
 runs are long and a batch costs a few round trips, not one per event.
 
 An event a projector cannot apply (its handler raises for a reason other than the database
@@ -47,22 +47,23 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
-from eventstore.db import Connection, Database
+from eventstore.db import Database
 from eventstore.errors import StoreError, StoreUnavailable
 from eventstore.reads import log_head, read_log
 from eventstore.records import RecordedEvent
 from eventstore.tasks import cancel_and_wait, wait_set
 from projections import metrics
+from projections.errors import ProjectionFailed
+from projections.pipeline import Pipeline
 from projections.projector import Projector
-from schemas.errors import InvalidInput, Unavailable
+from projections.rebuild import Progress, rebuild_beside
+from schemas.errors import InvalidInput
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[int, int], None]
-"""`progress(done, total)`: events replayed so far and the size of the log to replay."""
 
 _MAX_BACKOFF_S = 5.0
 _MAX_ERROR_CHARS = 500
@@ -93,9 +94,6 @@ WITH locked AS MATERIALIZED (
 UPDATE projection_checkpoints c SET tx = $4::xid8, position = $5, updated_at = now()
 FROM locked WHERE c.name = locked.name AND c.tx = $2::xid8 AND c.position = $3
 """
-_RESET = """
-UPDATE projection_checkpoints SET tx = '0', position = 0, updated_at = now() WHERE name = $1
-"""
 _VISIBLE = "tx < pg_snapshot_xmin(pg_current_snapshot())"
 _LAG = f"""
 SELECT count(*),
@@ -110,12 +108,6 @@ class CommitSignal(Protocol):
     def add_listener(self, cb: Callable[[], None]) -> None: ...
 
     def remove_listener(self, cb: Callable[[], None]) -> None: ...
-
-
-class ProjectionFailed(Unavailable):
-    """A projection is stopped on an event it cannot apply; its read model is stale."""
-
-    default_code = "projection_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,41 +155,6 @@ class _Slot:
     @property
     def name(self) -> str:
         return self.projector.name
-
-
-class _Pipeline:
-    """Stands in for the connection while a batch is applied: consecutive executions of the
-    same statement (a run of message events, say) reach the server as one `executemany`, one
-    round trip instead of one per event. Statements still run in the order they were issued;
-    a read flushes what is pending first."""
-
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-        self._sql: str | None = None
-        self._pending: list[tuple[Any, ...]] = []
-
-    async def execute(self, sql: str, *args: Any) -> None:
-        if sql != self._sql:
-            await self.flush()
-            self._sql = sql
-        self._pending.append(args)
-
-    async def flush(self) -> None:
-        if self._sql is not None and self._pending:
-            await self._conn.executemany(self._sql, self._pending)
-        self._sql, self._pending = None, []
-
-    async def fetch(self, sql: str, *args: Any) -> Any:
-        await self.flush()
-        return await self._conn.fetch(sql, *args)
-
-    async def fetchrow(self, sql: str, *args: Any) -> Any:
-        await self.flush()
-        return await self._conn.fetchrow(sql, *args)
-
-    async def fetchval(self, sql: str, *args: Any) -> Any:
-        await self.flush()
-        return await self._conn.fetchval(sql, *args)
 
 
 def _cursor(point: LogPoint) -> str:
@@ -444,7 +401,7 @@ class ProjectionRunner:
     ) -> int | None:
         """One transaction: move the group's checkpoints from `old` past `events`, apply them.
 
-        Normally the handlers' statements are pipelined (`_Pipeline`); when that fails, a
+        Normally the handlers' statements are pipelined (`Pipeline`); when that fails, a
         group's batch is redone projector by projector, and one projector's `exact`ly, one
         round trip per statement, to find the event at fault.
         """
@@ -460,7 +417,7 @@ class ProjectionRunner:
                 if status != f"UPDATE {len(group)}":
                     raise _CheckpointMoved
                 in_apply = True
-                target = conn if exact else _Pipeline(conn)
+                target = conn if exact else Pipeline(conn)
                 # Projector by projector, so each one's runs of one statement stay long.
                 for slot in group:
                     projector = slot.projector
@@ -468,7 +425,7 @@ class ProjectionRunner:
                         if projector.handles(event.type):
                             applying = (slot, event)
                             await projector.apply(target, event)
-                    if isinstance(target, _Pipeline):
+                    if isinstance(target, Pipeline):
                         await target.flush()
                 in_apply = False
         except _CheckpointMoved:
@@ -626,46 +583,28 @@ class ProjectionRunner:
         self._wake.set()
 
     async def rebuild(self, name: str, progress: Progress | None = None) -> int:
-        """Empty the projector's tables, move its checkpoint to the start of the log and replay
-        the whole log. Returns the number of events replayed.
+        """Replay the whole log into copies of the projector's tables and switch them in
+        (projections/rebuild.py): readers see the old read model until the switch commits
+        and the rebuilt one after, never a partial one. Returns how many events of the
+        projector's types were replayed. Raises `ProjectionFailed` when the replay stops on
+        a poison event, leaving the live model as it was.
 
-        The reset is one transaction (checkpoint row locked first, then the tables truncated),
-        so readers see the old read model or an empty one, never a half-reset one; the replay
-        then runs batch by batch, like normal operation, so it never holds back log readers
-        for long. The projector is its own group meanwhile; the background loop leaves it
-        alone and it rejoins the others once caught up. Raises `ProjectionFailed` when the
-        replay stops on a poison event.
+        A projector stopped on a poison event in this process starts again from the
+        rebuilt model.
         """
         (slot,) = self._select([name])
-        async with slot.lock:
-            async with self._db.transaction() as conn:
-                await conn.execute(_ENSURE, name)
-                await conn.execute(_RESET, name)
-                await slot.projector.reset(conn)
-            slot.point, slot.loaded, slot.failure = ORIGIN, True, None
-            metrics.STALLED.labels(projection=name).set(0)
-            done = 0
-            total = (await self._lag(ORIGIN))[0]
-            if progress is not None:
-                progress(done, total)
-            while True:
-                consumed = await self._advance([slot])
-                if slot.failure is not None:
-                    raise ProjectionFailed(
-                        f"rebuild of {name} stopped at {slot.failure.cursor}: {slot.failure.error}"
-                    )
-                if consumed is None:
-                    # Another runner (the service, beside this rebuild) applied batches of
-                    # this projector: they count too, read from how far it now lags.
-                    await self._load([slot])
-                    done = max(done, total - (await self._lag(slot.point))[0])
-                elif consumed == 0:
-                    break
-                else:
-                    done += consumed
-                total = max(total, done)  # the log grew while it was replayed
-                if progress is not None:
-                    progress(done, total)
+        async with self._db.acquire(stateless=True) as conn:
+            await conn.execute(_ENSURE, name)
+        point, done = await rebuild_beside(
+            self._db,
+            slot.projector,
+            batch_size=self._batch_size,
+            switching=slot.lock,
+            progress=progress,
+        )
+        slot.point, slot.loaded, slot.failure = point, True, None
+        metrics.STALLED.labels(projection=name).set(0)
+        self._wake.set()
         await self._notify_progress()
         log.info("projection %s rebuilt from %d events", name, done)
         return done

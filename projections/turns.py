@@ -20,7 +20,7 @@ TURN_STATUSES = ("running", "completed", "failed")
 
 
 # One statement for the three events, so that a batch's turn rows reach the server in one
-# round trip (runner._Pipeline). Each event fills its own columns and keeps the others; an
+# round trip (pipeline.Pipeline). Each event fills its own columns and keeps the others; an
 # outcome may arrive without a TurnStarted (a turn can fail before it starts).
 _UPSERT = """
 INSERT INTO turns (workspace_id, turn_id, conversation_id, status, model, prompt_tokens,

@@ -1,0 +1,229 @@
+"""A rebuild made beside the live read model and switched in by one transaction at the end.
+
+The projector replays the log into copies of its tables: temporary tables of one database
+session, created `LIKE` the live ones. PostgreSQL resolves an unqualified table name in
+`pg_temp` first, so in that session the projector's own statements write to the copies
+unchanged. Meanwhile the live read model is read as usual and kept current by the running
+service's runner. At the end one transaction locks the projector's checkpoint row (the live
+runner's batches of this projector wait on it), applies what was committed since the last
+pass, replaces the live tables' rows with the copies' and moves the checkpoint to the point
+the copies reached. Readers see the old read model until that commit and the rebuilt one
+after it, never one half replayed (an API key's model replayed in place accepted a revoked
+key between the replay of its issue and of its revocation).
+
+The switch copies every row in one transaction: while it runs, readers of the rebuilt tables
+wait on their lock and the log's gap-free readers (feeds, the other projections) on its
+transaction id. A rebuild that fails (a poison event, the database going away) leaves the
+live model as it was; its copies end with their session, a connection of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import asyncpg
+
+from eventstore.cursor import ORIGIN, LogPoint
+from eventstore.db import Connection, Database, translate_errors
+from eventstore.errors import StoreError, StoreUnavailable
+from eventstore.reads import log_head, read_log
+from eventstore.records import RecordedEvent
+from projections.errors import ProjectionFailed
+from projections.pipeline import Pipeline
+from projections.projector import Projector
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+"""`progress(done, total)`: events replayed so far and how many there are to replay."""
+
+# The live table a name means for the service: the first schema of the search path holding
+# it. `pg_temp` is not among `current_schemas(false)`, so a copy never answers for it.
+_LIVE_SCHEMA = """
+SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname = $1 AND c.relkind IN ('r', 'p') AND n.nspname = ANY(current_schemas(false))
+ORDER BY array_position(current_schemas(false), n.nspname)
+LIMIT 1
+"""
+_COUNT = """
+SELECT count(*) FROM events
+WHERE type = ANY($1::text[]) AND tx < pg_snapshot_xmin(pg_current_snapshot())
+"""
+_LOCK = "SELECT tx, position FROM projection_checkpoints WHERE name = $1 FOR UPDATE"
+_MOVE = """
+UPDATE projection_checkpoints SET tx = $2::xid8, position = $3, updated_at = now()
+WHERE name = $1
+"""
+_MAX_ERROR_CHARS = 500
+# How long the switch waits for readers of the live tables before it gives up (unchanged):
+# a waiting TRUNCATE would queue every later reader of them behind it.
+_SWITCH_LOCK_TIMEOUT = "10s"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass
+class _Replay:
+    """The copies' progress through the log: the events of the projector's types only."""
+
+    projector: Projector
+    batch_size: int
+    point: LogPoint = ORIGIN
+    done: int = 0
+
+    async def batch(self, conn: Connection) -> bool:
+        """Apply the next batch to the copies; False once caught up with the visible log."""
+        types = sorted(self.projector.event_types)
+        events = await read_log(conn, self.point, self.batch_size, None, types)
+        if events:
+            await self._apply(conn, events)
+            self.point = events[-1].point
+            self.done += len(events)
+        return len(events) == self.batch_size
+
+    async def _apply(self, conn: Connection, events: list[RecordedEvent]) -> None:
+        """In one transaction (a savepoint inside the switch's), pipelined."""
+        try:
+            with translate_errors():
+                async with conn.transaction():
+                    pipeline = Pipeline(conn)
+                    for event in events:
+                        await self.projector.apply(pipeline, event)
+                    await pipeline.flush()
+        except StoreUnavailable:
+            raise
+        except Exception:
+            await self._apply_exactly(conn, events)
+
+    async def _apply_exactly(self, conn: Connection, events: list[RecordedEvent]) -> None:
+        """One statement at a time, to name the event at fault."""
+        async with conn.transaction():
+            for event in events:
+                try:
+                    with translate_errors():
+                        await self.projector.apply(conn, event)
+                except StoreUnavailable:
+                    raise
+                except Exception as exc:
+                    raise self._failed(event, exc) from exc
+
+    def _failed(self, event: RecordedEvent, exc: Exception) -> ProjectionFailed:
+        reason = exc.message if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+        return ProjectionFailed(
+            f"rebuild of {self.projector.name} stopped at the event at cursor {event.cursor} "
+            f"(type {event.type}, stream {event.stream_id}): {reason[:_MAX_ERROR_CHARS]}; the "
+            "live read model is unchanged: fix the cause and run the rebuild again"
+        )
+
+
+async def rebuild_beside(
+    db: Database,
+    projector: Projector,
+    *,
+    batch_size: int,
+    switching: contextlib.AbstractAsyncContextManager[object],
+    progress: Progress | None = None,
+) -> tuple[LogPoint, int]:
+    """Rebuild `projector`'s read model from the whole log and switch it in (module
+    docstring); `switching` is held around the switch. Returns the checkpoint the live model
+    has then and how many events of the projector's types were replayed."""
+    replay = _Replay(projector, batch_size)
+    # A session of its own, closed at the end: its temporary tables never reach a pooled
+    # connection, and no statement it runs was prepared while `pg_temp` held no copy (a
+    # plan cached then would go on writing to the live table of the same name).
+    conn = await db.connect_dedicated()
+    try:
+        live = await _make_copies(conn, projector.tables)
+        with translate_errors():
+            total = int(await conn.fetchval(_COUNT, sorted(projector.event_types)))
+        _report(progress, 0, total)
+        while await replay.batch(conn):
+            total = max(total, replay.done)  # the log grew while it was replayed
+            _report(progress, replay.done, total)
+        async with switching:
+            point = await _switch(conn, replay, live)
+        _report(progress, replay.done, max(total, replay.done))
+    except BaseException:
+        conn.terminate()
+        raise
+    with translate_errors():
+        await conn.close(timeout=5.0)  # the copies end with the session
+    return point, replay.done
+
+
+async def _make_copies(conn: Connection, tables: tuple[str, ...]) -> list[str]:
+    """A temporary copy of each table, empty; returns the live tables' qualified names."""
+    live: list[str] = []
+    with translate_errors():
+        for table in tables:
+            schema = await conn.fetchval(_LIVE_SCHEMA, table)
+            if schema is None:
+                raise StoreError(
+                    f"read-model table {table} does not exist; start the service once (it "
+                    "runs the migrations) before rebuilding"
+                )
+            qualified = f"{_ident(schema)}.{_ident(table)}"
+            await conn.execute(
+                f"CREATE TEMP TABLE {_ident(table)} (LIKE {qualified} INCLUDING ALL)"
+            )
+            live.append(qualified)
+    return live
+
+
+async def _switch(conn: Connection, replay: _Replay, live: list[str]) -> LogPoint:
+    """One transaction: the last events into the copies, the copies' rows into the live
+    tables, the checkpoint to where the copies are."""
+    name = replay.projector.name
+    started = time.monotonic()
+    with translate_errors():
+        async with conn.transaction():
+            # The copy is as long as the tables are large: no statement timeout on it.
+            await conn.execute(
+                "SET LOCAL statement_timeout = 0; "
+                f"SET LOCAL lock_timeout = '{_SWITCH_LOCK_TIMEOUT}'"
+            )
+            current = await conn.fetchrow(_LOCK, name)
+            head = await log_head(conn)
+            while await replay.batch(conn):
+                pass
+            # Every event up to `head` was visible to the passes since: none of the
+            # projector's types is left before the later of the two points.
+            point = max(replay.point, head)
+            if current is not None and LogPoint(current[0], current[1]) > point:
+                raise StoreError(
+                    f"rebuild of {name}: the live checkpoint is ahead of the log's visible "
+                    "head; run the rebuild again"
+                )
+            try:
+                await conn.execute("TRUNCATE " + ", ".join(live))
+            except asyncpg.LockNotAvailableError:
+                raise StoreError(
+                    f"rebuild of {name}: readers held its tables for {_SWITCH_LOCK_TIMEOUT}, "
+                    "so the rebuilt model was not switched in and the live one is unchanged; "
+                    "run the rebuild again"
+                ) from None
+            rows = 0
+            for table, qualified in zip(replay.projector.tables, live, strict=True):
+                status = await conn.execute(
+                    f"INSERT INTO {qualified} SELECT * FROM pg_temp.{_ident(table)}"
+                )
+                rows += int(status.rsplit(" ", 1)[1])
+            await conn.execute(_MOVE, name, point.tx, point.position)
+    log.info(
+        "projection %s: rebuilt model switched in, %d rows in %.2f s",
+        name,
+        rows,
+        time.monotonic() - started,
+    )
+    return point
+
+
+def _report(progress: Progress | None, done: int, total: int) -> None:
+    if progress is not None:
+        progress(done, total)
