@@ -48,8 +48,10 @@ _SECRET_PATTERNS = (
     re.compile(r"\bsk-[A-Za-z0-9_\-]{6,}"),
     # A key masked by its issuer (sk-ab****wxyz, ****wxyz) still gives away part of it.
     re.compile(r"[A-Za-z0-9_\-]*\*{3,}[A-Za-z0-9_\-]*"),
+    # key: value, the value bare or quoted ("api_key": "..." in JSON, api_key='...' in a repr).
     re.compile(
-        r"(?i)(api[_-]?key|authorization|token|secret|password)([\"']?\s*[:=]\s*)[^\s\"',;]+"
+        r"(?i)(api[_-]?key|authorization|token|secret|password)([\"']?\s*[:=]\s*)"
+        r"(\"[^\"]*\"|'[^']*'|[^\s\"',;]+)"
     ),
 )
 
@@ -296,8 +298,10 @@ def _scrub(message: str, api_key: str | None) -> str:
 
 
 def _redact(match: re.Match[str]) -> str:
-    if match.re.groups >= 2:
-        return f"{match.group(1)}{match.group(2)}[redacted]"
+    if match.re.groups >= 3:
+        value = match.group(3)
+        quote = value[0] if value[0] in "\"'" else ""
+        return f"{match.group(1)}{match.group(2)}{quote}[redacted]{quote}"
     return "[redacted]"
 
 

@@ -154,6 +154,27 @@ async def test_400_is_not_retried_and_message_is_scrubbed(stub: Any) -> None:
     assert "sk-other" not in error.message
 
 
+@pytest.mark.parametrize(
+    ("message", "secret"),
+    [
+        ('{"error": {"api_key": "AIzaSyD-upstreamkey123"}}', "AIzaSyD-upstreamkey123"),
+        ("Invalid api_key: 'gsk_upstream123456'", "gsk_upstream123456"),
+        ('{"password": "two words"}', "two words"),
+        ("token=plain-value-123, retry", "plain-value-123"),
+    ],
+)
+async def test_a_quoted_credential_in_an_upstream_error_is_scrubbed(
+    stub: Any, message: str, secret: str
+) -> None:
+    """A proxy's own upstream key, quoted JSON- or repr-style in its error, is not the
+    configured key (replaced exactly) and must be caught by its name."""
+    stub.faults.append(stub_upstream.Fault(400, message))
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url), request())
+    assert secret not in caught.value.message
+    assert "[redacted]" in caught.value.message
+
+
 @pytest.mark.parametrize("status", [401, 403])
 async def test_upstream_auth_failure_is_not_retried_nor_quoted(stub: Any, status: int) -> None:
     # Model servers quote the refused key, masked as a prefix and a suffix: part of a secret.
