@@ -71,7 +71,7 @@ from schemas.chat import (
 )
 from schemas.commands import check_client_key
 from schemas.conversation import MAX_MESSAGES, Message, RunTurn, TurnParams
-from schemas.errors import InvalidInput, NotFound, RateLimited, SvcError
+from schemas.errors import InvalidInput, NotFound, RateLimited, SvcError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -540,6 +540,7 @@ class _ChunkSender:
         self._include_usage = include_usage
         self._sent_role = False
         self._sent_text = False
+        self._streamed: list[str] = []  # the text sent, to check against the recorded answer
         self.client_gone = False
 
     def _chunk(
@@ -585,13 +586,15 @@ class _ChunkSender:
             return
         delta = {"content": text} if self._sent_role else {"role": "assistant", "content": text}
         self._sent_role = self._sent_text = True
+        self._streamed.append(text)
         await self._send(self._chunk(delta))
 
     async def finish(self, result: TurnResult) -> None:
         if not self._sent_text:  # a recorded answer, replayed whole
             self._model = _answering_model(self._turn, result)
-        if not self._sent_text and result.content:
             await self.delta(result.content)
+        else:
+            await self._complete_text(result.content)
         delta = {} if self._sent_role else {"role": "assistant"}
         self._sent_role = True
         final = self._chunk(delta, finish_reason=result.finish_reason)
@@ -599,6 +602,22 @@ class _ChunkSender:
         if self._include_usage:
             await self._send(self._chunk(None, usage=_usage(result)))
         await self._send(b"[DONE]")
+
+    async def _complete_text(self, recorded: str) -> None:
+        """The deltas may stop short of the answer: a runtime that retried the turn behind
+        this stream (a Ray host it lost touch with) gets the recorded result, without the
+        deltas it had not passed on. Send the rest; when what was sent does not begin the
+        recorded answer (another attempt's text), the client is told how to get that."""
+        sent = "".join(self._streamed)
+        if recorded.startswith(sent):
+            await self.delta(recorded[len(sent) :])
+            return
+        raise Unavailable(
+            "the answer's stream was interrupted and the text sent so far does not begin the "
+            "recorded answer; read that from the conversation named in X-SVC-Conversation-Id, "
+            "or send the request again with its Idempotency-Key, if it had one",
+            code="stream_interrupted",
+        )
 
     async def error(self, message: str, error_type: str, code: str | None) -> None:
         await self._send(orjson.dumps(error_body(message, error_type, code)))

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import socket
@@ -22,6 +23,8 @@ from multidict import CIMultiDict
 from test_admin_support import GatewayTestServer, Service, SseReader, now, uid
 
 from actors.behaviour import CommandOutcome
+from actors.conversation import TurnResult
+from actors.models.port import TextDelta
 from actors.workspace import workspace_key
 from eventstore.records import RecordedEvent
 from gateway.app import create_app
@@ -640,6 +643,54 @@ async def test_an_answer_the_log_cannot_record_fails_the_turn(
         assert named in body["error"]["message"]
     failed = await chat.wait_for_event(conversation_id, FAILED)
     assert failed.data["error_code"] == "upstream_bad_response"
+
+
+def _sse_payloads(text: str) -> list[Any]:
+    return [
+        orjson.loads(line[6:])
+        for line in text.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+
+
+@pytest.mark.parametrize("recorded", ["same", "other"])
+async def test_a_stream_cut_short_behind_the_runtime_ends_with_the_recorded_answer(
+    chat: Chat, monkeypatch: pytest.MonkeyPatch, recorded: str
+) -> None:
+    """A runtime that loses the deltas part way and then answers with the turn's recorded
+    result (the Ray runtime retrying on a host it lost touch with): the client still gets
+    the whole recorded text, or an error saying how to get it when what it was sent is not
+    the recorded text's beginning; never a cut-off answer presented as complete."""
+    runtime = chat.service.app[RUNTIME]
+    real_stream = runtime.stream
+
+    async def lossy_stream(key: Any, command: Any) -> AsyncIterator[Any]:
+        deltas = 0
+        async for item in real_stream(key, command):
+            if isinstance(item, TextDelta):
+                deltas += 1
+                if deltas == 1:
+                    yield item
+            elif isinstance(item, TurnResult):
+                if recorded == "other":
+                    item = dataclasses.replace(item, content="another answer altogether")
+                yield item
+
+    monkeypatch.setattr(runtime, "stream", lossy_stream)
+    raw = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
+    payloads = _sse_payloads(await raw.text())
+    conversation_id = raw.headers["X-SVC-Conversation-Id"]
+    answer = (await chat.wait_for_event(conversation_id, COMPLETED)).data["content"]
+    text = "".join(
+        p["choices"][0]["delta"].get("content", "") for p in payloads if p.get("choices")
+    )
+    if recorded == "same":
+        assert text == answer and len(answer) > 0
+        assert payloads[-1]["choices"][0]["finish_reason"] == "stop"
+    else:
+        error = payloads[-1]["error"]
+        assert error["code"] == "stream_interrupted" and "Idempotency-Key" in error["message"]
+        assert not any(p.get("choices") and p["choices"][0]["finish_reason"] for p in payloads)
 
 
 async def test_a_token_limit_over_the_bound_names_the_field_sent(chat: Chat) -> None:
