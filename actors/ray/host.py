@@ -34,6 +34,8 @@ from schemas.commands import Command
 
 log = logging.getLogger(__name__)
 
+_PRUNE_MIN = 1024  # keys a shard's set may hold before its first pruning
+
 BehaviourFactory: TypeAlias = Callable[[], Sequence[Behaviour[Any]]]
 BehaviourSource: TypeAlias = "str | BehaviourFactory"
 """A picklable zero-argument callable returning the behaviours, or its import path
@@ -87,7 +89,10 @@ class ActorHost:
         self._reload: asyncio.Task[None] | None = None
         self._reloaded_at = 0.0
         self._in_flight: dict[int, int] = {}
+        # Per shard, the keys submitted here that may still be active (release passivates
+        # them); pruned to the active ones whenever a shard's set doubles (`_track`).
         self._keys: dict[int, set[ActorKey]] = {}
+        self._prune_at: dict[int, int] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._finished = 0
         self._rate_mark = (time.monotonic(), 0)
@@ -201,8 +206,18 @@ class ActorHost:
         """`stream=False` (ask, tell): only the last item is read (`Activation.streaming`)."""
         reply = table.submit(key, cmd, stream=stream)
         self._in_flight[shard] = self._in_flight.get(shard, 0) + 1
-        self._keys.setdefault(shard, set()).add(key)
+        self._track(table, shard, key)
         return reply
+
+    def _track(self, table: ActivationTable, shard: int, key: ActorKey) -> None:
+        """Remember `key` under `shard`. The actors passivated since (idle, LRU) are dropped
+        when the set has doubled since it was last pruned: amortised O(1) per command, and
+        at most about twice the shard's active actors kept, however many ever came by."""
+        keys = self._keys.setdefault(shard, set())
+        keys.add(key)
+        if len(keys) > self._prune_at.get(shard, _PRUNE_MIN):
+            keys = self._keys[shard] = {k for k in keys if table.is_active(k)}
+            self._prune_at[shard] = max(_PRUNE_MIN, 2 * len(keys))
 
     def _done(self, shard: int) -> None:
         self._in_flight[shard] -= 1
