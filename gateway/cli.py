@@ -230,7 +230,8 @@ async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
 
 async def _apikeys_list(args: argparse.Namespace, platform: Platform) -> int:
     workspace = args.workspace or platform.settings.default_workspace_id
-    await platform.projections.catch_up()
+    # Only the read model listed: another projection's stop is no reason to refuse a list.
+    await platform.projections.catch_up(names=["api_keys"])
     keys = await queries.list_api_keys(platform.db, workspace)
     if args.json:
         rows = [

@@ -55,7 +55,7 @@ WHERE type = ANY($1::text[]) AND tx < pg_snapshot_xmin(pg_current_snapshot())
 """
 _LOCK = "SELECT tx, position FROM projection_checkpoints WHERE name = $1 FOR UPDATE"
 _MOVE = """
-UPDATE projection_checkpoints SET tx = $2::xid8, position = $3, updated_at = now()
+UPDATE projection_checkpoints SET tx = $2::xid8, position = $3, updated_at = now(), failure = NULL
 WHERE name = $1
 """
 _MAX_ERROR_CHARS = 500

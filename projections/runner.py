@@ -36,8 +36,9 @@ runs are long and a batch costs a few round trips, not one per event.
 An event a projector cannot apply (its handler raises for a reason other than the database
 being unavailable) is a poison event: the group's batch is rolled back and retried projector by
 projector; the failing one commits the events before the poison event, logs its position and
-stops with a failure in `status()`. It never skips an event silently. `retry(name)` (after a
-fix) or `rebuild(name)` starts it again.
+stops with a failure in `status()`, recorded on its checkpoint row for every process to see.
+It never skips an event silently. `retry(name)` (after a fix) or `rebuild(name)` starts it
+again; so does a rebuild in another process, which clears the recorded stop.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Protocol
 
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
@@ -68,7 +69,9 @@ log = logging.getLogger(__name__)
 _MAX_BACKOFF_S = 5.0
 _MAX_ERROR_CHARS = 500
 
-_READ = "SELECT name, tx, position FROM projection_checkpoints WHERE name = ANY($1::text[])"
+_READ = """
+SELECT name, tx, position, failure FROM projection_checkpoints WHERE name = ANY($1::text[])
+"""
 # Creates the missing checkpoint rows and reads them all in one round trip (rows a statement
 # inserts are not visible to its own SELECT, hence the union).
 _LOAD = """
@@ -91,8 +94,17 @@ WITH locked AS MATERIALIZED (
     SELECT name FROM projection_checkpoints WHERE name = ANY($1::text[])
     ORDER BY name FOR UPDATE
 )
-UPDATE projection_checkpoints c SET tx = $4::xid8, position = $5, updated_at = now()
+UPDATE projection_checkpoints c
+SET tx = $4::xid8, position = $5, updated_at = now(), failure = NULL
 FROM locked WHERE c.name = locked.name AND c.tx = $2::xid8 AND c.position = $3
+"""
+# Records the poison event a projector stopped on; returns the one recorded before, so a
+# stop that another process (or an earlier run) already reported is not reported in full.
+_RECORD_FAILURE = """
+UPDATE projection_checkpoints c SET failure = $2::jsonb
+FROM (SELECT name, failure FROM projection_checkpoints WHERE name = $1 FOR UPDATE) before
+WHERE c.name = before.name
+RETURNING before.failure
 """
 _VISIBLE = "tx < pg_snapshot_xmin(pg_current_snapshot())"
 _LAG = f"""
@@ -155,6 +167,16 @@ class _Slot:
     @property
     def name(self) -> str:
         return self.projector.name
+
+
+def _poison(recorded: object) -> PoisonEvent | None:
+    """A stop as `_record_failure` stored it; None for none, or for a shape it cannot read."""
+    if not isinstance(recorded, dict):
+        return None
+    try:
+        return PoisonEvent(**{f.name: recorded[f.name] for f in fields(PoisonEvent)})
+    except (KeyError, TypeError):
+        return None
 
 
 def _cursor(point: LogPoint) -> str:
@@ -301,6 +323,8 @@ class ProjectionRunner:
             if not await wait_set(self._wake, self._poll_interval_s):
                 for slot in slots:
                     slot.loaded = False
+                with contextlib.suppress(StoreError):  # the next step reports an outage
+                    await self._resume_if_cleared(slots)
 
     async def _linger(self) -> None:
         """Let the commits of the next `linger_s` gather into the next batch, unless a reader
@@ -475,19 +499,53 @@ class ProjectionRunner:
             stream_id=poison.stream_id,
             error=message[:_MAX_ERROR_CHARS],
         )
-        log.error(
-            "projection %s stopped: cannot apply event at position %d (tx %d, cursor %s, "
-            "type %s, stream %s); it will not advance until fixed (retry or rebuild)",
-            slot.name,
-            poison.position,
-            poison.tx,
-            poison.cursor,
-            poison.type,
-            poison.stream_id,
-            exc_info=exc,
-        )
+        if await self._record_failure(slot.failure):
+            log.error(
+                "projection %s stopped: cannot apply event at position %d (tx %d, cursor %s, "
+                "type %s, stream %s); it will not advance until fixed (retry or rebuild)",
+                slot.name,
+                poison.position,
+                poison.tx,
+                poison.cursor,
+                poison.type,
+                poison.stream_id,
+                exc_info=exc,
+            )
+        else:
+            log.warning(
+                "projection %s is stopped on the event at cursor %s (already reported): %s",
+                slot.name,
+                poison.cursor,
+                slot.failure.error,
+            )
         metrics.STALLED.labels(projection=slot.name).set(1)
         return consumed
+
+    async def _record_failure(self, failure: PoisonEvent) -> bool:
+        """Record `failure` on its checkpoint row for every process to see; True when it is
+        news (not the stop already recorded there, by this process or another)."""
+        try:
+            async with self._db.acquire(stateless=True) as conn:
+                before = await conn.fetchval(_RECORD_FAILURE, failure.projection, asdict(failure))
+        except StoreError as exc:
+            log.warning("could not record the stop of %s: %s", failure.projection, exc.message)
+            return True
+        return not (isinstance(before, dict) and before.get("cursor") == failure.cursor)
+
+    async def _resume_if_cleared(self, slots: Sequence[_Slot]) -> None:
+        """A projector stopped here whose recorded stop was cleared elsewhere (a rebuild in
+        another process moved its checkpoint) runs again, from where that left it."""
+        stopped = [slot for slot in slots if slot.failure is not None]
+        if not stopped:
+            return
+        async with self._db.acquire(stateless=True) as conn:
+            rows = await conn.fetch(_READ, [slot.name for slot in stopped])
+        cleared = {row[0] for row in rows if row[3] is None}
+        for slot in stopped:
+            if slot.name in cleared:
+                log.info("projection %s: its stop was cleared elsewhere; running again", slot.name)
+                slot.failure, slot.loaded = None, False
+                metrics.STALLED.labels(projection=slot.name).set(0)
 
     # -- callers ------------------------------------------------------------------------------
 
@@ -621,6 +679,7 @@ class ProjectionRunner:
         async with self._db.acquire(stateless=True) as conn:
             rows = await conn.fetch(_READ, list(self._slots))
             points = {row[0]: LogPoint(row[1], row[2]) for row in rows}
+            recorded = {row[0]: _poison(row[3]) for row in rows}
             # Usually all projectors share one checkpoint: one lag query each distinct one.
             lags: dict[LogPoint, tuple[int, float]] = {}
             for point in {points.get(name, ORIGIN) for name in self._slots}:
@@ -632,7 +691,9 @@ class ProjectionRunner:
         for name, slot in self._slots.items():
             point = points.get(name, ORIGIN)
             lag_events, lag_seconds = lags[point]
-            metrics.record_lag(name, lag_events, lag_seconds, slot.failure is not None)
+            # This process's own stop, else the one recorded (by the process that stopped).
+            failure = slot.failure or recorded.get(name)
+            metrics.record_lag(name, lag_events, lag_seconds, failure is not None)
             out.append(
                 ProjectionStatus(
                     name=name,
@@ -640,7 +701,7 @@ class ProjectionRunner:
                     lag_events=lag_events,
                     lag_seconds=lag_seconds,
                     running=running,
-                    failure=slot.failure,
+                    failure=failure,
                 )
             )
         return out

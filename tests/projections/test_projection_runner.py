@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -233,6 +234,47 @@ async def test_background_runner_gives_read_your_writes(
     assert not any(s.running for s in await runner.status())
     fixed = ProjectionRunner(db, [_Lenient()])
     assert await fixed.wait_for(bad.cursor, PATIENCE_S)
+
+
+async def test_a_stop_is_seen_by_every_process_and_a_rebuild_elsewhere_ends_it(
+    store: PostgresEventStore, db: Database, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The service stops on a poison event: `svc projections status` in another process shows
+    it (it is recorded on the checkpoint row), and meeting it there costs no second traceback; a
+    successful rebuild in that process (with a fixed projector) clears it, and the service's
+    runner, stopped, goes on from the rebuilt model."""
+    await chat(store, WS, "c1", 1)
+    bad = await append(store, WS, "conversation:c1", NewEvent(type="conversation.renamed", data={}))
+    service = ProjectionRunner(db, [ConversationsProjector()], poll_interval_s=0.01)
+    await service.start()
+    cli_db = await Database.connect(database_url, max_size=2)
+    try:
+        assert not await service.wait_for(bad.cursor, 0.5)
+        cli = ProjectionRunner(cli_db, [ConversationsProjector()])
+        (status,) = await cli.status()
+        assert status.failure is not None and status.failure.cursor == bad.cursor
+        assert "title" in status.failure.error and not status.running
+        # Its own catch-up (the CLI's on exit) meets the same stop: told in one line.
+        caplog.clear()
+        with pytest.raises(ProjectionFailed):
+            await cli.catch_up()
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert "already reported" in caplog.text
+
+        fixed = ProjectionRunner(cli_db, [_Lenient()])
+        await fixed.rebuild("conversations")
+        assert (await fixed.status())[0].failure is None
+        for _ in range(int(PATIENCE_S / 0.01)):  # the service's next idle poll sees it
+            if (await service.status())[0].failure is None:
+                break
+            await asyncio.sleep(0.01)
+        later = await append(store, WS, "conversation:c1", renamed("c1", "after the fix"))
+        assert await service.wait_for(later.cursor, PATIENCE_S)
+    finally:
+        await service.stop()
+        await cli_db.close()
+    conversation = await queries.get_conversation(db, WS, "c1")
+    assert conversation is not None and conversation.title == "after the fix"
 
 
 async def test_wait_for_a_cursor_not_yet_visible_times_out(
