@@ -36,6 +36,7 @@ frame with the refusal and its cursor, and nothing after it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -192,6 +193,10 @@ class FeedFanout:
         self.max_buffer_bytes = 4 * 1024 * 1024
         self.max_pending = 10_000
         self.recheck_concurrency = 8
+        # A round waits this long for its checks; one still running then (a slow identity
+        # provider, a busy pool) finishes on its own and its credential sits out later rounds
+        # until it has, so one slow check never holds back every other feed's.
+        self.recheck_round_s = 2.0
         self.shutting_down = False
         self.cut_off_total = 0
         self.unauthorized_total = 0
@@ -203,6 +208,8 @@ class FeedFanout:
         self._sweeper: asyncio.Task[None] | None = None
         self._rechecker: asyncio.Task[None] | None = None
         self._recheck_again = False
+        self._checks: dict[Hashable, asyncio.Task[None]] = {}  # running, by credential
+        self._check_limit: asyncio.Semaphore | None = None
 
     @property
     def connection_count(self) -> int:
@@ -225,6 +232,8 @@ class FeedFanout:
             self._sweeper.cancel()
         if self._rechecker is not None:
             self._rechecker.cancel()
+        for check in self._checks.values():
+            check.cancel()
         self._flush()
         for conns in list(self._by_ws.values()):
             for conn in list(conns):
@@ -498,16 +507,28 @@ class FeedFanout:
         return bool(self._by_ws) and not self.shutting_down
 
     async def _recheck(self) -> None:
+        if self._check_limit is None:
+            self._check_limit = asyncio.Semaphore(self.recheck_concurrency)
         while self._recheck_again and self._connections_open():
             self._recheck_again = False
             by_credential: dict[Hashable, list[FeedConnection]] = {}
             for conns in self._by_ws.values():
                 for conn in conns:
                     by_credential.setdefault(conn.credential.key, []).append(conn)
-            limit = asyncio.Semaphore(self.recheck_concurrency)
-            await asyncio.gather(
-                *(self._recheck_one(conns, limit) for conns in by_credential.values())
-            )
+            started = []
+            for key, holders in by_credential.items():
+                if key in self._checks:
+                    continue  # a check of this credential from an earlier round still runs
+                check = asyncio.create_task(self._recheck_one(holders, self._check_limit))
+                self._checks[key] = check
+                check.add_done_callback(functools.partial(self._check_done, key))
+                started.append(check)
+            if started:
+                await asyncio.wait(started, timeout=self.recheck_round_s)
+
+    def _check_done(self, key: Hashable, check: asyncio.Task[None]) -> None:
+        if self._checks.get(key) is check:
+            del self._checks[key]
 
     async def _recheck_one(self, conns: list[FeedConnection], limit: asyncio.Semaphore) -> None:
         """One credential's check; its feeds end only on a refusal of the credential (401,

@@ -148,6 +148,42 @@ async def test_a_local_revocation_closes_feeds_at_once(service: Service) -> None
     assert hub.unauthorized_total == 1
 
 
+async def test_a_slow_check_does_not_hold_back_another_feeds_revocation(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One credential whose check hangs (an identity provider that does not answer, say):
+    the other feeds' checks go on in the next rounds, so a revoked key's feed still closes
+    within a few seconds, not when the slow check ends."""
+    fast_sweeps(service, monkeypatch)
+    hub = service.app[feeds.FEED_HUB]
+    _, admin = await new_workspace(service)
+    _, slow_key = await new_key(service, admin, ["admin:read"])
+    key_id, key = await new_key(service, admin, ["admin:read"])
+    slow_resp, slow_reader = await open_feed(service, EVENTS, slow_key, start="latest")
+    resp, reader = await open_feed(service, EVENTS, key, start="latest")
+    await slow_reader.frame()
+    await reader.frame()
+    hanging = asyncio.Event()
+
+    async def hang() -> None:
+        hanging.set()
+        await asyncio.sleep(60)
+
+    (slow_conn,) = [
+        conn
+        for conns in hub._by_ws.values()
+        for conn in conns
+        if f"Bearer {slow_key}" in str(conn.credential.key)
+    ]
+    slow_conn.credential = feeds.Credential(slow_conn.credential.key, hang)
+    async with asyncio.timeout(10):
+        await hanging.wait()  # a sweep's check of it now hangs
+    await revoke(service, admin, key_id)
+    _, final = await until_closed(resp, reader, 8.0)
+    assert final.json()["error"]["code"] == "unauthorized"
+    slow_resp.close()
+
+
 async def test_an_expiring_key_closes_its_feed(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
