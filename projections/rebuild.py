@@ -11,10 +11,12 @@ the copies reached. Readers see the old read model until that commit and the reb
 after it, never one half replayed (an API key's model replayed in place accepted a revoked
 key between the replay of its issue and of its revocation).
 
-The switch copies every row in one transaction: while it runs, readers of the rebuilt tables
-wait on their lock and the log's gap-free readers (feeds, the other projections) on its
-transaction id. A rebuild that fails (a poison event, the database going away) leaves the
-live model as it was; its copies end with their session, a connection of its own.
+The switch deletes the live rows and copies the rebuilt ones in one transaction. Readers of
+the tables go on reading the old rows meanwhile (plain MVCC: no lock they would wait on),
+but the log's gap-free readers (feeds, the other projections) wait on its transaction id
+for as long as the copy takes. A rebuild that fails (a poison event, the database going
+away) leaves the live model as it was; its copies end with their session, a connection of
+its own.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import asyncpg
 
 from eventstore.cursor import ORIGIN, LogPoint
 from eventstore.db import Connection, Database, translate_errors
@@ -59,9 +59,6 @@ UPDATE projection_checkpoints SET tx = $2::xid8, position = $3, updated_at = now
 WHERE name = $1
 """
 _MAX_ERROR_CHARS = 500
-# How long the switch waits for readers of the live tables before it gives up (unchanged):
-# a waiting TRUNCATE would queue every later reader of them behind it.
-_SWITCH_LOCK_TIMEOUT = "10s"
 
 
 def _ident(name: str) -> str:
@@ -139,21 +136,21 @@ async def rebuild_beside(
     # plan cached then would go on writing to the live table of the same name).
     conn = await db.connect_dedicated()
     try:
-        live = await _make_copies(conn, projector.tables)
+        # Every statement below, driver errors included, leaves as the store's own errors.
         with translate_errors():
+            live = await _make_copies(conn, projector.tables)
             total = int(await conn.fetchval(_COUNT, sorted(projector.event_types)))
-        _report(progress, 0, total)
-        while await replay.batch(conn):
-            total = max(total, replay.done)  # the log grew while it was replayed
-            _report(progress, replay.done, total)
-        async with switching:
-            point = await _switch(conn, replay, live)
-        _report(progress, replay.done, max(total, replay.done))
+            _report(progress, 0, total)
+            while await replay.batch(conn):
+                total = max(total, replay.done)  # the log grew while it was replayed
+                _report(progress, replay.done, total)
+            async with switching:
+                point = await _switch(conn, replay, live)
+            _report(progress, replay.done, max(total, replay.done))
+            await conn.close(timeout=5.0)  # the copies end with the session
     except BaseException:
         conn.terminate()
         raise
-    with translate_errors():
-        await conn.close(timeout=5.0)  # the copies end with the session
     return point, replay.done
 
 
@@ -184,10 +181,7 @@ async def _switch(conn: Connection, replay: _Replay, live: list[str]) -> LogPoin
     with translate_errors():
         async with conn.transaction():
             # The copy is as long as the tables are large: no statement timeout on it.
-            await conn.execute(
-                "SET LOCAL statement_timeout = 0; "
-                f"SET LOCAL lock_timeout = '{_SWITCH_LOCK_TIMEOUT}'"
-            )
+            await conn.execute("SET LOCAL statement_timeout = 0")
             current = await conn.fetchrow(_LOCK, name)
             head = await log_head(conn)
             while await replay.batch(conn):
@@ -200,16 +194,12 @@ async def _switch(conn: Connection, replay: _Replay, live: list[str]) -> LogPoin
                     f"rebuild of {name}: the live checkpoint is ahead of the log's visible "
                     "head; run the rebuild again"
                 )
-            try:
-                await conn.execute("TRUNCATE " + ", ".join(live))
-            except asyncpg.LockNotAvailableError:
-                raise StoreError(
-                    f"rebuild of {name}: readers held its tables for {_SWITCH_LOCK_TIMEOUT}, "
-                    "so the rebuilt model was not switched in and the live one is unchanged; "
-                    "run the rebuild again"
-                ) from None
             rows = 0
             for table, qualified in zip(replay.projector.tables, live, strict=True):
+                # DELETE, not TRUNCATE: a reader whose snapshot predates this commit (a
+                # REPEATABLE READ admin read) must go on seeing the old rows; after a TRUNCATE
+                # it would find the table empty.
+                await conn.execute(f"DELETE FROM {qualified}")
                 status = await conn.execute(
                     f"INSERT INTO {qualified} SELECT * FROM pg_temp.{_ident(table)}"
                 )

@@ -396,7 +396,12 @@ async def test_readers_see_the_old_read_model_until_a_rebuild_switches(
         await service.catch_up()
         cli = ProjectionRunner(cli_db, default_projectors(), batch_size=5)
         calls: list[tuple[int, int]] = []
-        rebuilt = await cli.rebuild("api_keys", lambda done, of: calls.append((done, of)))
+        # An admin read (REPEATABLE READ) whose snapshot predates the switch, and whose
+        # first look at api_keys comes after it: it must find the old rows, not none.
+        async with db.scoped(WS) as reader:
+            await reader.fetchval("SELECT count(*) FROM conversations")
+            rebuilt = await cli.rebuild("api_keys", lambda done, of: calls.append((done, of)))
+            assert await reader.fetchval("SELECT count(key_id) FROM api_keys") == 12
         await append(store, WS, f"workspace:{WS}", key_issued(WS, "k-late", "svc_late"))
         assert await service.wait_for(await store.head(), PATIENCE_S)
     finally:
