@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 
 
 _MAX_BACKOFF_S = 5.0
+_RESUME_CHECK_S = 1.0  # how often a stopped projector looks whether its stop was cleared
 _MAX_ERROR_CHARS = 500
 
 _READ = """
@@ -103,7 +104,7 @@ FROM locked WHERE c.name = locked.name AND c.tx = $2::xid8 AND c.position = $3
 _RECORD_FAILURE = """
 UPDATE projection_checkpoints c SET failure = $2::jsonb
 FROM (SELECT name, failure FROM projection_checkpoints WHERE name = $1 FOR UPDATE) before
-WHERE c.name = before.name
+WHERE c.name = before.name AND c.tx = $3::xid8 AND c.position = $4
 RETURNING before.failure
 """
 _VISIBLE = "tx < pg_snapshot_xmin(pg_current_snapshot())"
@@ -295,8 +296,15 @@ class ProjectionRunner:
         slots = list(self._slots.values())
         first_delay = min(self._poll_interval_s, _MAX_BACKOFF_S)
         delay = first_delay
+        next_resume_check = 0.0
         while self._running:  # besides the cancellation: a stop must end the loop
             self._wake.clear()
+            now = asyncio.get_running_loop().time()
+            if now >= next_resume_check:
+                # Busy or idle, a stop cleared elsewhere is seen within the interval.
+                next_resume_check = now + _RESUME_CHECK_S
+                with contextlib.suppress(StoreError):  # the step below reports an outage
+                    await self._resume_if_cleared(slots)
             try:
                 consumed = await self._step(slots, wait=False)
             except StoreError as exc:
@@ -323,8 +331,6 @@ class ProjectionRunner:
             if not await wait_set(self._wake, self._poll_interval_s):
                 for slot in slots:
                     slot.loaded = False
-                with contextlib.suppress(StoreError):  # the next step reports an outage
-                    await self._resume_if_cleared(slots)
 
     async def _linger(self) -> None:
         """Let the commits of the next `linger_s` gather into the next batch, unless a reader
@@ -484,9 +490,12 @@ class ProjectionRunner:
     ) -> int:
         """Commit the events before `poison`, then stop the projector on it."""
         index = events.index(poison)
-        consumed = 0
+        consumed, before = 0, old
         if index > 0:
-            consumed = await self._apply([slot], old, events[:index]) or 0
+            prefix = await self._apply([slot], old, events[:index])
+            if prefix is None:
+                return 0  # another runner moved the checkpoint first: reload, look again
+            consumed, before = prefix, events[index - 1].point
         if slot.failure is not None:
             return consumed
         message = exc.message if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
@@ -499,7 +508,12 @@ class ProjectionRunner:
             stream_id=poison.stream_id,
             error=message[:_MAX_ERROR_CHARS],
         )
-        if await self._record_failure(slot.failure):
+        news = await self._record_failure(slot.failure, before)
+        if news is None:
+            # The checkpoint moved past `before` meanwhile (a rebuild's switch): no stop here.
+            slot.failure, slot.loaded = None, False
+            return consumed
+        if news:
             log.error(
                 "projection %s stopped: cannot apply event at position %d (tx %d, cursor %s, "
                 "type %s, stream %s); it will not advance until fixed (retry or rebuild)",
@@ -521,15 +535,22 @@ class ProjectionRunner:
         metrics.STALLED.labels(projection=slot.name).set(1)
         return consumed
 
-    async def _record_failure(self, failure: PoisonEvent) -> bool:
-        """Record `failure` on its checkpoint row for every process to see; True when it is
-        news (not the stop already recorded there, by this process or another)."""
+    async def _record_failure(self, failure: PoisonEvent, at: LogPoint) -> bool | None:
+        """Record `failure` on its checkpoint row, still at `at` (the point before the poison
+        event), for every process to see. True when it is news, False when that stop was
+        already recorded there (by this process or another), None when the checkpoint has
+        moved on (this stop no longer stands)."""
         try:
             async with self._db.acquire(stateless=True) as conn:
-                before = await conn.fetchval(_RECORD_FAILURE, failure.projection, asdict(failure))
+                row = await conn.fetchrow(
+                    _RECORD_FAILURE, failure.projection, asdict(failure), at.tx, at.position
+                )
         except StoreError as exc:
             log.warning("could not record the stop of %s: %s", failure.projection, exc.message)
             return True
+        if row is None:
+            return None
+        before = row[0]
         return not (isinstance(before, dict) and before.get("cursor") == failure.cursor)
 
     async def _resume_if_cleared(self, slots: Sequence[_Slot]) -> None:

@@ -264,7 +264,7 @@ async def test_a_stop_is_seen_by_every_process_and_a_rebuild_elsewhere_ends_it(
         fixed = ProjectionRunner(cli_db, [_Lenient()])
         await fixed.rebuild("conversations")
         assert (await fixed.status())[0].failure is None
-        for _ in range(int(PATIENCE_S / 0.01)):  # the service's next idle poll sees it
+        for _ in range(int(PATIENCE_S / 0.01)):  # the service looks within a second
             if (await service.status())[0].failure is None:
                 break
             await asyncio.sleep(0.01)
