@@ -18,6 +18,7 @@ from projection_events import (
     key_revoked,
     moved,
     renamed,
+    started,
     tagged,
     turn_failed,
     user_message,
@@ -26,6 +27,7 @@ from projection_events import (
 from prometheus_client import REGISTRY
 
 from eventstore import Database, NewEvent, PostgresEventStore
+from eventstore.tasks import cancel_and_wait
 from projections import (
     ConversationsProjector,
     ProjectionFailed,
@@ -245,9 +247,20 @@ async def test_a_stop_is_seen_by_every_process_and_a_rebuild_elsewhere_ends_it(
     runner, stopped, goes on from the rebuilt model."""
     await chat(store, WS, "c1", 1)
     bad = await append(store, WS, "conversation:c1", NewEvent(type="conversation.renamed", data={}))
-    service = ProjectionRunner(db, [ConversationsProjector()], poll_interval_s=0.01)
+    notifier = CommitSignal()
+    service = ProjectionRunner(db, [ConversationsProjector()], notifier=notifier)
     await service.start()
     cli_db = await Database.connect(database_url, max_size=2)
+
+    async def busy() -> None:
+        """Commits and their wake-ups faster than the service's fallback poll: it never idles."""
+        n = 0
+        while True:
+            n += 1
+            await append(store, WS, f"conversation:busy{n}", started(WS, f"busy{n}"))
+            notifier.committed()
+            await asyncio.sleep(0.01)
+
     try:
         assert not await service.wait_for(bad.cursor, 0.5)
         cli = ProjectionRunner(cli_db, [ConversationsProjector()])
@@ -264,10 +277,12 @@ async def test_a_stop_is_seen_by_every_process_and_a_rebuild_elsewhere_ends_it(
         fixed = ProjectionRunner(cli_db, [_Lenient()])
         await fixed.rebuild("conversations")
         assert (await fixed.status())[0].failure is None
+        load = asyncio.create_task(busy())
         for _ in range(int(PATIENCE_S / 0.01)):  # the service looks within a second
             if (await service.status())[0].failure is None:
                 break
             await asyncio.sleep(0.01)
+        await cancel_and_wait(load)
         later = await append(store, WS, "conversation:c1", renamed("c1", "after the fix"))
         assert await service.wait_for(later.cursor, PATIENCE_S)
     finally:
