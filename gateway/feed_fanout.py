@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -278,8 +279,9 @@ class FeedFanout:
             # The socket took nothing for write_timeout_s: cut off as on the live path.
             self._end(conn, "too_slow")
         except SvcError as exc:
-            # The history read failed (the database is out or the pool exhausted).
-            self._end(conn, "failed", exc)
+            # The history read failed: the database is out or the pool exhausted (a 503 the
+            # client may read), or anything else (a 500: logged, and named to it by an id).
+            self._end(conn, "failed", exc if exc.http_status != 500 else _internal(exc))
 
     async def _catch_up(
         self, conn: FeedConnection, resp: web.StreamResponse, tailer: LogTailer
@@ -547,6 +549,14 @@ class FeedFanout:
 
 
 HEARTBEAT = Payload.of(HEARTBEAT_FRAME)
+
+
+def _internal(exc: SvcError) -> SvcError:
+    """An internal failure as the client sees it: an id to quote, the detail in the log
+    (gateway.errors.internal_error does the same for a response)."""
+    error_id = f"svc-{uuid.uuid4()}"
+    log.error("feed catch-up failed (%s)", error_id, exc_info=exc)
+    return SvcError(f"internal error (id {error_id})")
 
 
 def _closing_event(reason: EndReason) -> str:

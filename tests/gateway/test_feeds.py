@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from test_admin_support import Frame, Service, open_feed, service, start_service, uid
 
-from eventstore.errors import StoreUnavailable
+from eventstore.errors import StoreError, StoreUnavailable
 from eventstore.records import NewEvent, RecordedEvent
 from gateway import feeds
 from gateway.state import STORE, TAILER
@@ -347,8 +347,15 @@ async def _final_frame(reader: Any) -> tuple[list[Frame], Frame]:
             received.append(frame)
 
 
+@pytest.mark.parametrize(
+    ("failure", "code"),
+    [
+        (StoreUnavailable("the database went away"), "store_unavailable"),
+        (StoreError("event store query failed (XX000 InternalError: detail)"), "internal_error"),
+    ],
+)
 async def test_a_failed_history_read_ends_the_feed_with_a_frame(
-    service: Service, monkeypatch: pytest.MonkeyPatch
+    service: Service, monkeypatch: pytest.MonkeyPatch, failure: StoreError, code: str
 ) -> None:
     """The database failing under a feed that is catching up: the 200 and its headers are
     long sent, so the failure is the feed's final frame with its cursor, not a second HTTP
@@ -363,7 +370,7 @@ async def test_a_failed_history_read_ends_the_feed_with_a_frame(
         served = 0
         async for event in real_history(*args):
             if served == 300:  # after a first write of 256 frames
-                raise StoreUnavailable("the database went away")
+                raise failure
             served += 1
             yield event
 
@@ -372,7 +379,8 @@ async def test_a_failed_history_read_ends_the_feed_with_a_frame(
     received, final = await _final_frame(reader)
     resp.close()
     body = final.json()
-    assert body["error"]["code"] == "store_unavailable"
+    assert body["error"]["code"] == code
+    assert "detail" not in body["error"]["message"]  # a 500's detail stays in the log
     assert len(received) == 256 and body["cursor"] == received[-1].id == final.id
 
 
