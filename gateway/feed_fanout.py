@@ -210,6 +210,7 @@ class FeedFanout:
         self._rechecker: asyncio.Task[None] | None = None
         self._recheck_again = False
         self._checks: dict[Hashable, asyncio.Task[None]] = {}  # running, by credential
+        self._check_after: set[Hashable] = set()  # credentials owed a check once theirs ends
         self._check_limit: asyncio.Semaphore | None = None
 
     @property
@@ -520,7 +521,10 @@ class FeedFanout:
             started = []
             for key, holders in by_credential.items():
                 if key in self._checks:
-                    continue  # a check of this credential from an earlier round still runs
+                    # A check from an earlier round still runs; it may have read the state
+                    # before what asked for this round, so another follows when it ends.
+                    self._check_after.add(key)
+                    continue
                 check = asyncio.create_task(self._recheck_one(holders, self._check_limit))
                 self._checks[key] = check
                 check.add_done_callback(functools.partial(self._check_done, key))
@@ -531,6 +535,9 @@ class FeedFanout:
     def _check_done(self, key: Hashable, check: asyncio.Task[None]) -> None:
         if self._checks.get(key) is check:
             del self._checks[key]
+        if key in self._check_after and not check.cancelled():
+            self._check_after.discard(key)
+            self.recheck_soon()
 
     async def _recheck_one(self, conns: list[FeedConnection], limit: asyncio.Semaphore) -> None:
         """One credential's check; its feeds end only on a refusal of the credential (401,

@@ -184,6 +184,39 @@ async def test_a_slow_check_does_not_hold_back_another_feeds_revocation(
     slow_resp.close()
 
 
+async def test_a_revocation_during_a_running_check_gets_a_check_after_it(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local revocation asks for a check while one of the same credential still runs, one
+    that read the state before the revocation: a further check follows it, without waiting
+    for the next sweep (made too far off to help here)."""
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "tick_s", 600.0)
+    monkeypatch.setattr(hub, "recheck_round_s", 0.1)  # the round stops waiting for it
+    _, admin = await new_workspace(service)
+    key_id, key = await new_key(service, admin, ["admin:read"])
+    resp, reader = await open_feed(service, EVENTS, key, start="latest")
+    await reader.frame()
+    (conn,) = [c for conns in hub._by_ws.values() for c in conns if key in str(c.credential.key)]
+    real_check = conn.credential.check
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def stale_once() -> None:
+        conn.credential = feeds.Credential(conn.credential.key, real_check)
+        started.set()
+        await release.wait()  # answers "still valid": it read before the revocation
+
+    conn.credential = feeds.Credential(conn.credential.key, stale_once)
+    hub.recheck_soon()
+    async with asyncio.timeout(10):
+        await started.wait()
+    await asyncio.sleep(0.3)  # past the round's wait: that round has ended
+    await revoke(service, admin, key_id)  # asks for a check: this credential's still runs
+    release.set()
+    _, final = await until_closed(resp, reader, 10.0)
+    assert final.json()["error"]["code"] == "unauthorized"
+
+
 async def test_an_expiring_key_closes_its_feed(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
