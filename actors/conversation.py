@@ -808,6 +808,9 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         duration_ms: int,
     ) -> None:
         code, message, retryable = _failure_facts(exc)
+        # An upstream's message may hold what the log cannot (NUL): it must not cost the
+        # record of the failure itself.
+        code, message = code.replace(NUL, ""), message.replace(NUL, "")
         fail = FailTurn(
             command_id=service_command_id("fail", command.command_id),
             workspace_id=command.workspace_id,

@@ -48,10 +48,11 @@ _SECRET_PATTERNS = (
     re.compile(r"\bsk-[A-Za-z0-9_\-]{6,}"),
     # A key masked by its issuer (sk-ab****wxyz, ****wxyz) still gives away part of it.
     re.compile(r"[A-Za-z0-9_\-]*\*{3,}[A-Za-z0-9_\-]*"),
-    # key: value, the value bare or quoted ("api_key": "..." in JSON, api_key='...' in a repr).
+    # key: value, the value bare or quoted ("api_key": "..." in JSON, api_key='...' in a repr;
+    # escaped quotes inside it, and a quote never closed, to the end of the message).
     re.compile(
         r"(?i)(api[_-]?key|authorization|token|secret|password)([\"']?\s*[:=]\s*)"
-        r"(\"[^\"]*\"|'[^']*'|[^\s\"',;]+)"
+        r"(\"(?:[^\"\\]|\\.)*\"?|'(?:[^'\\]|\\.)*'?|[^\s\"',;]+)"
     ),
 )
 

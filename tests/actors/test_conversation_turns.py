@@ -323,3 +323,20 @@ async def test_a_completion_the_store_never_takes_leaves_the_turn_failed(
         "store_unavailable",
         True,
     )
+
+
+async def test_a_failure_whose_message_the_log_cannot_hold_is_still_recorded(
+    store: PostgresEventStore,
+) -> None:
+    """An upstream error with a NUL in its message: the turn is recorded as failed (without
+    the NUL), not left running because the store refused the record of its failure."""
+    provider = ScriptedProvider(fail_after=1, failure=UpstreamError("bad\x00request"))
+    table = ActivationTable(store, [ConversationBehaviour([provider])])
+    await table.start()
+    cid = uuid.uuid4().hex
+    with pytest.raises(UpstreamError):
+        await table.submit(conversation_key(cid), run_turn()).last()
+    await table.stop()
+    recorded = await store.read_stream(conversation_key(cid).stream_id)
+    assert recorded[-1].type == "conversation.turn_failed"
+    assert recorded[-1].data["error_message"] == "badrequest"

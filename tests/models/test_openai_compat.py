@@ -161,6 +161,8 @@ async def test_400_is_not_retried_and_message_is_scrubbed(stub: Any) -> None:
         ("Invalid api_key: 'gsk_upstream123456'", "gsk_upstream123456"),
         ('{"password": "two words"}', "two words"),
         ("token=plain-value-123, retry", "plain-value-123"),
+        ('{"password": "ab\\"cdSECRET"}', "SECRET"),  # an escaped quote inside the value
+        ('upstream said api_key: "unterminatedSECRET', "SECRET"),  # a quote never closed
     ],
 )
 async def test_a_quoted_credential_in_an_upstream_error_is_scrubbed(
