@@ -23,9 +23,9 @@ from actors import (
 from actors.models.port import TextDelta
 from eventstore import PostgresEventStore
 from eventstore.errors import StoreUnavailable
-from eventstore.records import NewEvent
+from eventstore.records import NewEvent, RecordedEvent
 from schemas.conversation import Message, RenameConversation, RunTurn, TurnParams
-from schemas.errors import Conflict, NotFound, UpstreamError, UpstreamTimeout
+from schemas.errors import Conflict, NotFound, SvcError, UpstreamError, UpstreamTimeout
 
 WS = "ws-1"
 COMPLETED = "conversation.assistant_message_completed"
@@ -286,6 +286,19 @@ async def test_the_model_is_asked_to_stream_only_when_someone_reads_the_deltas(
     assert asked.content == answer(provider, 2)
 
 
+async def _last_event_of_a_failed_turn(
+    store: PostgresEventStore, table: ActivationTable
+) -> RecordedEvent:
+    """Run one turn on `table`, which must fail it with an SvcError; the conversation's last
+    recorded event."""
+    await table.start()
+    cid = uuid.uuid4().hex
+    with pytest.raises(SvcError):
+        await table.submit(conversation_key(cid), run_turn()).last()
+    await table.stop()
+    return (await store.read_stream(conversation_key(cid).stream_id))[-1]
+
+
 class _CompletionOutage:
     """The store, except that the first append of a turn's completion fails as an outage
     would (StoreUnavailable) without writing anything."""
@@ -310,19 +323,12 @@ async def test_a_completion_the_store_never_takes_leaves_the_turn_failed(
     """The model answered but recording the answer failed: the turn is recorded as failed
     at once (retryable), not left running until its expiry makes it `turn_abandoned`."""
     outage = _CompletionOutage(store)
-    table = ActivationTable(cast(Any, outage), [ConversationBehaviour([ScriptedProvider()])])
-    await table.start()
-    cid = uuid.uuid4().hex
-    with pytest.raises(StoreUnavailable):
-        await table.submit(conversation_key(cid), run_turn()).last()
-    await table.stop()
-    assert outage.refused == 1
-    recorded = await store.read_stream(conversation_key(cid).stream_id)
-    assert recorded[-1].type == "conversation.turn_failed"
-    assert (recorded[-1].data["error_code"], recorded[-1].data["retryable"]) == (
-        "store_unavailable",
-        True,
+    failed = await _last_event_of_a_failed_turn(
+        store, ActivationTable(cast(Any, outage), [ConversationBehaviour([ScriptedProvider()])])
     )
+    assert outage.refused == 1
+    assert failed.type == "conversation.turn_failed"
+    assert (failed.data["error_code"], failed.data["retryable"]) == ("store_unavailable", True)
 
 
 async def test_a_failure_whose_message_the_log_cannot_hold_is_still_recorded(
@@ -331,12 +337,8 @@ async def test_a_failure_whose_message_the_log_cannot_hold_is_still_recorded(
     """An upstream error with a NUL in its message: the turn is recorded as failed (without
     the NUL), not left running because the store refused the record of its failure."""
     provider = ScriptedProvider(fail_after=1, failure=UpstreamError("bad\x00request"))
-    table = ActivationTable(store, [ConversationBehaviour([provider])])
-    await table.start()
-    cid = uuid.uuid4().hex
-    with pytest.raises(UpstreamError):
-        await table.submit(conversation_key(cid), run_turn()).last()
-    await table.stop()
-    recorded = await store.read_stream(conversation_key(cid).stream_id)
-    assert recorded[-1].type == "conversation.turn_failed"
-    assert recorded[-1].data["error_message"] == "badrequest"
+    failed = await _last_event_of_a_failed_turn(
+        store, ActivationTable(store, [ConversationBehaviour([provider])])
+    )
+    assert failed.type == "conversation.turn_failed"
+    assert failed.data["error_message"] == "badrequest"
