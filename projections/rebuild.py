@@ -147,10 +147,13 @@ async def rebuild_beside(
             async with switching:
                 point = await _switch(conn, replay, live)
             _report(progress, replay.done, max(total, replay.done))
-            await conn.close(timeout=5.0)  # the copies end with the session
     except BaseException:
         conn.terminate()
         raise
+    try:
+        await conn.close(timeout=5.0)  # the copies end with the session
+    except Exception:
+        conn.terminate()  # the switch has committed: this only ends the session sooner
     return point, replay.done
 
 
