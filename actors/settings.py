@@ -44,7 +44,15 @@ def _decide_set(state: SettingsState, command: SetSetting) -> list[Event]:
     current = state.values.get(command.key)
     if current is not None and not command.secret and current.value == command.value:
         return []
-    return [SettingChanged(key=command.key, value=command.value, secret=spec.secret, at=command.at)]
+    return [
+        SettingChanged(
+            key=command.key,
+            value=command.value,
+            secret=spec.secret,
+            at=command.at,
+            secret_version=command.secret_version,
+        )
+    ]
 
 
 def _decide_unset(state: SettingsState, command: UnsetSetting) -> list[Event]:
@@ -71,7 +79,12 @@ class SettingsBehaviour(Behaviour[SettingsState]):
     def evolve(self, state: SettingsState, event: Event) -> SettingsState:
         values = dict(state.values)
         if isinstance(event, SettingChanged):
-            values[event.key] = StoredSetting(value=event.value, secret=event.secret, at=event.at)
+            values[event.key] = StoredSetting(
+                value=event.value,
+                secret=event.secret,
+                at=event.at,
+                secret_version=event.secret_version,
+            )
         elif isinstance(event, SettingUnset):
             values.pop(event.key, None)
         return SettingsState(values=values)

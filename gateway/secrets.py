@@ -1,7 +1,10 @@
 """Secret instance-setting values, kept outside the append-only log (`instance_secrets`).
 
 The settings stream records only that a secret was set (schemas/settings.py), so removing a
-secret really removes it and no log export, feed or replay can ever carry it.
+secret really removes it and no log export, feed or replay can ever carry it. Each value is a
+row of its own version, written before the event that names the version is recorded
+(SettingsService.set): the value in force is the one the newest event names, so a change
+that fails to record changes nothing (migrations/0102).
 """
 
 from __future__ import annotations
@@ -9,8 +12,8 @@ from __future__ import annotations
 from eventstore.db import Database
 
 _PUT = """
-INSERT INTO instance_secrets (key, value) VALUES ($1, $2)
-ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
+INSERT INTO instance_secrets (key, version, value) VALUES ($1, $2, $3)
+ON CONFLICT (key, version) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
 """
 
 
@@ -18,15 +21,26 @@ class DatabaseVault:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def put(self, key: str, value: str) -> None:
+    async def put(self, key: str, value: str, version: str) -> None:
         async with self._db.acquire() as conn:
-            await conn.execute(_PUT, key, value)
+            await conn.execute(_PUT, key, version, value)
+
+    async def prune(self, key: str, keep: str) -> None:
+        """Delete the key's other versions (once the event naming `keep` is recorded)."""
+        async with self._db.acquire() as conn:
+            await conn.execute(
+                "DELETE FROM instance_secrets WHERE key = $1 AND version <> $2", key, keep
+            )
 
     async def delete(self, key: str) -> None:
         async with self._db.acquire() as conn:
             await conn.execute("DELETE FROM instance_secrets WHERE key = $1", key)
 
-    async def all(self) -> dict[str, str]:
+    async def all(self) -> dict[str, dict[str, str]]:
+        """key -> version -> value."""
         async with self._db.acquire() as conn:
-            rows = await conn.fetch("SELECT key, value FROM instance_secrets")
-        return {str(r["key"]): str(r["value"]) for r in rows}
+            rows = await conn.fetch("SELECT key, version, value FROM instance_secrets")
+        out: dict[str, dict[str, str]] = {}
+        for r in rows:
+            out.setdefault(str(r["key"]), {})[str(r["version"])] = str(r["value"])
+        return out

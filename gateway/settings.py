@@ -26,6 +26,7 @@ from typing import Protocol
 from actors.behaviour import ActorKey
 from actors.runtime import ActorRuntime
 from actors.settings import KIND, SettingsBehaviour
+from eventstore.errors import StoreError
 from eventstore.records import RecordedEvent
 from schemas.errors import InvalidInput
 from schemas.events import EVENTS
@@ -319,13 +320,15 @@ class _StreamReader(Protocol):
 
 
 class SecretVault(Protocol):
-    """Where secret setting values live, outside the log (gateway/secrets.py)."""
+    """Where secret setting values live, outside the log, by version (gateway/secrets.py)."""
 
-    async def put(self, key: str, value: str) -> None: ...
+    async def put(self, key: str, value: str, version: str) -> None: ...
+
+    async def prune(self, key: str, keep: str) -> None: ...
 
     async def delete(self, key: str) -> None: ...
 
-    async def all(self) -> dict[str, str]: ...
+    async def all(self) -> dict[str, dict[str, str]]: ...
 
 
 def settings_actor_key() -> ActorKey:
@@ -351,7 +354,9 @@ async def read_stored_settings(store: _StreamReader, vault: SecretVault) -> dict
     secrets = await vault.all()
     out: dict[str, str] = {}
     for key, stored in state.values.items():
-        value = secrets.get(key) if stored.secret else stored.value
+        # A secret's value is the vault row of the version its newest event names.
+        version = stored.secret_version or ""
+        value = secrets.get(key, {}).get(version) if stored.secret else stored.value
         if value is not None and key in CATALOG:
             out[key] = value
     return out
@@ -399,17 +404,23 @@ class SettingsService:
         typed = parse(spec, raw)
         if spec.choices:
             raw = str(typed)  # stored as it is read: the choice without surrounding spaces
-        if spec.secret:
-            await self._vault.put(key, raw)
+        # A secret's value is written first, under a version of its own that the event then
+        # names: if the event is never recorded, the version in force stays in force.
+        version = uuid.uuid4().hex if spec.secret else None
+        if version is not None:
+            await self._vault.put(key, raw, version)
         command = SetSetting(
             command_id=_command_id(),
             workspace_id=INSTANCE_WORKSPACE_ID,
             key=key,
             value=None if spec.secret else raw,
             secret=spec.secret,
+            secret_version=version,
             at=datetime.now(UTC),
         )
         await self._runtime.ask(settings_actor_key(), command)
+        if version is not None:
+            await self._prune(key, version)
         self._stored[key] = raw
         applied = self._settings.apply_stored(key, raw)
         return _change_result(spec, raw, applied)
@@ -428,6 +439,13 @@ class SettingsService:
         self._stored.pop(key, None)
         applied = self._settings.apply_stored(key, None)
         return _change_result(spec, self._settings.resolve(key).raw, applied)
+
+    async def _prune(self, key: str, keep: str) -> None:
+        """The key's older versions: only the one the newest event names is ever read."""
+        try:
+            await self._vault.prune(key, keep)
+        except StoreError as exc:  # they are never read; the next set tries again
+            log.warning("could not delete the older values of %s: %s", key, exc.message)
 
     def get(self, key: str) -> SettingView:
         return view(self._settings, get_spec(key))

@@ -26,22 +26,30 @@ SettingKey = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Z]
 SettingText = Annotated[str, Field(max_length=100_000)]
 
 
-def _marker_only(secret: bool, value: str | None) -> None:
+SecretVersion = Annotated[str, Field(min_length=1, max_length=100)]
+"""Names the vault row holding a secret's value (gateway/secrets.py); None in events recorded
+before versions existed, whose value is the row of version ''."""
+
+
+def _marker_only(secret: bool, value: str | None, secret_version: str | None = None) -> None:
     if secret and value is not None:
         raise ValueError("a secret setting is recorded as a marker: value must be None")
     if not secret and value is None:
         raise ValueError("a non-secret setting needs a value")
+    if not secret and secret_version is not None:
+        raise ValueError("only a secret setting names a secret_version")
 
 
 class SetSetting(Command):
     key: SettingKey
     value: SettingText | None
     secret: bool = False
+    secret_version: SecretVersion | None = None
     at: AwareDatetime
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        _marker_only(self.secret, self.value)
+        _marker_only(self.secret, self.value, self.secret_version)
         return self
 
 
@@ -57,10 +65,11 @@ class SettingChanged(Event):
     value: SettingText | None
     secret: bool
     at: AwareDatetime
+    secret_version: SecretVersion | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        _marker_only(self.secret, self.value)
+        _marker_only(self.secret, self.value, self.secret_version)
         return self
 
 
@@ -78,6 +87,7 @@ class StoredSetting(BaseModel):
     value: SettingText | None
     secret: bool
     at: AwareDatetime
+    secret_version: str | None = None
 
 
 class SettingsState(BaseModel):

@@ -7,12 +7,14 @@ import asyncio
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from platform_support import running, settings_for
 
+from eventstore.errors import StoreUnavailable
 from gateway.settings import Settings, Source, parse_listen_addr, read_env_file
-from gateway.state import SETTINGS, SETTINGS_SERVICE
+from gateway.state import DATABASE, RUNTIME, SETTINGS, SETTINGS_SERVICE
 from gateway.state import STORE as STORE_KEY
 from schemas.errors import InvalidInput
 from schemas.settings_catalog import CATALOG, MASK, SPEC_TOTAL, get_spec, parse
@@ -265,6 +267,38 @@ async def test_set_get_list_unset_through_the_actor(
 
     assert all(SECRET not in record.getMessage() for record in caplog.records)
     assert SECRET not in caplog.text
+
+
+async def test_a_secret_whose_change_was_not_recorded_keeps_its_value(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new value is written to the vault before its change is recorded: when recording
+    fails, the value in force stays the old one, now and at the next start. A recorded
+    change leaves one row of the key in the vault."""
+    async with running(settings_for(database_url)) as svc:
+        service = svc.app[SETTINGS_SERVICE]
+        await service.set("SVC_INBOUND_SECRET", "first-value")
+        runtime = svc.app[RUNTIME]
+        real_ask = runtime.ask
+
+        async def refuse_settings(key: Any, command: Any, **kw: Any) -> Any:
+            if key.kind == "settings":
+                raise StoreUnavailable("the database went away")
+            return await real_ask(key, command, **kw)
+
+        monkeypatch.setattr(runtime, "ask", refuse_settings)
+        with pytest.raises(StoreUnavailable):
+            await service.set("SVC_INBOUND_SECRET", "second-value")
+        monkeypatch.setattr(runtime, "ask", real_ask)
+        assert (await service.stored_values())["SVC_INBOUND_SECRET"] == "first-value"
+
+        await service.set("SVC_INBOUND_SECRET", "third-value")
+        assert (await service.stored_values())["SVC_INBOUND_SECRET"] == "third-value"
+        async with svc.app[DATABASE].acquire() as conn:
+            rows = await conn.fetchval(
+                "SELECT count(*) FROM instance_secrets WHERE key = 'SVC_INBOUND_SECRET'"
+            )
+        assert rows == 1
 
 
 async def test_stored_r_settings_apply_at_the_next_start(database_url: str) -> None:
