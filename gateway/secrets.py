@@ -17,19 +17,32 @@ ON CONFLICT (key, version) DO UPDATE SET value = EXCLUDED.value, updated_at = no
 """
 
 
+# A version younger than this is never pruned: it may belong to a set of the same key still
+# on its way to recording its event (bounded by the ask's timeout, far shorter), which a
+# prune by a concurrent set must not take from under it.
+PRUNE_AFTER_S = 600.0
+
+
 class DatabaseVault:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, prune_after_s: float = PRUNE_AFTER_S) -> None:
         self._db = db
+        self._prune_after_s = prune_after_s
 
     async def put(self, key: str, value: str, version: str) -> None:
         async with self._db.acquire() as conn:
             await conn.execute(_PUT, key, version, value)
 
     async def prune(self, key: str, keep: str) -> None:
-        """Delete the key's other versions (once the event naming `keep` is recorded)."""
+        """Delete the key's other versions older than `prune_after_s` (once the event naming
+        `keep` is recorded): the value it replaced, usually; a younger one goes at the next
+        set."""
         async with self._db.acquire() as conn:
             await conn.execute(
-                "DELETE FROM instance_secrets WHERE key = $1 AND version <> $2", key, keep
+                "DELETE FROM instance_secrets WHERE key = $1 AND version <> $2 "
+                "AND updated_at < now() - make_interval(secs => $3)",
+                key,
+                keep,
+                self._prune_after_s,
             )
 
     async def delete(self, key: str) -> None:
