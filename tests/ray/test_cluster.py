@@ -64,6 +64,10 @@ async def drive(
                 await runtime.ask(k, command)
             except SvcError as exc:
                 load.failed[command.command_id] = (k, command, exc)
+                # Back off as a client would. An ask that fails without suspending (a stopped
+                # runtime, after a test failed with the load still running) must not starve
+                # the loop and fill `failed` while the test's teardown waits on that loop.
+                await asyncio.sleep(0.01)
             else:
                 load.acked[command.command_id] = k
 
