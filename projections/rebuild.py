@@ -32,7 +32,7 @@ from eventstore.db import Connection, Database, translate_errors
 from eventstore.errors import StoreError, StoreUnavailable
 from eventstore.reads import log_head, read_log
 from eventstore.records import RecordedEvent
-from projections.errors import ProjectionFailed
+from projections.errors import ProjectionFailed, failure_reason
 from projections.pipeline import Pipeline
 from projections.projector import Projector
 
@@ -58,7 +58,6 @@ _MOVE = """
 UPDATE projection_checkpoints SET tx = $2::xid8, position = $3, updated_at = now(), failure = NULL
 WHERE name = $1
 """
-_MAX_ERROR_CHARS = 500
 
 
 def _ident(name: str) -> str:
@@ -111,10 +110,9 @@ class _Replay:
                     raise self._failed(event, exc) from exc
 
     def _failed(self, event: RecordedEvent, exc: Exception) -> ProjectionFailed:
-        reason = exc.message if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
         return ProjectionFailed(
             f"rebuild of {self.projector.name} stopped at the event at cursor {event.cursor} "
-            f"(type {event.type}, stream {event.stream_id}): {reason[:_MAX_ERROR_CHARS]}; the "
+            f"(type {event.type}, stream {event.stream_id}): {failure_reason(exc)}; the "
             "live read model is unchanged: fix the cause and run the rebuild again"
         )
 

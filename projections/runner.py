@@ -57,7 +57,7 @@ from eventstore.reads import log_head, read_log
 from eventstore.records import RecordedEvent
 from eventstore.tasks import cancel_and_wait, wait_set
 from projections import metrics
-from projections.errors import ProjectionFailed
+from projections.errors import ProjectionFailed, failure_reason
 from projections.pipeline import Pipeline
 from projections.projector import Projector
 from projections.rebuild import Progress, rebuild_beside
@@ -68,7 +68,6 @@ log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 5.0
 _RESUME_CHECK_S = 1.0  # how often a stopped projector looks whether its stop was cleared
-_MAX_ERROR_CHARS = 500
 
 _READ = """
 SELECT name, tx, position, failure FROM projection_checkpoints WHERE name = ANY($1::text[])
@@ -498,7 +497,6 @@ class ProjectionRunner:
             consumed, before = prefix, events[index - 1].point
         if slot.failure is not None:
             return consumed
-        message = exc.message if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
         slot.failure = PoisonEvent(
             projection=slot.name,
             cursor=poison.cursor,
@@ -506,7 +504,7 @@ class ProjectionRunner:
             position=poison.position,
             event_type=poison.type,
             stream_id=poison.stream_id,
-            error=message[:_MAX_ERROR_CHARS],
+            error=failure_reason(exc),
         )
         news = await self._record_failure(slot.failure, before)
         if news is None:
