@@ -158,19 +158,16 @@ async def rebuild_beside(
 async def _make_copies(conn: Connection, tables: tuple[str, ...]) -> list[str]:
     """A temporary copy of each table, empty; returns the live tables' qualified names."""
     live: list[str] = []
-    with translate_errors():
-        for table in tables:
-            schema = await conn.fetchval(_LIVE_SCHEMA, table)
-            if schema is None:
-                raise StoreError(
-                    f"read-model table {table} does not exist; start the service once (it "
-                    "runs the migrations) before rebuilding"
-                )
-            qualified = f"{_ident(schema)}.{_ident(table)}"
-            await conn.execute(
-                f"CREATE TEMP TABLE {_ident(table)} (LIKE {qualified} INCLUDING ALL)"
+    for table in tables:
+        schema = await conn.fetchval(_LIVE_SCHEMA, table)
+        if schema is None:
+            raise StoreError(
+                f"read-model table {table} does not exist; start the service once (it runs "
+                "the migrations) before rebuilding"
             )
-            live.append(qualified)
+        qualified = f"{_ident(schema)}.{_ident(table)}"
+        await conn.execute(f"CREATE TEMP TABLE {_ident(table)} (LIKE {qualified} INCLUDING ALL)")
+        live.append(qualified)
     return live
 
 
@@ -179,33 +176,23 @@ async def _switch(conn: Connection, replay: _Replay, live: list[str]) -> LogPoin
     tables, the checkpoint to where the copies are."""
     name = replay.projector.name
     started = time.monotonic()
-    with translate_errors():
-        async with conn.transaction():
-            # The copy is as long as the tables are large: no statement timeout on it.
-            await conn.execute("SET LOCAL statement_timeout = 0")
-            current = await conn.fetchrow(_LOCK, name)
-            head = await log_head(conn)
-            while await replay.batch(conn):
-                pass
-            # Every event up to `head` was visible to the passes since: none of the
-            # projector's types is left before the later of the two points.
-            point = max(replay.point, head)
-            if current is not None and LogPoint(current[0], current[1]) > point:
-                raise StoreError(
-                    f"rebuild of {name}: the live checkpoint is ahead of the log's visible "
-                    "head; run the rebuild again"
-                )
-            rows = 0
-            for table, qualified in zip(replay.projector.tables, live, strict=True):
-                # DELETE, not TRUNCATE: a reader whose snapshot predates this commit (a
-                # REPEATABLE READ admin read) must go on seeing the old rows; after a TRUNCATE
-                # it would find the table empty.
-                await conn.execute(f"DELETE FROM {qualified}")
-                status = await conn.execute(
-                    f"INSERT INTO {qualified} SELECT * FROM pg_temp.{_ident(table)}"
-                )
-                rows += int(status.rsplit(" ", 1)[1])
-            await conn.execute(_MOVE, name, point.tx, point.position)
+    async with conn.transaction():
+        # The copy is as long as the tables are large: no statement timeout on it.
+        await conn.execute("SET LOCAL statement_timeout = 0")
+        current = await conn.fetchrow(_LOCK, name)
+        head = await log_head(conn)
+        while await replay.batch(conn):
+            pass
+        # Every event up to `head` was visible to the passes since: none of the projector's
+        # types is left before the later of the two points.
+        point = max(replay.point, head)
+        if current is not None and LogPoint(current[0], current[1]) > point:
+            raise StoreError(
+                f"rebuild of {name}: the live checkpoint is ahead of the log's visible head; "
+                "run the rebuild again"
+            )
+        rows = await _replace_rows(conn, replay.projector.tables, live)
+        await conn.execute(_MOVE, name, point.tx, point.position)
     log.info(
         "projection %s: rebuilt model switched in, %d rows in %.2f s",
         name,
@@ -213,6 +200,20 @@ async def _switch(conn: Connection, replay: _Replay, live: list[str]) -> LogPoin
         time.monotonic() - started,
     )
     return point
+
+
+async def _replace_rows(conn: Connection, tables: tuple[str, ...], live: list[str]) -> int:
+    """Each live table's rows replaced by its copy's; returns how many rows were copied.
+    DELETE, not TRUNCATE: a reader whose snapshot predates the switch's commit (a REPEATABLE
+    READ admin read) must go on seeing the old rows; after a TRUNCATE it would find none."""
+    rows = 0
+    for table, qualified in zip(tables, live, strict=True):
+        await conn.execute(f"DELETE FROM {qualified}")
+        status = await conn.execute(
+            f"INSERT INTO {qualified} SELECT * FROM pg_temp.{_ident(table)}"
+        )
+        rows += int(status.rsplit(" ", 1)[1])
+    return rows
 
 
 def _report(progress: Progress | None, done: int, total: int) -> None:
