@@ -55,7 +55,7 @@ from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
 from gateway.auth import CHAT_PATH, CHAT_SCOPE, authenticate, require_scope
-from gateway.errors import client_gone, error_body, read_json
+from gateway.errors import client_gone, error_body, internal_failure, read_json
 from gateway.openapi import document
 from gateway.sse import open_sse, send_event
 from gateway.state import DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
@@ -499,21 +499,20 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
         if exc.http_status == 500:
             # An internal failure: its message may carry database detail, so the client gets
             # only the id, as from gateway.errors.internal_error.
-            await _internal_stream_error(sender)
+            await _internal_stream_error(sender, exc)
         else:
             TURN_ERRORS.labels(exc.code).inc()
             await sender.error(exc.message, exc.error_type, exc.code)
-    except Exception:
-        await _internal_stream_error(sender)
+    except Exception as exc:
+        await _internal_stream_error(sender, exc)
     finally:
         await items.aclose()
 
 
-async def _internal_stream_error(sender: _ChunkSender) -> None:
-    error_id = f"svc-{uuid.uuid4()}"
-    log.exception("chat stream failed (%s)", error_id)
-    TURN_ERRORS.labels("internal_error").inc()
-    await sender.error(f"internal error (id {error_id})", "server_error", "internal_error")
+async def _internal_stream_error(sender: _ChunkSender, exc: BaseException) -> None:
+    hidden = internal_failure("chat stream", exc)
+    TURN_ERRORS.labels(hidden.code).inc()
+    await sender.error(hidden.message, hidden.error_type, hidden.code)
 
 
 async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:

@@ -121,8 +121,20 @@ def _http_message(exc: web.HTTPException) -> str:
     return exc.reason or f"HTTP {exc.status}"
 
 
+def _error_id() -> str:
+    return f"svc-{uuid.uuid4()}"
+
+
+def internal_failure(what: str, exc: BaseException) -> SvcError:
+    """An internal failure as a client may see it once its response has begun (a stream's
+    error frame): an id to quote; the detail, with its traceback, in the log under that id."""
+    error_id = _error_id()
+    log.error("%s failed (%s)", what, error_id, exc_info=(type(exc), exc, exc.__traceback__))
+    return SvcError(f"internal error (id {error_id})")
+
+
 def internal_error(request: web.BaseRequest, exc: BaseException) -> web.Response:
-    error_id = f"svc-{uuid.uuid4()}"
+    error_id = _error_id()
     log.error(
         "unhandled error %s on %s %s",
         error_id,

@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -48,6 +47,7 @@ from aiohttp import hdrs, web
 from eventstore.cursor import LogPoint, decode_cursor
 from eventstore.records import RecordedEvent
 from eventstore.tailer import LogTailer, SubscriberTooSlow
+from gateway.errors import internal_failure
 from gateway.feed_frames import HEARTBEAT_FRAME, FrameCache, closing_frame
 from schemas.errors import SvcError, Unavailable
 
@@ -282,7 +282,8 @@ class FeedFanout:
         except SvcError as exc:
             # The history read failed: the database is out or the pool exhausted (a 503 the
             # client may read), or anything else (a 500: logged, and named to it by an id).
-            self._end(conn, "failed", exc if exc.http_status != 500 else _internal(exc))
+            failure = exc if exc.http_status != 500 else internal_failure("feed catch-up", exc)
+            self._end(conn, "failed", failure)
 
     async def _catch_up(
         self, conn: FeedConnection, resp: web.StreamResponse, tailer: LogTailer
@@ -556,14 +557,6 @@ class FeedFanout:
 
 
 HEARTBEAT = Payload.of(HEARTBEAT_FRAME)
-
-
-def _internal(exc: SvcError) -> SvcError:
-    """An internal failure as the client sees it: an id to quote, the detail in the log
-    (gateway.errors.internal_error does the same for a response)."""
-    error_id = f"svc-{uuid.uuid4()}"
-    log.error("feed catch-up failed (%s)", error_id, exc_info=exc)
-    return SvcError(f"internal error (id {error_id})")
 
 
 def _closing_event(reason: EndReason) -> str:
