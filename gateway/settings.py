@@ -114,6 +114,11 @@ def _known_layer(values: Mapping[str, str], source: Source) -> dict[str, str]:
     return out
 
 
+def _usable(spec: SettingSpec, raw: str) -> bool:
+    """Whether a stored value applies: its key may be stored and the value is still valid."""
+    return spec.storable and _still_valid(spec, raw)
+
+
 def _still_valid(spec: SettingSpec, raw: str) -> bool:
     try:
         parse_or_coerce(spec, raw)
@@ -168,11 +173,7 @@ class Settings:
         one that is no longer valid (stored before its key's check existed): that one is
         skipped with a warning, so it can neither stop the service nor lock out the `svc`
         commands that would unset it."""
-        layer = {
-            k: v
-            for k, v in stored.items()
-            if k in CATALOG and CATALOG[k].storable and _still_valid(CATALOG[k], v)
-        }
+        layer = {k: v for k, v in stored.items() if k in CATALOG and _usable(CATALOG[k], v)}
         self._layers[Source.STORED] = layer
         self._running = {key: self.resolve(key).raw for key in CATALOG}
         self._parsed: dict[str, SettingValue] = {}
@@ -183,7 +184,7 @@ class Settings:
         applies."""
         spec = get_spec(key)
         layer = self._layers[Source.STORED]
-        if raw is None or not (spec.storable and _still_valid(spec, raw)):
+        if raw is None or not _usable(spec, raw):
             layer.pop(key, None)
         else:
             layer[key] = raw
