@@ -538,7 +538,6 @@ class _ChunkSender:
         self._model = turn.model
         self._include_usage = include_usage
         self._sent_role = False
-        self._sent_text = False
         self._streamed: list[str] = []  # the text sent, to check against the recorded answer
         self.client_gone = False
 
@@ -584,12 +583,12 @@ class _ChunkSender:
         if not text:
             return
         delta = {"content": text} if self._sent_role else {"role": "assistant", "content": text}
-        self._sent_role = self._sent_text = True
+        self._sent_role = True
         self._streamed.append(text)
         await self._send(self._chunk(delta))
 
     async def finish(self, result: TurnResult) -> None:
-        if not self._sent_text:  # a recorded answer, replayed whole
+        if not self._streamed:  # a recorded answer, replayed whole
             self._model = _answering_model(self._turn, result)
             await self.delta(result.content)
         else:
