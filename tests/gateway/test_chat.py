@@ -645,12 +645,13 @@ async def test_an_answer_the_log_cannot_record_fails_the_turn(
     assert failed.data["error_code"] == "upstream_bad_response"
 
 
-def _sse_payloads(text: str) -> list[Any]:
-    return [
-        orjson.loads(line[6:])
-        for line in text.splitlines()
-        if line.startswith("data: ") and line != "data: [DONE]"
-    ]
+async def _sse_payloads(resp: aiohttp.ClientResponse) -> list[Any]:
+    """The JSON payloads of a chat stream's frames, up to its end (`[DONE]` left out)."""
+    reader = SseReader(resp)
+    frames = []
+    while (frame := await reader.frame()) is not None:
+        frames.append(frame)
+    return [orjson.loads(f.data) for f in frames if f.data != "[DONE]"]
 
 
 @pytest.mark.parametrize("recorded", ["same", "other"])
@@ -678,7 +679,7 @@ async def test_a_stream_cut_short_behind_the_runtime_ends_with_the_recorded_answ
 
     monkeypatch.setattr(runtime, "stream", lossy_stream)
     raw = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
-    payloads = _sse_payloads(await raw.text())
+    payloads = await _sse_payloads(raw)
     conversation_id = raw.headers["X-SVC-Conversation-Id"]
     answer = (await chat.wait_for_event(conversation_id, COMPLETED)).data["content"]
     text = "".join(
