@@ -29,10 +29,15 @@ REDACTED = "[redacted]"
 
 
 def is_secret_field(name: str) -> bool:
-    """True for a field named like a secret: a word of its name is hash, secret, token,
-    password (key_hash, push_token, clientSecret, APIToken). Counters such as
-    `prompt_tokens` stay."""
-    return any(word.lower() in _SECRET_WORDS for word in _WORD_SPLIT.split(name) if word)
+    """True for a field named like a secret: a word of its name is, or ends in, hash,
+    secret, token, password (key_hash, push_token, clientSecret, APIToken, and BOTTOKEN or
+    dbpassword, whose words run together). A compound ends in its head noun, so counters
+    such as `prompt_tokens` and names such as `tokenizer` stay."""
+    return any(_ends_in_secret_word(word.lower()) for word in _WORD_SPLIT.split(name) if word)
+
+
+def _ends_in_secret_word(word: str) -> bool:
+    return any(word.endswith(secret) for secret in _SECRET_WORDS)
 
 
 def redact(value: Any) -> Any:

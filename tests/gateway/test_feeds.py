@@ -276,9 +276,13 @@ def test_secret_field_names() -> None:
     for name in (
         *("key_hash", "push_token", "clientSecret", "password", "api-token", "hash"),
         *("APIToken", "JWTSecret", "DBPassword", "OAuthToken"),
+        *("BOTTOKEN", "SLACK_BOTTOKEN", "dbpassword", "x-refreshtoken", "ClientCredential"),
     ):
         assert feeds.is_secret_field(name), name
-    for name in ("prompt_tokens", "total_tokens", "hashtag", "title", "tokenizer", "HTTPSProxy"):
+    for name in (
+        *("prompt_tokens", "total_tokens", "hashtag", "title", "tokenizer", "HTTPSProxy"),
+        *("MAX_TOKENS", "TOKENIZER", "secretary"),
+    ):
         assert not feeds.is_secret_field(name), name
 
 
