@@ -198,6 +198,10 @@ class FeedFanout:
         # provider, a busy pool) finishes on its own and its credential sits out later rounds
         # until it has, so one slow check never holds back every other feed's.
         self.recheck_round_s = 2.0
+        # A check still running after this long is given up (and logged): it would otherwise
+        # hold a slot of `recheck_concurrency` and keep its credential out of every later
+        # round. Its feeds stay open, as on any failure of the check itself.
+        self.check_timeout_s = 30.0
         self.shutting_down = False
         self.cut_off_total = 0
         self.unauthorized_total = 0
@@ -545,7 +549,10 @@ class FeedFanout:
         403), never because the check itself failed (the database briefly out, say)."""
         async with limit:
             try:
-                await conns[0].credential.check()
+                async with asyncio.timeout(self.check_timeout_s):
+                    await conns[0].credential.check()
+            except TimeoutError:
+                log.warning("feed credential check gave up after %.0f s", self.check_timeout_s)
             except SvcError as exc:
                 if exc.http_status not in (401, 403):
                     log.warning("feed credential check failed: %s", exc.message)

@@ -184,6 +184,35 @@ async def test_a_slow_check_does_not_hold_back_another_feeds_revocation(
     slow_resp.close()
 
 
+async def test_a_check_that_never_ends_is_given_up_and_its_credential_checked_again(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check that never returns is cancelled after `check_timeout_s`; the credential then
+    takes part in later rounds again, so its revocation still closes the feed."""
+    fast_sweeps(service, monkeypatch)
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "check_timeout_s", 0.3)
+    _, admin = await new_workspace(service)
+    key_id, key = await new_key(service, admin, ["admin:read"])
+    resp, reader = await open_feed(service, EVENTS, key, start="latest")
+    await reader.frame()
+    (conn,) = [c for conns in hub._by_ws.values() for c in conns if key in str(c.credential.key)]
+    real_check = conn.credential.check
+    hanging = asyncio.Event()
+
+    async def never_ends_once() -> None:
+        conn.credential = feeds.Credential(conn.credential.key, real_check)
+        hanging.set()
+        await asyncio.Event().wait()
+
+    conn.credential = feeds.Credential(conn.credential.key, never_ends_once)
+    async with asyncio.timeout(10):
+        await hanging.wait()
+    await revoke(service, admin, key_id)
+    _, final = await until_closed(resp, reader, 8.0)
+    assert final.json()["error"]["code"] == "unauthorized"
+
+
 async def test_a_revocation_during_a_running_check_gets_a_check_after_it(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
