@@ -51,11 +51,17 @@ OVERLAP = timedelta(minutes=5)
 """Each sweep looks back this far behind where the last one ended: turns a sweep missed
 (its commands lost with a restarting host, say) are found again."""
 
+FULL_SWEEP_EVERY = 60
+"""After this many complete sweeps of the recent window, one looks at every stale turn
+again, however old: a turn whose row reached the read model more than OVERLAP after it
+expired (its projection stopped for a while, say) is found within the hour."""
+
 
 class AbandonedTurnSweep:
     """The sweep of one process. Its first sweep looks at every stale turn, however old
     (left by a crash before this process started); later ones at the turns that went stale
-    since, so each is a few index probes, not a scan of every turn ever recorded.
+    since, so each is a few index probes, not a scan of every turn ever recorded, and every
+    FULL_SWEEP_EVERY-th at every stale turn again.
 
     A turn goes stale at the expiry it recorded as it started, which a budget changed since
     does not move, so the sweep names a turn exactly when its conversation will record it
@@ -68,6 +74,7 @@ class AbandonedTurnSweep:
         self._db = db
         self._runtime = runtime
         self._swept: SweepWindow | None = None
+        self._since_full = 0  # complete sweeps of the recent window since a full one
 
     async def sweep(self, now: datetime | None = None) -> int:
         """Ask the conversations of up to MAX_CONVERSATIONS stale running turns to record
@@ -80,6 +87,7 @@ class AbandonedTurnSweep:
             await _recover(self._runtime, turns, now)
         if len(stale) < MAX_CONVERSATIONS:  # else the next sweep goes on from the same point
             self._swept = window
+            self._since_full = 0 if window.expired[0] is None else self._since_full + 1
         if stale:
             count = sum(len(t.turn_ids) for t in stale)
             log.info("%d turn(s) running past their expiry: asking their conversations", count)
@@ -91,7 +99,7 @@ class AbandonedTurnSweep:
         have no time limit)."""
         age = stale_after(self._settings)
         started_until = None if age is None else now - age
-        last = self._swept
+        last = self._swept if self._since_full < FULL_SWEEP_EVERY else None
         expired_from = None if last is None else last.expired[1] - OVERLAP
         if started_until is None:
             return SweepWindow((expired_from, now), None)

@@ -24,6 +24,7 @@ from actors.conversation import TURN_MARGIN_S
 from gateway.cli import build_parser, cmd_conversations
 from gateway.settings import Settings
 from gateway.state import DATABASE, RUNTIME, SETTINGS
+from gateway import turn_sweep
 from gateway.turn_sweep import AbandonedTurnSweep
 from projections.queries import Turn, analytics, list_turns, overview
 from schemas.errors import InvalidInput
@@ -90,6 +91,29 @@ async def test_a_turn_of_a_stopped_process_is_recorded_abandoned(database_url: s
             figures = (await analytics(db, workspace, since=now - day, until=now + day)).totals
             assert figures.failed == 1 and figures.avg_duration_ms is None
             assert await sweep(datetime.now(UTC) + LATER) == 0
+            resp.close()
+
+
+async def test_a_turn_whose_row_came_after_its_window_is_found_by_a_full_sweep(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweeps look back OVERLAP behind the last one; a turn whose row reached the read
+    model later than that (here: after a sweep long past its expiry) is missed by them and
+    found by the next full sweep."""
+    monkeypatch.setattr(turn_sweep, "FULL_SWEEP_EVERY", 1)
+    workspace = uid("ws-")
+    async with StallingUpstream(MODEL).running() as stub:
+        settings = _settings(database_url, stub.base_url)
+        async with running(settings) as stopped, running(settings) as sweeper:
+            sweep = _sweeper(sweeper).sweep
+            now = datetime.now(UTC)
+            await sweep(now + 2 * LATER)  # a full sweep, before the turn exists
+            key, _ = await stopped.issue_key(workspace, ["chat"])
+            resp, conversation = await _start_stalled_turn(stopped, key)
+            await _turn(sweeper, workspace, conversation, "running")
+            assert await sweep(now + 3 * LATER) == 0  # its expiry is behind this window
+            assert await sweep(now + 4 * LATER) == 1  # the full sweep
+            await _turn(sweeper, workspace, conversation, "failed")
             resp.close()
 
 
