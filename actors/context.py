@@ -255,7 +255,15 @@ class Activation(Generic[S]):
         await self._catch_up()
         store = self._require_store()
         recorded = await store.read_stream(self._key.stream_id, result.first_version)
-        events = tuple(self._decode(r) for r in recorded if r.version <= result.last_version)
+        first_run = [r for r in recorded if r.version <= result.last_version]
+        if first_run and not _same_request(command, first_run[0].metadata):
+            raise Conflict(
+                f"command id {command.command_id!r} was already used for another request "
+                f"({first_run[0].metadata.get('command_type')}) on {self._key.stream_id}; "
+                "send a new Idempotency-Key for a different request",
+                code="idempotency_key_reused",
+            )
+        events = tuple(self._decode(r) for r in first_run)
         return CommandOutcome(
             self._key, events, result.first_version, result.last_version, result.cursor, True
         )
@@ -275,6 +283,9 @@ class Activation(Generic[S]):
             "command_id": command.command_id,
             "actor": self._key.stream_id,
         }
+        digest = command.request_digest()
+        if digest is not None:
+            metadata["request_digest"] = digest
         return NewEvent(type_name, data, schema_version, metadata)
 
     # --- snapshots ----------------------------------------------------------------------
@@ -305,3 +316,14 @@ class Activation(Generic[S]):
         if self._store is None:
             raise StoreRequired.of(self._key.stream_id)
         return self._store
+
+
+def _same_request(command: Command, first_run: dict[str, Any]) -> bool:
+    """Whether the first run of this command id (its first event's metadata) was this
+    request: the same command type, on the same target (Command.target_fields). Events
+    recorded before the metadata named these are taken as the same."""
+    recorded_type = first_run.get("command_type")
+    if recorded_type is not None and recorded_type != type(command).__name__:
+        return False
+    recorded_digest = first_run.get("request_digest")
+    return recorded_digest is None or recorded_digest == command.request_digest()

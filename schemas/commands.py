@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from typing import ClassVar
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.errors import InvalidInput
@@ -64,3 +66,18 @@ class Command(BaseModel):
     this command activates starts empty instead of reading the store. Nothing depends on the
     promise for correctness: were the stream there after all, the first append would meet the
     store's version fence, and the actor reloads and decides again."""
+
+    target_fields: ClassVar[tuple[str, ...]] = ()
+    """The fields naming what the command acts on inside its actor's stream, where one stream
+    holds many things (the workspace's keys, its users' roles). A command id the ledger holds
+    is a retry only when its first run was a command of the same type with equal target
+    fields (ActorContext compares `request_digest`); anything else reused an Idempotency-Key
+    for another request. The rest of a request may differ: its first result stands, as for
+    a chat turn."""
+
+    def request_digest(self) -> str | None:
+        """A digest of the target fields; None for a command without any."""
+        if not self.target_fields:
+            return None
+        target = self.model_dump(mode="json", include=set(self.target_fields))
+        return hashlib.sha256(orjson.dumps(target, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]

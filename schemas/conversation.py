@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     model_serializer,
+    model_validator,
 )
 
 from schemas.commands import Command
@@ -34,6 +35,9 @@ MAX_CONTENT = 1_000_000
 MAX_TOKEN_LIMIT = 1_000_000
 """The largest `max_tokens` a turn takes: above any model's context, so never a real limit."""
 MAX_MESSAGES = 10_000
+MAX_TOKEN_COUNT = 2**31 - 1
+"""The most tokens a turn records, prompt and completion together: the read models keep
+counts as 32-bit integers, and no model's answer comes near."""
 
 Id = Annotated[str, Field(min_length=1, max_length=200)]
 Title = Annotated[str, Field(min_length=1, max_length=MAX_TITLE)]
@@ -147,10 +151,16 @@ class CompleteTurn(Command):
     message_id: Id
     content: str = Field(max_length=MAX_CONTENT)
     finish_reason: str = Field(min_length=1, max_length=64)
-    prompt_tokens: int = Field(ge=0)
-    completion_tokens: int = Field(ge=0)
+    prompt_tokens: int = Field(ge=0, le=MAX_TOKEN_COUNT)
+    completion_tokens: int = Field(ge=0, le=MAX_TOKEN_COUNT)
     duration_ms: int = Field(ge=0)
     at: AwareDatetime
+
+    @model_validator(mode="after")
+    def _total_fits(self) -> CompleteTurn:
+        if self.prompt_tokens + self.completion_tokens > MAX_TOKEN_COUNT:
+            raise ValueError(f"prompt and completion tokens together exceed {MAX_TOKEN_COUNT}")
+        return self
 
 
 class FailTurn(Command):

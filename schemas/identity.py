@@ -123,29 +123,34 @@ class ProvisionUser(IdentityCommand):
 
 
 class UpdateUser(IdentityCommand):
+    target_fields = ("user_id",)
     user_id: Id
     profile: UserProfile
     at: AwareDatetime
 
 
 class DeprovisionUser(IdentityCommand):
+    target_fields = ("user_id",)
     user_id: Id
     at: AwareDatetime
 
 
 class BindRole(IdentityCommand):
+    target_fields = ("user_id", "role")
     user_id: Id
     role: RoleName
     at: AwareDatetime
 
 
 class UnbindRole(IdentityCommand):
+    target_fields = ("user_id", "role")
     user_id: Id
     role: RoleName
     at: AwareDatetime
 
 
 class DefineCustomRole(IdentityCommand):
+    target_fields = ("role",)
     role: RoleName
     permissions: Permissions
     at: AwareDatetime
@@ -153,6 +158,8 @@ class DefineCustomRole(IdentityCommand):
 
 class RecordPasswordSet(IdentityCommand):
     """The password's hash is already in the vault; this records that it changed."""
+
+    target_fields = ("user_id",)
 
     user_id: Id
     at: AwareDatetime
@@ -162,12 +169,15 @@ class LinkApiKey(IdentityCommand):
     """Record that API key `key_id` (issued through the workspace actor) belongs to the user:
     it is revoked when the user is deactivated or deprovisioned."""
 
+    target_fields = ("user_id", "key_id")
+
     user_id: Id
     key_id: Id
     at: AwareDatetime
 
 
 class RecordTotpEnrolled(IdentityCommand):
+    target_fields = ("user_id",)
     user_id: Id
     at: AwareDatetime
 
@@ -194,6 +204,7 @@ class RegisterOAuthClient(IdentityCommand):
 
 
 class RevokeOAuthClient(IdentityCommand):
+    target_fields = ("client_id",)
     client_id: Id
     at: AwareDatetime
 

@@ -41,6 +41,7 @@ def _marker_only(secret: bool, value: str | None, secret_version: str | None = N
 
 
 class SetSetting(Command):
+    target_fields = ("key",)
     key: SettingKey
     value: SettingText | None
     secret: bool = False
@@ -54,6 +55,7 @@ class SetSetting(Command):
 
 
 class UnsetSetting(Command):
+    target_fields = ("key",)
     key: SettingKey
     at: AwareDatetime
 

@@ -71,6 +71,7 @@ class ChangeWorkspaceSetting(Command):
     """Set `key` to `value`; `value=None` with `secret=False` resets it to its default.
     For a secret the value itself is kept outside the log and only the marker is recorded."""
 
+    target_fields = ("key",)
     key: SettingKey
     value: SettingValue | None
     secret: bool = False
@@ -99,6 +100,7 @@ class IssueApiKey(Command):
 
 
 class RevokeApiKey(Command):
+    target_fields = ("key_id",)
     key_id: Id
     at: AwareDatetime
     by: IssuedBy = None

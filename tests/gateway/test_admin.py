@@ -286,6 +286,39 @@ async def test_api_keys_issue_list_revoke(service: Service) -> None:
     assert_error(body)
 
 
+async def test_an_idempotency_key_reused_for_another_revocation_is_refused(
+    service: Service,
+) -> None:
+    """A key already used (for an issue, or for revoking another key) does not make a
+    revocation answer as done: 409, and the key it names stays valid. The same revocation
+    retried with its own key gets its first result."""
+    ws = uid("ws-")
+    admin = await service.issue_key(ws, ("admin:read", "admin:write"))
+    first, second = [
+        await service.post_json("/v1/admin/apikeys", admin, {"name": n, "scopes": ["admin:read"]}, 201)
+        for n in ("first", "second")
+    ]
+    used_for_issue = {"Idempotency-Key": uid("issue-")}
+    await service.post_json(
+        "/v1/admin/apikeys", admin, {"name": "third", "scopes": ["chat"]}, 201, **used_for_issue
+    )
+    revoke_first = {"Idempotency-Key": uid("revoke-")}
+    done = await service.post_json(
+        f"/v1/admin/apikeys/{first['id']}/revoke", admin, None, **revoke_first
+    )
+    assert done == await service.post_json(
+        f"/v1/admin/apikeys/{first['id']}/revoke", admin, None, **revoke_first
+    )
+    for reused in (used_for_issue, revoke_first):
+        for target in (second["id"], "key_nope"):
+            body = await service.post_json(
+                f"/v1/admin/apikeys/{target}/revoke", admin, None, 409, **reused
+            )
+            assert_error(body, "idempotency_key_reused")
+    await service.settle(done["cursor"])
+    assert (await service.get_json("/v1/admin/overview", second["key"]))["workspace_id"] == ws
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -68,8 +68,12 @@ class Service:
         assert resp.status == status, body
         return orjson.loads(body)
 
-    async def post_json(self, path: str, key: str, body: Any, status: int = 200) -> Any:
-        resp = await self.http.post(self.url(path), headers=self.auth(key), json=body)
+    async def post_json(
+        self, path: str, key: str, body: Any, status: int = 200, **headers: str
+    ) -> Any:
+        resp = await self.http.post(
+            self.url(path), headers={**self.auth(key), **headers}, json=body
+        )
         data = await resp.read()
         assert resp.status == status, data
         return orjson.loads(data)

@@ -156,6 +156,20 @@ async def test_a_retried_create_answers_with_the_first_agent(chat: Chat) -> None
     assert status == 200 and len(listed["agents"]) == 1
 
 
+async def test_an_update_with_the_creates_idempotency_key_is_refused(chat: Chat) -> None:
+    """The key of the create, sent again on an update of that agent, names another request:
+    409, and the update is not answered as if it had been made."""
+    key = {"Idempotency-Key": uid("idem-")}
+    body = {"name": uid("ada-"), "model": UPSTREAM_MODEL, "system_prompt": PROMPT}
+    status, agent = await send(chat, "POST", AGENTS, body, **key)
+    assert status == 201, agent
+    patch = {"system_prompt": "changed"}
+    status, error = await send(chat, "PATCH", f"{AGENTS}/{agent['id']}", patch, **key)
+    assert status == 409 and error["error"]["code"] == "idempotency_key_reused", error
+    status, current = await send(chat, "GET", f"{AGENTS}/{agent['id']}")
+    assert status == 200 and current["system_prompt"] == PROMPT
+
+
 async def test_scopes_and_validation(chat: Chat) -> None:
     reader = await chat.issue_key(chat.workspace, scopes=("admin:read",))
     status, error = await send(chat, "POST", AGENTS, {"name": "x", "model": "m"}, key=reader)
