@@ -8,7 +8,7 @@ a usage chunk when `stream_options.include_usage` is set, then `data: [DONE]`.
 
 Tests script it through the `StubUpstream` object: queue `Fault`s (an HTTP error status for
 the next call), set `delay_s` (wait before answering), `drop_after` (cut the connection after
-that many chunks), `reply` (fixed text) or `finish_reason`; `calls`, `bodies` and `headers`
+that many chunks), `reply` (fixed text), `finish_reason` or `usage`; `calls`, `bodies` and `headers`
 record what came in.
 """
 
@@ -48,6 +48,8 @@ class StubUpstream:
         self.drop_after: int | None = None
         self.finish_reason: str | None = None
         """When set, the finish reason of every answer, whatever it is."""
+        self.usage: dict[str, Any] | None = None
+        """When set, the usage every answer reports, whatever it is."""
         self.faults: deque[Fault] = deque()
         self.calls = 0
         self.bodies: list[dict[str, Any]] = []
@@ -114,6 +116,8 @@ class StubUpstream:
             "completion_tokens": len(words),
             "total_tokens": prompt + len(words),
         }
+        if self.usage is not None:
+            usage = self.usage
         model = str(body.get("model", "stub"))
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -451,6 +451,6 @@ def _usage(value: object) -> Usage | None:
         return None
     prompt = value.get("prompt_tokens")
     completion = value.get("completion_tokens")
-    if isinstance(prompt, int) and isinstance(completion, int):
+    if type(prompt) is int and type(completion) is int:  # a JSON true is no count
         return Usage(prompt_tokens=prompt, completion_tokens=completion)
     return None

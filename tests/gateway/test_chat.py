@@ -621,6 +621,8 @@ async def test_a_key_in_the_services_own_namespace_is_refused(chat: Chat) -> Non
     [
         ("finish_reason", "finish_reason"),  # over the 64 characters a recorded reason holds
         ("reply", "NUL"),  # PostgreSQL's jsonb cannot hold U+0000
+        ("usage", "prompt_tokens"),  # beyond the read models' 32-bit counts
+        ("total", "together exceed"),  # each count fits, their sum does not
     ],
 )
 async def test_an_answer_the_log_cannot_record_fails_the_turn(
@@ -630,6 +632,10 @@ async def test_an_answer_the_log_cannot_record_fails_the_turn(
     turn ends recorded as failed rather than left running."""
     if fault == "finish_reason":
         chat.stub.finish_reason = "x" * 100
+    elif fault == "usage":
+        chat.stub.usage = {"prompt_tokens": 2**63 - 1, "completion_tokens": 2**63 - 1}
+    elif fault == "total":
+        chat.stub.usage = {"prompt_tokens": 2**31 - 1, "completion_tokens": 1}
     else:
         chat.stub.reply = "half\x00way"
     raw = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": stream})

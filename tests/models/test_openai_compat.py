@@ -65,6 +65,15 @@ async def test_streams_each_chunk_as_a_delta_then_usage(stub: Any) -> None:
     assert stub.headers[0]["Authorization"] == f"Bearer {API_KEY}"
 
 
+async def test_a_usage_of_booleans_is_no_count(stub: Any) -> None:
+    stub.usage = {"prompt_tokens": True, "completion_tokens": True}
+    finished = (await collect(provider(stub.base_url), request()))[-1]
+    assert isinstance(finished, Finished)
+    usage = finished.usage
+    assert type(usage.prompt_tokens) is int and type(usage.completion_tokens) is int
+    assert usage.completion_tokens == 5  # counted from the deltas instead
+
+
 async def test_sampling_parameters_not_sent_when_blank(stub: Any) -> None:
     await collect(provider(stub.base_url), request())
     assert "temperature" not in stub.bodies[0]
