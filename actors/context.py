@@ -184,6 +184,11 @@ class Activation(Generic[S]):
                     raise
                 return await self._duplicate(command, first)
             if not events:
+                # Nothing to do on this state, which a first run of this command id may have
+                # made (a retried rename finds the title set): a retry gets that run's result.
+                first = await self._first_run(command)
+                if first is not None:
+                    return await self._duplicate(command, first)
                 return CommandOutcome(self._key, (), self._version, self._version, "")
             try:
                 result = await store.append(

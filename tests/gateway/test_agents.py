@@ -156,6 +156,18 @@ async def test_a_retried_create_answers_with_the_first_agent(chat: Chat) -> None
     assert status == 200 and len(listed["agents"]) == 1
 
 
+async def test_a_retried_update_answers_with_the_first_result(chat: Chat) -> None:
+    """The retry finds the agent already as asked, so it would change nothing: it still gets
+    the first update's answer, its cursor included, not an empty one."""
+    agent = await create_agent(chat)
+    key = {"Idempotency-Key": uid("idem-")}
+    patch = {"description": "retried"}
+    first = await send(chat, "PATCH", f"{AGENTS}/{agent['id']}", patch, **key)
+    second = await send(chat, "PATCH", f"{AGENTS}/{agent['id']}", patch, **key)
+    assert first[0] == second[0] == 200
+    assert first[1]["cursor"] and second[1] == first[1]
+
+
 async def test_an_update_with_the_creates_idempotency_key_is_refused(chat: Chat) -> None:
     """The key of the create, sent again on an update of that agent, names another request:
     409, and the update is not answered as if it had been made."""
