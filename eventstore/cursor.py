@@ -46,4 +46,11 @@ def decode_cursor(cursor: str | None) -> LogPoint:
         raise InvalidCursor("malformed cursor: it does not decode; omit it to start over") from None
     if max(tx, position) > _MAX_INT8:  # xid8 and bigint: the log holds nothing out there
         raise InvalidCursor("malformed cursor: it points outside the log; omit it to start over")
-    return LogPoint(tx, position)
+    point = LogPoint(tx, position)
+    # The decoder also takes `+` and `/` and ignores the last character's spare bits, so an
+    # edited cursor could decode to some other point; only the one spelling issued stands.
+    if encode_cursor(point) != cursor:
+        raise InvalidCursor(
+            "malformed cursor: it was not issued by the service; pass it back unchanged"
+        )
+    return point
