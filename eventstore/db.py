@@ -83,6 +83,13 @@ def translate_errors() -> Iterator[None]:
     except asyncpg.InterfaceError as exc:
         if isinstance(exc, ValueError):
             raise StoreError(f"event store query got bad parameters: {exc}") from exc
+        if "released back to the pool" in str(exc):
+            # The pool detaches a connection the server terminated from its holder, and says
+            # so in words that point at the caller; the cause is the server's.
+            raise StoreUnavailable(
+                "the event store connection was closed by the database (terminated or lost); "
+                "retry shortly"
+            ) from exc
         # Closed connection or pool, connection lost mid-query: nothing a retry can't fix.
         raise StoreUnavailable(
             f"the event store connection is unusable ({type(exc).__name__}: {exc}); retry shortly"

@@ -18,6 +18,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
+
 from eventstore.db import Connection, Database
 from eventstore.tasks import cancel_and_wait, wait_set
 
@@ -73,7 +75,7 @@ class CommitNotifier:
     @property
     def listening(self) -> bool:
         """True while the LISTEN connection is up (other processes' commits reach us)."""
-        return self._listen_conn is not None and not self._listen_conn.is_closed()
+        return self._listen_conn is not None and not _closed(self._listen_conn)
 
     def add_listener(self, cb: Listener) -> None:
         self._listeners.append(cb)
@@ -132,7 +134,7 @@ class CommitNotifier:
         # and every other process would hear of their commits that much later. The lock keeps
         # it from overlapping the liveness ping on the same connection.
         conn = self._listen_conn
-        if conn is not None and not conn.is_closed():
+        if conn is not None and not _closed(conn):
             # asyncio.timeout rather than wait_for: on Python 3.11, wait_for swallows a
             # cancellation that lands as the awaited call finishes, and stop() then waited
             # for this loop forever.
@@ -176,8 +178,11 @@ class CommitNotifier:
                 await self._watch(conn)
             finally:
                 self._listen_conn = None
-                conn.remove_termination_listener(self._on_terminated)
-                if not conn.is_closed():
+                # On a terminated connection asyncpg has already detached the pool's proxy,
+                # and this raises InterfaceError, which would hide why the session ended.
+                with contextlib.suppress(Exception):
+                    conn.remove_termination_listener(self._on_terminated)
+                if not _closed(conn):
                     # asyncpg warns about a connection released with a listener attached.
                     with contextlib.suppress(Exception):
                         async with asyncio.timeout(1.0):
@@ -186,7 +191,7 @@ class CommitNotifier:
     async def _watch(self, conn: Connection) -> None:
         while self._running:
             await wait_set(self._lost, self._ping_s)
-            if self._lost.is_set() or conn.is_closed():
+            if self._lost.is_set() or _closed(conn):
                 return
             # A half-open TCP connection never reports termination; a ping does. The deadline
             # covers the wait for the lock too: a NOTIFY stuck on the same connection counts.
@@ -205,3 +210,12 @@ class CommitNotifier:
             return
         self.notifies_received += 1
         self._wake_local()
+
+
+def _closed(conn: Connection) -> bool:
+    """Whether the connection is gone. Once the server terminated it, the pool detaches it
+    from its holder and every call on it raises InterfaceError, `is_closed` included."""
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:
+        return True

@@ -295,7 +295,9 @@ async def test_an_idempotency_key_reused_for_another_revocation_is_refused(
     ws = uid("ws-")
     admin = await service.issue_key(ws, ("admin:read", "admin:write"))
     first, second = [
-        await service.post_json("/v1/admin/apikeys", admin, {"name": n, "scopes": ["admin:read"]}, 201)
+        await service.post_json(
+            "/v1/admin/apikeys", admin, {"name": n, "scopes": ["admin:read"]}, 201
+        )
         for n in ("first", "second")
     ]
     used_for_issue = {"Idempotency-Key": uid("issue-")}
