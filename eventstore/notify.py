@@ -216,6 +216,6 @@ def _closed(conn: Connection) -> bool:
     """Whether the connection is gone. Once the server terminated it, the pool detaches it
     from its holder and every call on it raises InterfaceError, `is_closed` included."""
     try:
-        return conn.is_closed()
+        return bool(conn.is_closed())
     except asyncpg.InterfaceError:
         return True
