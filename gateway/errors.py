@@ -16,6 +16,8 @@ from typing import Any, TypeVar, overload
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ValidationError
 
@@ -37,6 +39,7 @@ _HTTP_CODES: dict[int, tuple[str, str]] = {
     411: ("invalid_request_error", "length_required"),
     413: ("invalid_request_error", "payload_too_large"),
     415: ("invalid_request_error", "unsupported_media_type"),
+    417: ("invalid_request_error", "expectation_failed"),
     429: ("rate_limit_error", "rate_limit_exceeded"),
 }
 
@@ -118,6 +121,11 @@ def _http_message(exc: web.HTTPException) -> str:
         return f"method not allowed; allowed: {allowed}" if allowed else "method not allowed"
     if exc.status == 413:
         return "request body too large (limit set by SVC_MAX_BODY_BYTES)"
+    if exc.status == 417:
+        return (
+            "the Expect header names an expectation this server does not meet (only "
+            "100-continue); send the request without it"
+        )
     return exc.reason or f"HTTP {exc.status}"
 
 
@@ -234,13 +242,24 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The request body; larger than the app's client_max_size -> PayloadTooLarge (413)."""
+    """The request body; larger than the app's client_max_size -> PayloadTooLarge (413); one
+    that does not decode as its Content-Encoding or chunked framing says -> 400."""
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(
             f"request body too large: the limit is {request.client_max_size} bytes "
             "(SVC_MAX_BODY_BYTES)"
+        ) from None
+    except RequestPayloadError as exc:
+        # Raised from the decoder's own error: a body not in its Content-Encoding, a broken
+        # chunked framing. aiohttp's text names the encoding, never the bytes.
+        cause = exc.__cause__ if isinstance(exc.__cause__, BadHttpMessage) else exc
+        detail = cause.message if isinstance(cause, BadHttpMessage) else str(cause)
+        raise InvalidInput(
+            f"the request body could not be read ({detail.strip() or 'undecodable'}); send "
+            "it as its Content-Encoding says, or without a Content-Encoding",
+            code="invalid_body",
         ) from None
 
 

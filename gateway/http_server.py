@@ -2,7 +2,8 @@
 
 aiohttp answers some requests before any handler or middleware runs: a request its parser
 refuses (a request line or header that is not HTTP, a line over 8,190 bytes, a bad chunked
-body) and a handler that fails outside the middleware chain. It writes those as plain text;
+body), an `Expect` header it does not know (417) and a handler that fails outside the
+middleware chain. It writes those as plain text;
 here they carry the spec's envelope like every other error, and the connection is still closed
 after them (the byte stream may be out of step with the requests).
 
@@ -16,15 +17,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_log import AccessLogger
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
-from gateway.errors import CLIENT_CLOSED, CLIENT_GONE, internal_error, status_envelope
+from gateway.errors import (
+    CLIENT_CLOSED,
+    CLIENT_GONE,
+    from_http_exception,
+    internal_error,
+    status_envelope,
+)
 
 log = logging.getLogger(__name__)
+
+_RawHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 MALFORMED_REQUEST = (
     "malformed HTTP request: the request line, a header or the chunked body could not be "
@@ -60,10 +70,35 @@ class EnvelopeRequestHandler(RequestHandler):
         response.force_close()
         return response
 
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        # After a response, aiohttp reads what is left of the request body, and a body that
+        # does not decode (the handler answered 400 for it) raises again there: the client's
+        # doing, not an error of the service to log with a traceback.
+        if isinstance(kw.get("exc_info"), RequestPayloadError):
+            log.info("dropped a connection whose request body does not decode")
+            self.force_close()
+            return
+        super().log_exception(*args, **kw)
+
 
 class _EnvelopeServer(web.Server):
     def __call__(self) -> RequestHandler:
         return EnvelopeRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+def _enveloping(handler: _RawHandler) -> _RawHandler:
+    """The application's entry point, with the HTTP errors it raises before its middleware
+    chain runs (a route's expect handler refusing an `Expect` header: 417) in the envelope."""
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return from_http_exception(exc)
+
+    return handle
 
 
 class _ClosedByClient:
@@ -98,7 +133,7 @@ class GatewayRunner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         plain = await super()._make_server()  # runs the application's startup
         return _EnvelopeServer(
-            plain.request_handler,
+            _enveloping(plain.request_handler),
             request_factory=plain.request_factory,
             handler_cancellation=plain.handler_cancellation,
             loop=asyncio.get_running_loop(),

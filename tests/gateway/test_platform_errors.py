@@ -56,6 +56,33 @@ async def test_malformed_json_and_validation(database_url: str) -> None:
         assert status == 200 and body == {"name": "ok", "count": 2}
 
 
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br", "x-unknown"])
+async def test_a_body_that_is_not_in_its_content_encoding_is_400(
+    database_url: str, encoding: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running(settings_for(database_url)) as svc:
+        headers = {"Content-Encoding": encoding, "Content-Type": "application/json"}
+        status, body, _ = await svc.request("POST", ECHO, data=b'{"name": "x"}', headers=headers)
+        assert status in (400, 415), body
+        assert_envelope(body)
+        status, _, _ = await svc.request("GET", "/healthz")  # still serving
+        assert status == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_an_expect_header_the_server_does_not_know_gets_the_envelope(
+    database_url: str,
+) -> None:
+    async with running(settings_for(database_url)) as svc:
+        headers = {"Expect": "foo"}
+        status, body, _ = await svc.request("POST", ECHO, json={"name": "x"}, headers=headers)
+        assert status == 417
+        assert "Expect" in str(assert_envelope(body, "expectation_failed")["message"])
+        status, body, _ = await svc.request("GET", "/healthz", headers=headers)
+        assert status == 417
+        assert_envelope(body, "expectation_failed")
+
+
 async def test_oversized_body_is_413(database_url: str) -> None:
     settings = settings_for(database_url, SVC_MAX_BODY_BYTES="2048")
     async with running(settings) as svc:
