@@ -17,6 +17,8 @@ from actors.models.tokens import estimate_prompt_tokens
 
 OFFLINE_MODEL = "svc-offline"
 _ECHO_WORDS = 40
+_ECHO_CHARS = 400
+"""At most this much of the message is quoted back, however long its words."""
 _WORD = re.compile(r"\S+\s*")
 
 
@@ -60,7 +62,11 @@ def compose_reply(messages: Iterable[ChatMessage]) -> str:
     if not words:
         said = "You sent no user message, so there is nothing to answer yet."
     else:
-        digest = " ".join(words[:_ECHO_WORDS]) + (" ..." if len(words) > _ECHO_WORDS else "")
+        digest = " ".join(words[:_ECHO_WORDS])
+        if len(digest) > _ECHO_CHARS:  # a word may be as long as a message
+            digest = digest[:_ECHO_CHARS] + " ..."
+        elif len(words) > _ECHO_WORDS:
+            digest += " ..."
         plural = "" if len(words) == 1 else "s"
         said = f'You said ({len(words)} word{plural}): "{digest}"'
     return (

@@ -46,6 +46,16 @@ async def test_offline_reply_names_itself_and_reflects_the_last_user_message() -
     assert finished.usage.prompt_tokens == 2 + 2 + 2 + 6 + 4 * 3
 
 
+@pytest.mark.parametrize("message", ["a" * 999_990, "word " * 199_000])
+async def test_offline_quotes_a_bounded_part_of_a_long_message(message: str) -> None:
+    """A message as long as a message may be (one word of it, or many) is answered with a
+    reply of ordinary length, never one over what a recorded message holds."""
+    events = await run(request(message))
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert len(text) < 1_000 and text.count("...") == 1
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "stop"
+
+
 async def test_offline_is_deterministic() -> None:
     assert await run(request("same words")) == await run(request("same words"))
 
