@@ -242,6 +242,7 @@ class _Turn:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     turn: _Turn | None = None
+    ids: _RequestIds | None = None
     try:
         principal = await _admitted(request)
         ids = _request_ids(request, principal)
@@ -260,9 +261,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if exc.code == "idempotency_key_reused" and turn and not turn.command.continue_only:
             # The conversation the key would have started was never used: name none.
             request.pop(_CONVERSATION_KEY, None)
+        _unless_started(request, ids, turn)
         raise
     except ValidationError:
         TURN_ERRORS.labels("invalid_request").inc()  # a 400, as gateway/errors.py maps it
+        _unless_started(request, ids, turn)
         raise
     except ConnectionResetError:
         raise  # the client left before its stream started; the turn goes on and is recorded
@@ -285,6 +288,13 @@ async def _admitted(request: web.Request) -> Principal:
             if named is not None:
                 request[_CONVERSATION_KEY] = named
         raise
+
+
+def _unless_started(request: web.Request, ids: _RequestIds | None, turn: _Turn | None) -> None:
+    """A request refused before its turn was built (validation, scope, an unknown model)
+    started no conversation: its response names one only when the client did."""
+    if turn is None and ids is not None and not ids.named_by_client:
+        request.pop(_CONVERSATION_KEY, None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -504,6 +504,29 @@ async def test_a_client_cannot_name_a_new_conversation(chat: Chat) -> None:
     assert chat.stub.calls == 0
 
 
+async def test_a_request_refused_before_its_turn_names_no_new_conversation(chat: Chat) -> None:
+    """A 400, 403 or 404 before the turn started leaves no conversation behind, so the
+    answer names none; with a conversation the client named, it names that one."""
+    first = await chat.raw_post({"model": OFFLINE, "messages": HELLO})
+    existing = first.headers["X-SVC-Conversation-Id"]
+    reader = await chat.issue_key(chat.workspace, ("admin:read",))
+    refusals = [
+        ({"model": OFFLINE, "messages": []}, chat.key, 400),
+        ({"model": OFFLINE, "messages": HELLO, "temperature": 7}, chat.key, 400),
+        ({"model": "no-such-model", "messages": HELLO}, chat.key, 404),
+        ({"model": OFFLINE, "messages": HELLO}, reader, 403),
+    ]
+    for body, key, status in refusals:
+        for named in ({}, {"X-SVC-Conversation-Id": existing}):
+            resp = await chat.service.http.post(
+                chat.service.url("/v1/chat/completions"),
+                headers=chat.service.auth(key, **named),
+                json=body,
+            )
+            assert resp.status == status, await resp.text()
+            assert resp.headers.get("X-SVC-Conversation-Id") == (existing if named else None)
+
+
 async def test_malformed_conversation_header_is_a_bad_request(chat: Chat) -> None:
     with pytest.raises(openai.BadRequestError):
         await chat.client().chat.completions.create(
