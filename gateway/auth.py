@@ -29,6 +29,9 @@ KEY_RANDOM_CHARS = 40
 CACHE_TTL_S = 2.0
 CACHE_MAX = 10_000
 CHAT_PATH = "/v1/chat/completions"
+MODELS_PATH = "/v1/models"
+COMPATIBLE_PATHS = frozenset({CHAT_PATH, MODELS_PATH})
+"""The OpenAI-compatible endpoint, where SVC_PERSONAL_API_KEYS=off refuses issued keys."""
 CHAT_SCOPE = "chat"
 SCOPES = frozenset({"admin:read", "admin:write", "*", "mcp", CHAT_SCOPE})
 
@@ -139,7 +142,7 @@ class Authenticator:
         if record is None:
             raise Unauthorized("invalid API key")
         _check_usable(record)
-        if request.path == CHAT_PATH and not self._settings.flag("SVC_PERSONAL_API_KEYS"):
+        if request.path in COMPATIBLE_PATHS and not self._settings.flag("SVC_PERSONAL_API_KEYS"):
             raise Unauthorized(
                 "personal API keys are disabled on this endpoint (SVC_PERSONAL_API_KEYS=off)"
             )

@@ -54,7 +54,7 @@ from actors.models.port import ModelProvider, TextDelta
 from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
-from gateway.auth import CHAT_PATH, CHAT_SCOPE, authenticate, require_scope
+from gateway.auth import CHAT_PATH, CHAT_SCOPE, MODELS_PATH, authenticate, require_scope
 from gateway.errors import client_gone, error_body, internal_failure, read_json
 from gateway.openapi import document
 from gateway.sse import open_sse, send_event
@@ -77,7 +77,6 @@ log = logging.getLogger(__name__)
 
 CONVERSATION_HEADER = "X-SVC-Conversation-Id"
 CURSOR_HEADER = "X-SVC-Cursor"
-MODELS_PATH = "/v1/models"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 _CONVERSATION_KEY: web.RequestKey[str] = web.RequestKey("svc_conversation_id", str)
