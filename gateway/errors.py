@@ -17,8 +17,8 @@ from typing import Any, TypeVar, overload
 import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
-from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.typedefs import Handler
+from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
 
 from gateway.metrics import HTTP_ERRORS

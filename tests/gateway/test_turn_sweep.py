@@ -21,10 +21,10 @@ import pytest
 from platform_support import Running, StallingUpstream, running, settings_for, uid
 
 from actors.conversation import TURN_MARGIN_S
+from gateway import turn_sweep
 from gateway.cli import build_parser, cmd_conversations
 from gateway.settings import Settings
 from gateway.state import DATABASE, RUNTIME, SETTINGS
-from gateway import turn_sweep
 from gateway.turn_sweep import AbandonedTurnSweep
 from projections.queries import Turn, analytics, list_turns, overview
 from schemas.errors import InvalidInput
