@@ -30,6 +30,8 @@ class Fault:
     status: int
     message: str = "stub upstream failure"
     retry_after_s: float | None = None
+    content_type: str | None = None
+    """When set, `message` is the whole body, of this type, not an OpenAI error document."""
 
 
 class StubUpstream:
@@ -98,6 +100,10 @@ class StubUpstream:
             headers = {}
             if fault.retry_after_s is not None:
                 headers["Retry-After"] = f"{fault.retry_after_s:g}"
+            if fault.content_type is not None:
+                return web.Response(
+                    text=fault.message, status=fault.status, content_type=fault.content_type
+                )
             return web.json_response(
                 {"error": {"message": fault.message, "type": "stub_error", "code": None}},
                 status=fault.status,

@@ -229,7 +229,8 @@ class OpenAICompatProvider:
                     ):
                         yield event
                     return
-                async for event in _from_stream(resp.content, messages, self._api_key):
+                stream = _from_stream(resp.content, messages, self._api_key, resp.content_type)
+                async for event in stream:
                     yield event
         except aiohttp.ServerTimeoutError:
             raise TimeoutError from None
@@ -324,12 +325,17 @@ def _message(message: ChatMessage) -> dict[str, str]:
 
 
 async def _from_stream(
-    content: aiohttp.StreamReader, messages: tuple[ChatMessage, ...], api_key: str | None
+    content: aiohttp.StreamReader,
+    messages: tuple[ChatMessage, ...],
+    api_key: str | None,
+    content_type: str,
 ) -> AsyncIterator[ModelEvent]:
     finish_reason: str | None = None
     usage: Usage | None = None
     completion_words = 0
+    seen_data = False
     async for data in _sse_data(content):
+        seen_data = True
         if data == "[DONE]":
             break
         chunk = _json_object(data)
@@ -349,6 +355,15 @@ async def _from_stream(
             if isinstance(reason, str) and reason:
                 finish_reason = reason
     else:
+        if not seen_data:
+            # Not a stream cut short (which a retry may mend) but no stream at all: an HTML
+            # page, a proxy's answer. Asking again gets the same.
+            raise UpstreamError(
+                f"model server answered 200 with neither a chat completion nor an event "
+                f"stream (Content-Type: {content_type}); check that SVC_LLM_GATEWAY_URL is "
+                "an OpenAI-compatible API",
+                code="upstream_bad_stream",
+            )
         if finish_reason is None:
             raise _Transient("stream ended before the answer finished")
     if usage is None:

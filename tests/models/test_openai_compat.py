@@ -65,6 +65,17 @@ async def test_streams_each_chunk_as_a_delta_then_usage(stub: Any) -> None:
     assert stub.headers[0]["Authorization"] == f"Bearer {API_KEY}"
 
 
+async def test_a_200_that_is_no_stream_is_not_retried(stub: Any) -> None:
+    """An HTML page with status 200 (a login portal, a misrouted URL) is no stream cut short:
+    asking again gets the same page, so it fails at once, naming what came back."""
+    stub.faults.append(stub_upstream.Fault(200, "<html>hi</html>", content_type="text/html"))
+    stub.faults.append(stub_upstream.Fault(200, "<html>hi</html>", content_type="text/html"))
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url), request())
+    assert caught.value.code == "upstream_bad_stream" and "text/html" in caught.value.message
+    assert stub.calls == 1
+
+
 async def test_a_usage_of_booleans_is_no_count(stub: Any) -> None:
     stub.usage = {"prompt_tokens": True, "completion_tokens": True}
     finished = (await collect(provider(stub.base_url), request()))[-1]
