@@ -7,6 +7,7 @@ import asyncio
 import logging
 import re
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 
@@ -114,6 +115,18 @@ METRICS_REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey(
 )
 
 
+@dataclass
+class _OpenApiBody:
+    """The OpenAPI document, serialised on first use. Building it renders every model's
+    JSON schema (about 50 ms, on the event loop), and the routes it describes are fixed
+    once the app serves, so it is built once per process rather than per request."""
+
+    body: bytes | None = None
+
+
+OPENAPI_BODY: web.AppKey[_OpenApiBody] = web.AppKey("svc_openapi_body", _OpenApiBody)
+
+
 def json_response(model: BaseModel, status: int = 200) -> web.Response:
     return web.Response(
         status=status, body=model.model_dump_json(), content_type="application/json"
@@ -205,8 +218,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def openapi_json(request: web.Request) -> web.Response:
-    document = openapi.build_document(request.app, build_version())
-    return web.Response(body=orjson.dumps(document), content_type="application/json")
+    cached = request.app[OPENAPI_BODY]
+    if cached.body is None:
+        cached.body = orjson.dumps(openapi.build_document(request.app, build_version()))
+    return web.Response(body=cached.body, content_type="application/json")
 
 
 def _asset(name: str) -> str:
@@ -308,6 +323,7 @@ def _document_routes() -> None:
 def add_routes(app: web.Application) -> None:
     app[READINESS] = ReadinessProbe()
     app[CLIENT_LOG_LIMITER] = ClientLogLimiter()
+    app[OPENAPI_BODY] = _OpenApiBody()
     setup_metrics(app)
     router = app.router
     router.add_get("/healthz", healthz)

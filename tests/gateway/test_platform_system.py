@@ -11,6 +11,8 @@ import asyncpg
 import pytest
 from platform_support import WHOAMI, running, settings_for, uid
 
+from gateway import openapi
+
 
 async def test_health_ping_time(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
@@ -93,10 +95,17 @@ async def test_metrics_have_no_tenant_or_request_labels(database_url: str) -> No
         assert not names & forbidden, names
 
 
-async def test_openapi_document_is_3_1_and_covers_the_routes(database_url: str) -> None:
+async def test_openapi_document_is_3_1_and_covers_the_routes(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    builds = []
+    real_build = openapi.build_document
+    monkeypatch.setattr(openapi, "build_document", lambda *a: builds.append(1) or real_build(*a))
     async with running(settings_for(database_url)) as svc:
         status, doc, _ = await svc.request("GET", "/openapi.json")
         assert status == 200
+        assert (await svc.request("GET", "/openapi.json"))[1] == doc
+        assert len(builds) == 1  # built once, not on every request (it blocks the loop)
         assert doc["openapi"].startswith("3.1")
         assert doc["info"]["version"] == "v1.0" and doc["info"]["title"]
         schemas = doc["components"]["schemas"]
