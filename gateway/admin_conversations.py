@@ -31,6 +31,14 @@ from schemas.errors import NotFound
 _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
 _PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
 _BACKTICKS = re.compile(r"`+")
+# Terminal controls (an ESC sequence, BEL, the C1 set) would act when a downloaded export is
+# shown with `cat`: they are written as visible escapes. A message keeps its line breaks and
+# tabs; the JSON export keeps every character as sent.
+_CONTROLS = {
+    code: f"\\x{code:02x}"
+    for code in [*range(0x20), 0x7F, *range(0x80, 0xA0)]
+    if chr(code) not in "\n\t"
+}
 
 
 def summary(c: queries.Conversation) -> ConversationSummary:
@@ -147,7 +155,7 @@ def to_markdown(export: ConversationExport) -> str:
         author = f"{m.role} ({_line(m.name)})" if m.name else m.role
         fence = "`" * max(3, _longest_backtick_run(m.content) + 1)
         lines += ["", f"## {author} · {m.created_at.isoformat()}", "", f"{fence}text"]
-        lines += [m.content, fence]
+        lines += [_visible(m.content), fence]
     return "\n".join(lines) + "\n"
 
 
@@ -155,7 +163,11 @@ def _line(text: str) -> str:
     """One line of literal text: whitespace collapsed, and every ASCII punctuation character
     backslash-escaped (CommonMark allows it for all of them), so a title or a name reads as
     itself, never as emphasis, a link, an entity or inline HTML."""
-    return _PUNCTUATION.sub(r"\\\g<0>", " ".join(text.split()))
+    return _PUNCTUATION.sub(r"\\\g<0>", _visible(" ".join(text.split())))
+
+
+def _visible(text: str) -> str:
+    return text.replace("\r\n", "\n").translate(_CONTROLS)
 
 
 def _longest_backtick_run(text: str) -> int:
