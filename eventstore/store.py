@@ -136,6 +136,12 @@ def _validate_append(
         raise InvalidAppend("an append needs a workspace id")
     if not command_id:
         raise InvalidAppend("an append needs a command id (the idempotency key)")
+    for name, value in (
+        ("stream id", stream_id),
+        ("workspace id", workspace_id),
+        ("command id", command_id),
+    ):
+        _check_id(name, value)
     if not events:
         raise InvalidAppend(f"append to {stream_id!r} has no events")
     if len(events) > _MAX_BATCH:
@@ -147,11 +153,34 @@ def _validate_append(
     for e in events:
         if not e.type:
             raise InvalidAppend(f"append to {stream_id!r} has an event without a type")
+        _check_id("event type", e.type)
         # A list would reach the driver as one more array dimension and be flattened.
         if not isinstance(e.data, dict) or not isinstance(e.metadata, dict):
             raise InvalidAppend(f"event {e.type!r}: data and metadata must be JSON objects")
         if not 0 < e.schema_version < 2**15:
             raise InvalidAppend(f"event {e.type!r} has schema version {e.schema_version}")
+
+
+_MAX_ID_CHARS = 500
+"""Ids and types are keys of B-tree indexes, whose entries hold at most about 2,700 bytes:
+500 characters of UTF-8 stay under that whatever they are."""
+
+
+def _check_id(name: str, value: str) -> None:
+    """Refuse an id the tables cannot key, naming it (a NUL or a lone surrogate, which
+    PostgreSQL text cannot hold; one too long for its index)."""
+    if len(value) > _MAX_ID_CHARS:
+        raise InvalidAppend(f"the {name} is longer than {_MAX_ID_CHARS} characters")
+    if "\x00" in value or (not value.isascii() and not _encodable(value)):
+        raise InvalidAppend(f"the {name} holds a NUL or a lone surrogate, which cannot be stored")
+
+
+def _encodable(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 _AppendRow = tuple[bool, str, int, int, int, int]

@@ -241,6 +241,11 @@ class EventStoreContract:
             # Data and metadata are JSON objects: a list would be flattened by the driver.
             ("s", [NewEvent(type="t", data=[1]), NewEvent(type="t", data=[2])], "c", WS),  # type: ignore[arg-type]
             ("s", [NewEvent(type="t", data={}, metadata=[1])], "c", WS),  # type: ignore[arg-type]
+            # Ids the tables cannot key: a NUL, a lone surrogate, more than an index entry holds.
+            ("s\x00", [NewEvent(type="t", data={})], "c", WS),
+            ("s", [NewEvent(type="t\ud800", data={})], "c", WS),
+            ("s", [NewEvent(type="t", data={})], "c" * 3_000, WS),
+            ("s", [NewEvent(type="t", data={})], "c", "w\x00s"),
         ],
     )
     async def test_invalid_appends_are_refused(
@@ -258,6 +263,16 @@ class EventStoreContract:
                 expected_version=None,
                 command_id=command_id,
                 workspace_id=workspace_id,
+            )
+
+    async def test_a_refused_id_is_named(self, store: EventStore) -> None:
+        with pytest.raises(InvalidAppend, match="stream id holds a NUL"):
+            await store.append(
+                "s\x00", [ev()], expected_version=None, command_id=cmd(), workspace_id=WS
+            )
+        with pytest.raises(InvalidAppend, match="command id is longer"):
+            await store.append(
+                stream(), [ev()], expected_version=None, command_id="c" * 501, workspace_id=WS
             )
 
     async def test_repeated_event_ids_are_refused(self, store: EventStore) -> None:
