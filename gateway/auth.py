@@ -200,13 +200,35 @@ def require_instance_admin(principal: Principal, request: web.Request, what: str
         )
 
 
-def check_delegation(principal: Principal, scopes: tuple[str, ...]) -> None:
+def holds_owner_power(principal: Principal) -> bool:
+    """Whether the owner rule lets the principal act on owners. A credential of no user (a
+    workspace key, an OAuth client) answers to no role, so it has no rule to be held to; a
+    user's (a session, an OIDC token, a key of the user's) only when they are an owner."""
+    return principal.user_id is None or "owner" in principal.attributes.get("roles", "").split(
+        ","
+    )
+
+
+def check_delegation(
+    principal: Principal, scopes: tuple[str, ...], *, for_user: bool = False
+) -> None:
     """No principal may mint a credential (API key, OAuth client) with admin scopes it lacks:
-    otherwise write access to keys alone would be a path to every right."""
+    otherwise write access to keys alone would be a path to every right. A credential of no
+    user (`for_user` False) that may write (`*`, `admin:write`) holds owner power
+    (`holds_owner_power`), so only a principal holding it may mint one: an admin who is no
+    owner would otherwise mint a key that may grant them `owner`."""
     admin = [s for s in scopes if s.startswith("admin:") or s == "*"]
     if not all(principal.allows(s) for s in admin):
         raise Forbidden(
             "a credential cannot carry admin scopes its issuer lacks", code="insufficient_scope"
+        )
+    writes = any(s in ("*", "admin:write") for s in admin)
+    if writes and not for_user and not holds_owner_power(principal):
+        raise Forbidden(
+            "only an owner may mint a credential of no user with admin write scopes (it is "
+            "bound by no role); issue a key of your own user instead, which acts within your "
+            "roles (POST /v1/admin/users/{id}/apikeys)",
+            code="owner_only",
         )
 
 

@@ -218,6 +218,8 @@ async def user_api_keys(db: Database, workspace_id: str, user_id: str) -> list[s
 class KeyOwner:
     """The user an API key belongs to, as authentication needs them."""
 
+    user_id: str
+    user_name: str
     blocked: bool
     """Deactivated or deprovisioned: the key is refused."""
     roles: tuple[str, ...]
@@ -233,7 +235,8 @@ async def key_owner(db: Database, workspace_id: str, key_id: str) -> KeyOwner | 
     async with db.acquire(stateless=True) as conn:
         row = await conn.fetchrow(
             f"""
-            SELECT u.deleted OR u.active IS FALSE AS blocked, {_ROLES_OF_U}
+            SELECT u.user_id, u.user_name, u.deleted OR u.active IS FALSE AS blocked,
+                   {_ROLES_OF_U}
             FROM identity_user_api_keys k
             JOIN identity_users u ON u.workspace_id = k.workspace_id AND u.user_id = k.user_id
             WHERE k.workspace_id = $1 AND k.key_id = $2
@@ -241,7 +244,9 @@ async def key_owner(db: Database, workspace_id: str, key_id: str) -> KeyOwner | 
             workspace_id,
             key_id,
         )
-    return None if row is None else KeyOwner(bool(row["blocked"]), tuple(row["roles"]))
+    if row is None:
+        return None
+    return KeyOwner(row["user_id"], row["user_name"], bool(row["blocked"]), tuple(row["roles"]))
 
 
 async def find_scim_token(db: Database, token_hash: str) -> ScimTokenRow | None:

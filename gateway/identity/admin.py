@@ -15,10 +15,24 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from actors.behaviour import CommandOutcome
 from actors.identity import directory_key, session_key
 from actors.workspace import workspace_key
-from gateway.auth import check_delegation, generate_key, hash_key, require_instance_admin
+from gateway.auth import (
+    check_delegation,
+    generate_key,
+    hash_key,
+    holds_owner_power,
+    require_instance_admin,
+)
 from gateway.errors import read_json, read_query
 from gateway.identity.authn import acting
-from gateway.identity.common import actor_of, command_id, json, new_id, now, user_view
+from gateway.identity.common import (
+    actor_of,
+    command_id,
+    json,
+    new_id,
+    now,
+    signed_in_user,
+    user_view,
+)
 from gateway.identity.oauth import new_client_credentials, secret_hash
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password
 from gateway.identity.roles import allowed
@@ -243,10 +257,11 @@ async def cut_off(
 
 
 def _check_owner_rights(principal: Principal, roles: tuple[str, ...] | list[str]) -> None:
-    if "owner" not in roles or principal.user_id is None:
-        return
-    if "owner" not in principal.attributes.get("roles", "").split(","):
-        raise Forbidden("only an owner may grant or remove the owner role", code="owner_only")
+    if "owner" in roles and not holds_owner_power(principal):
+        raise Forbidden(
+            "only an owner may grant or remove the owner role, or manage an owner",
+            code="owner_only",
+        )
 
 
 def _check_holds(principal: Principal, permissions: dict[str, Access], what: str) -> None:
@@ -273,7 +288,7 @@ async def check_grantable(
 async def check_manageable(ident: Identity, principal: Principal, user: UserRow) -> None:
     """Changing, deactivating, deleting a user or setting their password needs every right the
     user holds (and owner for an owner): no one takes over an account stronger than theirs."""
-    if principal.user_id is not None and principal.user_id == user.user_id:
+    if signed_in_user(principal) == user.user_id:
         return
     _check_owner_rights(principal, user.roles)
     perms = await role_permissions(ident.db, user.workspace_id, user.roles)
@@ -332,8 +347,16 @@ async def get_user_handler(request: web.Request) -> web.Response:
 
 
 async def patch_user(request: web.Request) -> web.Response:
-    principal = await acting(request, "users", "write")
+    principal = await acting(request, "users", "read")
+    oneself = signed_in_user(principal) == request.match_info["id"]
+    if not oneself:
+        await acting(request, "users", "write")
     body = await read_json(request, UserPatch)
+    if oneself and "active" in body.model_fields_set:
+        raise Forbidden(
+            "you cannot deactivate or reactivate your own account; ask another admin",
+            code="insufficient_scope",
+        )
     ident = identity(request)
     user = await live_user(ident, principal.workspace_id, request.match_info["id"])
     await check_manageable(ident, principal, user)
@@ -387,7 +410,7 @@ async def delete_user(request: web.Request) -> web.Response:
 async def put_password(request: web.Request) -> web.Response:
     user_id = request.match_info["id"]
     principal = await acting(request, "users", "read")
-    if principal.user_id != user_id:
+    if signed_in_user(principal) != user_id:
         await acting(request, "users", "write")
     body = await read_json(request, PasswordBody)
     ident = identity(request)
@@ -458,10 +481,11 @@ async def issue_user_key(request: web.Request) -> web.Response:
     unknown = sorted(set(body.scopes) - API_KEY_SCOPES)
     if unknown:
         raise InvalidInput(f"unknown scopes {unknown}", code="invalid_scope")
-    check_delegation(principal, body.scopes)
+    check_delegation(principal, body.scopes, for_user=True)
     ident = identity(request)
     ws = principal.workspace_id
     user = await live_user(ident, ws, request.match_info["id"])
+    await check_manageable(ident, principal, user)  # a key acts as its user: no owner's for you
     key, key_id = generate_key(), new_id("key_")
     issue = IssueApiKey(
         command_id=command_id(request),

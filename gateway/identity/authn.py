@@ -119,7 +119,18 @@ async def key_principal(request: web.Request, ident: Identity) -> Principal:
     if owner.blocked:
         raise Unauthorized("invalid API key: it has been revoked")
     rights = scopes_for(await role_permissions(ident.db, principal.workspace_id, owner.roles))
-    return replace(principal, scopes=within_rights(principal.scopes, rights))
+    # The key acts as its user: the owner rule and every other check that looks at who the
+    # user is (their roles, the accounts stronger than theirs) apply to it as to a session.
+    return replace(
+        principal,
+        scopes=within_rights(principal.scopes, rights),
+        user_id=owner.user_id,
+        attributes={
+            **principal.attributes,
+            "user_name": owner.user_name,
+            "roles": ",".join(owner.roles),
+        },
+    )
 
 
 async def _resolve(request: web.Request) -> Principal:

@@ -26,15 +26,29 @@ SCIM_ACTOR: web.RequestKey[str] = web.RequestKey("svc_scim_actor", str)
 
 
 def describe(principal: Principal) -> str:
-    """Who a principal is, for the audit log (never a secret)."""
-    if principal.user_id:
-        return f"user:{principal.user_id}"
+    """Who a principal is, for the audit log (never a secret): the key, for a key of a
+    user too (the key's own list names its user)."""
     if principal.key_id:
         return f"key:{principal.key_id}"
+    if principal.user_id:
+        return f"user:{principal.user_id}"
     client = principal.attributes.get("client_id")
     if client:
         return f"oauth:{client}"
     return principal.attributes.get("auth", "system")
+
+
+SIGNED_IN = frozenset({"session", "oidc"})
+
+
+def signed_in_user(principal: Principal) -> str | None:
+    """The user who signed in themselves (a session, an OIDC token): None for a key, even
+    one of a user. What a user may always do to their own account (edit the profile, change
+    the password, enrol TOTP) needs the person, not a credential that acts for them: a key
+    with read rights must not be a way to a new password and a full session."""
+    if principal.attributes.get("auth") in SIGNED_IN:
+        return principal.user_id
+    return None
 
 
 def actor_of(request: web.Request) -> str:

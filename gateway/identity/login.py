@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from actors.identity import audit_key, directory_key, session_key
 from gateway.errors import read_json
 from gateway.identity.authn import identify
-from gateway.identity.common import actor_of, command_id, json, new_id, now
+from gateway.identity.common import actor_of, command_id, json, new_id, now, signed_in_user
 from gateway.identity.ldap import BIND_SECRET, config_from, ldap_authenticate
 from gateway.identity.passwords import verify_password
 from gateway.identity.service import Identity, identity
@@ -334,9 +334,10 @@ async def logout(request: web.Request) -> web.Response:
 
 
 def _user_of(principal: Principal) -> str:
-    if principal.user_id is None:
+    user_id = signed_in_user(principal)
+    if user_id is None:
         raise Unauthorized("this endpoint needs a signed-in user (session or OIDC token)")
-    return principal.user_id
+    return user_id
 
 
 async def current(request: web.Request) -> web.Response:

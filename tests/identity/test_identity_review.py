@@ -107,6 +107,86 @@ async def test_write_on_users_alone_cannot_escalate(database_url: str) -> None:
             assert status == 204
 
 
+async def test_an_admin_cannot_reach_owner_power_through_a_credential(database_url: str) -> None:
+    """A key of the admin's own user acts as the admin (the owner rule holds for it); a
+    credential of no user with admin scopes, which answers to no rule, is not the admin's to
+    mint; nor is a key on an owner's account."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        owner = await svc.create_user(key, "boss", PASSWORD, roles=["owner"])
+        admin = await svc.create_user(key, "eve", PASSWORD, roles=["admin"])
+        status, body, browser = await svc.login("eve", PASSWORD)
+        assert status == 200, body
+        csrf = {"X-CSRF-Token": body["csrf_token"]}
+
+        async def as_eve(path: str, payload: Any) -> tuple[int, Any]:
+            status, out, _ = await svc.request(
+                "POST", path, session=browser, headers=csrf, json=payload
+            )
+            return status, out
+
+        async with browser:
+            minted = {"name": "mine", "scopes": ["admin:write"]}
+            for path in ("/v1/admin/apikeys", "/v1/admin/oauth/clients"):
+                status, err = await as_eve(path, minted)
+                assert status == 403 and err["error"]["code"] == "owner_only", (path, err)
+            status, err = await as_eve(f"/v1/admin/users/{owner['id']}/apikeys", minted)
+            assert status == 403 and err["error"]["code"] == "owner_only", err
+            status, chat_key = await as_eve("/v1/admin/apikeys", {"name": "c", "scopes": ["chat"]})
+            assert status == 201, chat_key
+            status, own = await as_eve(f"/v1/admin/users/{admin['id']}/apikeys", minted)
+            assert status == 201, own
+
+        eve_key = own["key"]
+        status, me, _ = await svc.request("GET", "/v1/admin/auth/session", eve_key)
+        assert status == 200 and me["user_id"] == admin["id"]
+        for method, path, payload in (
+            ("POST", f"/v1/admin/users/{admin['id']}/roles", {"role": "owner"}),
+            ("PUT", f"/v1/admin/users/{owner['id']}/password", {"password": "pwned-pwned"}),
+            ("PATCH", f"/v1/admin/users/{owner['id']}", {"display_name": "pwned"}),
+            ("POST", f"/v1/admin/users/{owner['id']}/apikeys", minted),
+        ):
+            status, err, _ = await svc.request(method, path, eve_key, json=payload)
+            assert status == 403 and err["error"]["code"] == "owner_only", (path, err)
+        status, _, b = await svc.login("boss", PASSWORD)  # the owner's password stands
+        await b.close()
+        assert status == 200
+
+
+async def test_a_user_edits_their_own_profile_but_not_through_a_key(database_url: str) -> None:
+    """Signed in, a member changes their own profile and password, not their own `active`;
+    a key of theirs acts with their roles, and a read key cannot set their password."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        member = await svc.create_user(key, "mia", PASSWORD, roles=["member"])
+        path = f"/v1/admin/users/{member['id']}"
+        status, body, browser = await svc.login("mia", PASSWORD)
+        async with browser:
+            csrf = {"X-CSRF-Token": body["csrf_token"]}
+            status, out, _ = await svc.request(
+                "PATCH", path, session=browser, headers=csrf, json={"display_name": "Mia"}
+            )
+            assert status == 200 and out["display_name"] == "Mia", out
+            status, err, _ = await svc.request(
+                "PATCH", path, session=browser, headers=csrf, json={"active": False}
+            )
+            assert status == 403, err
+            status, own, _ = await svc.request(
+                "POST",
+                f"{path}/apikeys",
+                key,
+                json={"name": "read", "scopes": ["admin:read"]},
+            )
+            assert status == 201, own
+        status, err, _ = await svc.request(
+            "PUT", f"{path}/password", own["key"], json={"password": "taken-over-now"}
+        )
+        assert status == 403, err
+        status, _, b = await svc.login("mia", PASSWORD)
+        await b.close()
+        assert status == 200
+
+
 async def test_parallel_and_reworded_guesses_share_the_account_limit(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         key = await svc.issue_key()
@@ -312,13 +392,17 @@ async def test_platform_key_endpoint_cannot_mint_rights_the_user_lacks(database_
         assert status == 201
         await svc.create_user(key, "clerk", PASSWORD, roles=["key-clerk"])
         await svc.create_user(key, "adm3", PASSWORD, roles=["admin"])
+        await svc.create_user(key, "own3", PASSWORD, roles=["owner"])
         cases = (
             ("clerk", ["*"], 403),
             ("clerk", ["admin:write"], 403),
             ("clerk", ["admin:read"], 403),
             ("clerk", ["chat"], 201),
             ("adm3", ["*"], 403),
-            ("adm3", ["admin:write", "admin:read"], 201),
+            # A key of no user is held to no owner rule: an owner's to mint, not an admin's.
+            ("adm3", ["admin:write", "admin:read"], 403),
+            ("adm3", ["chat"], 201),
+            ("own3", ["admin:write", "admin:read"], 201),
         )
         for user, scopes, expected in cases:
             status, body, browser = await svc.login(user, PASSWORD)
@@ -332,7 +416,7 @@ async def test_platform_key_endpoint_cannot_mint_rights_the_user_lacks(database_
                 )
             assert status == expected, (user, scopes, out)
             if expected == 403:
-                assert out["error"]["code"] == "insufficient_scope"
+                assert out["error"]["code"] in ("insufficient_scope", "owner_only")
         # Keys themselves are not limited by the guard (an admin:write key is the bootstrap).
         status, _, _ = await svc.request(
             "POST", "/v1/admin/apikeys", key, json={"name": "k", "scopes": ["*"]}
