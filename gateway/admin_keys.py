@@ -131,9 +131,12 @@ async def revoke_key(request: web.Request) -> web.Response:
     )
     outcome = await _execute(request, principal, command)
     request.app[AUTH].forget_key(command.key_id)  # refused at once by this process
-    if outcome.events:
-        return ok(RevokedApiKey(id=command.key_id, revoked_at=command.at, cursor=outcome.cursor))
-    # Revoked before: nothing was written; answer with the revocation that stands.
+    # The revocation this command recorded, now or on its first run (a retry's own time is
+    # not when the key was revoked).
+    revoked = next((e for e in outcome.events if isinstance(e, ApiKeyRevoked)), None)
+    if revoked is not None:
+        return ok(RevokedApiKey(id=revoked.key_id, revoked_at=revoked.at, cursor=outcome.cursor))
+    # Revoked before by another command: nothing was written; answer with the one that stands.
     earlier = await _recorded_revocation(request, principal.workspace_id, command.key_id)
     return ok(earlier)
 
