@@ -205,6 +205,10 @@ class Database:
             "statement_timeout": str(statement_timeout_ms),
             "idle_in_transaction_session_timeout": str(idle_in_tx_timeout_ms),
             "application_name": "svc",
+            # Every date computed in SQL is a UTC one (day buckets, `date_trunc`, the steps of
+            # `generate_series`), whatever time zone the server or database defaults to: with
+            # one that keeps summer time a day is not always 24 hours.
+            "TimeZone": "UTC",
         }
         try:
             with translate_errors():

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
+import asyncpg
 from projection_events import (
     T0,
     append,
@@ -24,8 +25,8 @@ from projection_events import (
     workspace_created,
 )
 
-from eventstore import Database, PostgresEventStore
-from projections import ProjectionRunner, default_projectors, queries
+from eventstore import STORE_MIGRATIONS, Database, PostgresEventStore, apply_migrations
+from projections import PROJECTION_MIGRATIONS, ProjectionRunner, default_projectors, queries
 
 WS = "ws-alpha"
 
@@ -180,3 +181,31 @@ async def test_running_turn_and_analytics(store: PostgresEventStore, db: Databas
     hourly = await queries.analytics(db, WS, since=T0, until=T0 + timedelta(hours=3), bucket="hour")
     assert [b.figures.turns for b in hourly.series] == [2, 0, 0]
     assert hourly.totals.turns == 2
+
+
+async def test_day_buckets_are_utc_days_whatever_the_database_time_zone(
+    database_url: str,
+) -> None:
+    """A database whose default time zone keeps summer time (Europe/Berlin, which leaves it
+    on 2026-10-25): the buckets still start at UTC midnights and add up to the totals."""
+    admin = await asyncpg.connect(database_url)
+    try:
+        name = await admin.fetchval("SELECT current_database()")
+        await admin.execute(f"ALTER DATABASE \"{name}\" SET timezone = 'Europe/Berlin'")
+    finally:
+        await admin.close()
+    db = await Database.connect(database_url, max_size=4)
+    try:
+        await apply_migrations(db, [STORE_MIGRATIONS, PROJECTION_MIGRATIONS])
+        store = PostgresEventStore(db)
+        for cid, day in (("before", 24), ("after", 27)):
+            when = datetime(2026, 10, day, 12, 0, tzinfo=UTC)
+            await chat(store, WS, cid, 1, first_minute=(when - T0).total_seconds() / 60)
+        await ProjectionRunner(db, default_projectors()).catch_up()
+        since, until = datetime(2026, 10, 20, tzinfo=UTC), datetime(2026, 10, 30, tzinfo=UTC)
+        result = await queries.analytics(db, WS, since=since, until=until, bucket="day")
+    finally:
+        await db.close()
+    assert result.totals.turns == 2
+    assert sum(b.figures.turns for b in result.series) == 2
+    assert [b.start for b in result.series] == [since + timedelta(days=n) for n in range(10)]
