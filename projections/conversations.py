@@ -14,6 +14,7 @@ from schemas.conversation import (
     ConversationRenamed,
     ConversationStarted,
     ConversationTagged,
+    TurnFailed,
     UserMessageReceived,
 )
 from schemas.events import Event
@@ -38,6 +39,14 @@ UPDATE conversations SET {set}, updated_at = greatest(updated_at, $3)
 WHERE workspace_id = $1 AND id = $2
 """
 
+# A failed turn (its model call refused, timed out, or the turn recorded as abandoned) moves
+# the conversation's `updated_at` as the actor's state does. A started turn needs no statement
+# of its own: it is recorded with its user message, at the same time.
+_ENDED = """
+UPDATE conversations SET updated_at = greatest(updated_at, $3)
+WHERE workspace_id = $1 AND id = $2
+"""
+
 
 class ConversationsProjector(Projector):
     name: ClassVar[str] = "conversations"
@@ -52,6 +61,7 @@ class ConversationsProjector(Projector):
             ConversationTagged: self._tagged,
             ConversationMovedToFolder: self._moved,
             ConversationDeleted: self._deleted,
+            TurnFailed: self._failed,
         }
 
     async def _started(self, conn: Connection, rec: RecordedEvent, ev: ConversationStarted) -> None:
@@ -90,6 +100,9 @@ class ConversationsProjector(Projector):
             None,
             False,
         )
+
+    async def _failed(self, conn: Connection, rec: RecordedEvent, ev: TurnFailed) -> None:
+        await conn.execute(_ENDED, rec.workspace_id, ev.conversation_id, ev.at)
 
     async def _renamed(self, conn: Connection, rec: RecordedEvent, ev: ConversationRenamed) -> None:
         await conn.execute(

@@ -151,6 +151,28 @@ async def test_conversations_messages_and_turns(store: PostgresEventStore, db: D
     )
 
 
+async def test_a_failed_turn_moves_the_conversations_updated_at(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """As the actor's state does: a conversation whose last turn failed (or was recorded as
+    abandoned) was updated then, and lists before one whose last message came in between."""
+    stream = "conversation:slow"
+    await append(
+        store,
+        WS,
+        stream,
+        started(WS, "slow", 0),
+        user_message("slow", "m1", "hi", 1, "t1"),
+        turn_started("slow", "t1", 1),
+    )
+    await chat(store, WS, "quick", 1, first_minute=2)
+    await append(store, WS, stream, turn_failed("slow", "t1", 5))
+    await ProjectionRunner(db, default_projectors()).catch_up()
+
+    items, _ = await queries.list_conversations(db, WS, limit=10)
+    assert [(c.id, c.updated_at) for c in items] == [("slow", at(5)), ("quick", at(3))]
+
+
 async def test_running_turn_and_analytics(store: PostgresEventStore, db: Database) -> None:
     await chat(store, WS, "c1", 2)  # turns at minutes 1 and 2, 7 tokens each
     stream = "conversation:c1"
