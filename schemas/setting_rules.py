@@ -8,11 +8,18 @@ from __future__ import annotations
 import zoneinfo
 from collections.abc import Callable
 from typing import Literal
+from urllib.parse import urlsplit
 
 import orjson
 
 TextRule = Literal[
-    "header_value", "string_map", "ldap_user_filter", "timezone", "workspace_id", "llm_provider"
+    "header_value",
+    "string_map",
+    "ldap_user_filter",
+    "timezone",
+    "workspace_id",
+    "llm_provider",
+    "http_url",
 ]
 
 OFFLINE_PROVIDERS = frozenset({"offline", "svc-offline"})
@@ -63,6 +70,22 @@ def _workspace_id(raw: str) -> bool:
     return len(text) <= MAX_WORKSPACE_ID and text.isprintable()
 
 
+def _http_url(raw: str) -> bool:
+    # Refused here, not where it is used: a URL that does not parse failed only at its first
+    # use (a redirect answered 500, a model call reported as a broken stream).
+    text = raw.strip()
+    if not text:
+        return True
+    if any(ch.isspace() or not ch.isprintable() for ch in text):
+        return False
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 def _llm_provider(raw: str) -> bool:
     return raw.strip().lower() in AUTO_PROVIDERS | OFFLINE_PROVIDERS | UPSTREAM_PROVIDERS
 
@@ -82,6 +105,10 @@ TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
     "llm_provider": (
         _llm_provider,
         "blank or auto, offline, or openai (also openai-compat, compatible)",
+    ),
+    "http_url": (
+        _http_url,
+        "blank or an absolute http:// or https:// URL with a host, e.g. https://svc.example.com",
     ),
 }
 """Each rule's check, and what a valid value looks like (for the error message)."""

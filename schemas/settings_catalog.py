@@ -1402,6 +1402,28 @@ _VENDOR_DEFAULT = (
     "the spec names a vendor default without giving it; blank = the provider's default"
 )
 
+_HTTP_URL_KEYS = (
+    "SVC_PUBLIC_URL",
+    "SVC_LLM_GATEWAY_URL",
+    "SVC_NATIVE_BASE_URL",
+    "SVC_SUBSCRIPTION_BASE_URL",
+    "SVC_CLOUDSTT_URL",
+    "SVC_IMAGE_BASE_URL",
+    "SVC_STT_SUBSCRIPTION_URL",
+    "SVC_STT_URL",
+    "SVC_TTS_URL",
+    "SVC_VIDEO_URL",
+    "SVC_EMBEDDER_URL",
+    "SVC_MEMORY_URL",
+    "SVC_RERANKER_URL",
+    "REMOTE_AGENT_GATEWAY_BASE_URL",
+    "CHATBOT_PUBLIC_URL",
+    "SVC_OIDC_ISSUER",
+    "SVC_OIDC_JWKS_URL",
+    "SVC_SAML_ROOT_URL",
+)
+"""Settings holding the HTTP(S) URL of a server or of this service."""
+
 # Refinements the tables state in prose: choices, bounds, bool dialects, notes on ambiguities.
 _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_PERSONAL_API_KEYS": {"bool_mode": "off_disables"},
@@ -1423,6 +1445,7 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
         "compatible); any other value is refused",
     },
     "SVC_CSP": {"rule": "header_value"},
+    **{key: {"rule": "http_url"} for key in _HTTP_URL_KEYS},
     "SVC_LDAP_ROLE_MAPPINGS": {"rule": "string_map"},
     "SVC_SAML_ROLE_MAPPINGS": {"rule": "string_map"},
     "SVC_LDAP_USER_FILTER": {"rule": "ldap_user_filter"},

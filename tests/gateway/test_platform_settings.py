@@ -114,6 +114,11 @@ SHAPED_TEXT_SETTINGS = {
     "SVC_TIMEZONE": (("Not/AZone", "../etc/passwd", "Europe"), ("UTC", "utc", "Europe/Paris")),
     "SVC_DEFAULT_WORKSPACE_ID": (("w" * 201, "tab\there"), ("default", "acme corp", "w" * 200)),
     "SVC_NATIVE_COMPAT_WORKSPACE": (("w" * 201,), ("", "compat-ws")),
+    "SVC_PUBLIC_URL": (
+        ("https://host:99999", "not a url", "ftp://files", "https://", "http://a b", "x\ny"),
+        ("", "https://svc.example.com", "http://127.0.0.1:8780/", "http://[::1]:8080"),
+    ),
+    "SVC_LLM_GATEWAY_URL": (("localhost:8000/v1", "http://h:-1"), ("http://llm:8000/v1",)),
 }
 
 
