@@ -65,9 +65,10 @@ def _timezone(raw: str) -> bool:
 
 
 def _workspace_id(raw: str) -> bool:
-    # What CreateWorkspace takes (schemas/workspace.py): printable, spaces inside allowed.
+    # What CreateWorkspace takes (schemas/workspace.py): printable, spaces inside allowed, not
+    # one of the service's own ids (they start with "_").
     text = raw.strip()
-    return len(text) <= MAX_WORKSPACE_ID and text.isprintable()
+    return len(text) <= MAX_WORKSPACE_ID and text.isprintable() and not text.startswith("_")
 
 
 def _http_url(raw: str) -> bool:
@@ -100,7 +101,8 @@ TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
     "timezone": (_timezone, "an IANA time zone such as UTC or Europe/Paris"),
     "workspace_id": (
         _workspace_id,
-        f"a workspace id of at most {MAX_WORKSPACE_ID} printable characters",
+        f"a workspace id of at most {MAX_WORKSPACE_ID} printable characters, not starting "
+        "with _ (the service's own)",
     ),
     "llm_provider": (
         _llm_provider,

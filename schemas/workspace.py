@@ -50,6 +50,11 @@ def _secret_has_no_value(secret: bool, value: str | None) -> None:
 # --- commands -------------------------------------------------------------------------------
 
 
+RESERVED_WORKSPACE_PREFIX = "_"
+"""Workspace ids of the service's own records (schemas/settings.py INSTANCE_WORKSPACE_ID):
+no tenant's workspace may take one, or its keys would read the instance's events."""
+
+
 class CreateWorkspace(Command):
     name: Name
     at: AwareDatetime
@@ -63,6 +68,11 @@ class CreateWorkspace(Command):
             raise ValueError(
                 "a workspace id must be printable text without control characters or "
                 "leading and trailing spaces"
+            )
+        if workspace_id.startswith(RESERVED_WORKSPACE_PREFIX):
+            raise ValueError(
+                f"workspace ids starting with {RESERVED_WORKSPACE_PREFIX!r} are the service's "
+                "own (its instance settings are recorded under one); choose another id"
             )
         return workspace_id
 

@@ -83,6 +83,8 @@ def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
         ("apikeys", "create", "--scopes", "chat", "--name", "n" * 300),
         ("apikeys", "create", "--scopes", "chat", "--workspace", " acme"),
         ("apikeys", "create", "--scopes", "chat", "--workspace", "ac\x01me"),
+        # The service's own workspace, whose events are the instance settings.
+        ("apikeys", "create", "--scopes", "admin:read", "--workspace", "_instance"),
     ):
         done = svc(data_dir, *args)
         assert done.returncode == 2, (args, done.stderr)

@@ -112,7 +112,10 @@ SHAPED_TEXT_SETTINGS = {
     "SVC_SAML_ROLE_MAPPINGS": (("[1,2]", "{"), ('{"admins": "admin"}',)),
     "SVC_LDAP_USER_FILTER": (("(uid=foo)", "uid=%s"), ("", "(&(objectClass=person)(uid=%s))")),
     "SVC_TIMEZONE": (("Not/AZone", "../etc/passwd", "Europe"), ("UTC", "utc", "Europe/Paris")),
-    "SVC_DEFAULT_WORKSPACE_ID": (("w" * 201, "tab\there"), ("default", "acme corp", "w" * 200)),
+    "SVC_DEFAULT_WORKSPACE_ID": (
+        ("w" * 201, "tab\there", "_instance", "_mine"),
+        ("default", "acme corp", "w" * 200, "mine_"),
+    ),
     "SVC_NATIVE_COMPAT_WORKSPACE": (("w" * 201,), ("", "compat-ws")),
     "SVC_PUBLIC_URL": (
         ("https://host:99999", "not a url", "ftp://files", "https://", "http://a b", "x\ny"),
