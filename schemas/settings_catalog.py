@@ -1497,6 +1497,8 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_ACTOR_IDLE_SEC": {"min_value": 1.0},
     "SVC_ACTOR_MAX_ACTIVE": {"min_value": 1.0},
     "SVC_ACTOR_HOSTS": {"min_value": 0.0, "max_value": 1024.0},
+    # A century: further back than that is before any timestamp PostgreSQL computes from it.
+    "SVC_AUDIT_RETENTION_DAYS": {"min_value": 0.0, "max_value": 36500.0},
     "SVC_MAX_BODY_BYTES": {"min_value": 1024.0, "storable": False, "note": _BUILD_TIME},
     "SVC_SHUTDOWN_GRACE_SEC": {"storable": False, "note": _BUILD_TIME},
     "SVC_DATABASE_URL": {"storable": False, "note": _NOT_STORABLE},

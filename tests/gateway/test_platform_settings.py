@@ -90,6 +90,9 @@ def test_validation_errors_say_what_is_expected() -> None:
         parse(get_spec("SVC_SUBSCRIPTION_REASONING_EFFORT"), "minimal")
     with pytest.raises(InvalidInput, match="boolean"):
         parse(get_spec("SVC_CODE_EXEC"), "maybe")
+    # Beyond what the daily audit pruning can compute a date from: refused when set.
+    with pytest.raises(InvalidInput, match="from 0 to 36500"):
+        parse(get_spec("SVC_AUDIT_RETENTION_DAYS"), "100000000")
     with pytest.raises(InvalidInput, match="from the environment"):
         Settings({"SVC_LLM_RETRIES": "-1"})
     # A typo here would silently trust no proxy (or the wrong one): refused, not ignored.
