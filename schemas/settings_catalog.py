@@ -175,8 +175,13 @@ def parse_networks(raw: str) -> tuple[Network, ...]:
     return tuple(out)
 
 
+MAX_VALUE_CHARS = 100_000
+"""The longest value any setting takes, secret or not (schemas/settings.py SettingText)."""
+
+
 def parse(spec: SettingSpec, raw: str) -> SettingValue:
     """Validate `raw` for `spec` and return the typed value (bool, int, seconds or text)."""
+    _check_storable(spec, raw)
     if spec.type == "bool":
         return _parse_bool(spec, raw)
     if spec.type == "int":
@@ -202,6 +207,21 @@ def parse(spec: SettingSpec, raw: str) -> SettingValue:
     if spec.rule is not None and not TEXT_RULES[spec.rule][0](raw):
         raise _invalid(spec, raw)
     return raw
+
+
+def _check_storable(spec: SettingSpec, raw: str) -> None:
+    # Checked before the value goes anywhere, the secrets' vault included: PostgreSQL text
+    # cannot hold a NUL, and a secret's value never passes through SettingText's bound.
+    if "\x00" in raw:
+        raise InvalidInput(
+            f"invalid value for {spec.key}: a setting cannot hold a NUL character",
+            code="invalid_setting_value",
+        )
+    if len(raw) > MAX_VALUE_CHARS:
+        raise InvalidInput(
+            f"invalid value for {spec.key}: at most {MAX_VALUE_CHARS:,} characters",
+            code="invalid_setting_value",
+        )
 
 
 def parse_or_coerce(spec: SettingSpec, raw: str) -> SettingValue:

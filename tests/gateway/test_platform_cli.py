@@ -149,6 +149,17 @@ def test_settings_set_reads_the_value_from_stdin_when_omitted(data_dir: Path) ->
     assert bad.returncode == 2 and "SVC_LLM_RETRIES" in bad.stderr
     empty = set_from_stdin("SVC_LLM_RETRIES", "")
     assert empty.returncode == 2 and "no value for SVC_LLM_RETRIES" in empty.stderr
+    # What no setting can hold is the operator's error, named, secret or not.
+    for key, text in (
+        ("SVC_INBOUND_SECRET", "sec\x00ret"),
+        ("SVC_AGENT_JUDGE_PROMPT", "a\x00b"),
+        ("SVC_INBOUND_SECRET", "s" * 100_001),
+    ):
+        refused = set_from_stdin(key, text)
+        assert refused.returncode == 2 and f"invalid value for {key}" in refused.stderr, (
+            refused.stderr
+        )
+        assert "store" not in refused.stderr and text not in refused.stderr
     # `unset` takes no value and reads nothing.
     done = svc(data_dir, "settings", "unset", "SVC_LLM_RETRIES")
     assert done.returncode == 0, done.stderr
