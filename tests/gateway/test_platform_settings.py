@@ -93,6 +93,9 @@ def test_validation_errors_say_what_is_expected() -> None:
     # Beyond what the daily audit pruning can compute a date from: refused when set.
     with pytest.raises(InvalidInput, match="from 0 to 36500"):
         parse(get_spec("SVC_AUDIT_RETENTION_DAYS"), "100000000")
+    # What no setting can hold: named, before any shape is looked at.
+    with pytest.raises(InvalidInput, match="for SVC_CSP: a setting cannot hold a NUL"):
+        parse(get_spec("SVC_CSP"), "a\x00")
     with pytest.raises(InvalidInput, match="from the environment"):
         Settings({"SVC_LLM_RETRIES": "-1"})
     # A typo here would silently trust no proxy (or the wrong one): refused, not ignored.
@@ -108,7 +111,7 @@ SHAPED_TEXT_SETTINGS = {
     # key: (values refused, values taken)
     "SVC_LLM_PROVIDER": (("bogus", "anthropic"), ("", "auto", "offline", "OpenAI", "compatible")),
     "SVC_CSP": (
-        ("default-src 'self'\r\nSet-Cookie: a=1", "x\ny", "a\x00"),
+        ("default-src 'self'\r\nSet-Cookie: a=1", "x\ny", "a\x7f"),
         ("", "default-src 'self'"),
     ),
     "SVC_LDAP_ROLE_MAPPINGS": (("not json", "[1, 2]", '{"ops": 1}'), ("", '{"cn=ops": "admin"}')),
