@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from aiohttp import web
 
 from gateway.admin_common import READ, acting, ok, read_your_writes
+from gateway.control_chars import visible_controls
 from gateway.errors import read_query
 from gateway.state import DATABASE
 from projections import queries
@@ -31,14 +32,6 @@ from schemas.errors import NotFound
 _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
 _PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
 _BACKTICKS = re.compile(r"`+")
-# Terminal controls (an ESC sequence, BEL, the C1 set) would act when a downloaded export is
-# shown with `cat`: they are written as visible escapes. A message keeps its line breaks and
-# tabs; the JSON export keeps every character as sent.
-_CONTROLS = {
-    code: f"\\x{code:02x}"
-    for code in [*range(0x20), 0x7F, *range(0x80, 0xA0)]
-    if chr(code) not in "\n\t"
-}
 
 
 def summary(c: queries.Conversation) -> ConversationSummary:
@@ -155,7 +148,9 @@ def to_markdown(export: ConversationExport) -> str:
         author = f"{m.role} ({_line(m.name)})" if m.name else m.role
         fence = "`" * max(3, _longest_backtick_run(m.content) + 1)
         lines += ["", f"## {author} · {m.created_at.isoformat()}", "", f"{fence}text"]
-        lines += [_visible(m.content), fence]
+        # Terminal controls would act when the downloaded file is shown with `cat`; the JSON
+        # export keeps every character as sent.
+        lines += [visible_controls(m.content), fence]
     return "\n".join(lines) + "\n"
 
 
@@ -163,11 +158,7 @@ def _line(text: str) -> str:
     """One line of literal text: whitespace collapsed, and every ASCII punctuation character
     backslash-escaped (CommonMark allows it for all of them), so a title or a name reads as
     itself, never as emphasis, a link, an entity or inline HTML."""
-    return _PUNCTUATION.sub(r"\\\g<0>", _visible(" ".join(text.split())))
-
-
-def _visible(text: str) -> str:
-    return text.replace("\r\n", "\n").translate(_CONTROLS)
+    return _PUNCTUATION.sub(r"\\\g<0>", visible_controls(" ".join(text.split())))
 
 
 def _longest_backtick_run(text: str) -> int:

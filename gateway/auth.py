@@ -204,9 +204,7 @@ def holds_owner_power(principal: Principal) -> bool:
     """Whether the owner rule lets the principal act on owners. A credential of no user (a
     workspace key, an OAuth client) answers to no role, so it has no rule to be held to; a
     user's (a session, an OIDC token, a key of the user's) only when they are an owner."""
-    return principal.user_id is None or "owner" in principal.attributes.get("roles", "").split(
-        ","
-    )
+    return principal.user_id is None or "owner" in principal.attributes.get("roles", "").split(",")
 
 
 def check_delegation(

@@ -40,6 +40,7 @@ from eventstore.records import RecordedEvent
 from gateway import bootstrap
 from gateway.auth import SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform
+from gateway.control_chars import one_line
 from gateway.errors import validation_problems
 from gateway.settings import Settings
 from projections import queries
@@ -174,14 +175,17 @@ async def _settings_show(args: argparse.Namespace, settings: Settings) -> int:
         service = platform.settings_service
         if args.action == "get":
             item = service.get(args.key)
-            _out(f"{item.key}={item.value}  (source: {item.source}, apply: {item.apply or '-'})")
+            value = one_line(str(item.value))
+            _out(f"{item.key}={value}  (source: {item.source}, apply: {item.apply or '-'})")
             return 0
         listing = service.list()
     if args.json:
         _out(listing.model_dump_json(indent=2))
         return 0
+    # One line per setting, whatever a value holds: a line break in one must not forge another.
     for item in listing.settings:
-        _out(f"{item.key}={item.value}\t{item.source}\t{item.apply or '-'}\t{item.group}")
+        value = one_line(str(item.value))
+        _out(f"{item.key}={value}\t{item.source}\t{item.apply or '-'}\t{item.group}")
     _out(
         f"# {len(listing.settings)} settings: every key the spec lists (it states a total of "
         f"{listing.catalog_total_stated}) plus SVC's operational keys",
@@ -251,7 +255,8 @@ async def _apikeys_list(args: argparse.Namespace, platform: Platform) -> int:
     for k in keys:
         state = "revoked" if k.revoked_at else "active"
         rpm = k.rate_limit_rpm or "-"
-        _out(f"{k.key_id}\t{k.prefix}...\t{','.join(k.scopes)}\trpm={rpm}\t{state}\t{k.name}")
+        line = f"{k.key_id}\t{k.prefix}...\t{','.join(k.scopes)}\trpm={rpm}\t{state}"
+        _out(f"{line}\t{one_line(k.name)}")
     return 0
 
 

@@ -20,6 +20,7 @@ from actors.local import LocalRuntime
 from actors.table import TableStats
 from eventstore.db import Database, PoolStats
 from gateway import openapi
+from gateway.control_chars import one_line
 from gateway.errors import read_body, read_json
 from gateway.metrics import GatewayCollector, build_version, render
 from gateway.security import client_ip
@@ -165,19 +166,6 @@ def redact(text: str, secrets: list[str]) -> str:
     for value in secrets:
         text = text.replace(value, REDACTED)
     return _SECRET_TEXT.sub(REDACTED, text)
-
-
-# Control characters of a client's text are written as escapes: a line break in a message must
-# not start a line of its own in the service log (a forged entry at any level).
-_CONTROL_ESCAPES = (
-    {code: f"\\x{code:02x}" for code in [*range(0x20), 0x7F, 0x85]}
-    | {code: f"\\u{code:04x}" for code in (0x2028, 0x2029)}
-    | {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
-)
-
-
-def one_line(text: str) -> str:
-    return text.translate(_CONTROL_ESCAPES)
 
 
 def _log_entry(entry: ClientLogEntry, ip: str, secrets: list[str]) -> None:

@@ -124,6 +124,21 @@ def test_settings_commands_mask_secrets(data_dir: Path) -> None:
     assert got.stdout.startswith("SVC_INBOUND_SECRET=********")
 
 
+def test_a_value_with_a_line_break_cannot_forge_a_line_of_a_listing(data_dir: Path) -> None:
+    forged = "SVC_NATIVE_API_KEY=sk-live-LOOKS-REAL\tenvironment\tR\tLLM"
+    done = svc(data_dir, "settings", "set", "SVC_AGENT_DEBATE_PROMPT", f"x\n{forged}")
+    assert done.returncode == 0, done.stderr
+    listed = svc(data_dir, "settings", "list").stdout.splitlines()
+    assert not [line for line in listed if line.startswith("SVC_NATIVE_API_KEY=sk-")]
+    assert "SVC_AGENT_DEBATE_PROMPT=x\\nSVC_NATIVE_API_KEY=sk-live" in "\n".join(listed)
+    got = svc(data_dir, "settings", "get", "SVC_AGENT_DEBATE_PROMPT").stdout
+    assert len(got.splitlines()) == 1
+    done = svc(data_dir, "apikeys", "create", "--scopes", "chat", "--name", "a\nkey_forged\tx")
+    assert done.returncode == 0, done.stderr
+    keys = svc(data_dir, "apikeys", "list").stdout.splitlines()
+    assert len(keys) == 1 and keys[0].endswith("a\\nkey_forged\\tx")
+
+
 def test_settings_set_reads_the_value_from_stdin_when_omitted(data_dir: Path) -> None:
     """A secret given as an argument shows in the process list and the shell history."""
 

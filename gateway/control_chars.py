@@ -1,0 +1,27 @@
+"""Control characters of someone else's text, written as visible escapes where the text is
+shown: a line break must not start a line of its own in the service log or in a listing of the
+CLI (a forged entry), and an ESC sequence must not run in the terminal that shows an export.
+"""
+
+from __future__ import annotations
+
+_C0_C1 = [*range(0x20), 0x7F, *range(0x80, 0xA0)]
+
+_IN_A_BLOCK = {code: f"\\x{code:02x}" for code in _C0_C1 if chr(code) not in "\n\t"}
+_ON_ONE_LINE = (
+    _IN_A_BLOCK
+    | {code: f"\\u{code:04x}" for code in (0x2028, 0x2029)}
+    | {ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r"}
+)
+
+
+def one_line(text: str) -> str:
+    """`text` on one line: every control character (line breaks and tabs too) and the Unicode
+    line and paragraph separators as escapes (`\\n`, `\\x1b`, `\\u2028`)."""
+    return text.translate(_ON_ONE_LINE)
+
+
+def visible_controls(text: str) -> str:
+    """`text` as lines: line breaks (CRLF made LF) and tabs stay; every other control
+    character becomes an escape (`\\x1b`)."""
+    return text.replace("\r\n", "\n").translate(_IN_A_BLOCK)
