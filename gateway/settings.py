@@ -475,12 +475,15 @@ def _change_result(spec: SettingSpec, raw: str, applied: bool) -> SettingChangeR
 
 def view(settings: Settings, spec: SettingSpec) -> SettingView:
     resolved = settings.resolve(spec.key)
+    running = settings.raw(spec.key)
     return SettingView(
         key=spec.key,
         group=spec.group,
         type=spec.type,
         value=display_value(spec, resolved.raw),
         source=resolved.source.value,
+        running_value=display_value(spec, running),
+        restart_pending=running != resolved.raw,
         default=display_value(spec, spec.default) if spec.secret else spec.default,
         apply=spec.apply,
         secret=spec.secret,

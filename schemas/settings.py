@@ -106,8 +106,13 @@ class SettingView(BaseModel):
     key: str
     group: str
     type: str
-    value: str
+    value: str = Field(description="the value in effect from the next start (stored, else ...)")
     source: str = Field(description="default, environment, env_file or stored")
+    running_value: str = Field(
+        description="the value the answering process runs with; differs from `value` while "
+        "a restart (R) key's change waits for the restart"
+    )
+    restart_pending: bool = Field(description="`value` takes effect only at the next start")
     default: str
     apply: str = Field(description="R (restart), L (live) or blank (not stated, treated as R)")
     secret: bool

@@ -340,6 +340,20 @@ async def test_admin_settings_endpoints(database_url: str) -> None:
         status, body, _ = await svc.request("GET", "/v1/admin/settings", key=key)
         assert status == 200 and SECRET not in str(body)
         assert body["catalog_total_stated"] == 138
+        # A restart key's change shows as what the next start runs, and what runs until then.
+        status, body, _ = await svc.request(
+            "PUT", "/v1/admin/settings/SVC_LLM_MODEL", key=key, json={"value": "othermodel"}
+        )
+        assert status == 200 and body["restart_required"]
+        status, body, _ = await svc.request("GET", "/v1/admin/settings/SVC_LLM_MODEL", key=key)
+        assert status == 200, body
+        assert (body["value"], body["running_value"], body["restart_pending"]) == (
+            "othermodel",
+            "",
+            True,
+        )
+        status, body, _ = await svc.request("GET", "/v1/admin/settings/SVC_LOG_LEVEL", key=key)
+        assert body["restart_pending"] is False and body["running_value"] == body["value"]
         status, body, _ = await svc.request(
             "PUT", "/v1/admin/settings/SVC_NOPE", key=key, json={"value": "1"}
         )
