@@ -257,8 +257,10 @@ def _emails(value: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _profile_fields(data: dict[str, Any]) -> dict[str, Any]:
-    """SCIM attributes (any case) -> UserProfile fields, for the attributes present."""
+def _profile_fields(data: dict[str, Any], *, partial: bool = False) -> dict[str, Any]:
+    """SCIM attributes (any case) -> UserProfile fields, for the attributes present. A `name`
+    states both its parts (POST, PUT) unless `partial` (a PATCH add or replace, RFC 7644
+    3.5.2.3: sub-attributes the value leaves out stay as they are)."""
     d = _lower_keys(data)
     out: dict[str, Any] = {}
     if "username" in d:
@@ -273,8 +275,9 @@ def _profile_fields(data: dict[str, Any]) -> dict[str, Any]:
         out["emails"] = _emails(d["emails"]) if d["emails"] is not None else []
     if "name" in d:
         name = _lower_keys(d["name"]) if isinstance(d["name"], dict) else {}
-        out["given_name"] = name.get("givenname")
-        out["family_name"] = name.get("familyname")
+        for part, field in (("givenname", "given_name"), ("familyname", "family_name")):
+            if part in name or not partial:
+                out[field] = name.get(part)
     for dotted, field in (("name.givenname", "given_name"), ("name.familyname", "family_name")):
         if dotted in d:
             out[field] = d[dotted]
@@ -507,15 +510,19 @@ def _apply_op(current: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(path, str) or not path:
             raise ScimError(400, "remove needs a path", "noTarget")
         fields = _profile_fields({path: None})
+        if not fields:
+            # An attribute this service does not keep, or a value filter (emails[type eq
+            # "work"]) it does not evaluate: saying 200 would claim a removal that never was.
+            raise ScimError(400, f"unsupported PATCH path {path!r}", "invalidPath")
         if "user_name" in fields:
             raise ScimError(400, "userName cannot be removed", "mutability")
         return {**current, **{k: ([] if k == "emails" else None) for k in fields}}
     if isinstance(path, str) and path:
-        fields = _profile_fields({path: value})
+        fields = _profile_fields({path: value}, partial=True)
         if not fields:
             raise ScimError(400, f"unsupported PATCH path {path!r}", "invalidPath")
     elif isinstance(value, dict):
-        fields = _profile_fields(value)
+        fields = _profile_fields(value, partial=True)
     else:
         raise ScimError(
             400, "a PATCH operation without a path needs an object value", "invalidValue"

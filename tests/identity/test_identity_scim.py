@@ -119,6 +119,22 @@ async def test_users_crud_patch_and_errors(database_url: str) -> None:
         status, err, _ = await svc.request("PATCH", f"/scim/v2/Users/{uid}", token, json=bad)
         assert status == 400 and err["schemas"] == [ERROR]
 
+        # RFC 7644 3.5.2.3: the sub-attributes a replace leaves out stay, with a path or not.
+        for op in (
+            {"op": "replace", "path": "name", "value": {"familyName": "Roe"}},
+            {"op": "replace", "value": {"name": {"familyName": "Roe"}}},
+        ):
+            body = {"schemas": [PATCH], "Operations": [op]}
+            status, patched, _ = await svc.request(
+                "PATCH", f"/scim/v2/Users/{uid}", token, json=body
+            )
+            assert status == 200 and patched["name"] == {"givenName": "Janet", "familyName": "Roe"}
+        # A removal the service cannot carry out is refused, never answered as done.
+        for path in ('emails[type eq "work"]', "nonexistent"):
+            body = {"schemas": [PATCH], "Operations": [{"op": "remove", "path": path}]}
+            status, err, _ = await svc.request("PATCH", f"/scim/v2/Users/{uid}", token, json=body)
+            assert status == 400 and err["scimType"] == "invalidPath", (path, err)
+
         status, _, _ = await svc.request("DELETE", f"/scim/v2/Users/{uid}", token)
         assert status == 204
         status, err, _ = await svc.request("GET", f"/scim/v2/Users/{uid}", token)
