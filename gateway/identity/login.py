@@ -286,7 +286,8 @@ async def login(request: web.Request) -> web.Response:
     attempt = await ident.throttle.reserve(workspace_id, body.username, address)
     method: LoginMethod = "password"
     user = await _local(ident, workspace_id, body)
-    if user is None:
+    if user is None and ident.settings.flag("SVC_LDAP_ENABLED"):
+        # The audit names the method that was tried last: the directory only when it was.
         user = await _ldap(ident, workspace_id, body)
         method = "ldap"
     try:

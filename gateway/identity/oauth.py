@@ -185,6 +185,10 @@ async def _issue(request: web.Request) -> dict[str, Any]:
             400, "invalid_request", "the body must be application/x-www-form-urlencoded"
         )
     form = await _form(request)
+    repeated = sorted({name for name in form if len(form.getall(name)) > 1})
+    if repeated:
+        # RFC 6749 3.1 and 3.2: parameters must not be included more than once.
+        raise OAuthError(400, "invalid_request", f"repeated parameter: {', '.join(repeated)}")
     grant = form.get("grant_type")
     if not isinstance(grant, str) or not grant:
         raise OAuthError(400, "invalid_request", "grant_type is required")

@@ -239,6 +239,11 @@ async def test_unreadable_token_forms_are_invalid_request(database_url: str) -> 
                 f"{FORM}; charset=raw_unicode_escape",
                 b"grant_type=client_credentials&client_id=\\ud800&client_secret=b",
             ),
+            # RFC 6749 3.2: a parameter must not be sent twice.
+            "repeated parameter": (
+                FORM,
+                b"grant_type=client_credentials&client_id=a&client_id=a&client_secret=b",
+            ),
         }
         for case, (content_type, body) in cases.items():
             status, err, headers = await svc.request(
