@@ -56,12 +56,17 @@ async def conversation_events(request: web.Request) -> web.Response:
             f"at_version: the conversation's newest version is {newest}", code="invalid_version"
         )
     upto = [r for r in records if r.version <= at_version]
+    # A page of the events (a long conversation's whole history could be gigabytes of text);
+    # the state is always the fold of every event up to at_version.
+    listed = [r for r in upto if r.version > params.after_version][: params.limit]
+    more = bool(listed) and listed[-1].version < at_version
     return ok(
         ConversationHistory(
             conversation_id=params.id,
             version=newest,
             at_version=at_version,
-            events=[history_event(r) for r in upto],
+            events=[history_event(r) for r in listed],
+            next_after_version=listed[-1].version if more else None,
             state=redact_model(fold(key, upto)),
         )
     )

@@ -227,9 +227,14 @@ class ConversationExport(_Wire):
     exported_at: datetime
 
 
+MAX_HISTORY_PAGE = 1000
+
+
 class HistoryQuery(_Wire):
     id: str = Field(min_length=1, max_length=200)
     at_version: int | None = Field(default=None, ge=0)
+    after_version: int = Field(default=0, ge=0, description="list the events after this one")
+    limit: int = Field(default=MAX_HISTORY_PAGE, ge=1, le=MAX_HISTORY_PAGE)
 
 
 class HistoryEvent(_Wire):
@@ -244,8 +249,17 @@ class ConversationHistory(_Wire):
     conversation_id: str
     version: int = Field(description="newest version of the stream")
     at_version: int = Field(description="version the state was rebuilt up to")
-    events: list[HistoryEvent] = Field(description="every event up to at_version, oldest first")
-    state: dict[str, Any] = Field(description="state folded by the conversation's evolve")
+    events: list[HistoryEvent] = Field(
+        description="the events after after_version up to at_version, oldest first, at most "
+        "limit of them"
+    )
+    next_after_version: int | None = Field(
+        description="pass as after_version for the next page; null on the last"
+    )
+    state: dict[str, Any] = Field(
+        description="state folded by the conversation's evolve over every event up to "
+        "at_version, whatever page of them is listed"
+    )
 
 
 # -- api keys ---------------------------------------------------------------------------------

@@ -161,6 +161,23 @@ async def test_event_history_rebuilds_state_at_a_version(service: Service) -> No
     assert at1["state"]["title"] == "first"
     assert_error(await service.get_json(path, key, 400, id=cid, at_version=4), "invalid_version")
     assert_error(await service.get_json(path, key, 400, id=cid, at_version=-1))
+    assert full["next_after_version"] is None
+
+    # A page at a time; the state is the whole fold up to at_version on every page.
+    pages, after = [], 0
+    for _ in range(5):
+        page = await service.get_json(path, key, id=cid, limit=2, after_version=after)
+        pages.append([e["version"] for e in page["events"]])
+        assert page["state"]["title"] == "third"
+        if page["next_after_version"] is None:
+            break
+        after = page["next_after_version"]
+    assert pages == [[1, 2], [3]]
+    page = await service.get_json(path, key, id=cid, at_version=2, after_version=1)
+    assert [e["version"] for e in page["events"]] == [2] and page["next_after_version"] is None
+    assert page["state"]["title"] == "second"
+    for bad in ({"limit": 0}, {"limit": 1001}, {"after_version": -1}):
+        assert_error(await service.get_json(path, key, 400, id=cid, **bad))
 
 
 async def test_event_history_state_keeps_client_keys_that_sound_secret(service: Service) -> None:
