@@ -184,6 +184,18 @@ async def test_a_slow_check_does_not_hold_back_another_feeds_revocation(
     slow_resp.close()
 
 
+async def feed_of_a_read_key(service: Service) -> tuple[Any, str, Any, Any, Any]:
+    """An open feed of a fresh admin:read key: its workspace's admin key, the key's id, the
+    response, its reader (past the first frame) and the hub's connection for it."""
+    hub = service.app[feeds.FEED_HUB]
+    _, admin = await new_workspace(service)
+    key_id, key = await new_key(service, admin, ["admin:read"])
+    resp, reader = await open_feed(service, EVENTS, key, start="latest")
+    await reader.frame()
+    (conn,) = [c for conns in hub._by_ws.values() for c in conns if key in str(c.credential.key)]
+    return admin, key_id, resp, reader, conn
+
+
 async def test_a_check_that_never_ends_is_given_up_and_its_credential_checked_again(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -192,11 +204,7 @@ async def test_a_check_that_never_ends_is_given_up_and_its_credential_checked_ag
     fast_sweeps(service, monkeypatch)
     hub = service.app[feeds.FEED_HUB]
     monkeypatch.setattr(hub, "check_timeout_s", 0.3)
-    _, admin = await new_workspace(service)
-    key_id, key = await new_key(service, admin, ["admin:read"])
-    resp, reader = await open_feed(service, EVENTS, key, start="latest")
-    await reader.frame()
-    (conn,) = [c for conns in hub._by_ws.values() for c in conns if key in str(c.credential.key)]
+    admin, key_id, resp, reader, conn = await feed_of_a_read_key(service)
     real_check = conn.credential.check
     hanging = asyncio.Event()
 
@@ -222,11 +230,7 @@ async def test_a_revocation_during_a_running_check_gets_a_check_after_it(
     hub = service.app[feeds.FEED_HUB]
     monkeypatch.setattr(hub, "tick_s", 600.0)
     monkeypatch.setattr(hub, "recheck_round_s", 0.1)  # the round stops waiting for it
-    _, admin = await new_workspace(service)
-    key_id, key = await new_key(service, admin, ["admin:read"])
-    resp, reader = await open_feed(service, EVENTS, key, start="latest")
-    await reader.frame()
-    (conn,) = [c for conns in hub._by_ws.values() for c in conns if key in str(c.credential.key)]
+    admin, key_id, resp, reader, conn = await feed_of_a_read_key(service)
     real_check = conn.credential.check
     started, release = asyncio.Event(), asyncio.Event()
 
