@@ -16,6 +16,7 @@ from aiohttp import web
 
 from actors.behaviour import CommandOutcome
 from actors.workspace import workspace_key
+from eventstore.db import Database
 from gateway.admin_common import (
     READ,
     WRITE,
@@ -26,11 +27,12 @@ from gateway.admin_common import (
     read_your_writes,
     wait_applied,
 )
-from gateway.auth import check_delegation, generate_key, hash_key
+from gateway.auth import check_delegation, generate_key, hash_key, holds_owner_power
 from gateway.errors import read_json, read_query
 from gateway.identity.common import describe
 from gateway.state import AUTH, DATABASE, STORE, Principal
 from projections import queries
+from projections.identity_queries import key_owner
 from schemas.admin import (
     AdminRead,
     ApiKeyCreate,
@@ -40,7 +42,7 @@ from schemas.admin import (
     RevokedApiKey,
 )
 from schemas.commands import Command
-from schemas.errors import Conflict, SvcError
+from schemas.errors import Conflict, Forbidden, SvcError
 from schemas.events import EVENTS
 from schemas.workspace import ApiKeyRevoked, IssueApiKey, RevokeApiKey
 
@@ -120,8 +122,27 @@ async def list_keys(request: web.Request) -> web.Response:
     return ok(ApiKeyList(api_keys=[record(k) for k in keys]))
 
 
+async def _check_owner_rule(principal: Principal, db: Database, key_id: str) -> None:
+    """Revoking a key that holds owner power (an owner's, or one of no user that may write,
+    the bootstrap key among them) is an owner's business, as issuing one is."""
+    if holds_owner_power(principal):
+        return
+    ws = principal.workspace_id
+    key = await queries.get_api_key(db, ws, key_id)
+    if key is None:
+        return  # the workspace actor answers for an unknown key
+    owner = await key_owner(db, ws, key_id)
+    if owner is not None:
+        owner_power = "owner" in owner.roles
+    else:
+        owner_power = any(s in ("*", "admin:write") for s in key.scopes)
+    if owner_power:
+        raise Forbidden("only an owner may revoke a key that holds owner power", code="owner_only")
+
+
 async def revoke_key(request: web.Request) -> web.Response:
     principal = await acting(request, WRITE)
+    await _check_owner_rule(principal, request.app[DATABASE], request.match_info["key_id"])
     command = RevokeApiKey(
         command_id=command_id(request),
         workspace_id=principal.workspace_id,

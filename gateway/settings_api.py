@@ -10,11 +10,12 @@ from __future__ import annotations
 from aiohttp import web
 from pydantic import BaseModel
 
-from gateway.auth import authenticate, require_instance_admin
+from gateway.auth import authenticate, holds_owner_power, require_instance_admin
 from gateway.errors import read_json
 from gateway.identity.roles import domain_for_path, require_access
 from gateway.openapi import document
 from gateway.state import SETTINGS_SERVICE
+from schemas.errors import Forbidden
 from schemas.settings import SetSettingRequest, SettingChangeResult, SettingList, SettingView
 
 
@@ -24,6 +25,12 @@ async def _admin(request: web.Request, scope: str) -> None:
     writing = scope == "admin:write"
     require_access(principal, domain_for_path(request.path), "write" if writing else "read")
     require_instance_admin(principal, request, "instance settings")
+    if writing and not holds_owner_power(principal):
+        # Instance settings decide how everyone signs in (an OIDC issuer, the directory's role
+        # mappings): an admin who could change them could sign in as the owner.
+        raise Forbidden(
+            "changing instance settings is an owner's (or a key of no user's)", code="owner_only"
+        )
 
 
 def _json(model: BaseModel) -> web.Response:

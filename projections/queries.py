@@ -310,6 +310,16 @@ async def list_api_keys(
     return [ApiKey(*r) for r in rows]
 
 
+async def get_api_key(db: Database, workspace_id: str, key_id: str) -> ApiKey | None:
+    async with db.scoped(workspace_id) as conn:
+        row = await conn.fetchrow(
+            f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE workspace_id = $1 AND key_id = $2",
+            workspace_id,
+            key_id,
+        )
+    return None if row is None else ApiKey(*row)
+
+
 async def find_api_key_by_hash(db: Database, key_hash: str) -> ApiKey | None:
     """The key whose sha256 hex digest is `key_hash`, in whichever workspace; revoked and
     expired keys included (the caller decides with `usable_at`).

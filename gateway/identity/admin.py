@@ -23,7 +23,7 @@ from gateway.auth import (
     require_instance_admin,
 )
 from gateway.errors import read_json, read_query
-from gateway.identity.authn import acting
+from gateway.identity.authn import acting, identify
 from gateway.identity.common import (
     actor_of,
     command_id,
@@ -35,7 +35,7 @@ from gateway.identity.common import (
 )
 from gateway.identity.oauth import new_client_credentials, secret_hash
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password
-from gateway.identity.roles import allowed
+from gateway.identity.roles import allowed, require_access
 from gateway.identity.service import APPLY_TIMEOUT_S, Identity, identity
 from gateway.identity.vault import INSTANCE, PASSWORD
 from gateway.state import AUTH, PROJECTIONS, RUNTIME, Principal
@@ -129,6 +129,13 @@ class UserPatch(_Body):
     emails: tuple[Email, ...] | None = None
     external_id: str | None = Field(default=None, max_length=500)
     active: bool | None = None
+
+
+SELF_EDITABLE = frozenset({"display_name", "given_name", "family_name"})
+"""What a signed-in user may change on their own account with no right on `users`: how their
+name is shown. Not `user_name`, `external_id` or `emails`, which sign-ins match accounts by
+(a member taking a directory user's name would receive that user's roles at their next
+sign-in), nor `active`."""
 
 
 class PasswordBody(_Body):
@@ -347,19 +354,25 @@ async def get_user_handler(request: web.Request) -> web.Response:
 
 
 async def patch_user(request: web.Request) -> web.Response:
-    principal = await acting(request, "users", "read")
-    oneself = signed_in_user(principal) == request.match_info["id"]
+    principal = await identify(request)
+    target = request.match_info["id"]
+    oneself = signed_in_user(principal) == target
     if not oneself:
-        await acting(request, "users", "write")
+        require_access(principal, "users", "write")
     body = await read_json(request, UserPatch)
-    if oneself and "active" in body.model_fields_set:
+    changed = body.model_fields_set
+    own_names_only = oneself and changed <= SELF_EDITABLE
+    if not own_names_only:
+        require_access(principal, "users", "write")
+    if target == principal.user_id and "active" in changed:
         raise Forbidden(
             "you cannot deactivate or reactivate your own account; ask another admin",
             code="insufficient_scope",
         )
     ident = identity(request)
-    user = await live_user(ident, principal.workspace_id, request.match_info["id"])
-    await check_manageable(ident, principal, user)
+    user = await live_user(ident, principal.workspace_id, target)
+    if not own_names_only:
+        await check_manageable(ident, principal, user)
     # Merged as plain data and validated whole: `model_copy(update=...)` would put the dumped
     # emails (dicts) into the profile unvalidated, which pydantic then warns about on every
     # dump. A field set to null is validated like any value (null user_name is a 400).
@@ -409,9 +422,9 @@ async def delete_user(request: web.Request) -> web.Response:
 
 async def put_password(request: web.Request) -> web.Response:
     user_id = request.match_info["id"]
-    principal = await acting(request, "users", "read")
-    if signed_in_user(principal) != user_id:
-        await acting(request, "users", "write")
+    principal = await identify(request)
+    if signed_in_user(principal) != user_id:  # one's own password needs no right on users
+        require_access(principal, "users", "write")
     body = await read_json(request, PasswordBody)
     ident = identity(request)
     await check_manageable(
@@ -485,7 +498,14 @@ async def issue_user_key(request: web.Request) -> web.Response:
     ident = identity(request)
     ws = principal.workspace_id
     user = await live_user(ident, ws, request.match_info["id"])
-    await check_manageable(ident, principal, user)  # a key acts as its user: no owner's for you
+    if principal.user_id != user.user_id and not holds_owner_power(principal):
+        # A key acts as its user, whatever roles the user holds later: one an admin kept of
+        # another admin's account would carry owner once that admin were made owner.
+        raise Forbidden(
+            "only the user themselves or an owner may issue a key on a user's account",
+            code="owner_only",
+        )
+    await check_manageable(ident, principal, user)
     key, key_id = generate_key(), new_id("key_")
     issue = IssueApiKey(
         command_id=command_id(request),
@@ -610,10 +630,9 @@ async def put_secret(request: web.Request) -> web.Response:
     name = (request.match_info["scope"], request.match_info["name"])
     if name not in INSTANCE_SECRETS:
         raise NotFound(f"no secret {name[0]}/{name[1]}")
-    if not principal.allows("admin:write") and "owner" not in principal.attributes.get(
-        "roles", ""
-    ).split(","):
-        raise Forbidden("instance secrets need an owner or an admin:write key")
+    if not principal.allows("admin:write") or not holds_owner_power(principal):
+        # An SSO secret (the LDAP bind password, the SAML key) decides who signs in as whom.
+        raise Forbidden("instance secrets need an owner or an admin:write key", code="owner_only")
     body = await read_json(request, SecretBody)
     await identity(request).vault.put(INSTANCE, *name, body.value.get_secret_value())
     return web.Response(status=204)

@@ -132,10 +132,37 @@ async def test_an_admin_cannot_reach_owner_power_through_a_credential(database_u
                 assert status == 403 and err["error"]["code"] == "owner_only", (path, err)
             status, err = await as_eve(f"/v1/admin/users/{owner['id']}/apikeys", minted)
             assert status == 403 and err["error"]["code"] == "owner_only", err
+            # Nor on another admin's: kept, it would carry owner once that admin became one.
+            peer = await svc.create_user(key, "pat", PASSWORD, roles=["admin"])
+            status, err = await as_eve(f"/v1/admin/users/{peer['id']}/apikeys", minted)
+            assert status == 403 and err["error"]["code"] == "owner_only", err
             status, chat_key = await as_eve("/v1/admin/apikeys", {"name": "c", "scopes": ["chat"]})
             assert status == 201, chat_key
             status, own = await as_eve(f"/v1/admin/users/{admin['id']}/apikeys", minted)
             assert status == 201, own
+            # Revoking a key that holds owner power is an owner's business too: the owner's
+            # own key, and a key of no user that may write (the bootstrap key here).
+            status, owners, _ = await svc.request(
+                "POST", f"/v1/admin/users/{owner['id']}/apikeys", key, json=minted
+            )
+            assert status == 201, owners
+            _, listed, _ = await svc.request("GET", "/v1/admin/apikeys", key)
+            bootstrap = [k["id"] for k in listed["api_keys"] if k["prefix"] == key[:8]]
+            for key_id in (owners["key_id"], *bootstrap):
+                status, err = await as_eve(f"/v1/admin/apikeys/{key_id}/revoke", None)
+                assert status == 403 and err["error"]["code"] == "owner_only", err
+            status, _ = await as_eve(f"/v1/admin/apikeys/{chat_key['id']}/revoke", None)
+            assert status == 200
+            # Instance settings decide how everyone signs in: an admin pointing the OIDC
+            # issuer at a server of theirs could sign in as the owner.
+            status, err, _ = await svc.request(
+                "PUT",
+                "/v1/admin/settings/SVC_OIDC_ISSUER",
+                session=browser,
+                headers=csrf,
+                json={"value": "https://idp.eve.example"},
+            )
+            assert status == 403 and err["error"]["code"] == "owner_only", err
 
         eve_key = own["key"]
         status, me, _ = await svc.request("GET", "/v1/admin/auth/session", eve_key)
@@ -148,6 +175,10 @@ async def test_an_admin_cannot_reach_owner_power_through_a_credential(database_u
         ):
             status, err, _ = await svc.request(method, path, eve_key, json=payload)
             assert status == 403 and err["error"]["code"] == "owner_only", (path, err)
+        status, err, _ = await svc.request(
+            "PATCH", f"/v1/admin/users/{admin['id']}", eve_key, json={"active": False}
+        )
+        assert status == 403, err  # not one's own `active`, by a key either
         status, _, b = await svc.login("boss", PASSWORD)  # the owner's password stands
         await b.close()
         assert status == 200
@@ -167,10 +198,12 @@ async def test_a_user_edits_their_own_profile_but_not_through_a_key(database_url
                 "PATCH", path, session=browser, headers=csrf, json={"display_name": "Mia"}
             )
             assert status == 200 and out["display_name"] == "Mia", out
-            status, err, _ = await svc.request(
-                "PATCH", path, session=browser, headers=csrf, json={"active": False}
-            )
-            assert status == 403, err
+            for change in ({"active": False}, {"user_name": "alice"}, {"external_id": "sub-1"}):
+                # What sign-ins match accounts by is not one's own to change.
+                status, err, _ = await svc.request(
+                    "PATCH", path, session=browser, headers=csrf, json=change
+                )
+                assert status == 403, (change, err)
             status, own, _ = await svc.request(
                 "POST",
                 f"{path}/apikeys",
@@ -185,6 +218,35 @@ async def test_a_user_edits_their_own_profile_but_not_through_a_key(database_url
         status, _, b = await svc.login("mia", PASSWORD)
         await b.close()
         assert status == 200
+
+        # A user holding no right on `users` at all still keeps their own name and password.
+        status, _, _ = await svc.request(
+            "POST",
+            "/v1/admin/roles",
+            key,
+            json={"name": "kb-editor", "permissions": {"knowledge": "write"}},
+        )
+        assert status == 201
+        kb = await svc.create_user(key, "kim", PASSWORD, roles=["kb-editor"])
+        status, body, browser = await svc.login("kim", PASSWORD)
+        async with browser:
+            csrf = {"X-CSRF-Token": body["csrf_token"]}
+            status, out, _ = await svc.request(
+                "PATCH",
+                f"/v1/admin/users/{kb['id']}",
+                session=browser,
+                headers=csrf,
+                json={"display_name": "Kim"},
+            )
+            assert status == 200 and out["display_name"] == "Kim", out
+            status, out, _ = await svc.request(
+                "PUT",
+                f"/v1/admin/users/{kb['id']}/password",
+                session=browser,
+                headers=csrf,
+                json={"password": "another good one"},
+            )
+            assert status == 204, out
 
 
 async def test_parallel_and_reworded_guesses_share_the_account_limit(database_url: str) -> None:
