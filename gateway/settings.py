@@ -45,6 +45,7 @@ from schemas.settings_catalog import (
     SPEC_TOTAL,
     SettingSpec,
     SettingValue,
+    check_stored_length,
     display_value,
     get_spec,
     parse,
@@ -402,6 +403,7 @@ class SettingsService:
         spec = get_spec(key)
         if not spec.storable:
             raise InvalidInput(f"{key} cannot be stored: {spec.note}", code="setting_not_storable")
+        check_stored_length(spec, raw)
         typed = parse(spec, raw)
         if spec.choices:
             raw = str(typed)  # stored as it is read: the choice without surrounding spaces

@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from schemas.workspace import RESERVED_WORKSPACE_ID
+
 TextRule = Literal[
     "header_value",
     "string_map",
@@ -66,9 +68,9 @@ def _timezone(raw: str) -> bool:
 
 def _workspace_id(raw: str) -> bool:
     # What CreateWorkspace takes (schemas/workspace.py): printable, spaces inside allowed, not
-    # one of the service's own ids (they start with "_").
+    # the service's own id.
     text = raw.strip()
-    return len(text) <= MAX_WORKSPACE_ID and text.isprintable() and not text.startswith("_")
+    return len(text) <= MAX_WORKSPACE_ID and text.isprintable() and text != RESERVED_WORKSPACE_ID
 
 
 def _http_url(raw: str) -> bool:
@@ -101,8 +103,8 @@ TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
     "timezone": (_timezone, "an IANA time zone such as UTC or Europe/Paris"),
     "workspace_id": (
         _workspace_id,
-        f"a workspace id of at most {MAX_WORKSPACE_ID} printable characters, not starting "
-        "with _ (the service's own)",
+        f"a workspace id of at most {MAX_WORKSPACE_ID} printable characters, not _instance "
+        "(the service's own)",
     ),
     "llm_provider": (
         _llm_provider,

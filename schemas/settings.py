@@ -14,11 +14,12 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validato
 
 from schemas.commands import Command
 from schemas.events import Event, event
+from schemas.workspace import RESERVED_WORKSPACE_ID
 
 SETTINGS_STREAM_ID = "instance"
 """Id of the one settings actor: its stream is `settings:instance`."""
 
-INSTANCE_WORKSPACE_ID = "_instance"
+INSTANCE_WORKSPACE_ID = RESERVED_WORKSPACE_ID
 """Workspace id carried by instance-level events; never a tenant's id, so no tenant feed or
 read model ever shows them."""
 

@@ -175,8 +175,9 @@ def parse_networks(raw: str) -> tuple[Network, ...]:
     return tuple(out)
 
 
-MAX_VALUE_CHARS = 100_000
-"""The longest value any setting takes, secret or not (schemas/settings.py SettingText)."""
+MAX_STORED_CHARS = 100_000
+"""The longest value `svc settings set` stores, secret or not (schemas/settings.py
+SettingText). The environment has no such bound (inline IdP metadata may be longer)."""
 
 
 def parse(spec: SettingSpec, raw: str) -> SettingValue:
@@ -211,15 +212,20 @@ def parse(spec: SettingSpec, raw: str) -> SettingValue:
 
 def _check_storable(spec: SettingSpec, raw: str) -> None:
     # Checked before the value goes anywhere, the secrets' vault included: PostgreSQL text
-    # cannot hold a NUL, and a secret's value never passes through SettingText's bound.
+    # cannot hold a NUL.
     if "\x00" in raw:
         raise InvalidInput(
             f"invalid value for {spec.key}: a setting cannot hold a NUL character",
             code="invalid_setting_value",
         )
-    if len(raw) > MAX_VALUE_CHARS:
+
+
+def check_stored_length(spec: SettingSpec, raw: str) -> None:
+    """A value to store, secret or not, within MAX_STORED_CHARS (checked before the vault
+    write: a secret's value never passes through SettingText's bound)."""
+    if len(raw) > MAX_STORED_CHARS:
         raise InvalidInput(
-            f"invalid value for {spec.key}: at most {MAX_VALUE_CHARS:,} characters",
+            f"invalid value for {spec.key}: at most {MAX_STORED_CHARS:,} characters",
             code="invalid_setting_value",
         )
 
@@ -1436,7 +1442,6 @@ _HTTP_URL_KEYS = (
     "SVC_EMBEDDER_URL",
     "SVC_MEMORY_URL",
     "SVC_RERANKER_URL",
-    "REMOTE_AGENT_GATEWAY_BASE_URL",
     "CHATBOT_PUBLIC_URL",
     "SVC_OIDC_ISSUER",
     "SVC_OIDC_JWKS_URL",

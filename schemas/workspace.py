@@ -50,9 +50,11 @@ def _secret_has_no_value(secret: bool, value: str | None) -> None:
 # --- commands -------------------------------------------------------------------------------
 
 
-RESERVED_WORKSPACE_PREFIX = "_"
-"""Workspace ids of the service's own records (schemas/settings.py INSTANCE_WORKSPACE_ID):
-no tenant's workspace may take one, or its keys would read the instance's events."""
+RESERVED_WORKSPACE_ID = "_instance"
+"""The workspace id of the service's own records (schemas/settings.py INSTANCE_WORKSPACE_ID is
+this one): no tenant's workspace may take it, or its
+keys would read the instance's events. Only this id: others starting with `_` may already
+be in use."""
 
 
 class CreateWorkspace(Command):
@@ -69,10 +71,10 @@ class CreateWorkspace(Command):
                 "a workspace id must be printable text without control characters or "
                 "leading and trailing spaces"
             )
-        if workspace_id.startswith(RESERVED_WORKSPACE_PREFIX):
+        if workspace_id == RESERVED_WORKSPACE_ID:
             raise ValueError(
-                f"workspace ids starting with {RESERVED_WORKSPACE_PREFIX!r} are the service's "
-                "own (its instance settings are recorded under one); choose another id"
+                f"{RESERVED_WORKSPACE_ID!r} is the service's own workspace id (its instance "
+                "settings are recorded under it); choose another id"
             )
         return workspace_id
 

@@ -96,6 +96,9 @@ def test_validation_errors_say_what_is_expected() -> None:
     # What no setting can hold: named, before any shape is looked at.
     with pytest.raises(InvalidInput, match="for SVC_CSP: a setting cannot hold a NUL"):
         parse(get_spec("SVC_CSP"), "a\x00")
+    # The environment has no length bound (inline IdP metadata may be long); storing has.
+    long_metadata = "<x>" + "m" * 200_000 + "</x>"
+    assert Settings({"SVC_SAML_IDP_METADATA": long_metadata}).text("SVC_SAML_IDP_METADATA")
     with pytest.raises(InvalidInput, match="from the environment"):
         Settings({"SVC_LLM_RETRIES": "-1"})
     # A typo here would silently trust no proxy (or the wrong one): refused, not ignored.
@@ -119,8 +122,8 @@ SHAPED_TEXT_SETTINGS = {
     "SVC_LDAP_USER_FILTER": (("(uid=foo)", "uid=%s"), ("", "(&(objectClass=person)(uid=%s))")),
     "SVC_TIMEZONE": (("Not/AZone", "../etc/passwd", "Europe"), ("UTC", "utc", "Europe/Paris")),
     "SVC_DEFAULT_WORKSPACE_ID": (
-        ("w" * 201, "tab\there", "_instance", "_mine"),
-        ("default", "acme corp", "w" * 200, "mine_"),
+        ("w" * 201, "tab\there", "_instance"),
+        ("default", "acme corp", "w" * 200, "_legacy"),
     ),
     "SVC_NATIVE_COMPAT_WORKSPACE": (("w" * 201,), ("", "compat-ws")),
     "SVC_PUBLIC_URL": (
