@@ -56,6 +56,7 @@ from actors.models.port import (
 )
 from schemas.commands import Command, service_command_id
 from schemas.conversation import (
+    MAX_DURATION_MS,
     MAX_TITLE,
     AssistantMessageCompleted,
     CompleteTurn,
@@ -330,7 +331,7 @@ def _decide_recover(state: ConversationState, c: RecoverAbandonedTurns) -> list[
                 turn_id=turn_id,
                 error_code=ABANDONED,
                 error_message=ABANDONED_MESSAGE,
-                duration_ms=max(0, elapsed),
+                duration_ms=min(max(0, elapsed), MAX_DURATION_MS),
                 retryable=True,
                 at=c.at,
             )
@@ -847,4 +848,4 @@ def _request(command: RunTurn, streaming: bool, budget_s: float | None) -> Model
 
 
 def _elapsed_ms(began: float) -> int:
-    return max(0, round((time.monotonic() - began) * 1000))
+    return min(max(0, round((time.monotonic() - began) * 1000)), MAX_DURATION_MS)

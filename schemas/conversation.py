@@ -35,6 +35,9 @@ MAX_CONTENT = 1_000_000
 MAX_TOKEN_LIMIT = 1_000_000
 """The largest `max_tokens` a turn takes: above any model's context, so never a real limit."""
 MAX_MESSAGES = 10_000
+MAX_DURATION_MS = 2**31 - 1
+"""The longest duration a turn records (about 24.8 days), as the read models' 32-bit
+integers hold it; a turn abandoned longer ago than that records this."""
 MAX_TOKEN_COUNT = 2**31 - 1
 """The most tokens a turn records, prompt and completion together: the read models keep
 counts as 32-bit integers, and no model's answer comes near."""

@@ -362,6 +362,11 @@ def test_a_turn_recorded_before_turns_carried_an_expiry_is_judged_by_the_budget_
     [failed] = behaviour.decide(state, recover)
     assert isinstance(failed, TurnFailed) and failed.error_code == ABANDONED
 
+    # Abandoned a month ago: a duration the read models' integers hold, not the month.
+    month_later = recover.model_copy(update={"at": _now() + timedelta(days=30)})
+    [failed] = behaviour.decide(state, month_later)
+    assert isinstance(failed, TurnFailed) and failed.duration_ms == 2**31 - 1
+
 
 async def test_a_turns_call_gets_the_budget_its_expiry_was_recorded_by(
     make_runtime: MakeRuntime, store: PostgresEventStore
