@@ -355,7 +355,7 @@ async def _from_stream(
             if isinstance(reason, str) and reason:
                 finish_reason = reason
     else:
-        if not seen_data:
+        if not seen_data and content_type != "text/event-stream":
             # Not a stream cut short (which a retry may mend) but no stream at all: an HTML
             # page, a proxy's answer. Asking again gets the same.
             raise UpstreamError(

@@ -76,6 +76,15 @@ async def test_a_200_that_is_no_stream_is_not_retried(stub: Any) -> None:
     assert stub.calls == 1
 
 
+async def test_an_event_stream_that_ends_before_any_data_is_retried(stub: Any) -> None:
+    """An event stream cut before its first data line (a keep-alive, then the end) is a
+    stream cut short, not a page that is no stream: asked again, it answers."""
+    cut = stub_upstream.Fault(200, ": keepalive\n\n", content_type="text/event-stream")
+    stub.faults.append(cut)
+    events = await collect(provider(stub.base_url), request())
+    assert isinstance(events[-1], Finished) and stub.calls == 2
+
+
 async def test_a_usage_of_booleans_is_no_count(stub: Any) -> None:
     stub.usage = {"prompt_tokens": True, "completion_tokens": True}
     finished = (await collect(provider(stub.base_url), request()))[-1]
