@@ -261,6 +261,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # The conversation the key would have started was never used: name none.
             request.pop(_CONVERSATION_KEY, None)
         _unless_started(request, ids, turn)
+        if exc.http_status < 500 and ids is not None and ids.new_conversation:
+            # A fresh conversation whose first turn the actor refused (no user message, say):
+            # nothing was recorded under the id, so the answer names none.
+            request.pop(_CONVERSATION_KEY, None)
         raise
     except ValidationError:
         TURN_ERRORS.labels("invalid_request").inc()  # a 400, as gateway/errors.py maps it

@@ -515,6 +515,8 @@ async def test_a_request_refused_before_its_turn_names_no_new_conversation(chat:
         ({"model": OFFLINE, "messages": HELLO, "temperature": 7}, chat.key, 400),
         ({"model": "no-such-model", "messages": HELLO}, chat.key, 404),
         ({"model": OFFLINE, "messages": HELLO}, reader, 403),
+        # Refused by the conversation actor itself: no user message to answer.
+        ({"model": OFFLINE, "messages": [{"role": "system", "content": "hi"}]}, chat.key, 400),
     ]
     for body, key, status in refusals:
         for named in ({}, {"X-SVC-Conversation-Id": existing}):
