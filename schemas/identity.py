@@ -150,7 +150,7 @@ class UnbindRole(IdentityCommand):
 
 
 class DefineCustomRole(IdentityCommand):
-    target_fields = ("role",)
+    target_fields = ("role", "permissions")  # a redefinition under the same key is no retry
     role: RoleName
     permissions: Permissions
     at: AwareDatetime

@@ -220,13 +220,24 @@ async def test_a_user_edits_their_own_profile_but_not_through_a_key(database_url
         assert status == 200
 
         # A user holding no right on `users` at all still keeps their own name and password.
+        define = {"Idempotency-Key": "role-kb"}
         status, _, _ = await svc.request(
             "POST",
             "/v1/admin/roles",
             key,
             json={"name": "kb-editor", "permissions": {"knowledge": "write"}},
+            headers=define,
         )
         assert status == 201
+        # The same key with other permissions is another request, not a retry to echo.
+        status, err, _ = await svc.request(
+            "POST",
+            "/v1/admin/roles",
+            key,
+            json={"name": "kb-editor", "permissions": {"users": "write"}},
+            headers=define,
+        )
+        assert status == 409 and err["error"]["code"] == "idempotency_key_reused", err
         kb = await svc.create_user(key, "kim", PASSWORD, roles=["kb-editor"])
         status, body, browser = await svc.login("kim", PASSWORD)
         async with browser:
