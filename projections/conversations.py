@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import ClassVar
 
 from eventstore.db import Connection
@@ -22,7 +23,10 @@ from schemas.events import Event
 # One statement for a conversation's start and its messages, the events of every chat turn,
 # so that a batch's conversation rows reach the server as one run (pipeline.Pipeline) however
 # the turns of different conversations interleave. $10 says which half applies: a start
-# inserts the row (and the update, gated off, touches nothing); a message bumps the count.
+# inserts the row (and the update, gated off, touches nothing); a message bumps the count by
+# $11 (1); a failed turn (its model call refused, timed out, or the turn recorded as abandoned)
+# bumps it by 0, moving only `updated_at`, as the actor's state does. A started turn needs no
+# statement of its own: it is recorded with its user message, at the same time.
 _STARTED_OR_MESSAGE = """
 WITH started AS (
     INSERT INTO conversations (workspace_id, id, title, project_id, folder, tags, agent, model,
@@ -30,7 +34,8 @@ WITH started AS (
     SELECT $1, $2, $4, $5, $6, $7, $8, $9, $3, $3 WHERE $10
     ON CONFLICT (workspace_id, id) DO NOTHING
 )
-UPDATE conversations SET message_count = message_count + 1, updated_at = greatest(updated_at, $3)
+UPDATE conversations SET message_count = message_count + $11,
+                         updated_at = greatest(updated_at, $3)
 WHERE workspace_id = $1 AND id = $2 AND NOT $10
 """
 
@@ -38,15 +43,6 @@ _TOUCH = """
 UPDATE conversations SET {set}, updated_at = greatest(updated_at, $3)
 WHERE workspace_id = $1 AND id = $2
 """
-
-# A failed turn (its model call refused, timed out, or the turn recorded as abandoned) moves
-# the conversation's `updated_at` as the actor's state does. A started turn needs no statement
-# of its own: it is recorded with its user message, at the same time.
-_ENDED = """
-UPDATE conversations SET updated_at = greatest(updated_at, $3)
-WHERE workspace_id = $1 AND id = $2
-"""
-
 
 class ConversationsProjector(Projector):
     name: ClassVar[str] = "conversations"
@@ -77,6 +73,7 @@ class ConversationsProjector(Projector):
             ev.agent,
             ev.model,
             True,
+            0,
         )
 
     async def _message(
@@ -87,11 +84,20 @@ class ConversationsProjector(Projector):
     ) -> None:
         # Not idempotent on purpose: the count is right only because the runner applies each
         # event exactly once (checkpoint compare-and-set in the same transaction).
+        await self._bump(conn, rec, ev.conversation_id, ev.at, 1)
+
+    async def _failed(self, conn: Connection, rec: RecordedEvent, ev: TurnFailed) -> None:
+        await self._bump(conn, rec, ev.conversation_id, ev.at, 0)
+
+    @staticmethod
+    async def _bump(
+        conn: Connection, rec: RecordedEvent, conversation_id: str, at: datetime, messages: int
+    ) -> None:
         await conn.execute(
             _STARTED_OR_MESSAGE,
             rec.workspace_id,
-            ev.conversation_id,
-            ev.at,
+            conversation_id,
+            at,
             None,
             None,
             None,
@@ -99,10 +105,8 @@ class ConversationsProjector(Projector):
             None,
             None,
             False,
+            messages,
         )
-
-    async def _failed(self, conn: Connection, rec: RecordedEvent, ev: TurnFailed) -> None:
-        await conn.execute(_ENDED, rec.workspace_id, ev.conversation_id, ev.at)
 
     async def _renamed(self, conn: Connection, rec: RecordedEvent, ev: ConversationRenamed) -> None:
         await conn.execute(
