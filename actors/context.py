@@ -259,8 +259,9 @@ class Activation(Generic[S]):
             )
         await self._catch_up()
         store = self._require_store()
-        recorded = await store.read_stream(self._key.stream_id, result.first_version)
-        first_run = [r for r in recorded if r.version <= result.last_version]
+        first_run = await store.read_stream(
+            self._key.stream_id, result.first_version, to_version=result.last_version
+        )
         if first_run and not _same_request(command, first_run[0].metadata):
             raise Conflict(
                 f"command id {command.command_id!r} was already used for another request "

@@ -29,8 +29,15 @@ class EventStore(Protocol):
         ...
 
     async def read_stream(
-        self, stream_id: str, from_version: int = 1, *, workspace_id: str | None = None
-    ) -> list[RecordedEvent]: ...
+        self,
+        stream_id: str,
+        from_version: int = 1,
+        *,
+        workspace_id: str | None = None,
+        to_version: int | None = None,
+    ) -> list[RecordedEvent]:
+        """The stream's events from `from_version` up to `to_version` (the end when None)."""
+        ...
 
     async def read_all(
         self,

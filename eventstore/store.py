@@ -25,6 +25,7 @@ from eventstore.reads import EVENT_COLUMNS, log_head, read_log, rows_to_events
 from eventstore.records import AppendResult, NewEvent, RecordedEvent, Snapshot
 
 _MAX_INT8 = 2**63 - 1
+_MAX_VERSION = 2**31 - 1
 _MAX_BATCH = 10_000
 _MAX_READ_LIMIT = 10_000
 
@@ -82,12 +83,12 @@ _STATE_CONFLICT = "SV409"
 _STATE_FOREIGN_STREAM = "SV403"
 _READ_STREAM = f"""
 SELECT {EVENT_COLUMNS} FROM events
-WHERE stream_id = $1 AND version >= $2
+WHERE stream_id = $1 AND version >= $2 AND version <= $3
 ORDER BY version
 """
 _READ_STREAM_WS = f"""
 SELECT {EVENT_COLUMNS} FROM events
-WHERE stream_id = $1 AND version >= $2 AND workspace_id = $3
+WHERE stream_id = $1 AND version >= $2 AND version <= $3 AND workspace_id = $4
 ORDER BY version
 """
 # Snapshots only move forward: a slow writer holding an older state never replaces a newer one.
@@ -404,17 +405,23 @@ class PostgresEventStore:
         return None if row is None else _append_result(row, duplicate=True)
 
     async def read_stream(
-        self, stream_id: str, from_version: int = 1, *, workspace_id: str | None = None
+        self,
+        stream_id: str,
+        from_version: int = 1,
+        *,
+        workspace_id: str | None = None,
+        to_version: int | None = None,
     ) -> list[RecordedEvent]:
         # Stream versions are dense and each commits only after the previous one did (the
         # fence), so a plain read of committed rows has no gaps: no snapshot filter needed.
+        # Versions are int4: a bound past the column's range is the same as no bound.
+        first = min(max(from_version, 1), _MAX_VERSION)
+        last = _MAX_VERSION if to_version is None else min(to_version, _MAX_VERSION)
         async with self._db.acquire(stateless=True) as conn:
             if workspace_id is None:
-                rows = await conn.fetch(_READ_STREAM, stream_id, max(from_version, 1))
+                rows = await conn.fetch(_READ_STREAM, stream_id, first, last)
             else:
-                rows = await conn.fetch(
-                    _READ_STREAM_WS, stream_id, max(from_version, 1), workspace_id
-                )
+                rows = await conn.fetch(_READ_STREAM_WS, stream_id, first, last, workspace_id)
         return rows_to_events(rows)
 
     async def read_all(

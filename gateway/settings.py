@@ -317,7 +317,12 @@ def parse_listen_addr(addr: str) -> tuple[str | None, int]:
 
 class _StreamReader(Protocol):
     async def read_stream(
-        self, stream_id: str, from_version: int = 1, *, workspace_id: str | None = None
+        self,
+        stream_id: str,
+        from_version: int = 1,
+        *,
+        workspace_id: str | None = None,
+        to_version: int | None = None,
     ) -> list[RecordedEvent]: ...
 
 

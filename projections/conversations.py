@@ -44,6 +44,7 @@ UPDATE conversations SET {set}, updated_at = greatest(updated_at, $3)
 WHERE workspace_id = $1 AND id = $2
 """
 
+
 class ConversationsProjector(Projector):
     name: ClassVar[str] = "conversations"
     tables: ClassVar[tuple[str, ...]] = ("conversations",)

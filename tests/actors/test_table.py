@@ -278,10 +278,17 @@ class CountingStore(PostgresEventStore):
         return await super().load_snapshot(stream_id)
 
     async def read_stream(
-        self, stream_id: str, from_version: int = 1, *, workspace_id: str | None = None
+        self,
+        stream_id: str,
+        from_version: int = 1,
+        *,
+        workspace_id: str | None = None,
+        to_version: int | None = None,
     ) -> list[RecordedEvent]:
         self.reads += 1
-        return await super().read_stream(stream_id, from_version, workspace_id=workspace_id)
+        return await super().read_stream(
+            stream_id, from_version, workspace_id=workspace_id, to_version=to_version
+        )
 
 
 async def test_a_new_stream_command_activates_its_actor_without_reading(

@@ -351,6 +351,12 @@ class EventStoreContract:
         assert [e.version for e in await store.read_stream(s, 0)] == [1, 2, 3, 4, 5]
         assert await store.read_stream(s, 6) == []
         assert await store.read_stream(stream()) == []
+        between = await store.read_stream(s, 2, to_version=4)
+        assert [e.version for e in between] == [2, 3, 4]
+        assert [e.version for e in await store.read_stream(s, 4, to_version=2**64)] == [4, 5]
+        assert await store.read_stream(s, 3, to_version=2) == []
+        only = await store.read_stream(s, 1, to_version=1, workspace_id=WS)
+        assert [e.version for e in only] == [1]
 
     async def test_read_all_pages_by_cursor_in_commit_order(self, store: EventStore) -> None:
         assert await store.head() == ""
