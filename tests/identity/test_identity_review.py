@@ -25,15 +25,23 @@ pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 PASSWORD = "correct horse battery staple"
 
 
+async def define_role(
+    svc: Any, key: str, name: str, permissions: dict[str, str], **headers: str
+) -> tuple[int, Any]:
+    status, body, _ = await svc.request(
+        "POST",
+        "/v1/admin/roles",
+        key,
+        json={"name": name, "permissions": permissions},
+        headers=headers,
+    )
+    return status, body
+
+
 async def test_write_on_users_alone_cannot_escalate(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         key = await svc.issue_key()
-        status, _, _ = await svc.request(
-            "POST",
-            "/v1/admin/roles",
-            key,
-            json={"name": "user-mgr", "permissions": {"users": "write"}},
-        )
+        status, _ = await define_role(svc, key, "user-mgr", {"users": "write"})
         assert status == 201
         owner = await svc.create_user(key, "boss", PASSWORD, roles=["owner"])
         admin = await svc.create_user(key, "chief", PASSWORD, roles=["admin"])
@@ -221,22 +229,10 @@ async def test_a_user_edits_their_own_profile_but_not_through_a_key(database_url
 
         # A user holding no right on `users` at all still keeps their own name and password.
         define = {"Idempotency-Key": "role-kb"}
-        status, _, _ = await svc.request(
-            "POST",
-            "/v1/admin/roles",
-            key,
-            json={"name": "kb-editor", "permissions": {"knowledge": "write"}},
-            headers=define,
-        )
+        status, _ = await define_role(svc, key, "kb-editor", {"knowledge": "write"}, **define)
         assert status == 201
         # The same key with other permissions is another request, not a retry to echo.
-        status, err, _ = await svc.request(
-            "POST",
-            "/v1/admin/roles",
-            key,
-            json={"name": "kb-editor", "permissions": {"users": "write"}},
-            headers=define,
-        )
+        status, err = await define_role(svc, key, "kb-editor", {"users": "write"}, **define)
         assert status == 409 and err["error"]["code"] == "idempotency_key_reused", err
         kb = await svc.create_user(key, "kim", PASSWORD, roles=["kb-editor"])
         status, body, browser = await svc.login("kim", PASSWORD)
@@ -401,12 +397,7 @@ async def test_scim_cannot_take_over_owners_and_needs_full_write(database_url: s
         assert status == 200
 
         # Write on `security` alone does not reach the SCIM token.
-        status, _, _ = await svc.request(
-            "POST",
-            "/v1/admin/roles",
-            key,
-            json={"name": "sec", "permissions": {"security": "write"}},
-        )
+        status, _ = await define_role(svc, key, "sec", {"security": "write"})
         assert status == 201
         await svc.create_user(key, "secops", PASSWORD, roles=["sec"])
         status, body, browser = await svc.login("secops", PASSWORD)
@@ -456,12 +447,7 @@ async def test_a_new_password_ends_the_users_other_sessions(database_url: str) -
 async def test_platform_key_endpoint_cannot_mint_rights_the_user_lacks(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         key = await svc.issue_key()
-        status, _, _ = await svc.request(
-            "POST",
-            "/v1/admin/roles",
-            key,
-            json={"name": "key-clerk", "permissions": {"apikeys": "write"}},
-        )
+        status, _ = await define_role(svc, key, "key-clerk", {"apikeys": "write"})
         assert status == 201
         await svc.create_user(key, "clerk", PASSWORD, roles=["key-clerk"])
         await svc.create_user(key, "adm3", PASSWORD, roles=["admin"])
