@@ -262,7 +262,7 @@ class Activation(Generic[S]):
         first_run = await store.read_stream(
             self._key.stream_id, result.first_version, to_version=result.last_version
         )
-        if first_run and not _same_request(command, first_run[0].metadata):
+        if first_run and not _same_request(command, first_run[0]):
             raise Conflict(
                 f"command id {command.command_id!r} was already used for another request "
                 f"({first_run[0].metadata.get('command_type')}) on {self._key.stream_id}; "
@@ -324,12 +324,17 @@ class Activation(Generic[S]):
         return self._store
 
 
-def _same_request(command: Command, first_run: dict[str, Any]) -> bool:
-    """Whether the first run of this command id (its first event's metadata) was this
-    request: the same command type, on the same target (Command.target_fields). Events
-    recorded before the metadata named these are taken as the same."""
-    recorded_type = first_run.get("command_type")
+def _same_request(command: Command, first_event: RecordedEvent) -> bool:
+    """Whether the first run of this command id (its first event) was this request: the
+    same command type, on the same target (Command.target_fields). The metadata says so
+    (`request_digest`); an event recorded before it did is judged by the target fields its
+    own data holds (an `ApiKeyRevoked` names its `key_id`)."""
+    recorded_type = first_event.metadata.get("command_type")
     if recorded_type is not None and recorded_type != type(command).__name__:
         return False
-    recorded_digest = first_run.get("request_digest")
-    return recorded_digest is None or recorded_digest == command.request_digest()
+    recorded_digest = first_event.metadata.get("request_digest")
+    if recorded_digest is not None:
+        return bool(recorded_digest == command.request_digest())
+    target = command.model_dump(mode="json", include=set(command.target_fields))
+    data = first_event.data
+    return all(data[name] == value for name, value in target.items() if name in data)

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 from test_admin_support import Service, service, uid
 
+from datetime import UTC, datetime
+
+from actors.workspace import workspace_key
 from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
+from eventstore.records import NewEvent
 from gateway.state import STORE
+from schemas.events import EVENTS
+from schemas.workspace import ApiKeyRevoked
 
 __all__ = ["service"]
 
@@ -336,6 +342,40 @@ async def test_an_idempotency_key_reused_for_another_revocation_is_refused(
             assert_error(body, "idempotency_key_reused")
     await service.settle(done["cursor"])
     assert (await service.get_json("/v1/admin/overview", second["key"]))["workspace_id"] == ws
+
+
+async def test_a_key_used_before_revocations_named_their_request_is_judged_by_the_event(
+    service: Service,
+) -> None:
+    """A revocation recorded before events carried `request_digest` (appended here as an
+    older release did): its key reused to revoke another key is still a different request."""
+    ws = uid("ws-")
+    admin = await service.issue_key(ws, ("admin:read", "admin:write"))
+    first, second = [
+        await service.post_json(
+            "/v1/admin/apikeys", admin, {"name": n, "scopes": ["admin:read"]}, 201
+        )
+        for n in ("first", "second")
+    ]
+    old = ApiKeyRevoked(workspace_id=ws, key_id=first["id"], at=datetime.now(UTC), by=None)
+    type_name, version, data = EVENTS.encode(old)
+    metadata = {"command_type": "RevokeApiKey", "command_id": "old-revoke"}
+    await service.app[STORE].append(
+        workspace_key(ws).stream_id,
+        [NewEvent(type_name, data, version, metadata)],
+        expected_version=None,
+        command_id="old-revoke",
+        workspace_id=ws,
+    )
+    reused = {"Idempotency-Key": "old-revoke"}
+    body = await service.post_json(
+        f"/v1/admin/apikeys/{second['id']}/revoke", admin, None, 409, **reused
+    )
+    assert_error(body, "idempotency_key_reused")
+    again = await service.post_json(
+        f"/v1/admin/apikeys/{first['id']}/revoke", admin, None, **reused
+    )
+    assert again["id"] == first["id"]
 
 
 @pytest.mark.parametrize(
