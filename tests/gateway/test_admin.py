@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from test_admin_support import Service, service, uid
@@ -309,12 +310,8 @@ async def test_api_keys_issue_list_revoke(service: Service) -> None:
     assert_error(body)
 
 
-async def test_an_idempotency_key_reused_for_another_revocation_is_refused(
-    service: Service,
-) -> None:
-    """A key already used (for an issue, or for revoking another key) does not make a
-    revocation answer as done: 409, and the key it names stays valid. The same revocation
-    retried with its own key gets its first result."""
+async def _two_issued_keys(service: Service) -> tuple[str, str, Any, Any]:
+    """A fresh workspace, its admin key, and two admin:read keys issued through the API."""
     ws = uid("ws-")
     admin = await service.issue_key(ws, ("admin:read", "admin:write"))
     first, second = [
@@ -323,6 +320,16 @@ async def test_an_idempotency_key_reused_for_another_revocation_is_refused(
         )
         for n in ("first", "second")
     ]
+    return ws, admin, first, second
+
+
+async def test_an_idempotency_key_reused_for_another_revocation_is_refused(
+    service: Service,
+) -> None:
+    """A key already used (for an issue, or for revoking another key) does not make a
+    revocation answer as done: 409, and the key it names stays valid. The same revocation
+    retried with its own key gets its first result."""
+    ws, admin, first, second = await _two_issued_keys(service)
     used_for_issue = {"Idempotency-Key": uid("issue-")}
     await service.post_json(
         "/v1/admin/apikeys", admin, {"name": "third", "scopes": ["chat"]}, 201, **used_for_issue
@@ -349,14 +356,7 @@ async def test_a_key_used_before_revocations_named_their_request_is_judged_by_th
 ) -> None:
     """A revocation recorded before events carried `request_digest` (appended here as an
     older release did): its key reused to revoke another key is still a different request."""
-    ws = uid("ws-")
-    admin = await service.issue_key(ws, ("admin:read", "admin:write"))
-    first, second = [
-        await service.post_json(
-            "/v1/admin/apikeys", admin, {"name": n, "scopes": ["admin:read"]}, 201
-        )
-        for n in ("first", "second")
-    ]
+    ws, admin, first, second = await _two_issued_keys(service)
     old = ApiKeyRevoked(workspace_id=ws, key_id=first["id"], at=datetime.now(UTC), by=None)
     type_name, version, data = EVENTS.encode(old)
     metadata = {"command_type": "RevokeApiKey", "command_id": "old-revoke"}
