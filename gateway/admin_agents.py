@@ -31,13 +31,13 @@ from gateway.admin_common import (
     WRITE,
     acting,
     ask,
-    command_id,
     ok,
     read_your_writes,
     wait_applied,
 )
 from gateway.chat import forget_agents
 from gateway.errors import read_json, read_query
+from gateway.identity.common import command_id
 from gateway.openapi import IDEMPOTENCY_KEY, document
 from gateway.state import DATABASE, MODEL_PROVIDERS, Principal
 from projections import agent_queries

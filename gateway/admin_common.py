@@ -13,7 +13,7 @@ from actors.behaviour import ActorKey
 from gateway.auth import authenticate
 from gateway.identity.roles import domain_for_path, require_access
 from gateway.state import PROJECTIONS, RUNTIME, TAILER, Principal
-from schemas.commands import Command, client_command_id
+from schemas.commands import Command
 from schemas.errors import Unavailable
 
 READ = "admin:read"
@@ -31,10 +31,6 @@ def ok(model: BaseModel, *, status: int = 200) -> web.Response:
     return web.Response(
         status=status, body=model.model_dump_json(), content_type="application/json"
     )
-
-
-def command_id(request: web.Request) -> str:
-    return client_command_id(request.headers.get("Idempotency-Key", "").strip())
 
 
 async def ask(request: web.Request, key: ActorKey, command: Command) -> Any:

@@ -22,14 +22,13 @@ from gateway.admin_common import (
     WRITE,
     acting,
     ask,
-    command_id,
     ok,
     read_your_writes,
     wait_applied,
 )
 from gateway.auth import check_delegation, generate_key, hash_key, holds_owner_power
 from gateway.errors import read_json, read_query
-from gateway.identity.common import describe
+from gateway.identity.common import command_id, describe
 from gateway.state import AUTH, DATABASE, STORE, Principal
 from projections import queries
 from projections.identity_queries import key_owner

@@ -68,6 +68,8 @@ def new_id(prefix: str) -> str:
 
 
 def command_id(request: web.Request) -> str:
+    """The command id of an admin or identity write: from its `Idempotency-Key`, so a
+    retried request is answered from the ledger instead of running twice."""
     return client_command_id(request.headers.get("Idempotency-Key", "").strip())
 
 
