@@ -34,6 +34,7 @@ import ray
 from actors.behaviour import ActorKey
 from actors.errors import AskTimeout, RuntimeNotStarted, RuntimeStopping
 from actors.ray.host import ActorHost, BehaviourSource, HostSpec, Reconfigurable
+from actors.ray.reload import FreshReload
 from actors.ray.watch import (
     HOST_ERRORS,
     HOST_ERRORS_OR_TIMEOUT,
@@ -239,7 +240,7 @@ class RayRuntime:
         self._watch = HostWatch(self._attempts, on_restart=self._send_config)
         self._config: Any = None
         self._configuring: set[asyncio.Task[None]] = set()
-        self._refreshing: asyncio.Task[None] | None = None
+        self._refresh = FreshReload(self._load_map)
         self._notified: set[asyncio.Future[None]] = set()
         self._moving = asyncio.Lock()
         self._started_ray = False
@@ -326,6 +327,7 @@ class RayRuntime:
         if self._listener is not None:
             self._listener.terminate()
             self._listener = None
+        await self._refresh.close()
         stop_hosts = self._settings.stop_hosts
         if stop_hosts if stop_hosts is not None else self._started_ray:
             await self._stop_hosts(list(self._handles), deadline_s)
@@ -623,12 +625,6 @@ class RayRuntime:
             task = asyncio.ensure_future(self._refresh())
             self._notified.add(task)
             task.add_done_callback(self._notified.discard)
-
-    async def _refresh(self) -> None:
-        """Reload the map; concurrent callers share one query."""
-        if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.create_task(self._load_map())
-        await asyncio.shield(self._refreshing)
 
     async def _load_map(self) -> None:
         if self._db is None:
