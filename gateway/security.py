@@ -84,7 +84,9 @@ def _is_secure(request: web.Request, settings: Settings) -> bool:
     if request.secure:
         return True
     if _trusted(request.remote, _proxies(settings)):
-        proto = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+        # The rightmost value is the one the trusted proxy in front of us set; values to
+        # its left came with the request, from a client that may have written them itself.
+        proto = request.headers.get("X-Forwarded-Proto", "").split(",")[-1].strip().lower()
         return proto == "https"
     return False
 
@@ -186,8 +188,14 @@ async def add_security_headers(request: web.Request, response: web.StreamRespons
     headers.setdefault("Referrer-Policy", "no-referrer")
     headers.setdefault("X-Frame-Options", "DENY")
     origin = request.headers.get("Origin", "").rstrip("/")
-    if origin and origin in allowed_origins(settings):
+    if not origin:
+        return
+    # Whether the CORS headers are there depends on Origin, allowed or not: a shared cache
+    # must not hand the copy made for one origin to another.
+    varies = {v.strip().lower() for line in headers.getall("Vary", ()) for v in line.split(",")}
+    if "origin" not in varies:
+        headers.add("Vary", "Origin")
+    if origin in allowed_origins(settings):
         headers["Access-Control-Allow-Origin"] = origin
         headers["Access-Control-Allow-Credentials"] = "true"
         headers["Access-Control-Expose-Headers"] = EXPOSED_HEADERS
-        headers.add("Vary", "Origin")

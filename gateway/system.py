@@ -46,7 +46,8 @@ CLIENT_LOG_PER_MINUTE = 60
 REDACTED = "[redacted]"
 _SECRET_NAME = re.compile(r"(?i)(pass|secret|token|key|auth|cookie|session|credential|dsn)")
 _SECRET_TEXT = re.compile(
-    r"(?i)(svc_[A-Za-z0-9_\-]{16,}|bearer\s+\S+|[a-z]+://[^\s/:@]+:[^\s/@]+@)"
+    r"(?i)(svc_[A-Za-z0-9_\-]{16,}|bearer\s+\S+|basic\s+[A-Za-z0-9+/]{8,}={0,2}"
+    r"|[a-z]+://[^\s/:@]+:[^\s/@]+@)"
 )
 _LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40}
 
@@ -157,9 +158,13 @@ async def server_time(request: web.Request) -> web.Response:
 
 
 def _secret_values(request: web.Request) -> list[str]:
+    """Every secret setting's value: the running one and the one stored for the next start
+    (a secret changed since start, waiting for a restart, is a secret already)."""
     settings = request.app[SETTINGS]
-    values = (settings.raw(k) for k, spec in CATALOG.items() if spec.secret)
-    return [v for v in values if len(v) >= 4]
+    secret = [k for k, spec in CATALOG.items() if spec.secret]
+    values = {settings.raw(k) for k in secret} | {settings.resolve(k).raw for k in secret}
+    # Longest first: a secret that contains another is replaced whole.
+    return sorted((v for v in values if len(v) >= 4), key=len, reverse=True)
 
 
 def redact(text: str, secrets: list[str]) -> str:
@@ -170,7 +175,7 @@ def redact(text: str, secrets: list[str]) -> str:
 
 def _log_entry(entry: ClientLogEntry, ip: str, secrets: list[str]) -> None:
     context = {
-        k: REDACTED if _SECRET_NAME.search(k) else redact(str(v), secrets)
+        redact(k, secrets): REDACTED if _SECRET_NAME.search(k) else redact(str(v), secrets)
         for k, v in entry.context.items()
     }
     client_log.log(

@@ -12,6 +12,7 @@ import pytest
 from platform_support import WHOAMI, running, settings_for, uid
 
 from gateway import openapi
+from gateway.state import SETTINGS_SERVICE
 
 
 async def test_health_ping_time(database_url: str) -> None:
@@ -210,6 +211,27 @@ async def test_client_log_is_validated_limited_and_redacted(
         assert 429 in statuses
 
 
+async def test_client_log_redacts_names_basic_credentials_and_stored_secrets(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running(settings_for(database_url)) as svc:
+        api_key, _ = await svc.issue_key("default")
+        # Stored while running: applies at the next start, and is a secret from now on.
+        await svc.app[SETTINGS_SERVICE].set("SVC_MEDIA_TOKEN_SECRET", "stored-later-4242")
+        entry = {
+            "level": "info",
+            "message": "saw stored-later-4242 and Authorization: Basic dXNlcjpwYXNz",
+            "context": {api_key: "named by a key", "page": "/chat"},
+        }
+        with caplog.at_level(logging.INFO, logger="svc.client"):
+            status, _, _ = await svc.request("POST", "/v1/client-log", json={"entries": [entry]})
+        assert status == 202
+        (line,) = [r.getMessage() for r in caplog.records if r.name == "svc.client"]
+        for secret in (api_key, "stored-later-4242", "dXNlcjpwYXNz"):
+            assert secret not in line
+        assert "named by a key" in line and "/chat" in line
+
+
 async def test_security_headers_and_hidden_paths(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         status, _, headers = await svc.request("GET", "/healthz")
@@ -237,6 +259,7 @@ async def test_csp_override_and_cors(database_url: str) -> None:
         preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
         status, _, headers = await svc.request("OPTIONS", "/v1/chat/completions", headers=preflight)
         assert status == 204 and "Authorization" in headers["Access-Control-Allow-Headers"]
+        assert headers.getall("Vary") == ["Origin"]
         evil = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
         status, _, _ = await svc.request("OPTIONS", "/v1/chat/completions", headers=evil)
         assert status == 403
@@ -244,9 +267,11 @@ async def test_csp_override_and_cors(database_url: str) -> None:
             "GET", "/healthz", headers={"Origin": "https://evil.example"}
         )
         assert "Access-Control-Allow-Origin" not in headers
+        assert headers.getall("Vary") == ["Origin"]  # a cache keeps one copy per origin
         _, _, headers = await svc.request(
             "GET", "/healthz", headers={"Origin": "https://app.example"}
         )
+        assert headers.getall("Vary") == ["Origin"]
         exposed = {h.strip() for h in headers["Access-Control-Expose-Headers"].split(",")}
         assert {"X-SVC-Conversation-Id", "X-SVC-Cursor", "Retry-After"} <= exposed
 
@@ -277,9 +302,14 @@ async def test_require_secure_behind_a_trusted_proxy(database_url: str) -> None:
             assert status in (200, 503), probe
         status, body, _ = await svc.request("POST", "/v1/client-log", headers=remote, json={})
         assert status == 403 and body["error"]["type"] == "permission_error"
-        secure = {**remote, "X-Forwarded-Proto": "https"}
-        status, _, _ = await svc.request("GET", "/healthz", headers=secure)
-        assert status == 200
+        # The proxy in front appends the scheme it was reached by: the rightmost value is its
+        # own, anything to the left came from the client.
+        for proto, expected in (("https", 200), ("https, http", 308), ("http, https", 200)):
+            forwarded = {**remote, "X-Forwarded-Proto": proto}
+            status, _, _ = await svc.request(
+                "GET", "/v1/ping", headers=forwarded, allow_redirects=False
+            )
+            assert status == expected, proto
 
 
 async def test_https_redirect_goes_to_the_public_url(database_url: str) -> None:
