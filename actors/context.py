@@ -9,7 +9,9 @@ gets `ConcurrencyConflict` instead of forking the stream.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
@@ -44,10 +46,31 @@ class Counters:
     duplicates: int = 0
 
 
+DEFAULT_CONFLICT_RETRIES = 8
+
+
 @dataclass(frozen=True, slots=True)
 class ExecutionPolicy:
+    """`conflict_retries`: how many times a stale activation catches up and decides again
+    before the caller gets 409. Two processes writing one stream (two gateways taking turns
+    of one conversation) each catch up and try again in lockstep; waiting a random time of
+    up to `conflict_backoff_s` * 2^(n-1) (at most `CONFLICT_BACKOFF_CAP_S`) before the n-th
+    retry breaks that step. bench/actor_contention.py measured 1 turn in 400 given up with
+    3 immediate retries; see docs/performance.md."""
+
     snapshot_every: int = 100
-    conflict_retries: int = 3
+    conflict_retries: int = DEFAULT_CONFLICT_RETRIES
+    conflict_backoff_s: float = 0.002
+
+
+CONFLICT_BACKOFF_CAP_S = 0.1
+
+
+def conflict_backoff(policy: ExecutionPolicy, conflicts: int) -> float:
+    """The random wait before retrying after the `conflicts`-th conflict in a row (full
+    jitter: any value from zero to the exponential bound)."""
+    bound = min(CONFLICT_BACKOFF_CAP_S, policy.conflict_backoff_s * 2 ** (conflicts - 1))
+    return random.uniform(0.0, bound)
 
 
 class Activation(Generic[S]):
@@ -207,6 +230,7 @@ class Activation(Generic[S]):
                         f"{self._key} could not record {type(command).__name__}: other writers "
                         f"moved the stream {conflicts} times in a row; retry the request"
                     ) from None
+                await asyncio.sleep(conflict_backoff(self._policy, conflicts))
                 continue
             if result.duplicate:
                 return await self._duplicate(command, result)

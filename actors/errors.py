@@ -90,6 +90,7 @@ _RECORDED_STATUS: dict[str, tuple[int, str]] = {
     "interrupted": (Unavailable.http_status, Unavailable.error_type),
     RuntimeStopping.default_code: (Unavailable.http_status, Unavailable.error_type),
     "internal_error": (SvcError.http_status, SvcError.error_type),
+    "concurrency_conflict": (Conflict.http_status, Conflict.error_type),
 }
 
 

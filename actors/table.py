@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.behaviour import ActorKey, Behaviour
-from actors.context import Activation, Counters, ExecutionPolicy
+from actors.context import DEFAULT_CONFLICT_RETRIES, Activation, Counters, ExecutionPolicy
 from actors.errors import (
     CommandInterrupted,
     RuntimeNotStarted,
@@ -219,7 +219,7 @@ class ActivationTable:
         snapshot_every: int = 100,
         idle_s: float = 300.0,
         max_active: int = 10_000,
-        conflict_retries: int = 3,
+        conflict_retries: int = DEFAULT_CONFLICT_RETRIES,
         registry: EventRegistry = EVENTS,
     ) -> None:
         if snapshot_every < 1 or max_active < 1 or idle_s <= 0 or conflict_retries < 0:

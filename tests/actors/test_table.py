@@ -27,7 +27,7 @@ from actors import (
     workspace_key,
 )
 from actors import table as table_module
-from actors.context import Activation, Counters, ExecutionPolicy
+from actors.context import Activation, Counters, ExecutionPolicy, conflict_backoff
 from actors.conversation import RECENT_TURNS
 from eventstore import PostgresEventStore
 from eventstore.errors import StoreUnavailable
@@ -153,6 +153,21 @@ async def test_conflict_retries_are_bounded(store: PostgresEventStore) -> None:
     assert outcome.last_version == 3
     await stale.stop()
     await fresh.stop()
+
+
+def test_conflict_backoff_is_random_below_a_doubling_capped_bound() -> None:
+    policy = ExecutionPolicy(conflict_backoff_s=0.002)
+    for conflicts, bound in ((1, 0.002), (2, 0.004), (3, 0.008), (7, 0.1), (30, 0.1)):
+        waits = {conflict_backoff(policy, conflicts) for _ in range(50)}
+        assert all(0.0 <= w <= bound for w in waits) and len(waits) > 1, conflicts
+    assert max(conflict_backoff(policy, 30) for _ in range(200)) > 0.05
+
+
+def test_a_turn_given_up_on_conflicts_is_a_409_when_retried() -> None:
+    from actors import RecordedTurnFailure
+
+    again = RecordedTurnFailure("moved 9 times", code="concurrency_conflict")
+    assert (again.http_status, again.error_type) == (409, "conflict_error")
 
 
 async def test_command_id_reused_on_another_actor_is_refused(store: PostgresEventStore) -> None:
