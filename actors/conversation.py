@@ -56,6 +56,7 @@ from actors.models.port import (
 )
 from schemas.commands import Command, service_command_id
 from schemas.conversation import (
+    MAX_CONTENT,
     MAX_DURATION_MS,
     MAX_TITLE,
     AssistantMessageCompleted,
@@ -733,11 +734,15 @@ class ConversationBehaviour(Behaviour[ConversationState]):
     ) -> AsyncIterator[Any]:
         began = time.monotonic()
         parts: list[str] = []
+        length = 0
         finished: Finished | None = None
         try:
             # Without a reader for the deltas (an ask), the upstream is asked for one completion.
             async for item in provider.stream(_request(command, ctx.streaming, budget_s)):
                 if isinstance(item, TextDelta):
+                    length += len(item.text)
+                    if length > MAX_CONTENT:  # stop reading now: the log could not hold it
+                        raise _overlong(command.model)
                     parts.append(item.text)
                     yield item
                 else:
@@ -830,6 +835,14 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             log.exception("could not record the failure of turn %s", command.turn_id)
 
 
+def _overlong(model: str) -> UpstreamError:
+    return UpstreamError(
+        f"model {model!r} answered more than {MAX_CONTENT:,} characters, more than a message "
+        "holds; lower max_tokens",
+        code="upstream_bad_response",
+    )
+
+
 def _request(command: RunTurn, streaming: bool, budget_s: float | None) -> ModelRequest:
     params = command.params
     return ModelRequest(
@@ -838,6 +851,7 @@ def _request(command: RunTurn, streaming: bool, budget_s: float | None) -> Model
         temperature=params.temperature,
         top_p=params.top_p,
         max_tokens=params.max_tokens,
+        max_tokens_as=params.max_tokens_as or "max_tokens",
         stop=params.stop,
         seed=params.seed,
         presence_penalty=params.presence_penalty,

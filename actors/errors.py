@@ -9,6 +9,7 @@ from __future__ import annotations
 from schemas.errors import (
     Conflict,
     InvalidInput,
+    NotFound,
     SvcError,
     Unavailable,
     UpstreamError,
@@ -91,6 +92,7 @@ _RECORDED_STATUS: dict[str, tuple[int, str]] = {
     RuntimeStopping.default_code: (Unavailable.http_status, Unavailable.error_type),
     "internal_error": (SvcError.http_status, SvcError.error_type),
     "concurrency_conflict": (Conflict.http_status, Conflict.error_type),
+    "model_not_found": (NotFound.http_status, NotFound.error_type),
 }
 
 

@@ -110,7 +110,7 @@ class StubUpstream:
                 headers=headers,
             )
         words = self.words()
-        max_tokens = body.get("max_tokens")
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
         finish = "stop"
         if isinstance(max_tokens, int) and max_tokens < len(words):
             words, finish = words[:max_tokens], "length"

@@ -344,6 +344,7 @@ def _build_turn(
         temperature=body.temperature,
         top_p=body.top_p,
         max_tokens=body.token_limit,
+        max_tokens_as=body.token_limit_name,
         stop=body.stop_sequences,
         seed=body.seed,
         presence_penalty=body.presence_penalty,

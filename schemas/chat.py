@@ -183,6 +183,13 @@ class ChatCompletionRequest(BaseModel):
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
     @property
+    def token_limit_name(self) -> Literal["max_completion_tokens"] | None:
+        """`max_completion_tokens` when the client named the limit so (and not `max_tokens`
+        as well): the upstream is sent the name the client chose."""
+        named_new = self.max_tokens is None and self.max_completion_tokens is not None
+        return "max_completion_tokens" if named_new else None
+
+    @property
     def stop_sequences(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 

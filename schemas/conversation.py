@@ -86,6 +86,9 @@ class TurnParams(BaseModel):
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    max_tokens_as: Literal["max_completion_tokens"] | None = None
+    """The name the client gave `max_tokens`, sent upstream under it: OpenAI's reasoning
+    models refuse `max_tokens`. None: `max_tokens`."""
 
     @model_serializer(mode="wrap")
     def _later_fields_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
@@ -99,7 +102,7 @@ class TurnParams(BaseModel):
         return data
 
 
-_LATER_PARAMS = ("stop", "seed", "presence_penalty", "frequency_penalty")
+_LATER_PARAMS = ("stop", "seed", "presence_penalty", "frequency_penalty", "max_tokens_as")
 
 
 # --- commands -------------------------------------------------------------------------------

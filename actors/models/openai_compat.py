@@ -35,7 +35,8 @@ import orjson
 
 from actors.models.port import ChatMessage, Finished, ModelEvent, ModelRequest, TextDelta, Usage
 from actors.models.tokens import estimate_prompt_tokens, estimate_tokens
-from schemas.errors import UpstreamError, UpstreamTimeout
+from schemas.conversation import MAX_CONTENT
+from schemas.errors import NotFound, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})
 _MAX_MESSAGE_CHARS = 300
 _MAX_LINE_BYTES = 4 * 1024 * 1024
+# A message holds MAX_CONTENT characters; in JSON each may take up to 6 bytes (\uXXXX).
+_MAX_COMPLETION_BYTES = 6 * MAX_CONTENT + 64 * 1024
 _SECRET_PATTERNS = (
     re.compile(r"(?i)bearer\s+[^\s\"',;]+"),
     re.compile(r"\bsk-[A-Za-z0-9_\-]{6,}"),
@@ -148,7 +151,7 @@ class OpenAICompatProvider:
         if top_p is not None:
             body["top_p"] = top_p
         if request.max_tokens is not None:
-            body["max_tokens"] = request.max_tokens
+            body[request.max_tokens_as] = request.max_tokens
         if request.stop:
             body["stop"] = list(request.stop)
         optional = {
@@ -222,11 +225,10 @@ class OpenAICompatProvider:
             )
             async with request as resp:
                 if resp.status != 200:
-                    await _raise_for_status(resp, self._api_key)
+                    await _raise_for_status(resp, self._api_key, forwarded=not self.model)
                 if resp.content_type == "application/json":
-                    async for event in _from_completion(
-                        await resp.json(loads=orjson.loads), messages
-                    ):
+                    completion = _json_body(await _read_capped(resp.content))
+                    async for event in _from_completion(completion, messages):
                         yield event
                     return
                 stream = _from_stream(resp.content, messages, self._api_key, resp.content_type)
@@ -244,6 +246,30 @@ class OpenAICompatProvider:
             ) from None
 
 
+async def _read_capped(content: aiohttp.StreamReader) -> bytes:
+    """The whole body, refused as soon as it passes `_MAX_COMPLETION_BYTES`: an answer that
+    large could not be recorded, and reading it all first would hold it all in memory."""
+    body = bytearray()
+    async for chunk in content.iter_any():
+        body += chunk
+        if len(body) > _MAX_COMPLETION_BYTES:
+            raise UpstreamError(
+                f"model server answered with a completion over {_MAX_COMPLETION_BYTES:,} "
+                "bytes, more than a message holds; lower max_tokens",
+                code="upstream_bad_response",
+            )
+    return bytes(body)
+
+
+def _json_body(body: bytes) -> object:
+    try:
+        return orjson.loads(body)
+    except ValueError:
+        raise UpstreamError(
+            "model server answered application/json that is not JSON", code="upstream_bad_response"
+        ) from None
+
+
 def _timeout(budget_s: float) -> UpstreamTimeout:
     return UpstreamTimeout(
         f"model call exceeded its {budget_s:g}s budget (SVC_LLM_CALL_TIMEOUT_S)",
@@ -251,7 +277,12 @@ def _timeout(budget_s: float) -> UpstreamTimeout:
     )
 
 
-async def _raise_for_status(resp: aiohttp.ClientResponse, api_key: str | None) -> None:
+async def _raise_for_status(
+    resp: aiohttp.ClientResponse, api_key: str | None, *, forwarded: bool
+) -> None:
+    """Raise what the upstream's refusal means here. `forwarded`: the client's own model
+    name was sent (no SVC_LLM_MODEL), so the upstream's "no such model" is the client's
+    404, which SDKs do not retry; with a configured model it is this server's 502."""
     status = resp.status
     if status in (401, 403):
         # Model servers quote the refused key here, often masked as a prefix and a suffix
@@ -261,7 +292,10 @@ async def _raise_for_status(resp: aiohttp.ClientResponse, api_key: str | None) -
             "SVC_NATIVE_API_KEY",
             code="upstream_auth_failed",
         )
-    message = _scrub(await _error_message(resp), api_key)
+    message, upstream_code = await _error_message(resp)
+    message = _scrub(message, api_key)
+    if status == 404 and forwarded and upstream_code == "model_not_found":
+        raise NotFound(f"the model server has no such model: {message}", code="model_not_found")
     if status in TRANSIENT_STATUSES:
         raise _Transient(f"HTTP {status}: {message}", _retry_after(resp.headers))
     code = {
@@ -272,20 +306,22 @@ async def _raise_for_status(resp: aiohttp.ClientResponse, api_key: str | None) -
     raise UpstreamError(f"model server answered HTTP {status}: {message}", code=code)
 
 
-async def _error_message(resp: aiohttp.ClientResponse) -> str:
+async def _error_message(resp: aiohttp.ClientResponse) -> tuple[str, str | None]:
+    """The upstream's error message and, in the OpenAI shape, its error code."""
     try:
         text = (await resp.content.read(8192)).decode("utf-8", "replace")
     except (aiohttp.ClientError, TimeoutError):
-        return resp.reason or "no message"
+        return resp.reason or "no message", None
     with contextlib.suppress(ValueError):
         data = json.loads(text)
         if isinstance(data, dict):
             error = data.get("error", data)
             if isinstance(error, dict) and isinstance(error.get("message"), str):
-                return str(error["message"])
+                code = error.get("code")
+                return str(error["message"]), code if isinstance(code, str) else None
             if isinstance(error, str):
-                return error
-    return text.strip() or resp.reason or "no message"
+                return error, None
+    return text.strip() or resp.reason or "no message", None
 
 
 def _scrub(message: str, api_key: str | None) -> str:
@@ -388,7 +424,10 @@ async def _from_completion(
     usage = _usage(chunk.get("usage")) or Usage(
         estimate_prompt_tokens(messages), estimate_tokens(text)
     )
-    yield Finished(finish_reason=reason if isinstance(reason, str) else "stop", usage=usage)
+    # As in a stream, an empty or absent reason is a plain stop.
+    yield Finished(
+        finish_reason=reason if isinstance(reason, str) and reason else "stop", usage=usage
+    )
 
 
 async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[str]:

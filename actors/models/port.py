@@ -26,6 +26,8 @@ class ModelRequest:
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
+    max_tokens_as: str = "max_tokens"
+    """The wire name of `max_tokens` (OpenAI's newer name is `max_completion_tokens`)."""
     stop: tuple[str, ...] = ()
     seed: int | None = None
     presence_penalty: float | None = None

@@ -186,6 +186,25 @@ async def test_failing_provider_records_turn_failed_and_reraises(
     assert len(await store.read_stream(conversation_key(cid).stream_id)) == len(recorded)
 
 
+async def test_an_answer_past_what_a_message_holds_is_cut_off_as_it_streams(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    """A flooding upstream is stopped at the first delta past MAX_CONTENT, not read to its
+    end and then refused: memory stays bounded by what a message can hold."""
+    flooding = ScriptedProvider(deltas=["x" * 400_000] * 10)
+    runtime = await make_runtime([ConversationBehaviour([flooding])])
+    cid = uuid.uuid4().hex
+    seen: list[object] = []
+    with pytest.raises(UpstreamError) as raised:
+        async for item in runtime.stream(conversation_key(cid), run_turn()):
+            seen.append(item)
+    assert raised.value.code == "upstream_bad_response" and "max_tokens" in raised.value.message
+    assert len(seen) == 2  # 800,000 characters passed on; the third delta went over
+    recorded = await store.read_stream(conversation_key(cid).stream_id)
+    assert recorded[-1].type == "conversation.turn_failed"
+    assert recorded[-1].data["error_code"] == "upstream_bad_response"
+
+
 async def test_a_retried_failure_keeps_the_status_of_its_first_attempt(
     make_runtime: MakeRuntime, store: PostgresEventStore
 ) -> None:

@@ -163,11 +163,13 @@ def test_conflict_backoff_is_random_below_a_doubling_capped_bound() -> None:
     assert max(conflict_backoff(policy, 30) for _ in range(200)) > 0.05
 
 
-def test_a_turn_given_up_on_conflicts_is_a_409_when_retried() -> None:
+def test_a_retried_turn_keeps_a_conflict_or_an_unknown_model_as_first_answered() -> None:
     from actors import RecordedTurnFailure
 
     again = RecordedTurnFailure("moved 9 times", code="concurrency_conflict")
     assert (again.http_status, again.error_type) == (409, "conflict_error")
+    again = RecordedTurnFailure("no model gpt-9", code="model_not_found")
+    assert (again.http_status, again.error_type) == (404, "invalid_request_error")
 
 
 async def test_command_id_reused_on_another_actor_is_refused(store: PostgresEventStore) -> None:

@@ -174,6 +174,16 @@ async def test_upstream_answer_and_usage(chat: Chat) -> None:
     assert "temperature" not in body and "top_p" not in body
 
 
+async def test_max_completion_tokens_is_sent_upstream_by_that_name(chat: Chat) -> None:
+    """OpenAI's reasoning models refuse `max_tokens`: the upstream gets the client's name."""
+    completion = await chat.client().chat.completions.create(
+        model=UPSTREAM_MODEL, messages=HELLO, max_completion_tokens=2
+    )
+    assert completion.choices[0].finish_reason == "length"
+    body = chat.stub.bodies[0]
+    assert body["max_completion_tokens"] == 2 and "max_tokens" not in body
+
+
 async def test_request_temperature_is_sent_upstream(chat: Chat) -> None:
     await chat.client().chat.completions.create(
         model=UPSTREAM_MODEL, messages=HELLO, temperature=0.3, top_p=0.5

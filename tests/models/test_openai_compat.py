@@ -11,7 +11,7 @@ import stub_upstream
 
 from actors.models.openai_compat import OpenAICompatProvider
 from actors.models.port import ChatMessage, Finished, ModelEvent, ModelRequest, TextDelta
-from schemas.errors import UpstreamError, UpstreamTimeout
+from schemas.errors import NotFound, UpstreamError, UpstreamTimeout
 
 API_KEY = "sk-test-secret-0123456789"
 
@@ -290,3 +290,57 @@ async def test_mid_stream_error_chunk_is_scrubbed_of_the_api_key() -> None:
     assert caught.value.code == "upstream_interrupted"
     assert "quota gone" in caught.value.message
     assert key not in caught.value.message
+
+
+async def test_max_completion_tokens_goes_upstream_under_that_name(stub: Any) -> None:
+    await collect(provider(stub.base_url), request(max_tokens=3))
+    await collect(
+        provider(stub.base_url), request(max_tokens=3, max_tokens_as="max_completion_tokens")
+    )
+    assert stub.bodies[0]["max_tokens"] == 3 and "max_completion_tokens" not in stub.bodies[0]
+    assert stub.bodies[1]["max_completion_tokens"] == 3 and "max_tokens" not in stub.bodies[1]
+
+
+NO_SUCH_MODEL = json.dumps(
+    {"error": {"message": "The model `gpt-9` does not exist", "code": "model_not_found"}}
+)
+
+
+async def test_an_unknown_forwarded_model_is_the_clients_404(stub: Any) -> None:
+    """With no SVC_LLM_MODEL the client's model name is sent: the upstream's "no such model"
+    is a 404 SDKs do not retry; with a configured model it is this server's 502."""
+    for _ in range(2):
+        stub.faults.append(stub_upstream.Fault(404, NO_SUCH_MODEL, content_type="application/json"))
+    with pytest.raises(NotFound) as forwarded:
+        await collect(provider(stub.base_url, model=""), request())
+    assert forwarded.value.code == "model_not_found" and "gpt-9" in forwarded.value.message
+    with pytest.raises(UpstreamError) as configured:
+        await collect(provider(stub.base_url), request())
+    assert configured.value.code == "upstream_model_not_found"
+    # A 404 that names no model (a wrong SVC_LLM_GATEWAY_URL path) stays the server's fault.
+    stub.faults.append(stub_upstream.Fault(404, "Not Found", content_type="text/plain"))
+    with pytest.raises(UpstreamError):
+        await collect(provider(stub.base_url, model=""), request())
+    assert stub.calls == 3
+
+
+def completion_body(content: str, finish_reason: str) -> str:
+    choice = {"index": 0, "message": {"role": "assistant", "content": content}}
+    return json.dumps({"choices": [{**choice, "finish_reason": finish_reason}]})
+
+
+async def test_a_json_completion_with_an_empty_finish_reason_is_a_stop(stub: Any) -> None:
+    body = completion_body("hello", "")
+    stub.faults.append(stub_upstream.Fault(200, body, content_type="application/json"))
+    events = await collect(provider(stub.base_url), request())
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["hello"]
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "stop"
+
+
+async def test_a_json_completion_too_large_to_record_is_refused_unread(stub: Any) -> None:
+    body = completion_body("x" * 7_000_000, "stop")
+    stub.faults.append(stub_upstream.Fault(200, body, content_type="application/json"))
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url), request())
+    assert caught.value.code == "upstream_bad_response" and "max_tokens" in caught.value.message
+    assert stub.calls == 1
