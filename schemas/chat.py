@@ -167,6 +167,15 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("only text output is supported")
         return value
 
+    @field_validator("messages")
+    @classmethod
+    def _a_user_message(cls, value: list[ChatMessageIn]) -> list[ChatMessageIn]:
+        # The conversation actor refuses such a turn too; checked here as well, it is refused
+        # before a conversation id is drawn for it, so the 400 names none.
+        if not any(m.role == "user" for m in value):
+            raise ValueError("at least one message must have role 'user'")
+        return value
+
     @model_validator(mode="after")
     def _one_token_limit(self) -> ChatCompletionRequest:
         if (

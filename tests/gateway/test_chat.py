@@ -525,18 +525,20 @@ async def test_a_request_refused_before_its_turn_names_no_new_conversation(chat:
         ({"model": OFFLINE, "messages": HELLO, "temperature": 7}, chat.key, 400),
         ({"model": "no-such-model", "messages": HELLO}, chat.key, 404),
         ({"model": OFFLINE, "messages": HELLO}, reader, 403),
-        # Refused by the conversation actor itself: no user message to answer.
+        # No user message to answer.
         ({"model": OFFLINE, "messages": [{"role": "system", "content": "hi"}]}, chat.key, 400),
     ]
     for body, key, status in refusals:
-        for named in ({}, {"X-SVC-Conversation-Id": existing}):
+        # An Idempotency-Key alone names no conversation either (one is derived from it).
+        for named in ({}, {"X-SVC-Conversation-Id": existing}, {"Idempotency-Key": uid("k-")}):
             resp = await chat.service.http.post(
                 chat.service.url("/v1/chat/completions"),
                 headers=chat.service.auth(key, **named),
                 json=body,
             )
             assert resp.status == status, await resp.text()
-            assert resp.headers.get("X-SVC-Conversation-Id") == (existing if named else None)
+            expected = existing if "X-SVC-Conversation-Id" in named else None
+            assert resp.headers.get("X-SVC-Conversation-Id") == expected
 
 
 async def test_malformed_conversation_header_is_a_bad_request(chat: Chat) -> None:
