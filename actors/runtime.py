@@ -37,6 +37,10 @@ class ActorRuntime(Protocol):
         caller's objects, which the caller updates itself."""
         ...
 
+    async def stats(self) -> TableStats:
+        """The actor table counters summed over every host (this process for `local`)."""
+        ...
+
     async def host_stats(self) -> dict[str, TableStats]:
         """The actor table counters of each host process the actors are spread over, by host
         name (for metrics); empty when they run in this process."""

@@ -269,11 +269,17 @@ def _initial_workspaces(settings: Settings) -> list[str]:
     return out
 
 
-async def _flush_and_stop(runner: ProjectionRunner, report: ShutdownReport) -> None:
+async def _flush_and_stop(
+    runner: ProjectionRunner, report: ShutdownReport, wrote: Callable[[], Awaitable[bool]]
+) -> None:
+    """Bring the read models up to what was written, then stop. A CLI command that wrote
+    nothing (a status, a replay, a refused argument) does not flush: it must not spend
+    seconds projecting other processes' events after it has answered."""
     with contextlib.suppress(Exception):
-        async with asyncio.timeout(PROJECTION_FLUSH_S):
-            await runner.catch_up()
-            report.projections_flushed = True
+        if await wrote():
+            async with asyncio.timeout(PROJECTION_FLUSH_S):
+                await runner.catch_up()
+                report.projections_flushed = True
     await runner.stop()
 
 
@@ -345,8 +351,12 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
         providers = ProviderSet.from_config(model_config(settings))
         stack.push_async_callback(providers.aclose)
         projections = ProjectionRunner(store.db, default_projectors(), notifier=notifier)
-        stack.push_async_callback(_flush_and_stop, projections, report)
         runtime = _runtime(settings, dsn, store, providers, local_only=not background)
+
+        async def wrote() -> bool:
+            return background or (await runtime.stats()).events_appended > 0
+
+        stack.push_async_callback(_flush_and_stop, projections, report, wrote)
         await runtime.start()
         shutdown = Shutdown(runtime, settings.shutdown_grace_s, report)
         stack.push_async_callback(shutdown.stop_runtime)

@@ -38,10 +38,12 @@ from actors.shards import NUM_SHARDS
 from actors.workspace import workspace_key
 from eventstore.records import RecordedEvent
 from gateway import bootstrap
+from gateway.admin_history import history_event
 from gateway.auth import SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform
-from gateway.control_chars import one_line
+from gateway.control_chars import json_visible, one_line
 from gateway.errors import validation_problems
+from gateway.feed_frames import redact_model
 from gateway.settings import Settings
 from projections import queries
 from schemas.commands import service_command_id
@@ -286,11 +288,17 @@ async def cmd_apikeys(args: argparse.Namespace, settings: Settings) -> int:
 # --- projections ---------------------------------------------------------------------------
 
 
-def _progress_bar(done: int, total: int) -> None:
+def _progress_bar(done: int, total: int, phase: str) -> None:
     width = 30
     filled = width if total == 0 else int(width * done / max(total, 1))
     bar = "#" * filled + "-" * (width - filled)
-    sys.stderr.write(f"\r[{bar}] {done}/{total} events")
+    step = {
+        "replaying": "",
+        "switching": ": switching the rebuilt rows in (one transaction; readers see the old rows)",
+        "done": ": switched in",
+    }.get(phase, f": {phase}")
+    # \x1b[K clears what a longer line before this one left on the terminal.
+    sys.stderr.write(f"\r[{bar}] {done}/{total} events{step}\x1b[K")
     sys.stderr.flush()
 
 
@@ -309,7 +317,7 @@ async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
             _out(f"rebuilt {args.name} from {count} events of its types")
             return 0
         for status in await runner.status():
-            failure = f"\tSTOPPED: {status.failure.error}" if status.failure else ""
+            failure = f"\tSTOPPED: {one_line(status.failure.error)}" if status.failure else ""
             _out(
                 f"{status.name}\tlag={status.lag_events} events "
                 f"({status.lag_seconds:.1f} s)\tcursor={status.cursor or '-'}{failure}"
@@ -387,14 +395,17 @@ def _replay(args: argparse.Namespace, events: Sequence[RecordedEvent]) -> int:
             f"--at-version must be between 0 and {last}: conversation {args.conversation_id} "
             f"has {last} events"
         )
+    # As the admin API's event history gives them: upcast and redacted; then written so
+    # that a control character in someone's message runs nothing in this terminal.
     for recorded in events:
         if recorded.version > until:
             break
-        stamp = recorded.recorded_at.isoformat()
-        _out(f"v{recorded.version}\t{stamp}\t{recorded.type}\t{json.dumps(recorded.data)}")
+        shown = history_event(recorded)
+        data = json_visible(json.dumps(shown.data, ensure_ascii=False))
+        _out(f"v{shown.version}\t{shown.recorded_at.isoformat()}\t{one_line(shown.type)}\t{data}")
     state = _state_at(args.conversation_id, events, until)
     _out(f"# state at version {until}")
-    _out(state.model_dump_json(indent=2))
+    _out(json_visible(json.dumps(redact_model(state), indent=2, ensure_ascii=False)))
     return 0
 
 

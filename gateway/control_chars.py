@@ -25,3 +25,15 @@ def visible_controls(text: str) -> str:
     """`text` as lines: line breaks (CRLF made LF) and tabs stay; every other control
     character becomes an escape (`\\x1b`)."""
     return text.replace("\r\n", "\n").translate(_IN_A_BLOCK)
+
+
+# In JSON text a C0 character is already escaped by the encoder; C1 characters and the
+# Unicode separators are not, and they can only occur inside strings there.
+_IN_JSON = {code: f"\\u{code:04x}" for code in (*range(0x7F, 0xA0), 0x2028, 0x2029)}
+
+
+def json_visible(json_text: str) -> str:
+    """JSON text (from `json.dumps(..., ensure_ascii=False)`) with the control characters
+    the encoder leaves as they are written as `\\u` escapes: still the same JSON, and a
+    terminal that shows it runs no escape sequence."""
+    return json_text.translate(_IN_JSON)

@@ -16,6 +16,7 @@ class ProjectionFailed(Unavailable):
 
 def failure_reason(exc: Exception) -> str:
     """Why a handler failed on an event, as reported and recorded: the store's own message,
-    else the exception's type and text, bounded."""
+    else the exception's type and text, on one line (a validation error spans many) and
+    bounded."""
     reason = exc.message if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
-    return reason[:_MAX_REASON_CHARS]
+    return " ".join(reason.split())[:_MAX_REASON_CHARS]

@@ -21,6 +21,7 @@ its own.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -38,8 +39,13 @@ from projections.projector import Projector
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[int, int], None]
-"""`progress(done, total)`: events replayed so far and how many there are to replay."""
+Progress = Callable[[int, int, str], None]
+"""`progress(done, total, phase)`: events replayed so far, how many there are to replay (done
+plus those left, counted again every `RECOUNT_EVERY_S` while the log grows), and the phase:
+`replaying`, then `switching` (the last events and the copies' rows into the live tables,
+one transaction as long as the tables are large), then `done`."""
+
+RECOUNT_EVERY_S = 2.0
 
 # The live table a name means for the service: the first schema of the search path holding
 # it. `pg_temp` is not among `current_schemas(false)`, so a copy never answers for it.
@@ -52,6 +58,11 @@ LIMIT 1
 _COUNT = """
 SELECT count(*) FROM events
 WHERE type = ANY($1::text[]) AND tx < pg_snapshot_xmin(pg_current_snapshot())
+"""
+_LEFT = """
+SELECT count(*) FROM events
+WHERE type = ANY($1::text[]) AND (tx, position) > ($2::xid8, $3::int8)
+  AND tx < pg_snapshot_xmin(pg_current_snapshot())
 """
 _LOCK = "SELECT tx, position FROM projection_checkpoints WHERE name = $1 FOR UPDATE"
 _MOVE = """
@@ -137,14 +148,21 @@ async def rebuild_beside(
         # Every statement below, driver errors included, leaves as the store's own errors.
         with translate_errors():
             live = await _make_copies(conn, projector.tables)
-            total = int(await conn.fetchval(_COUNT, sorted(projector.event_types)))
-            _report(progress, 0, total)
+            types = sorted(projector.event_types)
+            total = int(await conn.fetchval(_COUNT, types))
+            _report(progress, 0, total, "replaying")
+            loop = asyncio.get_running_loop()
+            recount_at = loop.time() + RECOUNT_EVERY_S
             while await replay.batch(conn):
-                total = max(total, replay.done)  # the log grew while it was replayed
-                _report(progress, replay.done, total)
+                if loop.time() >= recount_at:  # the log may have grown meanwhile
+                    point = replay.point
+                    left = await conn.fetchval(_LEFT, types, point.tx, point.position)
+                    total, recount_at = replay.done + int(left), loop.time() + RECOUNT_EVERY_S
+                _report(progress, replay.done, max(total, replay.done), "replaying")
+            _report(progress, replay.done, max(total, replay.done), "switching")
             async with switching:
                 point = await _switch(conn, replay, live)
-            _report(progress, replay.done, max(total, replay.done))
+            _report(progress, replay.done, replay.done, "done")
     except BaseException:
         conn.terminate()
         raise
@@ -216,6 +234,6 @@ async def _replace_rows(conn: Connection, tables: tuple[str, ...], live: list[st
     return rows
 
 
-def _report(progress: Progress | None, done: int, total: int) -> None:
+def _report(progress: Progress | None, done: int, total: int, phase: str) -> None:
     if progress is not None:
-        progress(done, total)
+        progress(done, total, phase)

@@ -240,7 +240,9 @@ async def test_key_created_while_the_server_runs_works_at_once(data_dir: Path) -
 
 
 async def _chat(base: str, headers: dict[str, str]) -> str:
-    body = {"model": "svc-offline", "messages": [{"role": "user", "content": "hello replay"}]}
+    # A C1 control (CSI) in someone's message: the replay must not let it reach a terminal.
+    message = {"role": "user", "content": "hello replay \u009b31mRED \u00e9t\u00e9"}
+    body = {"model": "svc-offline", "messages": [message]}
     async with (
         aiohttp.ClientSession() as http,
         http.post(base + "/v1/chat/completions", headers=headers, json=body) as resp,
@@ -255,6 +257,8 @@ async def _replay_and_rebuild(data_dir: Path, conversation: str) -> None:
     lines = out.splitlines()
     assert lines[0].startswith("v1\t") and "conversation.started" in lines[0]
     assert any("hello replay" in line for line in lines)
+    assert "\u009b" not in out and "\\u009b31mRED" in out and "\u00e9t\u00e9" in out
+    assert "# state at version" in out and "\\u009b31mRED" in out.split("# state at version")[1]
     code, out, _ = await _run(
         data_dir, "conversations", "replay", conversation, "--at-version", "1"
     )

@@ -89,15 +89,20 @@ async def test_rebuild_equals_incremental(store: PostgresEventStore, db: Databas
             log_size = await conn.fetchval(
                 "SELECT count(*) FROM events WHERE type = ANY($1)", sorted(projector.event_types)
             )
-        calls: list[tuple[int, int]] = []
+        calls: list[tuple[int, int, str]] = []
 
-        def progress(done: int, total: int, calls: list[tuple[int, int]] = calls) -> None:
-            calls.append((done, total))
+        def progress(
+            done: int, total: int, phase: str, calls: list[tuple[int, int, str]] = calls
+        ) -> None:
+            calls.append((done, total, phase))
 
         replayed = await runner.rebuild(projector.name, progress)
         assert replayed == log_size
-        assert calls[0] == (0, log_size) and calls[-1] == (log_size, log_size)
-        assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+        assert calls[0] == (0, log_size, "replaying")
+        # The switch is announced before it runs (it is as long as the tables are large).
+        assert calls[-2] == (log_size, log_size, "switching")
+        assert calls[-1] == (log_size, log_size, "done")
+        assert [done for done, _, _ in calls] == sorted(done for done, _, _ in calls)
     assert await _dump(db) == incremental
     # A second runner (say `svc projections rebuild` in another process) rebuilds the same.
     other = ProjectionRunner(db, default_projectors(), batch_size=500)
@@ -166,6 +171,7 @@ async def test_poison_event_stops_the_projector_where_it_is(
         "conversation:c1",
     )
     assert "title" in failure.error
+    assert "\n" not in failure.error  # a validation error's many lines, made one
     # Everything before the poison event is applied and checkpointed; nothing after it.
     assert status["conversations"].cursor == good.cursor
     assert status["conversations"].lag_events == 2
@@ -410,19 +416,51 @@ async def test_readers_see_the_old_read_model_until_a_rebuild_switches(
     try:
         await service.catch_up()
         cli = ProjectionRunner(cli_db, default_projectors(), batch_size=5)
-        calls: list[tuple[int, int]] = []
+        calls: list[tuple[int, int, str]] = []
         # An admin read (REPEATABLE READ) whose snapshot predates the switch, and whose
         # first look at api_keys comes after it: it must find the old rows, not none.
         async with db.scoped(WS) as reader:
             await reader.fetchval("SELECT count(*) FROM conversations")
-            rebuilt = await cli.rebuild("api_keys", lambda done, of: calls.append((done, of)))
+            rebuilt = await cli.rebuild(
+                "api_keys", lambda done, of, phase: calls.append((done, of, phase))
+            )
             assert await reader.fetchval("SELECT count(key_id) FROM api_keys") == 12
         await append(store, WS, f"workspace:{WS}", key_issued(WS, "k-late", "svc_late"))
         assert await service.wait_for(await store.head(), PATIENCE_S)
     finally:
         await service.stop()
         await cli_db.close()
-    assert rebuilt == 13 and calls[-1] == (13, 13) and len(seen) >= 3
+    assert rebuilt == 13 and calls[-1] == (13, 13, "done") and len(seen) >= 3
     assert seen == [(True, 12)] * len(seen)
     keys = await queries.list_api_keys(db, WS)
     assert len(keys) == 13 and [k.key_id for k in keys if k.revoked_at] == ["k0"]
+
+
+async def test_a_rebuild_counts_again_what_the_growing_log_holds(
+    store: PostgresEventStore, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events appended during the replay are counted into the total as it goes, so the
+    progress is never shown complete while there is more to replay."""
+    await append(store, WS, f"workspace:{WS}", workspace_created(WS, "Grow"))
+    for n in range(10):
+        await append(store, WS, f"workspace:{WS}", key_issued(WS, f"g{n}", f"svc_grow{n}"))
+    monkeypatch.setattr(rebuild_module, "RECOUNT_EVERY_S", 0.0)
+    real_batch = rebuild_module._Replay.batch
+    late: list[str] = []
+
+    async def batch_then_grow(replay: Any, conn: Any) -> bool:
+        more = await real_batch(replay, conn)
+        if not conn.is_in_transaction() and len(late) < 3:
+            late.append(f"late{len(late)}")
+            await append(store, WS, f"workspace:{WS}", key_issued(WS, late[-1], late[-1] + "k"))
+        return more
+
+    monkeypatch.setattr(rebuild_module._Replay, "batch", batch_then_grow)
+    calls: list[tuple[int, int, str]] = []
+    runner = ProjectionRunner(db, default_projectors(), batch_size=4)
+    rebuilt = await runner.rebuild("api_keys", lambda d, t, p: calls.append((d, t, p)))
+    assert rebuilt == 13 and calls[0] == (0, 10, "replaying")
+    replaying = [(done, total) for done, total, phase in calls if phase == "replaying"]
+    assert max(total for _, total in replaying) == 13  # the totals followed the growth
+    assert all(done < total for done, total in replaying[:-1])  # never full too early
+    assert calls[-2:] == [(13, 13, "switching"), (13, 13, "done")]
