@@ -26,7 +26,13 @@ from gateway.admin_common import (
     read_your_writes,
     wait_applied,
 )
-from gateway.auth import check_delegation, generate_key, hash_key, holds_owner_power
+from gateway.auth import (
+    check_delegation,
+    generate_key,
+    hash_key,
+    holds_owner_power,
+    writes_as_owner,
+)
 from gateway.errors import read_json, read_query
 from gateway.identity.common import command_id, describe
 from gateway.state import AUTH, DATABASE, STORE, Principal
@@ -134,7 +140,7 @@ async def _check_owner_rule(principal: Principal, db: Database, key_id: str) -> 
     if owner is not None:
         owner_power = "owner" in owner.roles
     else:
-        owner_power = any(s in ("*", "admin:write") for s in key.scopes)
+        owner_power = writes_as_owner(key.scopes)
     if owner_power:
         raise Forbidden("only an owner may revoke a key that holds owner power", code="owner_only")
 

@@ -207,6 +207,12 @@ def holds_owner_power(principal: Principal) -> bool:
     return principal.user_id is None or "owner" in principal.attributes.get("roles", "").split(",")
 
 
+def writes_as_owner(scopes: tuple[str, ...] | list[str]) -> bool:
+    """Whether a credential of no user with `scopes` holds owner power: one that may write
+    answers to no role, so nothing stops it from granting `owner` (see check_delegation)."""
+    return any(s in ("*", "admin:write") for s in scopes)
+
+
 def check_delegation(
     principal: Principal, scopes: tuple[str, ...], *, for_user: bool = False
 ) -> None:
@@ -220,8 +226,7 @@ def check_delegation(
         raise Forbidden(
             "a credential cannot carry admin scopes its issuer lacks", code="insufficient_scope"
         )
-    writes = any(s in ("*", "admin:write") for s in admin)
-    if writes and not for_user and not holds_owner_power(principal):
+    if writes_as_owner(admin) and not for_user and not holds_owner_power(principal):
         raise Forbidden(
             "only an owner may mint a credential of no user with admin write scopes (it is "
             "bound by no role); issue a key of your own user instead, which acts within your "

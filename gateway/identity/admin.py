@@ -21,6 +21,7 @@ from gateway.auth import (
     hash_key,
     holds_owner_power,
     require_instance_admin,
+    writes_as_owner,
 )
 from gateway.errors import read_json, read_query
 from gateway.identity.authn import acting, identify
@@ -41,6 +42,7 @@ from gateway.identity.vault import INSTANCE, PASSWORD
 from gateway.state import AUTH, PROJECTIONS, RUNTIME, Principal
 from projections.identity_queries import (
     UserRow,
+    find_oauth_client,
     get_user,
     list_audit,
     list_custom_roles,
@@ -188,13 +190,14 @@ def profile_of(user: UserRow) -> UserProfile:
     )
 
 
-def refuse_repeat(outcome: CommandOutcome, issued: str) -> None:
+def refuse_repeat(outcome: CommandOutcome, issued: str, find_it: str) -> None:
     """A retry (same Idempotency-Key) of a write whose answer showed a secret once: the
-    secret was never kept, so the retry cannot be answered from the first attempt."""
+    secret was never kept, so the retry cannot be answered from the first attempt.
+    `find_it` says where the first attempt's result shows (without its secret)."""
     if outcome.duplicate:
         raise Conflict(
-            f"this Idempotency-Key already issued {issued}, which is shown only once; list "
-            "them to find it, or send the request with another Idempotency-Key",
+            f"this Idempotency-Key already issued {issued}, which is shown only once; "
+            f"{find_it}, or send the request with another Idempotency-Key",
             code="duplicate_request",
         )
 
@@ -519,7 +522,7 @@ async def issue_user_key(request: web.Request) -> web.Response:
         at=now(),
     )
     outcome = await request.app[RUNTIME].ask(workspace_key(ws), issue)
-    refuse_repeat(outcome, "a key")
+    refuse_repeat(outcome, "a key", f"GET /v1/admin/users/{user.user_id}/apikeys lists it")
     if outcome.cursor:
         await request.app[PROJECTIONS].wait_for(outcome.cursor, APPLY_TIMEOUT_S)
     await ident.ask(
@@ -613,7 +616,7 @@ async def scim_token(request: web.Request) -> web.Response:
             at=now(),
         ),
     )
-    refuse_repeat(outcome, "a SCIM token")
+    refuse_repeat(outcome, "a SCIM token", "rotate it to get a new one")
     return json(
         {"token": token, "token_id": token_id, "prefix": token[:12]},
         status=201,
@@ -659,7 +662,11 @@ async def register_client(request: web.Request) -> web.Response:
             at=now(),
         ),
     )
-    refuse_repeat(outcome, "a client secret")
+    refuse_repeat(
+        outcome,
+        "a client secret",
+        "GET /v1/admin/audit?action=identity.oauth_client_registered names the client",
+    )
     return json(
         {"client_id": client_id, "client_secret": secret, "scopes": sorted(set(body.scopes))},
         status=201,
@@ -669,6 +676,7 @@ async def register_client(request: web.Request) -> web.Response:
 
 async def revoke_client(request: web.Request) -> web.Response:
     principal = await acting(request, "security", "write")
+    await _check_client_owner_rule(identity(request), principal, request.match_info["id"])
     await identity(request).ask(
         directory_key(principal.workspace_id),
         RevokeOAuthClient(
@@ -680,6 +688,20 @@ async def revoke_client(request: web.Request) -> web.Response:
         ),
     )
     return web.Response(status=204)
+
+
+async def _check_client_owner_rule(ident: Identity, principal: Principal, client_id: str) -> None:
+    """A client that may write holds owner power (it answers to no role): revoking one is an
+    owner's business, as registering one is, and as revoking such a workspace key is."""
+    if holds_owner_power(principal):
+        return
+    client = await find_oauth_client(ident.db, client_id)
+    if client is None or client.workspace_id != principal.workspace_id:
+        return  # the directory actor answers for a client it does not know
+    if writes_as_owner(client.scopes):
+        raise Forbidden(
+            "only an owner may revoke an OAuth client that holds owner power", code="owner_only"
+        )
 
 
 async def audit_log(request: web.Request) -> web.Response:

@@ -125,7 +125,9 @@ async def sync_external_user(
     existing: UserRow | None,
 ) -> UserRow:
     """Create or update the local user a directory or an IdP vouched for, with exactly the
-    role its groups map to (none when nothing maps and there is no default)."""
+    role its groups map to (none when nothing maps and there is no default). A user a SCIM
+    client provisioned keeps the profile that client gave it (its `externalId` above all,
+    by which the client finds it again): the sign-in brings the roles only."""
     at = now()
     emails = ({"value": found.email, "primary": True},) if found.email else ()
     profile = UserProfile.model_validate(
@@ -159,15 +161,16 @@ async def sync_external_user(
         )
     else:
         user_id = existing.user_id
-        update = UpdateUser(
-            by=found.source,
-            command_id=cid(),
-            workspace_id=workspace_id,
-            user_id=user_id,
-            profile=profile,
-            at=at,
-        )
-        await ident.ask(key, update)
+        if existing.source != "scim":
+            update = UpdateUser(
+                by=found.source,
+                command_id=cid(),
+                workspace_id=workspace_id,
+                user_id=user_id,
+                profile=profile,
+                at=at,
+            )
+            await ident.ask(key, update)
         for role in existing.roles:
             if role not in roles:
                 unbind = UnbindRole(
@@ -207,6 +210,12 @@ async def _ldap(ident: Identity, workspace_id: str, body: LoginRequest) -> UserR
     )
     if found is None:
         return None
+    if existing is None or existing.user_name.casefold() != found.login.casefold():
+        # The directory matched the entry under a name other than the one typed (spaces it
+        # ignores, a filter on another attribute): the account is the entry's own.
+        existing = await find_user_by_name(ident.db, workspace_id, found.login)
+        if existing is not None and (existing.source != "ldap" or not existing.usable):
+            return None
     external = ExternalUser(
         source="ldap",
         login=found.login,

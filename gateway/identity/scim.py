@@ -274,6 +274,8 @@ def _profile_fields(data: dict[str, Any], *, partial: bool = False) -> dict[str,
     if "emails" in d:
         out["emails"] = _emails(d["emails"]) if d["emails"] is not None else []
     if "name" in d:
+        if d["name"] is not None and not isinstance(d["name"], dict):
+            raise ScimError(400, "name must be an object (givenName, familyName)", "invalidValue")
         name = _lower_keys(d["name"]) if isinstance(d["name"], dict) else {}
         for part, field in (("givenname", "given_name"), ("familyname", "family_name")):
             if part in name or not partial:
@@ -498,6 +500,12 @@ def _take_password(op: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     return op, None
 
 
+def _read_only(path: str) -> bool:
+    """The attributes the service sets itself (RFC 7643: `id` and `meta` are readOnly)."""
+    lowered = path.strip().lower()
+    return lowered in ("id", "meta", "groups") or lowered.startswith("meta.")
+
+
 def _apply_op(current: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
     if not op:
         return current
@@ -506,6 +514,8 @@ def _apply_op(current: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
     value = op.get("value")
     if kind not in ("add", "replace", "remove"):
         raise ScimError(400, f"unsupported PATCH op {op.get('op')!r}", "invalidSyntax")
+    if isinstance(path, str) and _read_only(path):
+        raise ScimError(400, f"{path} is read-only", "mutability")
     if kind == "remove":
         if not isinstance(path, str) or not path:
             raise ScimError(400, "remove needs a path", "noTarget")

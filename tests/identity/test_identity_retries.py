@@ -63,6 +63,12 @@ async def test_a_retried_secret_is_refused_not_made_up(
 
         assert first == 201, issued
         assert again == 409 and refused["error"]["code"] == "duplicate_request", refused
+        # The message says where the first attempt's result shows; for a client, that works.
+        if "client_id" in issued:
+            where = "/v1/admin/audit?action=identity.oauth_client_registered"
+            assert where in refused["error"]["message"]
+            status, audit, _ = await svc.request("GET", where, key)
+            assert status == 200 and issued["client_id"] in str(audit), audit
 
 
 async def test_a_retried_user_key_is_refused_and_the_user_can_still_be_removed(

@@ -161,6 +161,28 @@ async def test_an_admin_cannot_reach_owner_power_through_a_credential(database_u
                 assert status == 403 and err["error"]["code"] == "owner_only", err
             status, _ = await as_eve(f"/v1/admin/apikeys/{chat_key['id']}/revoke", None)
             assert status == 200
+            # And so is revoking an OAuth client that may write; one that only reads is not.
+            clients = {}
+            for scope in ("admin:write", "admin:read"):
+                status, made, _ = await svc.request(
+                    "POST", "/v1/admin/oauth/clients", key, json={"name": scope, "scopes": [scope]}
+                )
+                assert status == 201, made
+                clients[scope] = made["client_id"]
+            status, err, _ = await svc.request(
+                "DELETE",
+                f"/v1/admin/oauth/clients/{clients['admin:write']}",
+                session=browser,
+                headers=csrf,
+            )
+            assert status == 403 and err["error"]["code"] == "owner_only", err
+            status, _, _ = await svc.request(
+                "DELETE",
+                f"/v1/admin/oauth/clients/{clients['admin:read']}",
+                session=browser,
+                headers=csrf,
+            )
+            assert status == 204
             # Instance settings decide how everyone signs in: an admin pointing the OIDC
             # issuer at a server of theirs could sign in as the owner.
             status, err, _ = await svc.request(

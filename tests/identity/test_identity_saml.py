@@ -322,6 +322,40 @@ async def test_saml_role_mapping_default_and_safe_relay_state(
         assert roles == {"olga": ["operator"], "max": ["member"]}
 
 
+async def test_a_saml_sign_in_keeps_what_scim_provisioned(database_url: str, keys: Keys) -> None:
+    """SCIM owns the profile of the users it provisioned: a SAML sign-in (whose assertion
+    carries only a NameID, a mail and groups) brings roles, and leaves the externalId, by
+    which the SCIM client finds the user again, and the names as SCIM set them."""
+    async with running(settings_for(database_url, **saml_settings(database_url, keys))) as svc:
+        key, sp_metadata = await configured(svc)
+        flow = Flow(svc, idp_server(keys, sp_metadata))
+        status, body, _ = await svc.request(
+            "POST", "/v1/admin/scim/token", key, json={"action": "issue"}
+        )
+        token = body["token"]
+        provisioned = {
+            "schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"],
+            "userName": "sam",
+            "externalId": "00u-okta-123",
+            "name": {"givenName": "Sam", "familyName": "Smith"},
+            "displayName": "Sam Smith",
+            "emails": [{"value": "sam@corp.test", "primary": True, "type": "work"}],
+        }
+        status, created, _ = await svc.request("POST", "/scim/v2/Users", token, json=provisioned)
+        assert status == 201, created
+
+        rid, relay = await flow.start()
+        status, body, _ = await flow.post(flow.response(rid, user="sam"), relay)
+        assert status == 303, body
+
+        status, after, _ = await svc.request("GET", f"/scim/v2/Users/{created['id']}", token)
+        assert status == 200
+        for field in ("externalId", "name", "displayName", "emails"):
+            assert after[field] == created[field], field
+        status, users, _ = await svc.request("GET", "/v1/admin/users", key)
+        assert [(u["user_name"], u["roles"]) for u in users["items"]] == [("sam", ["admin"])]
+
+
 async def test_saml_disabled_is_501(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         status, body, _ = await svc.request("GET", "/saml/metadata")

@@ -134,6 +134,16 @@ async def test_users_crud_patch_and_errors(database_url: str) -> None:
             body = {"schemas": [PATCH], "Operations": [{"op": "remove", "path": path}]}
             status, err, _ = await svc.request("PATCH", f"/scim/v2/Users/{uid}", token, json=body)
             assert status == 400 and err["scimType"] == "invalidPath", (path, err)
+        # What the service sets itself cannot be changed; a name that is no object is a
+        # value the attribute cannot take.
+        for op, scim_type in (
+            ({"op": "replace", "path": "id", "value": "zzz"}, "mutability"),
+            ({"op": "remove", "path": "meta.created"}, "mutability"),
+            ({"op": "replace", "path": "name", "value": "Jane Doe"}, "invalidValue"),
+        ):
+            body = {"schemas": [PATCH], "Operations": [op]}
+            status, err, _ = await svc.request("PATCH", f"/scim/v2/Users/{uid}", token, json=body)
+            assert status == 400 and err["scimType"] == scim_type, (op, err)
 
         status, _, _ = await svc.request("DELETE", f"/scim/v2/Users/{uid}", token)
         assert status == 204
