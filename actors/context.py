@@ -54,9 +54,9 @@ class ExecutionPolicy:
     """`conflict_retries`: how many times a stale activation catches up and decides again
     before the caller gets 409. Two processes writing one stream (two gateways taking turns
     of one conversation) each catch up and try again in lockstep; waiting a random time of
-    up to `conflict_backoff_s` * 2^(n-1) (at most `CONFLICT_BACKOFF_CAP_S`) before the n-th
-    retry breaks that step. bench/actor_contention.py measured 1 turn in 400 given up with
-    3 immediate retries; see docs/performance.md."""
+    up to `conflict_backoff_s` * 2^(n-2) (at most `CONFLICT_BACKOFF_CAP_S`) before the n-th
+    retry (the first goes at once) breaks that step. bench/actor_contention.py: 78 turns of
+    400 given up with 3 immediate retries, none with these; see docs/performance.md."""
 
     snapshot_every: int = 100
     conflict_retries: int = DEFAULT_CONFLICT_RETRIES
@@ -67,9 +67,11 @@ CONFLICT_BACKOFF_CAP_S = 0.1
 
 
 def conflict_backoff(policy: ExecutionPolicy, conflicts: int) -> float:
-    """The random wait before retrying after the `conflicts`-th conflict in a row (full
-    jitter: any value from zero to the exponential bound)."""
-    bound = min(CONFLICT_BACKOFF_CAP_S, policy.conflict_backoff_s * 2 ** (conflicts - 1))
+    """The random wait before catching up after the `conflicts`-th conflict in a row (full
+    jitter: any value from zero to the exponential bound; none after the first)."""
+    if conflicts < 2:
+        return 0.0  # a single conflict is the common case: retry at once
+    bound = min(CONFLICT_BACKOFF_CAP_S, policy.conflict_backoff_s * 2 ** (conflicts - 2))
     return random.uniform(0.0, bound)
 
 
@@ -224,13 +226,18 @@ class Activation(Generic[S]):
             except ConcurrencyConflict:
                 conflicts += 1
                 self._counters.conflicts_retried += 1
+                giving_up = conflicts > self._policy.conflict_retries
+                if not giving_up:
+                    # Waited before catching up, not after: the other writer goes on
+                    # appending meanwhile, and a state read before the wait would be stale
+                    # again when the append comes.
+                    await asyncio.sleep(conflict_backoff(self._policy, conflicts))
                 await self._catch_up()  # the actor stays usable even when this one gives up
-                if conflicts > self._policy.conflict_retries:
+                if giving_up:
                     raise ConflictRetriesExhausted(
                         f"{self._key} could not record {type(command).__name__}: other writers "
                         f"moved the stream {conflicts} times in a row; retry the request"
                     ) from None
-                await asyncio.sleep(conflict_backoff(self._policy, conflicts))
                 continue
             if result.duplicate:
                 return await self._duplicate(command, result)

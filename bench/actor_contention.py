@@ -3,11 +3,13 @@
     .venv/bin/python bench/actor_contention.py [--rounds 20] [--turns 10]
 
 Each round starts one conversation, then two worker processes (two gateways sharing the
-database) each run `--turns` turns of it at once. Each process has its own activation of
-the conversation, so their appends meet at the store's version fence: a stale one catches
-up and decides again, up to the table's `conflict_retries`. Printed: turns recorded, turns
-given up (`ConflictRetriesExhausted`, a 409 to the client; for the answer's append, a paid
-answer recorded as a failure), conflicts retried, and the wall time.
+database) each run `--turns` turns of it at once, both starting at the same moment. Each
+process has its own activation of the conversation, so their appends meet at the store's
+version fence: a stale one catches up and decides again, up to the table's
+`conflict_retries`. Printed: turns recorded, turns given up (`ConflictRetriesExhausted`, a
+409 to the client; for the answer's append, a paid answer recorded as a failure), conflicts
+retried, and the wall time. The model answers at once unless BENCH_MODEL_MS says how long
+it takes.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 import uuid
@@ -38,6 +41,7 @@ from eventstore import STORE_MIGRATIONS, Database, PostgresEventStore, apply_mig
 from schemas.conversation import Message, RunTurn, StartConversation
 
 WS = "bench"
+MODEL_S = float(os.environ.get("BENCH_MODEL_MS", "0")) / 1000
 
 
 class QuickModel:
@@ -47,7 +51,7 @@ class QuickModel:
         return True
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        await asyncio.sleep(0.005)  # a model call: the other process appends meanwhile
+        await asyncio.sleep(MODEL_S)  # a model call: the other process appends meanwhile
         yield TextDelta("forty-two")
         yield Finished("stop", Usage(5, 1))
 
@@ -64,13 +68,18 @@ def run_turn(tag: str) -> RunTurn:
     )
 
 
-async def worker(dsn: str, conversation: str, turns: int, name: str) -> dict[str, int]:
+async def worker(
+    dsn: str, conversation: str, turns: int, name: str, start_at: float
+) -> dict[str, int]:
     db = await Database.connect(dsn, max_size=4)
     table = ActivationTable(
         PostgresEventStore(db), [ConversationBehaviour([QuickModel()], call_budget_s=lambda: 60.0)]
     )
     runtime = LocalRuntime(table)
     await runtime.start()
+    # Both processes are ready (imports, pool) before either sends a turn, so their turns
+    # overlap from the first.
+    await asyncio.sleep(max(0.0, start_at - time.time()))
     outcomes = await asyncio.gather(
         *(
             runtime.ask(conversation_key(conversation), run_turn(f"{name}-{i}"))
@@ -97,6 +106,7 @@ async def one_round(dsn: str, turns: int) -> dict[str, int]:
     await runtime.ask(conversation_key(conversation), start)
     await runtime.stop()
     await db.close()
+    start_at = time.time() + 2.5  # both workers are up by then on this machine
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
@@ -106,6 +116,7 @@ async def one_round(dsn: str, turns: int) -> dict[str, int]:
             conversation,
             str(turns),
             name,
+            str(start_at),
             stdout=asyncio.subprocess.PIPE,
         )
         for name in ("a", "b")
@@ -149,8 +160,9 @@ async def main(rounds: int, turns: int) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        _, _, dsn, conversation, turns, name = sys.argv
-        print(json.dumps(asyncio.run(worker(dsn, conversation, int(turns), name))))
+        _, _, dsn, conversation, turns, name, start_at = sys.argv
+        outcome = asyncio.run(worker(dsn, conversation, int(turns), name, float(start_at)))
+        print(json.dumps(outcome))
     else:
         parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
         parser.add_argument("--rounds", type=int, default=20)

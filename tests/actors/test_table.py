@@ -157,7 +157,8 @@ async def test_conflict_retries_are_bounded(store: PostgresEventStore) -> None:
 
 def test_conflict_backoff_is_random_below_a_doubling_capped_bound() -> None:
     policy = ExecutionPolicy(conflict_backoff_s=0.002)
-    for conflicts, bound in ((1, 0.002), (2, 0.004), (3, 0.008), (7, 0.1), (30, 0.1)):
+    assert conflict_backoff(policy, 1) == 0.0  # one conflict: retried at once
+    for conflicts, bound in ((2, 0.002), (3, 0.004), (4, 0.008), (8, 0.1), (30, 0.1)):
         waits = {conflict_backoff(policy, conflicts) for _ in range(50)}
         assert all(0.0 <= w <= bound for w in waits) and len(waits) > 1, conflicts
     assert max(conflict_backoff(policy, 30) for _ in range(200)) > 0.05
