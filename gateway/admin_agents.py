@@ -39,7 +39,7 @@ from gateway.chat import forget_agents
 from gateway.errors import read_json, read_query
 from gateway.identity.common import command_id
 from gateway.openapi import IDEMPOTENCY_KEY, document
-from gateway.state import DATABASE, MODEL_PROVIDERS, Principal
+from gateway.state import DATABASE, MODEL_PROVIDERS, STORE, Principal
 from projections import agent_queries
 from schemas.admin import AdminRead
 from schemas.agent import ArchiveAgent, CreateAgent, UpdateAgent
@@ -130,8 +130,10 @@ def add_routes(app: web.Application) -> None:
 async def create_agent(request: web.Request) -> web.Response:
     principal = await acting(request, WRITE)
     body = await read_json(request, AgentCreate)
-    _check_model(request, body.model)
     cid = command_id(request)
+    retry = await _first_attempt_ran(request, principal, cid)
+    if not retry:
+        _check_model(request, body.model)
     agent_id = "agt_" + uuid.uuid5(_ID_NAMESPACE, f"{principal.workspace_id}/{cid}").hex
     command = CreateAgent(
         command_id=cid,
@@ -144,7 +146,8 @@ async def create_agent(request: web.Request) -> web.Response:
         at=datetime.now(UTC),
     )
     async with _names_lock(request, principal):
-        await _require_free_name(request, principal, body.name, agent_id)
+        if not retry:
+            await _require_free_name(request, principal, body.name, agent_id)
         outcome = await _execute(request, agent_id, command)
     return ok(await _written(request, principal, agent_id, outcome), status=201)
 
@@ -170,10 +173,12 @@ async def update_agent(request: web.Request) -> web.Response:
     principal = await acting(request, WRITE)
     agent_id = _path_id(request)
     body = await read_json(request, AgentUpdate)
-    if body.model is not None:
+    cid = command_id(request)
+    retry = await _first_attempt_ran(request, principal, cid)
+    if body.model is not None and not retry:
         _check_model(request, body.model)
     command = UpdateAgent(
-        command_id=command_id(request),
+        command_id=cid,
         workspace_id=principal.workspace_id,
         name=body.name,
         description=body.description,
@@ -182,7 +187,7 @@ async def update_agent(request: web.Request) -> web.Response:
         parameters=body.parameters,
         at=datetime.now(UTC),
     )
-    if body.name is None:
+    if body.name is None or retry:
         outcome = await _execute(request, agent_id, command)
     else:
         async with _names_lock(request, principal):
@@ -202,6 +207,15 @@ async def archive_agent(request: web.Request) -> web.Response:
 
 
 # --- helpers ------------------------------------------------------------------------------------
+
+
+async def _first_attempt_ran(request: web.Request, principal: Principal, cid: str) -> bool:
+    """Whether this request's Idempotency-Key already ran. Its retry is answered by the
+    agent actor from the ledger with the first result, so the checks of a new write (the
+    name free, the model served) must not refuse it for what changed since."""
+    if request.headers.get("Idempotency-Key") is None:
+        return False
+    return await request.app[STORE].processed(cid, principal.workspace_id) is not None
 
 
 async def _execute(request: web.Request, agent_id: str, command: Command) -> CommandOutcome:

@@ -58,7 +58,7 @@ from gateway.auth import CHAT_PATH, CHAT_SCOPE, MODELS_PATH, authenticate, requi
 from gateway.errors import client_gone, error_body, internal_failure, read_json
 from gateway.openapi import document
 from gateway.sse import open_sse, send_event
-from gateway.state import DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
+from gateway.state import DATABASE, MODEL_PROVIDERS, RUNTIME, STORE, Principal
 from gateway.telemetry import record_turn, turn_span
 from gateway.ttl_cache import TtlCache
 from projections import agent_queries
@@ -91,7 +91,8 @@ TURN_DURATION = Histogram(
 )
 TURN_ERRORS = Counter(
     "svc_turn_errors_total",
-    "Chat completion requests that ended in an error (refused ones included), by error code.",
+    "Chat turns that ended in an error (of the requests that reached the conversation actor, "
+    "as svc_turn_duration_seconds counts them), by error code.",
     ["code"],
 )
 
@@ -247,8 +248,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         ids = _request_ids(request, principal)
         require_scope(principal, CHAT_SCOPE)
         body = await read_json(request, ChatCompletionRequest)
-        agent = await _agent_named(request, principal, body.model)
-        _check_model(request.app, body.model, agent)
+        agent = await _model_or_recorded(request, principal, ids, body.model)
         turn = _build_turn(ids, principal, body, agent)
         runtime = request.app[RUNTIME]
         with turn_span(request, body.stream):
@@ -256,7 +256,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 return await _stream(request, runtime, turn, body.include_usage)
             return await _complete(runtime, turn)
     except SvcError as exc:
-        TURN_ERRORS.labels(exc.code).inc()
+        _count_failed(turn, exc.code)
         if exc.code == "idempotency_key_reused" and turn and not turn.command.continue_only:
             # The conversation the key would have started was never used: name none.
             request.pop(_CONVERSATION_KEY, None)
@@ -267,17 +267,52 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             request.pop(_CONVERSATION_KEY, None)
         raise
     except ValidationError:
-        TURN_ERRORS.labels("invalid_request").inc()  # a 400, as gateway/errors.py maps it
+        _count_failed(turn, "invalid_request")  # a 400, as gateway/errors.py maps it
         _unless_started(request, ids, turn)
         raise
     except ConnectionResetError:
         raise  # the client left before its stream started; the turn goes on and is recorded
     except Exception:
-        TURN_ERRORS.labels("internal_error").inc()
+        _count_failed(turn, "internal_error")
         raise
     finally:
         if turn is not None:
             TURN_DURATION.observe(time.perf_counter() - started)
+
+
+def _count_failed(turn: _Turn | None, code: str) -> None:
+    """Count a failed turn: one the actor was asked to run, as svc_turn_duration_seconds
+    counts turns (the alert divides one by the other). A request refused before its turn
+    was built (a 401, a 429, a bad body) is no failed turn; svc_http_errors_total has it."""
+    if turn is not None:
+        TURN_ERRORS.labels(code).inc()
+
+
+async def _model_or_recorded(
+    request: web.Request, principal: Principal, ids: _RequestIds, model: str
+) -> Agent | None:
+    """The agent `model` names, if any, after checking the model is served. A retry whose
+    first attempt was recorded is answered with that record whatever the model is now (the
+    agent archived or renamed since): the actor answers it without calling a model."""
+    try:
+        agent = await _agent_named(request, principal, model)
+        _check_model(request.app, model, agent)
+    except NotFound:
+        if not await _first_attempt_recorded(request, principal, ids):
+            raise
+        return None
+    return agent
+
+
+async def _first_attempt_recorded(
+    request: web.Request, principal: Principal, ids: _RequestIds
+) -> bool:
+    if request.headers.get(IDEMPOTENCY_HEADER) is None:
+        return False  # the command id was drawn at random: no first attempt
+    store = request.app.get(STORE)
+    if store is None:
+        return False
+    return await store.processed(ids.command_id, principal.workspace_id) is not None
 
 
 async def _admitted(request: web.Request) -> Principal:

@@ -430,8 +430,8 @@ class SettingsService:
         if version is not None:
             await self._prune(key, version)
         self._stored[key] = raw
-        applied = self._settings.apply_stored(key, raw)
-        return _change_result(spec, raw, applied)
+        self._settings.apply_stored(key, raw)
+        return _change_result(spec, self._settings)
 
     async def unset(self, key: str) -> SettingChangeResult:
         spec = get_spec(key)
@@ -445,8 +445,8 @@ class SettingsService:
         if spec.secret:
             await self._vault.delete(key)
         self._stored.pop(key, None)
-        applied = self._settings.apply_stored(key, None)
-        return _change_result(spec, self._settings.resolve(key).raw, applied)
+        self._settings.apply_stored(key, None)
+        return _change_result(spec, self._settings)
 
     async def _prune(self, key: str, keep: str) -> None:
         """The key's older versions: only the one the newest event names is ever read."""
@@ -469,14 +469,15 @@ def _command_id() -> str:
     return f"settings-{uuid.uuid4()}"
 
 
-def _change_result(spec: SettingSpec, raw: str, applied: bool) -> SettingChangeResult:
+def _change_result(spec: SettingSpec, settings: Settings) -> SettingChangeResult:
+    """What the change means now: the value the next start uses, and whether the running
+    process already uses it (a live key applied, or a restart key set to what it runs)."""
+    raw = settings.resolve(spec.key).raw
     shown = display_value(spec, raw)
-    if applied:
-        message = f"{spec.key} = {shown}; applied"
-    else:
-        message = f"{spec.key} = {shown}; restart required"
+    in_force = settings.raw(spec.key) == raw
+    message = f"{spec.key} = {shown}; {'applied' if in_force else 'restart required'}"
     return SettingChangeResult(
-        key=spec.key, value=shown, applied=applied, restart_required=not applied, message=message
+        key=spec.key, value=shown, applied=in_force, restart_required=not in_force, message=message
     )
 
 

@@ -168,6 +168,50 @@ async def test_a_retried_update_answers_with_the_first_result(chat: Chat) -> Non
     assert first[1]["cursor"] and second[1] == first[1]
 
 
+async def test_a_retry_gets_its_first_result_though_the_name_was_taken_since(chat: Chat) -> None:
+    """A client whose first answer was lost retries with the same key: what happened since
+    (the name given to another agent) must not turn its own first result into a 409."""
+    name, renamed_to = uid("ada-"), uid("bea-")
+    create = {"Idempotency-Key": uid("idem-")}
+    body = {"name": name, "model": UPSTREAM_MODEL}
+    status, first = await send(chat, "POST", AGENTS, body, **create)
+    assert status == 201, first
+    rename, path = {"Idempotency-Key": uid("idem-")}, f"{AGENTS}/{first['id']}"
+    status, renamed = await send(chat, "PATCH", path, {"name": renamed_to}, **rename)
+    assert status == 200, renamed
+    other = await create_agent(chat, name=name)  # the first name, free again, taken
+    third = await create_agent(chat, name=uid("cid-"))
+    status, taken = await send(chat, "PATCH", f"{AGENTS}/{third['id']}", {"name": renamed_to})
+    assert status == 409 and taken["error"]["code"] == "agent_name_taken"  # a new write is held
+    status, again = await send(chat, "POST", AGENTS, body, **create)
+    assert status == 201 and again["id"] == first["id"] and again["id"] != other["id"], again
+    # The rename, retried after its name went to another agent: its first answer too.
+    await send(chat, "POST", f"{path}/archive")
+    status, reused = await send(chat, "PATCH", f"{AGENTS}/{third['id']}", {"name": renamed_to})
+    assert status == 200, reused
+    status, again = await send(
+        chat, "PATCH", f"{AGENTS}/{first['id']}", {"name": renamed_to}, **rename
+    )
+    assert status == 200 and again["id"] == first["id"], again
+
+
+async def test_a_retried_chat_turn_is_answered_after_its_agent_is_archived(chat: Chat) -> None:
+    agent = await create_agent(chat)
+    key = {"Idempotency-Key": uid("idem-")}
+    body = {"model": agent["name"], "messages": [{"role": "user", "content": "hi"}]}
+    status, first = await send(chat, "POST", "/v1/chat/completions", body, **key)
+    assert status == 200, first
+    status, _ = await send(chat, "POST", f"{AGENTS}/{agent['id']}/archive")
+    assert status == 200
+    status, again = await send(chat, "POST", "/v1/chat/completions", body, **key)
+    assert status == 200, again
+    assert again["choices"][0]["message"] == first["choices"][0]["message"]
+    assert len(chat.stub.bodies) == 1  # answered from the record, no second model call
+    # Without a first attempt, the archived name is unknown.
+    status, error = await send(chat, "POST", "/v1/chat/completions", body)
+    assert status == 404 and error["error"]["code"] == "model_not_found", error
+
+
 async def test_an_update_with_the_creates_idempotency_key_is_refused(chat: Chat) -> None:
     """The key of the create, sent again on an update of that agent, names another request:
     409, and the update is not answered as if it had been made."""

@@ -892,15 +892,29 @@ async def test_a_client_gone_before_its_stream_starts_is_not_a_server_error(
     assert 'svc_turn_errors_total{code="internal_error"}' not in metrics
 
 
-async def test_turn_metrics_are_exported(chat: Chat) -> None:
+async def turns_counted(chat: Chat) -> float:
+    text = await (await chat.service.http.get(chat.service.url("/metrics"))).text()
+    found = re.search(r"^svc_turn_duration_seconds_count (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_turn_metrics_count_turns_not_refused_requests(chat: Chat) -> None:
+    """The alert divides failed turns by turns: both count the requests that reached the
+    conversation actor. One refused before (an unknown model, a bad key) is neither."""
+    turns, refused = await turns_counted(chat), await turn_errors(chat, "model_not_found")
+    rejected = await turn_errors(chat, "upstream_rejected")
     await chat.client().chat.completions.create(model=OFFLINE, messages=HELLO)
     with pytest.raises(openai.NotFoundError):
         await chat.client().chat.completions.create(model="gpt-nope", messages=HELLO)
-    resp = await chat.service.http.get(chat.service.url("/metrics"))
-    text = await resp.text()
-    assert resp.status == 200
-    assert "svc_turn_duration_seconds_count" in text
-    assert 'svc_turn_errors_total{code="model_not_found"}' in text
+    with pytest.raises(openai.AuthenticationError):
+        await chat.client("svc_not-a-key").chat.completions.create(model=OFFLINE, messages=HELLO)
+    chat.stub.faults.append(stub_upstream.Fault(400, "the model refused the request"))
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO})
+    assert resp.status == 502
+    assert await turns_counted(chat) == turns + 2
+    assert await turn_errors(chat, "upstream_rejected") == rejected + 1
+    assert await turn_errors(chat, "model_not_found") == refused
+    assert await turn_errors(chat, "unauthorized") == 0
 
 
 async def test_cursor_header_gives_read_your_writes(chat: Chat) -> None:

@@ -260,6 +260,13 @@ async def test_set_get_list_unset_through_the_actor(
         assert settings.integer("SVC_LLM_RETRIES") == 3
         assert service.get("SVC_LLM_RETRIES").value == "5"
         assert "SVC_LLM_RETRIES" in settings.pending_restart()
+        # Back to what the process runs: nothing waits for a restart any more.
+        back = await service.set("SVC_LLM_RETRIES", "3")
+        assert back.applied and not back.restart_required and "applied" in back.message
+        assert "SVC_LLM_RETRIES" not in settings.pending_restart()
+        assert (await service.set("SVC_LLM_RETRIES", "5")).restart_required
+        unset = await service.unset("SVC_NATIVE_API_KEY")  # never set: nothing changes
+        assert not unset.restart_required
 
         secret = await service.set("SVC_INBOUND_SECRET", SECRET)
         assert secret.value == MASK and SECRET not in secret.message
