@@ -11,6 +11,7 @@ says `totp_enrolment_required: true` (the UI prompts them to enrol; they are not
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ from projections.identity_queries import UserRow, find_user_by_name, get_user
 from schemas.errors import Conflict, InvalidInput, Unauthorized
 from schemas.identity import (
     BindRole,
+    IdentityCommand,
     LoginMethod,
     ProvisionUser,
     RecordLogin,
@@ -141,57 +143,24 @@ async def sync_external_user(
     key = directory_key(workspace_id)
     roles = (found.role,) if found.role else ()
 
-    def cid() -> str:
-        return new_id(f"{found.source}-")
+    async def tell(command: Callable[..., IdentityCommand], **fields: Any) -> None:
+        stamped = {"by": found.source, "workspace_id": workspace_id, "at": at}
+        await ident.ask(key, command(command_id=new_id(f"{found.source}-"), **stamped, **fields))
 
     if existing is None:
         user_id = new_id("usr_")
-        await ident.ask(
-            key,
-            ProvisionUser(
-                by=found.source,
-                command_id=cid(),
-                workspace_id=workspace_id,
-                user_id=user_id,
-                profile=profile,
-                source=found.source,
-                roles=roles,
-                at=at,
-            ),
+        await tell(
+            ProvisionUser, user_id=user_id, profile=profile, source=found.source, roles=roles
         )
     else:
         user_id = existing.user_id
         if existing.source != "scim":
-            update = UpdateUser(
-                by=found.source,
-                command_id=cid(),
-                workspace_id=workspace_id,
-                user_id=user_id,
-                profile=profile,
-                at=at,
-            )
-            await ident.ask(key, update)
+            await tell(UpdateUser, user_id=user_id, profile=profile)
         for role in existing.roles:
             if role not in roles:
-                unbind = UnbindRole(
-                    by=found.source,
-                    command_id=cid(),
-                    workspace_id=workspace_id,
-                    user_id=user_id,
-                    role=role,
-                    at=at,
-                )
-                await ident.ask(key, unbind)
+                await tell(UnbindRole, user_id=user_id, role=role)
         for role in roles:
-            bind = BindRole(
-                by=found.source,
-                command_id=cid(),
-                workspace_id=workspace_id,
-                user_id=user_id,
-                role=role,
-                at=at,
-            )
-            await ident.ask(key, bind)
+            await tell(BindRole, user_id=user_id, role=role)
     user = await get_user(ident.db, workspace_id, user_id)
     if user is None:
         raise Unauthorized(BAD_CREDENTIALS)
