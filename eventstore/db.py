@@ -107,6 +107,25 @@ def translate_errors() -> Iterator[None]:
         ) from exc
 
 
+@contextmanager
+def _connect_errors() -> Iterator[None]:
+    """What the errors of opening a connection mean for whoever wrote the database URL:
+    its spelling (the driver's "invalid DSN" is a ValueError, refused as a malformed URL by
+    `connect`) and its credentials. (A missing SSL certificate file and a missing Unix
+    socket both come as a bare FileNotFoundError: left to read as unreachable.)"""
+    try:
+        yield
+    except asyncpg.InterfaceError as exc:
+        if isinstance(exc, ValueError):
+            raise ValueError from None
+        raise
+    except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
+        raise StoreError(
+            f"the database refused the user and password of the database URL ({exc.sqlstate} "
+            f"{type(exc).__name__}); check them, and that the user may connect"
+        ) from exc
+
+
 COMMAND_TIMEOUT_MARGIN_S = 5.0
 """How long past the server's statement timeout the client waits for an answer. The server
 ends a slow statement itself; this bound is for a server that cannot answer at all (frozen,
@@ -211,7 +230,7 @@ class Database:
             "TimeZone": "UTC",
         }
         try:
-            with translate_errors():
+            with translate_errors(), _connect_errors():
                 pool = await asyncpg.create_pool(
                     dsn,
                     min_size=min_size,

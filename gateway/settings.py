@@ -255,7 +255,9 @@ class Settings:
 
     @property
     def data_dir(self) -> Path:
-        return Path(self.text("SVC_DATA_DIR")).expanduser()
+        # Blank is the default, as for the env file's lookup (not the current directory).
+        raw = self.text("SVC_DATA_DIR").strip() or CATALOG["SVC_DATA_DIR"].default
+        return Path(raw).expanduser()
 
     @property
     def database_url(self) -> str | None:

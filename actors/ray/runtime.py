@@ -330,7 +330,10 @@ class RayRuntime:
         await self._refresh.close()
         stop_hosts = self._settings.stop_hosts
         if stop_hosts if stop_hosts is not None else self._started_ray:
-            await self._stop_hosts(list(self._handles), deadline_s)
+            # No host is created again under these names by this router: no waiting on Ray's
+            # name table, whose lookups block for a minute once Ray's own processes are gone
+            # (a SIGTERM to the whole process group ends them beside this one).
+            await self._stop_hosts(list(self._handles), deadline_s, names_reused=False)
         if self._db is not None:
             await self._db.close()
             self._db = None
@@ -338,7 +341,9 @@ class RayRuntime:
             ray.shutdown()
             self._started_ray = False
 
-    async def _stop_hosts(self, names: Sequence[str], deadline_s: float) -> None:
+    async def _stop_hosts(
+        self, names: Sequence[str], deadline_s: float, *, names_reused: bool = True
+    ) -> None:
         handles = [self._handles.pop(n) for n in names if n in self._handles]
         for name in names:
             self._watch.forget(name)
@@ -352,14 +357,17 @@ class RayRuntime:
             for call in late:
                 call.cancel()
         finally:
-            await self._end(handles)
+            await self._end(handles, names_reused)
 
-    async def _end(self, handles: Sequence[Any]) -> None:
-        """Kill the host actors and wait (up to _NAME_RELEASE_S) until Ray stops resolving
-        their names to them: a host created next under one of the names must be a new
-        actor, not the dying one (`get_if_exists` and lookups would find that)."""
+    async def _end(self, handles: Sequence[Any], names_reused: bool = True) -> None:
+        """Kill the host actors and, when their names may be used again (`names_reused`),
+        wait (up to _NAME_RELEASE_S) until Ray stops resolving the names to them: a host
+        created next under one of the names must be a new actor, not the dying one
+        (`get_if_exists` and lookups would find that)."""
         for handle in handles:
             ray.kill(handle, no_restart=True)
+        if not names_reused:
+            return
         loop = asyncio.get_running_loop()
         end = loop.time() + _NAME_RELEASE_S
         dying = {h: n for n, h in self._known.items() if h in handles}

@@ -85,6 +85,8 @@ def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
         ("apikeys", "create", "--scopes", "chat", "--workspace", "ac\x01me"),
         # The service's own workspace, whose events are the instance settings.
         ("apikeys", "create", "--scopes", "admin:read", "--workspace", "_instance"),
+        # A workspace that does not exist: said, as revoke says it, not an empty list.
+        ("apikeys", "list", "--workspace", "nowhere"),
     ):
         done = svc(data_dir, *args)
         assert done.returncode == 2, (args, done.stderr)
@@ -319,6 +321,35 @@ async def test_a_clean_stop_after_a_crash_stops_the_embedded_database(data_dir: 
             await asyncio.sleep(0.1)
 
 
+async def test_a_stale_lock_file_naming_another_process_is_removed_not_obeyed(
+    data_dir: Path,
+) -> None:
+    """After a crash (a reboot), postmaster.pid may name a pid now used by another process:
+    it is no server to connect to, and it must not be killed as one."""
+    port, log_path = free_port(), data_dir / "serve.log"
+    crashed = await _serve(data_dir, port, log_path)
+    postmaster = _postmaster_pid(data_dir)
+    crashed.kill()
+    await crashed.wait()
+    os.kill(postmaster, signal.SIGKILL)  # the database went down with the machine
+    async with asyncio.timeout(30):
+        while True:
+            if not _running(postmaster):
+                break
+            await asyncio.sleep(0.1)
+    lock = data_dir / "svc" / "pgdata" / "postmaster.pid"
+    bystander = await asyncio.create_subprocess_exec("sleep", "120")
+    try:
+        lines = lock.read_text().split("\n")
+        lock.write_text("\n".join([str(bystander.pid), *lines[1:]]))
+        code, _, err = await _run(data_dir, "settings", "get", "SVC_LLM_RETRIES")
+        assert code == 0, err
+        assert bystander.returncode is None and _running(bystander.pid), "it was killed"
+    finally:
+        bystander.kill()
+        await bystander.wait()
+
+
 def test_startup_problems_are_one_line_each(data_dir: Path) -> None:
     """No traceback, no 'internal error': what is wrong and what to do."""
     blocker = socket.socket()
@@ -335,6 +366,7 @@ def test_startup_problems_are_one_line_each(data_dir: Path) -> None:
         ({"SVC_GATEWAY_ADDR": f"127.0.0.1:{taken}"}, f"cannot listen on 127.0.0.1:{taken}"),
         ({"SVC_DATA_DIR": str(a_file)}, "as the data directory (SVC_DATA_DIR)"),
         ({"SVC_DATA_DIR": str(long_dir)}, "too long for the embedded PostgreSQL's Unix socket"),
+        ({"SVC_DATA_DIR": str(data_dir / "my project")}, "contains a space"),
         ({"SVC_DATABASE_URL": "postgresql://svc:pw@127.0.0.1:99999/svc"}, "percent-encode"),
     ]
     try:

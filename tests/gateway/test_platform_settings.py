@@ -81,6 +81,13 @@ def test_env_file_is_found_in_the_data_dir(tmp_path: Path) -> None:
     assert read_env_file(tmp_path / "svc.env")["SVC_LOCALE"] == "en-US"
 
 
+def test_a_blank_data_dir_is_the_default_not_the_current_directory() -> None:
+    default = Path(get_spec("SVC_DATA_DIR").default)
+    for blank in ("", "  "):
+        assert Settings({"SVC_DATA_DIR": blank}).data_dir == default
+    assert Settings({"SVC_DATA_DIR": "/srv/svc"}).data_dir == Path("/srv/svc")
+
+
 def test_validation_errors_say_what_is_expected() -> None:
     with pytest.raises(InvalidInput, match=r"unknown setting SVC_NOPE; see `svc settings list`"):
         get_spec("SVC_NOPE")

@@ -360,3 +360,25 @@ async def test_scaling_past_the_clusters_cpus_gives_up_and_changes_nothing(
     assert (await runtime.scale(2))["shards_moved"] == NUM_SHARDS // 2
     key = counter_keys(1)[0]
     assert isinstance(await runtime.ask(key, add(1)), CommandOutcome)
+
+
+async def test_a_full_stop_does_not_wait_on_rays_name_table(cluster_runtime: Any) -> None:
+    """Stopping the runtime ends its hosts without looking their names up again: with Ray's
+    own processes gone (a SIGTERM to the whole process group) each lookup blocks the event
+    loop for a minute. Only a scale, which may create a host under the name again, waits."""
+    runtime: RayRuntime = await cluster_runtime(2)
+    hosts = list(runtime.routed_hosts)
+
+    def no_lookup(name: str) -> Any:
+        raise AssertionError(f"looked up {name} while stopping")
+
+    runtime._look_up = no_lookup  # type: ignore[method-assign]
+    await runtime.stop(deadline_s=5.0)
+    for name in hosts:  # ended all the same
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    ray.get_actor(name, namespace="svc")
+                except ValueError:
+                    break
+                await asyncio.sleep(0.2)
