@@ -340,7 +340,9 @@ async def bench(server_url: str, quick: bool) -> None:
 
     rebuild_module._switch = timed_switch  # type: ignore[assignment]
     started = time.perf_counter()
-    replayed = await runner.rebuild("messages", lambda done, total: reports.append((done, total)))
+    replayed = await runner.rebuild(
+        "messages", lambda done, total, _phase: reports.append((done, total))
+    )
     elapsed = time.perf_counter() - started
     rebuild_module._switch = real_switch  # type: ignore[assignment]
     async with db.acquire() as conn:

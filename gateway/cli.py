@@ -123,19 +123,21 @@ def _stop_signals() -> Iterator[asyncio.Event]:
     """An event set by the first SIGTERM or SIGINT while the block runs."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in _STOP_SIGNALS:
+    taken = _taken(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    for sig in taken:
         loop.add_signal_handler(sig, stop.set)
     try:
         yield stop
     finally:
-        for sig in _STOP_SIGNALS:
+        for sig in taken:
             loop.remove_signal_handler(sig)
 
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-"""A closed terminal or SSH session (SIGHUP) stops the service as SIGTERM does: cleanly,
-the embedded database stopped, rather than by the default action that would leave it
-running."""
+def _taken(*signals: signal.Signals) -> list[signal.Signals]:
+    """The signals to stop on. A closed terminal or SSH session (SIGHUP) stops the process
+    as SIGTERM does, cleanly, the embedded database stopped, rather than by the default
+    action that would leave it running; unless the process was told to ignore it (`nohup`)."""
+    return [s for s in signals if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN]
 
 
 async def _until_signalled(command: Awaitable[int]) -> int:
@@ -148,9 +150,11 @@ async def _until_signalled(command: Awaitable[int]) -> int:
 
     def cancel(sig: int) -> None:
         received.append(sig)
-        task.cancel()
+        if len(received) == 1:  # a second signal must not cut the clean-up short
+            task.cancel()
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    taken = _taken(signal.SIGTERM, signal.SIGHUP)
+    for sig in taken:
         loop.add_signal_handler(sig, cancel, sig)
     try:
         return await task
@@ -159,7 +163,7 @@ async def _until_signalled(command: Awaitable[int]) -> int:
             raise
         return 128 + received[0]
     finally:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        for sig in taken:
             loop.remove_signal_handler(sig)
 
 

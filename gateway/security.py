@@ -86,7 +86,9 @@ def _is_secure(request: web.Request, settings: Settings) -> bool:
     if _trusted(request.remote, _proxies(settings)):
         # The rightmost value is the one the trusted proxy in front of us set; values to
         # its left came with the request, from a client that may have written them itself.
-        proto = request.headers.get("X-Forwarded-Proto", "").split(",")[-1].strip().lower()
+        # A proxy may add a header line of its own rather than append to the client's.
+        forwarded = ",".join(request.headers.getall("X-Forwarded-Proto", ()))
+        proto = forwarded.split(",")[-1].strip().lower()
         return proto == "https"
     return False
 
@@ -188,14 +190,15 @@ async def add_security_headers(request: web.Request, response: web.StreamRespons
     headers.setdefault("Referrer-Policy", "no-referrer")
     headers.setdefault("X-Frame-Options", "DENY")
     origin = request.headers.get("Origin", "").rstrip("/")
-    if not origin:
+    allowed = allowed_origins(settings)
+    if not origin and not allowed:
         return
-    # Whether the CORS headers are there depends on Origin, allowed or not: a shared cache
-    # must not hand the copy made for one origin to another.
+    # Whether the CORS headers are there depends on Origin (allowed, other, or none sent):
+    # a shared cache must not hand the copy made for one to another.
     varies = {v.strip().lower() for line in headers.getall("Vary", ()) for v in line.split(",")}
     if "origin" not in varies:
         headers.add("Vary", "Origin")
-    if origin in allowed_origins(settings):
+    if origin and origin in allowed:
         headers["Access-Control-Allow-Origin"] = origin
         headers["Access-Control-Allow-Credentials"] = "true"
         headers["Access-Control-Expose-Headers"] = EXPOSED_HEADERS

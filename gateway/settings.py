@@ -375,9 +375,19 @@ class SettingsService:
     """set / get / list / unset, written through the settings actor, applied to `Settings`."""
 
     def __init__(
-        self, settings: Settings, runtime: ActorRuntime, store: _StreamReader, vault: SecretVault
+        self,
+        settings: Settings,
+        runtime: ActorRuntime,
+        store: _StreamReader,
+        vault: SecretVault,
+        *,
+        serving: bool = True,
     ) -> None:
+        """`serving`: this process is the service (the admin API), whose running values a
+        change is judged against; a CLI process (False) runs nothing a restart would
+        change, so a restart key's change always says a restart is required."""
         self._settings = settings
+        self._serving = serving
         self._runtime = runtime
         self._store = store
         self._vault = vault
@@ -433,7 +443,7 @@ class SettingsService:
             await self._prune(key, version)
         self._stored[key] = raw
         self._settings.apply_stored(key, raw)
-        return _change_result(spec, self._settings)
+        return _change_result(spec, self._settings, self._serving)
 
     async def unset(self, key: str) -> SettingChangeResult:
         spec = get_spec(key)
@@ -448,7 +458,7 @@ class SettingsService:
             await self._vault.delete(key)
         self._stored.pop(key, None)
         self._settings.apply_stored(key, None)
-        return _change_result(spec, self._settings)
+        return _change_result(spec, self._settings, self._serving)
 
     async def _prune(self, key: str, keep: str) -> None:
         """The key's older versions: only the one the newest event names is ever read."""
@@ -471,12 +481,12 @@ def _command_id() -> str:
     return f"settings-{uuid.uuid4()}"
 
 
-def _change_result(spec: SettingSpec, settings: Settings) -> SettingChangeResult:
-    """What the change means now: the value the next start uses, and whether the running
+def _change_result(spec: SettingSpec, settings: Settings, serving: bool) -> SettingChangeResult:
+    """What the change means now: the value the next start uses, and whether the serving
     process already uses it (a live key applied, or a restart key set to what it runs)."""
     raw = settings.resolve(spec.key).raw
     shown = display_value(spec, raw)
-    in_force = settings.raw(spec.key) == raw
+    in_force = settings.raw(spec.key) == raw and (serving or spec.live)
     message = f"{spec.key} = {shown}; {'applied' if in_force else 'restart required'}"
     return SettingChangeResult(
         key=spec.key, value=shown, applied=in_force, restart_required=not in_force, message=message

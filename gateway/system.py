@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import re
 import time
@@ -46,9 +47,9 @@ CLIENT_LOG_PER_MINUTE = 60
 REDACTED = "[redacted]"
 _SECRET_NAME = re.compile(r"(?i)(pass|secret|token|key|auth|cookie|session|credential|dsn)")
 _SECRET_TEXT = re.compile(
-    r"(?i)(svc_[A-Za-z0-9_\-]{16,}|bearer\s+\S+|basic\s+[A-Za-z0-9+/]{8,}={0,2}"
-    r"|[a-z]+://[^\s/:@]+:[^\s/@]+@)"
+    r"(?i)(svc_[A-Za-z0-9_\-]{16,}|bearer\s+\S+|[a-z]+://[^\s/:@]+:[^\s/@]+@)"
 )
+_BASIC = re.compile(r"(?i)\bbasic\s+([A-Za-z0-9+/]{4,}={0,2})(?![A-Za-z0-9+/=])")
 _LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40}
 
 
@@ -170,7 +171,17 @@ def _secret_values(request: web.Request) -> list[str]:
 def redact(text: str, secrets: list[str]) -> str:
     for value in secrets:
         text = text.replace(value, REDACTED)
-    return _SECRET_TEXT.sub(REDACTED, text)
+    return _BASIC.sub(_basic_credentials, _SECRET_TEXT.sub(REDACTED, text))
+
+
+def _basic_credentials(match: re.Match[str]) -> str:
+    """HTTP Basic credentials (base64 of `user:password`), not the word "basic" before
+    some other word: only a token that decodes to text with a colon is redacted."""
+    try:
+        decoded = base64.b64decode(match.group(1), validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return match.group(0)
+    return REDACTED if ":" in decoded else match.group(0)
 
 
 def _log_entry(entry: ClientLogEntry, ip: str, secrets: list[str]) -> None:

@@ -31,13 +31,17 @@ class FreshReload:
     async def __call__(self) -> None:
         """Return once a run that started after this call has ended; raise what it raised.
         The run goes on if the caller is cancelled: other callers may share it."""
+        if self._next is not None:
+            # Queued, its read not begun (it begins once the one before has ended, which
+            # may have just happened): it begins after this call, so it answers it.
+            await asyncio.shield(self._next)
+            return
         running = self._running
         if running is None or running.done():
             self._running = asyncio.create_task(self._load())
             await asyncio.shield(self._running)
             return
-        if self._next is None:
-            self._next = asyncio.create_task(self._after(running))
+        self._next = asyncio.create_task(self._after(running))
         await asyncio.shield(self._next)
 
     async def _after(self, running: asyncio.Task[None]) -> None:

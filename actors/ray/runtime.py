@@ -330,10 +330,12 @@ class RayRuntime:
         await self._refresh.close()
         stop_hosts = self._settings.stop_hosts
         if stop_hosts if stop_hosts is not None else self._started_ray:
-            # No host is created again under these names by this router: no waiting on Ray's
-            # name table, whose lookups block for a minute once Ray's own processes are gone
-            # (a SIGTERM to the whole process group ends them beside this one).
-            await self._stop_hosts(list(self._handles), deadline_s, names_reused=False)
+            # A private Ray (started here) ends with this process: no host is created under
+            # these names again, so no waiting on Ray's name table, whose lookups block for a
+            # minute once Ray's own processes are gone (a SIGTERM to the whole process group
+            # ends them beside this one). On a shared cluster another router may create them.
+            reused = not self._started_ray
+            await self._stop_hosts(list(self._handles), deadline_s, names_reused=reused)
         if self._db is not None:
             await self._db.close()
             self._db = None

@@ -522,7 +522,7 @@ async def issue_user_key(request: web.Request) -> web.Response:
         at=now(),
     )
     outcome = await request.app[RUNTIME].ask(workspace_key(ws), issue)
-    refuse_repeat(outcome, "a key", f"GET /v1/admin/users/{user.user_id}/apikeys lists it")
+    refuse_repeat(outcome, "a key", "GET /v1/admin/apikeys lists it (its name and prefix)")
     if outcome.cursor:
         await request.app[PROJECTIONS].wait_for(outcome.cursor, APPLY_TIMEOUT_S)
     await ident.ask(

@@ -11,7 +11,6 @@ says `totp_enrolment_required: true` (the UI prompts them to enrol; they are not
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,7 +38,6 @@ from projections.identity_queries import UserRow, find_user_by_name, get_user
 from schemas.errors import Conflict, InvalidInput, Unauthorized
 from schemas.identity import (
     BindRole,
-    IdentityCommand,
     LoginMethod,
     ProvisionUser,
     RecordLogin,
@@ -143,24 +141,30 @@ async def sync_external_user(
     key = directory_key(workspace_id)
     roles = (found.role,) if found.role else ()
 
-    async def tell(command: Callable[..., IdentityCommand], **fields: Any) -> None:
-        stamped = {"by": found.source, "workspace_id": workspace_id, "at": at}
-        await ident.ask(key, command(command_id=new_id(f"{found.source}-"), **stamped, **fields))
+    def stamp() -> dict[str, Any]:
+        """The fields every command of this sync shares; each command's own are typed."""
+        return {
+            "by": found.source,
+            "command_id": new_id(f"{found.source}-"),
+            "workspace_id": workspace_id,
+            "at": at,
+        }
 
     if existing is None:
         user_id = new_id("usr_")
-        await tell(
-            ProvisionUser, user_id=user_id, profile=profile, source=found.source, roles=roles
+        provision = ProvisionUser(
+            **stamp(), user_id=user_id, profile=profile, source=found.source, roles=roles
         )
+        await ident.ask(key, provision)
     else:
         user_id = existing.user_id
         if existing.source != "scim":
-            await tell(UpdateUser, user_id=user_id, profile=profile)
+            await ident.ask(key, UpdateUser(**stamp(), user_id=user_id, profile=profile))
         for role in existing.roles:
             if role not in roles:
-                await tell(UnbindRole, user_id=user_id, role=role)
+                await ident.ask(key, UnbindRole(**stamp(), user_id=user_id, role=role))
         for role in roles:
-            await tell(BindRole, user_id=user_id, role=role)
+            await ident.ask(key, BindRole(**stamp(), user_id=user_id, role=role))
     user = await get_user(ident.db, workspace_id, user_id)
     if user is None:
         raise Unauthorized(BAD_CREDENTIALS)

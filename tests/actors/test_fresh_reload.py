@@ -16,6 +16,7 @@ class GatedLoads:
         self.started = 0
         self.gates: list[asyncio.Event] = []
         self.finished = 0
+        self.most_at_once = 0
         self.fail_next = False
         self._changed = asyncio.Condition()
 
@@ -23,6 +24,7 @@ class GatedLoads:
         gate = asyncio.Event()
         self.gates.append(gate)
         await self._count("started")
+        self.most_at_once = max(self.most_at_once, self.started - self.finished)
         failing, self.fail_next = self.fail_next, False
         await gate.wait()
         await self._count("finished")
@@ -101,3 +103,28 @@ async def test_close_cancels_the_running_and_the_queued_run() -> None:
     results = await asyncio.gather(running, queued, return_exceptions=True)
     assert all(isinstance(r, asyncio.CancelledError) for r in results)
     assert loads.started == 1
+
+
+async def test_a_call_just_after_a_run_ends_joins_the_queued_run() -> None:
+    """Between the end of a run and the start of the queued one there is a moment when the
+    run is done and the queued one has not begun; the run's own caller resumes in it. A call
+    made then must join the queued run, not start a third beside it (two reads at once, the
+    older able to land last)."""
+    loads = GatedLoads()
+    reload = FreshReload(loads.load)
+
+    async def twice() -> None:
+        await reload()
+        await reload()  # made in that moment: this caller wakes before the queued run
+
+    first = asyncio.create_task(twice())
+    await loads.until_started(1)
+    queued = asyncio.create_task(reload())
+    await asyncio.sleep(0)
+    loads.gates[0].set()
+    await loads.until_started(2)
+    for gate in loads.gates[1:]:
+        gate.set()
+    async with asyncio.timeout(5):
+        await asyncio.gather(first, queued)
+    assert loads.started == 2 and loads.most_at_once == 1

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 from actors.workspace import workspace_key
 from gateway.app import RouteInstaller, create_app
@@ -112,7 +113,7 @@ class Running:
     async def request(
         self, method: str, path: str, key: str | None = None, **kw: Any
     ) -> tuple[int, Any, Mapping[str, str]]:
-        headers = dict(kw.pop("headers", {}))
+        headers = CIMultiDict(kw.pop("headers", {}))  # a header may come twice
         if key is not None:
             headers["Authorization"] = f"Bearer {key}"
         async with self.http.request(method, self.url(path), headers=headers, **kw) as resp:

@@ -40,3 +40,47 @@ async def test_a_command_that_ends_gives_its_own_code() -> None:
         return 3
 
     assert await _until_signalled(command()) == 3
+
+
+async def test_a_second_signal_does_not_cut_the_clean_up_short() -> None:
+    cleaned: list[bool] = []
+    started, cleaning = asyncio.Event(), asyncio.Event()
+
+    async def command() -> int:
+        try:
+            started.set()
+            await asyncio.sleep(60)
+            return 0
+        finally:
+            cleaning.set()
+            await asyncio.sleep(0.2)  # letting go of the database takes a moment
+            cleaned.append(True)
+
+    running = asyncio.create_task(_until_signalled(command()))
+    await started.wait()
+    os.kill(os.getpid(), signal.SIGTERM)
+    await cleaning.wait()
+    os.kill(os.getpid(), signal.SIGTERM)
+    async with asyncio.timeout(10):
+        assert await running == 128 + signal.SIGTERM
+    assert cleaned == [True]
+
+
+async def test_an_ignored_sighup_stays_ignored() -> None:
+    """Under `nohup` a closed terminal must not stop the command."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        finished = asyncio.Event()
+
+        async def command() -> int:
+            await asyncio.sleep(0.3)
+            finished.set()
+            return 0
+
+        running = asyncio.create_task(_until_signalled(command()))
+        await asyncio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGHUP)
+        async with asyncio.timeout(10):
+            assert await running == 0 and finished.is_set()
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -14,7 +14,13 @@ from platform_support import running, settings_for
 
 from eventstore.errors import StoreUnavailable
 from gateway.secrets import DatabaseVault
-from gateway.settings import Settings, Source, parse_listen_addr, read_env_file
+from gateway.settings import (
+    Settings,
+    SettingsService,
+    Source,
+    parse_listen_addr,
+    read_env_file,
+)
 from gateway.state import DATABASE, RUNTIME, SETTINGS, SETTINGS_SERVICE
 from gateway.state import STORE as STORE_KEY
 from schemas.errors import InvalidInput
@@ -272,6 +278,14 @@ async def test_set_get_list_unset_through_the_actor(
         assert back.applied and not back.restart_required and "applied" in back.message
         assert "SVC_LLM_RETRIES" not in settings.pending_restart()
         assert (await service.set("SVC_LLM_RETRIES", "5")).restart_required
+        # A CLI process runs nothing a restart would change: from there a restart key's
+        # change always says a restart is required, whatever the CLI itself read at start.
+        cli_settings = Settings({"SVC_DATABASE_URL": database_url, "SVC_LLM_RETRIES": "5"})
+        store = svc.app[STORE_KEY]
+        cli = SettingsService(
+            cli_settings, svc.app[RUNTIME], store, DatabaseVault(store.db), serving=False
+        )
+        assert (await cli.set("SVC_LLM_RETRIES", "5")).restart_required
         unset = await service.unset("SVC_NATIVE_API_KEY")  # never set: nothing changes
         assert not unset.restart_required
 

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
+from multidict import CIMultiDict
 from platform_support import WHOAMI, running, settings_for, uid
 
 from gateway import openapi
@@ -220,7 +221,7 @@ async def test_client_log_redacts_names_basic_credentials_and_stored_secrets(
         await svc.app[SETTINGS_SERVICE].set("SVC_MEDIA_TOKEN_SECRET", "stored-later-4242")
         entry = {
             "level": "info",
-            "message": "saw stored-later-4242 and Authorization: Basic dXNlcjpwYXNz",
+            "message": "Basic authentication: stored-later-4242, Authorization: Basic dXNlcjpwYXNz",
             "context": {api_key: "named by a key", "page": "/chat"},
         }
         with caplog.at_level(logging.INFO, logger="svc.client"):
@@ -230,6 +231,7 @@ async def test_client_log_redacts_names_basic_credentials_and_stored_secrets(
         for secret in (api_key, "stored-later-4242", "dXNlcjpwYXNz"):
             assert secret not in line
         assert "named by a key" in line and "/chat" in line
+        assert "Basic authentication" in line  # the word, not credentials: kept
 
 
 async def test_security_headers_and_hidden_paths(database_url: str) -> None:
@@ -251,6 +253,8 @@ async def test_csp_override_and_cors(database_url: str) -> None:
         database_url, SVC_CSP="default-src 'none'", SVC_CORS_ORIGINS="https://app.example"
     )
     async with running(settings) as svc:
+        _, _, headers = await svc.request("GET", "/healthz")
+        assert headers.getall("Vary") == ["Origin"]  # the copy without CORS headers too
         _, _, headers = await svc.request(
             "GET", "/healthz", headers={"Origin": "https://app.example"}
         )
@@ -310,6 +314,14 @@ async def test_require_secure_behind_a_trusted_proxy(database_url: str) -> None:
                 "GET", "/v1/ping", headers=forwarded, allow_redirects=False
             )
             assert status == expected, proto
+        # Or it adds a line of its own after the client's: its line is the last one.
+        two_lines = CIMultiDict(remote)
+        two_lines.add("X-Forwarded-Proto", "https")
+        two_lines.add("X-Forwarded-Proto", "http")
+        status, _, _ = await svc.request(
+            "GET", "/v1/ping", headers=two_lines, allow_redirects=False
+        )
+        assert status == 308
 
 
 async def test_https_redirect_goes_to_the_public_url(database_url: str) -> None:

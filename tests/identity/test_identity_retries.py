@@ -87,6 +87,9 @@ async def test_a_retried_user_key_is_refused_and_the_user_can_still_be_removed(
 
         assert first == 201, issued
         assert again == 409 and refused["error"]["code"] == "duplicate_request", refused
+        assert "GET /v1/admin/apikeys lists it" in refused["error"]["message"]
+        status, listed, _ = await svc.request("GET", f"{ADMIN}/apikeys", key)
+        assert status == 200 and issued["key_id"] in str(listed), listed
         status, _, _ = await svc.request("DELETE", f"{ADMIN}/users/{user['id']}", key)
         assert status == 204
         status, _, _ = await svc.request(
