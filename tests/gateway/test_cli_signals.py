@@ -12,25 +12,34 @@ import pytest
 from gateway.cli import _until_signalled
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-async def test_a_signal_cancels_the_command_and_its_clean_up_runs(sig: signal.Signals) -> None:
-    cleaned: list[bool] = []
-    started = asyncio.Event()
+class LongCommand:
+    """A command that runs until cancelled, then cleans up for `clean_up_s`."""
 
-    async def command() -> int:
+    def __init__(self, clean_up_s: float = 0.0) -> None:
+        self.clean_up_s = clean_up_s
+        self.started, self.cleaning = asyncio.Event(), asyncio.Event()
+        self.cleaned = False
+
+    async def __call__(self) -> int:
         try:
-            started.set()
+            self.started.set()
             await asyncio.sleep(60)
             return 0
         finally:
-            cleaned.append(True)
+            self.cleaning.set()
+            await asyncio.sleep(self.clean_up_s)  # letting go of the database
+            self.cleaned = True
 
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+async def test_a_signal_cancels_the_command_and_its_clean_up_runs(sig: signal.Signals) -> None:
+    command = LongCommand()
     running = asyncio.create_task(_until_signalled(command()))
-    await started.wait()
+    await command.started.wait()
     os.kill(os.getpid(), sig)
     async with asyncio.timeout(10):
         code = await running
-    assert code == 128 + sig and cleaned == [True]
+    assert code == 128 + sig and command.cleaned
     # The handlers are gone again: the process's own default is back.
     assert signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler)
 
@@ -43,27 +52,15 @@ async def test_a_command_that_ends_gives_its_own_code() -> None:
 
 
 async def test_a_second_signal_does_not_cut_the_clean_up_short() -> None:
-    cleaned: list[bool] = []
-    started, cleaning = asyncio.Event(), asyncio.Event()
-
-    async def command() -> int:
-        try:
-            started.set()
-            await asyncio.sleep(60)
-            return 0
-        finally:
-            cleaning.set()
-            await asyncio.sleep(0.2)  # letting go of the database takes a moment
-            cleaned.append(True)
-
+    command = LongCommand(clean_up_s=0.2)
     running = asyncio.create_task(_until_signalled(command()))
-    await started.wait()
+    await command.started.wait()
     os.kill(os.getpid(), signal.SIGTERM)
-    await cleaning.wait()
+    await command.cleaning.wait()
     os.kill(os.getpid(), signal.SIGTERM)
     async with asyncio.timeout(10):
         assert await running == 128 + signal.SIGTERM
-    assert cleaned == [True]
+    assert command.cleaned
 
 
 async def test_an_ignored_sighup_stays_ignored() -> None:
