@@ -37,9 +37,9 @@ from gateway.admin_common import (
 )
 from gateway.chat import forget_agents
 from gateway.errors import read_json, read_query
-from gateway.identity.common import command_id
+from gateway.identity.common import command_id, first_attempt_ran
 from gateway.openapi import IDEMPOTENCY_KEY, document
-from gateway.state import DATABASE, MODEL_PROVIDERS, STORE, Principal
+from gateway.state import DATABASE, MODEL_PROVIDERS, Principal
 from projections import agent_queries
 from schemas.admin import AdminRead
 from schemas.agent import ArchiveAgent, CreateAgent, UpdateAgent
@@ -131,7 +131,7 @@ async def create_agent(request: web.Request) -> web.Response:
     principal = await acting(request, WRITE)
     body = await read_json(request, AgentCreate)
     cid = command_id(request)
-    retry = await _first_attempt_ran(request, principal, cid)
+    retry = await first_attempt_ran(request, principal.workspace_id, cid)
     if not retry:
         _check_model(request, body.model)
     agent_id = "agt_" + uuid.uuid5(_ID_NAMESPACE, f"{principal.workspace_id}/{cid}").hex
@@ -174,7 +174,7 @@ async def update_agent(request: web.Request) -> web.Response:
     agent_id = _path_id(request)
     body = await read_json(request, AgentUpdate)
     cid = command_id(request)
-    retry = await _first_attempt_ran(request, principal, cid)
+    retry = await first_attempt_ran(request, principal.workspace_id, cid)
     if body.model is not None and not retry:
         _check_model(request, body.model)
     command = UpdateAgent(
@@ -207,15 +207,6 @@ async def archive_agent(request: web.Request) -> web.Response:
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-async def _first_attempt_ran(request: web.Request, principal: Principal, cid: str) -> bool:
-    """Whether this request's Idempotency-Key already ran. Its retry is answered by the
-    agent actor from the ledger with the first result, so the checks of a new write (the
-    name free, the model served) must not refuse it for what changed since."""
-    if request.headers.get("Idempotency-Key") is None:
-        return False
-    return await request.app[STORE].processed(cid, principal.workspace_id) is not None
 
 
 async def _execute(request: web.Request, agent_id: str, command: Command) -> CommandOutcome:

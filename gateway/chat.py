@@ -56,9 +56,10 @@ from actors.runtime import ActorRuntime
 from eventstore.db import Database
 from gateway.auth import CHAT_PATH, CHAT_SCOPE, MODELS_PATH, authenticate, require_scope
 from gateway.errors import client_gone, error_body, internal_failure, read_json
+from gateway.identity.common import first_attempt_ran
 from gateway.openapi import document
 from gateway.sse import open_sse, send_event
-from gateway.state import DATABASE, MODEL_PROVIDERS, RUNTIME, STORE, Principal
+from gateway.state import DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
 from gateway.telemetry import record_turn, turn_span
 from gateway.ttl_cache import TtlCache
 from projections import agent_queries
@@ -298,21 +299,10 @@ async def _model_or_recorded(
         agent = await _agent_named(request, principal, model)
         _check_model(request.app, model, agent)
     except NotFound:
-        if not await _first_attempt_recorded(request, principal, ids):
+        if not await first_attempt_ran(request, principal.workspace_id, ids.command_id):
             raise
         return None
     return agent
-
-
-async def _first_attempt_recorded(
-    request: web.Request, principal: Principal, ids: _RequestIds
-) -> bool:
-    if request.headers.get(IDEMPOTENCY_HEADER) is None:
-        return False  # the command id was drawn at random: no first attempt
-    store = request.app.get(STORE)
-    if store is None:
-        return False
-    return await store.processed(ids.command_id, principal.workspace_id) is not None
 
 
 async def _admitted(request: web.Request) -> Principal:

@@ -33,12 +33,12 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from actors.behaviour import ActorKey
-from actors.conversation import ConversationBehaviour, ConversationState, conversation_key
+from actors.conversation import ConversationState, conversation_key
 from actors.shards import NUM_SHARDS
 from actors.workspace import workspace_key
 from eventstore.records import RecordedEvent
 from gateway import bootstrap
-from gateway.admin_history import history_event
+from gateway.admin_history import fold, history_event
 from gateway.auth import SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform
 from gateway.control_chars import json_visible, one_line
@@ -49,7 +49,6 @@ from projections import queries
 from schemas.commands import service_command_id
 from schemas.conversation import RecoverAbandonedTurns, TurnFailed
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
-from schemas.events import EVENTS
 from schemas.settings_catalog import get_spec
 from schemas.workspace import IssueApiKey, RevokeApiKey
 
@@ -413,15 +412,9 @@ async def _abandon(
 def _state_at(
     conversation_id: str, events: Sequence[RecordedEvent], until: int
 ) -> ConversationState:
-    behaviour = ConversationBehaviour()
-    state = behaviour.initial_state(conversation_key(conversation_id))
-    for recorded in events:
-        if recorded.version > until:
-            break
-        state = behaviour.evolve(
-            state, EVENTS.decode(recorded.type, recorded.schema_version, recorded.data)
-        )
-    return state
+    """The conversation as of version `until`, folded as the admin API's history folds it."""
+    upto = [recorded for recorded in events if recorded.version <= until]
+    return fold(conversation_key(conversation_id), upto)
 
 
 def _replay(args: argparse.Namespace, events: Sequence[RecordedEvent]) -> int:

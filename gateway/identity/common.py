@@ -17,7 +17,7 @@ from multidict import MultiDictProxy
 
 from gateway.auth import PRINCIPAL
 from gateway.errors import is_utf8
-from gateway.state import Principal
+from gateway.state import STORE, Principal
 from projections.identity_queries import UserRow
 from schemas.commands import client_command_id
 from schemas.errors import InvalidInput, PayloadTooLarge
@@ -71,6 +71,18 @@ def command_id(request: web.Request) -> str:
     """The command id of an admin or identity write: from its `Idempotency-Key`, so a
     retried request is answered from the ledger instead of running twice."""
     return client_command_id(request.headers.get("Idempotency-Key", "").strip())
+
+
+async def first_attempt_ran(request: web.Request, workspace_id: str, command_id: str) -> bool:
+    """Whether this request's Idempotency-Key already ran (the ledger holds its command):
+    its retry is answered with the first result, so the checks of a new request (a name
+    free, a model served) must not refuse it for what changed since."""
+    if request.headers.get("Idempotency-Key") is None:
+        return False  # the command id was drawn at random: no first attempt
+    store = request.app.get(STORE)
+    if store is None:
+        return False
+    return await store.processed(command_id, workspace_id) is not None
 
 
 def json(body: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
