@@ -64,11 +64,13 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class OpenedStore:
-    """A store with the parts started for it. `await store.close()` stops them all."""
+    """A store with the parts started for it. `await store.close()` stops them all.
+    `applied` names the migrations this opening applied (`namespace/NNNN_name`), in order."""
 
     store: PostgresEventStore
     notifier: CommitNotifier
     tailer: LogTailer
+    applied: tuple[str, ...] = ()
 
 
 async def open_store(dsn: str, **options: Any) -> PostgresEventStore:
@@ -103,7 +105,7 @@ async def open_store_parts(
     )
     stops: list[Callable[[], Awaitable[None]]] = [db.close]
     try:
-        await apply_migrations(db, [STORE_MIGRATIONS, *migrations])
+        applied = await apply_migrations(db, [STORE_MIGRATIONS, *migrations])
         await check_xid_horizon(db)
         notifier = CommitNotifier(db, channel=notify_channel)
         tailer = LogTailer(db, notifier, poll_interval_s=poll_interval_s)
@@ -119,4 +121,4 @@ async def open_store_parts(
             await stop()
         raise
     store = PostgresEventStore(db, on_commit=notifier.committed, subscriber=tailer, on_close=stops)
-    return OpenedStore(store, notifier, tailer)
+    return OpenedStore(store, notifier, tailer, tuple(applied))

@@ -25,7 +25,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -40,7 +40,7 @@ from eventstore.records import RecordedEvent
 from gateway import bootstrap
 from gateway.admin_history import fold, history_event
 from gateway.auth import SCOPES, generate_key, hash_key
-from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform
+from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform, open_store
 from gateway.control_chars import json_visible, one_line
 from gateway.errors import validation_problems
 from gateway.feed_frames import redact_model
@@ -167,8 +167,11 @@ async def _until_signalled(command: Awaitable[int]) -> int:
 
 
 async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    async with open_platform(settings, background=False):
-        pass
+    """Apply what is pending, naming each migration applied; nothing else is started."""
+    async with AsyncExitStack() as stack:
+        opened, _ = await open_store(settings, stack)
+    for label in opened.applied:
+        _out(f"applied {label}")
     names = ", ".join(m.namespace for m in MIGRATIONS)
     _out(f"migrations up to date ({names})")
     return 0

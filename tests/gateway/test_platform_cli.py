@@ -62,6 +62,18 @@ def test_apikeys_create_prints_only_the_key(data_dir: Path) -> None:
     assert listed.returncode == 0 and done.stdout.strip()[:8] in listed.stdout
 
 
+def test_migrate_names_what_it_applied_and_then_nothing(data_dir: Path) -> None:
+    first = svc(data_dir, "migrate")
+    assert first.returncode == 0, first.stderr
+    applied = [line for line in first.stdout.splitlines() if line.startswith("applied ")]
+    assert "applied eventstore/0001_event_store" in applied, first.stdout
+    assert any(line.startswith("applied projections/") for line in applied), first.stdout
+    again = svc(data_dir, "migrate")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("migrations up to date ("), again.stdout
+    assert "applied" not in again.stdout
+
+
 def test_commands_of_a_ray_deployment_do_not_start_ray(data_dir: Path) -> None:
     """The gateways' environment says ray; a one-off command hosts its actors itself."""
     ray_mode = {"SVC_ACTOR_RUNTIME": "ray", "SVC_ACTOR_HOSTS": "2"}
