@@ -119,6 +119,11 @@ async def test_create_list_get_update_and_archive(chat: Chat) -> None:
         "svc-offline",
         PROMPT,
     )
+    # The same values again append nothing: the empty cursor is "nothing to wait for".
+    status, same = await send(chat, "PATCH", f"{AGENTS}/{agent['id']}", {"name": "ada-renamed"})
+    assert (status, same["cursor"]) == (200, ""), same
+    status, one = await send(chat, "GET", f"{AGENTS}/{agent['id']}?min_cursor={same['cursor']}")
+    assert status == 200 and one["name"] == "ada-renamed"
 
     status, archived = await send(chat, "POST", f"{AGENTS}/{agent['id']}/archive")
     assert status == 200 and archived["archived"] and archived["archived_at"]
