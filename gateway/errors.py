@@ -294,7 +294,13 @@ async def read_json(request: web.Request, model: type[M] | None = None) -> M | A
 def read_query(request: web.Request, model: type[M]) -> M:
     """Validate the query string against `model`; an empty value counts as absent. Unknown
     parameters are refused (models forbid extra fields), so that a typo is a 400 rather than
-    a silently ignored filter."""
+    a silently ignored filter. A parameter given twice is refused too: which of the two a
+    client meant is not ours to guess."""
+    repeated = sorted({k for k in request.query if len(request.query.getall(k)) > 1})
+    if repeated:
+        raise InvalidInput(
+            f"query parameter {', '.join(repeated)} is given more than once; give it once"
+        )
     values = {k: v for k, v in request.query.items() if v != ""}
     try:
         return model.model_validate(values)

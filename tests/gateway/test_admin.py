@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import pytest
 from test_admin_support import Service, service, uid
 
@@ -71,6 +72,18 @@ async def test_conversations_paging_validation(service: Service, params: dict[st
     assert_error(body, "invalid_request")
     assert body["error"]["type"] == "invalid_request_error"
     assert next(iter(params)) in body["error"]["message"]
+
+
+async def test_a_repeated_query_parameter_is_refused(service: Service) -> None:
+    key = await service.issue_key(uid("ws-"), ("admin:read",))
+    for query in ("limit=1&limit=2", "limit=&limit=2", "limit=1&offset=0&offset=1"):
+        resp = await service.http.get(
+            service.url(f"/v1/admin/conversations?{query}"), headers=service.auth(key)
+        )
+        body = orjson.loads(await resp.read())
+        assert resp.status == 400, body
+        assert_error(body, "invalid_request")
+        assert "is given more than once; give it once" in body["error"]["message"], query
 
 
 async def test_messages_oldest_first(service: Service) -> None:
