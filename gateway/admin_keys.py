@@ -47,7 +47,7 @@ from schemas.admin import (
     RevokedApiKey,
 )
 from schemas.commands import Command
-from schemas.errors import Conflict, Forbidden, SvcError
+from schemas.errors import Conflict, Forbidden, SvcError, Unavailable
 from schemas.events import EVENTS
 from schemas.workspace import ApiKeyRevoked, IssueApiKey, RevokeApiKey
 
@@ -58,7 +58,6 @@ async def _execute(request: web.Request, principal: Principal, command: Command)
     outcome = await ask(request, workspace_key(principal.workspace_id), command)
     if not isinstance(outcome, CommandOutcome):
         raise SvcError("the workspace actor answered without an outcome")
-    await wait_applied(request, outcome.cursor)
     return outcome
 
 
@@ -94,6 +93,9 @@ async def issue_key(request: web.Request) -> web.Response:
         by=describe(principal),
     )
     outcome = await _execute(request, principal, command)
+    # Not applied in time, the key is answered all the same, since it is shown only this
+    # once; it authenticates as soon as the read models apply `cursor` (docs/admin-api.md).
+    await wait_applied(request, outcome.cursor)
     if outcome.duplicate:
         # The first request's key was shown once and never kept: it cannot be sent again.
         raise Conflict(
@@ -156,15 +158,26 @@ async def revoke_key(request: web.Request) -> web.Response:
         by=describe(principal),
     )
     outcome = await _execute(request, principal, command)
-    request.app[AUTH].forget_key(command.key_id)  # refused at once by this process
     # The revocation this command recorded, now or on its first run (a retry's own time is
-    # not when the key was revoked).
+    # not when the key was revoked); or, revoked before by another command, the one that
+    # stands (nothing was written this time).
     revoked = next((e for e in outcome.events if isinstance(e, ApiKeyRevoked)), None)
     if revoked is not None:
-        return ok(RevokedApiKey(id=revoked.key_id, revoked_at=revoked.at, cursor=outcome.cursor))
-    # Revoked before by another command: nothing was written; answer with the one that stands.
-    earlier = await _recorded_revocation(request, principal.workspace_id, command.key_id)
-    return ok(earlier)
+        answer = RevokedApiKey(id=revoked.key_id, revoked_at=revoked.at, cursor=outcome.cursor)
+    else:
+        answer = await _recorded_revocation(request, principal.workspace_id, command.key_id)
+    # Keys are looked up in the read models: until they apply the revocation the key still
+    # authenticates, and the caller must not be told it is done. The cache is dropped after
+    # the wait, so that a lookup during it cannot keep the unrevoked key.
+    applied = await wait_applied(request, answer.cursor)
+    request.app[AUTH].forget_key(command.key_id)
+    if not applied:
+        raise Unavailable(
+            f"API key {command.key_id} is revoked, but the read models have not applied it "
+            "yet, so it may still authenticate for a moment; repeat the request to confirm",
+            code="projection_lagging",
+        )
+    return ok(answer)
 
 
 async def _recorded_revocation(

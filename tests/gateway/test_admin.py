@@ -5,10 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
 import orjson
 import pytest
 from test_admin_support import Service, service, uid
 
+import gateway.admin_common
 from actors.workspace import workspace_key
 from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
 from eventstore.records import NewEvent
@@ -321,6 +323,35 @@ async def test_api_keys_issue_list_revoke(service: Service) -> None:
 
     body = await service.post_json("/v1/admin/apikeys/key_nope/revoke", admin, None, 404)
     assert_error(body)
+
+
+async def test_a_revocation_the_read_models_have_not_applied_is_not_confirmed(
+    service: Service, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys are authenticated from the read models: a revoke answered 200 while they lag
+    would tell the operator a key is dead that still works."""
+    ws = uid("ws-")
+    admin = await service.issue_key(ws, ("admin:read", "admin:write"))
+    issued = await service.post_json(
+        "/v1/admin/apikeys", admin, {"name": "doomed", "scopes": ["admin:read"]}, 201
+    )
+    monkeypatch.setattr(gateway.admin_common, "READ_YOUR_WRITES_TIMEOUT_S", 0.5)
+    holder = await asyncpg.connect(database_url)
+    try:
+        lock = holder.transaction()
+        await lock.start()
+        await holder.execute("LOCK TABLE api_keys IN EXCLUSIVE MODE")  # the projector waits
+        path = f"/v1/admin/apikeys/{issued['id']}/revoke"
+        body = await service.post_json(path, admin, None, 503)
+        assert_error(body, "projection_lagging")
+        assert "repeat the request to confirm" in body["error"]["message"]
+        assert (await service.get("/v1/admin/overview", issued["key"])).status == 200
+        await lock.rollback()
+    finally:
+        await holder.close()
+    confirmed = await service.post_json(path, admin, None)
+    assert confirmed["id"] == issued["id"] and confirmed["revoked_at"]
+    assert (await service.get("/v1/admin/overview", issued["key"])).status == 401
 
 
 async def _two_issued_keys(service: Service) -> tuple[str, str, Any, Any]:
