@@ -57,6 +57,7 @@ from schemas.identity import (
     UserProfile,
     UserProvisioned,
     UserUpdated,
+    user_name_key,
 )
 
 DIRECTORY_KIND = "identity"
@@ -104,9 +105,9 @@ class DirectoryState(_Frozen):
         return user
 
     def holder_of(self, user_name: str) -> str | None:
-        wanted = user_name.casefold()
+        wanted = user_name_key(user_name)
         for user_id, user in self.users.items():
-            if not user.deleted and user.profile.user_name.casefold() == wanted:
+            if not user.deleted and user_name_key(user.profile.user_name) == wanted:
                 return user_id
         return None
 

@@ -37,6 +37,7 @@ from schemas.identity import (
     UserProfile,
     UserProvisioned,
     UserUpdated,
+    user_name_key,
 )
 from schemas.workspace import ApiKeyIssued, ApiKeyRevoked
 
@@ -44,14 +45,15 @@ _NEVER_AUDITED = frozenset({"token_hash", "secret_hash", "key_hash", "workspace_
 
 _UPSERT_USER = """
 INSERT INTO identity_users (workspace_id, user_id, user_name, display_name, given_name,
-                            family_name, emails, external_id, active, source, created_at,
-                            updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)
+                            family_name, emails, external_id, active, name_key, source,
+                            created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)
 """
 
 _UPDATE_USER = """
 UPDATE identity_users SET user_name = $3, display_name = $4, given_name = $5, family_name = $6,
-       emails = $7, external_id = $8, active = $9, updated_at = $10, version = version + 1
+       emails = $7, external_id = $8, active = $9, name_key = $10, updated_at = $11,
+       version = version + 1
 WHERE workspace_id = $1 AND user_id = $2
 """
 
@@ -71,6 +73,7 @@ def _profile_args(p: UserProfile) -> tuple[Any, ...]:
         emails,
         p.external_id,
         p.active,
+        user_name_key(p.user_name),
     )
 
 

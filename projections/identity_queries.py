@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from eventstore.db import Database
-from schemas.identity import BUILTIN_ROLES, DOMAINS, Access
+from schemas.identity import BUILTIN_ROLES, DOMAINS, Access, user_name_key
 
 _ROLES_OF_U = """
 coalesce((SELECT array_agg(b.role ORDER BY b.role) FROM identity_role_bindings b
@@ -107,9 +107,8 @@ async def get_user(db: Database, workspace_id: str, user_id: str) -> UserRow | N
 async def find_user_by_name(db: Database, workspace_id: str, user_name: str) -> UserRow | None:
     async with db.scoped(workspace_id) as conn:
         row = await conn.fetchrow(
-            f"SELECT {_USER_COLUMNS} FROM identity_users u "
-            "WHERE lower(u.user_name) = lower($1) AND NOT u.deleted",
-            user_name,
+            f"SELECT {_USER_COLUMNS} FROM identity_users u WHERE u.name_key = $1 AND NOT u.deleted",
+            user_name_key(user_name),
         )
     return None if row is None else _user(row)
 
@@ -119,9 +118,10 @@ async def find_user_by_subject(db: Database, workspace_id: str, subject: str) ->
     async with db.scoped(workspace_id) as conn:
         row = await conn.fetchrow(
             f"SELECT {_USER_COLUMNS} FROM identity_users u "
-            "WHERE NOT u.deleted AND (u.external_id = $1 OR lower(u.user_name) = lower($1)) "
+            "WHERE NOT u.deleted AND (u.external_id = $1 OR u.name_key = $2) "
             "ORDER BY (u.external_id = $1) DESC NULLS LAST LIMIT 1",
             subject,
+            user_name_key(subject),
         )
     return None if row is None else _user(row)
 
@@ -135,19 +135,18 @@ async def list_users(
     limit: int = 100,
     include_deleted: bool = False,
 ) -> tuple[list[UserRow], int]:
-    """Users by user name (case-insensitive equality when given), oldest first, and the total."""
-    where = ["($1::text IS NULL OR lower(u.user_name) = lower($1))"]
+    """Users by user name (equal by `user_name_key` when given), oldest first, and the total."""
+    where = ["($1::text IS NULL OR u.name_key = $1)"]
     if not include_deleted:
         where.append("NOT u.deleted")
     cond = " AND ".join(where)
+    key = None if user_name is None else user_name_key(user_name)
     async with db.scoped(workspace_id) as conn:
-        total = await conn.fetchval(
-            f"SELECT count(*) FROM identity_users u WHERE {cond}", user_name
-        )
+        total = await conn.fetchval(f"SELECT count(*) FROM identity_users u WHERE {cond}", key)
         rows = await conn.fetch(
             f"SELECT {_USER_COLUMNS} FROM identity_users u WHERE {cond} "
             "ORDER BY u.created_at, u.user_id OFFSET $2 LIMIT $3",
-            user_name,
+            key,
             offset,
             limit,
         )

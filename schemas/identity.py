@@ -18,6 +18,7 @@ their sha256 hex digest, like API keys (schemas/workspace.py).
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
@@ -27,6 +28,16 @@ from schemas.events import Event, event
 
 Id = Annotated[str, Field(min_length=1, max_length=200)]
 UserName = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+def user_name_key(user_name: str) -> str:
+    """The one spelling by which user names are unique, looked up and locked out: NFKC, runs
+    of white space as one space, case folded. Computed here, never in SQL: PostgreSQL's
+    `lower()` folds differently (`lower('İnfo')` is `info`, which `casefold()` keeps apart), and
+    a read model keyed one way under actors deciding the other stopped on the difference."""
+    return " ".join(unicodedata.normalize("NFKC", user_name).split()).casefold()
+
+
 Text = Annotated[str, Field(max_length=500)]
 Hash = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Prefix = Annotated[str, Field(min_length=1, max_length=12)]

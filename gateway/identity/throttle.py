@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
 
 from eventstore.db import Database
 from schemas.errors import RateLimited
+from schemas.identity import user_name_key
 
 MAX_PER_ACCOUNT = 5
 MAX_PER_ADDRESS = 20
@@ -46,12 +46,8 @@ WHERE key_id = $1 AND window_start = $2 AND count > 0
 _CLEAR = "DELETE FROM rate_limit_windows WHERE key_id = $1"
 
 
-def normalise_login(user_name: str) -> str:
-    return " ".join(unicodedata.normalize("NFKC", user_name).split()).casefold()
-
-
 def account_key(workspace_id: str, user_name: str) -> str:
-    digest = hashlib.sha256(f"{workspace_id}\0{normalise_login(user_name)}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{workspace_id}\0{user_name_key(user_name)}".encode()).hexdigest()
     return f"login-fail:acct:{digest[:32]}"
 
 

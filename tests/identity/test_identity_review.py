@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -291,6 +292,29 @@ async def test_parallel_and_reworded_guesses_share_the_account_limit(database_ur
         status, _, browser = await svc.login("carla", PASSWORD)
         await browser.close()
         assert status == 429
+
+
+async def test_user_names_are_one_name_by_one_key_everywhere(database_url: str) -> None:
+    """The actors' uniqueness, the read model's index, the lookups and the lockout fold a
+    name the same way: PostgreSQL's lower() took 'İnfo' for 'info' where the actors did not,
+    and the identity projector stopped for every workspace on the unique violation."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        tenant = await svc.issue_key("ws-" + uuid.uuid4().hex[:8])
+        await svc.create_user(tenant, "info")
+        await svc.create_user(tenant, "\u0130nfo")  # distinct once case folded
+        for look_alike in ("INFO", "\uff49\uff4e\uff46\uff4f", "info "):
+            status, body, _ = await svc.request(
+                "POST", "/v1/admin/users", tenant, json={"user_name": look_alike}
+            )
+            assert (status, body["error"]["code"]) == (409, "uniqueness"), look_alike
+        # The projector went on: a new user of another workspace signs in.
+        await svc.create_user(key, "dora", PASSWORD, roles=["member"])
+        status, body, browser = await svc.login("DORA", PASSWORD)
+        await browser.close()
+        assert status == 200, body
+        status, found, _ = await svc.request("GET", "/v1/admin/users?user_name=%EF%BD%84ora", key)
+        assert status == 200 and [u["user_name"] for u in found["items"]] == ["dora"], found
 
 
 def test_throttle_keys() -> None:
