@@ -44,6 +44,9 @@ Prefix = Annotated[str, Field(min_length=1, max_length=12)]
 RoleName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_.-]*$")]
 Access = Literal["read", "write"]
 UserSource = Literal["local", "scim", "ldap", "saml", "oidc"]
+SIGNS_IN_ELSEWHERE: frozenset[str] = frozenset({"ldap", "saml", "oidc"})
+"""Sources whose users prove who they are to a directory or an IdP, never with a password
+kept here: a local password on such an account is neither set nor accepted."""
 LoginMethod = Literal["password", "ldap", "saml"]
 
 DOMAINS: tuple[str, ...] = (

@@ -55,6 +55,7 @@ from schemas.admin import MAX_OFFSET
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound
 from schemas.identity import (
     BUILTIN_ROLES,
+    SIGNS_IN_ELSEWHERE,
     Access,
     BindRole,
     DefineCustomRole,
@@ -430,9 +431,14 @@ async def put_password(request: web.Request) -> web.Response:
         require_access(principal, "users", "write")
     body = await read_json(request, PasswordBody)
     ident = identity(request)
-    await check_manageable(
-        ident, principal, await live_user(ident, principal.workspace_id, user_id)
-    )
+    user = await live_user(ident, principal.workspace_id, user_id)
+    await check_manageable(ident, principal, user)
+    if user.source in SIGNS_IN_ELSEWHERE:
+        raise Conflict(
+            f"user {user_id} signs in through {user.source}, which keeps its password; "
+            "change it there",
+            code="external_account",
+        )
     await set_password(
         request, ident, principal.workspace_id, user_id, body.password.get_secret_value()
     )

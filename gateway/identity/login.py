@@ -37,6 +37,7 @@ from gateway.state import Principal
 from projections.identity_queries import UserRow, find_user_by_name, get_user
 from schemas.errors import Conflict, InvalidInput, Unauthorized
 from schemas.identity import (
+    SIGNS_IN_ELSEWHERE,
     BindRole,
     LoginMethod,
     ProvisionUser,
@@ -47,6 +48,7 @@ from schemas.identity import (
     UnbindRole,
     UpdateUser,
     UserProfile,
+    user_name_key,
 )
 
 BAD_CREDENTIALS = "invalid user name or password"
@@ -112,7 +114,12 @@ async def _typed_name(ident: Identity, workspace_id: str, typed: str) -> str:
 async def _local(ident: Identity, workspace_id: str, body: LoginRequest) -> UserRow | None:
     user = await find_user_by_name(ident.db, workspace_id, body.username)
     stored = None
-    if user is not None and user.usable and user.has_password:
+    if (
+        user is not None
+        and user.usable
+        and user.has_password
+        and user.source not in SIGNS_IN_ELSEWHERE
+    ):
         stored = await ident.vault.get(workspace_id, user.user_id, PASSWORD)
     ok = await verify_password(body.password.get_secret_value(), stored)
     return user if ok else None
@@ -171,6 +178,13 @@ async def sync_external_user(
     return user
 
 
+def same_entry(recorded: str | None, presented: str) -> bool:
+    """Whether an account's recorded external id (a DN, a NameID) names the entry that just
+    proved itself; an account with none recorded is claimed by its first sign-in. DNs
+    compare case-insensitively, as directories treat them."""
+    return recorded is None or recorded.casefold() == presented.casefold()
+
+
 async def _ldap(ident: Identity, workspace_id: str, body: LoginRequest) -> UserRow | None:
     if not ident.settings.flag("SVC_LDAP_ENABLED"):
         return None
@@ -183,12 +197,16 @@ async def _ldap(ident: Identity, workspace_id: str, body: LoginRequest) -> UserR
     )
     if found is None:
         return None
-    if existing is None or existing.user_name.casefold() != found.login.casefold():
+    if existing is None or user_name_key(existing.user_name) != user_name_key(found.login):
         # The directory matched the entry under a name other than the one typed (spaces it
         # ignores, a filter on another attribute): the account is the entry's own.
         existing = await find_user_by_name(ident.db, workspace_id, found.login)
         if existing is not None and (existing.source != "ldap" or not existing.usable):
             return None
+    if existing is not None and not same_entry(existing.external_id, found.dn):
+        # An account renamed onto this entry's name (by whoever may rename users) is still
+        # the other entry's: taking it over would hand its sign-ins to this one.
+        return None
     external = ExternalUser(
         source="ldap",
         login=found.login,
@@ -268,7 +286,13 @@ async def login(request: web.Request) -> web.Response:
     attempt = await ident.throttle.reserve(workspace_id, body.username, address)
     method: LoginMethod = "password"
     user = await _local(ident, workspace_id, body)
-    if user is None and ident.settings.flag("SVC_LDAP_ENABLED"):
+    if (
+        user is None
+        and ident.settings.flag("SVC_LDAP_ENABLED")
+        and workspace_id == ident.settings.default_workspace_id
+    ):
+        # The directory is the instance's, and its users belong to the default workspace,
+        # as SAML's do: a body naming another workspace signs in with a local password only.
         # The audit names the method that was tried last: the directory only when it was.
         user = await _ldap(ident, workspace_id, body)
         method = "ldap"

@@ -50,7 +50,7 @@ from defusedxml import ElementTree  # type: ignore[import-untyped]
 from pydantic import BaseModel, Field
 
 from gateway.identity.common import read_form
-from gateway.identity.login import ExternalUser, start_session, sync_external_user
+from gateway.identity.login import ExternalUser, same_entry, start_session, sync_external_user
 from gateway.identity.service import Identity, identity
 from gateway.identity.sessions import set_session_cookies
 from gateway.identity.vault import INSTANCE
@@ -389,6 +389,10 @@ async def acs(request: web.Request) -> web.StreamResponse:
     existing = await find_user_by_name(ident.db, workspace_id, found.login)
     if existing is not None and (existing.source not in ("saml", "scim") or not existing.usable):
         raise Unauthorized(f"{REFUSED}: the user cannot sign in with SAML")
+    if existing is not None and existing.source == "saml":
+        # An account renamed onto this subject's name is still its first subject's.
+        if not same_entry(existing.external_id, found.external_id):
+            raise Unauthorized(f"{REFUSED}: the account belongs to another subject of the IdP")
     user = await sync_external_user(ident, workspace_id, found, existing)
     if not user.usable:
         raise Unauthorized(REFUSED)

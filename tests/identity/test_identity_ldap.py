@@ -259,6 +259,40 @@ async def test_ldap_logins_and_group_mapping(database_url: str, slapd: Slapd) ->
             assert password not in str(body) or not password
 
 
+async def test_directory_accounts_stay_their_entrys(database_url: str, slapd: Slapd) -> None:
+    """The directory is the instance's: its users sign in to the default workspace only, an
+    account renamed onto another entry's name is not that entry's, and a password kept here
+    is neither set on a directory account nor accepted for one."""
+    async with running(settings_for(database_url, **ldap_settings(database_url, slapd.url))) as svc:
+        key = await svc.issue_key()
+        path = "/v1/admin/identity/secrets/ldap/bind_password"
+        assert (await svc.request("PUT", path, key, json={"value": READER_PW}))[0] == 204
+        for workspace in ("ws-elsewhere", "no-such-workspace"):
+            status, body, browser = await svc.login(
+                "alice", "alice-password", workspace_id=workspace
+            )
+            await browser.close()
+            assert status == 401, (workspace, body)
+
+        status, body, browser = await svc.login("carl", "carl-password")
+        await browser.close()
+        assert status == 200, body
+        carl = body["user"]["id"]
+        status, body, _ = await svc.request(
+            "PUT", f"/v1/admin/users/{carl}/password", key, json={"password": "set-by-someone-1"}
+        )
+        assert (status, body["error"]["code"]) == (409, "external_account"), body
+        status, body, _ = await svc.request(
+            "PATCH", f"/v1/admin/users/{carl}", key, json={"user_name": "bob"}
+        )
+        assert status == 200, body
+        status, body, browser = await svc.login("bob", "bob-password")
+        await browser.close()
+        assert status == 401, body  # carl's account, whatever it is called now
+        status, found, _ = await svc.request("GET", f"/v1/admin/users/{carl}", key)
+        assert found["roles"] == ["member"] and found["external_id"].startswith("uid=carl,")
+
+
 async def test_ldap_refuses_when_the_service_bind_fails(database_url: str, slapd: Slapd) -> None:
     async with running(settings_for(database_url, **ldap_settings(database_url, slapd.url))) as svc:
         key = await svc.issue_key()

@@ -322,6 +322,28 @@ async def test_saml_role_mapping_default_and_safe_relay_state(
         assert roles == {"olga": ["operator"], "max": ["member"]}
 
 
+async def test_an_account_renamed_onto_a_subject_is_not_that_subjects(
+    database_url: str, keys: Keys
+) -> None:
+    async with running(settings_for(database_url, **saml_settings(database_url, keys))) as svc:
+        key, sp_metadata = await configured(svc)
+        flow = Flow(svc, idp_server(keys, sp_metadata))
+        rid, relay = await flow.start()
+        status, _, _ = await flow.post(flow.response(rid, user="olga", groups=("misc",)), relay)
+        assert status == 303
+        status, users, _ = await svc.request("GET", "/v1/admin/users", key)
+        (olga,) = users["items"]
+        status, body, _ = await svc.request(
+            "PATCH", f"/v1/admin/users/{olga['id']}", key, json={"user_name": "max"}
+        )
+        assert status == 200, body
+        rid, relay = await flow.start()
+        status, body, _ = await flow.post(flow.response(rid, user="max"), relay)
+        assert status == 401 and "another subject" in body, body
+        status, after, _ = await svc.request("GET", f"/v1/admin/users/{olga['id']}", key)
+        assert after["roles"] == ["member"]  # not max's admin groups
+
+
 async def test_a_saml_sign_in_keeps_what_scim_provisioned(database_url: str, keys: Keys) -> None:
     """SCIM owns the profile of the users it provisioned: a SAML sign-in (whose assertion
     carries only a NameID, a mail and groups) brings roles, and leaves the externalId, by
