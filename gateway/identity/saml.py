@@ -65,6 +65,7 @@ with warnings.catch_warnings():
     from saml2.client import Saml2Client
     from saml2.config import SPConfig
     from saml2.metadata import create_metadata_string
+    from saml2.saml import SCM_BEARER
 
 METADATA_CONTENT_TYPE = "application/samlmetadata+xml"
 
@@ -313,6 +314,21 @@ def _audience_ok(assertion: Any, entity_id: str) -> bool:
     return entity_id in audiences
 
 
+def _recipient_ok(assertion: Any, acs_url: str) -> bool:
+    """Every bearer confirmation names our ACS as its Recipient (SAML profiles 4.1.4.2), and
+    there is one. pysaml2 checks the Recipient only when handed conversation details, and
+    the response's Destination only when present: an assertion an IdP issued to another
+    service provider, wrapped in a response without one, passed both."""
+    subject = getattr(assertion, "subject", None)
+    bearers = [
+        c
+        for c in getattr(subject, "subject_confirmation", None) or []
+        if getattr(c, "method", None) == SCM_BEARER
+    ]
+    recipients = [getattr(c.subject_confirmation_data, "recipient", None) for c in bearers]
+    return bool(recipients) and all(r == acs_url for r in recipients)
+
+
 def map_role(values: list[str], mappings: dict[str, str], default: str) -> str | None:
     for value in values:
         if value in mappings:
@@ -345,6 +361,8 @@ async def _verified(
         raise Unauthorized(REFUSED)
     if not _audience_ok(response.assertion, sp.settings.entity_id):
         raise Unauthorized(f"{REFUSED}: wrong or missing audience")
+    if not _recipient_ok(response.assertion, sp.settings.acs_url):
+        raise Unauthorized(f"{REFUSED}: the assertion is for another recipient than our ACS")
     async with ident.db.acquire() as conn:
         fresh = await conn.fetchval(
             _REMEMBER + " RETURNING id",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -255,6 +256,22 @@ async def test_saml_login_and_hostile_responses(database_url: str, keys: Keys) -
         wrong = flow.response(rid, audience="https://other.example", idp=other)
         assert "https://other.example" in wrong
         hostile["wrong audience"] = (wrong, rid)
+        rid, _ = await flow.start()
+        elsewhere = flow.idp.create_authn_response(
+            identity={"groups": ["svc-admins"]},
+            in_response_to=rid,
+            destination="https://other-sp.example/saml/acs",
+            sp_entity_id=SP_ENTITY,
+            name_id=NameID(format=NAMEID_FORMAT_UNSPECIFIED, text="mallory"),
+            authn=AUTHN,
+            sign_response=False,
+            sign_assertion=True,
+        )
+        # The assertion names another ACS; the unsigned response around it drops its
+        # Destination, which pysaml2 checks only when present.
+        elsewhere = re.sub(r'(<ns\d:Response[^>]*?) Destination="[^"]+"', r"\1", str(elsewhere))
+        assert 'Recipient="https://other-sp.example/saml/acs"' in elsewhere
+        hostile["assertion for another recipient"] = (elsewhere, rid)
         hostile["unsolicited"] = (flow.response("id-nobody-asked-for"), "x")
         # Even with a binding cookie for it: the service never issued that request.
         forged: Morsel[str] = Morsel()
