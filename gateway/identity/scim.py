@@ -29,7 +29,13 @@ from pydantic import BaseModel, Field, ValidationError
 from actors.identity import directory_key
 from gateway.auth import hash_key
 from gateway.errors import read_json
-from gateway.identity.admin import cut_off, deprovision, profile_of, set_password
+from gateway.identity.admin import (
+    cut_off,
+    deprovision,
+    profile_of,
+    revoke_sessions,
+    set_password,
+)
 from gateway.identity.common import SCIM_ACTOR, actor_of, new_id, now
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
 from gateway.identity.service import Identity, identity
@@ -457,8 +463,15 @@ async def get_handler(request: web.Request, ident: Identity, ws: str) -> web.Str
 
 
 async def _save(
-    request: web.Request, ident: Identity, ws: str, user: UserRow, profile: UserProfile
+    request: web.Request,
+    ident: Identity,
+    ws: str,
+    user: UserRow,
+    profile: UserProfile,
+    password: str | None,
 ) -> web.StreamResponse:
+    """The profile first: a change refused (a name taken) must leave the password as it was.
+    A new password ends the user's sessions, as the admin API's does."""
     await ident.ask(
         directory_key(ws),
         UpdateUser(
@@ -470,6 +483,9 @@ async def _save(
             at=now(),
         ),
     )
+    if password is not None:
+        await set_password(request, ident, ws, user.user_id, password)
+        await revoke_sessions(ident, ws, user.user_id, "password changed", actor_of(request))
     if profile.active is False and user.active is not False:
         await cut_off(request, ident, ws, user.user_id, "deactivated by SCIM")
     return scim_json(resource(request, await _user(ident, ws, user.user_id)))
@@ -479,10 +495,7 @@ async def put_handler(request: web.Request, ident: Identity, ws: str) -> web.Str
     user = await _writable_user(ident, ws, request.match_info["id"])
     data = await _json_object(request)
     profile = _full_profile(data)
-    password = _password_in(data)
-    if password is not None:
-        await set_password(request, ident, ws, user.user_id, password)
-    return await _save(request, ident, ws, user, profile)
+    return await _save(request, ident, ws, user, profile, _password_in(data))
 
 
 def _take_password(op: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -560,9 +573,7 @@ async def patch_handler(request: web.Request, ident: Identity, ws: str) -> web.S
         password = new_password or password
         current = _apply_op(current, rest)
     profile = UserProfile.model_validate(current)
-    if password is not None:
-        await set_password(request, ident, ws, user.user_id, password)
-    return await _save(request, ident, ws, user, profile)
+    return await _save(request, ident, ws, user, profile, password)
 
 
 async def delete_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:

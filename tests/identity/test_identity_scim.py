@@ -240,6 +240,46 @@ async def test_deprovisioned_user_loses_sessions_at_once(database_url: str) -> N
         assert "s3cret" not in str(audit)
 
 
+async def test_a_scim_password_change_is_all_or_nothing_and_ends_sessions(
+    database_url: str,
+) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        token = (await scim_token(svc, key))["token"]
+        await create_user(svc, token, "taken@example.com")
+        body = scim_user("ria@example.com", password="first password 1")
+        status, ria, _ = await svc.request("POST", "/scim/v2/Users", token, json=body)
+        assert status == 201, ria
+        path = f"/scim/v2/Users/{ria['id']}"
+        # Refused for the name: the password stays as it was, for PUT and PATCH alike.
+        put = scim_user("TAKEN@example.com", password="second password 2")
+        patch = {
+            "schemas": [PATCH],
+            "Operations": [
+                {"op": "replace", "value": {"userName": "taken@example.com"}},
+                {"op": "replace", "path": "password", "value": "second password 2"},
+            ],
+        }
+        for method, change in (("PUT", put), ("PATCH", patch)):
+            status, err, _ = await svc.request(method, path, token, json=change)
+            assert (status, err["scimType"]) == (409, "uniqueness"), (method, err)
+        status, _, browser = await svc.login("ria@example.com", "first password 1")
+        async with browser:
+            assert status == 200
+            assert (await svc.request("GET", WHOAMI, session=browser))[0] == 200
+            change = {
+                "schemas": [PATCH],
+                "Operations": [{"op": "replace", "path": "password", "value": "third pass 3"}],
+            }
+            status, _, _ = await svc.request("PATCH", path, token, json=change)
+            assert status == 200
+            # A reset after a compromise must cut the intruder's session too.
+            assert (await svc.request("GET", WHOAMI, session=browser))[0] == 401
+        status, _, browser = await svc.login("ria@example.com", "third pass 3")
+        await browser.close()
+        assert status == 200
+
+
 async def test_deprovisioning_revokes_the_users_api_keys(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         admin_key = await svc.issue_key()
