@@ -73,6 +73,16 @@ class _Subscription:
         self.wake.set()
 
 
+FAILED_READ_BACKOFF_CAP_S = 2.0
+
+
+def _backoff(poll_interval_s: float, failures: int) -> float:
+    """The wait after the n-th failed read in a row: doubling from the poll interval, capped.
+    The exponent is capped too: an outage of half an hour is a thousand failures, and
+    2.0 ** 1024 does not fit a float (the tailer died of the OverflowError for good)."""
+    return min(FAILED_READ_BACKOFF_CAP_S, poll_interval_s * 2.0 ** min(failures, 32))
+
+
 BatchListener = Callable[[Sequence[RecordedEvent]], None]
 """Called with each batch the tailer reads, in log order, before it reads the next one."""
 
@@ -128,7 +138,8 @@ class LogTailer:
 
     @property
     def running(self) -> bool:
-        return self._running
+        """Started, not stopped, and its reading task alive."""
+        return self._running and self._task is not None and not self._task.done()
 
     async def start(self) -> None:
         if self._running:
@@ -288,7 +299,7 @@ class LogTailer:
             except Exception as exc:
                 failures += 1
                 log.warning("log tailer read failed (attempt %d): %r", failures, exc)
-                await asyncio.sleep(min(2.0, self._poll_interval_s * 2**failures))
+                await asyncio.sleep(_backoff(self._poll_interval_s, failures))
 
     async def _read_to_head(self, conn: Connection) -> None:
         while True:

@@ -501,7 +501,7 @@ class RayRuntime:
             raise HostUnavailable(
                 f"{problem}; gave up after {attempt} attempts; retry with the same Idempotency-Key"
             )
-        await self._watch.until_restarted(host, min(0.5, 0.005 * 2**attempt))
+        await self._watch.until_restarted(host, min(0.5, 0.005 * 2 ** min(attempt, 16)))
         await self._refresh()
 
     # --- hosts --------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from test_subscribe import (
 
 from eventstore.cursor import ORIGIN
 from eventstore.records import RecordedEvent
+from eventstore.tailer import FAILED_READ_BACKOFF_CAP_S, _backoff
 
 __all__ = ["stack"]
 
@@ -96,3 +97,10 @@ async def test_history_is_scoped_by_workspace_and_type(stack: Stack) -> None:
     after = log[10].point
     rest = [e async for e in stack.tailer.history(after, "ws0")]
     assert_same_sequence(rest, [e for e in log if e.workspace_id == "ws0" and e.point > after])
+
+
+def test_the_wait_after_failed_reads_stays_capped_however_long_the_outage() -> None:
+    """Half an hour of refused connections is about a thousand failed reads in a row."""
+    waits = [_backoff(0.075, n) for n in (1, 2, 5, 1024, 10**6)]
+    assert waits[0] == 0.15 and waits[1] == 0.3
+    assert waits[2:] == [FAILED_READ_BACKOFF_CAP_S] * 3
