@@ -31,6 +31,7 @@ from gateway.admin_common import (
     WRITE,
     acting,
     ask,
+    not_applied,
     ok,
     read_your_writes,
     wait_applied,
@@ -41,6 +42,7 @@ from gateway.identity.common import command_id, first_attempt_ran
 from gateway.openapi import IDEMPOTENCY_KEY, document
 from gateway.state import DATABASE, MODEL_PROVIDERS, Principal
 from projections import agent_queries
+from projections.agents import AgentsProjector
 from schemas.admin import AdminRead
 from schemas.agent import ArchiveAgent, CreateAgent, UpdateAgent
 from schemas.agent_admin import (
@@ -52,12 +54,13 @@ from schemas.agent_admin import (
     WrittenAgent,
 )
 from schemas.commands import Command
-from schemas.errors import Conflict, InvalidInput, NotFound, SvcError, Unavailable
+from schemas.errors import Conflict, InvalidInput, NotFound, SvcError
 
 AGENTS = "/v1/admin/agents"
 AGENT = "/v1/admin/agents/{agent_id}"
 ARCHIVE = "/v1/admin/agents/{agent_id}/archive"
 TAG = "Agents & orchestration"
+AGENT_MODELS = (AgentsProjector.name,)
 
 _NAME_LOCKS: web.AppKey[dict[str, asyncio.Lock]] = web.AppKey("svc_agent_name_locks", dict)
 _AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,199}$")
@@ -155,7 +158,7 @@ async def create_agent(request: web.Request) -> web.Response:
 async def list_agents(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     params = read_query(request, AgentListQuery)
-    await read_your_writes(request)
+    await read_your_writes(request, AGENT_MODELS)
     agents = await agent_queries.list_agents(
         request.app[DATABASE], principal.workspace_id, include_archived=params.include_archived
     )
@@ -165,7 +168,7 @@ async def list_agents(request: web.Request) -> web.Response:
 async def get_agent(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     read_query(request, AdminRead)
-    await read_your_writes(request)
+    await read_your_writes(request, AGENT_MODELS)
     return ok(_record(await _read(request, principal, _path_id(request))))
 
 
@@ -213,11 +216,12 @@ async def _execute(request: web.Request, agent_id: str, command: Command) -> Com
     outcome = await ask(request, agent_key(agent_id), command)
     if not isinstance(outcome, CommandOutcome):
         raise SvcError("the agent actor answered without an outcome")
-    if outcome.cursor and not await wait_applied(request, outcome.cursor):
-        raise Unavailable(
+    if outcome.cursor and not await wait_applied(request, outcome.cursor, AGENT_MODELS):
+        raise not_applied(
+            request,
+            AGENT_MODELS,
             f"agent {agent_id} was changed but the read models did not apply it in time; "
             f"read it with min_cursor={outcome.cursor}",
-            code="projection_lagging",
         )
     forget_agents(request.app, command.workspace_id)  # this process serves the change at once
     return outcome

@@ -4,6 +4,7 @@ commands to actors and the read-your-writes wait. Query strings are read with
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from aiohttp import web
@@ -37,10 +38,33 @@ async def ask(request: web.Request, key: ActorKey, command: Command) -> Any:
     return await request.app[RUNTIME].ask(key, command)
 
 
-async def wait_applied(request: web.Request, cursor: str) -> bool:
-    """Wait (bounded) until every read model has applied `cursor`; False on timeout."""
-    reached: bool = await request.app[PROJECTIONS].wait_for(cursor, READ_YOUR_WRITES_TIMEOUT_S)
+CONVERSATION_MODELS = ("conversations", "messages", "turns")
+"""The read models a conversation read draws on: a read waits for these, not for all."""
+
+
+async def wait_applied(
+    request: web.Request, cursor: str, names: Collection[str] | None = None
+) -> bool:
+    """Wait (bounded) until the read models `names` (all by default) have applied `cursor`;
+    False on timeout or when one of them is stopped on a poison event."""
+    reached: bool = await request.app[PROJECTIONS].wait_for(
+        cursor, READ_YOUR_WRITES_TIMEOUT_S, names=names
+    )
     return reached
+
+
+def not_applied(request: web.Request, names: Collection[str] | None, lagging: str) -> Unavailable:
+    """The error for a wait that `wait_applied` gave up: a stopped read model, which waiting
+    cannot cure, is named as such; otherwise `lagging` says what to retry."""
+    stopped = request.app[PROJECTIONS].stopped(names)
+    if stopped:
+        return Unavailable(
+            f"the read model(s) {', '.join(stopped)} stopped on an event they could not apply; "
+            "an operator should run `svc projections status` (docs/projections.md says how "
+            "to recover)",
+            code="projection_failed",
+        )
+    return Unavailable(lagging, code="projection_lagging")
 
 
 async def min_cursor(request: web.Request) -> str | None:
@@ -51,12 +75,13 @@ async def min_cursor(request: web.Request) -> str | None:
     return raw
 
 
-async def read_your_writes(request: web.Request) -> None:
+async def read_your_writes(request: web.Request, names: Collection[str] | None = None) -> None:
     """With `?min_cursor=<cursor>` (from a write's response or a feed), wait up to
-    READ_YOUR_WRITES_TIMEOUT_S until the read models have applied it, so the read sees it."""
+    READ_YOUR_WRITES_TIMEOUT_S until the read models `names` (those the read draws on; all
+    by default) have applied it, so the read sees it. A read model stopped elsewhere in the
+    log does not hold up the others' reads."""
     cursor = await min_cursor(request)
-    if cursor is not None and not await wait_applied(request, cursor):
-        raise Unavailable(
-            "the read models did not reach min_cursor in time; retry shortly",
-            code="projection_lagging",
+    if cursor is not None and not await wait_applied(request, cursor, names):
+        raise not_applied(
+            request, names, "the read models did not reach min_cursor in time; retry shortly"
         )

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
-from gateway.admin_common import READ, acting, ok, read_your_writes
+from gateway.admin_common import CONVERSATION_MODELS, READ, acting, ok, read_your_writes
 from gateway.control_chars import visible_controls
 from gateway.errors import read_query
 from gateway.state import DATABASE
@@ -92,7 +92,7 @@ async def _conversation(request: web.Request, workspace_id: str, cid: str) -> qu
 async def list_conversations(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     page = read_query(request, PageQuery)
-    await read_your_writes(request)
+    await read_your_writes(request, CONVERSATION_MODELS)
     rows, total = await queries.list_conversations(
         request.app[DATABASE], principal.workspace_id, limit=page.limit, offset=page.offset
     )
@@ -109,7 +109,7 @@ async def list_conversations(request: web.Request) -> web.Response:
 async def conversation_messages(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     params = read_query(request, MessagesQuery)
-    await read_your_writes(request)
+    await read_your_writes(request, CONVERSATION_MODELS)
     await _conversation(request, principal.workspace_id, params.id)
     rows = await queries.get_messages(request.app[DATABASE], principal.workspace_id, params.id)
     return ok(ConversationMessages(conversation_id=params.id, messages=[message(m) for m in rows]))
@@ -118,7 +118,7 @@ async def conversation_messages(request: web.Request) -> web.Response:
 async def conversation_turns(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     params = read_query(request, TurnsQuery)
-    await read_your_writes(request)
+    await read_your_writes(request, CONVERSATION_MODELS)
     if params.conversation_id is not None:
         await _conversation(request, principal.workspace_id, params.conversation_id)
     rows = await queries.list_turns(
@@ -168,7 +168,7 @@ def _longest_backtick_run(text: str) -> int:
 async def export_conversation(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     params = read_query(request, ExportQuery)
-    await read_your_writes(request)
+    await read_your_writes(request, CONVERSATION_MODELS)
     found = await _conversation(request, principal.workspace_id, params.conversation_id)
     rows = await queries.get_messages(request.app[DATABASE], principal.workspace_id, found.id)
     export = ConversationExport(

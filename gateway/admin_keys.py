@@ -22,6 +22,7 @@ from gateway.admin_common import (
     WRITE,
     acting,
     ask,
+    not_applied,
     ok,
     read_your_writes,
     wait_applied,
@@ -37,6 +38,7 @@ from gateway.errors import read_json, read_query
 from gateway.identity.common import command_id, describe
 from gateway.state import AUTH, DATABASE, STORE, Principal
 from projections import queries
+from projections.apikeys import ApiKeysProjector
 from projections.identity_queries import key_owner
 from schemas.admin import (
     AdminRead,
@@ -47,11 +49,13 @@ from schemas.admin import (
     RevokedApiKey,
 )
 from schemas.commands import Command
-from schemas.errors import Conflict, Forbidden, SvcError, Unavailable
+from schemas.errors import Conflict, Forbidden, SvcError
 from schemas.events import EVENTS
 from schemas.workspace import ApiKeyRevoked, IssueApiKey, RevokeApiKey
 
 PREFIX_LEN = 8
+KEY_MODELS = (ApiKeysProjector.name,)
+"""Keys are authenticated from this read model: key writes and reads wait for it alone."""
 
 
 async def _execute(request: web.Request, principal: Principal, command: Command) -> CommandOutcome:
@@ -95,7 +99,7 @@ async def issue_key(request: web.Request) -> web.Response:
     outcome = await _execute(request, principal, command)
     # Not applied in time, the key is answered all the same, since it is shown only this
     # once; it authenticates as soon as the read models apply `cursor` (docs/admin-api.md).
-    await wait_applied(request, outcome.cursor)
+    await wait_applied(request, outcome.cursor, KEY_MODELS)
     if outcome.duplicate:
         # The first request's key was shown once and never kept: it cannot be sent again.
         raise Conflict(
@@ -124,7 +128,7 @@ async def list_keys(request: web.Request) -> web.Response:
     # limits, never a key or its hash.
     principal = await acting(request, READ)
     read_query(request, AdminRead)
-    await read_your_writes(request)
+    await read_your_writes(request, KEY_MODELS)
     keys = await queries.list_api_keys(request.app[DATABASE], principal.workspace_id)
     return ok(ApiKeyList(api_keys=[record(k) for k in keys]))
 
@@ -169,13 +173,14 @@ async def revoke_key(request: web.Request) -> web.Response:
     # Keys are looked up in the read models: until they apply the revocation the key still
     # authenticates, and the caller must not be told it is done. The cache is dropped after
     # the wait, so that a lookup during it cannot keep the unrevoked key.
-    applied = await wait_applied(request, answer.cursor)
+    applied = await wait_applied(request, answer.cursor, KEY_MODELS)
     request.app[AUTH].forget_key(command.key_id)
     if not applied:
-        raise Unavailable(
+        raise not_applied(
+            request,
+            KEY_MODELS,
             f"API key {command.key_id} is revoked, but the read models have not applied it "
             "yet, so it may still authenticate for a moment; repeat the request to confirm",
-            code="projection_lagging",
         )
     return ok(answer)
 

@@ -8,11 +8,13 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
-from gateway.admin_common import READ, acting, ok, read_your_writes
+from gateway.admin_common import CONVERSATION_MODELS, READ, acting, ok, read_your_writes
 from gateway.errors import read_query
 from gateway.state import DATABASE, PROJECTIONS
 from projections import queries
+from projections.apikeys import ApiKeysProjector
 from projections.runner import ProjectionStatus
+from projections.workspaces import WorkspacesProjector
 from schemas.admin import (
     AdminRead,
     AnalyticsQuery,
@@ -41,10 +43,13 @@ def projection_health(status: ProjectionStatus) -> ProjectionHealth:
     return ProjectionHealth(name=status.name, status=state, lag_seconds=status.lag_seconds)
 
 
+OVERVIEW_MODELS = (*CONVERSATION_MODELS, ApiKeysProjector.name, WorkspacesProjector.name)
+
+
 async def overview(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     read_query(request, AdminRead)
-    await read_your_writes(request)
+    await read_your_writes(request, OVERVIEW_MODELS)
     db = request.app[DATABASE]
     counts = await queries.overview(db, principal.workspace_id)
     workspace = await queries.get_workspace(db, principal.workspace_id)
@@ -73,7 +78,7 @@ async def analytics(request: web.Request) -> web.Response:
         since, until = params.window(datetime.now(UTC))
     except ValueError as exc:
         raise InvalidInput(str(exc), code="invalid_window") from None
-    await read_your_writes(request)
+    await read_your_writes(request, CONVERSATION_MODELS)
     result = await queries.analytics(
         request.app[DATABASE],
         principal.workspace_id,

@@ -651,6 +651,10 @@ class ProjectionRunner:
             self._readers_waiting -= 1
         return all(s.point >= target for s in slots)
 
+    def stopped(self, names: Collection[str] | None = None) -> list[str]:
+        """The selected projectors this process knows to be stopped on a poison event."""
+        return [s.name for s in self._select(names) if s.failure is not None]
+
     def retry(self, name: str) -> None:
         """Clear a projector's poison-event stop so it tries that event again."""
         (slot,) = self._select([name])

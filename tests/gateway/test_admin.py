@@ -354,6 +354,38 @@ async def test_a_revocation_the_read_models_have_not_applied_is_not_confirmed(
     assert (await service.get("/v1/admin/overview", issued["key"])).status == 401
 
 
+async def test_a_stopped_read_model_holds_up_only_the_reads_that_draw_on_it(
+    service: Service,
+) -> None:
+    """An event the turns read model cannot apply (one a newer version wrote, say) stops it
+    for every workspace. Key writes and reads of other read models go on; a read that needs
+    the stopped one says it is stopped, which no retry cures, instead of "lagging"."""
+    ws = uid("ws-")
+    admin = await service.issue_key(ws, ("admin:read", "admin:write"))
+    poisoned = uid("ws-")
+    await service.app[STORE].append(
+        f"conversation:{uid()}",
+        [NewEvent("conversation.turn_failed", {"conversation_id": "x"}, 1)],
+        expected_version=0,
+        command_id=uid("cmd-"),
+        workspace_id=poisoned,
+    )
+    issued = await service.post_json(
+        "/v1/admin/apikeys", admin, {"name": "n", "scopes": ["admin:read"]}, 201
+    )
+    path = f"/v1/admin/apikeys/{issued['id']}/revoke"
+    revoked = await service.post_json(path, admin, None)
+    listing = await service.get_json("/v1/admin/apikeys", admin, min_cursor=revoked["cursor"])
+    assert any(k["revoked_at"] for k in listing["api_keys"])
+    body = await service.get_json(
+        "/v1/admin/conversations", admin, 503, min_cursor=revoked["cursor"]
+    )
+    assert_error(body, "projection_failed")
+    assert (
+        "turns" in body["error"]["message"] and "svc projections status" in body["error"]["message"]
+    )
+
+
 async def _two_issued_keys(service: Service) -> tuple[str, str, Any, Any]:
     """A fresh workspace, its admin key, and two admin:read keys issued through the API."""
     ws = uid("ws-")
