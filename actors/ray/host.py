@@ -74,6 +74,45 @@ def resolve_factory(source: BehaviourSource) -> BehaviourFactory:
     return source
 
 
+RELEASE_HOLD_GRACE_S = 60.0
+"""How long past its deadline a release keeps refusing its shards' commands with nothing
+more heard: the mover follows a release at once with `forget` (moved) or `reopen` (not);
+one cancelled in between (a gateway stopping, an interrupted `svc cluster scale`) must not
+leave the shards refused for good."""
+
+
+class _Releasing:
+    """The shards a release holds, each until its expiry (monotonic seconds)."""
+
+    __slots__ = ("_until",)
+
+    def __init__(self) -> None:
+        self._until: dict[int, float] = {}
+
+    def hold(self, shards: Iterable[int], for_s: float) -> None:
+        until = time.monotonic() + for_s
+        for shard in shards:
+            self._until[shard] = until
+
+    def let_go(self, shards: Iterable[int]) -> None:
+        for shard in shards:
+            self._until.pop(shard, None)
+
+    def discard(self, shard: int) -> None:
+        self._until.pop(shard, None)
+
+    def __contains__(self, shard: object) -> bool:
+        if not isinstance(shard, int):
+            return False
+        until = self._until.get(shard)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._until[shard]  # expired: the shards' commands are taken again
+        return False
+
+
 class ActorHost:
     """The Ray actor class (made remote by the router with its resource options)."""
 
@@ -84,7 +123,7 @@ class ActorHost:
         self._store: PostgresEventStore | None = None
         self._starting: asyncio.Task[ActivationTable] | None = None
         self._owned: dict[int, int] = {}
-        self._releasing: set[int] = set()
+        self._releasing = _Releasing()
         self._gone: dict[int, int] = {}
         self._reload: asyncio.Task[None] | None = None
         self._reloaded_at = 0.0
@@ -310,7 +349,7 @@ class ActorHost:
         then snapshot and passivate their actors. Returns the commands still running at the
         deadline (0 normally); the store's version fence covers those."""
         table = await self._ensure()
-        self._releasing.update(shards)
+        self._releasing.hold(shards, deadline_s + RELEASE_HOLD_GRACE_S)
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
         while self._busy(shards) and (remaining := end - loop.time()) > 0:
@@ -341,7 +380,7 @@ class ActorHost:
 
     def reopen(self, shards: list[int]) -> None:
         """A move that failed after `release`: take the shards' commands again."""
-        self._releasing.difference_update(shards)
+        self._releasing.let_go(shards)
 
     def shard_load(self) -> dict[int, float]:
         table = self._table

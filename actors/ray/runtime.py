@@ -72,6 +72,10 @@ log = logging.getLogger(__name__)
 _HOST_ERRORS = HOST_ERRORS
 _HOST_ERRORS_OR_TIMEOUT = HOST_ERRORS_OR_TIMEOUT
 _STATS_TIMEOUT_S = 2.0
+_PING_TIMEOUT_S = 4.0
+SCALE_ROUNDS = 3
+"""Rebalancing passes of one `scale`: a source still running commands at its release
+deadline keeps its shards for the next pass (and the supervisor's, after these)."""
 _CONFIGURE_TIMEOUT_S = 10.0
 _NAME_RELEASE_S = 10.0
 _LOOKUP_AGAIN_S = 0.5
@@ -693,7 +697,7 @@ class RayRuntime:
         if plan_moves(self._map.owners, live):
             async with self._moving, cluster_lock(self._db, s.cluster, wait_s=0.0) as locked:
                 if locked:
-                    await self._rebalance(live)
+                    await self._rebalance(live, self._live(self._watched(names)))
 
     def _watch_all(self, names: Sequence[str]) -> None:
         """Have a current handle for every host, so the watch pings them (and restarts are
@@ -730,8 +734,16 @@ class RayRuntime:
         ready = self._ready_at.get(name, -1e9)
         return ready if watched is None else max(watched, ready)
 
-    async def _rebalance(self, hosts: Sequence[str]) -> int:
-        """Move shards until they are spread evenly over `hosts`; the caller holds the locks."""
+    def _watched(self, names: Sequence[str]) -> list[str]:
+        """`names` and every other host this router pings (surplus hosts that still own
+        shards among them): the hosts whose liveness a move may ask about."""
+        return [*names, *(n for n in self._handles if n not in names)]
+
+    async def _rebalance(self, hosts: Sequence[str], live: Sequence[str]) -> int:
+        """Move shards until they are spread evenly over `hosts`; the caller holds the locks.
+        `live`: the hosts that answer, targets or not. A source among them releases its
+        shards before they move; only a source that does not answer is skipped (nothing
+        runs there), so a surplus host being scaled in is released like any other."""
         assert self._db is not None
         current = await load_map(self._db, self._settings.cluster)
         if current is None:
@@ -745,7 +757,7 @@ class RayRuntime:
         size = self._settings.move_batch
         for (source, target), shards in batches.items():
             for i in range(0, len(shards), size):
-                moved += await self._move(source, target, shards[i : i + size], hosts)
+                moved += await self._move(source, target, shards[i : i + size], live)
         await self._refresh()
         return moved
 
@@ -777,13 +789,20 @@ class RayRuntime:
         d = self._settings.release_deadline_s
         if source in live:
             try:
-                await answer_within(d + 10.0, self._handle(source).release.remote(shards, d))
+                busy = await answer_within(d + 10.0, self._handle(source).release.remote(shards, d))
             except _HOST_ERRORS_OR_TIMEOUT as exc:
                 log.warning("%s did not release shards (%s); trying later", source, exc)
+                await self._tell(source, "reopen", shards)
+                return 0
+            if busy:
+                # Moving now would run the same actors in two processes: the routers would
+                # send the commands still running there again, to the new owner.
+                log.info("%s still runs %d commands of the shards; moving them later", source, busy)
+                await self._tell(source, "reopen", shards)
                 return 0
         try:
             epochs = await move_shards(self._db, self._settings.cluster, shards, source, target)
-        except Exception:
+        except BaseException:
             if source in live:
                 await self._tell(source, "reopen", shards)
             raise
@@ -819,9 +838,35 @@ class RayRuntime:
                 await self._remove_surplus(before, hosts)
                 raise
             names = [host_name(s.cluster, i) for i in range(hosts)]
-            moved = await self._rebalance(names)
+            moved = 0
+            for _ in range(SCALE_ROUNDS):
+                current = await load_map(db, s.cluster)
+                sources = set(current.owners) if current is not None else set()
+                live = await self._answering(sorted(sources | set(names)))
+                moved += await self._rebalance(names, live)
+                if self._map is None or set(self._map.owners) <= set(names):
+                    break  # else a source was still busy at its release deadline: again
             removed = await self._remove_surplus(hosts, before)
         return {"hosts": hosts, "before": before, "shards_moved": moved, "removed": removed}
+
+    async def _answering(self, names: Sequence[str]) -> list[str]:
+        """The hosts of `names` that answer a ping now. A command-line `scale` has no watch
+        history: going by it would take every source for dead and move its shards without
+        a release."""
+
+        async def answers(name: str) -> bool:
+            try:
+                handle = self._handle(name)
+            except ValueError:  # no such host now
+                return False
+            try:
+                await answer_within(_PING_TIMEOUT_S, handle.ping.remote())
+            except _HOST_ERRORS_OR_TIMEOUT:
+                return False
+            return True
+
+        found = await asyncio.gather(*(answers(n) for n in names))
+        return [n for n, ok in zip(names, found, strict=True) if ok]
 
     async def _remove_surplus(self, hosts: int, before: int) -> list[str]:
         assert self._map is not None

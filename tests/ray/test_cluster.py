@@ -127,9 +127,10 @@ async def check_exactly_once(
 async def cluster_runtime(ray_cluster: Cluster, database_url: str) -> AsyncIterator[Any]:
     started: list[RayRuntime] = []
 
-    async def make(hosts: int, **overrides: Any) -> RayRuntime:
+    async def make(hosts: int, delta_delay_s: float = 0.002, **overrides: Any) -> RayRuntime:
         settings: RaySettings = ray_settings(ray_cluster.address, hosts=hosts, **overrides)
-        provider = ScriptedProvider(deltas=tuple(f"d{i} " for i in range(25)), delay_s=0.002)
+        deltas = tuple(f"d{i} " for i in range(25))
+        provider = ScriptedProvider(deltas=deltas, delay_s=delta_delay_s)
         behaviours = fixed_behaviours([CounterBehaviour(), ConversationBehaviour([provider])])
         runtime = RayRuntime(database_url, behaviours, settings)
         await runtime.start()
@@ -243,6 +244,31 @@ async def test_scale_out_and_in_under_load(
     assert status["max_epoch"] >= 2
     assert len(load.acked) > 100
     await check_exactly_once(runtime, store, keys, load)
+
+
+async def test_scale_in_waits_for_a_turn_running_on_the_host_it_removes(
+    cluster_runtime: Any, store: PostgresEventStore
+) -> None:
+    """The host being removed releases its shards like any other source: its turn in
+    progress finishes there and is answered once; its shards move only after it (a release
+    that times out with the turn still running moves nothing, and the next pass tries again)."""
+    runtime: RayRuntime = await cluster_runtime(
+        2, delta_delay_s=0.08, release_deadline_s=1.0, supervise_every_s=3600.0
+    )
+    surplus = f"{runtime.cluster}-host-1"
+    assert runtime.shard_map is not None
+    while True:
+        key = conversation_key(uuid.uuid4().hex)
+        if runtime.shard_map.route(shard_of(key))[0] == surplus:
+            break
+    turn = asyncio.create_task(runtime.ask(key, run_turn()))  # 25 deltas: about 2 s
+    await asyncio.sleep(0.5)
+    result = await runtime.scale(1)
+    assert isinstance(await turn, TurnResult)
+    assert result["shards_moved"] == NUM_SHARDS // 2 and result["removed"] == [surplus]
+    types = [r.type for r in await store.read_stream(key.stream_id)]
+    assert types.count("conversation.assistant_message_completed") == 1, types
+    assert not [t for t in types if "failed" in t or "abandoned" in t], types
 
 
 async def test_host_kill_and_node_loss_under_load(
