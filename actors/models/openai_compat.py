@@ -190,7 +190,12 @@ class OpenAICompatProvider:
                     ) from None
                 delay = self._backoff(attempt, exc.retry_after_s)
                 if deadline is not None and loop.time() + delay >= deadline:
-                    raise _timeout(budget) from None
+                    # Not a timeout: the model server said no, and when to ask again.
+                    raise UpstreamError(
+                        f"model server unavailable ({exc.reason}); the next attempt would "
+                        f"come after the call's {budget:g}s budget (SVC_LLM_CALL_TIMEOUT_S)",
+                        code="upstream_unavailable",
+                    ) from None
                 log.warning(
                     "model call attempt %d failed (%s); retrying in %.2fs",
                     attempt + 1,
@@ -238,6 +243,20 @@ class OpenAICompatProvider:
             raise TimeoutError from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise _Transient(type(exc).__name__) from None
+        except aiohttp.InvalidURL:
+            raise UpstreamError(
+                "SVC_LLM_GATEWAY_URL is not a usable URL; set it to the model server's "
+                "http(s) address",
+                code="upstream_misconfigured",
+            ) from None
+        except aiohttp.ClientResponseError as exc:
+            # Not HTTP at all, a header past aiohttp's limits, a redirect loop: the server at
+            # SVC_LLM_GATEWAY_URL is not a model server that works.
+            raise UpstreamError(
+                f"model server sent no usable HTTP response ({type(exc).__name__}: "
+                f"{_scrub(str(exc.message)[:200], self._api_key)})",
+                code="upstream_bad_response",
+            ) from None
         except ValueError:
             # aiohttp's line reader refuses a line beyond its buffer limit.
             raise UpstreamError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -344,3 +345,39 @@ async def test_a_json_completion_too_large_to_record_is_refused_unread(stub: Any
         await collect(provider(stub.base_url), request())
     assert caught.value.code == "upstream_bad_response" and "max_tokens" in caught.value.message
     assert stub.calls == 1
+
+
+async def test_a_retry_after_past_the_budget_reports_the_refusal_not_a_timeout(
+    stub: Any,
+) -> None:
+    stub.faults.append(stub_upstream.Fault(429, "slow down", retry_after_s=20))
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url, call_timeout_s=5, backoff_max_s=30), request())
+    assert caught.value.code == "upstream_unavailable" and caught.value.http_status == 502
+    assert "HTTP 429" in caught.value.message and "slow down" in caught.value.message
+    assert stub.calls == 1
+
+
+async def test_a_server_that_does_not_speak_http_is_a_bad_response() -> None:
+    async def garbage(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(UpstreamError) as caught:
+            await collect(provider(f"http://127.0.0.1:{port}/v1", retries=0), request())
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert caught.value.code == "upstream_bad_response" and caught.value.http_status == 502
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999/v1", "http//no-scheme-separator"])
+async def test_an_unusable_gateway_url_is_named(url: str) -> None:
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(url, retries=0), request())
+    assert caught.value.code == "upstream_misconfigured"
+    assert "SVC_LLM_GATEWAY_URL" in caught.value.message
