@@ -87,8 +87,33 @@ def validation_problems(exc: ValidationError, *, whole: str) -> str:
     return "; ".join(parts)
 
 
+RETRY_CANNOT_HELP = frozenset(
+    {
+        "upstream_rejected",
+        "upstream_auth_failed",
+        "upstream_model_not_found",
+        "upstream_bad_stream",
+        "upstream_bad_response",
+        "upstream_misconfigured",
+        "idempotency_key_reused",
+        "idempotency_key_expired",
+        "duplicate_request",
+        "uniqueness",
+        "agent_name_taken",
+        "external_account",
+        "projection_failed",
+        "turn_abandoned",
+    }
+)
+"""Codes of 409 and 5xx answers that the same request will meet again. The OpenAI SDKs
+retry every 409 and 5xx (twice by default, each a new turn: they send no Idempotency-Key)
+unless the answer says `x-should-retry: false`."""
+
+
 def from_svc_error(exc: SvcError) -> web.Response:
     response = envelope(exc.http_status, exc.message, exc.error_type, exc.code)
+    if exc.code in RETRY_CANNOT_HELP and (exc.http_status >= 500 or exc.http_status == 409):
+        response.headers["x-should-retry"] = "false"
     if isinstance(exc, RateLimited):
         response.headers["Retry-After"] = str(max(1, int(exc.retry_after_s + 0.999)))
     extra: Any = getattr(exc, "headers", None)

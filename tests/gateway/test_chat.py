@@ -409,6 +409,24 @@ async def test_upstream_failure_is_502_and_recorded(chat: Chat) -> None:
     assert chat.stub.calls == 1
 
 
+async def test_the_sdk_does_not_retry_what_a_retry_cannot_mend(chat: Chat) -> None:
+    """Its default retries would each be a new turn: an upstream that refused the request
+    refuses it again; one that was unavailable may answer."""
+    client = openai.AsyncOpenAI(base_url=chat.base_url, api_key=chat.key, max_retries=2)
+    chat.clients.append(client)
+    chat.stub.faults.append(stub_upstream.Fault(400, "context window exceeded"))
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.chat.completions.create(model=UPSTREAM_MODEL, messages=HELLO)
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert chat.stub.calls == 1
+    # SVC_LLM_RETRIES is 1 here: both attempts of the first call meet a 503, and the 502
+    # that reports it leaves the SDK free to retry, which the stub answers.
+    chat.stub.faults.extend([stub_upstream.Fault(503)] * 2)
+    answer = await client.chat.completions.create(model=UPSTREAM_MODEL, messages=HELLO)
+    assert answer.choices[0].message.content
+    assert chat.stub.calls == 1 + 2 + 1
+
+
 async def test_upstream_failure_before_streaming_keeps_its_status(chat: Chat) -> None:
     chat.stub.faults.append(stub_upstream.Fault(401, "bad upstream key"))
     with pytest.raises(openai.APIStatusError) as caught:
