@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable
 
 import orjson
@@ -131,16 +132,31 @@ def allowed_origins(settings: Settings) -> frozenset[str]:
     return frozenset(o.rstrip("/") for o in origins)
 
 
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}$")
+_MAX_REQUESTED_HEADERS = 64
+
+
+def _allowed_headers(request: web.Request) -> str:
+    """The headers an allowed origin may send: ours, and whatever it asks for that is a
+    header name. Clients add their own (the OpenAI JS SDK's `X-Stainless-*`, `OpenAI-*`):
+    a fixed list blocked every call of theirs. The origin is trusted by configuration;
+    what a header carries is checked where it is read, as for any client."""
+    requested = request.headers.get("Access-Control-Request-Headers", "")
+    names = [n.strip() for n in requested.split(",") if n.strip()][:_MAX_REQUESTED_HEADERS]
+    extra = [n for n in names if _HEADER_NAME.match(n)]
+    return ", ".join([CORS_HEADERS, *extra])
+
+
 def _preflight(request: web.Request, origin: str) -> web.Response:
     response = web.Response(status=204)
     response.headers.update(
         {
             "Access-Control-Allow-Origin": origin,
             "Access-Control-Allow-Methods": CORS_METHODS,
-            "Access-Control-Allow-Headers": CORS_HEADERS,
+            "Access-Control-Allow-Headers": _allowed_headers(request),
             "Access-Control-Allow-Credentials": "true",
             "Access-Control-Max-Age": "600",
-            "Vary": "Origin",
+            "Vary": "Origin, Access-Control-Request-Headers",
         }
     )
     return response
