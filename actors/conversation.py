@@ -856,6 +856,8 @@ def _request(command: RunTurn, streaming: bool, budget_s: float | None) -> Model
         seed=params.seed,
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
+        reasoning_effort=params.reasoning_effort,
+        verbosity=params.verbosity,
         stream=streaming,
         call_timeout_s=budget_s,
     )

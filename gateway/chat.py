@@ -374,6 +374,8 @@ def _build_turn(
         seed=body.seed,
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
+        reasoning_effort=body.reasoning_effort,
+        verbosity=body.verbosity,
     )
     if agent is not None:
         messages, params = _with_agent(agent, messages, params)

@@ -22,7 +22,14 @@ from pydantic import (
     model_validator,
 )
 
-from schemas.conversation import MAX_CONTENT, MAX_STOP, MAX_STOP_CHARS, MAX_TOKEN_LIMIT
+from schemas.conversation import (
+    MAX_CONTENT,
+    MAX_STOP,
+    MAX_STOP_CHARS,
+    MAX_TOKEN_LIMIT,
+    ReasoningEffort,
+    Verbosity,
+)
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -82,6 +89,11 @@ class StreamOptions(BaseModel):
 
     include_usage: bool = Field(default=False, strict=True)
 
+    @field_validator("include_usage", mode="before")
+    @classmethod
+    def _null_is_false(cls, value: object) -> object:
+        return False if value is None else value
+
 
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -101,6 +113,9 @@ class ChatCompletionRequest(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
     n: int | None = Field(default=None, strict=True)
     user: str | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    verbosity: Verbosity | None = None
+    web_search_options: dict[str, Any] | None = None
     # Refused unless absent or a no-op: each would change the answer, and none is honoured.
     tools: list[Any] | None = None
     functions: list[Any] | None = None
@@ -112,6 +127,12 @@ class ChatCompletionRequest(BaseModel):
     logit_bias: dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: Any = None
+
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _null_is_no_stream(cls, value: object) -> object:
+        # OpenAI's API takes JSON null for `stream` (and `include_usage`) as false.
+        return False if value is None else value
 
     @field_validator("n")
     @classmethod
@@ -158,6 +179,13 @@ class ChatCompletionRequest(BaseModel):
     def _no_token_level_control(cls, value: object) -> object:
         if value:
             raise ValueError("token log probabilities and logit bias are not supported")
+        return value
+
+    @field_validator("web_search_options")
+    @classmethod
+    def _no_web_search(cls, value: object) -> object:
+        if value is not None:
+            raise ValueError("web search is not supported on this endpoint")
         return value
 
     @field_validator("modalities", "audio")

@@ -72,6 +72,11 @@ MAX_STOP = 4
 MAX_STOP_CHARS = 200
 
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
+"""OpenAI's `reasoning_effort` values, passed to the model server as given."""
+Verbosity = Literal["low", "medium", "high"]
+
+
 class TurnParams(BaseModel):
     """Sampling parameters of one turn; None (or no stop sequence) means "not sent upstream".
     Fields added later default to that, so older events read as they were recorded."""
@@ -89,6 +94,8 @@ class TurnParams(BaseModel):
     max_tokens_as: Literal["max_completion_tokens"] | None = None
     """The name the client gave `max_tokens`, sent upstream under it: OpenAI's reasoning
     models refuse `max_tokens`. None: `max_tokens`."""
+    reasoning_effort: ReasoningEffort | None = None
+    verbosity: Verbosity | None = None
 
     @model_serializer(mode="wrap")
     def _later_fields_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
@@ -102,7 +109,15 @@ class TurnParams(BaseModel):
         return data
 
 
-_LATER_PARAMS = ("stop", "seed", "presence_penalty", "frequency_penalty", "max_tokens_as")
+_LATER_PARAMS = (
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "max_tokens_as",
+    "reasoning_effort",
+    "verbosity",
+)
 
 
 # --- commands -------------------------------------------------------------------------------

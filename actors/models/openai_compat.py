@@ -158,6 +158,8 @@ class OpenAICompatProvider:
             "seed": request.seed,
             "presence_penalty": request.presence_penalty,
             "frequency_penalty": request.frequency_penalty,
+            "reasoning_effort": request.reasoning_effort,
+            "verbosity": request.verbosity,
         }
         body.update({name: value for name, value in optional.items() if value is not None})
         return body

@@ -32,6 +32,8 @@ class ModelRequest:
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
     stream: bool = True
     """False when the caller reads only the outcome (an `ask`, not a `stream`): a provider may
     then fetch the answer in one piece, and yields its text as one delta before `Finished`."""

@@ -211,6 +211,20 @@ async def test_stop_seed_and_penalties_are_sent_upstream_and_recorded(chat: Chat
     # A single stop string is the same as a list of one.
     await chat.client().chat.completions.create(model=UPSTREAM_MODEL, messages=HELLO, stop="END")
     assert chat.stub.bodies[1]["stop"] == ["END"]
+    assert "reasoning_effort" not in chat.stub.bodies[1]
+
+
+async def test_reasoning_effort_and_verbosity_are_sent_upstream_and_recorded(chat: Chat) -> None:
+    raw = await chat.client().chat.completions.with_raw_response.create(
+        model=UPSTREAM_MODEL, messages=HELLO, reasoning_effort="low", verbosity="high"
+    )
+    sent = chat.stub.bodies[0]
+    assert (sent["reasoning_effort"], sent["verbosity"]) == ("low", "high")
+    started = await chat.wait_for_event(
+        raw.headers["X-SVC-Conversation-Id"], "conversation.turn_started"
+    )
+    params = started.data["params"]
+    assert (params["reasoning_effort"], params["verbosity"]) == ("low", "high")
 
 
 async def test_the_offline_model_stops_at_a_stop_sequence(chat: Chat) -> None:
@@ -241,6 +255,9 @@ async def test_the_offline_model_stops_at_a_stop_sequence(chat: Chat) -> None:
         ("stop", [""]),
         ("seed", "42"),
         ("presence_penalty", 3),
+        ("web_search_options", {}),
+        ("reasoning_effort", "extreme"),
+        ("verbosity", 1),
     ],
 )
 async def test_fields_whose_omission_would_change_the_answer_are_refused(
@@ -261,6 +278,9 @@ async def test_no_op_values_of_those_fields_are_accepted(chat: Chat) -> None:
         "functions": [],
         "user": "someone",
         "metadata": {"k": "v"},
+        "service_tier": "auto",
+        "stream": None,
+        "stream_options": {"include_usage": None},
     }
     resp = await chat.raw_post({"model": OFFLINE, "messages": HELLO, **no_ops})
     assert resp.status == 200, await resp.text()
