@@ -31,7 +31,14 @@ CACHE_MAX = 10_000
 CHAT_PATH = "/v1/chat/completions"
 MODELS_PATH = "/v1/models"
 COMPATIBLE_PATHS = frozenset({CHAT_PATH, MODELS_PATH})
-"""The OpenAI-compatible endpoint, where SVC_PERSONAL_API_KEYS=off refuses issued keys."""
+"""The OpenAI-compatible endpoint, where SVC_PERSONAL_API_KEYS=off refuses issued keys
+(with each model's own path under MODELS_PATH: `on_compatible_endpoint`)."""
+
+
+def on_compatible_endpoint(path: str) -> bool:
+    return path in COMPATIBLE_PATHS or path.startswith(MODELS_PATH + "/")
+
+
 CHAT_SCOPE = "chat"
 SCOPES = frozenset({"admin:read", "admin:write", "*", "mcp", CHAT_SCOPE})
 
@@ -142,7 +149,9 @@ class Authenticator:
         if record is None:
             raise Unauthorized("invalid API key")
         _check_usable(record)
-        if request.path in COMPATIBLE_PATHS and not self._settings.flag("SVC_PERSONAL_API_KEYS"):
+        if on_compatible_endpoint(request.path) and not self._settings.flag(
+            "SVC_PERSONAL_API_KEYS"
+        ):
             raise Unauthorized(
                 "personal API keys are disabled on this endpoint (SVC_PERSONAL_API_KEYS=off)"
             )

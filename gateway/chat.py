@@ -102,6 +102,7 @@ def add_routes(app: web.Application) -> None:
     app[AGENTS] = AgentDirectory()
     app.router.add_post(CHAT_PATH, chat_completions)
     app.router.add_get(MODELS_PATH, list_models)
+    app.router.add_get(MODELS_PATH + "/{model_id}", get_model)
     app.on_response_prepare.append(_conversation_header)
     document(
         "POST",
@@ -132,6 +133,15 @@ def add_routes(app: web.Application) -> None:
         "SVC_LLM_MODEL with an upstream serves any name, which is not listed",
         tag="Chat (compatible)",
         response=ModelList,
+    )
+    document(
+        "GET",
+        MODELS_PATH + "/{model_id}",
+        summary="One model this instance serves (OpenAI-compatible); 404 model_not_found "
+        "for a name it does not serve",
+        tag="Chat (compatible)",
+        response=ModelCard,
+        extra_statuses=(404,),
     )
 
 
@@ -212,6 +222,24 @@ async def _agent_named(request: web.Request, principal: Principal, model: str) -
 async def list_models(request: web.Request) -> web.Response:
     principal = await authenticate(request)
     require_scope(principal, CHAT_SCOPE)
+    body = ModelList(data=await _model_cards(request, principal)).model_dump_json().encode()
+    return web.Response(body=body, content_type="application/json")
+
+
+async def get_model(request: web.Request) -> web.Response:
+    """One entry of the list (the SDKs' `models.retrieve`). A name that an upstream without
+    `SVC_LLM_MODEL` would serve is not listed but is a model all the same."""
+    principal = await authenticate(request)
+    require_scope(principal, CHAT_SCOPE)
+    model_id = request.match_info["model_id"]
+    card = next((c for c in await _model_cards(request, principal) if c.id == model_id), None)
+    if card is None:
+        provider = select(_providers(request.app) or [], model_id)  # NotFound: model_not_found
+        card = ModelCard(id=model_id, owned_by=getattr(provider, "name", "svc"))
+    return web.Response(body=card.model_dump_json().encode(), content_type="application/json")
+
+
+async def _model_cards(request: web.Request, principal: Principal) -> list[ModelCard]:
     cards = [
         ModelCard(id=name, owned_by=getattr(provider, "name", "svc"))
         for provider in _providers(request.app) or []
@@ -227,8 +255,7 @@ async def list_models(request: web.Request) -> web.Response:
             ModelCard(id=a.name, created=int(a.created_at.timestamp()), owned_by="agent")
             for a in agents
         ]
-    body = ModelList(data=cards).model_dump_json().encode()
-    return web.Response(body=body, content_type="application/json")
+    return cards
 
 
 @dataclass(frozen=True, slots=True)

@@ -289,6 +289,11 @@ async def test_no_op_values_of_those_fields_are_accepted(chat: Chat) -> None:
 async def test_models_list(chat: Chat) -> None:
     models = await chat.client().models.list()
     assert {m.id for m in models.data} == {OFFLINE, UPSTREAM_MODEL}
+    one = await chat.client().models.retrieve(OFFLINE)
+    assert (one.id, one.object) == (OFFLINE, "model")
+    with pytest.raises(openai.NotFoundError) as caught:
+        await chat.client().models.retrieve("no-such-model")
+    assert caught.value.code == "model_not_found"
 
 
 # --- streaming -------------------------------------------------------------------------------

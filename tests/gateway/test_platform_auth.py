@@ -81,8 +81,9 @@ async def test_personal_keys_off_disables_them_on_the_chat_endpoint(database_url
         status, answer, _ = await svc.request("POST", "/v1/chat/completions", key=key, json=body)
         assert status == 401, answer
         assert "SVC_PERSONAL_API_KEYS" in answer["error"]["message"]
-        status, answer, _ = await svc.request("GET", "/v1/models", key=key)
-        assert status == 401, answer  # the compatible endpoint's model list too
+        for path in ("/v1/models", "/v1/models/svc-offline"):
+            status, answer, _ = await svc.request("GET", path, key=key)
+            assert status == 401, (path, answer)  # the compatible endpoint's models too
         status, _, _ = await svc.request("GET", WHOAMI, key=key)
         assert status == 200
 
