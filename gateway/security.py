@@ -39,8 +39,9 @@ EXPOSED_HEADERS = (
     "X-SVC-Conversation-Id, X-SVC-Cursor, Retry-After, X-RateLimit-Limit, "
     "X-RateLimit-Remaining, X-RateLimit-Reset"
 )
-# Orchestrators probe these over plain HTTP from the node, not from loopback.
-PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+# Orchestrators probe these, and Prometheus scrapes the last, over plain HTTP from the node
+# or the pod network, not from loopback. None carries a secret or a tenant's data.
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 CLIENT_IP: web.RequestKey[str] = web.RequestKey("svc_client_ip", str)
 
 

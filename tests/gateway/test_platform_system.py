@@ -311,8 +311,8 @@ async def test_require_secure_behind_a_trusted_proxy(database_url: str) -> None:
             "GET", "/v1/ping", headers={**remote, "Host": "evil.example"}, allow_redirects=False
         )
         assert status == 308 and headers["Location"] == "https://evil.example/v1/ping"
-        # Orchestrators probe over plain HTTP from the node's address.
-        for probe in ("/healthz", "/readyz"):
+        # Orchestrators probe, and Prometheus scrapes, over plain HTTP from the node's address.
+        for probe in ("/healthz", "/readyz", "/metrics"):
             status, _, _ = await svc.request("GET", probe, headers=remote, allow_redirects=False)
             assert status in (200, 503), probe
         status, body, _ = await svc.request("POST", "/v1/client-log", headers=remote, json={})
