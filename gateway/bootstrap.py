@@ -137,6 +137,14 @@ async def open_store(
     return opened, dsn
 
 
+async def load_stored_settings(settings: Settings, store: PostgresEventStore) -> DatabaseVault:
+    """Put the stored settings in force over the environment's (decision 7's precedence);
+    returns the vault their secret values are read from."""
+    vault = DatabaseVault(store.db)
+    settings.load_stored(await read_stored_settings(store, vault))
+    return vault
+
+
 def behaviours(
     providers: ModelProvider, call_budget_s: Callable[[], float]
 ) -> list[Behaviour[Any]]:
@@ -346,8 +354,7 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
         report = ShutdownReport(settings.shutdown_grace_s)
         opened, dsn = await open_store(settings, stack, report)
         store, notifier, tailer = opened.store, opened.notifier, opened.tailer
-        vault = DatabaseVault(store.db)
-        settings.load_stored(await read_stored_settings(store, vault))
+        vault = await load_stored_settings(settings, store)
         providers = ProviderSet.from_config(model_config(settings))
         stack.push_async_callback(providers.aclose)
         projections = ProjectionRunner(store.db, default_projectors(), notifier=notifier)

@@ -449,14 +449,17 @@ def _replay(args: argparse.Namespace, events: Sequence[RecordedEvent]) -> int:
 async def cmd_cluster(args: argparse.Namespace, settings: Settings) -> int:
     from actors.ray import cluster_scale, cluster_status
 
-    ray = bootstrap.ray_settings(settings)
-    if not ray.address:
-        raise InvalidInput(
-            "svc cluster talks to a running Ray cluster: set SVC_RAY_ADDRESS to 'auto' "
-            "(on a node of the cluster) or to the head's host:port"
-        )
-    behaviours = bootstrap.ray_host_behaviours(settings)
-    async with bootstrap.database_url(settings) as dsn:
+    async with AsyncExitStack() as stack:
+        # The Ray address, the cluster's name and the hosts' options may be stored settings.
+        opened, dsn = await bootstrap.open_store(settings, stack)
+        await bootstrap.load_stored_settings(settings, opened.store)
+        ray = bootstrap.ray_settings(settings)
+        if not ray.address:
+            raise InvalidInput(
+                "svc cluster talks to a running Ray cluster: set SVC_RAY_ADDRESS to 'auto' "
+                "(on a node of the cluster) or to the head's host:port"
+            )
+        behaviours = bootstrap.ray_host_behaviours(settings)
         if args.action == "scale":
             result = await cluster_scale(dsn, args.hosts, behaviours, ray)
             _out(json.dumps(result, indent=2, default=str))

@@ -148,31 +148,40 @@ def counter_keys(n: int) -> list[ActorKey]:
     return [ActorKey(COUNTER, f"c{i}-{uuid.uuid4().hex[:6]}") for i in range(n)]
 
 
-async def svc_cluster_status_json(
-    database_url: str, settings: RaySettings, data_dir: Path
-) -> dict[str, Any]:
-    """`svc cluster status --json` as an operator runs it, in its own process."""
-    env = {
-        **os.environ,
-        "SVC_DATABASE_URL": database_url,
-        "SVC_DATA_DIR": str(data_dir),
-        "SVC_RAY_ADDRESS": settings.address,
-        "SVC_RAY_CLUSTER": settings.cluster,
-    }
+async def svc(database_url: str, data_dir: Path, *args: str, **env: str) -> str:
+    """`svc ARGS...` as an operator runs it, in its own process; its standard output."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "gateway.cli",
-        "cluster",
-        "status",
-        "--json",
-        env=env,
+        *args,
+        env={
+            **os.environ,
+            "SVC_DATABASE_URL": database_url,
+            "SVC_DATA_DIR": str(data_dir),
+            **env,
+        },
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
     assert proc.returncode == 0, err.decode()
-    status: dict[str, Any] = json.loads(out)
+    return out.decode()
+
+
+async def svc_cluster_status_json(
+    database_url: str, settings: RaySettings, data_dir: Path, *, stored: bool = False
+) -> dict[str, Any]:
+    """`svc cluster status --json`, told the cluster's address and name by the environment,
+    or (`stored`) by settings stored with `svc settings set`."""
+    ray_env = {"SVC_RAY_ADDRESS": settings.address, "SVC_RAY_CLUSTER": settings.cluster}
+    if stored:
+        for key, value in ray_env.items():
+            await svc(database_url, data_dir, "settings", "set", key, value)
+        ray_env = {}
+    status: dict[str, Any] = json.loads(
+        await svc(database_url, data_dir, "cluster", "status", "--json", **ray_env)
+    )
     return status
 
 
@@ -207,9 +216,12 @@ async def test_routes_over_hosts_and_streams_in_order(
     # `svc cluster status` from another process attaches to the same cluster.
     seen = await cluster_status(database_url, partial(list, ()), runtime.settings)
     assert [h["pid"] for h in seen["hosts"]] == [h["pid"] for h in status["hosts"]]
-    printed = await svc_cluster_status_json(database_url, runtime.settings, tmp_path)
-    assert [h["pid"] for h in printed["hosts"]] == [h["pid"] for h in status["hosts"]]
-    assert {"name", "node", "pid", "shards", "active_actors"} <= set(printed["hosts"][0])
+    for stored in (False, True):
+        printed = await svc_cluster_status_json(
+            database_url, runtime.settings, tmp_path, stored=stored
+        )
+        assert [h["pid"] for h in printed["hosts"]] == [h["pid"] for h in status["hosts"]]
+        assert {"name", "node", "pid", "shards", "active_actors"} <= set(printed["hosts"][0])
 
     cid = uuid.uuid4().hex
     items = [item async for item in runtime.stream(conversation_key(cid), run_turn())]
