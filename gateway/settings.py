@@ -74,7 +74,9 @@ def read_env_file(path: Path) -> dict[str, str]:
     """KEY=VALUE lines; `#` comments, blank lines, `export ` and surrounding quotes allowed."""
     out: dict[str, str] = {}
     try:
-        text_of_file = path.read_text(encoding="utf-8")
+        # utf-8-sig: an editor's byte-order mark would otherwise become part of the first key,
+        # which then names no setting and was dropped without a word.
+        text_of_file = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise InvalidInput(f"{path}: the env file is not UTF-8 text") from None
     for number, line in enumerate(text_of_file.splitlines(), start=1):
@@ -447,6 +449,18 @@ class SettingsService:
 
     async def unset(self, key: str) -> SettingChangeResult:
         spec = get_spec(key)
+        if not spec.storable:
+            raise InvalidInput(f"{key} cannot be stored: {spec.note}", code="setting_not_storable")
+        await self.refresh()
+        if key not in self._stored:
+            shown = display_value(spec, self._settings.resolve(key).raw)
+            return SettingChangeResult(
+                key=key,
+                value=shown,
+                applied=True,
+                restart_required=False,
+                message=f"{key}: nothing stored to unset; it stays {shown}",
+            )
         command = UnsetSetting(
             command_id=_command_id(),
             workspace_id=INSTANCE_WORKSPACE_ID,

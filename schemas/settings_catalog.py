@@ -193,11 +193,13 @@ def parse(spec: SettingSpec, raw: str) -> SettingValue:
         except ValueError:
             raise _invalid(spec, raw) from None
     if spec.choices:
-        # Spaces around a choice are forgiven, and dropped: " debug" is "debug" to every reader.
-        choice = raw.strip()
-        if choice not in spec.choices:
+        # Spaces around a choice and its case are forgiven, and dropped: " DEBUG" is "debug"
+        # to every reader (an environment written LOG_LEVEL=DEBUG style stopped every command).
+        choice = raw.strip().casefold()
+        canonical = next((c for c in spec.choices if c.casefold() == choice), None)
+        if canonical is None:
             raise _invalid(spec, raw)
-        return choice
+        return canonical
     if spec.numeric_text:
         return _parse_numeric_text(spec, raw)
     if spec.networks:

@@ -85,6 +85,10 @@ def test_env_file_is_found_in_the_data_dir(tmp_path: Path) -> None:
     s = Settings.from_environment({"SVC_DATA_DIR": str(tmp_path), "SVC_LLM_RETRIES": "1"})
     assert s.integer("SVC_LLM_RETRIES") == 1
     assert read_env_file(tmp_path / "svc.env")["SVC_LOCALE"] == "en-US"
+    # An editor's byte-order mark does not hide the first line's key.
+    (tmp_path / "svc.env").write_text("\ufeffSVC_LLM_TOP_P=0.5\n", encoding="utf-8")
+    s = Settings.from_environment({"SVC_DATA_DIR": str(tmp_path)})
+    assert s.text("SVC_LLM_TOP_P") == "0.5"
 
 
 def test_a_blank_data_dir_is_the_default_not_the_current_directory() -> None:
@@ -194,13 +198,13 @@ def test_a_stored_value_no_longer_valid_stays_skipped_when_it_changes_live(
     assert caplog.text.count("ignoring the stored value of SVC_TRUSTED_PROXIES") == 2
 
 
-@pytest.mark.parametrize("value", [" debug", "debug ", " debug\t"])
+@pytest.mark.parametrize("value", [" debug", "debug ", " debug\t", "DEBUG", " Debug"])
 def test_a_choice_is_read_without_the_spaces_around_it(value: str) -> None:
     """Accepted with surrounding spaces, so read without them: `setLevel(" DEBUG")` failed
     after the value was stored, and every later start with it."""
     assert Settings(environment={"SVC_LOG_LEVEL": value}).text("SVC_LOG_LEVEL") == "debug"
     assert (
-        Settings(stored={"SVC_ACTOR_RUNTIME": value.replace("debug", "ray")}).text(
+        Settings(stored={"SVC_ACTOR_RUNTIME": value.lower().replace("debug", "ray")}).text(
             "SVC_ACTOR_RUNTIME"
         )
         == "ray"
@@ -287,7 +291,9 @@ async def test_set_get_list_unset_through_the_actor(
         )
         assert (await cli.set("SVC_LLM_RETRIES", "5")).restart_required
         unset = await service.unset("SVC_NATIVE_API_KEY")  # never set: nothing changes
-        assert not unset.restart_required
+        assert not unset.restart_required and "nothing stored" in unset.message
+        with pytest.raises(InvalidInput, match="cannot be stored"):
+            await service.unset("SVC_GATEWAY_ADDR")
 
         secret = await service.set("SVC_INBOUND_SECRET", SECRET)
         assert secret.value == MASK and SECRET not in secret.message
