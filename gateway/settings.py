@@ -97,13 +97,22 @@ def _unquote(value: str) -> str:
     return value
 
 
+NOT_SETTINGS = frozenset({"SVC_RAY_HEAD"})
+"""Variables of ours that are not settings: `SVC_RAY_HEAD` is read by `svc-ray-node`
+(ops/docker) before `svc` starts, in the same environment."""
+
+
 def _known_layer(values: Mapping[str, str], source: Source) -> dict[str, str]:
     """Keep catalog keys allowed from this source; validate them; warn (names only) otherwise."""
     out: dict[str, str] = {}
     for key, raw in values.items():
         spec = CATALOG.get(key)
         if spec is None:
-            if key.startswith("SVC_") and not key.startswith("SVC_TEST_"):
+            if (
+                key.startswith("SVC_")
+                and not key.startswith("SVC_TEST_")
+                and key not in NOT_SETTINGS
+            ):
                 log.warning("ignoring unknown setting %s from the %s", key, source.value)
             continue
         if not spec.from_env:

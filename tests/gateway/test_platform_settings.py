@@ -233,6 +233,14 @@ def test_bool_dialects() -> None:
     )
 
 
+def test_unknown_settings_are_warned_of_but_our_other_variables_are_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="gateway.settings"):
+        Settings({"SVC_NOPE": "1", "SVC_RAY_HEAD": "ray-head:6379"})
+    assert "SVC_NOPE" in caplog.text and "SVC_RAY_HEAD" not in caplog.text
+
+
 def test_settings_only_the_settings_command_may_set(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="gateway.settings"):
         s = Settings({"SVC_MCP_PUBLISH": "1", "SVC_MCP_EXPORT_TOOLS": "search"})
