@@ -124,6 +124,11 @@ def _connect_errors() -> Iterator[None]:
             f"the database refused the user and password of the database URL ({exc.sqlstate} "
             f"{type(exc).__name__}); check them, and that the user may connect"
         ) from exc
+    except asyncpg.InvalidCatalogNameError as exc:
+        raise StoreError(
+            f"the database the database URL names does not exist ({exc}); create it "
+            "(`createdb -O <user> <name>`) or correct the URL's path"
+        ) from exc
 
 
 COMMAND_TIMEOUT_MARGIN_S = 5.0

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 
+import asyncpg
+
 from eventstore.db import NO_COMMAND_TIMEOUT_S, Connection, Database
 from eventstore.errors import StoreError
 
@@ -78,6 +80,19 @@ async def _lock(conn: Connection) -> None:
 
 
 async def _apply_one(db: Database, migration: Migration) -> bool:
+    try:
+        return await _apply_locked(db, migration)
+    except StoreError as exc:
+        if isinstance(exc.__cause__, asyncpg.InsufficientPrivilegeError):
+            raise StoreError(
+                f"migration {migration.label} needs a privilege the database user lacks "
+                f"({exc.__cause__}); docs/operations.md, 'Requirements', lists what the user "
+                "needs and what a DBA can grant once instead"
+            ) from exc
+        raise
+
+
+async def _apply_locked(db: Database, migration: Migration) -> bool:
     async with db.transaction() as conn:
         await _lock(conn)
         done = await conn.fetchval(

@@ -7,6 +7,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -231,3 +232,46 @@ async def test_open_store_migrates_wires_the_tailer_and_closes(database_url: str
         assert await check.fetchval("SELECT count(*) FROM schema_migrations") == len(STORE_LABELS)
     finally:
         await check.close()
+
+
+async def test_a_missing_privilege_names_the_migration_and_where_to_read(
+    pg_server_url: str,
+) -> None:
+    """A login that owns its database but may not create or grant roles: the first
+    migration's `svc_reader` step needs one or the other (docs/operations.md)."""
+    name = "t_" + uuid.uuid4().hex[:12]
+    admin = await asyncpg.connect(pg_server_url)
+    try:
+        try:
+            await admin.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD 'pw-{name}'")
+        except asyncpg.InsufficientPrivilegeError:
+            pytest.skip("the test database's user may not create roles")
+        await admin.execute(f'CREATE DATABASE "{name}" OWNER "{name}"')
+    finally:
+        await admin.close()
+    parts = urlsplit(pg_server_url)
+    where = parts.netloc.rpartition("@")[2]  # host:port, or nothing for a Unix socket
+    url = urlunsplit(parts._replace(netloc=f"{name}:pw-{name}@{where}", path="/" + name))
+    db = await Database.connect(url, max_size=2)
+    try:
+        with pytest.raises(StoreError) as caught:
+            await apply_migrations(db, [STORE_MIGRATIONS])
+    finally:
+        await db.close()
+        admin = await asyncpg.connect(pg_server_url)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await admin.execute(f'DROP ROLE IF EXISTS "{name}"')
+        finally:
+            await admin.close()
+    message = caught.value.message
+    assert message.startswith("migration eventstore/0002_roles needs a privilege"), message
+    assert "docs/operations.md" in message
+
+
+async def test_a_database_that_does_not_exist_is_named_as_such(pg_server_url: str) -> None:
+    parts = urlsplit(pg_server_url)
+    url = urlunsplit(parts._replace(path="/no_such_database_" + uuid.uuid4().hex[:8]))
+    with pytest.raises(StoreError) as caught:
+        await Database.connect(url, max_size=1)
+    assert "does not exist" in caught.value.message and "createdb" in caught.value.message
