@@ -55,14 +55,13 @@ WHERE c.relname = $1 AND c.relkind IN ('r', 'p') AND n.nspname = ANY(current_sch
 ORDER BY array_position(current_schemas(false), n.nspname)
 LIMIT 1
 """
-_COUNT = """
-SELECT count(*) FROM events
-WHERE type = ANY($1::text[]) AND tx < pg_snapshot_xmin(pg_current_snapshot())
-"""
-_LEFT = """
+# Events of the projector's types in ((tx0, pos0), (tx1, pos1)]: the whole log up to its
+# visible head once, then only what committed since the last count (the log grows at its
+# head), so the total stays exact without scanning the log again every RECOUNT_EVERY_S.
+_COUNT_BETWEEN = """
 SELECT count(*) FROM events
 WHERE type = ANY($1::text[]) AND (tx, position) > ($2::xid8, $3::int8)
-  AND tx < pg_snapshot_xmin(pg_current_snapshot())
+  AND (tx, position) <= ($4::xid8, $5::int8)
 """
 _LOCK = "SELECT tx, position FROM projection_checkpoints WHERE name = $1 FOR UPDATE"
 _MOVE = """
@@ -147,18 +146,22 @@ async def rebuild_beside(
     try:
         # Every statement below, driver errors included, leaves as the store's own errors.
         with translate_errors():
+            # An operator's job, watched by its progress: the pool's statement timeout, meant
+            # for requests, would end the first count or the switch of a large log.
+            await conn.execute("SET statement_timeout = 0")
             live = await _make_copies(conn, projector.tables)
             types = sorted(projector.event_types)
-            total = int(await conn.fetchval(_COUNT, types))
-            _report(progress, 0, total, "replaying")
+            counted, total = ORIGIN, 0
             loop = asyncio.get_running_loop()
-            recount_at = loop.time() + RECOUNT_EVERY_S
-            while await replay.batch(conn):
+            recount_at = loop.time()
+            while True:
                 if loop.time() >= recount_at:  # the log may have grown meanwhile
-                    point = replay.point
-                    left = await conn.fetchval(_LEFT, types, point.tx, point.position)
-                    total, recount_at = replay.done + int(left), loop.time() + RECOUNT_EVERY_S
+                    head = await log_head(conn)
+                    total += int(await conn.fetchval(_COUNT_BETWEEN, types, *counted, *head))
+                    counted, recount_at = head, loop.time() + RECOUNT_EVERY_S
                 _report(progress, replay.done, max(total, replay.done), "replaying")
+                if not await replay.batch(conn):
+                    break
             _report(progress, replay.done, max(total, replay.done), "switching")
             async with switching:
                 point = await _switch(conn, replay, live)
