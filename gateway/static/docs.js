@@ -21,13 +21,13 @@
     return schema;
   }
 
-  async function send(method, path, bodyText, out) {
+  async function send(method, path, bodyText, mediaType, out) {
     const headers = {};
     const token = document.getElementById("token").value.trim();
     if (token) headers["Authorization"] = "Bearer " + token;
     const init = { method: method.toUpperCase(), headers };
     if (bodyText && bodyText.trim()) {
-      headers["Content-Type"] = "application/json";
+      headers["Content-Type"] = mediaType;
       init.body = bodyText;
     }
     out.textContent = "...";
@@ -47,15 +47,21 @@
     const target = el("input", { value: path, size: "60" });
     box.append(el("p", {}, "Request path: ", target));
     let body = null;
-    if (op.requestBody) {
-      const schema = resolve(op.requestBody.content["application/json"].schema);
-      box.append(el("p", {}, "Body schema:"), el("pre", {}, JSON.stringify(schema, null, 2)));
-      body = el("textarea", {}, "{}");
+    // The body's first media type: most take JSON, the OAuth token endpoint a form.
+    const [mediaType, media] = Object.entries((op.requestBody || {}).content || {})[0] || [];
+    if (mediaType) {
+      const json = mediaType === "application/json";
+      box.append(el("p", {}, "Body (" + mediaType + "):"));
+      if (media && media.schema) {
+        box.append(el("pre", {}, JSON.stringify(resolve(media.schema), null, 2)));
+      }
+      body = el("textarea", {}, json ? "{}" : "");
       box.append(body);
     }
     const out = el("pre", {}, "");
     const button = el("button", { type: "button" }, "Send");
-    button.addEventListener("click", () => send(method, target.value, body && body.value, out));
+    button.addEventListener("click", () =>
+      send(method, target.value, body && body.value, mediaType, out));
     box.append(button, out);
     return box;
   }

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
+import shutil
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -158,6 +161,36 @@ async def test_openapi_document_says_what_the_routes_really_answer(database_url:
         assert doc["paths"]["/docs/explorer.js"]["get"]["responses"]["200"]["content"] == {
             "text/javascript": {"schema": {"type": "string"}}
         }
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+async def test_the_explorer_draws_every_operation_of_the_document(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Run the page's script under node against the served document: an operation whose
+    body is not JSON (the OAuth token endpoint's form) stopped it drawing anything."""
+    async with running(settings_for(database_url)) as svc:
+        _, doc, _ = await svc.request("GET", "/openapi.json")
+        _, script, _ = await svc.request("GET", "/docs/explorer.js")
+    (tmp_path / "doc.json").write_text(json.dumps(doc), encoding="utf-8")
+    (tmp_path / "explorer.js").write_text(script, encoding="utf-8")
+    harness = Path(__file__).with_name("explorer_harness.js")
+    node = await asyncio.create_subprocess_exec(
+        "node",
+        str(harness),
+        str(tmp_path / "explorer.js"),
+        str(tmp_path / "doc.json"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(60):
+        out, err = await node.communicate()
+    assert node.returncode == 0, err.decode()
+    drawn = json.loads(out)
+    operations = sum(len(ops) for ops in doc["paths"].values())
+    with_body = sum("requestBody" in op for ops in doc["paths"].values() for op in ops.values())
+    assert drawn["error"] == "" and drawn["operations"] == operations, drawn
+    assert drawn["textareas"] == with_body
 
 
 def _assert_refs_resolve(node: object, schemas: dict[str, object]) -> None:
