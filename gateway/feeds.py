@@ -124,6 +124,25 @@ FEED_HUB: web.AppKey[FeedFanout] = web.AppKey("svc_feed_hub", FeedFanout)
 
 # -- request parsing --------------------------------------------------------------------------
 
+FEED_PARAMETERS = ("cursor", "types", "start")
+"""What a feed's query may hold; only `types` may repeat (`?types=a&types=b`)."""
+
+
+def check_feed_query(request: web.Request) -> None:
+    """Refuse what the feed would otherwise ignore, as the admin API does: a misspelt filter
+    (`?type=`) streamed the whole log to a client that meant to filter it, and of a
+    repeated `cursor` or `start` the first silently won."""
+    query = request.query
+    unknown = sorted({name for name in query if name not in FEED_PARAMETERS})
+    if unknown:
+        names = ", ".join(repr(name[:50]) for name in unknown[:5])
+        raise InvalidInput(
+            f"unknown query parameter {names}; a feed takes {', '.join(FEED_PARAMETERS)}"
+        )
+    for name in ("cursor", "start"):
+        if len(query.getall(name, [])) > 1:
+            raise InvalidInput(f"query parameter {name} is given more than once; give it once")
+
 
 async def resume_cursor(request: web.Request) -> str:
     """`Last-Event-ID` (sent by a reconnecting EventSource) wins over `?cursor=`. Validated
@@ -157,7 +176,7 @@ async def start_cursor(request: web.Request) -> str:
     """Where the feed starts: the resume cursor; with none, the start of the workspace's log,
     or its current head with `?start=latest`."""
     cursor = await resume_cursor(request)
-    start = request.query.get("start", "earliest")
+    start = request.query.get("start", "").strip() or "earliest"
     if start not in ("earliest", "latest"):
         raise InvalidInput("start: use earliest or latest", code="invalid_start")
     if cursor or start == "earliest":
@@ -201,6 +220,7 @@ def credential(request: web.Request, spec: FeedSpec) -> Credential:
 def _handler(spec: FeedSpec) -> Callable[[web.Request], Any]:
     async def serve(request: web.Request) -> web.StreamResponse:
         principal = await _authorize(request, spec)
+        check_feed_query(request)
         cursor = await start_cursor(request)
         types = requested_types(request)
         hub = request.app[FEED_HUB]

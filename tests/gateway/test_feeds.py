@@ -158,6 +158,25 @@ async def test_bad_types_and_start_are_400(service: Service) -> None:
         assert (await resp.json())["error"]["type"] == "invalid_request_error"
 
 
+async def test_a_misspelt_or_repeated_parameter_is_a_400_not_the_whole_log(
+    service: Service,
+) -> None:
+    key = await service.issue_key(uid("ws-"))
+    for query, said in (
+        ("type=conversation.turn_failed", "unknown query parameter 'type'"),
+        ("cursor=&cursor=", "cursor is given more than once"),
+        ("start=latest&start=earliest", "start is given more than once"),
+    ):
+        resp = await service.http.get(service.url(f"{EVENTS}?{query}"), headers=service.auth(key))
+        assert resp.status == 400, query
+        assert said in (await resp.json())["error"]["message"], query
+    # `types` may repeat, and an empty `start` is no start, as empty values are elsewhere.
+    for query in ("types=a.b&types=c.d", "start="):
+        resp = await service.http.get(service.url(f"{EVENTS}?{query}"), headers=service.auth(key))
+        assert resp.status == 200, query
+        resp.close()
+
+
 @pytest.mark.parametrize("path", [EVENTS, WEB])
 async def test_feeds_need_a_valid_key(service: Service, path: str) -> None:
     resp = await service.http.get(service.url(path))
