@@ -21,7 +21,7 @@ from actors.local import LocalRuntime
 from actors.table import TableStats
 from eventstore.db import Database, PoolStats
 from gateway import openapi
-from gateway.control_chars import one_line
+from gateway.control_chars import json_visible, one_line
 from gateway.errors import read_body, read_json
 from gateway.metrics import GatewayCollector, build_version, render
 from gateway.security import client_ip
@@ -195,7 +195,8 @@ def _log_entry(entry: ClientLogEntry, ip: str, secrets: list[str]) -> None:
         ip,
         one_line(redact(entry.source or "-", secrets)),
         one_line(redact(entry.message, secrets)),
-        orjson.dumps(context).decode() if context else "",
+        # orjson escapes C0 controls but writes C1 controls and U+2028/9 as they are.
+        json_visible(orjson.dumps(context).decode()) if context else "",
     )
 
 

@@ -74,12 +74,18 @@ class OverviewResponse(_Wire):
 
 
 def _as_utc(value: datetime | None) -> datetime | None:
-    """ISO-8601 without an offset is read as UTC."""
-    if value is not None and value.tzinfo is None:
+    """The instant in UTC, as the buckets are; ISO-8601 without an offset is read as UTC."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
-    return value
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # the year 1 at +14:00 is before the year 1 in UTC
+        raise ValueError(_RANGE_MESSAGE) from None
 
 
+_RANGE_MESSAGE = "must lie between 1970-01-01T00:00:00Z and 9000-01-01T00:00:00Z"
 MAX_WINDOW = {"hour": timedelta(days=31), "day": timedelta(days=366)}
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
@@ -89,7 +95,7 @@ and in Python (the year 1 or 9999 with an offset is neither)."""
 
 def _in_range(value: datetime | None) -> datetime | None:
     if value is not None and not EARLIEST <= value < LATEST:
-        raise ValueError("must lie between 1970-01-01T00:00:00Z and 9000-01-01T00:00:00Z")
+        raise ValueError(_RANGE_MESSAGE)
     return value
 
 

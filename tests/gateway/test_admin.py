@@ -232,6 +232,17 @@ async def test_overview_and_analytics(service: Service) -> None:
     )
     assert day["bucket"] == "day" and len(day["series"]) == 7
     assert day["totals"]["turns"] == 0
+    # Answered in UTC, as the buckets are, whatever offset the window was given in.
+    shifted = await service.get_json(
+        "/v1/admin/analytics",
+        key,
+        since="2026-01-01T14:00:00+14:00",
+        until="2026-01-07T19:00:00-05:00",
+    )
+    assert (shifted["since"], shifted["until"]) == (
+        "2026-01-01T00:00:00Z",
+        "2026-01-08T00:00:00Z",
+    ), shifted
 
 
 @pytest.mark.parametrize(

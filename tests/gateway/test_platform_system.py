@@ -222,7 +222,12 @@ async def test_client_log_is_validated_limited_and_redacted(
         assert "tok-123" not in caplog.text and "/chat" in caplog.text
 
         # A line break in a client's text cannot start a forged line of the service log.
-        forged = {"level": "info", "message": "one\nERROR svc: forged\r\x1b[2J", "source": "a\nb"}
+        forged = {
+            "level": "info",
+            "message": "one\nERROR svc: forged\r\x1b[2J",
+            "source": "a\nb",
+            "context": {"note": "c1\x85NEL\u2028LS\x9b"},
+        }
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="svc.client"):
             status, _, _ = await svc.request("POST", "/v1/client-log", json={"entries": [forged]})
@@ -230,6 +235,7 @@ async def test_client_log_is_validated_limited_and_redacted(
         (line,) = [r.getMessage() for r in caplog.records if r.name == "svc.client"]
         assert "\n" not in line and "\r" not in line and "\x1b" not in line
         assert "one\\nERROR svc: forged\\r\\x1b[2J" in line and "[a\\nb]" in line
+        assert len(line.splitlines()) == 1 and "c1\\u0085NEL\\u2028LS\\u009b" in line
 
         status, body, _ = await svc.request(
             "POST", "/v1/client-log", json={"entries": [{"level": "loud", "message": "x"}]}
