@@ -158,8 +158,10 @@ def add_routes(app: web.Application) -> None:
     document(
         "POST",
         "/v1/admin/apikeys/{key_id}/revoke",
-        summary="Revoke an API key (admin:write)",
+        summary="Revoke an API key (admin:write); 503 projection_lagging until the read "
+        "models that authenticate keys apply it",
         tag="Admin",
         response=RevokedApiKey,
+        extra_statuses=(409,),
         request_headers=(IDEMPOTENCY_KEY,),
     )

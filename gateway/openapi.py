@@ -161,6 +161,10 @@ def _error_responses(doc: RouteDoc | None, comps: _Components) -> dict[str, Any]
     if doc is None or doc.auth != "none":
         statuses.update({401: "missing or invalid API key", 403: "insufficient scope"})
         statuses[429] = "rate limit exceeded (per-key rate_limit_rpm)"
+        # Credentials are looked up in the database: any authenticated route may meet it down.
+        statuses[503] = _EXTRA_STATUSES[503]
+    if doc is not None and (doc.request is not None or doc.form_request):
+        statuses[413] = _EXTRA_STATUSES[413]  # past SVC_MAX_BODY_BYTES
     for status in doc.extra_statuses if doc else ():
         statuses.setdefault(status, _EXTRA_STATUSES.get(status, "error"))
     return {str(s): {"description": d, **ref} for s, d in sorted(statuses.items())}

@@ -151,6 +151,15 @@ async def test_openapi_document_says_what_the_routes_really_answer(database_url:
         assert "text/markdown" in export["responses"]["200"]["content"]
         keys = doc["paths"]["/v1/admin/apikeys"]["get"]
         assert "(admin:read)" in keys["summary"]
+        revoke = doc["paths"]["/v1/admin/apikeys/{key_id}/revoke"]["post"]["responses"]
+        assert {"409", "503"} <= set(revoke)
+        # A body may be too large; an authenticated route may meet the database down.
+        for path, ops in doc["paths"].items():
+            for method, op in ops.items():
+                if "requestBody" in op:
+                    assert "413" in op["responses"], (method, path)
+                if op.get("security") != []:
+                    assert "503" in op["responses"], (method, path)
         token = doc["paths"]["/v1/oauth/token"]["post"]
         assert "application/x-www-form-urlencoded" in token["requestBody"]["content"]
         for status in ("400", "401"):
