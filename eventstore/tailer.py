@@ -257,13 +257,24 @@ class LogTailer:
         finally:
             self._unregister(sub, workspace_id)
 
+    async def history_page(
+        self,
+        after: LogPoint,
+        workspace_id: str | None,
+        types: Sequence[str] | None,
+        limit: int,
+    ) -> list[RecordedEvent]:
+        """One page of `history`: up to `limit` events after `after`, scoped in the query.
+        For a reader that sizes its pages itself (the feeds, by the bytes they write)."""
+        async with self._db.acquire() as conn:
+            return await read_log(conn, after, limit, workspace_id, types)
+
     async def _history(
         self, after: LogPoint, workspace_id: str | None, types: frozenset[str] | None
     ) -> AsyncIterator[RecordedEvent]:
         type_list = sorted(types) if types is not None else None
         while self._running:
-            async with self._db.acquire() as conn:
-                page = await read_log(conn, after, self._history_page, workspace_id, type_list)
+            page = await self.history_page(after, workspace_id, type_list, self._history_page)
             for event in page:
                 yield event
             if len(page) < self._history_page:

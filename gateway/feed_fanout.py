@@ -60,6 +60,16 @@ SHUTDOWN_ERROR = Unavailable(
 )
 
 
+CATCH_UP_FIRST_PAGE = 100
+CATCH_UP_MIN_PAGE = 8
+CATCH_UP_MAX_PAGE = 1000
+CATCH_UP_PAGE_BYTES = 4 * 1024 * 1024
+"""A catching-up feed reads history in pages of about this many bytes of frames (as many
+events as the last page's frames averaged, within the bounds above), and writes them in
+pieces of about CATCH_UP_WRITE_BYTES: its memory stays near these however large the events."""
+CATCH_UP_WRITE_BYTES = 1024 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class FeedFilter:
     """What one connection receives: its workspace's events that the feed selects and, when
@@ -294,19 +304,12 @@ class FeedFanout:
     ) -> None:
         """History from the database, then what queued meanwhile, then live (see the module
         docstring for the handoff)."""
-        ws, types = conn.filter.workspace_id, conn.filter.types
         while not conn.ended.done():
             conn.pending, conn.overflowed = [], False
             if conn.point < tailer.live_point:
-                page: list[RecordedEvent] = []
-                async for event in tailer.history(conn.point, ws, sorted(types) if types else None):
-                    page.append(event)
-                    if len(page) >= 256:
-                        await self._write_catch_up(conn, resp, page)
-                        page = []
-                    if conn.ended.done():
-                        return
-                await self._write_catch_up(conn, resp, page)
+                await self._read_history(conn, resp, tailer)
+                if conn.ended.done():
+                    return
             while conn.pending and not conn.overflowed and not conn.ended.done():
                 queued, conn.pending = conn.pending, []
                 await self._write_catch_up(conn, resp, queued)
@@ -315,21 +318,58 @@ class FeedFanout:
                 conn.pending = None
                 return
 
+    async def _read_history(
+        self, conn: FeedConnection, resp: web.StreamResponse, tailer: LogTailer
+    ) -> None:
+        """The log after `conn.point` up to a short page, written as it is read. Pages are
+        sized by the bytes the last one wrote: a page of a thousand messages of a megabyte
+        each held a gigabyte per feed catching up."""
+        types = sorted(conn.filter.types) if conn.filter.types else None
+        limit = CATCH_UP_FIRST_PAGE
+        while not conn.ended.done():
+            page = await tailer.history_page(conn.point, conn.filter.workspace_id, types, limit)
+            written = await self._write_catch_up(conn, resp, page)
+            if len(page) < limit:
+                return
+            per_event = max(1, written // len(page))
+            limit = max(CATCH_UP_MIN_PAGE, min(CATCH_UP_MAX_PAGE, CATCH_UP_PAGE_BYTES // per_event))
+
     async def _write_catch_up(
         self, conn: FeedConnection, resp: web.StreamResponse, events: list[RecordedEvent]
-    ) -> None:
-        fresh = [event for event in events if event.point > conn.point]
-        if not fresh or conn.ended.done():
-            return
-        frames = [self.frames.frame(event) for event in fresh if conn.filter.accepts(event)]
-        # Consumed before the write: once write() is entered its bytes are in the transport's
-        # buffer and reach the client ahead of any final frame (the timeout can only cut the
-        # drain short), so that frame's cursor must be past them, or a resume repeats them.
-        conn.consumed(fresh[-1].point, fresh[-1].cursor)
-        if frames:
-            async with asyncio.timeout(self.write_timeout_s):
-                await resp.write(b"".join(frames))
-            conn.last_write = asyncio.get_running_loop().time()
+    ) -> int:
+        """Write the frames of `events` past `conn.point`, in writes of about
+        CATCH_UP_WRITE_BYTES; returns the bytes written."""
+        written = 0
+        chunk: list[bytes] = []
+        size = 0
+        for event in events:
+            if event.point <= conn.point or conn.ended.done():
+                continue
+            if conn.filter.accepts(event):
+                frame = self.frames.frame(event)
+                chunk.append(frame)
+                size += len(frame)
+            # Consumed before the write, with no await between them: once write() is entered
+            # its bytes are in the transport's buffer and reach the client ahead of any final
+            # frame (the timeout can only cut the drain short), so that frame's cursor must be
+            # past them, or a resume repeats them. (The connection can only end during an
+            # await, so the frames consumed since the last write are all written.)
+            conn.consumed(event.point, event.cursor)
+            if size >= CATCH_UP_WRITE_BYTES:
+                written += await self._write_chunk(conn, resp, chunk)
+                chunk, size = [], 0
+        if chunk:
+            written += await self._write_chunk(conn, resp, chunk)
+        return written
+
+    async def _write_chunk(
+        self, conn: FeedConnection, resp: web.StreamResponse, frames: list[bytes]
+    ) -> int:
+        payload = b"".join(frames)
+        async with asyncio.timeout(self.write_timeout_s):
+            await resp.write(payload)
+        conn.last_write = asyncio.get_running_loop().time()
+        return len(payload)
 
     async def _finish(
         self,

@@ -4,7 +4,6 @@ filters, cursor validation, workspace isolation, redaction, slow consumers and s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from test_admin_support import Frame, Service, open_feed, service, start_service
 
 from eventstore.errors import StoreError, StoreUnavailable
 from eventstore.records import NewEvent, RecordedEvent
-from gateway import feeds
+from gateway import feed_fanout, feeds
 from gateway.state import STORE, TAILER
 
 __all__ = ["service"]
@@ -387,24 +386,55 @@ async def test_a_failed_history_read_ends_the_feed_with_a_frame(
     key = await service.issue_key(ws)
     await service.append_pings(ws, 300)
     tailer = service.app[TAILER]
-    real_history = tailer.history
+    real_page = tailer.history_page
+    pages: list[int] = []
 
-    async def failing_history(*args: Any) -> AsyncIterator[RecordedEvent]:
-        served = 0
-        async for event in real_history(*args):
-            if served == 300:  # after a first write of 256 frames
-                raise failure
-            served += 1
-            yield event
+    async def failing_page(*args: Any) -> list[RecordedEvent]:
+        pages.append(1)
+        if len(pages) == 2:  # after a first page written
+            raise failure
+        return await real_page(*args)
 
-    monkeypatch.setattr(tailer, "history", failing_history)
+    monkeypatch.setattr(tailer, "history_page", failing_page)
     resp, reader = await open_feed(service, EVENTS, key)
     received, final = await _final_frame(reader)
     resp.close()
     body = final.json()
     assert body["error"]["code"] == code
     assert "detail" not in body["error"]["message"]  # a 500's detail stays in the log
-    assert len(received) == 256 and body["cursor"] == received[-1].id == final.id
+    first_page = feed_fanout.CATCH_UP_FIRST_PAGE
+    assert len(received) == first_page and body["cursor"] == received[-1].id == final.id
+
+
+async def test_catch_up_pages_are_sized_by_the_bytes_they_write(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large events make small pages (a page of a thousand one-megabyte messages held a
+    gigabyte per feed catching up), and the feed is still exact."""
+    monkeypatch.setattr(feed_fanout, "CATCH_UP_PAGE_BYTES", 1_000_000)
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    await service.append_pings(ws, 150, size=100_000)
+    tailer = service.app[TAILER]
+    real_page = tailer.history_page
+    limits: list[int] = []
+
+    async def recording_page(*args: Any) -> list[RecordedEvent]:
+        limits.append(args[-1])
+        return await real_page(*args)
+
+    monkeypatch.setattr(tailer, "history_page", recording_page)
+    resp, reader = await open_feed(service, EVENTS, key)
+    numbers = []
+    while len(numbers) < 150:
+        frame = await reader.frame()
+        assert frame is not None
+        if frame.event == "test.ping":
+            numbers.append(frame.json()["data"]["n"])
+    resp.close()
+    assert numbers == list(range(150))
+    assert limits[0] == feed_fanout.CATCH_UP_FIRST_PAGE
+    assert limits[1:] and all(8 <= limit <= 10 for limit in limits[1:]), limits
 
 
 async def test_a_client_that_stalls_while_catching_up_is_cut_off(
