@@ -828,7 +828,9 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             at=self._clock(),
         )
         try:
-            await ctx.execute(fail)
+            recorded = await ctx.execute(fail)
+            if isinstance(exc, SvcError) and recorded.cursor:
+                exc.recorded_cursor = recorded.cursor
         except Exception:
             # The original error matters more to the caller; the turn stays "running" in the
             # log until the next command of this conversation records it as abandoned.

@@ -81,6 +81,7 @@ CURSOR_HEADER = "X-SVC-Cursor"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 _CONVERSATION_KEY: web.RequestKey[str] = web.RequestKey("svc_conversation_id", str)
+_FAILURE_CURSOR_KEY: web.RequestKey[str] = web.RequestKey("svc_failure_cursor", str)
 _ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _KEY_NAMESPACE = uuid.UUID("7f6b2f8e-4c1e-4f0e-9a51-2b1f3c1d5e00")
 AGENT_CACHE_TTL_S = 1.0
@@ -289,7 +290,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # The conversation the key would have started was never used: name none.
             request.pop(_CONVERSATION_KEY, None)
         _unless_started(request, ids, turn)
-        if exc.http_status < 500 and ids is not None and ids.new_conversation:
+        if exc.recorded_cursor is not None:
+            # A failed turn, recorded: the answer names its conversation (whatever the
+            # status: an upstream's 404 for the model comes after the turn started) and the
+            # cursor that read-your-writes waits for.
+            request[_FAILURE_CURSOR_KEY] = exc.recorded_cursor
+        elif exc.http_status < 500 and ids is not None and ids.new_conversation:
             # A fresh conversation whose first turn the actor refused (no user message, say):
             # nothing was recorded under the id, so the answer names none.
             request.pop(_CONVERSATION_KEY, None)
@@ -479,6 +485,9 @@ async def _conversation_header(request: web.Request, response: web.StreamRespons
     conversation_id = request.get(_CONVERSATION_KEY)
     if isinstance(conversation_id, str):
         response.headers[CONVERSATION_HEADER] = conversation_id
+    failure_cursor = request.get(_FAILURE_CURSOR_KEY)
+    if isinstance(failure_cursor, str):
+        response.headers[CURSOR_HEADER] = failure_cursor
 
 
 async def _complete(runtime: ActorRuntime, turn: _Turn) -> web.Response:

@@ -13,6 +13,9 @@ class SvcError(Exception):
     http_status: int = 500
     error_type: str = "server_error"
     default_code: str = "internal_error"
+    recorded_cursor: str | None = None
+    """Set on a failure the log records (a failed turn): the cursor of the event recording
+    it, which a client may wait for (`?min_cursor=`) as for a success."""
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import re
 import socket
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,13 @@ class Chat:
 
 @pytest.fixture
 async def chat(database_url: str, tmp_path: Path) -> AsyncIterator[Chat]:
+    async with chat_service(database_url, tmp_path) as served:
+        yield served
+
+
+@asynccontextmanager
+async def chat_service(database_url: str, tmp_path: Path, **env: str) -> AsyncIterator[Chat]:
+    """The gateway over a stub upstream serving UPSTREAM_MODEL (`env` overrides settings)."""
     stub = await stub_upstream.StubUpstream(tokens=5).start()
     settings = Settings(
         {
@@ -114,6 +123,7 @@ async def chat(database_url: str, tmp_path: Path) -> AsyncIterator[Chat]:
             "SVC_LLM_MODEL": UPSTREAM_MODEL,
             "SVC_LLM_RETRIES": "1",
             "SVC_LLM_CALL_TIMEOUT_S": "30",
+            **env,
         }
     )
     server = GatewayTestServer(create_app(settings), host="127.0.0.1")
@@ -432,6 +442,27 @@ async def test_upstream_failure_is_502_and_recorded(chat: Chat) -> None:
     failed = await chat.wait_for_event(conversation_id, FAILED)
     assert failed.data["error_code"] == "upstream_rejected"
     assert chat.stub.calls == 1
+    # The failure's cursor, as a success gives its own: an admin read can wait for it.
+    assert error.response.headers["X-SVC-Cursor"] == failed.cursor
+
+
+async def test_a_model_the_upstream_lacks_names_the_conversation_it_recorded(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Without SVC_LLM_MODEL the client's model name goes upstream, whose "no such model" is
+    the client's 404: but the turn had started, so its conversation exists and is named."""
+    async with chat_service(database_url, tmp_path, SVC_LLM_MODEL="") as served:
+        missing = {
+            "error": {"message": "The model `gpt-9` does not exist", "code": "model_not_found"}
+        }
+        served.stub.faults.append(
+            stub_upstream.Fault(404, json.dumps(missing), content_type="application/json")
+        )
+        resp = await served.raw_post({"model": "gpt-9", "messages": HELLO})
+        assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"
+        conversation_id = resp.headers["X-SVC-Conversation-Id"]
+        failed = await served.wait_for_event(conversation_id, FAILED)
+        assert resp.headers["X-SVC-Cursor"] == failed.cursor
 
 
 async def test_the_sdk_does_not_retry_what_a_retry_cannot_mend(chat: Chat) -> None:
