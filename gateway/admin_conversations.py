@@ -169,8 +169,13 @@ async def export_conversation(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     params = read_query(request, ExportQuery)
     await read_your_writes(request, CONVERSATION_MODELS)
-    found = await _conversation(request, principal.workspace_id, params.conversation_id)
-    rows = await queries.get_messages(request.app[DATABASE], principal.workspace_id, found.id)
+    cid = params.conversation_id
+    both = await queries.get_conversation_and_messages(
+        request.app[DATABASE], principal.workspace_id, cid
+    )
+    if both is None:
+        raise NotFound(f"conversation {cid!r} not found", code="conversation_not_found")
+    found, rows = both
     export = ConversationExport(
         conversation=summary(found),
         messages=[message(m) for m in rows],

@@ -192,19 +192,36 @@ async def get_conversation(
     return None if row is None else _conversation(row)
 
 
+_MESSAGES = """
+SELECT conversation_id, seq, message_id, role, content, name, turn_id, created_at
+FROM messages WHERE workspace_id = $1 AND conversation_id = $2
+ORDER BY seq
+"""
+
+
 async def get_messages(db: Database, workspace_id: str, conversation_id: str) -> list[Message]:
     """Every message of the conversation, oldest first (empty for an unknown conversation)."""
     async with db.scoped(workspace_id) as conn:
-        rows = await conn.fetch(
-            """
-            SELECT conversation_id, seq, message_id, role, content, name, turn_id, created_at
-            FROM messages WHERE workspace_id = $1 AND conversation_id = $2
-            ORDER BY seq
-            """,
+        rows = await conn.fetch(_MESSAGES, workspace_id, conversation_id)
+    return [Message(*r) for r in rows]
+
+
+async def get_conversation_and_messages(
+    db: Database, workspace_id: str, conversation_id: str
+) -> tuple[Conversation, list[Message]] | None:
+    """The conversation and its messages as of one snapshot (an export's header and body
+    agree while the conversation goes on); None when this workspace has none by that id."""
+    async with db.scoped(workspace_id) as conn:
+        row = await conn.fetchrow(
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations "
+            "WHERE workspace_id = $1 AND id = $2",
             workspace_id,
             conversation_id,
         )
-    return [Message(*r) for r in rows]
+        if row is None:
+            return None
+        rows = await conn.fetch(_MESSAGES, workspace_id, conversation_id)
+    return _conversation(row), [Message(*r) for r in rows]
 
 
 async def list_turns(
