@@ -347,13 +347,41 @@ async def _error_message(resp: aiohttp.ClientResponse) -> tuple[str, str | None]
 
 def _scrub(message: str, api_key: str | None) -> str:
     if api_key:
-        message = message.replace(api_key, "[redacted]")
+        message = _without_key_fragments(message, api_key)
     for pattern in _SECRET_PATTERNS:
         message = pattern.sub(_redact, message)
     message = " ".join(message.split())
     if len(message) > _MAX_MESSAGE_CHARS:
         message = message[: _MAX_MESSAGE_CHARS - 3] + "..."
     return message
+
+
+KEY_FRAGMENT_CHARS = 8
+"""A model server may quote part of the key it was sent (cut short, or upper-cased): any run
+of this many characters of it, in any case, is removed from its messages."""
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _without_key_fragments(message: str, api_key: str) -> str:
+    # ASCII-only lowering keeps every index of `low` that of `message`.
+    key, low = api_key.translate(_ASCII_LOWER), message.translate(_ASCII_LOWER)
+    n = KEY_FRAGMENT_CHARS
+    if len(key) < n:
+        return message.replace(api_key, "[redacted]")
+    windows = {key[i : i + n] for i in range(len(key) - n + 1)}
+    kept: list[str] = []
+    start = i = 0
+    while i <= len(low) - n:
+        if low[i : i + n] not in windows:
+            i += 1
+            continue
+        end = i + n
+        while end < len(low) and low[i : end + 1] in key:
+            end += 1
+        kept += [message[start:i], "[redacted]"]
+        start = i = end
+    kept.append(message[start:])
+    return "".join(kept)
 
 
 def _redact(match: re.Match[str]) -> str:

@@ -228,6 +228,27 @@ async def test_a_masked_key_in_other_errors_is_redacted(stub: Any) -> None:
     assert "wxyz" not in caught.value.message and "9f3c" not in caught.value.message
 
 
+@pytest.mark.parametrize(
+    "echo",
+    [
+        API_KEY[:14] + "...",  # cut short
+        API_KEY.upper(),
+        API_KEY[:-1],
+        "prefix" + API_KEY[3:20],  # a fragment from its middle
+    ],
+)
+async def test_part_of_the_configured_key_in_an_error_is_redacted(stub: Any, echo: str) -> None:
+    """Only an exact copy was removed: a cut-short or upper-cased echo of the key reached
+    the tenant's 502, the failed turn's event and the read models."""
+    stub.faults.append(stub_upstream.Fault(400, f"unknown project for key {echo} (see docs)"))
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url), request())
+    message = caught.value.message.lower()
+    fragments = {API_KEY[i : i + 8].lower() for i in range(len(API_KEY) - 7)}
+    assert not [f for f in fragments if f in message], caught.value.message
+    assert "unknown project for key" in message and "(see docs)" in message
+
+
 async def test_connection_drop_after_a_delta_is_not_retried(stub: Any) -> None:
     stub.drop_after = 2
     events: list[ModelEvent] = []
