@@ -47,7 +47,15 @@ CLIENT_LOG_PER_MINUTE = 60
 REDACTED = "[redacted]"
 _SECRET_NAME = re.compile(r"(?i)(pass|secret|token|key|auth|cookie|session|credential|dsn)")
 _SECRET_TEXT = re.compile(
-    r"(?i)(svc_[A-Za-z0-9_\-]{16,}|bearer\s+\S+|[a-z]+://[^\s/:@]+:[^\s/@]+@)"
+    r"(?i)(svc_[A-Za-z0-9_\-]{16,}|bearer\s+\S+|[a-z]+://[^\s/:@]+:[^\s/@]+@"
+    # A JSON Web Token (an OIDC access or ID token): three base64url parts, the first JSON.
+    r"|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*)"
+)
+# name=value with a secret's name (a cookie header a page logged, `svc_session=...`; a query
+# string's `access_token=...`): the value goes, the name stays to say what was there.
+_SECRET_PAIR = re.compile(
+    r"(?i)\b([a-z0-9_.\-]*(?:session|csrf|token|secret|passw(?:or)?d|api[_\-]?key)"
+    r"[a-z0-9_.\-]*)=([^\s;&,\"']+)"
 )
 _BASIC = re.compile(r"(?i)\bbasic\s+([A-Za-z0-9+/]{4,}={0,2})(?![A-Za-z0-9+/=])")
 _LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40}
@@ -171,6 +179,7 @@ def _secret_values(request: web.Request) -> list[str]:
 def redact(text: str, secrets: list[str]) -> str:
     for value in secrets:
         text = text.replace(value, REDACTED)
+    text = _SECRET_PAIR.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
     return _BASIC.sub(_basic_credentials, _SECRET_TEXT.sub(REDACTED, text))
 
 

@@ -270,15 +270,23 @@ async def test_client_log_redacts_names_basic_credentials_and_stored_secrets(
         entry = {
             "level": "info",
             "message": "Basic authentication: stored-later-4242, Authorization: Basic dXNlcjpwYXNz",
-            "context": {api_key: "named by a key", "page": "/chat"},
+            "context": {
+                api_key: "named by a key",
+                "page": "/chat",
+                "seen": "svc_session=S3ss10nT0ken; theme=dark",
+                "note": "got eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJhZGEifQ.c2lnbmF0dXJl back",
+                "url": "/cb?access_token=AcCeSs123&state=ok",
+            },
         }
         with caplog.at_level(logging.INFO, logger="svc.client"):
             status, _, _ = await svc.request("POST", "/v1/client-log", json={"entries": [entry]})
         assert status == 202
         (line,) = [r.getMessage() for r in caplog.records if r.name == "svc.client"]
-        for secret in (api_key, "stored-later-4242", "dXNlcjpwYXNz"):
+        for secret in (api_key, "stored-later-4242", "dXNlcjpwYXNz", "S3ss10nT0ken", "AcCeSs123"):
             assert secret not in line
+        assert "eyJzdWIiOiJhZGEifQ" not in line and "c2lnbmF0dXJl" not in line
         assert "named by a key" in line and "/chat" in line
+        assert "theme=dark" in line and "state=ok" in line and "svc_session=[redacted]" in line
         assert "Basic authentication" in line  # the word, not credentials: kept
 
 
