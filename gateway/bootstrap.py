@@ -53,6 +53,7 @@ from eventstore.migrate import STORE_MIGRATIONS, MigrationSource
 from eventstore.store import PostgresEventStore
 from eventstore.tailer import LogTailer, SubscriberTooSlow
 from eventstore.tasks import cancel_and_wait
+from gateway.log_levels import apply_log_level
 from gateway.ratelimit import RateLimiter
 from gateway.secrets import DatabaseVault
 from gateway.settings import Settings, SettingsService, read_stored_settings
@@ -337,7 +338,7 @@ def _apply_live(
             providers.apply_live(config)
             runtime.configure(config)
         if key == "SVC_LOG_LEVEL":
-            logging.getLogger().setLevel(settings.text("SVC_LOG_LEVEL").upper())
+            apply_log_level(settings.text("SVC_LOG_LEVEL"))
 
     return on_change
 

