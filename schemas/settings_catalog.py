@@ -96,8 +96,12 @@ def _fmt(bound: float | None) -> str:
     return str(int(bound)) if float(bound).is_integer() else str(bound)
 
 
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+
+
 def _invalid(spec: SettingSpec, raw: str) -> InvalidInput:
-    shown = "(secret value)" if spec.secret else repr(raw)
+    # A refused URL may hold a password (refused for that very reason): never quoted back.
+    shown = "(secret value)" if spec.secret else repr(_USERINFO.sub("***@", raw))
     return InvalidInput(
         f"invalid value {shown} for {spec.key}: expected {spec.expected()}",
         code="invalid_setting_value",

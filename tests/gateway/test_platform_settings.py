@@ -149,8 +149,19 @@ SHAPED_TEXT_SETTINGS = {
         ("https://host:99999", "not a url", "ftp://files", "https://", "http://a b", "x\ny"),
         ("", "https://svc.example.com", "http://127.0.0.1:8780/", "http://[::1]:8080"),
     ),
-    "SVC_LLM_GATEWAY_URL": (("localhost:8000/v1", "http://h:-1"), ("http://llm:8000/v1",)),
+    "SVC_LLM_GATEWAY_URL": (
+        ("localhost:8000/v1", "http://h:-1", "https://u:Pw0rd@llm/v1", "https://token@llm/v1"),
+        ("http://llm:8000/v1", "https://llm/v1?release=a@b"),
+    ),
 }
+
+
+def test_a_refused_url_is_not_quoted_with_its_credentials() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        parse(get_spec("SVC_MEMORY_URL"), "https://llmuser:UrlPassw0rdXYZ@mem.example/v1")
+    assert "UrlPassw0rdXYZ" not in caught.value.message
+    assert "llmuser" not in caught.value.message
+    assert "'https://***@mem.example/v1'" in caught.value.message
 
 
 @pytest.mark.parametrize("key", sorted(SHAPED_TEXT_SETTINGS))
