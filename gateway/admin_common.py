@@ -28,9 +28,14 @@ async def acting(request: web.Request, scope: str) -> Principal:
     return principal
 
 
-def ok(model: BaseModel, *, status: int = 200) -> web.Response:
+def ok(
+    model: BaseModel, *, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
     return web.Response(
-        status=status, body=model.model_dump_json(), content_type="application/json"
+        status=status,
+        body=model.model_dump_json(),
+        content_type="application/json",
+        headers=headers,
     )
 
 

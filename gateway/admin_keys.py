@@ -120,6 +120,7 @@ async def issue_key(request: web.Request) -> web.Response:
             cursor=outcome.cursor,
         ),
         status=201,
+        headers={"Cache-Control": "no-store"},  # the only copy of the key there will be
     )
 
 

@@ -303,6 +303,12 @@ async def test_api_keys_issue_list_revoke(service: Service) -> None:
         201,
     )
     assert issued["key"].startswith("svc_") and issued["prefix"] == issued["key"][:8]
+    resp = await service.http.post(
+        service.url("/v1/admin/apikeys"),
+        headers=service.auth(admin),
+        json={"name": "cached?", "scopes": ["admin:read"]},
+    )
+    assert resp.status == 201 and resp.headers["Cache-Control"] == "no-store"
     assert issued["scopes"] == ["admin:read"] and issued["rate_limit_rpm"] == 600
     new_key = issued["key"]
 
