@@ -18,6 +18,7 @@ principals are refused from then on (authn.py checks the user on every request).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -59,7 +60,9 @@ MAX_START_INDEX = 2**53 - 1
 it is past any result a workspace can hold, fits PostgreSQL's bigint OFFSET, and is exactly
 representable in every JSON parser (RFC 8259 section 6), since the response echoes it."""
 
-_FILTER = re.compile(r'^\s*(\w+)\s+eq\s+"((?:[^"\\]|\\.)*)"\s*$', re.IGNORECASE)
+# `attr eq "value"`; the attribute may be qualified by the core User schema's URN (RFC 7644
+# section 3.10), and the value is a JSON string (RFC 7644 section 3.4.2.2), escapes included.
+_FILTER = re.compile(r'^\s*([\w:.]+)\s+eq\s+("(?:[^"\\]|\\.)*")\s*$', re.IGNORECASE)
 
 ScimHandler = Callable[[web.Request, Identity, str], Awaitable[web.StreamResponse]]
 
@@ -82,7 +85,10 @@ def _error(status: int, detail: str, scim_type: str | None) -> web.Response:
     body: dict[str, Any] = {"schemas": [ERROR_SCHEMA], "status": str(status), "detail": detail}
     if scim_type:
         body["scimType"] = scim_type
-    return scim_json(body, status)
+    response = scim_json(body, status)
+    if status == 401:  # RFC 6750 section 3: how to authenticate
+        response.headers["WWW-Authenticate"] = 'Bearer realm="scim"'
+    return response
 
 
 def _from_svc(exc: SvcError) -> web.Response:
@@ -241,12 +247,12 @@ def _lower_keys(data: dict[str, Any]) -> dict[str, Any]:
     return {_attr_name(k): v for k, v in data.items()}
 
 
-def _as_bool(value: Any) -> bool | None:
+def _as_bool(value: Any, name: str = "active") -> bool | None:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise ScimError(400, "active must be a boolean", "invalidValue")
+    raise ScimError(400, f"{name} must be a boolean", "invalidValue")
 
 
 def _emails(value: Any) -> list[dict[str, Any]]:
@@ -254,9 +260,12 @@ def _emails(value: Any) -> list[dict[str, Any]]:
         raise ScimError(400, "emails must be an array", "invalidValue")
     out = []
     for item in value:
+        # Sub-attribute names are case-insensitive too (RFC 7643 section 2.1).
+        item = _lower_keys(item) if isinstance(item, dict) else item
         if not isinstance(item, dict) or not isinstance(item.get("value"), str):
             raise ScimError(400, "each email needs a string value", "invalidValue")
-        entry: dict[str, Any] = {"value": item["value"], "primary": bool(item.get("primary"))}
+        primary = _as_bool(item.get("primary"), "emails.primary")
+        entry: dict[str, Any] = {"value": item["value"], "primary": bool(primary)}
         if isinstance(item.get("type"), str):
             entry["type"] = item["type"]
         out.append(entry)
@@ -362,7 +371,15 @@ async def _filtered(
     match = _FILTER.match(raw)
     if match is None:
         raise ScimError(400, "only 'attribute eq \"value\"' filters are supported", "invalidFilter")
-    attr, value = match.group(1).lower(), match.group(2).replace('\\"', '"')
+    attr = _attr_name(match.group(1))
+    try:
+        value = json.loads(match.group(2))
+    except ValueError:
+        raise ScimError(
+            400, "the filter's value is not a valid JSON string", "invalidFilter"
+        ) from None
+    if "\x00" in value:
+        raise ScimError(400, "the filter's value holds a NUL character", "invalidValue")
     if attr == "username":
         return await list_users(
             ident.db, workspace_id, user_name=value, offset=start - 1, limit=count

@@ -185,6 +185,30 @@ async def test_filter_and_pagination(database_url: str) -> None:
         assert none["totalResults"] == 0 and none["Resources"] == []
         status, err, _ = await svc.request("GET", '/scim/v2/Users?filter=userName co "user"', token)
         assert status == 400 and err["scimType"] == "invalidFilter"
+        # Schema-qualified names (RFC 7644 3.10) and JSON escapes in the value (3.4.2.2).
+        await svc.request("POST", "/scim/v2/Users", token, json=scim_user('back\\slash "q"'))
+        for query in (
+            f'{USER}:userName eq "user4@example.com"',
+            'userName eq "back\\\\slash \\"q\\""',
+        ):
+            status, found, _ = await svc.request(
+                "GET", "/scim/v2/Users", token, params={"filter": query}
+            )
+            assert status == 200 and found["totalResults"] == 1, (query, found)
+        status, err, _ = await svc.request(
+            "GET", "/scim/v2/Users", token, params={"filter": 'userName eq "a\\u0000b"'}
+        )
+        assert status == 400 and err["scimType"] == "invalidValue"
+        # Sub-attribute names in any case, string booleans read as booleans (RFC 7643 2.1).
+        mails = [{"Value": "w@example.com", "Primary": "false", "TYPE": "work"}]
+        status, made, _ = await svc.request(
+            "POST", "/scim/v2/Users", token, json=scim_user("mailer", emails=mails)
+        )
+        assert status == 201, made
+        assert made["emails"] == [{"value": "w@example.com", "primary": False, "type": "work"}]
+        # RFC 6750: a refusal says how to authenticate.
+        status, _, headers = await svc.request("GET", "/scim/v2/Users", "not-a-token")
+        assert status == 401 and headers["WWW-Authenticate"] == 'Bearer realm="scim"'
 
 
 async def test_discovery_documents(database_url: str) -> None:
