@@ -401,9 +401,24 @@ class ActivationTable:
             activation.streaming = envelope.stream
             async for item in activation.behaviour.handle(activation, envelope.command):
                 reply.push(item)
-        except asyncio.CancelledError:
-            self._interrupt(reply)
-            raise
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                self._interrupt(reply)  # this worker is being stopped (shutdown, eviction)
+                raise
+            # A CancelledError the handler met in something it awaited (a future another
+            # task cancelled) is that command's failure: ending the worker here would leave
+            # the actor registered with no one to run its mailbox, every later command
+            # waiting for good.
+            log.error(
+                "command of %s failed on a cancelled operation", slot.activation.key, exc_info=exc
+            )
+            reply.fail(
+                SvcError(
+                    f"a command of {slot.activation.key} was cut short by a cancelled operation"
+                )
+            )
+            self._failed += 1
         except Exception as exc:
             reply.fail(exc)
             self._failed += 1

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import pytest
-from actor_doubles import COUNTER, AddToCounter, CounterBehaviour, ScriptedProvider
+from actor_doubles import COUNTER, AddToCounter, CounterBehaviour, CounterState, ScriptedProvider
 
 from actors import (
     ActivationTable,
@@ -27,6 +27,7 @@ from actors import (
     workspace_key,
 )
 from actors import table as table_module
+from actors.behaviour import ActorContext
 from actors.context import Activation, Counters, ExecutionPolicy, conflict_backoff
 from actors.conversation import RECENT_TURNS
 from eventstore import PostgresEventStore
@@ -34,7 +35,7 @@ from eventstore.errors import StoreUnavailable
 from eventstore.records import RecordedEvent, Snapshot
 from schemas.commands import Command
 from schemas.conversation import Message, RenameConversation, RunTurn
-from schemas.errors import Conflict, InvalidInput
+from schemas.errors import Conflict, InvalidInput, SvcError
 from schemas.events import EVENTS
 from schemas.workspace import CreateWorkspace, IssueApiKey, RevokeApiKey
 
@@ -192,6 +193,38 @@ async def test_submit_checks_lifecycle_and_kind(store: PostgresEventStore) -> No
     await table.stop()
     with pytest.raises(RuntimeStopping):
         table.submit(ActorKey(COUNTER, "a"), add())
+
+
+class _AwaitsACancelledFuture(CounterBehaviour):
+    """Its first command awaits a future another task cancels (a library's callback, say)."""
+
+    def __init__(self) -> None:
+        self.first = True
+
+    async def handle(self, ctx: ActorContext[CounterState], command: Command) -> AsyncIterator[Any]:
+        if self.first:
+            self.first = False
+            doomed = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(doomed.cancel)
+            await doomed
+        async for item in super().handle(ctx, command):
+            yield item
+
+
+async def test_a_stray_cancellation_fails_one_command_not_the_actor(
+    store: PostgresEventStore,
+) -> None:
+    table = ActivationTable(store, [_AwaitsACancelledFuture()])
+    await table.start()
+    key = ActorKey(COUNTER, uuid.uuid4().hex)
+    try:
+        with pytest.raises(SvcError, match="cut short by a cancelled operation"):
+            await table.submit(key, add()).last()
+        async with asyncio.timeout(10):  # the worker lives on: the next command runs
+            outcome = await table.submit(key, add()).last()
+        assert isinstance(outcome, CommandOutcome)
+    finally:
+        await table.stop()
 
 
 async def test_table_without_store_runs_queries_but_refuses_writes() -> None:
