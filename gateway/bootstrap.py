@@ -60,6 +60,8 @@ from gateway.settings import Settings, SettingsService, read_stored_settings
 from gateway.shutdown import PROJECTION_FLUSH_S, Shutdown, ShutdownReport, bounded
 from gateway.turn_sweep import SWEEP_EVERY_S, AbandonedTurnSweep, call_budget_s
 from projections import PROJECTION_MIGRATIONS, ProjectionRunner, default_projectors
+from projections.errors import ProjectionFailed
+from projections.identity import IdentityProjector
 from schemas.commands import service_command_id
 from schemas.errors import Conflict
 from schemas.settings import INSTANCE_WORKSPACE_ID, SettingChanged, SettingUnset
@@ -292,6 +294,18 @@ async def _flush_and_stop(
     await runner.stop()
 
 
+async def _identity_up_to_date(projections: ProjectionRunner) -> None:
+    """Bring the identity read model to the log's head before serving. Credentials are
+    checked against it: one far behind (rebuilt from the log after a migration emptied it)
+    would refuse every session and take users' keys for keys of no user."""
+    log.info("bringing the identity read model up to date before serving")
+    try:
+        await projections.catch_up(names=[IdentityProjector.name])
+    except ProjectionFailed as exc:
+        # Serving goes on, degraded, as it would with the projector stopped while running.
+        log.error("identity read model stopped: %s", exc)
+
+
 async def _watch_settings(store: PostgresEventStore, service: SettingsService) -> None:
     """Apply changes made by other processes (the CLI, another gateway) as they commit."""
     types = [SettingChanged.type_name, SettingUnset.type_name]
@@ -374,6 +388,7 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
             await ensure_workspace(runtime, workspace)
         limiter = RateLimiter(store.db)
         if background:
+            await _identity_up_to_date(projections)
             await projections.start()
             _background(stack, _watch_settings(store, service), "svc-settings-watcher")
             _background(stack, _every(PRUNE_EVERY_S, limiter.prune), "svc-rate-limit-prune")

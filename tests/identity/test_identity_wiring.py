@@ -4,8 +4,13 @@ checks read/write per resource domain for keys and sessions alike."""
 
 from __future__ import annotations
 
+import asyncio
+
+import asyncpg
 import pytest
 from identity_support import running, settings_for
+
+from projections.identity import IdentityProjector
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
@@ -61,3 +66,33 @@ async def test_domain_roles_on_existing_admin_endpoints(database_url: str) -> No
                 json={"name": "x", "scopes": ["*"]},
             )
             assert status == 403
+
+
+async def test_a_gateway_serves_only_once_its_identity_model_is_current(database_url: str) -> None:
+    """Migration 0170 empties the identity read model for the projector to build again from
+    the log. Credentials are checked against it: a gateway that served meanwhile refused
+    every sign-in (and took users' keys for keys of no user)."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        await svc.create_user(key, "rosa", PASSWORD, roles=["member"])
+    admin = await asyncpg.connect(database_url)
+    try:
+        tables = [name for name in IdentityProjector.tables]
+        await admin.execute(
+            "".join(f"DELETE FROM {table}; " for table in tables)
+            + "UPDATE projection_checkpoints SET tx = '0', position = 0 WHERE name = 'identity'"
+        )
+        # The projector can read but not write until this lets go, a second from now.
+        held = admin.transaction()
+        await held.start()
+        await admin.execute("LOCK TABLE identity_users IN EXCLUSIVE MODE")
+        release = asyncio.get_running_loop().call_later(
+            1.0, lambda: asyncio.ensure_future(held.rollback())
+        )
+        async with running(settings_for(database_url)) as svc:
+            status, body, browser = await svc.login("rosa", PASSWORD)
+            await browser.close()
+            assert status == 200, body
+        release.cancel()
+    finally:
+        await admin.close()
