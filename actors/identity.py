@@ -150,7 +150,10 @@ def _provision(state: DirectoryState, c: ProvisionUser) -> list[Event]:
 
 def _update(state: DirectoryState, c: UpdateUser) -> list[Event]:
     user = state.live_user(c.user_id)
-    _check_name_free(state, c.profile.user_name, c.user_id)
+    if user_name_key(c.profile.user_name) != user_name_key(user.profile.user_name):
+        # Only a new name is checked: two users recorded under names that one key now
+        # takes as the same (before the key existed) may each still be updated.
+        _check_name_free(state, c.profile.user_name, c.user_id)
     if user.profile == c.profile:
         return []
     return [

@@ -107,7 +107,8 @@ async def get_user(db: Database, workspace_id: str, user_id: str) -> UserRow | N
 async def find_user_by_name(db: Database, workspace_id: str, user_name: str) -> UserRow | None:
     async with db.scoped(workspace_id) as conn:
         row = await conn.fetchrow(
-            f"SELECT {_USER_COLUMNS} FROM identity_users u WHERE u.name_key = $1 AND NOT u.deleted",
+            f"SELECT {_USER_COLUMNS} FROM identity_users u WHERE u.name_key = $1 AND NOT u.deleted "
+            "ORDER BY u.created_at, u.user_id LIMIT 1",
             user_name_key(user_name),
         )
     return None if row is None else _user(row)
@@ -119,7 +120,7 @@ async def find_user_by_subject(db: Database, workspace_id: str, subject: str) ->
         row = await conn.fetchrow(
             f"SELECT {_USER_COLUMNS} FROM identity_users u "
             "WHERE NOT u.deleted AND (u.external_id = $1 OR u.name_key = $2) "
-            "ORDER BY (u.external_id = $1) DESC NULLS LAST LIMIT 1",
+            "ORDER BY (u.external_id = $1) DESC NULLS LAST, u.created_at, u.user_id LIMIT 1",
             subject,
             user_name_key(subject),
         )

@@ -18,6 +18,9 @@ DELETE FROM identity_audit_log;
 UPDATE projection_checkpoints SET tx = '0', position = 0, failure = NULL, updated_at = now()
 WHERE name = 'identity';
 
+-- Not unique: the directory actor keeps names unique (one mailbox per workspace), and two
+-- users recorded before this key existed under names it now takes as one (`info` and
+-- `ｉｎｆｏ`) must not stop the projector on the way back. Lookups take the oldest.
 ALTER TABLE identity_users ALTER COLUMN name_key SET NOT NULL;
-CREATE UNIQUE INDEX IF NOT EXISTS identity_users_name_key
+CREATE INDEX IF NOT EXISTS identity_users_name_key
     ON identity_users (workspace_id, name_key) WHERE NOT deleted;

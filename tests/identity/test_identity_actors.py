@@ -32,6 +32,7 @@ from schemas.identity import (
     UnbindRole,
     UpdateUser,
     UserProfile,
+    UserProvisioned,
 )
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -152,3 +153,26 @@ def test_session_and_audit_cores() -> None:
     )
     assert audit.evolve(a_state, failed).failures == 1
     assert "password" not in failed.model_dump_json().replace('"method":"password"', "")
+
+
+def test_users_recorded_under_names_one_key_now_joins_can_still_be_updated() -> None:
+    """Before user_name_key, `info` and its fullwidth form were two names: both may exist in a
+    log, and each keeps its own name through an update (a new name is still checked)."""
+    behaviour = DirectoryBehaviour()
+    state = behaviour.initial_state(directory_key(WS))
+    for user_id, name in (("u1", "info"), ("u2", "\uff49\uff4e\uff46\uff4f"), ("u3", "boss")):
+        recorded = UserProvisioned(
+            workspace_id=WS, user_id=user_id, profile=profile(name), source="local", at=AT
+        )
+        state = behaviour.evolve(state, recorded)
+    state, events = run(
+        state,
+        cmd(
+            UpdateUser,
+            user_id="u2",
+            profile=profile("\uff49\uff4e\uff46\uff4f", display_name="Info"),
+        ),
+    )
+    assert len(events) == 1
+    with pytest.raises(Conflict):
+        run(state, cmd(UpdateUser, user_id="u2", profile=profile("BOSS")))
