@@ -355,8 +355,13 @@ class ActorHost:
         while self._busy(shards) and (remaining := end - loop.time()) > 0:
             self._progress.clear()
             await wait_set(self._progress, remaining)
-        keys = [k for s in shards for k in self._keys.pop(s, set())]
-        await table.passivate(keys)
+        keys = {s: self._keys.pop(s, set()) for s in shards}
+        gone = set(await table.passivate([k for held in keys.values() for k in held]))
+        # An actor still at work is not passivated: kept under its shard, so that the next
+        # release (the move is retried while any command runs) passivates it then.
+        for shard, held in keys.items():
+            if held - gone:
+                self._keys.setdefault(shard, set()).update(held - gone)
         return self._busy(shards)
 
     def _busy(self, shards: Iterable[int]) -> int:

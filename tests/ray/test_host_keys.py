@@ -36,3 +36,34 @@ def test_a_shard_keeps_the_keys_of_its_active_actors_not_of_every_one_seen() -> 
     kept = host._keys[7]
     assert set(still_active) <= kept  # `release` still finds every active actor
     assert len(kept) <= 2 * 1024 + len(still_active)
+
+
+class _BusyTable(_Table):
+    """Passivates every actor but those still at work."""
+
+    def __init__(self, busy: set[ActorKey]) -> None:
+        super().__init__()
+        self.busy = busy
+
+    async def passivate(self, keys: list[ActorKey]) -> list[ActorKey]:
+        gone = [k for k in keys if k not in self.busy]
+        self.active.difference_update(gone)
+        return gone
+
+
+async def test_a_release_keeps_the_keys_of_actors_still_at_work() -> None:
+    """The next release (a move waits while commands run) must find them to passivate
+    them; forgotten, they stayed active on the old host after their shard moved."""
+    host = ActorHost(HostSpec("svc", "svc-host-0", "postgresql://unused", behaviours=list))
+    working, idle = ActorKey("conversation", "c-working"), ActorKey("conversation", "c-idle")
+    table = _BusyTable({working})
+    for key in (working, idle):
+        host._submit(table, 5, key, None)  # type: ignore[arg-type]
+    host._in_flight[5] = 1  # the working one's command runs on
+
+    async def ensure() -> Any:
+        return table
+
+    host._ensure = ensure  # type: ignore[method-assign]
+    assert await host.release([5], 0.01) == 1
+    assert host._keys[5] == {working}
