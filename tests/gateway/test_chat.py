@@ -463,6 +463,15 @@ async def test_a_model_the_upstream_lacks_names_the_conversation_it_recorded(
         conversation_id = resp.headers["X-SVC-Conversation-Id"]
         failed = await served.wait_for_event(conversation_id, FAILED)
         assert resp.headers["X-SVC-Cursor"] == failed.cursor
+        # A retry is answered with the recorded failure, and names the same conversation.
+        retried = {"Idempotency-Key": "k-missing-model"}
+        served.stub.faults.append(
+            stub_upstream.Fault(404, json.dumps(missing), content_type="application/json")
+        )
+        first = await served.raw_post({"model": "gpt-9", "messages": HELLO}, **retried)
+        again = await served.raw_post({"model": "gpt-9", "messages": HELLO}, **retried)
+        assert first.status == again.status == 404
+        assert again.headers["X-SVC-Conversation-Id"] == first.headers["X-SVC-Conversation-Id"]
 
 
 async def test_the_sdk_does_not_retry_what_a_retry_cannot_mend(chat: Chat) -> None:
