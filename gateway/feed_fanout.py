@@ -328,18 +328,22 @@ class FeedFanout:
         limit = CATCH_UP_FIRST_PAGE
         while not conn.ended.done():
             page = await tailer.history_page(conn.point, conn.filter.workspace_id, types, limit)
-            written = await self._write_catch_up(conn, resp, page)
+            written, frames = await self._write_catch_up(conn, resp, page)
             if len(page) < limit:
                 return
-            per_event = max(1, written // len(page))
-            limit = max(CATCH_UP_MIN_PAGE, min(CATCH_UP_MAX_PAGE, CATCH_UP_PAGE_BYTES // per_event))
+            if frames:  # else nothing to go by: the same size again
+                # The frames' average stands for the page's events: the ones the feed does
+                # not select (not its kind of event) are not framed, so not measured.
+                per_event = max(1, written // frames)
+                limit = CATCH_UP_PAGE_BYTES // per_event
+                limit = max(CATCH_UP_MIN_PAGE, min(CATCH_UP_MAX_PAGE, limit))
 
     async def _write_catch_up(
         self, conn: FeedConnection, resp: web.StreamResponse, events: list[RecordedEvent]
-    ) -> int:
+    ) -> tuple[int, int]:
         """Write the frames of `events` past `conn.point`, in writes of about
-        CATCH_UP_WRITE_BYTES; returns the bytes written."""
-        written = 0
+        CATCH_UP_WRITE_BYTES; returns the bytes and the frames written."""
+        written = frames = 0
         chunk: list[bytes] = []
         size = 0
         for event in events:
@@ -349,6 +353,7 @@ class FeedFanout:
                 frame = self.frames.frame(event)
                 chunk.append(frame)
                 size += len(frame)
+                frames += 1
             # Consumed before the write, with no await between them: once write() is entered
             # its bytes are in the transport's buffer and reach the client ahead of any final
             # frame (the timeout can only cut the drain short), so that frame's cursor must be
@@ -360,7 +365,7 @@ class FeedFanout:
                 chunk, size = [], 0
         if chunk:
             written += await self._write_chunk(conn, resp, chunk)
-        return written
+        return written, frames
 
     async def _write_chunk(
         self, conn: FeedConnection, resp: web.StreamResponse, frames: list[bytes]
