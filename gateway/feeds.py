@@ -124,8 +124,10 @@ FEED_HUB: web.AppKey[FeedFanout] = web.AppKey("svc_feed_hub", FeedFanout)
 
 # -- request parsing --------------------------------------------------------------------------
 
-FEED_PARAMETERS = ("cursor", "types", "start")
-"""What a feed's query may hold; only `types` may repeat (`?types=a&types=b`)."""
+FEED_PARAMETERS = ("cursor", "types", "start", "lastEventId", "_")
+"""What a feed's query may hold; only `types` may repeat (`?types=a&types=b`).
+`lastEventId` is how EventSource polyfills (which send headers, hence bearer keys) pass the
+resume point on reconnection, and is read as `cursor`; `_` is a cache-buster, ignored."""
 
 
 def check_feed_query(request: web.Request) -> None:
@@ -137,18 +139,21 @@ def check_feed_query(request: web.Request) -> None:
     if unknown:
         names = ", ".join(repr(name[:50]) for name in unknown[:5])
         raise InvalidInput(
-            f"unknown query parameter {names}; a feed takes {', '.join(FEED_PARAMETERS)}"
+            f"unknown query parameter {names}; a feed takes cursor, types and start"
         )
-    for name in ("cursor", "start"):
+    for name in ("cursor", "start", "lastEventId"):
         if len(query.getall(name, [])) > 1:
             raise InvalidInput(f"query parameter {name} is given more than once; give it once")
 
 
 async def resume_cursor(request: web.Request) -> str:
-    """`Last-Event-ID` (sent by a reconnecting EventSource) wins over `?cursor=`. Validated
+    """`Last-Event-ID` (sent by a reconnecting EventSource) wins over `?lastEventId=` (a
+    polyfill's reconnection), which wins over `?cursor=`. Validated
     here, before the stream starts, so a malformed cursor is a plain 400 envelope, and so is
     one this log never issued: a feed from there would wait forever for events after it."""
-    raw = (request.headers.get("Last-Event-ID") or request.query.get("cursor") or "").strip()
+    query = request.query
+    given = request.headers.get("Last-Event-ID") or query.get("lastEventId") or query.get("cursor")
+    raw = (given or "").strip()
     await request.app[TAILER].issued_cursor(raw)
     return raw
 

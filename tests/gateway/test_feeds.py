@@ -9,7 +9,15 @@ from typing import Any
 
 import aiohttp
 import pytest
-from test_admin_support import Frame, Service, open_feed, service, start_service, uid
+from test_admin_support import (
+    Frame,
+    Service,
+    SseReader,
+    open_feed,
+    service,
+    start_service,
+    uid,
+)
 
 from eventstore.errors import StoreError, StoreUnavailable
 from eventstore.records import NewEvent, RecordedEvent
@@ -82,6 +90,26 @@ async def test_resume_never_skips_or_repeats(service: Service, how: str) -> None
     (frame,) = await reader.events(1)
     resp.close()
     assert frame.event == "test.sentinel" and frame.id == sentinel
+
+
+async def test_a_polyfills_last_event_id_parameter_resumes_like_the_header(
+    service: Service,
+) -> None:
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    first = await service.append_pings(ws, 1)
+    second = await service.append_pings(ws, 1)
+    resp = await service.http.get(
+        service.url(f"{EVENTS}?lastEventId={first}&_=123"), headers=service.auth(key)
+    )
+    reader = SseReader(resp)
+    while True:
+        frame = await reader.frame()
+        assert frame is not None
+        if frame.event == "test.ping":
+            break
+    resp.close()
+    assert frame.id == second  # resumed after the first
 
 
 async def test_last_event_id_wins_over_cursor_parameter(service: Service) -> None:
@@ -169,8 +197,9 @@ async def test_a_misspelt_or_repeated_parameter_is_a_400_not_the_whole_log(
         resp = await service.http.get(service.url(f"{EVENTS}?{query}"), headers=service.auth(key))
         assert resp.status == 400, query
         assert said in (await resp.json())["error"]["message"], query
-    # `types` may repeat, and an empty `start` is no start, as empty values are elsewhere.
-    for query in ("types=a.b&types=c.d", "start="):
+    # `types` may repeat, an empty `start` is no start (as empty values are elsewhere), and
+    # an EventSource polyfill's `lastEventId` and a cache-buster `_` are taken.
+    for query in ("types=a.b&types=c.d", "start=", "lastEventId=&_=1700000000"):
         resp = await service.http.get(service.url(f"{EVENTS}?{query}"), headers=service.auth(key))
         assert resp.status == 200, query
         resp.close()
