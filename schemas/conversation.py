@@ -72,9 +72,10 @@ MAX_STOP = 4
 MAX_STOP_CHARS = 200
 
 
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
-"""OpenAI's `reasoning_effort` values, passed to the model server as given."""
-Verbosity = Literal["low", "medium", "high"]
+ReasoningEffort = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z][a-z_-]*$")]
+"""OpenAI's `reasoning_effort` (`minimal`, `low`, `medium`, `high`, and what newer models add),
+passed to the model server as given: it judges the value."""
+Verbosity = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z][a-z_-]*$")]
 
 
 class TurnParams(BaseModel):

@@ -266,7 +266,7 @@ async def test_the_offline_model_stops_at_a_stop_sequence(chat: Chat) -> None:
         ("seed", "42"),
         ("presence_penalty", 3),
         ("web_search_options", {}),
-        ("reasoning_effort", "extreme"),
+        ("reasoning_effort", "very high!"),
         ("verbosity", 1),
     ],
 )
