@@ -37,7 +37,7 @@ from gateway.identity.admin import (
     revoke_sessions,
     set_password,
 )
-from gateway.identity.common import SCIM_ACTOR, actor_of, new_id, now
+from gateway.identity.common import SCIM_ACTOR, actor_of, new_id, now, storable
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
 from gateway.identity.service import Identity, identity
 from projections.identity_queries import UserRow, find_scim_token, get_user, list_users
@@ -378,8 +378,10 @@ async def _filtered(
         raise ScimError(
             400, "the filter's value is not a valid JSON string", "invalidFilter"
         ) from None
-    if "\x00" in value:
-        raise ScimError(400, "the filter's value holds a NUL character", "invalidValue")
+    if not storable(value):
+        raise ScimError(
+            400, "the filter's value holds a NUL or a lone surrogate (\\ud800)", "invalidValue"
+        )
     if attr == "username":
         return await list_users(
             ident.db, workspace_id, user_name=value, offset=start - 1, limit=count
