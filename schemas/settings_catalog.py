@@ -96,7 +96,7 @@ def _fmt(bound: float | None) -> str:
     return str(int(bound)) if float(bound).is_integer() else str(bound)
 
 
-_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+_USERINFO = re.compile(r"(?<=://).*@")  # to the last @: a password may hold @ or /
 
 
 def _invalid(spec: SettingSpec, raw: str) -> InvalidInput:
