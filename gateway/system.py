@@ -25,7 +25,7 @@ from gateway.control_chars import json_visible, one_line
 from gateway.errors import read_body, read_json
 from gateway.metrics import GatewayCollector, build_version, render
 from gateway.security import client_ip
-from gateway.state import DATABASE, RUNTIME, SETTINGS
+from gateway.state import DATABASE, RUNTIME, SETTINGS, TAILER
 from schemas.errors import PayloadTooLarge, RateLimited, Unavailable
 from schemas.settings_catalog import CATALOG
 from schemas.system import (
@@ -152,6 +152,13 @@ async def readyz(request: web.Request) -> web.Response:
     probe = request.app[READINESS]
     if not await probe.check(request.app.get(DATABASE)):
         raise Unavailable(f"not ready: {probe.reason}", code="database_unavailable")
+    tailer = request.app.get(TAILER)
+    if tailer is not None and not tailer.running:
+        # Its reading task ended: no feed of this process would get another live event.
+        raise Unavailable(
+            "not ready: the log tailer has stopped (its error is in the log); restart the process",
+            code="tailer_stopped",
+        )
     return json_response(Readiness())
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -16,7 +17,7 @@ from multidict import CIMultiDict
 from platform_support import WHOAMI, running, settings_for, uid
 
 from gateway import openapi
-from gateway.state import SETTINGS_SERVICE
+from gateway.state import SETTINGS_SERVICE, TAILER
 
 
 async def test_health_ping_time(database_url: str) -> None:
@@ -65,6 +66,19 @@ async def test_readyz_is_503_while_the_database_is_down_and_recovers(
                 break
             await asyncio.sleep(0.2)
         assert status == 200
+
+
+async def test_readyz_is_503_once_the_log_tailer_has_died(database_url: str) -> None:
+    """A tailer whose task ended feeds nothing live again: the process is not ready."""
+    async with running(settings_for(database_url)) as svc:
+        tailer = svc.app[TAILER]
+        task = tailer._task
+        assert task is not None
+        task.cancel()  # as an error past its retries would end it
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        status, body, _ = await svc.request("GET", "/readyz")
+        assert (status, body["error"]["code"]) == (503, "tailer_stopped")
 
 
 async def test_metrics_have_no_tenant_or_request_labels(database_url: str) -> None:
