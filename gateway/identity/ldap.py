@@ -171,6 +171,34 @@ def _authenticate_sync(config: LdapConfig, login: str, password: str) -> LdapUse
     )
 
 
+def _entry_exists_sync(config: LdapConfig, dn: str) -> bool:
+    conn = ldap3.Connection(
+        _server(config),
+        user=config.bind_dn or None,
+        password=config.bind_password or None,
+        receive_timeout=TIMEOUT_S,
+        raise_exceptions=False,
+    )
+    try:
+        if not conn.bind():
+            raise LDAPException("the search bind was refused")
+        found = conn.search(dn, "(objectClass=*)", search_scope=ldap3.BASE, attributes=[])
+        if not found and conn.result.get("description") not in ("noSuchObject", "success"):
+            raise LDAPException(str(conn.result.get("description")))
+        return bool(found and conn.entries)
+    finally:
+        conn.unbind()
+
+
+async def ldap_entry_exists(config: LdapConfig, dn: str) -> bool | None:
+    """Whether the directory still has an entry at `dn`; None when it could not say."""
+    try:
+        return await asyncio.to_thread(_entry_exists_sync, config, dn)
+    except LDAPException as exc:
+        log.warning("LDAP: entry check failed (%s)", type(exc).__name__)
+        return None
+
+
 async def ldap_authenticate(config: LdapConfig, login: str, password: str) -> LdapUser | None:
     """The directory entry for `login` when `password` binds as it; None otherwise."""
     if not login or not password or not config.url or not config.base_dn:

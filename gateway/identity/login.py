@@ -21,7 +21,7 @@ from actors.identity import audit_key, directory_key, session_key
 from gateway.errors import read_json
 from gateway.identity.authn import identify
 from gateway.identity.common import actor_of, command_id, json, new_id, now, signed_in_user
-from gateway.identity.ldap import BIND_SECRET, config_from, ldap_authenticate
+from gateway.identity.ldap import BIND_SECRET, config_from, ldap_authenticate, ldap_entry_exists
 from gateway.identity.passwords import verify_password
 from gateway.identity.service import Identity, identity
 from gateway.identity.sessions import (
@@ -192,9 +192,8 @@ async def _ldap(ident: Identity, workspace_id: str, body: LoginRequest) -> UserR
     if existing is not None and (existing.source != "ldap" or not existing.usable):
         return None
     secret = await ident.vault.get(INSTANCE, *BIND_SECRET) or ""
-    found = await ldap_authenticate(
-        config_from(ident.settings, secret), body.username, body.password.get_secret_value()
-    )
+    config = config_from(ident.settings, secret)
+    found = await ldap_authenticate(config, body.username, body.password.get_secret_value())
     if found is None:
         return None
     if existing is None or user_name_key(existing.user_name) != user_name_key(found.login):
@@ -205,8 +204,11 @@ async def _ldap(ident: Identity, workspace_id: str, body: LoginRequest) -> UserR
             return None
     if existing is not None and not same_entry(existing.external_id, found.dn):
         # An account renamed onto this entry's name (by whoever may rename users) is still
-        # the other entry's: taking it over would hand its sign-ins to this one.
-        return None
+        # the other entry's while that entry exists: taking it over would hand its sign-ins
+        # to this one. An entry the directory moved (its DN changed) left no entry behind.
+        recorded = existing.external_id or ""
+        if await ldap_entry_exists(config, recorded) is not False:
+            return None
     external = ExternalUser(
         source="ldap",
         login=found.login,

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ import orjson
 import pytest
 from identity_support import GUARDED, WHOAMI, running, settings_for
 from self_signed import key_and_cert
+
+from gateway.identity.ldap import ldap3  # imported there with pyasn1's warnings silenced
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning"),
@@ -291,6 +294,40 @@ async def test_directory_accounts_stay_their_entrys(database_url: str, slapd: Sl
         assert status == 401, body  # carl's account, whatever it is called now
         status, found, _ = await svc.request("GET", f"/v1/admin/users/{carl}", key)
         assert found["roles"] == ["member"] and found["external_id"].startswith("uid=carl,")
+
+
+def _as_root(url: str) -> ldap3.Connection:
+    conn = ldap3.Connection(ldap3.Server(url), user=ROOT_DN, password=ROOT_PW)
+    assert conn.bind()
+    return conn
+
+
+async def test_an_entry_the_directory_moved_keeps_its_account(
+    database_url: str, slapd: Slapd
+) -> None:
+    """A user moved to another branch has a new DN and no entry left at the old one: the
+    sign-in is still theirs (refusing it locked movers out for good)."""
+    root = _as_root(slapd.url)
+    team = f"ou=team-{uuid.uuid4().hex[:6]},ou=people,{BASE}"
+    login = f"dana{uuid.uuid4().hex[:6]}"
+    assert root.add(team, ["organizationalUnit"])
+    attrs = {"uid": login, "cn": "Dana Moved", "sn": "Moved", "userPassword": "dana-password"}
+    assert root.add(f"uid={login},ou=people,{BASE}", ["inetOrgPerson"], attrs)
+    async with running(settings_for(database_url, **ldap_settings(database_url, slapd.url))) as svc:
+        key = await svc.issue_key()
+        path = "/v1/admin/identity/secrets/ldap/bind_password"
+        assert (await svc.request("PUT", path, key, json={"value": READER_PW}))[0] == 204
+        status, body, browser = await svc.login(login, "dana-password")
+        await browser.close()
+        assert status == 200, body
+        account = body["user"]["id"]
+        assert root.modify_dn(f"uid={login},ou=people,{BASE}", f"uid={login}", new_superior=team)
+        status, body, browser = await svc.login(login, "dana-password")
+        await browser.close()
+        assert status == 200 and body["user"]["id"] == account, body
+        _, found, _ = await svc.request("GET", f"/v1/admin/users/{account}", key)
+        assert found["external_id"] == f"uid={login},{team}"
+    root.unbind()
 
 
 async def test_ldap_refuses_when_the_service_bind_fails(database_url: str, slapd: Slapd) -> None:
