@@ -464,6 +464,14 @@ async def cmd_cluster(args: argparse.Namespace, settings: Settings) -> int:
         if args.action == "scale":
             result = await cluster_scale(dsn, args.hosts, behaviours, ray)
             _out(json.dumps(result, indent=2, default=str))
+            if result.get("kept"):
+                _out(
+                    f"svc: hosts {', '.join(result['kept'])} still ran commands at their "
+                    f"release deadline and keep shards; run `svc cluster scale {args.hosts}` "
+                    "again to move them and end those hosts",
+                    sys.stderr,
+                )
+                return 1
             return 0
         status = await cluster_status(dsn, behaviours, ray)
     _out(json.dumps(status, indent=2, default=str) if args.json else _status_table(status))

@@ -847,7 +847,18 @@ class RayRuntime:
                 if self._map is None or set(self._map.owners) <= set(names):
                     break  # else a source was still busy at its release deadline: again
             removed = await self._remove_surplus(hosts, before)
-        return {"hosts": hosts, "before": before, "shards_moved": moved, "removed": removed}
+            owners = set(self._map.owners) if self._map is not None else set()
+            kept = sorted(n for n in owners if n not in names)
+        # `kept`: hosts past the count still running commands after every pass. The
+        # supervisors move their shards once they are idle; only a `scale` ends a host, so
+        # the caller must run it again (`svc cluster scale` says so and exits 1).
+        return {
+            "hosts": hosts,
+            "before": before,
+            "shards_moved": moved,
+            "removed": removed,
+            "kept": kept,
+        }
 
     async def _answering(self, names: Sequence[str]) -> list[str]:
         """The hosts of `names` that answer a ping now. A command-line `scale` has no watch

@@ -278,9 +278,35 @@ async def test_scale_in_waits_for_a_turn_running_on_the_host_it_removes(
     result = await runtime.scale(1)
     assert isinstance(await turn, TurnResult)
     assert result["shards_moved"] == NUM_SHARDS // 2 and result["removed"] == [surplus]
+    assert result["kept"] == []
     types = [r.type for r in await store.read_stream(key.stream_id)]
     assert types.count("conversation.assistant_message_completed") == 1, types
     assert not [t for t in types if "failed" in t or "abandoned" in t], types
+
+
+async def test_a_host_still_busy_after_every_pass_is_kept_and_said_so(
+    cluster_runtime: Any, store: PostgresEventStore
+) -> None:
+    """Its turn outlasts the three releases of one `scale`: nothing moves under it, the
+    result names it, and a second `scale` (once it is idle) moves its shards and ends it."""
+    runtime: RayRuntime = await cluster_runtime(
+        2, delta_delay_s=0.3, release_deadline_s=0.2, supervise_every_s=3600.0
+    )
+    surplus = f"{runtime.cluster}-host-1"
+    assert runtime.shard_map is not None
+    while True:
+        key = conversation_key(uuid.uuid4().hex)
+        if runtime.shard_map.route(shard_of(key))[0] == surplus:
+            break
+    turn = asyncio.create_task(runtime.ask(key, run_turn()))  # 25 deltas: about 7.5 s
+    await asyncio.sleep(0.3)
+    first = await runtime.scale(1)
+    assert first["kept"] == [surplus] and first["removed"] == []
+    assert isinstance(await turn, TurnResult)
+    second = await runtime.scale(1)
+    assert second["kept"] == [] and second["removed"] == [surplus]
+    types = [r.type for r in await store.read_stream(key.stream_id)]
+    assert types.count("conversation.assistant_message_completed") == 1, types
 
 
 async def test_host_kill_and_node_loss_under_load(
