@@ -52,16 +52,22 @@ async def record_turns(
 
 
 async def read_feed(http: aiohttp.ClientSession, base: str, key: str, until: str) -> int:
-    """Frames read until the one whose id is `until` (the log's head when the load ended)."""
+    """Frames read until the one whose id is `until` (the log's head when the load ended).
+    Only `id:` lines are looked at; the megabyte `data:` lines are skipped as they stream."""
     frames = 0
     headers = {"Authorization": f"Bearer {key}"}
     timeout = aiohttp.ClientTimeout(total=900)
+    line = b""
     async with http.get(f"{base}/v1/events/stream", headers=headers, timeout=timeout) as r:
-        async for line in r.content:
-            if line.startswith(b"id: "):
-                frames += 1
-                if line[4:].strip().decode() == until:
-                    return frames
+        async for chunk in r.content.iter_any():
+            *complete, line = (line + chunk).split(b"\n")
+            for text in complete:
+                if text.startswith(b"id: "):
+                    frames += 1
+                    if text[4:].strip().decode() == until:
+                        return frames
+            if not line.startswith(b"id:"[: len(line)]):
+                line = b""  # part of a data line: not needed
     return frames
 
 
