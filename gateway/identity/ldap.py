@@ -128,15 +128,20 @@ def _first(entry: Any, attr: str) -> str | None:
     return str(values[0]) if values else None
 
 
-def _authenticate_sync(config: LdapConfig, login: str, password: str) -> LdapUser | None:
-    server = _server(config)
-    search = ldap3.Connection(
+def _service_connection(server: ldap3.Server, config: LdapConfig) -> ldap3.Connection:
+    """A connection that binds as the service account (anonymous without one)."""
+    return ldap3.Connection(
         server,
         user=config.bind_dn or None,
         password=config.bind_password or None,
         receive_timeout=TIMEOUT_S,
         raise_exceptions=False,
     )
+
+
+def _authenticate_sync(config: LdapConfig, login: str, password: str) -> LdapUser | None:
+    server = _server(config)
+    search = _service_connection(server, config)
     try:
         if not search.bind():
             log.warning("LDAP: the search bind was refused (%s)", search.result.get("description"))
@@ -172,13 +177,7 @@ def _authenticate_sync(config: LdapConfig, login: str, password: str) -> LdapUse
 
 
 def _entry_exists_sync(config: LdapConfig, dn: str) -> bool:
-    conn = ldap3.Connection(
-        _server(config),
-        user=config.bind_dn or None,
-        password=config.bind_password or None,
-        receive_timeout=TIMEOUT_S,
-        raise_exceptions=False,
-    )
+    conn = _service_connection(_server(config), config)
     try:
         if not conn.bind():
             raise LDAPException("the search bind was refused")

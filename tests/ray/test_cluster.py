@@ -258,6 +258,15 @@ async def test_scale_out_and_in_under_load(
     await check_exactly_once(runtime, store, keys, load)
 
 
+def conversation_on(runtime: RayRuntime, host: str) -> ActorKey:
+    """A new conversation's key that the shard map routes to `host`."""
+    assert runtime.shard_map is not None
+    while True:
+        key = conversation_key(uuid.uuid4().hex)
+        if runtime.shard_map.route(shard_of(key))[0] == host:
+            return key
+
+
 async def test_scale_in_waits_for_a_turn_running_on_the_host_it_removes(
     cluster_runtime: Any, store: PostgresEventStore
 ) -> None:
@@ -268,11 +277,7 @@ async def test_scale_in_waits_for_a_turn_running_on_the_host_it_removes(
         2, delta_delay_s=0.08, release_deadline_s=1.0, supervise_every_s=3600.0
     )
     surplus = f"{runtime.cluster}-host-1"
-    assert runtime.shard_map is not None
-    while True:
-        key = conversation_key(uuid.uuid4().hex)
-        if runtime.shard_map.route(shard_of(key))[0] == surplus:
-            break
+    key = conversation_on(runtime, surplus)
     turn = asyncio.create_task(runtime.ask(key, run_turn()))  # 25 deltas: about 2 s
     await asyncio.sleep(0.5)
     result = await runtime.scale(1)
@@ -293,11 +298,7 @@ async def test_a_host_still_busy_after_every_pass_is_kept_and_said_so(
         2, delta_delay_s=0.3, release_deadline_s=0.2, supervise_every_s=3600.0
     )
     surplus = f"{runtime.cluster}-host-1"
-    assert runtime.shard_map is not None
-    while True:
-        key = conversation_key(uuid.uuid4().hex)
-        if runtime.shard_map.route(shard_of(key))[0] == surplus:
-            break
+    key = conversation_on(runtime, surplus)
     turn = asyncio.create_task(runtime.ask(key, run_turn()))  # 25 deltas: about 7.5 s
     await asyncio.sleep(0.3)
     first = await runtime.scale(1)
