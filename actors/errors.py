@@ -101,6 +101,8 @@ class RecordedTurnFailure(UpstreamError):
     (idempotency), with the first attempt's status; send a new Idempotency-Key to try the
     turn again."""
 
+    final = True
+
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message, code=code)
         status = _RECORDED_STATUS.get(self.code)

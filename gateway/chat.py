@@ -579,7 +579,7 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
             await _internal_stream_error(sender, exc)
         else:
             TURN_ERRORS.labels(exc.code).inc()
-            await sender.error(exc.message, exc.error_type, exc.code)
+            await sender.error(exc.message, exc.error_type, exc.code, cursor=exc.recorded_cursor)
     except Exception as exc:
         await _internal_stream_error(sender, exc)
     finally:
@@ -694,8 +694,12 @@ class _ChunkSender:
             code="stream_interrupted",
         )
 
-    async def error(self, message: str, error_type: str, code: str | None) -> None:
-        await self._send(orjson.dumps(error_body(message, error_type, code)))
+    async def error(
+        self, message: str, error_type: str, code: str | None, *, cursor: str | None = None
+    ) -> None:
+        """The error frame; with the cursor of the failure recorded for the turn as its SSE
+        `id:`, as the finishing chunk of a completed turn carries its own."""
+        await self._send(orjson.dumps(error_body(message, error_type, code)), id=cursor)
 
     async def close(self) -> None:
         if self.client_gone:

@@ -112,7 +112,8 @@ unless the answer says `x-should-retry: false`."""
 
 def from_svc_error(exc: SvcError) -> web.Response:
     response = envelope(exc.http_status, exc.message, exc.error_type, exc.code)
-    if exc.code in RETRY_CANNOT_HELP and (exc.http_status >= 500 or exc.http_status == 409):
+    final = exc.final or exc.code in RETRY_CANNOT_HELP
+    if final and (exc.http_status >= 500 or exc.http_status == 409):
         response.headers["x-should-retry"] = "false"
     if isinstance(exc, RateLimited):
         response.headers["Retry-After"] = str(max(1, int(exc.retry_after_s + 0.999)))

@@ -205,6 +205,13 @@ class ChatCompletionRequest(BaseModel):
         return value
 
     @model_validator(mode="after")
+    def _stream_options_with_a_stream(self) -> ChatCompletionRequest:
+        # As OpenAI's API answers: code that worked here would fail there.
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    @model_validator(mode="after")
     def _one_token_limit(self) -> ChatCompletionRequest:
         if (
             self.max_tokens is not None

@@ -16,6 +16,8 @@ class SvcError(Exception):
     recorded_cursor: str | None = None
     """Set on a failure the log records (a failed turn): the cursor of the event recording
     it, which a client may wait for (`?min_cursor=`) as for a success."""
+    final: bool = False
+    """The same request will get this same answer again (a recorded failure replayed)."""
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)

@@ -266,6 +266,7 @@ async def test_the_offline_model_stops_at_a_stop_sequence(chat: Chat) -> None:
         ("seed", "42"),
         ("presence_penalty", 3),
         ("web_search_options", {}),
+        ("stream_options", {"include_usage": True}),  # without stream: true, as OpenAI says
         ("reasoning_effort", "very high!"),
         ("verbosity", 1),
     ],
@@ -290,7 +291,6 @@ async def test_no_op_values_of_those_fields_are_accepted(chat: Chat) -> None:
         "metadata": {"k": "v"},
         "service_tier": "auto",
         "stream": None,
-        "stream_options": {"include_usage": None},
     }
     resp = await chat.raw_post({"model": OFFLINE, "messages": HELLO, **no_ops})
     assert resp.status == 200, await resp.text()
@@ -490,6 +490,17 @@ async def test_the_sdk_does_not_retry_what_a_retry_cannot_mend(chat: Chat) -> No
     answer = await client.chat.completions.create(model=UPSTREAM_MODEL, messages=HELLO)
     assert answer.choices[0].message.content
     assert chat.stub.calls == 1 + 2 + 1
+    # With a key, the SDK's retry of a failed turn gets its recorded failure, which says it
+    # is final: one retry, not two, and no second model call.
+    key = {"Idempotency-Key": uid("failed-")}
+    chat.stub.faults.extend([stub_upstream.Fault(503)] * 2)
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.chat.completions.create(
+            model=UPSTREAM_MODEL, messages=HELLO, extra_headers=key
+        )
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert "recorded result of the first attempt" in caught.value.message
+    assert chat.stub.calls == 1 + 2 + 1 + 2
 
 
 async def test_upstream_failure_before_streaming_keeps_its_status(chat: Chat) -> None:
@@ -514,6 +525,20 @@ async def test_failure_mid_stream_is_an_error_frame(chat: Chat) -> None:
     assert texts == ["tok0 ", "tok1 "]
     assert "mid-answer" in caught.value.message
     assert chat.stub.calls == 1
+
+
+async def test_a_streams_error_frame_carries_the_recorded_failures_cursor(chat: Chat) -> None:
+    chat.stub.drop_after = 2
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
+    reader = SseReader(resp)
+    while True:
+        frame = await reader.frame()
+        assert frame is not None, "the stream ended without its error frame"
+        if "error" in frame.data:
+            break
+    failed = await chat.wait_for_event(resp.headers["X-SVC-Conversation-Id"], FAILED)
+    assert frame.id == failed.cursor
+    resp.close()
 
 
 # --- idempotency, conversations, disconnects ------------------------------------------------
