@@ -103,7 +103,11 @@ class JwksCache:
             resp.raise_for_status()
             body = await resp.json(content_type=None)
         keys: dict[str | None, jwt.PyJWK] = {}
-        for data in body.get("keys", []) if isinstance(body, dict) else []:
+        listed = body.get("keys") if isinstance(body, dict) else None
+        if not isinstance(listed, list):  # not a JWK Set (`"keys": null`, an HTML page)
+            log.warning("OIDC: the JWKS document holds no list of keys")
+            return keys
+        for data in listed:
             if not isinstance(data, dict) or data.get("kty") == "oct":
                 continue
             if data.get("use") not in (None, "sig"):
