@@ -91,7 +91,8 @@ class JwksCache:
             self._fetched_at = now
             try:
                 self._keys = await self._fetch()
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError) as exc:
+                # RecursionError: JSON nested past the parser's depth.
                 log.warning("OIDC: fetching the JWKS failed (%s)", type(exc).__name__)
 
     async def _fetch(self) -> dict[str | None, jwt.PyJWK]:
@@ -110,10 +111,11 @@ class JwksCache:
         for data in listed:
             if not isinstance(data, dict) or data.get("kty") == "oct":
                 continue
-            if data.get("use") not in (None, "sig"):
+            kid = data.get("kid")
+            if data.get("use") not in (None, "sig") or not isinstance(kid, str | None):
                 continue
             try:
-                keys[data.get("kid")] = jwt.PyJWK(data)
+                keys[kid] = jwt.PyJWK(data)
             except jwt.PyJWTError:
                 continue
         return keys

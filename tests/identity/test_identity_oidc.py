@@ -208,12 +208,13 @@ async def test_a_rotated_key_is_fetched_on_its_first_use(database_url: str) -> N
 async def test_a_jwks_document_without_a_key_list_refuses_tokens_without_a_500(
     database_url: str,
 ) -> None:
-    idp = Idp(keys=None)  # type: ignore[arg-type]  # served as {"keys": null}
-    async with serve_jwks(idp), running(oidc_settings(database_url, idp)) as svc:
-        token = jwt.encode(claims(), _rsa(), algorithm="RS256", headers={"kid": "k1"})
-        status, body, _ = await svc.request("GET", WHOAMI, token)
-        assert status == 401, body
-        assert idp.fetches >= 1
+    for keys in (None, 5, [{"kty": "RSA", "kid": {"no": "hashable"}}], [[[[]]]]):
+        idp = Idp(keys=keys)  # type: ignore[arg-type]  # served as {"keys": ...}
+        async with serve_jwks(idp), running(oidc_settings(database_url, idp)) as svc:
+            token = jwt.encode(claims(), _rsa(), algorithm="RS256", headers={"kid": "k1"})
+            status, body, _ = await svc.request("GET", WHOAMI, token)
+            assert status == 401, (keys, body)
+            assert idp.fetches >= 1
 
 
 async def test_oidc_is_off_without_an_issuer(database_url: str) -> None:
