@@ -77,13 +77,20 @@ def describe_validation(exc: ValidationError) -> str:
     return "invalid request: " + validation_problems(exc, whole="body")
 
 
+MAX_PROBLEMS_SHOWN = 20
+
+
 def validation_problems(exc: ValidationError, *, whole: str) -> str:
     """The problems of `exc`, `field: message` each (`whole` names a problem of no field),
     without pydantic's "Value error, " before the messages of the project's own checks."""
     parts = []
-    for error in exc.errors(include_url=False):
+    errors = exc.errors(include_url=False)
+    for error in errors[:MAX_PROBLEMS_SHOWN]:
         where = ".".join(str(loc) for loc in error["loc"]) or whole
         parts.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
+    if len(errors) > MAX_PROBLEMS_SHOWN:
+        # A body of a million bad items made an answer of 70 MB, built while others waited.
+        parts.append(f"and {len(errors) - MAX_PROBLEMS_SHOWN:,} more problems")
     return "; ".join(parts)
 
 

@@ -11,6 +11,12 @@ PROJECT_LOGGERS = ("gateway", "actors", "eventstore", "projections", "schemas", 
 """The loggers of SVC's packages (named by module) and `svc` (`svc.client`, the access log)."""
 
 
+QUIET_LOGGERS = ("saml2",)
+"""Libraries whose own error lines quote what a client sent: pysaml2 logs a refused SAML
+response whole, at ERROR (a megabyte of an anonymous client's XML per request). SVC logs
+their refusals itself (gateway/identity/saml.py)."""
+
+
 def apply_log_level(level: str) -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -18,3 +24,5 @@ def apply_log_level(level: str) -> None:
     logging.getLogger().setLevel(max(numeric, logging.INFO))
     for name in PROJECT_LOGGERS:
         logging.getLogger(name).setLevel(numeric)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)

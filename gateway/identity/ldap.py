@@ -37,6 +37,10 @@ with warnings.catch_warnings():
 
 log = logging.getLogger(__name__)
 
+_DIRECTORY_FAILURES = (LDAPException, KeyError, IndexError, ValueError, OSError)
+"""What a directory call may raise: ldap3's own errors, and its BER decoder's KeyError or
+IndexError when the peer at the URL speaks something else (`ldap://` at an LDAPS port)."""
+
 BIND_SECRET = ("ldap", "bind_password")
 TIMEOUT_S = 5
 
@@ -193,7 +197,7 @@ async def ldap_entry_exists(config: LdapConfig, dn: str) -> bool | None:
     """Whether the directory still has an entry at `dn`; None when it could not say."""
     try:
         return await asyncio.to_thread(_entry_exists_sync, config, dn)
-    except LDAPException as exc:
+    except _DIRECTORY_FAILURES as exc:
         log.warning("LDAP: entry check failed (%s)", type(exc).__name__)
         return None
 
@@ -204,6 +208,6 @@ async def ldap_authenticate(config: LdapConfig, login: str, password: str) -> Ld
         return None
     try:
         return await asyncio.to_thread(_authenticate_sync, config, login, password)
-    except LDAPException as exc:
+    except _DIRECTORY_FAILURES as exc:
         log.warning("LDAP: login check failed (%s)", type(exc).__name__)
         return None

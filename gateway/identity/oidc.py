@@ -116,7 +116,7 @@ class JwksCache:
                 continue
             try:
                 keys[kid] = jwt.PyJWK(data)
-            except jwt.PyJWTError:
+            except (jwt.PyJWTError, TypeError, ValueError):  # `"alg": ["RS256"]`, say
                 continue
         return keys
 

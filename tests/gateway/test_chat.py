@@ -280,6 +280,14 @@ async def test_fields_whose_omission_would_change_the_answer_are_refused(
     assert error["code"] == "invalid_request" and field_name in error["message"]
 
 
+async def test_a_body_of_many_faults_gets_a_short_answer(chat: Chat) -> None:
+    """Each problem is named up to a bound: a million bad items made a 70 MB answer."""
+    resp = await chat.raw_post({"model": OFFLINE, "messages": [0] * 5000})
+    assert resp.status == 400
+    message = (await resp.json())["error"]["message"]
+    assert len(message) < 5000 and "more problems" in message, message[:200]
+
+
 async def test_no_op_values_of_those_fields_are_accepted(chat: Chat) -> None:
     no_ops = {
         "response_format": {"type": "text"},

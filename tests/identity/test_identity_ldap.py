@@ -4,6 +4,7 @@ overlay) to roles, wrong passwords, filter-injection characters in the login."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import subprocess
@@ -328,6 +329,31 @@ async def test_an_entry_the_directory_moved_keeps_its_account(
         _, found, _ = await svc.request("GET", f"/v1/admin/users/{account}", key)
         assert found["external_id"] == f"uid={login},{team}"
     root.unbind()
+
+
+async def test_a_peer_that_is_no_directory_refuses_the_sign_in_without_a_500(
+    database_url: str,
+) -> None:
+    """`ldap://` at a port that answers something else (an LDAPS port's TLS alert, HTTP)."""
+
+    async def not_ldap(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(not_ldap, "127.0.0.1", 0)
+    url = f"ldap://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with running(settings_for(database_url, **ldap_settings(database_url, url))) as svc:
+            key = await svc.issue_key()
+            path = "/v1/admin/identity/secrets/ldap/bind_password"
+            assert (await svc.request("PUT", path, key, json={"value": READER_PW}))[0] == 204
+            status, body, browser = await svc.login("yolanda", "some-password")
+            await browser.close()
+            assert status == 401, body
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 async def test_ldap_refuses_when_the_service_bind_fails(database_url: str, slapd: Slapd) -> None:

@@ -208,7 +208,14 @@ async def test_a_rotated_key_is_fetched_on_its_first_use(database_url: str) -> N
 async def test_a_jwks_document_without_a_key_list_refuses_tokens_without_a_500(
     database_url: str,
 ) -> None:
-    for keys in (None, 5, [{"kty": "RSA", "kid": {"no": "hashable"}}], [[[[]]]]):
+    rsa_key = jwk_of(_rsa(), "k1")
+    for keys in (
+        None,
+        5,
+        [{"kty": "RSA", "kid": {"no": "hashable"}}],
+        [[[[]]]],
+        [{**rsa_key, "alg": ["RS256"]}],
+    ):
         idp = Idp(keys=keys)  # type: ignore[arg-type]  # served as {"keys": ...}
         async with serve_jwks(idp), running(oidc_settings(database_url, idp)) as svc:
             token = jwt.encode(claims(), _rsa(), algorithm="RS256", headers={"kid": "k1"})
