@@ -86,10 +86,7 @@ def _http_url(raw: str) -> bool:
         parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
     except ValueError:
         return False
-    # No user or password in it: a setting's value is shown by `settings get`, the admin API
-    # and its change event; credentials belong in the secret settings.
-    no_userinfo = parts.username is None and parts.password is None
-    return parts.scheme in ("http", "https") and bool(parts.hostname) and no_userinfo
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _llm_provider(raw: str) -> bool:
@@ -115,8 +112,7 @@ TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
     ),
     "http_url": (
         _http_url,
-        "blank or an absolute http:// or https:// URL with a host and no user or password "
-        "(credentials go in the secret settings), e.g. https://svc.example.com",
+        "blank or an absolute http:// or https:// URL with a host, e.g. https://svc.example.com",
     ),
 }
 """Each rule's check, and what a valid value looks like (for the error message)."""

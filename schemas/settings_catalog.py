@@ -1578,7 +1578,8 @@ def get_spec(key: str) -> SettingSpec:
 
 
 def display_value(spec: SettingSpec, raw: str | None) -> str:
-    """What a listing may show: secrets become MASK or "unset", never the value."""
+    """What a listing may show: secrets become MASK or "unset", never the value; a URL's
+    user and password (a model server reached with Basic authentication) are masked too."""
     if spec.secret:
         return MASK if raw else "unset"
-    return raw or ""
+    return _USERINFO.sub("***@", raw) if raw and "://" in raw else raw or ""
