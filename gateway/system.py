@@ -145,6 +145,16 @@ def json_response(model: BaseModel, status: int = 200) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Liveness. A process whose log tailer has stopped is not alive in the sense that
+    matters: its feeds get no live event again until it restarts, which is what a failed
+    liveness probe brings (readiness would only take it out of service, for good)."""
+    tailer = request.app.get(TAILER)
+    if tailer is not None and not tailer.running:
+        # Its reading task ended: no feed of this process would get another live event.
+        raise Unavailable(
+            "the log tailer has stopped (its error is in the log); restart the process",
+            code="tailer_stopped",
+        )
     return json_response(Health(version=build_version()))
 
 
@@ -152,13 +162,6 @@ async def readyz(request: web.Request) -> web.Response:
     probe = request.app[READINESS]
     if not await probe.check(request.app.get(DATABASE)):
         raise Unavailable(f"not ready: {probe.reason}", code="database_unavailable")
-    tailer = request.app.get(TAILER)
-    if tailer is not None and not tailer.running:
-        # Its reading task ended: no feed of this process would get another live event.
-        raise Unavailable(
-            "not ready: the log tailer has stopped (its error is in the log); restart the process",
-            code="tailer_stopped",
-        )
     return json_response(Readiness())
 
 

@@ -68,8 +68,9 @@ async def test_readyz_is_503_while_the_database_is_down_and_recovers(
         assert status == 200
 
 
-async def test_readyz_is_503_once_the_log_tailer_has_died(database_url: str) -> None:
-    """A tailer whose task ended feeds nothing live again: the process is not ready."""
+async def test_healthz_is_503_once_the_log_tailer_has_died(database_url: str) -> None:
+    """A tailer whose task ended feeds nothing live again until the process restarts: the
+    liveness probe fails (readiness would only take the process out of service for good)."""
     async with running(settings_for(database_url)) as svc:
         tailer = svc.app[TAILER]
         task = tailer._task
@@ -77,8 +78,9 @@ async def test_readyz_is_503_once_the_log_tailer_has_died(database_url: str) -> 
         task.cancel()  # as an error past its retries would end it
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        status, body, _ = await svc.request("GET", "/readyz")
+        status, body, _ = await svc.request("GET", "/healthz")
         assert (status, body["error"]["code"]) == (503, "tailer_stopped")
+        assert (await svc.request("GET", "/readyz"))[0] == 200
 
 
 async def test_metrics_have_no_tenant_or_request_labels(database_url: str) -> None:
