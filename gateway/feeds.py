@@ -138,7 +138,10 @@ def check_feed_query(request: web.Request) -> None:
     unknown = sorted({name for name in query if name not in FEED_PARAMETERS})
     if unknown:
         names = ", ".join(repr(name[:50]) for name in unknown[:5])
-        raise InvalidInput(f"unknown query parameter {names}; a feed takes cursor, types and start")
+        raise InvalidInput(
+            f"unknown query parameter {names}; a feed takes cursor (or lastEventId), types "
+            "and start"
+        )
     for name in ("cursor", "start", "lastEventId"):
         if len(query.getall(name, [])) > 1:
             raise InvalidInput(f"query parameter {name} is given more than once; give it once")

@@ -360,8 +360,9 @@ class ActorHost:
         # An actor still at work is not passivated: kept under its shard, so that the next
         # release (the move is retried while any command runs) passivates it then.
         for shard, held in keys.items():
-            if held - gone:
-                self._keys.setdefault(shard, set()).update(held - gone)
+            working = {k for k in held - gone if table.is_active(k)}
+            if working:
+                self._keys.setdefault(shard, set()).update(working)
         return self._busy(shards)
 
     def _busy(self, shards: Iterable[int]) -> int:

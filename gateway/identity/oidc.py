@@ -105,9 +105,9 @@ class JwksCache:
             body = await resp.json(content_type=None)
         keys: dict[str | None, jwt.PyJWK] = {}
         listed = body.get("keys") if isinstance(body, dict) else None
-        if not isinstance(listed, list):  # not a JWK Set (`"keys": null`, an HTML page)
-            log.warning("OIDC: the JWKS document holds no list of keys")
-            return keys
+        if not isinstance(listed, list):  # not a JWK Set (`"keys": null`, an error object)
+            # Raised, so that the keys fetched before stay in use (`_refresh`).
+            raise ValueError("the JWKS document holds no list of keys")
         for data in listed:
             if not isinstance(data, dict) or data.get("kty") == "oct":
                 continue

@@ -389,6 +389,8 @@ async def test_values_of_the_wrong_type_are_refused_not_converted(chat: Chat) ->
     ]
     for field_name, value in wrong:
         body = {"model": OFFLINE, "messages": HELLO, field_name: value}
+        if field_name == "stream_options":
+            body["stream"] = True  # without it, stream_options is refused for that alone
         resp = await chat.raw_post(body)
         assert resp.status == 400, (field_name, value)
         error = (await resp.json())["error"]
@@ -472,13 +474,16 @@ async def test_a_model_the_upstream_lacks_names_the_conversation_it_recorded(
         failed = await served.wait_for_event(conversation_id, FAILED)
         assert resp.headers["X-SVC-Cursor"] == failed.cursor
         # A retry is answered with the recorded failure, and names the same conversation.
-        retried = {"Idempotency-Key": "k-missing-model"}
+        retried = {"Idempotency-Key": uid("missing-model-")}
         served.stub.faults.append(
             stub_upstream.Fault(404, json.dumps(missing), content_type="application/json")
         )
         first = await served.raw_post({"model": "gpt-9", "messages": HELLO}, **retried)
+        calls = served.stub.calls
         again = await served.raw_post({"model": "gpt-9", "messages": HELLO}, **retried)
         assert first.status == again.status == 404
+        assert "recorded result of the first attempt" in (await again.json())["error"]["message"]
+        assert served.stub.calls == calls  # answered from the record
         assert again.headers["X-SVC-Conversation-Id"] == first.headers["X-SVC-Conversation-Id"]
 
 

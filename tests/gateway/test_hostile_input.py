@@ -950,7 +950,6 @@ def body_bases(login_user: str, scim_user: str) -> dict[str, dict[str, Any]]:
             "model": UPSTREAM_MODEL,
             "messages": [{"role": "user", "content": "hello", "name": "probe"}],
             "max_tokens": 2,
-            "stream_options": {"include_usage": True},
         },
         "POST /v1/client-log": {
             "entries": [
