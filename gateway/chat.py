@@ -453,6 +453,7 @@ def _with_agent(
             else params.temperature,
             "top_p": defaults.top_p if params.top_p is None else params.top_p,
             "max_tokens": defaults.max_tokens if params.max_tokens is None else params.max_tokens,
+            "reasoning_effort": params.reasoning_effort or defaults.reasoning_effort,
         }
     )
 
