@@ -6,7 +6,7 @@ that `decide()` stays pure (see schemas/conversation.py).
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -17,8 +17,9 @@ Id = Annotated[str, Field(min_length=1, max_length=200)]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 Description = Annotated[str, Field(max_length=2_000)]
 SystemPrompt = Annotated[str, Field(max_length=100_000)]
-ReasoningEffort = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z][a-z_-]*$")]
-"""As a chat request's (schemas/conversation.py): the model server judges the word."""
+ReasoningEffort = Literal["none", "low", "medium", "high", "xhigh"]
+"""The values SVC_SUBSCRIPTION_REASONING_EFFORT takes (the spec: `minimal` is refused
+upstream with HTTP 400), for an agent's own default."""
 
 
 class AgentParameters(BaseModel):

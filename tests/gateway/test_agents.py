@@ -250,7 +250,7 @@ async def test_scopes_and_validation(chat: Chat) -> None:
 
 async def test_chat_with_an_agent_name_runs_the_agent(chat: Chat) -> None:
     agent = await create_agent(
-        chat, parameters={"temperature": 0.2, "max_tokens": 3, "reasoning_effort": "minimal"}
+        chat, parameters={"temperature": 0.2, "max_tokens": 3, "reasoning_effort": "low"}
     )
     raw = await chat.client().chat.completions.with_raw_response.create(
         model=agent["name"],
@@ -272,7 +272,7 @@ async def test_chat_with_an_agent_name_runs_the_agent(chat: Chat) -> None:
     assert body["messages"][1]["content"] == "client system prompt"
     # Agent parameters are defaults; the request's own values win.
     assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0.2, 0.5, 4)
-    assert body["reasoning_effort"] == "minimal"  # the agent's, the request naming none
+    assert body["reasoning_effort"] == "low"  # the agent's, the request naming none
 
     conversation = raw.headers["X-SVC-Conversation-Id"]
     recorded = await chat.service.app[STORE].read_stream(f"conversation:{conversation}")
