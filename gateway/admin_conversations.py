@@ -85,8 +85,12 @@ def turn(t: queries.Turn) -> TurnRecord:
 async def _conversation(request: web.Request, workspace_id: str, cid: str) -> queries.Conversation:
     found = await queries.get_conversation(request.app[DATABASE], workspace_id, cid)
     if found is None:
-        raise NotFound(f"conversation {cid!r} not found", code="conversation_not_found")
+        raise _not_found(cid)
     return found
+
+
+def _not_found(cid: str) -> NotFound:
+    return NotFound(f"conversation {cid!r} not found", code="conversation_not_found")
 
 
 async def list_conversations(request: web.Request) -> web.Response:
@@ -174,7 +178,7 @@ async def export_conversation(request: web.Request) -> web.Response:
         request.app[DATABASE], principal.workspace_id, cid
     )
     if both is None:
-        raise NotFound(f"conversation {cid!r} not found", code="conversation_not_found")
+        raise _not_found(cid)
     found, rows = both
     export = ConversationExport(
         conversation=summary(found),

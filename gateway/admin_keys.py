@@ -28,6 +28,7 @@ from gateway.admin_common import (
     wait_applied,
 )
 from gateway.auth import (
+    KEY_MODELS,
     check_delegation,
     generate_key,
     hash_key,
@@ -38,7 +39,6 @@ from gateway.errors import read_json, read_query
 from gateway.identity.common import command_id, describe
 from gateway.state import AUTH, DATABASE, STORE, Principal
 from projections import queries
-from projections.apikeys import ApiKeysProjector
 from projections.identity_queries import key_owner
 from schemas.admin import (
     AdminRead,
@@ -54,8 +54,6 @@ from schemas.events import EVENTS
 from schemas.workspace import ApiKeyRevoked, IssueApiKey, RevokeApiKey
 
 PREFIX_LEN = 8
-KEY_MODELS = (ApiKeysProjector.name,)
-"""Keys are authenticated from this read model: key writes and reads wait for it alone."""
 
 
 async def _execute(request: web.Request, principal: Principal, command: Command) -> CommandOutcome:

@@ -22,6 +22,7 @@ from gateway.ratelimit import RateDecision, RateLimiter
 from gateway.settings import Settings
 from gateway.state import AUTH, SETTINGS, Principal
 from gateway.ttl_cache import TtlCache
+from projections.apikeys import ApiKeysProjector
 from schemas.errors import Forbidden, Unauthorized
 
 KEY_PREFIX = "svc_"
@@ -39,6 +40,8 @@ def on_compatible_endpoint(path: str) -> bool:
     return path in COMPATIBLE_PATHS or path.startswith(MODELS_PATH + "/")
 
 
+KEY_MODELS = (ApiKeysProjector.name,)
+"""The read model keys are authenticated from: key writes and reads wait for it alone."""
 CHAT_SCOPE = "chat"
 SCOPES = frozenset({"admin:read", "admin:write", "*", "mcp", CHAT_SCOPE})
 

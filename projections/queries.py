@@ -178,17 +178,17 @@ async def list_conversations(
     return [_conversation(r) for r in rows], int(total)
 
 
+_CONVERSATION = (
+    f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE workspace_id = $1 AND id = $2"
+)
+
+
 async def get_conversation(
     db: Database, workspace_id: str, conversation_id: str
 ) -> Conversation | None:
     """The conversation, deleted or not; None when this workspace has none by that id."""
     async with db.scoped(workspace_id) as conn:
-        row = await conn.fetchrow(
-            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations "
-            "WHERE workspace_id = $1 AND id = $2",
-            workspace_id,
-            conversation_id,
-        )
+        row = await conn.fetchrow(_CONVERSATION, workspace_id, conversation_id)
     return None if row is None else _conversation(row)
 
 
@@ -212,12 +212,7 @@ async def get_conversation_and_messages(
     """The conversation and its messages as of one snapshot (an export's header and body
     agree while the conversation goes on); None when this workspace has none by that id."""
     async with db.scoped(workspace_id) as conn:
-        row = await conn.fetchrow(
-            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations "
-            "WHERE workspace_id = $1 AND id = $2",
-            workspace_id,
-            conversation_id,
-        )
+        row = await conn.fetchrow(_CONVERSATION, workspace_id, conversation_id)
         if row is None:
             return None
         rows = await conn.fetch(_MESSAGES, workspace_id, conversation_id)

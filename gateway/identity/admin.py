@@ -16,6 +16,7 @@ from actors.behaviour import CommandOutcome
 from actors.identity import directory_key, session_key
 from actors.workspace import workspace_key
 from gateway.auth import (
+    KEY_MODELS,
     check_delegation,
     generate_key,
     hash_key,
@@ -40,7 +41,6 @@ from gateway.identity.roles import allowed, require_access
 from gateway.identity.service import APPLY_TIMEOUT_S, Identity, identity
 from gateway.identity.vault import INSTANCE, PASSWORD
 from gateway.state import AUTH, PROJECTIONS, RUNTIME, Principal
-from projections.apikeys import ApiKeysProjector
 from projections.identity_queries import (
     UserRow,
     find_oauth_client,
@@ -83,9 +83,6 @@ Password = Annotated[SecretStr, Field(min_length=MIN_LENGTH, max_length=MAX_LENG
 SCIM_TOKEN_PREFIX = "svc_scim_"
 MAX_POSITION = 2**63 - 1
 """The largest audit position (a PostgreSQL bigint)."""
-
-KEYS = (ApiKeysProjector.name,)
-"""The read model keys are authenticated from: what a key's issue or revocation waits for."""
 
 
 class _Body(BaseModel):
@@ -258,9 +255,7 @@ async def revoke_user_keys(request: web.Request, workspace_id: str, user_id: str
         )
         outcome = await runtime.ask(workspace_key(workspace_id), command)
         if outcome.cursor:
-            await projections.wait_for(
-                outcome.cursor, APPLY_TIMEOUT_S, names=[ApiKeysProjector.name]
-            )
+            await projections.wait_for(outcome.cursor, APPLY_TIMEOUT_S, names=KEY_MODELS)
         request.app[AUTH].forget_key(key_id)
 
 
@@ -536,9 +531,7 @@ async def issue_user_key(request: web.Request) -> web.Response:
     outcome = await request.app[RUNTIME].ask(workspace_key(ws), issue)
     refuse_repeat(outcome, "a key", "GET /v1/admin/apikeys lists it (its name and prefix)")
     if outcome.cursor:
-        await request.app[PROJECTIONS].wait_for(
-            outcome.cursor, APPLY_TIMEOUT_S, names=[ApiKeysProjector.name]
-        )
+        await request.app[PROJECTIONS].wait_for(outcome.cursor, APPLY_TIMEOUT_S, names=KEY_MODELS)
     await ident.ask(
         directory_key(ws),
         LinkApiKey(
