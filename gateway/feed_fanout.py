@@ -204,6 +204,14 @@ class FeedFanout:
         self.max_buffer_bytes = 4 * 1024 * 1024
         self.max_pending = 10_000
         self.recheck_concurrency = 8
+        # Feeds reading history at once, each holding a page (up to CATCH_UP_PAGE_BYTES of
+        # frames and its decoded events) and a pooled database connection while it reads:
+        # a thousand clients reconnecting after a restart would otherwise take the whole
+        # pool from the chat turns and a page of memory each. A page's slot is held until
+        # the page is written, so memory stays near this many pages; a client that stalls
+        # holds its slot for at most `write_timeout_s` before it is cut off.
+        self.catch_up_concurrency = 8
+        self._catch_up_slots: asyncio.Semaphore | None = None
         # A round waits this long for its checks; one still running then (a slow identity
         # provider, a busy pool) finishes on its own and its credential sits out later rounds
         # until it has, so one slow check never holds back every other feed's.
@@ -326,9 +334,12 @@ class FeedFanout:
         each held a gigabyte per feed catching up."""
         types = sorted(conn.filter.types) if conn.filter.types else None
         limit = CATCH_UP_FIRST_PAGE
+        if self._catch_up_slots is None:
+            self._catch_up_slots = asyncio.Semaphore(self.catch_up_concurrency)
         while not conn.ended.done():
-            page = await tailer.history_page(conn.point, conn.filter.workspace_id, types, limit)
-            written, frames = await self._write_catch_up(conn, resp, page)
+            async with self._catch_up_slots:
+                page = await tailer.history_page(conn.point, conn.filter.workspace_id, types, limit)
+                written, frames = await self._write_catch_up(conn, resp, page)
             if len(page) < limit:
                 return
             if frames:  # else nothing to go by: the same size again

@@ -466,6 +466,46 @@ async def test_catch_up_pages_are_sized_by_the_bytes_they_write(
     assert limits[1:] and all(8 <= limit <= 10 for limit in limits[1:]), limits
 
 
+async def test_feeds_catching_up_at_once_read_history_a_few_at_a_time(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Clients reconnecting together (after a restart, say) read history a few at a time,
+    so they neither take the database pool from chat turns nor hold a page of memory each;
+    every one of them still gets the whole log."""
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "catch_up_concurrency", 2)
+    monkeypatch.setattr(hub, "_catch_up_slots", None)
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    await service.append_pings(ws, 250)
+    tailer = service.app[TAILER]
+    real_page = tailer.history_page
+    reading = peak = 0
+
+    async def slow_page(*args: Any) -> list[RecordedEvent]:
+        nonlocal reading, peak
+        reading += 1
+        peak = max(peak, reading)
+        try:
+            await asyncio.sleep(0.02)
+            return await real_page(*args)
+        finally:
+            reading -= 1
+
+    monkeypatch.setattr(tailer, "history_page", slow_page)
+    opened = await asyncio.gather(*(open_feed(service, EVENTS, key) for _ in range(6)))
+    for resp, reader in opened:
+        numbers = []
+        while len(numbers) < 250:
+            frame = await reader.frame()
+            assert frame is not None
+            if frame.event == "test.ping":
+                numbers.append(frame.json()["data"]["n"])
+        resp.close()
+        assert numbers == list(range(250))
+    assert 1 <= peak <= 2
+
+
 async def test_a_client_that_stalls_while_catching_up_is_cut_off(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
