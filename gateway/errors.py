@@ -10,8 +10,11 @@ the process keeps serving. A NUL character in the URL or in a JSON string is a 4
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar, overload
 
 import orjson
@@ -22,7 +25,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
 
 from gateway.metrics import HTTP_ERRORS
-from schemas.errors import InvalidInput, PayloadTooLarge, RateLimited, SvcError
+from schemas.errors import InvalidInput, PayloadTooLarge, RateLimited, RequestTimeout, SvcError
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +130,9 @@ def from_svc_error(exc: SvcError) -> web.Response:
     extra: Any = getattr(exc, "headers", None)
     if isinstance(extra, dict):
         response.headers.update(extra)
+    if isinstance(exc, RequestTimeout):
+        # The rest of the body may still arrive: this connection's bytes are out of step.
+        response.force_close()
     return response
 
 
@@ -274,11 +280,34 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return internal_error(request, exc)
 
 
+BODY_DEADLINE_S = 60.0
+"""A request's whole body must arrive within this (SVC_MAX_BODY_BYTES, 4 MiB by default, at
+about 70 KB/s): a client that trickles its body would otherwise hold a handler, and a
+connection, for as long as it liked."""
+
+
+@asynccontextmanager
+async def body_deadline() -> AsyncIterator[None]:
+    """Around a read of the request's body: past BODY_DEADLINE_S, RequestTimeout (408)."""
+    try:
+        async with asyncio.timeout(BODY_DEADLINE_S) as deadline:
+            yield
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise RequestTimeout(
+            f"the request body did not arrive within {BODY_DEADLINE_S:.0f} s; send it "
+            "whole, at once, and retry"
+        ) from None
+
+
 async def read_body(request: web.Request) -> bytes:
     """The request body; larger than the app's client_max_size -> PayloadTooLarge (413); one
-    that does not decode as its Content-Encoding or chunked framing says -> 400."""
+    that does not decode as its Content-Encoding or chunked framing says -> 400; one that
+    does not arrive within BODY_DEADLINE_S -> RequestTimeout (408)."""
     try:
-        return await request.read()
+        async with body_deadline():
+            return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(
             f"request body too large: the limit is {request.client_max_size} bytes "

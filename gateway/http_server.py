@@ -122,12 +122,20 @@ class GatewayAccessLogger(AccessLogger):
         super().log(request, response, time)
 
 
+IDLE_CONNECTION_S = 75.0
+"""A connection must bring a whole request's headers within this of opening, or of its last
+response, else it is closed. aiohttp's own default is an hour, for which a client that never
+finishes its headers would hold a socket. Longer than the idle upstream connections that
+reverse proxies keep (nginx: 60 s), so a proxy never reuses one the gateway has closed."""
+
+
 class GatewayRunner(web.AppRunner):
-    """`web.AppRunner` whose server answers aiohttp's own errors with the envelope and logs
-    with `GatewayAccessLogger`."""
+    """`web.AppRunner` whose server answers aiohttp's own errors with the envelope, logs
+    with `GatewayAccessLogger` and closes connections idle for IDLE_CONNECTION_S."""
 
     def __init__(self, app: web.Application, **kwargs: Any) -> None:
         kwargs.setdefault("access_log_class", GatewayAccessLogger)
+        kwargs.setdefault("keepalive_timeout", IDLE_CONNECTION_S)
         super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:

@@ -140,6 +140,7 @@ class _Components:
 
 
 _EXTRA_STATUSES = {
+    408: "the request body did not arrive in time",
     409: "conflict",
     413: "request body too large",
     429: "too many requests",
@@ -165,6 +166,7 @@ def _error_responses(doc: RouteDoc | None, comps: _Components) -> dict[str, Any]
         statuses[503] = _EXTRA_STATUSES[503]
     if doc is not None and (doc.request is not None or doc.form_request):
         statuses[413] = _EXTRA_STATUSES[413]  # past SVC_MAX_BODY_BYTES
+        statuses[408] = _EXTRA_STATUSES[408]  # past gateway.errors.BODY_DEADLINE_S
     for status in doc.extra_statuses if doc else ():
         statuses.setdefault(status, _EXTRA_STATUSES.get(status, "error"))
     return {str(s): {"description": d, **ref} for s, d in sorted(statuses.items())}

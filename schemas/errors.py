@@ -61,6 +61,15 @@ class PayloadTooLarge(SvcError):
     default_code = "payload_too_large"
 
 
+class RequestTimeout(SvcError):
+    """The client took too long to send its request's body; the connection is closed after
+    the answer (what is left of the body may still be on its way)."""
+
+    http_status = 408
+    error_type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
 class RateLimited(SvcError):
     http_status = 429
     error_type = "rate_limit_error"

@@ -16,7 +16,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from multidict import MultiDictProxy
 
 from gateway.auth import PRINCIPAL
-from gateway.errors import is_utf8
+from gateway.errors import body_deadline, is_utf8
 from gateway.state import STORE, Principal
 from projections.identity_queries import UserRow
 from schemas.commands import client_command_id
@@ -136,7 +136,8 @@ async def read_form(request: web.Request) -> Form:
     oversized ones PayloadTooLarge (413), never an exception that would become a 500. Every
     text name and value of the form is valid Unicode; NUL is left to the caller."""
     try:
-        form = await request.post()
+        async with body_deadline():
+            form = await request.post()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge("form body too large, or with too many fields") from None
     except _MALFORMED_FORM as exc:

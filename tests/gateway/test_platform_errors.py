@@ -16,6 +16,8 @@ from aiohttp.test_utils import make_mocked_request
 from platform_support import BOOM, ECHO, STORE_BOOM, Running, running, settings_for
 from yarl import URL
 
+from gateway import errors as gateway_errors
+from gateway import http_server
 from gateway.http_server import MALFORMED_REQUEST, EnvelopeRequestHandler
 
 
@@ -285,3 +287,48 @@ async def test_a_body_cut_short_by_the_client_is_not_a_server_error(
             assert status == 200
             await asyncio.sleep(0.2)  # the cut-short request's handler has finished
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_body_that_trickles_in_past_the_deadline_is_408_and_closes(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that sends part of its body and then nothing holds no handler for good: it
+    gets a 408 in the envelope and the connection is closed."""
+    monkeypatch.setattr(gateway_errors, "BODY_DEADLINE_S", 0.5)
+    async with running(settings_for(database_url)) as svc:
+        reader, writer = await asyncio.open_connection("127.0.0.1", URL(svc.base).port)
+        try:
+            writer.write(
+                f"POST {ECHO} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 100\r\n\r\n{}".encode()
+            )
+            await writer.drain()
+            # aiohttp drains what is left of the body for up to 10 s before it closes, so
+            # the answer is read by its length, not up to the end of the stream.
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10.0)
+            status_line, *lines = head.decode("latin-1").strip().split("\r\n")
+            headers = {
+                k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines)
+            }
+            body = await reader.readexactly(int(headers["content-length"]))
+        finally:
+            writer.close()
+        assert status_line.split()[1] == "408"
+        assert headers.get("connection") == "close"
+        assert_envelope(orjson.loads(body), "request_timeout")
+        status, _, _ = await svc.request("GET", "/healthz")
+        assert status == 200
+
+
+async def test_a_connection_that_never_finishes_its_headers_is_closed(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http_server, "IDLE_CONNECTION_S", 0.5)
+    async with running(settings_for(database_url)) as svc:
+        reader, writer = await asyncio.open_connection("127.0.0.1", URL(svc.base).port)
+        try:
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and no blank line
+            await writer.drain()
+            assert await asyncio.wait_for(reader.read(), timeout=10.0) == b""  # closed
+        finally:
+            writer.close()
