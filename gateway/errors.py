@@ -250,6 +250,15 @@ def _check_json_value(value: Any) -> None:
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    response = await _answer(request, handler)
+    if response.status < 400 and request.transport is None and not request.get(CLIENT_GONE):
+        # The client left while the handler worked (a chat turn runs on and is recorded):
+        # its answer reaches no one, and the access log shows a hang-up, not a 200.
+        client_gone(request)
+    return response
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         reject_nul_in_url(request)
         return await handler(request)

@@ -949,6 +949,36 @@ async def test_disconnect_mid_stream_still_records_the_turn(
     assert len(streamed) == 1 and '" 499 ' in streamed[0], streamed
 
 
+async def test_a_json_client_that_leaves_mid_turn_is_a_hang_up_and_the_turn_is_recorded(
+    chat: Chat, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    hang_ups = await closed_by_clients(chat)
+    chat.stub.delay_s = 0.5
+    body = {"model": UPSTREAM_MODEL, "messages": HELLO}
+    key = {"Idempotency-Key": uid("idem-")}
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.2):  # leaves while the model is thinking
+            await chat.raw_post(body, **key)
+    retried = await chat.raw_post(body, **key)  # answered from the record
+    assert retried.status == 200
+    conversation_id = retried.headers["X-SVC-Conversation-Id"]
+    completed = await chat.wait_for_event(conversation_id, COMPLETED)
+    assert completed.data["content"] == (await retried.json())["choices"][0]["message"]["content"]
+    assert chat.stub.calls == 1
+    async with asyncio.timeout(10):
+        while True:  # the first request's handler returns when the turn is recorded
+            if await closed_by_clients(chat) > hang_ups:
+                break
+            await asyncio.sleep(0.05)
+    assert await closed_by_clients(chat) == hang_ups + 1
+    access = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+    answered = [line for line in access if "POST /v1/chat/completions" in line]
+    assert len(answered) == 2, answered
+    left, retried = (sum(f'" {status} ' in line for line in answered) for status in (499, 200))
+    assert left == retried == 1, answered
+
+
 async def test_a_client_that_stops_reading_then_leaves_is_a_hang_up_not_an_error(
     chat: Chat, caplog: pytest.LogCaptureFixture
 ) -> None:
