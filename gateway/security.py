@@ -35,9 +35,11 @@ HIDDEN_PREFIXES = ("/debug/pprof", "/admin/")
 HIDDEN_EXACT = frozenset({"/admin", "/debug/pprof"})
 CORS_METHODS = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type, Idempotency-Key, Last-Event-ID, X-SVC-Conversation-Id"
+# x-should-retry: the openai SDKs obey it, and in a browser they only see what is exposed;
+# without it they retry a failure that the same request will meet again.
 EXPOSED_HEADERS = (
     "X-SVC-Conversation-Id, X-SVC-Cursor, Retry-After, X-RateLimit-Limit, "
-    "X-RateLimit-Remaining, X-RateLimit-Reset"
+    "X-RateLimit-Remaining, X-RateLimit-Reset, x-should-retry"
 )
 # Orchestrators probe these, and Prometheus scrapes the last, over plain HTTP from the node
 # or the pod network, not from loopback. None carries a secret or a tenant's data.

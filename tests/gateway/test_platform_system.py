@@ -360,7 +360,7 @@ async def test_csp_override_and_cors(database_url: str) -> None:
         )
         assert headers.getall("Vary") == ["Origin"]
         exposed = {h.strip() for h in headers["Access-Control-Expose-Headers"].split(",")}
-        assert {"X-SVC-Conversation-Id", "X-SVC-Cursor", "Retry-After"} <= exposed
+        assert {"X-SVC-Conversation-Id", "X-SVC-Cursor", "Retry-After", "x-should-retry"} <= exposed
 
 
 async def test_require_secure_behind_a_trusted_proxy(database_url: str) -> None:
