@@ -47,6 +47,10 @@ class Counters:
 
 
 DEFAULT_CONFLICT_RETRIES = 16
+REPLAY_PAGE = 100
+"""Events read per round trip when an activation replays its stream: a conversation of a
+thousand turns of large messages, replayed in full (no snapshot, or one of an older state
+schema), held all of them at once; now about this many events' data at a time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,15 +183,21 @@ class Activation(Generic[S]):
         Versions are dense and immutable, so the state at version v plus the events after v
         equals a fresh load: catching up is the cheap form of "drop state and reload"."""
         assert self._store is not None
-        recorded = await self._store.read_stream(self._key.stream_id, self._version + 1)
-        state = self._state
-        for rec in recorded:
-            state = self._behaviour.evolve(state, self._decode(rec))
-        self._state = state
-        if recorded:
-            self._version = recorded[-1].version
-        self._counters.events_replayed += len(recorded)
-        return bool(recorded)
+        caught_up = False
+        while True:
+            first = self._version + 1
+            page = await self._store.read_stream(
+                self._key.stream_id, first, to_version=first + REPLAY_PAGE - 1
+            )
+            state = self._state
+            for rec in page:
+                state = self._behaviour.evolve(state, self._decode(rec))
+            if page:
+                self._state, self._version = state, page[-1].version
+                caught_up = True
+            self._counters.events_replayed += len(page)
+            if len(page) < REPLAY_PAGE:  # versions are dense: a short page is the head
+                return caught_up
 
     def _decode(self, rec: RecordedEvent) -> Event:
         return self._registry.decode(rec.type, rec.schema_version, rec.data)

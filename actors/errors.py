@@ -6,6 +6,8 @@ runtime raises them in a host process and re-raises them in the caller).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from schemas.errors import (
     Conflict,
     InvalidInput,
@@ -60,6 +62,22 @@ class UnknownActorKind(InvalidInput):
     @classmethod
     def of(cls, kind: str, known: list[str]) -> UnknownActorKind:
         return cls(f"no actor kind {kind!r} is registered; known kinds: {known}")
+
+
+class MailboxFull(Unavailable):
+    """An actor's mailbox holds its limit of queued commands (a hot conversation whose store
+    is slow, its clients retrying): more are refused at once instead of queued without end.
+    Nothing was run; a retry with the same Idempotency-Key is safe."""
+
+    default_code = "actor_busy"
+    headers: ClassVar[dict[str, str]] = {"Retry-After": "1"}
+
+    @classmethod
+    def of(cls, kind: str, limit: int) -> MailboxFull:
+        return cls(
+            f"{limit} requests are already waiting for this {kind}; nothing was done: retry "
+            "shortly (with the same Idempotency-Key)"
+        )
 
 
 class AskTimeout(SvcError):

@@ -22,6 +22,7 @@ from actors.behaviour import ActorKey, Behaviour
 from actors.context import DEFAULT_CONFLICT_RETRIES, Activation, Counters, ExecutionPolicy
 from actors.errors import (
     CommandInterrupted,
+    MailboxFull,
     RuntimeNotStarted,
     RuntimeStopping,
     UnknownActorKind,
@@ -35,6 +36,10 @@ from schemas.events import EVENTS, EventRegistry
 log = logging.getLogger(__name__)
 
 _DONE = object()
+
+MAILBOX_LIMIT = 1000
+"""Commands queued for one actor at most: each holds its request (and a streamed reply its
+deltas), and a caller that gave up leaves its command queued."""
 
 INTERRUPT_RECORD_S = 5.0
 """After the stop deadline: how long the cancelled commands get to record their failure (a
@@ -221,9 +226,13 @@ class ActivationTable:
         max_active: int = 10_000,
         conflict_retries: int = DEFAULT_CONFLICT_RETRIES,
         registry: EventRegistry = EVENTS,
+        mailbox_limit: int = MAILBOX_LIMIT,
     ) -> None:
         if snapshot_every < 1 or max_active < 1 or idle_s <= 0 or conflict_retries < 0:
             raise ValueError("snapshot_every, max_active and idle_s must be positive")
+        if mailbox_limit < 1:
+            raise ValueError("mailbox_limit must be positive")
+        self._mailbox_limit = mailbox_limit
         self._store = store
         self._behaviours = {b.kind: b for b in behaviours}
         self._policy = ExecutionPolicy(snapshot_every, conflict_retries)
@@ -334,6 +343,8 @@ class ActivationTable:
         else:
             self._active.move_to_end(key)
             slot.last_submit = now
+            if len(slot.mailbox) >= self._mailbox_limit:
+                raise MailboxFull.of(key.kind, self._mailbox_limit)
         reply = Reply(f"{type(command).__name__} to {key}")
         slot.mailbox.append(_Envelope(command, reply, stream))
         slot.notify()

@@ -19,6 +19,7 @@ from actors import (
     ConflictRetriesExhausted,
     ConversationBehaviour,
     ConversationState,
+    MailboxFull,
     RuntimeNotStarted,
     RuntimeStopping,
     UnknownActorKind,
@@ -26,6 +27,7 @@ from actors import (
     conversation_key,
     workspace_key,
 )
+from actors import context as context_module
 from actors import table as table_module
 from actors.behaviour import ActorContext
 from actors.context import Activation, Counters, ExecutionPolicy, conflict_backoff
@@ -98,6 +100,43 @@ async def test_conversation_from_snapshot_equals_full_replay(store: PostgresEven
     assert from_snapshot.state == full.state == folded
     assert from_snapshot.version == full.version == len(recorded) == 14
     assert folded.title == "renamed" and len(folded.turns) == 4
+
+
+async def test_a_full_replay_reads_its_stream_a_page_at_a_time(
+    store: PostgresEventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay of a long stream of large events holds a page of them at a time, never the
+    whole stream; the state is the same as one folded from a single read."""
+    key = conversation_key(uuid.uuid4().hex)
+    table = ActivationTable(store, [ConversationBehaviour([ScriptedProvider()])])
+    await table.start()
+    for n in range(5):
+        turn = RunTurn(
+            command_id=uuid.uuid4().hex,
+            workspace_id=WS,
+            turn_id=f"t{n}",
+            message_id=f"m{n}",
+            model="scripted",
+            messages=(Message(role="user", content=f"question {n}"),),
+            at=datetime.now(UTC),
+        )
+        await table.submit(key, turn).last()
+    await table.stop()
+    whole = await load(store, key, ReplayInFull())
+
+    monkeypatch.setattr(context_module, "REPLAY_PAGE", 4)
+    read = store.read_stream
+    pages: list[int] = []
+
+    async def recording_read(*args: Any, **kwargs: Any) -> list[RecordedEvent]:
+        page = await read(*args, **kwargs)
+        pages.append(len(page))
+        return page
+
+    monkeypatch.setattr(store, "read_stream", recording_read)
+    paged = await load(store, key, ReplayInFull())
+    assert paged.state == whole.state and paged.version == whole.version
+    assert max(pages) == 4 and sum(pages) == whole.version
 
 
 def _turn(turn_id: str) -> RunTurn:
@@ -434,3 +473,24 @@ async def test_a_refusal_stands_when_the_stream_cannot_be_read_again() -> None:
     activation.start_empty()
     with pytest.raises(InvalidInput, match="adding 0"):
         await activation.execute(add(0))
+
+
+async def test_a_full_mailbox_refuses_more_commands_at_once(store: PostgresEventStore) -> None:
+    """A hot actor whose commands pile up (a slow store, clients retrying) refuses past its
+    limit with a retryable 503 instead of queueing without end; what it queued still runs."""
+    table = ActivationTable(store, [CounterBehaviour()], mailbox_limit=3)
+    await table.start()
+    try:
+        key = ActorKey(COUNTER, uuid.uuid4().hex)
+        slow = AddToCounter(command_id=uuid.uuid4().hex, workspace_id=WS, delay_s=0.3)
+        running = table.submit(key, slow)
+        await asyncio.sleep(0.05)  # the slow one has left the mailbox and runs
+        queued = [table.submit(key, add()) for _ in range(3)]
+        with pytest.raises(MailboxFull) as refused:
+            table.submit(key, add())
+        assert refused.value.http_status == 503 and refused.value.code == "actor_busy"
+        outcomes = [await reply.last() for reply in (running, *queued)]
+        assert [o.last_version for o in outcomes if isinstance(o, CommandOutcome)] == [1, 2, 3, 4]
+        await table.submit(key, add()).last()  # room again
+    finally:
+        await table.stop()
