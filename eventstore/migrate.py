@@ -34,6 +34,29 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 """
 
 
+# The login must be able to `SET LOCAL ROLE svc_reader` (db.py's scoped reads). Migration
+# 0002 grants the membership when the login is no member; but since PostgreSQL 16 a role's
+# creator is a member with ADMIN only, neither SET nor INHERIT, so a login with CREATEROLE
+# (the usual managed-database owner) passed that test and every scoped read then failed.
+# Checked on every run, so databases migrated before this check are mended too.
+_READER_MEMBERSHIP = """
+DO $$
+DECLARE
+    modern boolean := current_setting('server_version_num')::int >= 160000;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'svc_reader') THEN
+        RETURN;
+    END IF;
+    IF modern AND NOT pg_has_role(current_user, 'svc_reader', 'SET') THEN
+        EXECUTE format('GRANT svc_reader TO %I WITH INHERIT FALSE, SET TRUE', current_user);
+    ELSIF NOT modern AND NOT pg_has_role(current_user, 'svc_reader', 'MEMBER') THEN
+        EXECUTE format('GRANT svc_reader TO %I', current_user);
+    END IF;
+END
+$$
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     namespace: str
@@ -126,4 +149,21 @@ async def apply_migrations(db: Database, sources: Sequence[MigrationSource]) -> 
         for migration in source.migrations():
             if await _apply_one(db, migration):
                 applied.append(migration.label)
+    await _ensure_reader_membership(db)
     return applied
+
+
+async def _ensure_reader_membership(db: Database) -> None:
+    try:
+        async with db.transaction() as conn:
+            await _lock(conn)
+            await conn.execute(_READER_MEMBERSHIP)
+    except StoreError as exc:
+        if isinstance(exc.__cause__, asyncpg.InsufficientPrivilegeError):
+            raise StoreError(
+                "the database user cannot switch to the role svc_reader, which scoped reads "
+                "need, and may not grant itself that right; have a DBA run: GRANT svc_reader "
+                "TO <this user> WITH SET TRUE (PostgreSQL 16 and later; before 16, GRANT "
+                "svc_reader TO <this user>), see docs/operations.md, 'Requirements'"
+            ) from exc
+        raise

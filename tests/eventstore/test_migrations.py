@@ -269,6 +269,49 @@ async def test_a_missing_privilege_names_the_migration_and_where_to_read(
     assert "docs/operations.md" in message
 
 
+async def test_a_login_that_only_administers_the_reader_role_is_given_set(
+    pg_server_url: str,
+) -> None:
+    """PostgreSQL 16+: a role's creator holds it with ADMIN only (no SET), which passes
+    0002's membership test; the migrations still leave the login able to switch to it."""
+    name = "t_" + uuid.uuid4().hex[:12]
+    admin = await asyncpg.connect(pg_server_url)
+    try:
+        if await admin.fetchval("SHOW server_version_num") < "160000":
+            pytest.skip("membership options (SET, INHERIT) exist from PostgreSQL 16")
+        try:
+            await admin.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD 'pw-{name}'")
+        except asyncpg.InsufficientPrivilegeError:
+            pytest.skip("the test database's user may not create roles")
+        await admin.execute(f'CREATE DATABASE "{name}" OWNER "{name}"')
+        if not await admin.fetchval("SELECT 1 FROM pg_roles WHERE rolname = 'svc_reader'"):
+            await admin.execute("CREATE ROLE svc_reader NOLOGIN")
+        # What CREATE ROLE gives its creator on PostgreSQL 16 and later.
+        await admin.execute(
+            f'GRANT svc_reader TO "{name}" WITH ADMIN TRUE, INHERIT FALSE, SET FALSE'
+        )
+    finally:
+        await admin.close()
+    parts = urlsplit(pg_server_url)
+    where = parts.netloc.rpartition("@")[2]
+    url = urlunsplit(parts._replace(netloc=f"{name}:pw-{name}@{where}", path="/" + name))
+    db = await Database.connect(url, max_size=2)
+    try:
+        await apply_migrations(db, [STORE_MIGRATIONS])
+        async with db.transaction() as conn:
+            await conn.execute("SET LOCAL ROLE svc_reader")
+            assert await conn.fetchval("SELECT current_user") == "svc_reader"
+    finally:
+        await db.close()
+        admin = await asyncpg.connect(pg_server_url)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await admin.execute(f'REVOKE svc_reader FROM "{name}" CASCADE')
+            await admin.execute(f'DROP ROLE IF EXISTS "{name}"')
+        finally:
+            await admin.close()
+
+
 async def test_a_database_that_does_not_exist_is_named_as_such(pg_server_url: str) -> None:
     parts = urlsplit(pg_server_url)
     url = urlunsplit(parts._replace(path="/no_such_database_" + uuid.uuid4().hex[:8]))
