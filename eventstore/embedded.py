@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import subprocess
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +51,10 @@ class EmbeddedPostgres:
             with PostgresServer._lock:  # the wheel's own lock over its list of users
                 _forget_dead_users(self.pgdata / _USERS_FILE)
                 _forget_stale_postmaster(self.pgdata)
-            with _wheel_quiet() as wheel_log:
+                # Under the lock, which the wheel also holds while it runs initdb: a cluster
+                # without its last database is an initdb that died, not one under way.
+                _set_aside_interrupted_init(self.pgdata)
+            with _wheel_quiet() as wheel_log, _parents_kept_unlisted(self.data_dir):
                 try:
                     self._server = get_server(self.pgdata, cleanup_mode="stop")
                 except (subprocess.SubprocessError, OSError, AssertionError) as exc:
@@ -96,6 +101,60 @@ class EmbeddedPostgres:
             if wheel_log.errors:
                 log.warning("embedded PostgreSQL did not stop cleanly: %s", wheel_log.cause())
             self._server = None
+
+
+_POSTGRES_DATABASE_OID = 5
+"""initdb makes the database `postgres` last, under this fixed OID (PostgreSQL 15 and later),
+as `base/5`; SVC keeps its data in that database."""
+
+
+def _set_aside_interrupted_init(pgdata: Path) -> None:
+    """The wheel takes a `PG_VERSION` file, which initdb writes first, for a finished cluster:
+    a first start killed during initdb (a container stopped, the OOM killer) left a cluster
+    without its `postgres` database, and every start after it failed for good, naming a
+    database that "does not exist". Such a cluster never held SVC's data: it is renamed
+    aside (kept, not deleted) and the wheel initialises a new one."""
+    if (
+        not (pgdata / "PG_VERSION").exists()
+        or (pgdata / "base" / str(_POSTGRES_DATABASE_OID)).is_dir()
+    ):
+        return
+    aside = pgdata.with_name(f"{pgdata.name}.interrupted-{int(time.time())}")
+    log.warning(
+        "embedded PostgreSQL: %s was never completely initialised (its first start was "
+        "interrupted) and holds no data; moved to %s (remove it when you like), initialising anew",
+        pgdata,
+        aside,
+    )
+    pgdata.rename(aside)
+    pgdata.mkdir()
+
+
+_GROUP_OTHER_READ = stat.S_IRGRP | stat.S_IROTH
+
+
+@contextmanager
+def _parents_kept_unlisted(data_dir: Path) -> Iterator[None]:
+    """Started by root, the wheel runs PostgreSQL as another user and, for it to reach the
+    data, adds read and traverse rights for all to every directory above pgdata, up to `/`.
+    Traversing is what that user needs; the read rights it added (anyone could list
+    `/root`, or the data directory with its env file) are taken back afterwards."""
+    if os.name != "posix" or os.geteuid() != 0:
+        yield
+        return
+    before: dict[Path, int] = {}
+    for directory in (data_dir.resolve(), *data_dir.resolve().parents):
+        with suppress(OSError):
+            before[directory] = stat.S_IMODE(directory.stat().st_mode)
+    try:
+        yield
+    finally:
+        for directory, mode in before.items():
+            with suppress(OSError):
+                now = stat.S_IMODE(directory.stat().st_mode)
+                added_read = now & _GROUP_OTHER_READ & ~mode
+                if added_read:
+                    directory.chmod(now & ~added_read)
 
 
 def _forget_dead_users(users_file: Path) -> None:

@@ -1,0 +1,52 @@
+"""Starting the embedded PostgreSQL on a data directory a crash or root has been through."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from eventstore.embedded import EmbeddedPostgres
+
+
+async def _answers(url: str) -> bool:
+    conn = await asyncpg.connect(url)
+    try:
+        return bool(await conn.fetchval("SELECT 1"))
+    finally:
+        await conn.close()
+
+
+async def test_a_first_start_killed_during_initdb_is_initialised_anew(tmp_path: Path) -> None:
+    """initdb writes PG_VERSION first; a cluster with it but without the `postgres` database
+    is one whose initdb died. It used to fail every later start for good."""
+    data_dir = tmp_path / "svc"
+    (data_dir / "pgdata").mkdir(parents=True)
+    (data_dir / "pgdata" / "PG_VERSION").write_text("18\n")
+    server = EmbeddedPostgres(data_dir)
+    try:
+        assert await _answers(server.start())
+    finally:
+        server.stop()
+    aside = [p.name for p in data_dir.iterdir() if p.name.startswith("pgdata.interrupted-")]
+    assert len(aside) == 1
+    assert (data_dir / aside[0] / "PG_VERSION").exists()  # kept, not deleted
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() != 0, reason="the wheel's root path")
+async def test_started_by_root_the_parents_are_traversable_but_not_listable(
+    tmp_path: Path,
+) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    server = EmbeddedPostgres(private / "svc")
+    try:
+        assert await _answers(server.start())
+    finally:
+        server.stop()
+    mode = stat.S_IMODE(private.stat().st_mode)
+    assert mode & stat.S_IXOTH  # the server's own user must pass through
+    assert not mode & (stat.S_IROTH | stat.S_IRGRP), oct(mode)
