@@ -31,6 +31,9 @@ from gateway.errors import (
     internal_error,
     status_envelope,
 )
+from gateway.security import client_ip
+from gateway.state import SETTINGS
+from gateway.system import redact
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +114,30 @@ class _ClosedByClient:
         self.headers = response.headers
 
 
+class _AsLogged:
+    """A request as the access log shows it: credentials in its query string (a feed's
+    `?access_token=`, a key pasted into a URL) redacted, and the client's address as the
+    trusted proxies say (`gateway.security.client_ip`), not the proxy's."""
+
+    def __init__(self, request: web.BaseRequest) -> None:
+        self._request = request
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._request, name)
+
+    @property
+    def path_qs(self) -> str:
+        request = self._request
+        return redact(request.path_qs, []) if request.query_string else request.path
+
+    @property
+    def remote(self) -> str | None:
+        request = self._request
+        if isinstance(request, web.Request) and SETTINGS in request.app:
+            return client_ip(request)
+        return request.remote  # refused by the parser before any application saw it
+
+
 class GatewayAccessLogger(AccessLogger):
     """aiohttp's access log; a response whose client went away while it was written
     (`gateway.errors.client_gone`) is logged as 499, like a hang-up before the response."""
@@ -119,7 +146,8 @@ class GatewayAccessLogger(AccessLogger):
         if request.get(CLIENT_GONE):
             shown: Any = _ClosedByClient(response)
             response = shown
-        super().log(request, response, time)
+        logged: Any = _AsLogged(request)
+        super().log(logged, response, time)
 
 
 IDLE_CONNECTION_S = 75.0

@@ -428,3 +428,24 @@ async def test_forwarded_headers_ignored_from_untrusted_peers(database_url: str)
         spoof = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https"}
         status, _, _ = await svc.request("GET", "/healthz", headers=spoof)
         assert status == 200  # the peer (loopback) counts, not the spoofed header
+
+
+async def test_the_access_log_hides_query_credentials_and_shows_the_proxied_client(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    key = "svc_" + "K3y" * 10
+    settings = settings_for(database_url, SVC_TRUSTED_PROXIES="127.0.0.1/32")
+    async with running(settings) as svc:
+        await svc.request(
+            "GET",
+            f"/v1/events/stream?access_token={key}&types=x",
+            headers={"X-Forwarded-For": "203.0.113.9"},
+        )
+        await svc.request("GET", "/healthz?probe=1")
+    lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+    feed = [line for line in lines if "/v1/events/stream" in line]
+    assert len(feed) == 1 and key not in feed[0], feed
+    assert "access_token=[redacted]" in feed[0] and "types=x" in feed[0]
+    assert feed[0].startswith("203.0.113.9 "), feed[0]
+    assert any("GET /healthz?probe=1 " in line for line in lines), lines
