@@ -24,7 +24,6 @@ the final log line of `svc serve` says.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -63,7 +62,7 @@ from projections import PROJECTION_MIGRATIONS, ProjectionRunner, default_project
 from projections.errors import ProjectionFailed
 from projections.identity import IdentityProjector
 from schemas.commands import service_command_id
-from schemas.errors import Conflict
+from schemas.errors import Conflict, SvcError
 from schemas.settings import INSTANCE_WORKSPACE_ID, SettingChanged, SettingUnset
 from schemas.workspace import CreateWorkspace
 
@@ -286,11 +285,15 @@ async def _flush_and_stop(
     """Bring the read models up to what was written, then stop. A CLI command that wrote
     nothing (a status, a replay, a refused argument) does not flush: it must not spend
     seconds projecting other processes' events after it has answered."""
-    with contextlib.suppress(Exception):
+    try:
         if await wrote():
             async with asyncio.timeout(PROJECTION_FLUSH_S):
                 await runner.catch_up()
-                report.projections_flushed = True
+    except TimeoutError:
+        report.projections_behind = f"not caught up within {PROJECTION_FLUSH_S:.0f} s"
+    except Exception as exc:  # the database gone, most often: they catch up at next start
+        reason = exc.message if isinstance(exc, SvcError) else type(exc).__name__
+        report.projections_behind = f"not caught up: {reason}"
     await runner.stop()
 
 

@@ -37,7 +37,8 @@ class ShutdownReport:
     commands: StopSummary | None = None
     """None until the runtime stopped, and with the `ray` runtime (its hosts count their own)."""
     runtime_stopped: bool = False
-    projections_flushed: bool = False
+    projections_behind: str | None = None
+    """Why the read models were left behind the log (a flush that timed out or failed)."""
     overran: list[str] = field(default_factory=list)
     """Shutdown steps that hit their deadline and were left behind."""
     failed: list[str] = field(default_factory=list)
@@ -45,8 +46,8 @@ class ShutdownReport:
 
     def summary(self) -> str:
         parts = [self._commands(), f"{_plural(self.feeds_closed, 'feed')} closed"]
-        if not self.projections_flushed:
-            parts.append(f"projections not caught up within {PROJECTION_FLUSH_S:.0f} s")
+        if self.projections_behind is not None:
+            parts.append(f"projections {self.projections_behind}")
         if self.overran:
             parts.append(f"steps left behind at their deadline: {', '.join(self.overran)}")
         if self.failed:

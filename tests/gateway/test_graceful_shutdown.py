@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import aiohttp
 import asyncpg
@@ -29,9 +29,12 @@ from pydantic import BaseModel
 
 from actors import ActivationTable, ActorContext, ActorKey, Behaviour, RuntimeStopping
 from actors.errors import CommandInterrupted
+from eventstore.errors import StoreUnavailable
+from gateway import bootstrap
 from gateway.app import HANDLER_DRAIN_S, SHUTDOWN, create_app
 from gateway.http_server import GatewayRunner
 from gateway.settings import Settings
+from gateway.shutdown import ShutdownReport
 from schemas.commands import Command
 from schemas.events import Event
 
@@ -257,3 +260,45 @@ async def test_sigterm_answers_in_flight_turns_within_one_grace(
     assert "0 in-flight commands" in stopped and "1 interrupted" in stopped, stopped
     assert "0 feeds closed" in stopped, stopped
     assert await _turn_failures(database_url) == ["interrupted"]
+
+
+class _FlushingRunner:
+    def __init__(self, catch_up: Any) -> None:
+        self.catch_up = catch_up
+        self.stopped = False
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def _wrote() -> bool:
+    return True
+
+
+async def test_the_summary_says_why_the_read_models_were_left_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flush that fails at once (the database gone) is named as that, not as a flush that
+    ran out of time; one that completes adds nothing."""
+
+    async def database_gone() -> None:
+        raise StoreUnavailable("the database is unreachable")
+
+    async def slow() -> None:
+        await asyncio.sleep(10)
+
+    async def done() -> None:
+        return None
+
+    monkeypatch.setattr(bootstrap, "PROJECTION_FLUSH_S", 0.05)
+    summaries = []
+    for catch_up in (database_gone, slow, done):
+        report = ShutdownReport(grace_s=10)
+        runner = _FlushingRunner(catch_up)
+        await bootstrap._flush_and_stop(cast(Any, runner), report, _wrote)
+        assert runner.stopped
+        summaries.append(report.summary())
+    assert "projections not caught up: the database is unreachable" in summaries[0]
+    assert "within" not in summaries[0]
+    assert "projections not caught up within 0 s" in summaries[1]
+    assert "projections" not in summaries[2]
