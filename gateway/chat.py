@@ -103,7 +103,9 @@ def add_routes(app: web.Application) -> None:
     app[AGENTS] = AgentDirectory()
     app.router.add_post(CHAT_PATH, chat_completions)
     app.router.add_get(MODELS_PATH, list_models)
-    app.router.add_get(MODELS_PATH + "/{model_id}", get_model)
+    # `.+`: a model name may hold '/' (`meta-llama/Llama-3-8B`), which clients that do not
+    # percent-encode it send as is; the default pattern stops at the first '/'.
+    app.router.add_get(MODELS_PATH + "/{model_id:.+}", get_model)
     app.on_response_prepare.append(_conversation_header)
     document(
         "POST",

@@ -23,6 +23,7 @@ import pytest
 import stub_upstream
 from multidict import CIMultiDict
 from test_admin_support import GatewayTestServer, Service, SseReader, now, uid
+from yarl import URL
 
 from actors.behaviour import CommandOutcome
 from actors.conversation import TurnResult
@@ -312,6 +313,25 @@ async def test_models_list(chat: Chat) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         await chat.client().models.retrieve("no-such-model")
     assert caught.value.code == "model_not_found"
+
+
+async def test_a_model_name_with_slashes_is_retrieved(database_url: str, tmp_path: Path) -> None:
+    """Hugging Face style names (`meta-llama/Llama-3-8B`): the SDK percent-encodes the '/',
+    other clients send it as is; both reach the model, not a 404 for the path."""
+    name = "meta-llama/Llama-3-8B"
+    async with chat_service(database_url, tmp_path, SVC_LLM_MODEL=name) as served:
+        one = await served.client().models.retrieve(name)
+        assert one.id == name
+        for path in (name, "meta-llama%2FLlama-3-8B"):
+            url = URL(served.service.url(f"/v1/models/{path}"), encoded=True)
+            resp = await served.service.http.get(url, headers=served.service.auth(served.key))
+            assert resp.status == 200, (path, await resp.text())
+            assert (await resp.json())["id"] == name
+        resp = await served.service.http.get(
+            served.service.url("/v1/models/meta-llama/Other"),
+            headers=served.service.auth(served.key),
+        )
+        assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"
 
 
 # --- streaming -------------------------------------------------------------------------------
