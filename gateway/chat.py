@@ -398,7 +398,7 @@ def _build_turn(
     turn_id = _stable_id(principal.workspace_id, "turn", f"{conversation_id}/{command_id}")
     now = datetime.now(UTC)
     messages = tuple(
-        Message(role=m.role, content=m.text, name=m.name or None) for m in body.messages
+        Message(role=m.model_role, content=m.text, name=m.name or None) for m in body.messages
     )
     params = TurnParams(
         temperature=body.temperature,

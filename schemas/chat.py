@@ -30,8 +30,16 @@ from schemas.conversation import (
     ReasoningEffort,
     Verbosity,
 )
+from schemas.conversation import Role as ModelRole
 
-Role = Literal["system", "user", "assistant", "tool"]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+"""`developer` is OpenAI's newer name for `system` (the SDK's
+ChatCompletionDeveloperMessageParam): read as a system message from here on
+(`ChatMessageIn.model_role`), since not every model server knows the name."""
+_REFUSED_ROLES = {
+    "function": "role 'function' (the legacy function-calling result) is not supported: "
+    "client-defined functions are not; send its text in a user message instead",
+}
 
 
 class TextPart(BaseModel):
@@ -54,6 +62,15 @@ class ChatMessageIn(BaseModel):
     content: str | list[TextPart] | None = Field(max_length=MAX_CONTENT)
     name: str | None = Field(default=None, max_length=200)
 
+    @field_validator("role", mode="before")
+    @classmethod
+    def _supported_role(cls, value: object) -> object:
+        # A clear word for the roles of features this endpoint does not have, rather than
+        # pydantic's list of the roles it takes.
+        if isinstance(value, str) and value in _REFUSED_ROLES:
+            raise ValueError(_REFUSED_ROLES[value])
+        return value
+
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_only(cls, value: object) -> object:
@@ -73,6 +90,11 @@ class ChatMessageIn(BaseModel):
         if len(self.text) > MAX_CONTENT:
             raise ValueError(f"a message's content is at most {MAX_CONTENT:,} characters")
         return self
+
+    @property
+    def model_role(self) -> ModelRole:
+        """The role the turn records and the model server is sent: `developer` is `system`."""
+        return "system" if self.role == "developer" else self.role
 
     @property
     def text(self) -> str:

@@ -910,6 +910,30 @@ async def test_refused_by_scope_or_rate_limit_the_named_conversation_is_still_na
         assert headers["X-SVC-Conversation-Id"] == named["X-SVC-Conversation-Id"]
 
 
+async def test_a_developer_message_is_a_system_message_toward_the_model(chat: Chat) -> None:
+    """OpenAI's newer name for `system`: accepted, and sent as `system`, which every model
+    server knows."""
+    messages: Any = [{"role": "developer", "content": "answer in French"}, *HELLO]
+    raw = await chat.client().chat.completions.with_raw_response.create(
+        model=UPSTREAM_MODEL, messages=messages
+    )
+    assert raw.parse().choices[0].message.content
+    sent = chat.stub.bodies[-1]["messages"]
+    assert sent[0] == {"role": "system", "content": "answer in French"}
+    started = await chat.wait_for_event(
+        raw.headers["X-SVC-Conversation-Id"], "conversation.turn_started"
+    )
+    assert started.data["request_messages"] == 2
+
+
+async def test_a_legacy_function_message_is_refused_by_name(chat: Chat) -> None:
+    messages: Any = [*HELLO, {"role": "function", "name": "f", "content": "42"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await chat.client().chat.completions.create(model=UPSTREAM_MODEL, messages=messages)
+    assert "messages.1.role: role 'function'" in caught.value.message
+    assert chat.stub.calls == 0
+
+
 async def test_content_as_text_parts_and_null_assistant_content(chat: Chat) -> None:
     messages: Any = [
         {
