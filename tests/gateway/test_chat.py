@@ -934,6 +934,48 @@ async def test_a_legacy_function_message_is_refused_by_name(chat: Chat) -> None:
     assert chat.stub.calls == 0
 
 
+TOOL_CALL: Any = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    ("history", "named"),
+    [
+        (
+            [{"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]}],
+            "messages.1.tool_calls: an assistant message with tool_calls is not supported",
+        ),
+        (
+            [{"role": "assistant", "content": None, "function_call": TOOL_CALL["function"]}],
+            "messages.1.function_call: an assistant message with function_call",
+        ),
+        (
+            [
+                {"role": "assistant", "content": "calling"},
+                {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+            ],
+            "messages.2.role: role 'tool' (a tool call's result) is not supported",
+        ),
+    ],
+)
+async def test_a_history_of_tool_use_is_refused_naming_the_message(
+    chat: Chat, history: list[Any], named: str
+) -> None:
+    """Tools are refused, so is their history: forwarded without its tool_call_id and
+    tool_calls, it made the model server refuse the request (a 502 and a failed turn)."""
+    messages: Any = [*HELLO, *history, {"role": "user", "content": "go on"}]
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": messages})
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and error["code"] == "invalid_request"
+    assert named in error["message"] and "drop" in error["message"]
+    assert "X-SVC-Conversation-Id" not in resp.headers
+    assert chat.stub.calls == 0
+    # No tool use at all (an empty list, a null) is no history of it.
+    quiet: Any = [*HELLO, {"role": "assistant", "content": "hi", "tool_calls": []}]
+    quiet += [{"role": "user", "content": "go on"}]
+    ok = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": quiet})
+    assert ok.status == 200, await ok.text()
+
+
 async def test_content_as_text_parts_and_null_assistant_content(chat: Chat) -> None:
     messages: Any = [
         {
