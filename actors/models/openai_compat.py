@@ -14,6 +14,9 @@ Failure policy:
 - Transient failures (connection errors, HTTP 429, 502, 503, 504) are retried up to `retries`
   times with exponential back-off and jitter, but only while no delta has been yielded: once
   text reached the caller a retry would duplicate it.
+- A 400 whose code names a problem of the client's request (`context_length_exceeded`, ...:
+  `UPSTREAM_REQUEST_PROBLEMS`) is the client's 400 with that code; an unknown model name the
+  client chose, its 404.
 - Anything else becomes `UpstreamError` (502) carrying the upstream's message, shortened and
   scrubbed of credentials. The API key is sent only in the Authorization header and never
   appears in a log line or an error.
@@ -36,7 +39,13 @@ import orjson
 from actors.models.port import ChatMessage, Finished, ModelEvent, ModelRequest, TextDelta, Usage
 from actors.models.tokens import estimate_prompt_tokens, estimate_tokens
 from schemas.conversation import MAX_CONTENT
-from schemas.errors import NotFound, UpstreamError, UpstreamTimeout
+from schemas.errors import (
+    UPSTREAM_REQUEST_PROBLEMS,
+    InvalidInput,
+    NotFound,
+    UpstreamError,
+    UpstreamTimeout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +312,9 @@ async def _raise_for_status(
 ) -> None:
     """Raise what the upstream's refusal means here. `forwarded`: the client's own model
     name was sent (no SVC_LLM_MODEL), so the upstream's "no such model" is the client's
-    404, which SDKs do not retry; with a configured model it is this server's 502."""
+    404, which SDKs do not retry; with a configured model it is this server's 502. A 400
+    whose code names a problem of the request (UPSTREAM_REQUEST_PROBLEMS) is the client's
+    400 with that code."""
     status = resp.status
     if status in (401, 403):
         # Model servers quote the refused key here, often masked as a prefix and a suffix
@@ -317,6 +328,10 @@ async def _raise_for_status(
     message = _scrub(message, api_key)
     if status == 404 and forwarded and upstream_code == "model_not_found":
         raise NotFound(f"the model server has no such model: {message}", code="model_not_found")
+    if status == 400 and upstream_code in UPSTREAM_REQUEST_PROBLEMS:
+        # The client's messages are too long or refused: its own 400, with the code it can
+        # act on (the same request fails the same way, so no retry either).
+        raise InvalidInput(f"the model server refused the request: {message}", code=upstream_code)
     if status in TRANSIENT_STATUSES:
         raise _Transient(f"HTTP {status}: {message}", _retry_after(resp.headers))
     code = {

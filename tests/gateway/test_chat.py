@@ -476,6 +476,46 @@ async def test_upstream_failure_is_502_and_recorded(chat: Chat) -> None:
     assert error.response.headers["X-SVC-Cursor"] == failed.cursor
 
 
+TOO_LONG = json.dumps(
+    {
+        "error": {
+            "message": "This model's maximum context length is 8192 tokens.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_upstream_400_for_the_clients_input_is_the_clients_400(
+    chat: Chat, stream: bool
+) -> None:
+    """The SDK raises BadRequestError with the upstream's code, not an InternalServerError;
+    the turn is recorded as failed, and a retry with its key gets the same answer."""
+    key = {"Idempotency-Key": uid("too-long-")}
+    chat.stub.faults.append(stub_upstream.Fault(400, TOO_LONG, content_type="application/json"))
+    answers = []
+    for _ in range(2):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await chat.client().chat.completions.create(
+                model=UPSTREAM_MODEL, messages=HELLO, stream=stream, extra_headers=key
+            )
+        answers.append(caught.value)
+    first, again = answers
+    assert first.code == again.code == "context_length_exceeded"
+    assert first.type == "invalid_request_error"
+    assert "maximum context length is 8192 tokens" in first.message
+    assert "recorded result of the first attempt" in again.message
+    assert chat.stub.calls == 1
+    conversation_id = first.response.headers["X-SVC-Conversation-Id"]
+    assert again.response.headers["X-SVC-Conversation-Id"] == conversation_id
+    failed = await chat.wait_for_event(conversation_id, FAILED)
+    assert failed.data["error_code"] == "context_length_exceeded"
+    assert first.response.headers["X-SVC-Cursor"] == failed.cursor
+
+
 async def test_a_model_the_upstream_lacks_names_the_conversation_it_recorded(
     database_url: str, tmp_path: Path
 ) -> None:

@@ -12,7 +12,7 @@ import stub_upstream
 
 from actors.models.openai_compat import OpenAICompatProvider
 from actors.models.port import ChatMessage, Finished, ModelEvent, ModelRequest, TextDelta
-from schemas.errors import NotFound, UpstreamError, UpstreamTimeout
+from schemas.errors import InvalidInput, NotFound, UpstreamError, UpstreamTimeout
 
 API_KEY = "sk-test-secret-0123456789"
 
@@ -344,6 +344,38 @@ async def test_an_unknown_forwarded_model_is_the_clients_404(stub: Any) -> None:
     with pytest.raises(UpstreamError):
         await collect(provider(stub.base_url, model=""), request())
     assert stub.calls == 3
+
+
+def upstream_error(code: str, message: str) -> stub_upstream.Fault:
+    """A fault whose body is an OpenAI error document carrying `code` (the stub's own say
+    no code)."""
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    return stub_upstream.Fault(400, json.dumps({"error": error}), content_type="application/json")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "context_length_exceeded",
+        "string_above_max_length",
+        "content_policy_violation",
+        "invalid_prompt",
+    ],
+)
+async def test_a_400_for_the_requests_own_problem_is_the_clients_400(stub: Any, code: str) -> None:
+    """Too long a prompt is the client's to fix: its 400, with the code that says so, not
+    this server's 502 (which the SDKs raise as InternalServerError, the code lost)."""
+    stub.faults.append(upstream_error(code, f"messages too long for {API_KEY}"))
+    with pytest.raises(InvalidInput) as caught:
+        await collect(provider(stub.base_url), request())
+    assert caught.value.http_status == 400 and caught.value.code == code
+    assert "messages too long" in caught.value.message and API_KEY not in caught.value.message
+    assert stub.calls == 1
+    # Another code of a 400 stays the server's refusal.
+    stub.faults.append(upstream_error("unsupported_parameter", "no such parameter"))
+    with pytest.raises(UpstreamError) as other:
+        await collect(provider(stub.base_url), request())
+    assert other.value.code == "upstream_rejected"
 
 
 def completion_body(content: str, finish_reason: str) -> str:
