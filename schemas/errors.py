@@ -90,6 +90,9 @@ class UpstreamError(SvcError):
     http_status = 502
     error_type = "upstream_error"
     default_code = "upstream_error"
+    retry_after_s: float | None = None
+    """Set when the model server's last refusal said when to ask again (`Retry-After`): the
+    client's answer says so too."""
 
 
 UPSTREAM_REQUEST_PROBLEMS = frozenset(

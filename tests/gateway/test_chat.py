@@ -576,6 +576,33 @@ async def test_the_sdk_does_not_retry_what_a_retry_cannot_mend(chat: Chat) -> No
     assert chat.stub.calls == 1 + 2 + 1 + 2
 
 
+async def test_an_upstream_account_out_of_quota_is_final_and_named(chat: Chat) -> None:
+    """Not retried upstream (SVC_LLM_RETRIES is 1 here) nor by the SDK: paying mends it,
+    not waiting."""
+    client = openai.AsyncOpenAI(base_url=chat.base_url, api_key=chat.key, max_retries=2)
+    chat.clients.append(client)
+    quota = stub_upstream.Fault(429, "You exceeded your current quota", code="insufficient_quota")
+    chat.stub.faults.extend([quota] * 4)
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.chat.completions.create(model=UPSTREAM_MODEL, messages=HELLO)
+    assert caught.value.code == "upstream_quota_exceeded"
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert "exceeded your current quota" in caught.value.message
+    assert chat.stub.calls == 1
+    failed = await chat.wait_for_event(
+        caught.value.response.headers["X-SVC-Conversation-Id"], FAILED
+    )
+    assert failed.data["error_code"] == "upstream_quota_exceeded"
+
+
+async def test_an_upstreams_retry_after_reaches_the_client(chat: Chat) -> None:
+    chat.stub.faults.extend([stub_upstream.Fault(503, "busy", retry_after_s=0.01)] * 2)
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO})
+    assert resp.status == 502 and (await resp.json())["error"]["code"] == "upstream_unavailable"
+    assert resp.headers["Retry-After"] == "1"  # whole seconds, rounded up
+    assert chat.stub.calls == 2
+
+
 async def test_upstream_failure_before_streaming_keeps_its_status(chat: Chat) -> None:
     chat.stub.faults.append(stub_upstream.Fault(401, "bad upstream key"))
     with pytest.raises(openai.APIStatusError) as caught:

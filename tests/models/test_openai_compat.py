@@ -170,6 +170,31 @@ async def test_retries_are_bounded(stub: Any) -> None:
     assert stub.calls == 3
 
 
+@pytest.mark.parametrize(
+    "code", ["insufficient_quota", "billing_hard_limit_reached", "billing_not_active"]
+)
+async def test_a_429_for_an_account_out_of_credit_is_final(stub: Any, code: str) -> None:
+    """No wait mends it: not retried as a rate limit, and named for what it is."""
+    stub.faults.extend([stub_upstream.Fault(429, "You exceeded your current quota", code=code)] * 4)
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url), request())
+    assert caught.value.code == "upstream_quota_exceeded" and caught.value.http_status == 502
+    assert "exceeded your current quota" in caught.value.message
+    assert caught.value.retry_after_s is None
+    assert stub.calls == 1
+
+
+async def test_spent_retries_pass_on_the_last_retry_after(stub: Any) -> None:
+    stub.faults.extend([stub_upstream.Fault(503, "busy", retry_after_s=0.02)] * 2)
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url, retries=1), request())
+    assert caught.value.code == "upstream_unavailable" and caught.value.retry_after_s == 0.02
+    stub.faults.extend([stub_upstream.Fault(503, "busy")] * 2)
+    with pytest.raises(UpstreamError) as without:
+        await collect(provider(stub.base_url, retries=1), request())
+    assert without.value.retry_after_s is None
+
+
 async def test_400_is_not_retried_and_message_is_scrubbed(stub: Any) -> None:
     leak = f"bad request; got Authorization: Bearer {API_KEY} and api_key=sk-other-abcdef123"
     stub.faults.append(stub_upstream.Fault(400, leak))
@@ -408,6 +433,7 @@ async def test_a_retry_after_past_the_budget_reports_the_refusal_not_a_timeout(
         await collect(provider(stub.base_url, call_timeout_s=5, backoff_max_s=30), request())
     assert caught.value.code == "upstream_unavailable" and caught.value.http_status == 502
     assert "HTTP 429" in caught.value.message and "slow down" in caught.value.message
+    assert caught.value.retry_after_s == 20  # the client is told when to ask again
     assert stub.calls == 1
 
 
