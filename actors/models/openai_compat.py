@@ -468,9 +468,8 @@ async def _from_stream(
             )
         usage = _usage(chunk.get("usage")) or usage
         for choice in _choices(chunk):
-            delta = choice.get("delta")
-            text = delta.get("content") if isinstance(delta, dict) else None
-            if isinstance(text, str) and text:
+            text = _answer_text(choice.get("delta"))
+            if text:
                 completion_words += estimate_tokens(text)
                 yield TextDelta(text)
             reason = choice.get("finish_reason")
@@ -501,9 +500,7 @@ async def _from_completion(
     choices = _choices(chunk)
     if not choices:
         raise UpstreamError("model server answered without choices", code="upstream_error")
-    message = choices[0].get("message")
-    text = message.get("content") if isinstance(message, dict) else None
-    text = text if isinstance(text, str) else ""
+    text = _answer_text(choices[0].get("message"))
     if text:
         yield TextDelta(text)
     reason = choices[0].get("finish_reason")
@@ -513,6 +510,31 @@ async def _from_completion(
     # As in a stream, an empty or absent reason is a plain stop.
     yield Finished(
         finish_reason=reason if isinstance(reason, str) and reason else "stop", usage=usage
+    )
+
+
+def _answer_text(message: object) -> str:
+    """The text of an answer's `message` (or a stream's `delta`): its `content`, or, when
+    that is empty, its `refusal` (a model that declines says why there, content null): the
+    answer recorded and returned is that text, not an empty one."""
+    if not isinstance(message, dict):
+        return ""
+    return _text_of(message.get("content")) or _text_of(message.get("refusal"))
+
+
+def _text_of(content: object) -> str:
+    """A string, or the text parts of an array of parts joined without a separator, as the
+    request's content is read (schemas/chat.py); parts of other types are no text."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "".join(
+        part["text"]
+        for part in content
+        if isinstance(part, dict)
+        and part.get("type") == "text"
+        and isinstance(part.get("text"), str)
     )
 
 

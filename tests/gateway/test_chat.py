@@ -1043,6 +1043,39 @@ async def test_a_history_of_tool_use_is_refused_naming_the_message(
     assert ok.status == 200, await ok.text()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_refusal_is_the_answer_recorded_and_returned(chat: Chat, stream: bool) -> None:
+    """A model that declines answers content null and a `refusal`: that text is the answer,
+    not an empty one."""
+    refusal = "I can\u2019t help with that."
+    if stream:
+        chunks = [
+            {"choices": [{"index": 0, "delta": {"content": None, "refusal": refusal}}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        ]
+        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        fault = stub_upstream.Fault(200, body, content_type="text/event-stream")
+    else:
+        message = {"role": "assistant", "content": None, "refusal": refusal}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        fault = stub_upstream.Fault(
+            200, json.dumps({"choices": [choice]}), content_type="application/json"
+        )
+    chat.stub.faults.append(fault)
+    raw = await chat.client().chat.completions.with_raw_response.create(
+        model=UPSTREAM_MODEL, messages=HELLO, stream=stream
+    )
+    parsed = raw.parse()
+    if isinstance(parsed, openai.AsyncStream):
+        chunks_got = [c async for c in parsed]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks_got if c.choices)
+    else:
+        text = parsed.choices[0].message.content or ""
+    assert text == refusal
+    completed = await chat.wait_for_event(raw.headers["X-SVC-Conversation-Id"], COMPLETED)
+    assert completed.data["content"] == refusal
+
+
 async def test_content_as_text_parts_and_null_assistant_content(chat: Chat) -> None:
     messages: Any = [
         {

@@ -408,6 +408,54 @@ def completion_body(content: str, finish_reason: str) -> str:
     return json.dumps({"choices": [{**choice, "finish_reason": finish_reason}]})
 
 
+PARTS: Any = [
+    {"type": "text", "text": "one "},
+    {"type": "reasoning", "text": "not the answer"},
+    {"type": "text", "text": "two"},
+]
+REFUSAL = "I can\u2019t help with that."
+
+
+def message_body(message: dict[str, Any]) -> str:
+    choice = {"index": 0, "message": {"role": "assistant", **message}, "finish_reason": "stop"}
+    return json.dumps({"choices": [choice]})
+
+
+def stream_body(*deltas: dict[str, Any]) -> str:
+    chunks = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "expected"),
+    [
+        (message_body({"content": PARTS}), "application/json", ["one two"]),
+        (message_body({"content": None, "refusal": REFUSAL}), "application/json", [REFUSAL]),
+        (
+            stream_body({"content": PARTS[:1]}, {"content": PARTS[1:]}),
+            "text/event-stream",
+            ["one ", "two"],
+        ),
+        (
+            stream_body({"content": None, "refusal": "I can"}, {"refusal": "not."}),
+            "text/event-stream",
+            ["I can", "not."],
+        ),
+    ],
+)
+async def test_an_answer_in_parts_or_a_refusal_is_its_text(
+    stub: Any, body: str, content_type: str, expected: list[str]
+) -> None:
+    """Content as an array of parts (its text parts joined, as a request's are) and a
+    refusal (content null) were read as an empty answer."""
+    stub.faults.append(stub_upstream.Fault(200, body, content_type=content_type))
+    events = await collect(provider(stub.base_url), request())
+    assert [e.text for e in events if isinstance(e, TextDelta)] == expected
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.usage.completion_tokens > 0
+
+
 async def test_a_json_completion_with_an_empty_finish_reason_is_a_stop(stub: Any) -> None:
     body = completion_body("hello", "")
     stub.faults.append(stub_upstream.Fault(200, body, content_type="application/json"))
