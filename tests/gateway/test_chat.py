@@ -33,8 +33,9 @@ from eventstore.records import RecordedEvent
 from gateway.app import create_app
 from gateway.auth import generate_key, hash_key
 from gateway.bootstrap import ensure_workspace
+from gateway.chat import _keyed_command_id
 from gateway.settings import Settings
-from gateway.state import RUNTIME, STORE
+from gateway.state import RUNTIME, STORE, Principal
 from schemas.workspace import IssueApiKey
 
 UPSTREAM_MODEL = "stub-model"
@@ -817,6 +818,56 @@ async def test_a_replay_names_the_model_that_gave_the_recorded_answer(
         text = again.choices[0].message.content or ""
     assert text == first.choices[0].message.content
     assert chat.stub.calls == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_two_principals_of_a_workspace_never_share_an_idempotency_key(
+    chat: Chat, stream: bool
+) -> None:
+    """Keys are chosen by clients: another key of the same workspace sending the same one
+    runs its own turn in its own conversation, and never gets the first one's answer; each
+    principal's retry still gets its own recorded answer."""
+    other = await chat.issue_key(chat.workspace)
+    key = {"Idempotency-Key": "order-42"}
+
+    async def ask(api_key: str) -> tuple[str, str]:
+        raw = await chat.client(api_key).chat.completions.with_raw_response.create(
+            model=UPSTREAM_MODEL, messages=HELLO, stream=stream, extra_headers=key
+        )
+        parsed = raw.parse()
+        if isinstance(parsed, openai.AsyncStream):
+            chunks = [c async for c in parsed]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            text = parsed.choices[0].message.content or ""
+        return raw.headers["X-SVC-Conversation-Id"], text
+
+    chat.stub.reply = "the first principal's answer"
+    first = await ask(chat.key)
+    chat.stub.reply = "the second principal's answer"
+    second = await ask(other)
+    assert first[1] == "the first principal's answer"
+    assert second[1] == "the second principal's answer"
+    assert first[0] != second[0]
+    assert chat.stub.calls == 2
+    assert await ask(chat.key) == first and await ask(other) == second  # from the record
+    assert chat.stub.calls == 2
+
+
+def test_an_idempotency_key_belongs_to_the_user_else_the_api_key() -> None:
+    """A user's keys and sessions share the user's keys (a retry through another of them
+    is a retry); keys of no user each have their own; the id stays in the service's
+    namespace and within a command id's 200 characters."""
+    ws = "ws-1"
+    by_user = [Principal(ws, frozenset(), key_id=k, user_id="u-1") for k in ("k-1", "k-2", None)]
+    ids = {_keyed_command_id(p, "k" * 128) for p in by_user}
+    assert len(ids) == 1
+    (only,) = ids
+    assert only.startswith("svc:chat:") and len(only) <= 200
+    unowned = [Principal(ws, frozenset(), key_id=k) for k in ("k-1", "k-2")]
+    static = Principal(ws, frozenset())
+    others = {_keyed_command_id(p, "k" * 128) for p in (*unowned, static)}
+    assert len(others | ids) == 4
 
 
 async def test_a_key_reused_elsewhere_names_no_conversation(chat: Chat) -> None:
