@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from schemas.errors import (
+    UPSTREAM_REQUEST_PROBLEMS,
     Conflict,
     InvalidInput,
     NotFound,
@@ -111,6 +112,10 @@ _RECORDED_STATUS: dict[str, tuple[int, str]] = {
     "internal_error": (SvcError.http_status, SvcError.error_type),
     "concurrency_conflict": (Conflict.http_status, Conflict.error_type),
     "model_not_found": (NotFound.http_status, NotFound.error_type),
+    **{
+        code: (InvalidInput.http_status, InvalidInput.error_type)
+        for code in UPSTREAM_REQUEST_PROBLEMS
+    },
 }
 
 

@@ -32,6 +32,8 @@ class Fault:
     retry_after_s: float | None = None
     content_type: str | None = None
     """When set, `message` is the whole body, of this type, not an OpenAI error document."""
+    code: str | None = None
+    """The OpenAI error document's `code` (and `type`), as `insufficient_quota`."""
 
 
 class StubUpstream:
@@ -105,7 +107,13 @@ class StubUpstream:
                     text=fault.message, status=fault.status, content_type=fault.content_type
                 )
             return web.json_response(
-                {"error": {"message": fault.message, "type": "stub_error", "code": None}},
+                {
+                    "error": {
+                        "message": fault.message,
+                        "type": fault.code or "stub_error",
+                        "code": fault.code,
+                    }
+                },
                 status=fault.status,
                 headers=headers,
             )

@@ -6,9 +6,10 @@ appends an event itself. The actor records the user message and `TurnStarted` be
 the model and the outcome after, so the turn is durable whatever happens to this connection.
 
 Headers (see docs/chat.md):
-- `Idempotency-Key` (request): the RunTurn's command id. A retry with the same key returns
-  the recorded result of the first attempt without a second model call. Without one, a fresh
-  id is generated, so plain retries run a new turn.
+- `Idempotency-Key` (request): makes the RunTurn's command id, with the principal that sent
+  it (`_keyed_command_id`). A retry with the same key by the same principal returns the
+  recorded result of the first attempt without a second model call. Without one, a fresh id
+  is generated, so plain retries run a new turn.
 - `X-SVC-Conversation-Id` (request and response): the conversation to continue; a new one
   when absent (derived from the Idempotency-Key when one is given, so a retry lands on the
   same conversation). Every response, errors included, carries the id used.
@@ -34,6 +35,7 @@ per streamed token cost more than the rest of relaying it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import re
 import time
@@ -70,7 +72,7 @@ from schemas.chat import (
     ModelCard,
     ModelList,
 )
-from schemas.commands import check_client_key
+from schemas.commands import check_client_key, service_command_id
 from schemas.conversation import MAX_MESSAGES, Message, RunTurn, TurnParams
 from schemas.errors import InvalidInput, NotFound, RateLimited, SvcError, Unavailable
 
@@ -103,7 +105,9 @@ def add_routes(app: web.Application) -> None:
     app[AGENTS] = AgentDirectory()
     app.router.add_post(CHAT_PATH, chat_completions)
     app.router.add_get(MODELS_PATH, list_models)
-    app.router.add_get(MODELS_PATH + "/{model_id}", get_model)
+    # `.+`: a model name may hold '/' (`meta-llama/Llama-3-8B`), which clients that do not
+    # percent-encode it send as is; the default pattern stops at the first '/'.
+    app.router.add_get(MODELS_PATH + "/{model_id:.+}", get_model)
     app.on_response_prepare.append(_conversation_header)
     document(
         "POST",
@@ -375,18 +379,45 @@ def _request_ids(request: web.Request, principal: Principal) -> _RequestIds:
     idempotency_key = _header_id(request, IDEMPOTENCY_HEADER)
     if idempotency_key is not None:
         check_client_key(IDEMPOTENCY_HEADER, idempotency_key)
-    command_id = idempotency_key or uuid.uuid4().hex
+    command_id = (
+        _keyed_command_id(principal, idempotency_key) if idempotency_key else uuid.uuid4().hex
+    )
     conversation_id = _header_id(request, CONVERSATION_HEADER)
     named_by_client = conversation_id is not None
     new_conversation = conversation_id is None and idempotency_key is None
     if conversation_id is None:
         conversation_id = (
-            _stable_id(principal.workspace_id, "conversation", idempotency_key)
+            _stable_id(principal.workspace_id, "conversation", command_id)
             if idempotency_key
             else str(uuid.uuid4())
         )
     request[_CONVERSATION_KEY] = conversation_id
     return _RequestIds(command_id, conversation_id, new_conversation, named_by_client)
+
+
+def _key_owner(principal: Principal) -> str:
+    """Whose Idempotency-Keys a request's is among: its user (through any of their keys or
+    sessions), else its API key, else its OAuth client, else the static compatibility key's
+    holders (one credential, so one owner)."""
+    if principal.user_id:
+        return f"user/{principal.user_id}"
+    if principal.key_id:
+        return f"key/{principal.key_id}"
+    client_id = principal.attributes.get("client_id")
+    if client_id:
+        return f"oauth/{client_id}"
+    return "static"
+
+
+def _keyed_command_id(principal: Principal, idempotency_key: str) -> str:
+    """The RunTurn's command id for a client's Idempotency-Key. Keys are chosen by clients,
+    so two principals of a workspace may pick the same one: the id (and the conversation,
+    turn and message ids derived from it) includes the key's owner, so that neither ever
+    gets the other's recorded answer or conversation, while a retry by the same owner lands
+    on its first attempt. It lies in the service's namespace (`svc:`), which no client key
+    of any endpoint can enter, so it cannot meet a raw key in the workspace's ledger."""
+    owner = hashlib.sha256(_key_owner(principal).encode()).hexdigest()[:24]
+    return service_command_id("chat", f"{owner}:{idempotency_key}")
 
 
 def _build_turn(
@@ -396,7 +427,7 @@ def _build_turn(
     turn_id = _stable_id(principal.workspace_id, "turn", f"{conversation_id}/{command_id}")
     now = datetime.now(UTC)
     messages = tuple(
-        Message(role=m.role, content=m.text, name=m.name or None) for m in body.messages
+        Message(role=m.model_role, content=m.text, name=m.name or None) for m in body.messages
     )
     params = TurnParams(
         temperature=body.temperature,

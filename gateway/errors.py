@@ -25,7 +25,14 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
 
 from gateway.metrics import HTTP_ERRORS
-from schemas.errors import InvalidInput, PayloadTooLarge, RateLimited, RequestTimeout, SvcError
+from schemas.errors import (
+    InvalidInput,
+    PayloadTooLarge,
+    RateLimited,
+    RequestTimeout,
+    SvcError,
+    UpstreamError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +112,7 @@ RETRY_CANNOT_HELP = frozenset(
         "upstream_bad_stream",
         "upstream_bad_response",
         "upstream_misconfigured",
+        "upstream_quota_exceeded",
         "idempotency_key_reused",
         "idempotency_key_expired",
         "duplicate_request",
@@ -126,7 +134,9 @@ def from_svc_error(exc: SvcError) -> web.Response:
     if final and (exc.http_status >= 500 or exc.http_status == 409):
         response.headers["x-should-retry"] = "false"
     if isinstance(exc, RateLimited):
-        response.headers["Retry-After"] = str(max(1, int(exc.retry_after_s + 0.999)))
+        response.headers["Retry-After"] = _whole_seconds(exc.retry_after_s)
+    elif isinstance(exc, UpstreamError) and exc.retry_after_s is not None:
+        response.headers["Retry-After"] = _whole_seconds(exc.retry_after_s)
     extra: Any = getattr(exc, "headers", None)
     if isinstance(extra, dict):
         response.headers.update(extra)
@@ -134,6 +144,11 @@ def from_svc_error(exc: SvcError) -> web.Response:
         # The rest of the body may still arrive: this connection's bytes are out of step.
         response.force_close()
     return response
+
+
+def _whole_seconds(seconds: float) -> str:
+    """A `Retry-After` value: whole seconds, rounded up, at least 1."""
+    return str(max(1, int(seconds + 0.999)))
 
 
 def status_envelope(status: int, message: str) -> web.Response:

@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -30,8 +31,26 @@ from schemas.conversation import (
     ReasoningEffort,
     Verbosity,
 )
+from schemas.conversation import Role as ModelRole
 
-Role = Literal["system", "user", "assistant", "tool"]
+Role = Literal["system", "developer", "user", "assistant"]
+"""`developer` is OpenAI's newer name for `system` (the SDK's
+ChatCompletionDeveloperMessageParam): read as a system message from here on
+(`ChatMessageIn.model_role`), since not every model server knows the name."""
+_REFUSED_ROLES = {
+    # Tools are refused (ChatCompletionRequest.tools): a tool's result answers a tool call
+    # this endpoint never made, and forwarding it without its tool_call_id makes model
+    # servers refuse the whole request.
+    "tool": "role 'tool' (a tool call's result) is not supported: this endpoint runs no "
+    "client-defined tools; drop the tool messages and the assistant tool_calls they answer, "
+    "or put the result in a user message's text",
+    "function": "role 'function' (the legacy function-calling result) is not supported: "
+    "client-defined functions are not; send its text in a user message instead",
+}
+_NO_TOOL_CALLS = (
+    "an assistant message with {field} is not supported: client-defined tools are not; send "
+    "the assistant's text only (drop {field} and the tool messages that answer it)"
+)
 
 
 class TextPart(BaseModel):
@@ -46,13 +65,34 @@ class TextPart(BaseModel):
 class ChatMessageIn(BaseModel):
     """A message of the request. `content` takes OpenAI's three forms: a string, an array of
     text parts (joined without a separator, as OpenAI-compatible gateways flatten them), or
-    null on an assistant message. Other part types (images, audio, files) are refused."""
+    null on an assistant message. Other part types (images, audio, files) are refused, and
+    so is the history of tool use (tool messages, assistant tool_calls), tools being so."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     role: Role
     content: str | list[TextPart] | None = Field(max_length=MAX_CONTENT)
     name: str | None = Field(default=None, max_length=200)
+    # Refused unless absent or empty: dropped on the way to the model server, they would
+    # leave a history it refuses (or misreads).
+    tool_calls: list[Any] | None = None
+    function_call: Any = None
+
+    @field_validator("tool_calls", "function_call")
+    @classmethod
+    def _no_tool_calls(cls, value: object, info: ValidationInfo) -> object:
+        if value:
+            raise ValueError(_NO_TOOL_CALLS.format(field=info.field_name))
+        return value
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _supported_role(cls, value: object) -> object:
+        # A clear word for the roles of features this endpoint does not have, rather than
+        # pydantic's list of the roles it takes.
+        if isinstance(value, str) and value in _REFUSED_ROLES:
+            raise ValueError(_REFUSED_ROLES[value])
+        return value
 
     @field_validator("content", mode="before")
     @classmethod
@@ -73,6 +113,11 @@ class ChatMessageIn(BaseModel):
         if len(self.text) > MAX_CONTENT:
             raise ValueError(f"a message's content is at most {MAX_CONTENT:,} characters")
         return self
+
+    @property
+    def model_role(self) -> ModelRole:
+        """The role the turn records and the model server is sent: `developer` is `system`."""
+        return "system" if self.role == "developer" else self.role
 
     @property
     def text(self) -> str:

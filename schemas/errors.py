@@ -90,6 +90,23 @@ class UpstreamError(SvcError):
     http_status = 502
     error_type = "upstream_error"
     default_code = "upstream_error"
+    retry_after_s: float | None = None
+    """Set when the model server's last refusal said when to ask again (`Retry-After`): the
+    client's answer says so too."""
+
+
+UPSTREAM_REQUEST_PROBLEMS = frozenset(
+    {
+        "context_length_exceeded",
+        "string_above_max_length",
+        "content_policy_violation",
+        "invalid_prompt",
+    }
+)
+"""Error codes of a model server's HTTP 400 (OpenAI's) that name a problem of the request the
+client sent (too long, refused content): the client's 400 `invalid_request_error` with that
+code, not the server's 502, so the SDKs raise BadRequestError with the code and do not retry.
+A 400 with any other code stays `upstream_rejected`."""
 
 
 class UpstreamTimeout(SvcError):

@@ -13,7 +13,12 @@ Failure policy:
   `UpstreamTimeout` (code `ErrCallTimeout`) and is never retried.
 - Transient failures (connection errors, HTTP 429, 502, 503, 504) are retried up to `retries`
   times with exponential back-off and jitter, but only while no delta has been yielded: once
-  text reached the caller a retry would duplicate it.
+  text reached the caller a retry would duplicate it. A 429 for an account out of credit
+  (`QUOTA_CODES`) is no transient failure: `upstream_quota_exceeded` at once. When the
+  retries are spent, the last refusal's `Retry-After` goes to the client.
+- A 400 whose code names a problem of the client's request (`context_length_exceeded`, ...:
+  `UPSTREAM_REQUEST_PROBLEMS`) is the client's 400 with that code; an unknown model name the
+  client chose, its 404.
 - Anything else becomes `UpstreamError` (502) carrying the upstream's message, shortened and
   scrubbed of credentials. The API key is sent only in the Authorization header and never
   appears in a log line or an error.
@@ -36,12 +41,21 @@ import orjson
 from actors.models.port import ChatMessage, Finished, ModelEvent, ModelRequest, TextDelta, Usage
 from actors.models.tokens import estimate_prompt_tokens, estimate_tokens
 from schemas.conversation import MAX_CONTENT
-from schemas.errors import NotFound, UpstreamError, UpstreamTimeout
+from schemas.errors import (
+    UPSTREAM_REQUEST_PROBLEMS,
+    InvalidInput,
+    NotFound,
+    UpstreamError,
+    UpstreamTimeout,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})
+QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "billing_not_active"})
+"""Error codes (or types) of a model server's refusal, a 429 most often, that mean the
+account is out of credit: final (`upstream_quota_exceeded`), never retried as a rate limit."""
 _MAX_MESSAGE_CHARS = 300
 _MAX_LINE_BYTES = 4 * 1024 * 1024
 # A message holds MAX_CONTENT characters; in JSON each may take up to 6 bytes (\uXXXX).
@@ -186,17 +200,17 @@ class OpenAICompatProvider:
                         code="upstream_interrupted",
                     ) from None
                 if attempt >= self._retries:
-                    raise UpstreamError(
+                    raise _unavailable(
                         f"model server unavailable after {attempt + 1} attempts: {exc.reason}",
-                        code="upstream_unavailable",
+                        exc,
                     ) from None
                 delay = self._backoff(attempt, exc.retry_after_s)
                 if deadline is not None and loop.time() + delay >= deadline:
                     # Not a timeout: the model server said no, and when to ask again.
-                    raise UpstreamError(
+                    raise _unavailable(
                         f"model server unavailable ({exc.reason}); the next attempt would "
                         f"come after the call's {budget:g}s budget (SVC_LLM_CALL_TIMEOUT_S)",
-                        code="upstream_unavailable",
+                        exc,
                     ) from None
                 log.warning(
                     "model call attempt %d failed (%s); retrying in %.2fs",
@@ -291,6 +305,13 @@ def _json_body(body: bytes) -> object:
         ) from None
 
 
+def _unavailable(message: str, last: _Transient) -> UpstreamError:
+    """The retries are spent: the client is told when the model server said to ask again."""
+    error = UpstreamError(message, code="upstream_unavailable")
+    error.retry_after_s = last.retry_after_s
+    return error
+
+
 def _timeout(budget_s: float) -> UpstreamTimeout:
     return UpstreamTimeout(
         f"model call exceeded its {budget_s:g}s budget (SVC_LLM_CALL_TIMEOUT_S)",
@@ -303,7 +324,9 @@ async def _raise_for_status(
 ) -> None:
     """Raise what the upstream's refusal means here. `forwarded`: the client's own model
     name was sent (no SVC_LLM_MODEL), so the upstream's "no such model" is the client's
-    404, which SDKs do not retry; with a configured model it is this server's 502."""
+    404, which SDKs do not retry; with a configured model it is this server's 502. A 400
+    whose code names a problem of the request (UPSTREAM_REQUEST_PROBLEMS) is the client's
+    400 with that code."""
     status = resp.status
     if status in (401, 403):
         # Model servers quote the refused key here, often masked as a prefix and a suffix
@@ -315,8 +338,19 @@ async def _raise_for_status(
         )
     message, upstream_code = await _error_message(resp)
     message = _scrub(message, api_key)
+    if upstream_code in QUOTA_CODES:
+        # A 429 that no wait mends: the account is out of credit until someone pays.
+        raise UpstreamError(
+            f"the model server's account has no quota left (HTTP {status}: {message}); check "
+            "the plan and billing of the account SVC_NATIVE_API_KEY belongs to",
+            code="upstream_quota_exceeded",
+        )
     if status == 404 and forwarded and upstream_code == "model_not_found":
         raise NotFound(f"the model server has no such model: {message}", code="model_not_found")
+    if status == 400 and upstream_code in UPSTREAM_REQUEST_PROBLEMS:
+        # The client's messages are too long or refused: its own 400, with the code it can
+        # act on (the same request fails the same way, so no retry either).
+        raise InvalidInput(f"the model server refused the request: {message}", code=upstream_code)
     if status in TRANSIENT_STATUSES:
         raise _Transient(f"HTTP {status}: {message}", _retry_after(resp.headers))
     code = {
@@ -328,7 +362,8 @@ async def _raise_for_status(
 
 
 async def _error_message(resp: aiohttp.ClientResponse) -> tuple[str, str | None]:
-    """The upstream's error message and, in the OpenAI shape, its error code."""
+    """The upstream's error message and, in the OpenAI shape, its error code (its `type`
+    when it has no code: OpenAI's quota refusals have said `insufficient_quota` in both)."""
     try:
         text = (await resp.content.read(8192)).decode("utf-8", "replace")
     except (aiohttp.ClientError, TimeoutError):
@@ -339,6 +374,8 @@ async def _error_message(resp: aiohttp.ClientResponse) -> tuple[str, str | None]
             error = data.get("error", data)
             if isinstance(error, dict) and isinstance(error.get("message"), str):
                 code = error.get("code")
+                if not isinstance(code, str) or not code:
+                    code = error.get("type")
                 return str(error["message"]), code if isinstance(code, str) else None
             if isinstance(error, str):
                 return error, None
@@ -431,9 +468,8 @@ async def _from_stream(
             )
         usage = _usage(chunk.get("usage")) or usage
         for choice in _choices(chunk):
-            delta = choice.get("delta")
-            text = delta.get("content") if isinstance(delta, dict) else None
-            if isinstance(text, str) and text:
+            text = _answer_text(choice.get("delta"))
+            if text:
                 completion_words += estimate_tokens(text)
                 yield TextDelta(text)
             reason = choice.get("finish_reason")
@@ -464,9 +500,7 @@ async def _from_completion(
     choices = _choices(chunk)
     if not choices:
         raise UpstreamError("model server answered without choices", code="upstream_error")
-    message = choices[0].get("message")
-    text = message.get("content") if isinstance(message, dict) else None
-    text = text if isinstance(text, str) else ""
+    text = _answer_text(choices[0].get("message"))
     if text:
         yield TextDelta(text)
     reason = choices[0].get("finish_reason")
@@ -476,6 +510,31 @@ async def _from_completion(
     # As in a stream, an empty or absent reason is a plain stop.
     yield Finished(
         finish_reason=reason if isinstance(reason, str) and reason else "stop", usage=usage
+    )
+
+
+def _answer_text(message: object) -> str:
+    """The text of an answer's `message` (or a stream's `delta`): its `content`, or, when
+    that is empty, its `refusal` (a model that declines says why there, content null): the
+    answer recorded and returned is that text, not an empty one."""
+    if not isinstance(message, dict):
+        return ""
+    return _text_of(message.get("content")) or _text_of(message.get("refusal"))
+
+
+def _text_of(content: object) -> str:
+    """A string, or the text parts of an array of parts joined without a separator, as the
+    request's content is read (schemas/chat.py); parts of other types are no text."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "".join(
+        part["text"]
+        for part in content
+        if isinstance(part, dict)
+        and part.get("type") == "text"
+        and isinstance(part.get("text"), str)
     )
 
 

@@ -23,6 +23,7 @@ import pytest
 import stub_upstream
 from multidict import CIMultiDict
 from test_admin_support import GatewayTestServer, Service, SseReader, now, uid
+from yarl import URL
 
 from actors.behaviour import CommandOutcome
 from actors.conversation import TurnResult
@@ -32,8 +33,9 @@ from eventstore.records import RecordedEvent
 from gateway.app import create_app
 from gateway.auth import generate_key, hash_key
 from gateway.bootstrap import ensure_workspace
+from gateway.chat import _keyed_command_id
 from gateway.settings import Settings
-from gateway.state import RUNTIME, STORE
+from gateway.state import RUNTIME, STORE, Principal
 from schemas.workspace import IssueApiKey
 
 UPSTREAM_MODEL = "stub-model"
@@ -314,6 +316,25 @@ async def test_models_list(chat: Chat) -> None:
     assert caught.value.code == "model_not_found"
 
 
+async def test_a_model_name_with_slashes_is_retrieved(database_url: str, tmp_path: Path) -> None:
+    """Hugging Face style names (`meta-llama/Llama-3-8B`): the SDK percent-encodes the '/',
+    other clients send it as is; both reach the model, not a 404 for the path."""
+    name = "meta-llama/Llama-3-8B"
+    async with chat_service(database_url, tmp_path, SVC_LLM_MODEL=name) as served:
+        one = await served.client().models.retrieve(name)
+        assert one.id == name
+        for path in (name, "meta-llama%2FLlama-3-8B"):
+            url = URL(served.service.url(f"/v1/models/{path}"), encoded=True)
+            resp = await served.service.http.get(url, headers=served.service.auth(served.key))
+            assert resp.status == 200, (path, await resp.text())
+            assert (await resp.json())["id"] == name
+        resp = await served.service.http.get(
+            served.service.url("/v1/models/meta-llama/Other"),
+            headers=served.service.auth(served.key),
+        )
+        assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"
+
+
 # --- streaming -------------------------------------------------------------------------------
 
 
@@ -456,6 +477,46 @@ async def test_upstream_failure_is_502_and_recorded(chat: Chat) -> None:
     assert error.response.headers["X-SVC-Cursor"] == failed.cursor
 
 
+TOO_LONG = json.dumps(
+    {
+        "error": {
+            "message": "This model's maximum context length is 8192 tokens.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_upstream_400_for_the_clients_input_is_the_clients_400(
+    chat: Chat, stream: bool
+) -> None:
+    """The SDK raises BadRequestError with the upstream's code, not an InternalServerError;
+    the turn is recorded as failed, and a retry with its key gets the same answer."""
+    key = {"Idempotency-Key": uid("too-long-")}
+    chat.stub.faults.append(stub_upstream.Fault(400, TOO_LONG, content_type="application/json"))
+    answers = []
+    for _ in range(2):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await chat.client().chat.completions.create(
+                model=UPSTREAM_MODEL, messages=HELLO, stream=stream, extra_headers=key
+            )
+        answers.append(caught.value)
+    first, again = answers
+    assert first.code == again.code == "context_length_exceeded"
+    assert first.type == "invalid_request_error"
+    assert "maximum context length is 8192 tokens" in first.message
+    assert "recorded result of the first attempt" in again.message
+    assert chat.stub.calls == 1
+    conversation_id = first.response.headers["X-SVC-Conversation-Id"]
+    assert again.response.headers["X-SVC-Conversation-Id"] == conversation_id
+    failed = await chat.wait_for_event(conversation_id, FAILED)
+    assert failed.data["error_code"] == "context_length_exceeded"
+    assert first.response.headers["X-SVC-Cursor"] == failed.cursor
+
+
 async def test_a_model_the_upstream_lacks_names_the_conversation_it_recorded(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -514,6 +575,33 @@ async def test_the_sdk_does_not_retry_what_a_retry_cannot_mend(chat: Chat) -> No
     assert caught.value.response.headers["x-should-retry"] == "false"
     assert "recorded result of the first attempt" in caught.value.message
     assert chat.stub.calls == 1 + 2 + 1 + 2
+
+
+async def test_an_upstream_account_out_of_quota_is_final_and_named(chat: Chat) -> None:
+    """Not retried upstream (SVC_LLM_RETRIES is 1 here) nor by the SDK: paying mends it,
+    not waiting."""
+    client = openai.AsyncOpenAI(base_url=chat.base_url, api_key=chat.key, max_retries=2)
+    chat.clients.append(client)
+    quota = stub_upstream.Fault(429, "You exceeded your current quota", code="insufficient_quota")
+    chat.stub.faults.extend([quota] * 4)
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.chat.completions.create(model=UPSTREAM_MODEL, messages=HELLO)
+    assert caught.value.code == "upstream_quota_exceeded"
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert "exceeded your current quota" in caught.value.message
+    assert chat.stub.calls == 1
+    failed = await chat.wait_for_event(
+        caught.value.response.headers["X-SVC-Conversation-Id"], FAILED
+    )
+    assert failed.data["error_code"] == "upstream_quota_exceeded"
+
+
+async def test_an_upstreams_retry_after_reaches_the_client(chat: Chat) -> None:
+    chat.stub.faults.extend([stub_upstream.Fault(503, "busy", retry_after_s=0.01)] * 2)
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO})
+    assert resp.status == 502 and (await resp.json())["error"]["code"] == "upstream_unavailable"
+    assert resp.headers["Retry-After"] == "1"  # whole seconds, rounded up
+    assert chat.stub.calls == 2
 
 
 async def test_upstream_failure_before_streaming_keeps_its_status(chat: Chat) -> None:
@@ -732,6 +820,56 @@ async def test_a_replay_names_the_model_that_gave_the_recorded_answer(
     assert chat.stub.calls == 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_two_principals_of_a_workspace_never_share_an_idempotency_key(
+    chat: Chat, stream: bool
+) -> None:
+    """Keys are chosen by clients: another key of the same workspace sending the same one
+    runs its own turn in its own conversation, and never gets the first one's answer; each
+    principal's retry still gets its own recorded answer."""
+    other = await chat.issue_key(chat.workspace)
+    key = {"Idempotency-Key": "order-42"}
+
+    async def ask(api_key: str) -> tuple[str, str]:
+        raw = await chat.client(api_key).chat.completions.with_raw_response.create(
+            model=UPSTREAM_MODEL, messages=HELLO, stream=stream, extra_headers=key
+        )
+        parsed = raw.parse()
+        if isinstance(parsed, openai.AsyncStream):
+            chunks = [c async for c in parsed]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            text = parsed.choices[0].message.content or ""
+        return raw.headers["X-SVC-Conversation-Id"], text
+
+    chat.stub.reply = "the first principal's answer"
+    first = await ask(chat.key)
+    chat.stub.reply = "the second principal's answer"
+    second = await ask(other)
+    assert first[1] == "the first principal's answer"
+    assert second[1] == "the second principal's answer"
+    assert first[0] != second[0]
+    assert chat.stub.calls == 2
+    assert await ask(chat.key) == first and await ask(other) == second  # from the record
+    assert chat.stub.calls == 2
+
+
+def test_an_idempotency_key_belongs_to_the_user_else_the_api_key() -> None:
+    """A user's keys and sessions share the user's keys (a retry through another of them
+    is a retry); keys of no user each have their own; the id stays in the service's
+    namespace and within a command id's 200 characters."""
+    ws = "ws-1"
+    by_user = [Principal(ws, frozenset(), key_id=k, user_id="u-1") for k in ("k-1", "k-2", None)]
+    ids = {_keyed_command_id(p, "k" * 128) for p in by_user}
+    assert len(ids) == 1
+    (only,) = ids
+    assert only.startswith("svc:chat:") and len(only) <= 200
+    unowned = [Principal(ws, frozenset(), key_id=k) for k in ("k-1", "k-2")]
+    static = Principal(ws, frozenset())
+    others = {_keyed_command_id(p, "k" * 128) for p in (*unowned, static)}
+    assert len(others | ids) == 4
+
+
 async def test_a_key_reused_elsewhere_names_no_conversation(chat: Chat) -> None:
     key = {"Idempotency-Key": uid("idem-")}
     first = await chat.client().chat.completions.with_raw_response.create(
@@ -888,6 +1026,105 @@ async def test_refused_by_scope_or_rate_limit_the_named_conversation_is_still_na
     for error in (refused.value, limited_out.value):
         headers = error.response.headers
         assert headers["X-SVC-Conversation-Id"] == named["X-SVC-Conversation-Id"]
+
+
+async def test_a_developer_message_is_a_system_message_toward_the_model(chat: Chat) -> None:
+    """OpenAI's newer name for `system`: accepted, and sent as `system`, which every model
+    server knows."""
+    messages: Any = [{"role": "developer", "content": "answer in French"}, *HELLO]
+    raw = await chat.client().chat.completions.with_raw_response.create(
+        model=UPSTREAM_MODEL, messages=messages
+    )
+    assert raw.parse().choices[0].message.content
+    sent = chat.stub.bodies[-1]["messages"]
+    assert sent[0] == {"role": "system", "content": "answer in French"}
+    started = await chat.wait_for_event(
+        raw.headers["X-SVC-Conversation-Id"], "conversation.turn_started"
+    )
+    assert started.data["request_messages"] == 2
+
+
+async def test_a_legacy_function_message_is_refused_by_name(chat: Chat) -> None:
+    messages: Any = [*HELLO, {"role": "function", "name": "f", "content": "42"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await chat.client().chat.completions.create(model=UPSTREAM_MODEL, messages=messages)
+    assert "messages.1.role: role 'function'" in caught.value.message
+    assert chat.stub.calls == 0
+
+
+TOOL_CALL: Any = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    ("history", "named"),
+    [
+        (
+            [{"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]}],
+            "messages.1.tool_calls: an assistant message with tool_calls is not supported",
+        ),
+        (
+            [{"role": "assistant", "content": None, "function_call": TOOL_CALL["function"]}],
+            "messages.1.function_call: an assistant message with function_call",
+        ),
+        (
+            [
+                {"role": "assistant", "content": "calling"},
+                {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+            ],
+            "messages.2.role: role 'tool' (a tool call's result) is not supported",
+        ),
+    ],
+)
+async def test_a_history_of_tool_use_is_refused_naming_the_message(
+    chat: Chat, history: list[Any], named: str
+) -> None:
+    """Tools are refused, so is their history: forwarded without its tool_call_id and
+    tool_calls, it made the model server refuse the request (a 502 and a failed turn)."""
+    messages: Any = [*HELLO, *history, {"role": "user", "content": "go on"}]
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": messages})
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and error["code"] == "invalid_request"
+    assert named in error["message"] and "drop" in error["message"]
+    assert "X-SVC-Conversation-Id" not in resp.headers
+    assert chat.stub.calls == 0
+    # No tool use at all (an empty list, a null) is no history of it.
+    quiet: Any = [*HELLO, {"role": "assistant", "content": "hi", "tool_calls": []}]
+    quiet += [{"role": "user", "content": "go on"}]
+    ok = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": quiet})
+    assert ok.status == 200, await ok.text()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_refusal_is_the_answer_recorded_and_returned(chat: Chat, stream: bool) -> None:
+    """A model that declines answers content null and a `refusal`: that text is the answer,
+    not an empty one."""
+    refusal = "I can\u2019t help with that."
+    if stream:
+        chunks = [
+            {"choices": [{"index": 0, "delta": {"content": None, "refusal": refusal}}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        ]
+        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        fault = stub_upstream.Fault(200, body, content_type="text/event-stream")
+    else:
+        message = {"role": "assistant", "content": None, "refusal": refusal}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        fault = stub_upstream.Fault(
+            200, json.dumps({"choices": [choice]}), content_type="application/json"
+        )
+    chat.stub.faults.append(fault)
+    raw = await chat.client().chat.completions.with_raw_response.create(
+        model=UPSTREAM_MODEL, messages=HELLO, stream=stream
+    )
+    parsed = raw.parse()
+    if isinstance(parsed, openai.AsyncStream):
+        chunks_got = [c async for c in parsed]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks_got if c.choices)
+    else:
+        text = parsed.choices[0].message.content or ""
+    assert text == refusal
+    completed = await chat.wait_for_event(raw.headers["X-SVC-Conversation-Id"], COMPLETED)
+    assert completed.data["content"] == refusal
 
 
 async def test_content_as_text_parts_and_null_assistant_content(chat: Chat) -> None:

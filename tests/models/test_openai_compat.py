@@ -12,7 +12,7 @@ import stub_upstream
 
 from actors.models.openai_compat import OpenAICompatProvider
 from actors.models.port import ChatMessage, Finished, ModelEvent, ModelRequest, TextDelta
-from schemas.errors import NotFound, UpstreamError, UpstreamTimeout
+from schemas.errors import InvalidInput, NotFound, UpstreamError, UpstreamTimeout
 
 API_KEY = "sk-test-secret-0123456789"
 
@@ -168,6 +168,31 @@ async def test_retries_are_bounded(stub: Any) -> None:
         await collect(provider(stub.base_url, retries=2), request())
     assert caught.value.code == "upstream_unavailable"
     assert stub.calls == 3
+
+
+@pytest.mark.parametrize(
+    "code", ["insufficient_quota", "billing_hard_limit_reached", "billing_not_active"]
+)
+async def test_a_429_for_an_account_out_of_credit_is_final(stub: Any, code: str) -> None:
+    """No wait mends it: not retried as a rate limit, and named for what it is."""
+    stub.faults.extend([stub_upstream.Fault(429, "You exceeded your current quota", code=code)] * 4)
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url), request())
+    assert caught.value.code == "upstream_quota_exceeded" and caught.value.http_status == 502
+    assert "exceeded your current quota" in caught.value.message
+    assert caught.value.retry_after_s is None
+    assert stub.calls == 1
+
+
+async def test_spent_retries_pass_on_the_last_retry_after(stub: Any) -> None:
+    stub.faults.extend([stub_upstream.Fault(503, "busy", retry_after_s=0.02)] * 2)
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url, retries=1), request())
+    assert caught.value.code == "upstream_unavailable" and caught.value.retry_after_s == 0.02
+    stub.faults.extend([stub_upstream.Fault(503, "busy")] * 2)
+    with pytest.raises(UpstreamError) as without:
+        await collect(provider(stub.base_url, retries=1), request())
+    assert without.value.retry_after_s is None
 
 
 async def test_400_is_not_retried_and_message_is_scrubbed(stub: Any) -> None:
@@ -346,9 +371,89 @@ async def test_an_unknown_forwarded_model_is_the_clients_404(stub: Any) -> None:
     assert stub.calls == 3
 
 
+def upstream_error(code: str, message: str) -> stub_upstream.Fault:
+    """A fault whose body is an OpenAI error document carrying `code` (the stub's own say
+    no code)."""
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    return stub_upstream.Fault(400, json.dumps({"error": error}), content_type="application/json")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "context_length_exceeded",
+        "string_above_max_length",
+        "content_policy_violation",
+        "invalid_prompt",
+    ],
+)
+async def test_a_400_for_the_requests_own_problem_is_the_clients_400(stub: Any, code: str) -> None:
+    """Too long a prompt is the client's to fix: its 400, with the code that says so, not
+    this server's 502 (which the SDKs raise as InternalServerError, the code lost)."""
+    stub.faults.append(upstream_error(code, f"messages too long for {API_KEY}"))
+    with pytest.raises(InvalidInput) as caught:
+        await collect(provider(stub.base_url), request())
+    assert caught.value.http_status == 400 and caught.value.code == code
+    assert "messages too long" in caught.value.message and API_KEY not in caught.value.message
+    assert stub.calls == 1
+    # Another code of a 400 stays the server's refusal.
+    stub.faults.append(upstream_error("unsupported_parameter", "no such parameter"))
+    with pytest.raises(UpstreamError) as other:
+        await collect(provider(stub.base_url), request())
+    assert other.value.code == "upstream_rejected"
+
+
 def completion_body(content: str, finish_reason: str) -> str:
     choice = {"index": 0, "message": {"role": "assistant", "content": content}}
     return json.dumps({"choices": [{**choice, "finish_reason": finish_reason}]})
+
+
+PARTS: Any = [
+    {"type": "text", "text": "one "},
+    {"type": "reasoning", "text": "not the answer"},
+    {"type": "text", "text": "two"},
+]
+REFUSAL = "I can\u2019t help with that."
+
+
+def message_body(message: dict[str, Any]) -> str:
+    choice = {"index": 0, "message": {"role": "assistant", **message}, "finish_reason": "stop"}
+    return json.dumps({"choices": [choice]})
+
+
+def stream_body(*deltas: dict[str, Any]) -> str:
+    chunks = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "expected"),
+    [
+        (message_body({"content": PARTS}), "application/json", ["one two"]),
+        (message_body({"content": None, "refusal": REFUSAL}), "application/json", [REFUSAL]),
+        (
+            stream_body({"content": PARTS[:1]}, {"content": PARTS[1:]}),
+            "text/event-stream",
+            ["one ", "two"],
+        ),
+        (
+            stream_body({"content": None, "refusal": "I can"}, {"refusal": "not."}),
+            "text/event-stream",
+            ["I can", "not."],
+        ),
+    ],
+)
+async def test_an_answer_in_parts_or_a_refusal_is_its_text(
+    stub: Any, body: str, content_type: str, expected: list[str]
+) -> None:
+    """Content as an array of parts (its text parts joined, as a request's are) and a
+    refusal (content null) were read as an empty answer."""
+    stub.faults.append(stub_upstream.Fault(200, body, content_type=content_type))
+    events = await collect(provider(stub.base_url), request())
+    assert [e.text for e in events if isinstance(e, TextDelta)] == expected
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.usage.completion_tokens > 0
 
 
 async def test_a_json_completion_with_an_empty_finish_reason_is_a_stop(stub: Any) -> None:
@@ -376,6 +481,7 @@ async def test_a_retry_after_past_the_budget_reports_the_refusal_not_a_timeout(
         await collect(provider(stub.base_url, call_timeout_s=5, backoff_max_s=30), request())
     assert caught.value.code == "upstream_unavailable" and caught.value.http_status == 502
     assert "HTTP 429" in caught.value.message and "slow down" in caught.value.message
+    assert caught.value.retry_after_s == 20  # the client is told when to ask again
     assert stub.calls == 1
 
 
