@@ -118,10 +118,25 @@ WHERE c.name = before.name AND c.tx = $3::xid8 AND c.position = $4
 RETURNING before.failure
 """
 _VISIBLE = "tx < pg_snapshot_xmin(pg_current_snapshot())"
+LAG_BOUND = 100_000
+"""The most events the lag counts: beyond it a lag is reported as "at least" that many. The
+status is sampled every few seconds, and a projector at the start of a large log (new, or
+reset by a migration) would otherwise count the whole log each time. Above the lag alert's
+threshold (ops/prometheus/svc-rules.yaml), so the alert still fires."""
+# Both parts run on the (tx, position) index and stop early: the count reads at most
+# LAG_BOUND + 1 entries ($3), and the age is the first pending event's in log order (an
+# event's `recorded_at` is its transaction's start, so this is the oldest but for
+# transactions that overlapped, within a statement's duration of it).
 _LAG = f"""
-SELECT count(*),
-       coalesce(greatest(extract(epoch FROM clock_timestamp() - min(recorded_at)), 0), 0)::float8
-FROM events WHERE (tx, position) > ($1::xid8, $2::int8) AND {_VISIBLE}
+SELECT (SELECT count(*) FROM (
+            SELECT FROM events WHERE (tx, position) > ($1::xid8, $2::int8) AND {_VISIBLE}
+            ORDER BY tx, position LIMIT $3
+        ) pending),
+       coalesce((
+            SELECT greatest(extract(epoch FROM clock_timestamp() - recorded_at), 0)
+            FROM events WHERE (tx, position) > ($1::xid8, $2::int8) AND {_VISIBLE}
+            ORDER BY tx, position LIMIT 1
+       ), 0)::float8
 """
 
 
@@ -152,11 +167,15 @@ class ProjectionStatus:
     cursor: str
     """Checkpoint as an opaque cursor; "" before the first event."""
     lag_events: int
-    """Committed events after the checkpoint."""
+    """Committed events after the checkpoint, counted up to `LAG_BOUND`."""
     lag_seconds: float
-    """Age of the oldest committed event after the checkpoint; 0 when caught up."""
+    """Age of the first committed event after the checkpoint (in log order: the oldest but
+    for transactions that overlapped); 0 when caught up."""
     running: bool
     failure: PoisonEvent | None
+    lag_at_least: bool = False
+    """More than `LAG_BOUND` events are after the checkpoint: `lag_events` (`LAG_BOUND`) is
+    a lower bound."""
 
 
 class _CheckpointMoved(Exception):
@@ -780,11 +799,6 @@ class ProjectionRunner:
 
     # -- status -------------------------------------------------------------------------------
 
-    async def _lag(self, point: LogPoint) -> tuple[int, float]:
-        async with self._db.acquire() as conn:
-            row = await conn.fetchrow(_LAG, point.tx, point.position)
-        return int(row[0]), float(row[1])
-
     async def status(self) -> list[ProjectionStatus]:
         """Checkpoint and lag of every projector; also refreshes the lag gauges."""
         async with self._db.acquire(stateless=True) as conn:
@@ -794,14 +808,15 @@ class ProjectionRunner:
             # Usually all projectors share one checkpoint: one lag query each distinct one.
             lags: dict[LogPoint, tuple[int, float]] = {}
             for point in {points.get(name, ORIGIN) for name in self._slots}:
-                lag = await conn.fetchrow(_LAG, point.tx, point.position)
-                lag_events = int(lag[0])
-                lags[point] = (lag_events, float(lag[1]) if lag_events else 0.0)
+                lag = await conn.fetchrow(_LAG, point.tx, point.position, LAG_BOUND + 1)
+                counted = int(lag[0])  # LAG_BOUND + 1: more than LAG_BOUND
+                lags[point] = (counted, float(lag[1]) if counted else 0.0)
         running = self._running and self._task is not None and not self._task.done()
         out: list[ProjectionStatus] = []
         for name, slot in self._slots.items():
             point = points.get(name, ORIGIN)
-            lag_events, lag_seconds = lags[point]
+            counted, lag_seconds = lags[point]
+            lag_events = min(counted, LAG_BOUND)
             # This process's own stop, else the one recorded (by the process that stopped).
             failure = slot.failure or recorded.get(name)
             metrics.record_lag(name, lag_events, lag_seconds, failure is not None)
@@ -813,6 +828,7 @@ class ProjectionRunner:
                     lag_seconds=lag_seconds,
                     running=running,
                     failure=failure,
+                    lag_at_least=counted > LAG_BOUND,
                 )
             )
         return out
