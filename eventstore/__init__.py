@@ -18,6 +18,7 @@ from eventstore.errors import (
     ConcurrencyConflict,
     InvalidAppend,
     InvalidCursor,
+    StatementAborted,
     StoreError,
     StoreUnavailable,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "PostgresEventStore",
     "RecordedEvent",
     "Snapshot",
+    "StatementAborted",
     "StoreError",
     "StoreUnavailable",
     "SubscriberTooSlow",

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, TypeAlias
 import asyncpg
 import orjson
 
-from eventstore.errors import StoreError, StoreUnavailable
+from eventstore.errors import StatementAborted, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +31,18 @@ READER_ROLE = "svc_reader"
 # SQLSTATE classes and codes meaning "the database cannot serve us right now", as opposed to
 # "this statement is wrong": connection exceptions (08), insufficient resources such as too
 # many connections (53), operator intervention such as shutdown and statement timeout (57),
-# idle-in-transaction timeout (25P03), serialization failure and deadlock (40).
+# idle-in-transaction timeout (25P03), serialization failure and deadlock (40), lock timeout
+# (55P03).
 _SCOPE = "SELECT set_config('role', $1, true), set_config('svc.workspace_id', $2, true)"
 _UNAVAILABLE_CLASSES = ("08", "53", "57", "40")
-_UNAVAILABLE_STATES = frozenset({"25P03"})
+_UNAVAILABLE_STATES = frozenset({"25P03", "55P03"})
+# Among those, the ones where the server gave up on one statement and the session goes on
+# (StatementAborted): the transaction-rollback class (40: serialization failure, deadlock),
+# query canceled (57014: the statement timeout, or a cancel request) and lock not available
+# (55P03: the lock timeout). The rest of class 57 (shutdown, crash, cannot connect now,
+# database dropped), 08 and 25P03 end the session: the database, not the statement.
+_ABORTED_CLASSES = ("40",)
+_ABORTED_STATES = frozenset({"57014", "55P03"})
 
 
 class PoolStats(NamedTuple):
@@ -48,8 +56,13 @@ def is_unavailable_state(state: str) -> bool:
     return state[:2] in _UNAVAILABLE_CLASSES or state in _UNAVAILABLE_STATES
 
 
-def _is_unavailable(exc: asyncpg.PostgresError) -> bool:
-    return is_unavailable_state(getattr(exc, "sqlstate", "") or "")
+def is_aborted_state(state: str) -> bool:
+    """An unavailable SQLSTATE that ended one statement, the session still sound."""
+    return state[:2] in _ABORTED_CLASSES or state in _ABORTED_STATES
+
+
+def _sqlstate(exc: asyncpg.PostgresError) -> str:
+    return getattr(exc, "sqlstate", "") or ""
 
 
 _MALFORMED_DSN = (
@@ -72,7 +85,9 @@ def translate_errors() -> Iterator[None]:
     except StoreError:
         raise
     except asyncpg.PostgresError as exc:
-        if _is_unavailable(exc):
+        if is_aborted_state(_sqlstate(exc)):
+            raise StatementAborted(f"{exc.sqlstate} {type(exc).__name__}: {exc}") from exc
+        if is_unavailable_state(_sqlstate(exc)):
             raise StoreUnavailable(
                 f"the event store database is unavailable ({type(exc).__name__}: {exc}); "
                 "retry shortly"

@@ -29,6 +29,20 @@ class StoreUnavailable(StoreError, Unavailable):
     default_code = "store_unavailable"
 
 
+class StatementAborted(StoreUnavailable):
+    """The database is up and answered, but gave up on one statement: a statement or lock
+    timeout, a deadlock, a serialization failure. Like any unavailability a retry may succeed
+    (contention passes), but the connection is sound, and a statement that fails so every
+    time is itself at fault (too slow for the statement timeout, or waiting on a lock that is
+    never released): a caller that can tell the statement from the database's health (the
+    projections' runner) isolates it instead of waiting for the database to come back."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the database gave up on a statement ({reason}); retry shortly")
+        self.reason = reason
+        """The database's words: the SQLSTATE, the driver's class and the server's text."""
+
+
 class InvalidCursor(StoreError, InvalidInput):
     default_code = "invalid_cursor"
 

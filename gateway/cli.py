@@ -359,8 +359,9 @@ async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
             return 0
         for status in await runner.status():
             failure = f"\tSTOPPED: {one_line(status.failure.error)}" if status.failure else ""
+            at_least = "at least " if status.lag_at_least else ""
             _out(
-                f"{status.name}\tlag={status.lag_events} events "
+                f"{status.name}\tlag={at_least}{status.lag_events} events "
                 f"({status.lag_seconds:.1f} s)\tcursor={status.cursor or '-'}{failure}"
             )
     return 0

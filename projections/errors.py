@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eventstore.errors import StoreError
+from eventstore.errors import StatementAborted, StoreError, StoreUnavailable
 from schemas.errors import Unavailable
 
 _MAX_REASON_CHARS = 500
@@ -14,9 +14,32 @@ class ProjectionFailed(Unavailable):
     default_code = "projection_failed"
 
 
+def database_down(exc: Exception) -> bool:
+    """The database itself is unavailable (the connection lost, the server down or refusing
+    connections): retry the whole step later. Not a statement it gave up on in a sound
+    session (`StatementAborted`), which is the statement's: a projector isolates it."""
+    return isinstance(exc, StoreUnavailable) and not isinstance(exc, StatementAborted)
+
+
 def failure_reason(exc: Exception) -> str:
     """Why a handler failed on an event, as reported and recorded: the store's own message,
     else the exception's type and text, on one line (a validation error spans many) and
     bounded."""
     reason = exc.message if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
-    return " ".join(reason.split())[:_MAX_REASON_CHARS]
+    return _one_bounded_line(reason)
+
+
+def aborted_reason(exc: StatementAborted, attempts: int, name: str) -> str:
+    """Why projector `name` stopped on an event the database gave up on `attempts` times in
+    a row (a statement or lock timeout, a deadlock): what to do first, the database's words
+    after, so that the bound cuts those."""
+    return _one_bounded_line(
+        f"the database gave up on this event's statement {attempts} times in a row: the "
+        "handler is too slow for the statement timeout or waits on a lock held elsewhere; "
+        "fix the cause (a missing index, a long transaction), then restart the service or "
+        f"run `svc projections rebuild {name}` (the last time: {exc.reason})"
+    )
+
+
+def _one_bounded_line(text: str) -> str:
+    return " ".join(text.split())[:_MAX_REASON_CHARS]

@@ -9,7 +9,8 @@ from prometheus_client import Gauge
 
 LAG_EVENTS = Gauge(
     "svc_projection_lag_events",
-    "Committed events in the log after the projection's checkpoint.",
+    "Committed events in the log after the projection's checkpoint, counted up to a bound "
+    "(100000): a value at the bound means at least that many.",
     ["projection"],
 )
 LAG_SECONDS = Gauge(

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 from eventstore.cursor import ORIGIN, LogPoint
 from eventstore.db import Connection, Database, translate_errors
-from eventstore.errors import StoreError, StoreUnavailable
+from eventstore.errors import StoreError
 from eventstore.reads import log_head, read_log
 from eventstore.records import RecordedEvent
-from projections.errors import ProjectionFailed, failure_reason
+from projections.errors import ProjectionFailed, database_down, failure_reason
 from projections.pipeline import Pipeline
 from projections.projector import Projector
 
@@ -102,9 +102,11 @@ class _Replay:
                     for event in events:
                         await self.projector.apply(pipeline, event)
                     await pipeline.flush()
-        except StoreUnavailable:
-            raise
-        except Exception:
+        except Exception as exc:
+            # A statement the database gave up on (a lock timeout, a deadlock) is named like
+            # any other failure of a handler; only the database going away is not an event's.
+            if database_down(exc):
+                raise
             await self._apply_exactly(conn, events)
 
     async def _apply_exactly(self, conn: Connection, events: list[RecordedEvent]) -> None:
@@ -114,9 +116,9 @@ class _Replay:
                 try:
                     with translate_errors():
                         await self.projector.apply(conn, event)
-                except StoreUnavailable:
-                    raise
                 except Exception as exc:
+                    if database_down(exc):
+                        raise
                     raise self._failed(event, exc) from exc
 
     def _failed(self, event: RecordedEvent, exc: Exception) -> ProjectionFailed:

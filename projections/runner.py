@@ -39,6 +39,15 @@ projector; the failing one commits the events before the poison event, logs its 
 stops with a failure in `status()`, recorded on its checkpoint row for every process to see.
 It never skips an event silently. `retry(name)` (after a fix) or `rebuild(name)` starts it
 again; so does a rebuild in another process, which clears the recorded stop.
+
+A handler's statement the database gave up on (`StatementAborted`: a statement or lock
+timeout, a deadlock, a serialization failure) is the handler's, not the database's: the
+session that ran it is sound. It is isolated like a poison event (the others go on), but
+retried after a backoff, since contention passes; the `_MAX_ABORTS`th failure in a row on the
+same event stops the projector as a poison event. Only the database itself being unavailable
+(the connection lost, the server down or refusing connections), or an abort outside the
+handlers (the checkpoints' compare-and-set waiting on a rebuild's switch), fails the whole
+step, which the background loop retries with a backoff and records nowhere.
 """
 
 from __future__ import annotations
@@ -52,12 +61,12 @@ from typing import Protocol
 
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Database
-from eventstore.errors import StoreError, StoreUnavailable
+from eventstore.errors import StatementAborted, StoreError
 from eventstore.reads import log_head, read_log
 from eventstore.records import RecordedEvent
 from eventstore.tasks import cancel_and_wait, wait_set
 from projections import metrics
-from projections.errors import ProjectionFailed, failure_reason
+from projections.errors import ProjectionFailed, aborted_reason, database_down, failure_reason
 from projections.pipeline import Pipeline
 from projections.projector import Projector
 from projections.rebuild import Progress, rebuild_beside
@@ -67,6 +76,8 @@ log = logging.getLogger(__name__)
 
 
 _MAX_BACKOFF_S = 5.0
+_MAX_ABORTS = 5  # a handler's statement aborted this many times in a row on one event: poison
+_FIRST_ABORT_BACKOFF_S = 0.1  # then doubling, up to _MAX_BACKOFF_S
 _RESUME_CHECK_S = 1.0  # how often a stopped projector looks whether its stop was cleared
 
 _READ = """
@@ -107,10 +118,25 @@ WHERE c.name = before.name AND c.tx = $3::xid8 AND c.position = $4
 RETURNING before.failure
 """
 _VISIBLE = "tx < pg_snapshot_xmin(pg_current_snapshot())"
+LAG_BOUND = 100_000
+"""The most events the lag counts: beyond it a lag is reported as "at least" that many. The
+status is sampled every few seconds, and a projector at the start of a large log (new, or
+reset by a migration) would otherwise count the whole log each time. Above the lag alert's
+threshold (ops/prometheus/svc-rules.yaml), so the alert still fires."""
+# Both parts run on the (tx, position) index and stop early: the count reads at most
+# LAG_BOUND + 1 entries ($3), and the age is the first pending event's in log order (an
+# event's `recorded_at` is its transaction's start, so this is the oldest but for
+# transactions that overlapped, within a statement's duration of it).
 _LAG = f"""
-SELECT count(*),
-       coalesce(greatest(extract(epoch FROM clock_timestamp() - min(recorded_at)), 0), 0)::float8
-FROM events WHERE (tx, position) > ($1::xid8, $2::int8) AND {_VISIBLE}
+SELECT (SELECT count(*) FROM (
+            SELECT FROM events WHERE (tx, position) > ($1::xid8, $2::int8) AND {_VISIBLE}
+            ORDER BY tx, position LIMIT $3
+        ) pending),
+       coalesce((
+            SELECT greatest(extract(epoch FROM clock_timestamp() - recorded_at), 0)
+            FROM events WHERE (tx, position) > ($1::xid8, $2::int8) AND {_VISIBLE}
+            ORDER BY tx, position LIMIT 1
+       ), 0)::float8
 """
 
 
@@ -141,15 +167,29 @@ class ProjectionStatus:
     cursor: str
     """Checkpoint as an opaque cursor; "" before the first event."""
     lag_events: int
-    """Committed events after the checkpoint."""
+    """Committed events after the checkpoint, counted up to `LAG_BOUND`."""
     lag_seconds: float
-    """Age of the oldest committed event after the checkpoint; 0 when caught up."""
+    """Age of the first committed event after the checkpoint (in log order: the oldest but
+    for transactions that overlapped); 0 when caught up."""
     running: bool
     failure: PoisonEvent | None
+    lag_at_least: bool = False
+    """More than `LAG_BOUND` events are after the checkpoint: `lag_events` (`LAG_BOUND`) is
+    a lower bound."""
 
 
 class _CheckpointMoved(Exception):
     """Another runner moved a checkpoint of the group since this runner read it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Aborts:
+    """The database gave up on a projector's statement for the event at `point`, `count`
+    times in a row; the projector is left out of the steps until `retry_at` (loop time)."""
+
+    point: LogPoint
+    count: int
+    retry_at: float
 
 
 @dataclass(eq=False)
@@ -163,10 +203,21 @@ class _Slot:
     """False until `point` is read from the database, and again whenever another runner may
     have moved the checkpoint (a lost compare-and-set, an idle poll, a new catch-up)."""
     failure: PoisonEvent | None = None
+    aborts: _Aborts | None = None
+    """Set while the next event's statement is being retried after the database gave up on
+    it; cleared once the checkpoint passes that event."""
 
     @property
     def name(self) -> str:
         return self.projector.name
+
+    def backing_off(self, now: float) -> bool:
+        return self.aborts is not None and now < self.aborts.retry_at
+
+    def moved_to(self, point: LogPoint) -> None:
+        self.point = point
+        if self.aborts is not None and point >= self.aborts.point:
+            self.aborts = None
 
 
 def _poison(recorded: object) -> PoisonEvent | None:
@@ -360,15 +411,17 @@ class ProjectionRunner:
         checkpoint first (nothing lost; the next step reloads it). With `wait`, waits for the
         projectors another task of this process is moving (a rebuild, a catch-up); without,
         leaves them out. Locks are taken in name order, so that tasks stepping overlapping
-        sets of projectors never deadlock; a stopped projector is left out.
+        sets of projectors never deadlock; a stopped projector is left out, and so is one
+        backing off after the database gave up on its statement.
         """
+        now = asyncio.get_running_loop().time()
         async with contextlib.AsyncExitStack() as held:
             ready: list[_Slot] = []
             for slot in sorted(slots, key=lambda s: s.name):
                 if not wait and slot.lock.locked():
                     continue
                 await held.enter_async_context(slot.lock)
-                if slot.failure is None:
+                if slot.failure is None and not slot.backing_off(now):
                     ready.append(slot)
             if not ready:
                 return 0  # every projector busy elsewhere in this process, or stopped
@@ -392,7 +445,7 @@ class ProjectionRunner:
                 rows = await conn.fetch(_READ, names)
         points = {row[0]: LogPoint(row[1], row[2]) for row in rows}
         for slot in slots:
-            slot.point = points[slot.name]
+            slot.moved_to(points[slot.name])
             slot.loaded = True
 
     async def _advance(self, group: Sequence[_Slot], cap: LogPoint | None = None) -> int | None:
@@ -431,8 +484,8 @@ class ProjectionRunner:
         """One transaction: move the group's checkpoints from `old` past `events`, apply them.
 
         Normally the handlers' statements are pipelined (`Pipeline`); when that fails, a
-        group's batch is redone projector by projector, and one projector's `exact`ly, one
-        round trip per statement, to find the event at fault.
+        group's batch is redone without the projector at fault, and that one's `exact`ly, one
+        round trip per statement, to find the event at fault (`_isolate`).
         """
         new = events[-1].point
         names = [slot.name for slot in group]
@@ -462,41 +515,96 @@ class ProjectionRunner:
             for slot in group:
                 slot.loaded = False
             return None
-        except StoreUnavailable:
-            raise
         except Exception as exc:
-            if not in_apply:
+            # Only what went wrong in a handler is a projector's; the database being down
+            # (not a statement it gave up on) or a failing compare-and-set is the whole step's.
+            if not in_apply or database_down(exc):
                 raise
-            if len(group) > 1:
-                # Sequentially: the one at fault may stop, the others go on.
-                return _combine([await self._apply([slot], old, events) for slot in group])
-            if not exact:
-                return await self._apply(group, old, events, exact=True)
-            if applying is None:
-                raise
-            return await self._stop_at(applying[0], old, events, applying[1], exc)
+            return await self._isolate(group, old, events, applying, exc, exact=exact)
         for slot in group:
-            slot.point = new
+            slot.moved_to(new)
         return len(events)
 
-    async def _stop_at(
+    async def _isolate(
         self,
-        slot: _Slot,
+        group: Sequence[_Slot],
         old: LogPoint,
         events: list[RecordedEvent],
-        poison: RecordedEvent,
+        applying: tuple[_Slot, RecordedEvent] | None,
         exc: Exception,
-    ) -> int:
-        """Commit the events before `poison`, then stop the projector on it."""
-        index = events.index(poison)
-        consumed, before = 0, old
-        if index > 0:
-            prefix = await self._apply([slot], old, events[:index])
-            if prefix is None:
-                return 0  # another runner moved the checkpoint first: reload, look again
-            consumed, before = prefix, events[index - 1].point
+        *,
+        exact: bool,
+    ) -> int | None:
+        """After a failed `_apply`: the batch again without the projector at fault, then that
+        one alone, one statement at a time, to stop (or back off) on the event at fault.
+
+        `applying` names the projector whose handler or pipelined run raised: each
+        projector's run is flushed before the next one's starts, so the error is its own."""
+        if len(group) > 1:
+            if applying is None:  # not expected: then projector by projector
+                return _combine([await self._apply([slot], old, events) for slot in group])
+            culprit = applying[0]
+            others = [slot for slot in group if slot is not culprit]
+            # The others first: the culprit's attempt may last a statement timeout.
+            done = [await self._apply(others, old, events)]
+            done.append(await self._apply([culprit], old, events, exact=True))
+            return _combine(done)
+        if not exact:
+            return await self._apply(group, old, events, exact=True)
+        if applying is None:
+            raise exc
+        slot, event = applying
+        if not await self._commit_before(slot, old, events, event):
+            return 0  # moved by another runner, or stopped earlier: look again
+        consumed = events.index(event)
+        if isinstance(exc, StatementAborted):
+            await self._aborted_on(slot, event, exc)
+        else:
+            await self._stop_at(slot, event, failure_reason(exc), exc)
+        return consumed
+
+    async def _commit_before(
+        self, slot: _Slot, old: LogPoint, events: list[RecordedEvent], event: RecordedEvent
+    ) -> bool:
+        """Commit `slot`'s events before `event`; False if they did not all commit (another
+        runner moved the checkpoint first, or one of them failed in turn and was handled)."""
+        index = events.index(event)
+        if index == 0:
+            return True
+        return await self._apply([slot], old, events[:index]) == index
+
+    async def _aborted_on(self, slot: _Slot, event: RecordedEvent, exc: StatementAborted) -> None:
+        """The database gave up on `slot`'s statement for `event` (its checkpoint is just
+        before it): back off and try again, or stop on it the `_MAX_ABORTS`th time in a row.
+        Contention passes (a deadlock, a lock held for a while); a handler too slow for the
+        statement timeout fails every time, and retrying it forever would hide it."""
+        aborts = slot.aborts
+        count = aborts.count + 1 if aborts is not None and aborts.point == event.point else 1
+        if count >= _MAX_ABORTS:
+            slot.aborts = None
+            await self._stop_at(slot, event, aborted_reason(exc, count, slot.name), exc)
+            return
+        delay = min(_FIRST_ABORT_BACKOFF_S * 2 ** (count - 1), _MAX_BACKOFF_S)
+        retry_at = asyncio.get_running_loop().time() + delay
+        slot.aborts = _Aborts(event.point, count, retry_at)
+        log.warning(
+            "projection %s: the database gave up on its statement for the event at cursor %s "
+            "(attempt %d of %d; again in %.2fs): %s",
+            slot.name,
+            event.cursor,
+            count,
+            _MAX_ABORTS,
+            delay,
+            exc.reason,
+        )
+
+    async def _stop_at(
+        self, slot: _Slot, poison: RecordedEvent, error: str, exc: Exception
+    ) -> None:
+        """Stop the projector on `poison` (its checkpoint is just before it)."""
         if slot.failure is not None:
-            return consumed
+            return
+        before = slot.point
         slot.failure = PoisonEvent(
             projection=slot.name,
             cursor=poison.cursor,
@@ -504,13 +612,13 @@ class ProjectionRunner:
             position=poison.position,
             event_type=poison.type,
             stream_id=poison.stream_id,
-            error=failure_reason(exc),
+            error=error,
         )
         news = await self._record_failure(slot.failure, before)
         if news is None:
             # The checkpoint moved past `before` meanwhile (a rebuild's switch): no stop here.
             slot.failure, slot.loaded = None, False
-            return consumed
+            return
         if news:
             log.error(
                 "projection %s stopped: cannot apply event at position %d (tx %d, cursor %s, "
@@ -531,7 +639,6 @@ class ProjectionRunner:
                 slot.failure.error,
             )
         metrics.STALLED.labels(projection=slot.name).set(1)
-        return consumed
 
     async def _record_failure(self, failure: PoisonEvent, at: LogPoint) -> bool | None:
         """Record `failure` on its checkpoint row, still at `at` (the point before the poison
@@ -658,7 +765,7 @@ class ProjectionRunner:
     def retry(self, name: str) -> None:
         """Clear a projector's poison-event stop so it tries that event again."""
         (slot,) = self._select([name])
-        slot.failure = None
+        slot.failure = slot.aborts = None
         slot.loaded = False
         metrics.STALLED.labels(projection=name).set(0)
         self._wake.set()
@@ -683,7 +790,7 @@ class ProjectionRunner:
             switching=slot.lock,
             progress=progress,
         )
-        slot.point, slot.loaded, slot.failure = point, True, None
+        slot.point, slot.loaded, slot.failure, slot.aborts = point, True, None, None
         metrics.STALLED.labels(projection=name).set(0)
         self._wake.set()
         await self._notify_progress()
@@ -691,11 +798,6 @@ class ProjectionRunner:
         return done
 
     # -- status -------------------------------------------------------------------------------
-
-    async def _lag(self, point: LogPoint) -> tuple[int, float]:
-        async with self._db.acquire() as conn:
-            row = await conn.fetchrow(_LAG, point.tx, point.position)
-        return int(row[0]), float(row[1])
 
     async def status(self) -> list[ProjectionStatus]:
         """Checkpoint and lag of every projector; also refreshes the lag gauges."""
@@ -706,14 +808,15 @@ class ProjectionRunner:
             # Usually all projectors share one checkpoint: one lag query each distinct one.
             lags: dict[LogPoint, tuple[int, float]] = {}
             for point in {points.get(name, ORIGIN) for name in self._slots}:
-                lag = await conn.fetchrow(_LAG, point.tx, point.position)
-                lag_events = int(lag[0])
-                lags[point] = (lag_events, float(lag[1]) if lag_events else 0.0)
+                lag = await conn.fetchrow(_LAG, point.tx, point.position, LAG_BOUND + 1)
+                counted = int(lag[0])  # LAG_BOUND + 1: more than LAG_BOUND
+                lags[point] = (counted, float(lag[1]) if counted else 0.0)
         running = self._running and self._task is not None and not self._task.done()
         out: list[ProjectionStatus] = []
         for name, slot in self._slots.items():
             point = points.get(name, ORIGIN)
-            lag_events, lag_seconds = lags[point]
+            counted, lag_seconds = lags[point]
+            lag_events = min(counted, LAG_BOUND)
             # This process's own stop, else the one recorded (by the process that stopped).
             failure = slot.failure or recorded.get(name)
             metrics.record_lag(name, lag_events, lag_seconds, failure is not None)
@@ -725,6 +828,7 @@ class ProjectionRunner:
                     lag_seconds=lag_seconds,
                     running=running,
                     failure=failure,
+                    lag_at_least=counted > LAG_BOUND,
                 )
             )
         return out

@@ -17,7 +17,7 @@ import pytest
 
 from eventstore.db import Database, translate_errors
 from eventstore.embedded import EmbeddedPostgres
-from eventstore.errors import StoreUnavailable
+from eventstore.errors import StatementAborted, StoreUnavailable
 from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
 from eventstore.records import NewEvent
 from eventstore.store import PostgresEventStore
@@ -100,6 +100,33 @@ async def test_a_statement_timeout_is_unavailable(database_url: str) -> None:
         await fails_fast(slow)
         async with db.acquire() as conn:
             assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await db.close()
+
+
+async def test_a_statement_given_up_on_is_told_from_the_database_going_away(
+    database_url: str,
+) -> None:
+    """A statement or lock timeout ends one statement of a sound session (StatementAborted,
+    still unavailable to the client); a terminated backend is the database going away."""
+    db = await Database.connect(database_url, max_size=2)
+    try:
+        with pytest.raises(StatementAborted, match="57014"):
+            async with db.transaction() as conn:
+                await conn.execute("SET LOCAL statement_timeout = 50")
+                await conn.execute("SELECT pg_sleep(3)")
+        async with db.transaction() as holder:
+            await holder.execute("CREATE TABLE held (x int)")
+        async with db.transaction() as holder:
+            await holder.execute("LOCK TABLE held")
+            with pytest.raises(StatementAborted, match="55P03"):
+                async with db.transaction() as conn:
+                    await conn.execute("SET LOCAL lock_timeout = 50")
+                    await conn.execute("LOCK TABLE held")
+        with pytest.raises(StoreUnavailable) as gone:
+            async with db.acquire() as conn:
+                await conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        assert not isinstance(gone.value, StatementAborted)
     finally:
         await db.close()
 

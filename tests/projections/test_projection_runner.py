@@ -36,6 +36,7 @@ from projections import (
     queries,
 )
 from projections import rebuild as rebuild_module
+from projections import runner as runner_module
 
 PATIENCE_S = 30.0
 WS = "ws-run"
@@ -143,6 +144,32 @@ async def test_status_reports_lag_then_catches_up(store: PostgresEventStore, db:
     await chat(store, WS, "later", 1)
     status = {s.name: s for s in await runner.status()}
     assert status["messages"].lag_events == 4 and status["messages"].cursor == head
+
+
+async def test_the_lag_is_counted_up_to_a_bound(
+    store: PostgresEventStore, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A projector at the start of a large log would count the whole log every few seconds
+    (the metrics' sampling): the lag is counted up to LAG_BOUND and said to be at least that
+    beyond it; its age is still the first pending event's."""
+    monkeypatch.setattr(runner_module, "LAG_BOUND", 5)
+    await _history(store, 0)  # well over 5 events
+    runner = ProjectionRunner(db, default_projectors())
+    await runner.catch_up(names=["workspaces"])
+    status = {s.name: s for s in await runner.status()}
+    assert (status["turns"].lag_events, status["turns"].lag_at_least) == (5, True)
+    assert status["turns"].lag_seconds > 0
+    assert REGISTRY.get_sample_value("svc_projection_lag_events", {"projection": "turns"}) == 5
+    assert (status["workspaces"].lag_events, status["workspaces"].lag_at_least) == (0, False)
+
+    # Exactly at the bound is exact; one more is "at least".
+    await chat(store, WS, "more", 1)  # four events
+    await append(store, WS, "conversation:more", renamed("more", "five"))
+    status = {s.name: s for s in await runner.status()}
+    assert (status["workspaces"].lag_events, status["workspaces"].lag_at_least) == (5, False)
+    await append(store, WS, "conversation:more", renamed("more", "six"))
+    status = {s.name: s for s in await runner.status()}
+    assert (status["workspaces"].lag_events, status["workspaces"].lag_at_least) == (5, True)
 
 
 async def test_poison_event_stops_the_projector_where_it_is(
