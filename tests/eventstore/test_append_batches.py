@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
 
 from eventstore.db import Database
-from eventstore.errors import ConcurrencyConflict, InvalidAppend
+from eventstore.errors import ConcurrencyConflict, InvalidAppend, StoreUnavailable
+from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
 from eventstore.records import AppendResult, NewEvent
 from eventstore.store import PostgresEventStore
 
@@ -293,3 +295,101 @@ async def test_appends_without_an_expected_version_all_land(store_db: Database) 
     for stream in streams:
         recorded = await store.read_stream(stream)
         assert [e.version for e in recorded] == list(range(1, 41))
+
+
+# Lock waits (migration 0008). The store's statement timeout is 2 s here: each wait on a row
+# another transaction holds uncommitted is bounded to 0.5 s, all of a statement's to 1 s.
+_SHORT_STATEMENT_MS = 2000
+
+
+@pytest.fixture
+async def short_db(database_url: str) -> AsyncIterator[Database]:
+    db = await Database.connect(database_url, max_size=4, statement_timeout_ms=_SHORT_STATEMENT_MS)
+    try:
+        await apply_migrations(db, [STORE_MIGRATIONS])
+        yield db
+    finally:
+        await db.close()
+
+
+async def hold_uncommitted(conn: Any, stream_id: str, command_id: str) -> None:
+    """Another process's append of `command_id`, version 1 of `stream_id`, left open: its
+    ledger row and its version are locked until `conn`'s transaction ends."""
+    event = ev()
+    await conn.fetchrow(
+        "SELECT * FROM svc_append($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        WS, command_id, stream_id, 0, [event.event_id], [event.type], [1], [event.data], [{}],
+    )  # fmt: skip
+
+
+def blocked(outcome: AppendResult | BaseException) -> bool:
+    return isinstance(outcome, StoreUnavailable) and "was not made" in str(outcome)
+
+
+@pytest.mark.parametrize("retry_of_the_same_command", [True, False])
+async def test_an_append_waiting_on_an_open_transaction_fails_alone_in_its_batch(
+    short_db: Database, retry_of_the_same_command: bool
+) -> None:
+    """The append waits on the open transaction's ledger row (a retry of its command) or on
+    its version 1 (a rival writer of the stream). Before migration 0008 that wait held the
+    whole batch's statement until the statement timeout, failing every append in it."""
+    store = PostgresEventStore(short_db, append_lanes=1)
+    contested, command = new_id("s"), new_id("c")
+    other_command = command if retry_of_the_same_command else new_id("c")
+    async with short_db.acquire() as conn, conn.transaction():
+        await hold_uncommitted(conn, contested, command)
+        results = await together(
+            *(append(store) for _ in range(10)),
+            append(store, contested, command_id=other_command),
+            *(append(store) for _ in range(10)),
+        )
+        assert blocked(results[10]), results[10]
+        others = results[:10] + results[11:]
+        assert all(isinstance(r, AppendResult) and not r.duplicate for r in others), others
+        assert await batch_sizes(short_db) == [20]  # they really shared a statement
+    if retry_of_the_same_command:  # the open transaction committed that command
+        assert (await append(store, contested, command_id=command)).duplicate
+    else:  # and version 1 of the stream
+        with pytest.raises(ConcurrencyConflict):
+            await append(store, contested, command_id=other_command)
+
+
+async def test_several_appends_waiting_in_one_batch_fail_alone_within_the_statement_timeout(
+    short_db: Database,
+) -> None:
+    """Each blocked append waits in turn on the one-by-one path: all of them share half the
+    statement timeout, so the statement itself never times out."""
+    store = PostgresEventStore(short_db, append_lanes=1)
+    held = [(new_id("s"), new_id("c")) for _ in range(5)]
+    async with short_db.acquire() as conn, conn.transaction():
+        for stream, command in held:
+            await hold_uncommitted(conn, stream, command)
+        results = await together(
+            *(append(store) for _ in range(5)),
+            *(append(store, stream, command_id=command) for stream, command in held),
+            *(append(store) for _ in range(5)),
+        )
+    assert all(blocked(r) for r in results[5:10]), results[5:10]
+    others = results[:5] + results[10:]
+    assert all(isinstance(r, AppendResult) for r in others), others
+
+
+async def test_an_append_sent_alone_fails_on_a_long_lock_wait_not_the_statement_timeout(
+    short_db: Database,
+) -> None:
+    store = PostgresEventStore(short_db, append_lanes=1)
+    contested, command = new_id("s"), new_id("c")
+    async with short_db.acquire() as conn, conn.transaction():
+        await hold_uncommitted(conn, contested, command)
+        with pytest.raises(StoreUnavailable, match="was not made"):
+            await append(store, contested, command_id=command)
+    assert (await append(store, contested, command_id=command)).duplicate
+
+
+async def test_the_append_functions_leave_the_callers_lock_timeout_as_it_was(
+    short_db: Database,
+) -> None:
+    async with short_db.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL lock_timeout = '7s'")
+        await hold_uncommitted(conn, new_id("s"), new_id("c"))
+        assert await conn.fetchval("SHOW lock_timeout") == "7s"
