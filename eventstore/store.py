@@ -11,7 +11,7 @@ import asyncpg
 
 from eventstore.coalescer import Coalescer
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
-from eventstore.db import Connection, Database, is_unavailable_state
+from eventstore.db import Connection, Database, is_unavailable_state, translate_errors
 from eventstore.errors import (
     ConcurrencyConflict,
     InvalidAppend,
@@ -243,7 +243,7 @@ async def _append_many(conn: Connection, batch: list[_Append]) -> list[_AppendRo
         # fails the whole statement, and nothing was written: send them one by one so only
         # that item fails. The same when the batch's data, one jsonb document, is over
         # jsonb's 256 MB: one by one, each event's data is a jsonb of its own.
-        return [await _append_one(conn, item) for item in batch]
+        return await _append_each(conn, batch)
     outcomes: list[_AppendRow | Exception] = []
     for item, row in zip(batch, rows, strict=True):
         state = row[1]
@@ -253,6 +253,30 @@ async def _append_many(conn: Connection, batch: list[_Append]) -> list[_AppendRo
             failure = _item_failure(item, state, row[2])
             outcomes.append(failure or _unexpected_failure(item, state))
     return outcomes
+
+
+async def _append_each(conn: Connection, batch: list[_Append]) -> list[_AppendRow | Exception]:
+    """The items one by one, each in its own transaction, so each outcome is its own: those
+    sent before a failure that is not about its item (connection lost, statement timeout)
+    stay committed and are reported so; that item gets the failure; the rest is not sent,
+    since the connection may be unusable, and each of them says it was not made."""
+    outcomes: list[_AppendRow | Exception] = []
+    for index, item in enumerate(batch):
+        try:
+            with translate_errors():
+                outcomes.append(await _append_one(conn, item))
+        except StoreError as exc:
+            outcomes.append(exc)
+            outcomes.extend(_not_sent(rest, exc) for rest in batch[index + 1 :])
+            break
+    return outcomes
+
+
+def _not_sent(item: _Append, cause: StoreError) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"the append to {item.stream_id!r} was not made: it was never sent, because an "
+        f"append sent before it on the same connection failed ({cause}); retry shortly"
+    )
 
 
 async def _append_in_stream_order(

@@ -393,3 +393,52 @@ async def test_the_append_functions_leave_the_callers_lock_timeout_as_it_was(
         await conn.execute("SET LOCAL lock_timeout = '7s'")
         await hold_uncommitted(conn, new_id("s"), new_id("c"))
         assert await conn.fetchval("SHOW lock_timeout") == "7s"
+
+
+_WAITING_APPEND = """
+SELECT pid FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query LIKE '%svc_append(%' AND pid <> pg_backend_pid()
+"""
+
+
+async def waiting_append(admin: Any) -> int:
+    """The backend of the append that waits on a lock; polled, for 30 s at most."""
+    for _ in range(3000):
+        pid: int | None = await admin.fetchval(_WAITING_APPEND)
+        if pid is not None:
+            return pid
+        await asyncio.sleep(0.01)
+    raise AssertionError("no append waited on the open transaction")
+
+
+async def test_a_batch_sent_one_by_one_reports_each_append_when_its_connection_is_lost(
+    store_db: Database,
+) -> None:
+    """Unstorable data fails the set statement before anything is written, so the batch is
+    sent again one append at a time, in stream order. The connection is lost on the second
+    (terminated while it waits on an open transaction's row): the first committed and says
+    so (and wakes the commit listeners), the second fails, the last two were never sent."""
+    commits: list[None] = []
+    store = PostgresEventStore(store_db, append_lanes=1, on_commit=lambda: commits.append(None))
+    tag = new_id("")
+    first, waiting, third, unstorable = (f"{tag}-{n}" for n in range(1, 5))
+    async with store_db.acquire() as holder, store_db.acquire() as admin:
+        async with holder.transaction():
+            await hold_uncommitted(holder, waiting, new_id("c"))
+            batch = asyncio.create_task(
+                together(
+                    append(store, first),
+                    append(store, waiting),
+                    append(store, third),
+                    append(store, unstorable, ev(text="a\u0000b")),
+                )
+            )
+            await admin.execute("SELECT pg_terminate_backend($1)", await waiting_append(admin))
+            results = await batch
+    assert isinstance(results[0], AppendResult) and not results[0].duplicate
+    assert len(await store.read_stream(first)) == 1
+    assert commits
+    assert isinstance(results[1], StoreUnavailable) and not blocked(results[1])
+    for unsent in results[2:]:
+        assert isinstance(unsent, StoreUnavailable) and "was never sent" in str(unsent), unsent
+    assert await store.read_stream(third) == []
