@@ -62,6 +62,7 @@ from projections.pipeline import Pipeline
 from projections.projector import Projector
 from projections.rebuild import Progress, rebuild_beside
 from schemas.errors import InvalidInput
+from schemas.events import EventFromNewerVersion
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +307,7 @@ class ProjectionRunner:
                     await self._resume_if_cleared(slots)
             try:
                 consumed = await self._step(slots, wait=False)
-            except StoreError as exc:
+            except (StoreError, EventFromNewerVersion) as exc:
                 log.warning("projections: %s (retrying in %.2fs)", exc.message, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_BACKOFF_S)
@@ -462,7 +463,10 @@ class ProjectionRunner:
             for slot in group:
                 slot.loaded = False
             return None
-        except StoreUnavailable:
+        except (StoreUnavailable, EventFromNewerVersion):
+            # Not poison: the database is away, or a newer version of SVC wrote the event
+            # and a process of that version can apply it. Stopping here would record the stop
+            # for every process, that one included; the batch is retried instead.
             raise
         except Exception as exc:
             if not in_apply:
