@@ -205,6 +205,15 @@ class _StoreConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is 
         return query
 
 
+def _skip_reset(conn: Connection) -> None:
+    """Skip the reset of a borrowed connection on its release. A connection the server
+    terminated is detached from the pool's proxy (asyncpg's `_con` becomes None) and dropped
+    on release: there is nothing to reset, and nothing to call it on. A body that reports such
+    a loss as an outcome instead of raising (one-by-one appends) gets here with it."""
+    if getattr(conn, "_con", None) is not None:
+        conn.skip_next_reset()
+
+
 class Database:
     """An asyncpg pool with the store's session settings and error translation."""
 
@@ -311,7 +320,7 @@ class Database:
             async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
                 yield conn
                 if stateless:
-                    conn.skip_next_reset()
+                    _skip_reset(conn)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:

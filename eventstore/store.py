@@ -11,7 +11,7 @@ import asyncpg
 
 from eventstore.coalescer import Coalescer
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
-from eventstore.db import Connection, Database, is_unavailable_state
+from eventstore.db import Connection, Database, is_unavailable_state, translate_errors
 from eventstore.errors import (
     ConcurrencyConflict,
     InvalidAppend,
@@ -58,6 +58,9 @@ class LogSubscriber(Protocol):
 #   violation on events_stream_version. An expected version other than the head fails with
 #   SV409 before writing; a stream of another workspace with SV403. Any failure rolls the
 #   claim back with the rest, so a failed command leaves no ledger row and may be retried.
+# - A wait on either row is bounded well inside the statement timeout (migration 0008): an
+#   append still waiting then fails alone with lock_not_available (55P03), reported as a
+#   retryable StoreUnavailable, and the other appends of its statement are written.
 # An append sent alone goes to `svc_append` (migration 0004; the one-by-one path of
 # `svc_append_set` runs it per item): for one append it costs less server CPU than the
 # set-based path (about 150-200 us less per call, measured on the 2-core machine).
@@ -81,6 +84,7 @@ _STATE_UNIQUE = "23505"
 _CLASS_DATA = "22"
 _STATE_CONFLICT = "SV409"
 _STATE_FOREIGN_STREAM = "SV403"
+_STATE_LOCK_TIMEOUT = "55P03"
 _READ_STREAM = f"""
 SELECT {EVENT_COLUMNS} FROM events
 WHERE stream_id = $1 AND version >= $2 AND version <= $3
@@ -239,7 +243,7 @@ async def _append_many(conn: Connection, batch: list[_Append]) -> list[_AppendRo
         # fails the whole statement, and nothing was written: send them one by one so only
         # that item fails. The same when the batch's data, one jsonb document, is over
         # jsonb's 256 MB: one by one, each event's data is a jsonb of its own.
-        return [await _append_one(conn, item) for item in batch]
+        return await _append_each(conn, batch)
     outcomes: list[_AppendRow | Exception] = []
     for item, row in zip(batch, rows, strict=True):
         state = row[1]
@@ -249,6 +253,30 @@ async def _append_many(conn: Connection, batch: list[_Append]) -> list[_AppendRo
             failure = _item_failure(item, state, row[2])
             outcomes.append(failure or _unexpected_failure(item, state))
     return outcomes
+
+
+async def _append_each(conn: Connection, batch: list[_Append]) -> list[_AppendRow | Exception]:
+    """The items one by one, each in its own transaction, so each outcome is its own: those
+    sent before a failure that is not about its item (connection lost, statement timeout)
+    stay committed and are reported so; that item gets the failure; the rest is not sent,
+    since the connection may be unusable, and each of them says it was not made."""
+    outcomes: list[_AppendRow | Exception] = []
+    for index, item in enumerate(batch):
+        try:
+            with translate_errors():
+                outcomes.append(await _append_one(conn, item))
+        except StoreError as exc:
+            outcomes.append(exc)
+            outcomes.extend(_not_sent(rest, exc) for rest in batch[index + 1 :])
+            break
+    return outcomes
+
+
+def _not_sent(item: _Append, cause: StoreError) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"the append to {item.stream_id!r} was not made: it was never sent, because an "
+        f"append sent before it on the same connection failed ({cause}); retry shortly"
+    )
 
 
 async def _append_in_stream_order(
@@ -301,7 +329,21 @@ def _item_failure(item: _Append, state: str, constraint: str | None) -> StoreErr
         return InvalidAppend(f"stream {item.stream_id!r} belongs to another workspace")
     if state.startswith(_CLASS_DATA):
         return _unstorable_data()
+    if state == _STATE_LOCK_TIMEOUT:
+        return _blocked(item)
     return None
+
+
+def _blocked(item: _Append) -> StoreUnavailable:
+    """An append whose wait on a row another transaction holds uncommitted ran out
+    (migration 0008): that transaction is writing the same command or the same stream version,
+    and is slow to finish (a stalled process). Nothing of this append was written."""
+    return StoreUnavailable(
+        f"the append to {item.stream_id!r} was not made: it waited too long on another "
+        "transaction, still open, that writes the same command or the same stream version; "
+        "retry shortly with the same command id (it then acts once, or returns that other "
+        "append's result if it was the same command)"
+    )
 
 
 def _unexpected_failure(item: _Append, state: str) -> StoreError:

@@ -71,6 +71,7 @@ from projections.pipeline import Pipeline
 from projections.projector import Projector
 from projections.rebuild import Progress, rebuild_beside
 from schemas.errors import InvalidInput
+from schemas.events import EventFromNewerVersion
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +358,7 @@ class ProjectionRunner:
                     await self._resume_if_cleared(slots)
             try:
                 consumed = await self._step(slots, wait=False)
-            except StoreError as exc:
+            except (StoreError, EventFromNewerVersion) as exc:
                 log.warning("projections: %s (retrying in %.2fs)", exc.message, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_BACKOFF_S)
@@ -518,7 +519,9 @@ class ProjectionRunner:
         except Exception as exc:
             # Only what went wrong in a handler is a projector's; the database being down
             # (not a statement it gave up on) or a failing compare-and-set is the whole step's.
-            if not in_apply or database_down(exc):
+            # So is an event a newer version of SVC wrote: not poison, since a process of
+            # that version can apply it, and a stop would be recorded for every process.
+            if not in_apply or database_down(exc) or isinstance(exc, EventFromNewerVersion):
                 raise
             return await self._isolate(group, old, events, applying, exc, exact=exact)
         for slot in group:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from schemas.errors import InvalidInput
+from schemas.errors import InvalidInput, SvcError, Unavailable
 
 
 class Event(BaseModel):
@@ -29,6 +29,32 @@ Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
 class UnknownEventType(InvalidInput):
     pass
+
+
+class StoredEventUnreadable(SvcError):
+    """A stored event this process cannot read (no upcaster for its version, data that does
+    not match its schema): a fault of the log or of this code, never of the client's request,
+    so a 500 and not a 400."""
+
+    default_code = "stored_event_unreadable"
+
+
+class EventFromNewerVersion(StoredEventUnreadable, Unavailable):
+    """A stored event written by a newer version of SVC than this process runs (its schema
+    version is ahead of this code's, or its type is unknown here): after a rollback, or while
+    a deploy mixes versions. Reading it as if current would misread it; the fix is to upgrade
+    this process, so it is a 503 (another process may serve the request), and projections wait
+    on it instead of stopping on it as a poison event."""
+
+    default_code = "event_from_newer_version"
+
+    def __init__(self, type_name: str, detail: str) -> None:
+        super().__init__(
+            f"stored {type_name!r} event was written by a newer version of SVC ({detail}); "
+            "upgrade this process to the version that wrote it (docs/operations.md, "
+            "'Upgrading')"
+        )
+        self.type_name = type_name
 
 
 class EventRegistry:
@@ -71,12 +97,17 @@ class EventRegistry:
         return cls.type_name, cls.schema_version, event.model_dump(mode="json")
 
     def upcast(self, type_name: str, version: int, data: Mapping[str, Any]) -> dict[str, Any]:
-        current = self.event_class(type_name).schema_version
+        """Stored data of `version` as data of the current schema version."""
+        current = self._stored_class(type_name).schema_version
+        if version > current:  # no upcaster can go back: this code does not know that shape
+            raise EventFromNewerVersion(
+                type_name, f"schema version {version}; this process knows up to {current}"
+            )
         out = dict(data)
         while version < current:
             step = self._upcasters.get((type_name, version))
             if step is None:
-                raise UnknownEventType(
+                raise StoredEventUnreadable(
                     f"no upcaster for {type_name!r} from schema version {version} to {current}"
                 )
             out = step(out)
@@ -84,13 +115,22 @@ class EventRegistry:
         return out
 
     def decode(self, type_name: str, version: int, data: Mapping[str, Any]) -> Event:
-        cls = self.event_class(type_name)
+        """A stored event as its current class (upcast first)."""
+        cls = self._stored_class(type_name)
         try:
             return cls.model_validate(self.upcast(type_name, version, data))
         except ValidationError as exc:
-            raise InvalidInput(
+            raise StoredEventUnreadable(
                 f"stored {type_name!r} event does not match its schema: {exc}"
             ) from exc
+
+    def _stored_class(self, type_name: str) -> type[Event]:
+        """The class of a stored event's type. Event classes are not removed while the log
+        holds their events, so a stored type unknown here comes from a newer version."""
+        cls = self._types.get(type_name)
+        if cls is None:
+            raise EventFromNewerVersion(type_name, "a type this process does not know")
+        return cls
 
 
 EVENTS = EventRegistry()

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
 
 from eventstore.db import Database
-from eventstore.errors import ConcurrencyConflict, InvalidAppend
+from eventstore.errors import ConcurrencyConflict, InvalidAppend, StoreUnavailable
+from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
 from eventstore.records import AppendResult, NewEvent
 from eventstore.store import PostgresEventStore
 
@@ -293,3 +295,150 @@ async def test_appends_without_an_expected_version_all_land(store_db: Database) 
     for stream in streams:
         recorded = await store.read_stream(stream)
         assert [e.version for e in recorded] == list(range(1, 41))
+
+
+# Lock waits (migration 0008). The store's statement timeout is 2 s here: each wait on a row
+# another transaction holds uncommitted is bounded to 0.5 s, all of a statement's to 1 s.
+_SHORT_STATEMENT_MS = 2000
+
+
+@pytest.fixture
+async def short_db(database_url: str) -> AsyncIterator[Database]:
+    db = await Database.connect(database_url, max_size=4, statement_timeout_ms=_SHORT_STATEMENT_MS)
+    try:
+        await apply_migrations(db, [STORE_MIGRATIONS])
+        yield db
+    finally:
+        await db.close()
+
+
+async def hold_uncommitted(conn: Any, stream_id: str, command_id: str) -> None:
+    """Another process's append of `command_id`, version 1 of `stream_id`, left open: its
+    ledger row and its version are locked until `conn`'s transaction ends."""
+    event = ev()
+    await conn.fetchrow(
+        "SELECT * FROM svc_append($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        WS, command_id, stream_id, 0, [event.event_id], [event.type], [1], [event.data], [{}],
+    )  # fmt: skip
+
+
+def blocked(outcome: AppendResult | BaseException) -> bool:
+    return isinstance(outcome, StoreUnavailable) and "was not made" in str(outcome)
+
+
+@pytest.mark.parametrize("retry_of_the_same_command", [True, False])
+async def test_an_append_waiting_on_an_open_transaction_fails_alone_in_its_batch(
+    short_db: Database, retry_of_the_same_command: bool
+) -> None:
+    """The append waits on the open transaction's ledger row (a retry of its command) or on
+    its version 1 (a rival writer of the stream). Before migration 0008 that wait held the
+    whole batch's statement until the statement timeout, failing every append in it."""
+    store = PostgresEventStore(short_db, append_lanes=1)
+    contested, command = new_id("s"), new_id("c")
+    other_command = command if retry_of_the_same_command else new_id("c")
+    async with short_db.acquire() as conn, conn.transaction():
+        await hold_uncommitted(conn, contested, command)
+        results = await together(
+            *(append(store) for _ in range(10)),
+            append(store, contested, command_id=other_command),
+            *(append(store) for _ in range(10)),
+        )
+        assert blocked(results[10]), results[10]
+        others = results[:10] + results[11:]
+        assert all(isinstance(r, AppendResult) and not r.duplicate for r in others), others
+        assert await batch_sizes(short_db) == [20]  # they really shared a statement
+    if retry_of_the_same_command:  # the open transaction committed that command
+        assert (await append(store, contested, command_id=command)).duplicate
+    else:  # and version 1 of the stream
+        with pytest.raises(ConcurrencyConflict):
+            await append(store, contested, command_id=other_command)
+
+
+async def test_several_appends_waiting_in_one_batch_fail_alone_within_the_statement_timeout(
+    short_db: Database,
+) -> None:
+    """Each blocked append waits in turn on the one-by-one path: all of them share half the
+    statement timeout, so the statement itself never times out."""
+    store = PostgresEventStore(short_db, append_lanes=1)
+    held = [(new_id("s"), new_id("c")) for _ in range(5)]
+    async with short_db.acquire() as conn, conn.transaction():
+        for stream, command in held:
+            await hold_uncommitted(conn, stream, command)
+        results = await together(
+            *(append(store) for _ in range(5)),
+            *(append(store, stream, command_id=command) for stream, command in held),
+            *(append(store) for _ in range(5)),
+        )
+    assert all(blocked(r) for r in results[5:10]), results[5:10]
+    others = results[:5] + results[10:]
+    assert all(isinstance(r, AppendResult) for r in others), others
+
+
+async def test_an_append_sent_alone_fails_on_a_long_lock_wait_not_the_statement_timeout(
+    short_db: Database,
+) -> None:
+    store = PostgresEventStore(short_db, append_lanes=1)
+    contested, command = new_id("s"), new_id("c")
+    async with short_db.acquire() as conn, conn.transaction():
+        await hold_uncommitted(conn, contested, command)
+        with pytest.raises(StoreUnavailable, match="was not made"):
+            await append(store, contested, command_id=command)
+    assert (await append(store, contested, command_id=command)).duplicate
+
+
+async def test_the_append_functions_leave_the_callers_lock_timeout_as_it_was(
+    short_db: Database,
+) -> None:
+    async with short_db.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL lock_timeout = '7s'")
+        await hold_uncommitted(conn, new_id("s"), new_id("c"))
+        assert await conn.fetchval("SHOW lock_timeout") == "7s"
+
+
+_WAITING_APPEND = """
+SELECT pid FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query LIKE '%svc_append(%' AND pid <> pg_backend_pid()
+"""
+
+
+async def waiting_append(admin: Any) -> int:
+    """The backend of the append that waits on a lock; polled, for 30 s at most."""
+    for _ in range(3000):
+        pid: int | None = await admin.fetchval(_WAITING_APPEND)
+        if pid is not None:
+            return pid
+        await asyncio.sleep(0.01)
+    raise AssertionError("no append waited on the open transaction")
+
+
+async def test_a_batch_sent_one_by_one_reports_each_append_when_its_connection_is_lost(
+    store_db: Database,
+) -> None:
+    """Unstorable data fails the set statement before anything is written, so the batch is
+    sent again one append at a time, in stream order. The connection is lost on the second
+    (terminated while it waits on an open transaction's row): the first committed and says
+    so (and wakes the commit listeners), the second fails, the last two were never sent."""
+    commits: list[None] = []
+    store = PostgresEventStore(store_db, append_lanes=1, on_commit=lambda: commits.append(None))
+    tag = new_id("")
+    first, waiting, third, unstorable = (f"{tag}-{n}" for n in range(1, 5))
+    async with store_db.acquire() as holder, store_db.acquire() as admin:
+        async with holder.transaction():
+            await hold_uncommitted(holder, waiting, new_id("c"))
+            batch = asyncio.create_task(
+                together(
+                    append(store, first),
+                    append(store, waiting),
+                    append(store, third),
+                    append(store, unstorable, ev(text="a\u0000b")),
+                )
+            )
+            await admin.execute("SELECT pg_terminate_backend($1)", await waiting_append(admin))
+            results = await batch
+    assert isinstance(results[0], AppendResult) and not results[0].duplicate
+    assert len(await store.read_stream(first)) == 1
+    assert commits
+    assert isinstance(results[1], StoreUnavailable) and not blocked(results[1])
+    for unsent in results[2:]:
+        assert isinstance(unsent, StoreUnavailable) and "was never sent" in str(unsent), unsent
+    assert await store.read_stream(third) == []

@@ -23,7 +23,8 @@ from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
 from eventstore.port import EventStore
 from eventstore.records import NewEvent, RecordedEvent, Snapshot
 from eventstore.store import PostgresEventStore
-from schemas.events import Event, EventRegistry
+from schemas.errors import InvalidInput
+from schemas.events import Event, EventFromNewerVersion, EventRegistry, StoredEventUnreadable
 
 WS = "ws-a"
 OTHER_WS = "ws-b"
@@ -453,6 +454,41 @@ class EventStoreContract:
             ThingRenamed(title="first", by="unknown"),
             ThingRenamed(title="second", by="me"),
         ]
+
+    async def test_stored_events_this_code_cannot_read_are_not_the_clients_fault(
+        self, store: EventStore
+    ) -> None:
+        """An event of a newer schema version (after a rollback, or in a mixed deploy) or of
+        a type this code does not know is refused as written by a newer version (503, upgrade
+        this process), not read as if current; stored data that does not match its schema is a
+        server error (500). None of them is a 400: the client sent nothing wrong."""
+        registry = EventRegistry()
+
+        @registry.register
+        class ThingNamed(Event):
+            type_name = "test.ThingNamed"
+            schema_version = 2
+            title: str
+
+        s = stream()
+        events = [
+            NewEvent(type="test.ThingNamed", data={"title": "from v3"}, schema_version=3),
+            NewEvent(type="test.ThingCoined", data={}, schema_version=1),
+            NewEvent(type="test.ThingNamed", data={"name": "no title"}, schema_version=2),
+            NewEvent(type="test.ThingNamed", data={"title": "from v1"}, schema_version=1),
+        ]
+        await store.append(s, events, expected_version=0, command_id=cmd(), workspace_id=WS)
+        newer, unknown, mismatched, no_upcaster = await store.read_stream(s)
+        for recorded in (newer, unknown):
+            for read in (registry.decode, registry.upcast):
+                with pytest.raises(EventFromNewerVersion, match="newer version of SVC") as info:
+                    read(recorded.type, recorded.schema_version, recorded.data)
+                assert info.value.http_status == 503
+        for recorded in (mismatched, no_upcaster):
+            with pytest.raises(StoredEventUnreadable) as unreadable:
+                registry.decode(recorded.type, recorded.schema_version, recorded.data)
+            assert not isinstance(unreadable.value, InvalidInput | EventFromNewerVersion)
+            assert unreadable.value.http_status == 500
 
 
 class TestPostgresEventStore(EventStoreContract):

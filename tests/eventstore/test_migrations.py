@@ -26,6 +26,7 @@ STORE_LABELS = [
     "eventstore/0005_append_batch",
     "eventstore/0006_append_set",
     "eventstore/0007_log_order_key",
+    "eventstore/0008_append_lock_waits",
 ]
 
 
@@ -85,6 +86,7 @@ async def test_concurrent_runs_on_a_fresh_database_apply_each_migration_once(
             ("eventstore", 5, "append_batch"),
             ("eventstore", 6, "append_set"),
             ("eventstore", 7, "log_order_key"),
+            ("eventstore", 8, "append_lock_waits"),
         ]
         assert await apply_migrations(dbs[1], [STORE_MIGRATIONS]) == []
     finally:
@@ -111,7 +113,8 @@ async def test_a_log_written_before_the_order_key_reads_the_same_after_it(
         )
     before = await store.read_all(limit=1000)
 
-    assert await apply_migrations(db, [STORE_MIGRATIONS]) == ["eventstore/0007_log_order_key"]
+    applied = await apply_migrations(db, [STORE_MIGRATIONS])
+    assert applied[0] == "eventstore/0007_log_order_key"
 
     assert [(e.event_id, e.tx, e.position) for e in await store.read_all(limit=1000)] == [
         (e.event_id, e.tx, e.position) for e in before

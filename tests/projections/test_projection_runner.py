@@ -37,6 +37,7 @@ from projections import (
 )
 from projections import rebuild as rebuild_module
 from projections import runner as runner_module
+from schemas.events import EventFromNewerVersion
 
 PATIENCE_S = 30.0
 WS = "ws-run"
@@ -341,6 +342,26 @@ async def test_wait_for_a_cursor_not_yet_visible_times_out(
     assert await runner.wait_for(later.cursor, PATIENCE_S)
     conversation = await queries.get_conversation(db, WS, "c1")
     assert conversation is not None and conversation.title == "late"
+
+
+async def test_an_event_from_a_newer_version_is_waited_on_not_a_poison_event(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """A process meeting an event of a schema version newer than its code (a rollback, a
+    mixed deploy) neither misreads it nor records a stop that would halt the projection in
+    every process, the newer one included: the batch fails, to be retried."""
+    await chat(store, WS, "c1", 1)
+    current = renamed("c1", "from the future")
+    data = current.model_dump(mode="json")
+    newer = NewEvent(type=current.type_name, data=data, schema_version=99)
+    await append(store, WS, "conversation:c1", newer)
+    runner = ProjectionRunner(db, default_projectors(), batch_size=100)
+    with pytest.raises(EventFromNewerVersion, match="upgrade this process"):
+        await runner.catch_up(names=["conversations"])
+    status = {s.name: s for s in await runner.status()}
+    assert status["conversations"].failure is None
+    conversation = await queries.get_conversation(db, WS, "c1")
+    assert conversation is None or conversation.title != "from the future"
 
 
 async def test_sql_poison_inside_a_pipelined_run_is_pinpointed(
