@@ -39,6 +39,7 @@ from actors.workspace import workspace_key
 from eventstore.records import RecordedEvent
 from gateway import bootstrap
 from gateway.admin_history import fold, history_event
+from gateway.admin_keys import record
 from gateway.auth import SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform, open_store
 from gateway.control_chars import json_visible, one_line
@@ -281,26 +282,30 @@ async def _apikeys_list(args: argparse.Namespace, platform: Platform) -> int:
         raise NotFound(f"workspace {workspace} does not exist")  # as revoke says
     keys = await queries.list_api_keys(platform.db, workspace)
     if args.json:
-        rows = [
-            {
-                "id": k.key_id,
-                "name": k.name,
-                "prefix": k.prefix,
-                "scopes": k.scopes,
-                "rate_limit_rpm": k.rate_limit_rpm,
-                "created_at": k.created_at.isoformat(),
-                "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
-            }
-            for k in keys
-        ]
+        # The API's record type, so the CLI's rows and GET /v1/admin/apikeys cannot drift.
+        rows = [record(k).model_dump(mode="json") for k in keys]
         _out(json.dumps(rows, indent=2))
         return 0
+    now = datetime.now(UTC)
     for k in keys:
-        state = "revoked" if k.revoked_at else "active"
-        rpm = k.rate_limit_rpm or "-"
-        line = f"{k.key_id}\t{k.prefix}...\t{','.join(k.scopes)}\trpm={rpm}\t{state}"
-        _out(f"{line}\t{one_line(k.name)}")
+        _out(_key_line(k, now))
     return 0
+
+
+def _key_state(key: queries.ApiKey, now: datetime) -> str:
+    # Expired as the authenticator judges it (ApiKey.usable_at): at expires_at it is refused.
+    if key.revoked_at is not None:
+        return "revoked"
+    if key.expires_at is not None and key.expires_at <= now:
+        return "expired"
+    return "active"
+
+
+def _key_line(key: queries.ApiKey, now: datetime) -> str:
+    rpm = key.rate_limit_rpm or "-"
+    expires = key.expires_at.isoformat() if key.expires_at else "-"
+    line = f"{key.key_id}\t{key.prefix}...\t{','.join(key.scopes)}\trpm={rpm}"
+    return f"{line}\texpires={expires}\t{_key_state(key, now)}\t{one_line(key.name)}"
 
 
 async def _apikeys_revoke(args: argparse.Namespace, platform: Platform) -> int:
