@@ -26,6 +26,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -36,9 +37,9 @@ from actors.behaviour import ActorKey
 from actors.conversation import ConversationState, conversation_key
 from actors.shards import NUM_SHARDS
 from actors.workspace import workspace_key
-from eventstore.records import RecordedEvent
+from eventstore.records import Snapshot
 from gateway import bootstrap
-from gateway.admin_history import fold, history_event
+from gateway.admin_history import Stream, history_event, newest_version, snapshot_of, state_at
 from gateway.admin_keys import record
 from gateway.auth import SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform, open_store
@@ -377,23 +378,36 @@ async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_conversations(args: argparse.Namespace, settings: Settings) -> int:
     key: ActorKey = conversation_key(args.conversation_id)
     async with open_platform(settings, background=False) as platform:
-        events = await platform.store.read_stream(
-            key.stream_id, workspace_id=args.workspace or None
-        )
-        if not events:
+        stream = Stream(platform.store, key, args.workspace or None)
+        first = await stream.read(1, 1)
+        if not first:
             where = f" in workspace {args.workspace}" if args.workspace else ""
             raise NotFound(f"no conversation {args.conversation_id}{where}")
+        snapshot = await snapshot_of(stream)
+        newest = await newest_version(stream, snapshot.version if snapshot else 0)
+        state_of = _StateAt(stream, snapshot)
         if args.action == "abandon":
-            return await _abandon(args, platform, events)
-    return _replay(args, events)
+            return await _abandon(args, platform, first[0].workspace_id, state_of, newest)
+        return await _replay(args, stream, state_of, newest)
+
+
+@dataclass(frozen=True, slots=True)
+class _StateAt:
+    """The conversation as of a version, folded as the admin API's history folds it."""
+
+    stream: Stream
+    snapshot: Snapshot | None
+
+    async def __call__(self, version: int) -> ConversationState:
+        return await state_at(self.stream, version, self.snapshot)
 
 
 async def _abandon(
-    args: argparse.Namespace, platform: Platform, events: Sequence[RecordedEvent]
+    args: argparse.Namespace, platform: Platform, workspace_id: str, state_of: _StateAt, newest: int
 ) -> int:
     """Record running turns as abandoned whatever their expiry: the operator knows the
     process that ran them is gone (a turn started with no call time limit never expires)."""
-    state = _state_at(args.conversation_id, events, events[-1].version)
+    state = await state_of(newest)
     running = [t.turn_id for t in state.turns.values() if t.status == "running"]
     chosen = list(dict.fromkeys(args.turn)) or running
     not_running = [t for t in chosen if t not in running]
@@ -407,7 +421,7 @@ async def _abandon(
         return 0
     command = RecoverAbandonedTurns(
         command_id=service_command_id("abandon", uuid.uuid4().hex),
-        workspace_id=events[0].workspace_id,
+        workspace_id=workspace_id,
         turn_ids=tuple(chosen),
         at=datetime.now(UTC),
         force=True,
@@ -418,32 +432,23 @@ async def _abandon(
     return 0
 
 
-def _state_at(
-    conversation_id: str, events: Sequence[RecordedEvent], until: int
-) -> ConversationState:
-    """The conversation as of version `until`, folded as the admin API's history folds it."""
-    upto = [recorded for recorded in events if recorded.version <= until]
-    return fold(conversation_key(conversation_id), upto)
-
-
-def _replay(args: argparse.Namespace, events: Sequence[RecordedEvent]) -> int:
-    last = events[-1].version
-    until = last if args.at_version is None else args.at_version
-    if until > last:
+async def _replay(args: argparse.Namespace, stream: Stream, state_of: _StateAt, newest: int) -> int:
+    until = newest if args.at_version is None else args.at_version
+    if until > newest:
         # The same range as the admin API's at_version: 0 is the state before any event.
         raise InvalidInput(
-            f"--at-version must be between 0 and {last}: conversation {args.conversation_id} "
-            f"has {last} events"
+            f"--at-version must be between 0 and {newest}: conversation "
+            f"{args.conversation_id} has {newest} events"
         )
-    # As the admin API's event history gives them: upcast and redacted; then written so
-    # that a control character in someone's message runs nothing in this terminal.
-    for recorded in events:
-        if recorded.version > until:
-            break
-        shown = history_event(recorded)
-        data = json_visible(json.dumps(shown.data, ensure_ascii=False))
-        _out(f"v{shown.version}\t{shown.recorded_at.isoformat()}\t{one_line(shown.type)}\t{data}")
-    state = _state_at(args.conversation_id, events, until)
+    # As the admin API's event history gives them, a page at a time: upcast and redacted;
+    # then written so that a control character in someone's message runs nothing here.
+    async for page in stream.pages(1, until):
+        for recorded in page:
+            shown = history_event(recorded)
+            data = json_visible(json.dumps(shown.data, ensure_ascii=False))
+            when = shown.recorded_at.isoformat()
+            _out(f"v{shown.version}\t{when}\t{one_line(shown.type)}\t{data}")
+    state = await state_of(until)
     _out(f"# state at version {until}")
     _out(json_visible(json.dumps(redact_model(state), indent=2, ensure_ascii=False)))
     return 0

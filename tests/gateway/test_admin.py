@@ -11,9 +11,11 @@ import pytest
 from test_admin_support import Service, service, uid
 
 import gateway.admin_common
+import gateway.admin_history
+from actors.conversation import ConversationBehaviour, conversation_key
 from actors.workspace import workspace_key
 from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
-from eventstore.records import NewEvent
+from eventstore.records import NewEvent, RecordedEvent, Snapshot
 from gateway.state import STORE
 from schemas.events import EVENTS
 from schemas.workspace import ApiKeyRevoked
@@ -200,6 +202,53 @@ async def test_event_history_rebuilds_state_at_a_version(service: Service) -> No
     assert page["state"]["title"] == "second"
     for bad in ({"limit": 0}, {"limit": 1001}, {"after_version": -1}):
         assert_error(await service.get_json(path, key, 400, id=cid, **bad))
+
+
+async def test_event_history_reads_only_the_page_and_folds_from_the_snapshot(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long conversation's stream is not read whole for every page: the page is read by
+    its versions, the state folded from the snapshot (as an actor activates) in bounded
+    pages, and the answer is the same as a fold from the first event."""
+    ws = uid("ws-")
+    key = await service.issue_key(ws, ("admin:read",))
+    cid = await service.start_conversation(ws, "t0")
+    for n in range(1, 6):
+        await service.rename(ws, cid, f"t{n}")
+    path = "/v1/admin/conversations/events"
+    store = service.app[STORE]
+    before = {
+        at: await service.get_json(path, key, id=cid, at_version=at, after_version=3, limit=2)
+        for at in (6, 5, 3)
+    }
+    stream_id = f"conversation:{cid}"
+    records = await store.read_stream(stream_id)
+    state = ConversationBehaviour().initial_state(conversation_key(cid))
+    for r in records[:4]:
+        state = ConversationBehaviour().evolve(state, EVENTS.decode(r.type, 1, r.data))
+    await store.save_snapshot(
+        Snapshot(stream_id, 4, ConversationBehaviour.state_schema_version, state.model_dump())
+    )
+    reads: list[tuple[int, int]] = []
+    real = store.read_stream
+
+    async def spy(stream: str, first: int = 1, **kw: Any) -> list[RecordedEvent]:
+        got = await real(stream, first, **kw)
+        reads.append((first, kw.get("to_version") or 0))
+        assert len(got) <= 2, (first, kw)  # no read beyond the page or a fold page
+        return got
+
+    monkeypatch.setattr(gateway.admin_history, "FOLD_PAGE", 2, raising=False)
+    monkeypatch.setattr(store, "read_stream", spy)
+    for at, expected in before.items():
+        reads.clear()
+        assert (
+            await service.get_json(path, key, id=cid, at_version=at, after_version=3, limit=2)
+            == expected
+        )
+        assert not [r for r in reads if r[1] == 0], reads  # every read bounded
+        if at >= 4:  # folded on from the snapshot at 4: versions 2 and 3 are never read
+            assert not [r for r in reads if r[0] in (2, 3)], reads
 
 
 async def test_event_history_state_keeps_client_keys_that_sound_secret(service: Service) -> None:
