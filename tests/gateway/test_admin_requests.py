@@ -1,0 +1,45 @@
+"""What the admin API refuses of a request's form rather than its content: headers sent twice
+or empty, unknown query parameters and bodies where none is taken; and what its refusals
+say. The whole service on loopback HTTP over the test's PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from multidict import CIMultiDict
+from test_admin_support import Service, service, uid
+
+__all__ = ["service"]  # the fixture, imported for pytest
+
+
+async def _post(
+    service: Service, path: str, headers: list[tuple[str, str]], body: Any = None
+) -> tuple[int, dict[str, Any]]:
+    data = None if body is None else orjson.dumps(body)
+    resp = await service.http.post(service.url(path), headers=CIMultiDict(headers), data=data)
+    return resp.status, orjson.loads(await resp.read())
+
+
+async def test_an_idempotency_key_sent_twice_or_empty_is_refused(service: Service) -> None:
+    """As chat refuses it: the first of two was taken silently, and an empty one ran the
+    write again on every retry of a client whose key variable was empty."""
+    ws = uid("ws-")
+    admin = await service.issue_key(ws, ("admin:read", "admin:write"))
+    auth = ("Authorization", f"Bearer {admin}")
+    body = {"name": "n", "scopes": ["chat"]}
+    for idempotency in (
+        [("Idempotency-Key", "first"), ("Idempotency-Key", "second")],
+        [("Idempotency-Key", "")],
+        [("Idempotency-Key", "  ")],
+    ):
+        status, answer = await _post(service, "/v1/admin/apikeys", [auth, *idempotency], body)
+        assert status == 400, (idempotency, answer)
+        assert answer["error"]["code"] == "invalid_header", answer
+        assert "Idempotency-Key" in answer["error"]["message"]
+    listing = await service.get_json("/v1/admin/apikeys", admin)
+    assert [k["name"] for k in listing["api_keys"]] == ["test key"]  # nothing was issued
+    # The same value twice is one key, as in chat.
+    same = [auth, ("Idempotency-Key", "same"), ("Idempotency-Key", "same")]
+    status, answer = await _post(service, "/v1/admin/apikeys", same, body)
+    assert status == 201, answer
