@@ -43,3 +43,18 @@ async def test_an_idempotency_key_sent_twice_or_empty_is_refused(service: Servic
     same = [auth, ("Idempotency-Key", "same"), ("Idempotency-Key", "same")]
     status, answer = await _post(service, "/v1/admin/apikeys", same, body)
     assert status == 201, answer
+
+
+async def test_two_authorization_headers_are_refused(service: Service) -> None:
+    """The first of two was used: a proxy adding its own credential in front of the client's
+    (or behind it) decided who acted without anyone seeing it."""
+    ws = uid("ws-")
+    admin = await service.issue_key(ws, ("admin:read",))
+    other = await service.issue_key(uid("ws-"), ("admin:read",))
+    for pair in ((admin, other), (admin, admin), (admin, "nonsense")):
+        headers = CIMultiDict([("Authorization", f"Bearer {key}") for key in pair])
+        resp = await service.http.get(service.url("/v1/admin/overview"), headers=headers)
+        answer = orjson.loads(await resp.read())
+        assert resp.status == 401, answer
+        assert answer["error"]["code"] == "unauthorized"
+        assert "2 Authorization headers" in answer["error"]["message"]
