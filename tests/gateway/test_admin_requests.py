@@ -58,3 +58,20 @@ async def test_two_authorization_headers_are_refused(service: Service) -> None:
         assert resp.status == 401, answer
         assert answer["error"]["code"] == "unauthorized"
         assert "2 Authorization headers" in answer["error"]["message"]
+
+
+async def test_a_key_lacking_a_scope_is_told_which_and_what_it_has(service: Service) -> None:
+    """A workspace key holds scopes, not roles: "read access to analytics is required" for
+    /v1/admin/overview named nothing its holder could ask for."""
+    ws = uid("ws-")
+    chat = await service.issue_key(ws, ("chat", "mcp"))
+    body = await service.get_json("/v1/admin/overview", chat, 403)
+    assert body["error"]["code"] == "insufficient_scope"
+    message = body["error"]["message"]
+    assert "lacks the scope admin:read" in message and "its scopes: chat, mcp" in message
+    reader = await service.issue_key(ws, ("admin:read",))
+    body = await service.post_json(
+        "/v1/admin/apikeys", reader, {"name": "n", "scopes": ["chat"]}, 403
+    )
+    message = body["error"]["message"]
+    assert "lacks the scope admin:write" in message and "its scopes: admin:read" in message
