@@ -26,6 +26,10 @@ MAX_OFFSET = 1_000_000_000
 """Beyond any real read model, and far inside the database's 64-bit integer."""
 
 
+class NoQuery(_Wire):
+    """The query of a route that takes no parameter: any is refused, as a typo is."""
+
+
 class AdminRead(_Wire):
     """Query parameters every admin read accepts."""
 

@@ -75,3 +75,39 @@ async def test_a_key_lacking_a_scope_is_told_which_and_what_it_has(service: Serv
     )
     message = body["error"]["message"]
     assert "lacks the scope admin:write" in message and "its scopes: admin:read" in message
+
+
+async def test_unknown_parameters_and_unwanted_bodies_are_refused(service: Service) -> None:
+    """docs/admin-api.md: unknown query parameters are refused, a typo is not ignored; and a
+    route that takes no body refuses one rather than ignore what it asked for."""
+    # Instance settings are the default workspace's keys' business.
+    admin = await service.issue_key("default", ("admin:read", "admin:write"))
+    issued = await service.post_json(
+        "/v1/admin/apikeys", admin, {"name": "n", "scopes": ["chat"]}, 201
+    )
+    agent = await service.post_json(
+        "/v1/admin/agents", admin, {"name": uid("a-"), "model": "svc-offline"}, 201
+    )
+    revoke = f"/v1/admin/apikeys/{issued['id']}/revoke"
+    archive = f"/v1/admin/agents/{agent['id']}/archive"
+    auth = ("Authorization", f"Bearer {admin}")
+    for method, path in (
+        ("GET", "/v1/admin/settings?verbose=1"),
+        ("GET", "/v1/admin/settings/SVC_LOG_LEVEL?verbose=1"),
+        ("POST", revoke + "?cascade=1"),
+        ("POST", archive + "?force=1"),
+        ("POST", "/v1/admin/apikeys?dry_run=1"),
+    ):
+        resp = await service.http.request(method, service.url(path), headers=CIMultiDict([auth]))
+        answer = orjson.loads(await resp.read())
+        assert resp.status == 400, (path, answer)
+        assert answer["error"]["code"] == "invalid_request", answer
+    for path in (revoke, archive):
+        status, answer = await _post(service, path, [auth], {"reason": "leaked"})
+        assert status == 400, (path, answer)
+        assert "takes no body" in answer["error"]["message"]
+    # Refused, so nothing was done: the key still stands, the agent is not archived.
+    listing = await service.get_json("/v1/admin/apikeys", admin)
+    assert {k["id"]: k for k in listing["api_keys"]}[issued["id"]]["revoked_at"] is None
+    status, answer = await _post(service, revoke, [auth])
+    assert status == 200, answer
