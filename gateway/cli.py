@@ -59,6 +59,8 @@ log = logging.getLogger("svc")
 
 USAGE_ERROR = 2
 FAILURE = 1
+KEY_APPLY_TIMEOUT_S = 10.0
+"""How long a key command waits for the read models to apply it."""
 _BAD_INPUT = (InvalidInput, NotFound, Conflict, Forbidden)
 
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
@@ -270,7 +272,7 @@ async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
     await ensure_workspace(platform.runtime, workspace)
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
     # Make the key usable at once, even before the server's projection loop sees it.
-    await platform.projections.wait_for(outcome.cursor, 10.0)
+    await platform.projections.wait_for(outcome.cursor, KEY_APPLY_TIMEOUT_S)
     _out(key)
     return 0
 
@@ -319,7 +321,16 @@ async def _apikeys_revoke(args: argparse.Namespace, platform: Platform) -> int:
         by="cli",
     )
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
-    await platform.projections.wait_for(outcome.cursor, 10.0)
+    # Keys are authenticated from the read models: until they apply the revocation the key
+    # still works, so "revoked" is said only once they have (the API answers 503 there).
+    if not await platform.projections.wait_for(outcome.cursor, KEY_APPLY_TIMEOUT_S):
+        _out(
+            f"svc: warning: API key {args.key_id} is revoked, but the read models have not "
+            "applied it yet, so it may still authenticate; see `svc projections status`, and "
+            "run the revoke again to confirm",
+            sys.stderr,
+        )
+        return FAILURE
     _out(f"revoked {args.key_id}")
     return 0
 

@@ -12,6 +12,7 @@ import pytest
 from platform_support import settings_for, uid
 
 from actors.workspace import workspace_key
+from eventstore.records import NewEvent
 from gateway import cli
 from gateway.auth import generate_key, hash_key
 from gateway.bootstrap import Platform, ensure_workspace, open_platform
@@ -72,3 +73,25 @@ async def test_list_says_expired_and_shows_the_expiry(
         "id", "name", "prefix", "scopes", "rate_limit_rpm", "expires_at", "created_at",
         "revoked_at",
     }  # fmt: skip
+
+
+async def test_revoke_not_applied_by_the_read_models_warns_and_fails(
+    platform: Platform, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Keys are authenticated from the read models: "revoked" with status 0 while they have
+    not applied it told the operator a key was dead that still worked."""
+    ws = uid("ws-")
+    key_id = await _issue(platform, ws, None)
+    # An event the api_keys read model cannot apply stops it (as one a newer version wrote).
+    await platform.store.append(
+        uid("workspace:"),
+        [NewEvent("workspace.api_key_issued", {"workspace_id": "x"}, 1)],
+        expected_version=0,
+        command_id=uid("cmd-"),
+        workspace_id=uid("ws-"),
+    )
+    args = argparse.Namespace(workspace=ws, key_id=key_id)
+    assert await cli._apikeys_revoke(args, platform) == cli.FAILURE
+    out, err = capsys.readouterr()
+    assert "revoked" not in out
+    assert f"API key {key_id} is revoked, but the read models have not applied it" in err
