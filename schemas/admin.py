@@ -6,6 +6,7 @@ serialise responses through them, and the OpenAPI document is generated from the
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -97,6 +98,20 @@ LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 and in Python (the year 1 or 9999 with an offset is neither)."""
 
 
+_ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def _iso_text(value: Any) -> Any:
+    """Only ISO-8601 text: pydantic also reads a number ("0", "20261126") as Unix seconds,
+    so a date typed without its dashes would silently become an instant of 1970."""
+    if not isinstance(value, str) or not _ISO_DATE.match(value):
+        raise ValueError(
+            "must be an ISO-8601 date or date-time such as 2026-11-26 or "
+            "2026-11-26T08:00:00Z (not a number)"
+        )
+    return value
+
+
 def _in_range(value: datetime | None) -> datetime | None:
     if value is not None and not EARLIEST <= value < LATEST:
         raise ValueError(_RANGE_MESSAGE)
@@ -111,6 +126,7 @@ class AnalyticsQuery(AdminRead):
     until: datetime | None = None
     bucket: Literal["hour", "day"] = "day"
 
+    _iso = field_validator("since", "until", mode="before")(_iso_text)
     _utc = field_validator("since", "until")(_as_utc)
     _range = field_validator("since", "until", mode="after")(_in_range)
 
@@ -120,6 +136,8 @@ class AnalyticsQuery(AdminRead):
         # The default window stops at the earliest instant a caller may name.
         since = self.since or max(until - default, EARLIEST)
         if until <= since:
+            if self.until is None:
+                raise ValueError("since must be in the past: until defaults to now")
             raise ValueError("until must be later than since")
         if until - since > MAX_WINDOW[self.bucket]:
             days = MAX_WINDOW[self.bucket].days

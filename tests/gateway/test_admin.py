@@ -315,6 +315,24 @@ async def test_analytics_validation(service: Service, params: dict[str, str]) ->
     assert body["error"]["type"] == "invalid_request_error"
 
 
+async def test_analytics_window_takes_iso_text_and_says_what_is_wrong(service: Service) -> None:
+    """A number was read as Unix seconds (since=20261126 is a day of 1970), though the docs
+    say ISO-8601; and a future since without until was told "until must be later"."""
+    key = await service.issue_key(uid("ws-"), ("admin:read",))
+    for since in ("0", "20261126", "1764144000.5", "-1"):
+        body = await service.get_json("/v1/admin/analytics", key, 400, since=since)
+        assert_error(body, "invalid_request")
+        assert "since: " in body["error"]["message"] and "ISO-8601" in body["error"]["message"]
+    body = await service.get_json("/v1/admin/analytics", key, 400, until="1764144000")
+    assert "until: " in body["error"]["message"] and "ISO-8601" in body["error"]["message"]
+    body = await service.get_json("/v1/admin/analytics", key, 400, since="8999-01-01")
+    assert "since must be in the past: until defaults to now" in body["error"]["message"]
+    body = await service.get_json(
+        "/v1/admin/analytics", key, 400, since="2026-02-01", until="2026-01-01"
+    )
+    assert "until must be later than since" in body["error"]["message"]
+
+
 async def test_default_window_starts_no_earlier_than_1970(service: Service) -> None:
     key = await service.issue_key(uid("ws-"), ("admin:read",))
     body = await service.get_json("/v1/admin/analytics", key, until="1970-01-02T00:00:00Z")
