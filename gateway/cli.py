@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from actors.behaviour import ActorKey
 from actors.conversation import ConversationState, conversation_key
@@ -49,6 +49,7 @@ from gateway.feed_frames import redact_model
 from gateway.log_levels import apply_log_level
 from gateway.settings import Settings
 from projections import queries
+from schemas.admin import ApiKeyName
 from schemas.commands import service_command_id
 from schemas.conversation import RecoverAbandonedTurns, TurnFailed
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
@@ -252,6 +253,23 @@ def _scopes(raw: str) -> tuple[str, ...]:
     return scopes
 
 
+_NAME = TypeAdapter(ApiKeyName)
+
+
+def _key_name(raw: str | None) -> str:
+    """--name by the API's rule; "cli" when not given. An empty one is refused, not
+    replaced: a script whose name variable is empty should hear of it."""
+    if raw is None:
+        return "cli"
+    try:
+        return _NAME.validate_python(raw)
+    except ValidationError:
+        raise InvalidInput(
+            f"invalid --name {raw!r}: 1 to 200 characters, without leading or trailing "
+            "spaces or control characters"
+        ) from None
+
+
 async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
     scopes = _scopes(args.scopes)
     workspace = args.workspace or platform.settings.default_workspace_id
@@ -261,7 +279,7 @@ async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
         command_id=f"cli-{uuid.uuid4()}",
         workspace_id=workspace,
         key_id="key_" + uuid.uuid4().hex,
-        name=args.name or "cli",
+        name=_key_name(args.name),
         key_hash=hash_key(key),
         prefix=key[:8],
         scopes=scopes,
@@ -339,6 +357,7 @@ async def cmd_apikeys(args: argparse.Namespace, settings: Settings) -> int:
     actions = {"create": _apikeys_create, "list": _apikeys_list, "revoke": _apikeys_revoke}
     if args.action == "create":
         _scopes(args.scopes)
+        _key_name(args.name)
     async with open_platform(settings, background=False) as platform:
         return await actions[args.action](args, platform)
 

@@ -7,10 +7,11 @@ serialise responses through them, and the OpenAPI document is generated from the
 from __future__ import annotations
 
 import re
+import unicodedata
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from schemas.workspace import API_KEY_SCOPES
 
@@ -293,9 +294,27 @@ class ConversationHistory(_Wire):
 # -- api keys ---------------------------------------------------------------------------------
 
 
+def _printable_name(value: str) -> str:
+    # Names are shown on one line in listings and terminals (svc apikeys list): a control
+    # character (a line break, ESC, the C1 set) has no business in one.
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+ApiKeyName = Annotated[
+    str,
+    # The agents' rule (schemas/agent_admin.py): no leading or trailing whitespace, so a
+    # name of spaces only is refused too.
+    Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$"),
+    AfterValidator(_printable_name),
+]
+MAX_SCOPES = 16
+
+
 class ApiKeyCreate(_Wire):
-    name: str = Field(min_length=1, max_length=200)
-    scopes: list[str] = Field(min_length=1, max_length=16)
+    name: ApiKeyName
+    scopes: list[str] = Field(min_length=1)
     rate_limit_rpm: int | None = Field(default=None, ge=1, le=1_000_000, strict=True)
     expires_at: datetime | None = None
 
@@ -305,7 +324,11 @@ class ApiKeyCreate(_Wire):
         unknown = sorted(set(value) - API_KEY_SCOPES)
         if unknown:
             raise ValueError(f"unknown scopes {unknown}; known: {sorted(API_KEY_SCOPES)}")
-        return list(dict.fromkeys(value))
+        # Counted once repeats are dropped: ["chat"] * 17 is one scope.
+        distinct = list(dict.fromkeys(value))
+        if len(distinct) > MAX_SCOPES:
+            raise ValueError(f"at most {MAX_SCOPES} distinct scopes")
+        return distinct
 
     @field_validator("expires_at")
     @classmethod

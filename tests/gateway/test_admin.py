@@ -554,12 +554,26 @@ async def test_a_key_used_before_revocations_named_their_request_is_judged_by_th
         {"name": "x", "scopes": ["chat"], "expires_at": "9999-12-31T23:59:59-14:00"},
         {"name": "x", "scopes": ["chat"], "expires_at": "9000-01-01T00:00:00Z"},
         {"name": "", "scopes": ["chat"]},
+        # The agents' rule for names, and no control characters (listings are one line each).
+        {"name": "   ", "scopes": ["chat"]},
+        {"name": " x", "scopes": ["chat"]},
+        {"name": "a\nb", "scopes": ["chat"]},
+        {"name": "a\x1b[31mb", "scopes": ["chat"]},
+        {"name": "a\u0085b", "scopes": ["chat"]},  # NEXT LINE (C1)
         {"name": "x", "scopes": ["chat"], "extra": 1},
     ],
 )
 async def test_api_key_validation(service: Service, body: dict[str, object]) -> None:
     admin = await service.issue_key(uid("ws-"), ("admin:write",))
     assert_error(await service.post_json("/v1/admin/apikeys", admin, body, 400))
+
+
+async def test_repeated_scopes_count_once(service: Service) -> None:
+    """The 16-scope bound was checked before repeats were dropped: ["chat"] * 17 is one."""
+    admin = await service.issue_key(uid("ws-"), ("admin:write",))
+    body = {"name": "x", "scopes": ["chat"] * 17 + ["mcp"] * 3}
+    issued = await service.post_json("/v1/admin/apikeys", admin, body, 201)
+    assert issued["scopes"] == ["chat", "mcp"]
 
 
 async def test_cross_tenant_isolation(service: Service) -> None:

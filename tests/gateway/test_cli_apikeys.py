@@ -25,7 +25,9 @@ async def platform(database_url: str) -> AsyncIterator[Platform]:
         yield opened
 
 
-async def _issue(platform: Platform, workspace: str, expires_at: datetime | None) -> str:
+async def _issue(
+    platform: Platform, workspace: str, expires_at: datetime | None, name: str = ""
+) -> str:
     """A key issued through the workspace actor, as if at the start of 2000: so it may
     expire in 2001, which is past now (the API takes only a future expiry)."""
     await ensure_workspace(platform.runtime, workspace)
@@ -34,7 +36,7 @@ async def _issue(platform: Platform, workspace: str, expires_at: datetime | None
         command_id=uid("cmd-"),
         workspace_id=workspace,
         key_id=uid("key_"),
-        name=uid("name-"),
+        name=name or uid("name-"),
         key_hash=hash_key(key),
         prefix=key[:8],
         scopes=("chat",),
@@ -95,3 +97,14 @@ async def test_revoke_not_applied_by_the_read_models_warns_and_fails(
     out, err = capsys.readouterr()
     assert "revoked" not in out
     assert f"API key {key_id} is revoked, but the read models have not applied it" in err
+
+
+async def test_a_name_recorded_with_control_characters_lists_on_one_line(
+    platform: Platform, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Names are refused with them now; one recorded before still cannot forge a line."""
+    ws = uid("ws-")
+    await _issue(platform, ws, None, name="a\nkey_forged\tx")
+    assert await cli._apikeys_list(argparse.Namespace(workspace=ws, json=False), platform) == 0
+    keys = capsys.readouterr().out.splitlines()
+    assert len(keys) == 1 and keys[0].endswith("a\\nkey_forged\\tx")
