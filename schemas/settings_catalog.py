@@ -130,7 +130,10 @@ def _parse_int(spec: SettingSpec, raw: str) -> int:
     text = raw.strip(_SPACES)
     if not _INT_TEXT.fullmatch(text):
         raise _invalid(spec, raw)
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:  # more digits than int() converts: far past any bound anyway
+        raise _invalid(spec, raw) from None
     if spec.min_value is not None and value < spec.min_value:
         raise _invalid(spec, raw)
     if spec.max_value is not None and value > spec.max_value:
