@@ -37,13 +37,13 @@ from gateway.admin_common import (
     wait_applied,
 )
 from gateway.chat import forget_agents
-from gateway.errors import read_json, read_query
+from gateway.errors import read_json, read_query, refuse_body
 from gateway.identity.common import command_id, first_attempt_ran
 from gateway.openapi import IDEMPOTENCY_KEY, document
 from gateway.state import DATABASE, MODEL_PROVIDERS, Principal
 from projections import agent_queries
 from projections.agents import AgentsProjector
-from schemas.admin import AdminRead
+from schemas.admin import AdminRead, NoQuery
 from schemas.agent import ArchiveAgent, CreateAgent, UpdateAgent
 from schemas.agent_admin import (
     AgentCreate,
@@ -132,6 +132,7 @@ def add_routes(app: web.Application) -> None:
 
 async def create_agent(request: web.Request) -> web.Response:
     principal = await acting(request, WRITE)
+    read_query(request, NoQuery)
     body = await read_json(request, AgentCreate)
     cid = command_id(request)
     retry = await first_attempt_ran(request, principal.workspace_id, cid)
@@ -175,6 +176,7 @@ async def get_agent(request: web.Request) -> web.Response:
 async def update_agent(request: web.Request) -> web.Response:
     principal = await acting(request, WRITE)
     agent_id = _path_id(request)
+    read_query(request, NoQuery)
     body = await read_json(request, AgentUpdate)
     cid = command_id(request)
     retry = await first_attempt_ran(request, principal.workspace_id, cid)
@@ -202,6 +204,8 @@ async def update_agent(request: web.Request) -> web.Response:
 async def archive_agent(request: web.Request) -> web.Response:
     principal = await acting(request, WRITE)
     agent_id = _path_id(request)
+    read_query(request, NoQuery)
+    await refuse_body(request)
     command = ArchiveAgent(
         command_id=command_id(request), workspace_id=principal.workspace_id, at=datetime.now(UTC)
     )

@@ -3,15 +3,26 @@
 Reads the conversation's stream from the event store (not a read model) and rebuilds its state
 by folding the conversation behaviour's pure `evolve` over the events up to version N: exactly
 what the actor held at that version (ARCHITECTURE.md decision 5).
+
+A conversation's stream may be long (gigabytes of text), so nothing here reads it whole: the
+page asked for is read by its version range, the state is folded from the stream's snapshot
+when that is at or below N (as an actor activates) and otherwise from the start, in pages of
+`FOLD_PAGE` events, and the newest version is found by probing single versions. `svc
+conversations replay` (gateway/cli.py) reads through the same functions.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
 from aiohttp import web
+from pydantic import ValidationError
 
 from actors.behaviour import ActorKey
 from actors.conversation import ConversationBehaviour, ConversationState, conversation_key
-from eventstore.records import RecordedEvent
+from eventstore.port import EventStore
+from eventstore.records import RecordedEvent, Snapshot
 from gateway.admin_common import READ, acting, ok
 from gateway.errors import read_query
 from gateway.feed_frames import redact, redact_model
@@ -20,12 +31,102 @@ from schemas.admin import ConversationHistory, HistoryEvent, HistoryQuery
 from schemas.errors import InvalidInput, NotFound
 from schemas.events import EVENTS
 
+FOLD_PAGE = 1000
+"""Events read at once while folding or listing: what bounds the memory of a long stream."""
 
-def fold(key: ActorKey, records: list[RecordedEvent]) -> ConversationState:
+_MAX_VERSION = 2**31 - 1
+"""Stream versions are int4 (eventstore)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """A conversation's stream as read by one caller: `workspace_id` None reads unscoped."""
+
+    store: EventStore
+    key: ActorKey
+    workspace_id: str | None
+
+    async def read(self, first: int, last: int) -> list[RecordedEvent]:
+        return await self.store.read_stream(
+            self.key.stream_id, first, workspace_id=self.workspace_id, to_version=last
+        )
+
+    async def pages(self, first: int, last: int) -> AsyncIterator[list[RecordedEvent]]:
+        """Versions `first`..`last`, at most FOLD_PAGE events at a time."""
+        while first <= last:
+            page = await self.read(first, min(last, first + FOLD_PAGE - 1))
+            if not page:
+                return
+            yield page
+            first = page[-1].version + 1
+
+
+async def _has(stream: Stream, version: int) -> bool:
+    return bool(await stream.read(version, version))
+
+
+async def newest_version(stream: Stream, known: int = 0) -> int:
+    """The stream's newest version, 0 when it has none (or none in the workspace).
+
+    Versions are dense (eventstore/store.py read_stream), so version v exists exactly when
+    v <= newest: galloping up from `known` (a version known to exist) and then bisecting
+    finds it in about 2 log2(newest) one-event reads, whatever the stream's length."""
+    if known < 1 or not await _has(stream, known):
+        if not await _has(stream, 1):
+            return 0
+        known = 1
+    low, step = known, 1  # low exists; high, once found, does not
+    while True:
+        high = min(low + step, _MAX_VERSION + 1)
+        if high > _MAX_VERSION or not await _has(stream, high):
+            break
+        low, step = high, step * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if await _has(stream, middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _evolve(state: ConversationState, records: list[RecordedEvent]) -> ConversationState:
     behaviour = ConversationBehaviour()
-    state = behaviour.initial_state(key)
     for r in records:
         state = behaviour.evolve(state, EVENTS.decode(r.type, r.schema_version, r.data))
+    return state
+
+
+def _restored(snapshot: Snapshot | None, version: int) -> ConversationState | None:
+    """The snapshot's state when it can stand for the fold up to its version: at or below
+    `version`, of the current state schema, and valid (actors/context.py applies the same
+    rules when an actor activates; otherwise the fold starts from the first event)."""
+    if snapshot is None or snapshot.version > version:
+        return None
+    if snapshot.schema_version != ConversationBehaviour.state_schema_version:
+        return None
+    try:
+        return ConversationState.model_validate(snapshot.state)
+    except ValidationError:
+        return None
+
+
+async def snapshot_of(stream: Stream) -> Snapshot | None:
+    # Snapshots are not scoped by workspace: callers first see the stream in theirs.
+    return await stream.store.load_snapshot(stream.key.stream_id)
+
+
+async def state_at(
+    stream: Stream, version: int, snapshot: Snapshot | None = None
+) -> ConversationState:
+    """The fold of every event up to `version`, from the snapshot when it is usable."""
+    restored = _restored(snapshot, version)
+    if restored is None or snapshot is None:
+        state, start = ConversationBehaviour().initial_state(stream.key), 1
+    else:
+        state, start = restored, snapshot.version + 1
+    async for page in stream.pages(start, version):
+        state = _evolve(state, page)
     return state
 
 
@@ -42,23 +143,20 @@ def history_event(record: RecordedEvent) -> HistoryEvent:
 async def conversation_events(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     params = read_query(request, HistoryQuery)
-    key = conversation_key(params.id)
-    # Scoped read: another workspace's stream reads as empty, so it is a 404 like an unknown id.
-    records = await request.app[STORE].read_stream(
-        key.stream_id, workspace_id=principal.workspace_id
-    )
-    if not records:
+    # Scoped reads: another workspace's stream reads as empty, so it is a 404 like an unknown id.
+    stream = Stream(request.app[STORE], conversation_key(params.id), principal.workspace_id)
+    if not await _has(stream, 1):
         raise NotFound(f"conversation {params.id!r} not found", code="conversation_not_found")
-    newest = records[-1].version
+    snapshot = await snapshot_of(stream)
+    newest = await newest_version(stream, snapshot.version if snapshot else 0)
     at_version = newest if params.at_version is None else params.at_version
     if at_version > newest:
         raise InvalidInput(
             f"at_version: the conversation's newest version is {newest}", code="invalid_version"
         )
-    upto = [r for r in records if r.version <= at_version]
-    # A page of the events (a long conversation's whole history could be gigabytes of text);
-    # the state is always the fold of every event up to at_version.
-    listed = [r for r in upto if r.version > params.after_version][: params.limit]
+    # A page of the events; the state is always the fold of every event up to at_version.
+    first = params.after_version + 1
+    listed = await stream.read(first, min(at_version, params.after_version + params.limit))
     more = bool(listed) and listed[-1].version < at_version
     return ok(
         ConversationHistory(
@@ -67,6 +165,6 @@ async def conversation_events(request: web.Request) -> web.Response:
             at_version=at_version,
             events=[history_event(r) for r in listed],
             next_after_version=listed[-1].version if more else None,
-            state=redact_model(fold(key, upto)),
+            state=redact_model(await state_at(stream, at_version, snapshot)),
         )
     )

@@ -35,7 +35,7 @@ from gateway.auth import (
     holds_owner_power,
     writes_as_owner,
 )
-from gateway.errors import read_json, read_query
+from gateway.errors import read_json, read_query, refuse_body
 from gateway.identity.common import command_id, describe
 from gateway.state import AUTH, DATABASE, STORE, Principal
 from projections import queries
@@ -46,6 +46,7 @@ from schemas.admin import (
     ApiKeyList,
     ApiKeyRecord,
     NewApiKey,
+    NoQuery,
     RevokedApiKey,
 )
 from schemas.commands import Command
@@ -78,6 +79,7 @@ def record(key: queries.ApiKey) -> ApiKeyRecord:
 
 async def issue_key(request: web.Request) -> web.Response:
     principal = await acting(request, WRITE)
+    read_query(request, NoQuery)
     body = await read_json(request, ApiKeyCreate)
     check_delegation(principal, tuple(body.scopes))
     key = generate_key()
@@ -152,6 +154,8 @@ async def _check_owner_rule(principal: Principal, db: Database, key_id: str) -> 
 
 async def revoke_key(request: web.Request) -> web.Response:
     principal = await acting(request, WRITE)
+    read_query(request, NoQuery)
+    await refuse_body(request)
     await _check_owner_rule(principal, request.app[DATABASE], request.match_info["key_id"])
     command = RevokeApiKey(
         command_id=command_id(request),

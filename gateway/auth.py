@@ -81,8 +81,20 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+def authorization_header(request: web.Request) -> str:
+    """The request's one `Authorization` header ("" when none). Two are refused: which
+    credential was meant cannot be guessed, and a proxy that adds its own in front of the
+    client's must not have either one silently win."""
+    headers = request.headers.getall("Authorization", ())
+    if len(headers) > 1:
+        raise Unauthorized(
+            f"{len(headers)} Authorization headers: send one, Authorization: Bearer <API_KEY>"
+        )
+    return headers[0] if headers else ""
+
+
 def bearer_token(request: web.Request) -> str:
-    header = request.headers.get("Authorization", "")
+    header = authorization_header(request)
     scheme, _, token = header.partition(" ")
     if not header:
         raise Unauthorized("missing API key: send the header Authorization: Bearer <API_KEY>")

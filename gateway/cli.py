@@ -26,19 +26,21 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from actors.behaviour import ActorKey
 from actors.conversation import ConversationState, conversation_key
 from actors.shards import NUM_SHARDS
 from actors.workspace import workspace_key
-from eventstore.records import RecordedEvent
+from eventstore.records import Snapshot
 from gateway import bootstrap
-from gateway.admin_history import fold, history_event
+from gateway.admin_history import Stream, history_event, newest_version, snapshot_of, state_at
+from gateway.admin_keys import record
 from gateway.auth import SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform, open_store
 from gateway.control_chars import json_visible, one_line
@@ -47,6 +49,7 @@ from gateway.feed_frames import redact_model
 from gateway.log_levels import apply_log_level
 from gateway.settings import Settings
 from projections import queries
+from schemas.admin import ApiKeyName
 from schemas.commands import service_command_id
 from schemas.conversation import RecoverAbandonedTurns, TurnFailed
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
@@ -57,6 +60,8 @@ log = logging.getLogger("svc")
 
 USAGE_ERROR = 2
 FAILURE = 1
+KEY_APPLY_TIMEOUT_S = 10.0
+"""How long a key command waits for the read models to apply it."""
 _BAD_INPUT = (InvalidInput, NotFound, Conflict, Forbidden)
 
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
@@ -248,6 +253,23 @@ def _scopes(raw: str) -> tuple[str, ...]:
     return scopes
 
 
+_NAME = TypeAdapter(ApiKeyName)
+
+
+def _key_name(raw: str | None) -> str:
+    """--name by the API's rule; "cli" when not given. An empty one is refused, not
+    replaced: a script whose name variable is empty should hear of it."""
+    if raw is None:
+        return "cli"
+    try:
+        return _NAME.validate_python(raw)
+    except ValidationError:
+        raise InvalidInput(
+            f"invalid --name {raw!r}: 1 to 200 characters, without leading or trailing "
+            "spaces or control characters"
+        ) from None
+
+
 async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
     scopes = _scopes(args.scopes)
     workspace = args.workspace or platform.settings.default_workspace_id
@@ -257,7 +279,7 @@ async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
         command_id=f"cli-{uuid.uuid4()}",
         workspace_id=workspace,
         key_id="key_" + uuid.uuid4().hex,
-        name=args.name or "cli",
+        name=_key_name(args.name),
         key_hash=hash_key(key),
         prefix=key[:8],
         scopes=scopes,
@@ -268,7 +290,7 @@ async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
     await ensure_workspace(platform.runtime, workspace)
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
     # Make the key usable at once, even before the server's projection loop sees it.
-    await platform.projections.wait_for(outcome.cursor, 10.0)
+    await platform.projections.wait_for(outcome.cursor, KEY_APPLY_TIMEOUT_S)
     _out(key)
     return 0
 
@@ -281,26 +303,30 @@ async def _apikeys_list(args: argparse.Namespace, platform: Platform) -> int:
         raise NotFound(f"workspace {workspace} does not exist")  # as revoke says
     keys = await queries.list_api_keys(platform.db, workspace)
     if args.json:
-        rows = [
-            {
-                "id": k.key_id,
-                "name": k.name,
-                "prefix": k.prefix,
-                "scopes": k.scopes,
-                "rate_limit_rpm": k.rate_limit_rpm,
-                "created_at": k.created_at.isoformat(),
-                "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
-            }
-            for k in keys
-        ]
+        # The API's record type, so the CLI's rows and GET /v1/admin/apikeys cannot drift.
+        rows = [record(k).model_dump(mode="json") for k in keys]
         _out(json.dumps(rows, indent=2))
         return 0
+    now = datetime.now(UTC)
     for k in keys:
-        state = "revoked" if k.revoked_at else "active"
-        rpm = k.rate_limit_rpm or "-"
-        line = f"{k.key_id}\t{k.prefix}...\t{','.join(k.scopes)}\trpm={rpm}\t{state}"
-        _out(f"{line}\t{one_line(k.name)}")
+        _out(_key_line(k, now))
     return 0
+
+
+def _key_state(key: queries.ApiKey, now: datetime) -> str:
+    # Expired as the authenticator judges it (ApiKey.usable_at): at expires_at it is refused.
+    if key.revoked_at is not None:
+        return "revoked"
+    if key.expires_at is not None and key.expires_at <= now:
+        return "expired"
+    return "active"
+
+
+def _key_line(key: queries.ApiKey, now: datetime) -> str:
+    rpm = key.rate_limit_rpm or "-"
+    expires = key.expires_at.isoformat() if key.expires_at else "-"
+    line = f"{key.key_id}\t{key.prefix}...\t{','.join(key.scopes)}\trpm={rpm}"
+    return f"{line}\texpires={expires}\t{_key_state(key, now)}\t{one_line(key.name)}"
 
 
 async def _apikeys_revoke(args: argparse.Namespace, platform: Platform) -> int:
@@ -313,7 +339,16 @@ async def _apikeys_revoke(args: argparse.Namespace, platform: Platform) -> int:
         by="cli",
     )
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
-    await platform.projections.wait_for(outcome.cursor, 10.0)
+    # Keys are authenticated from the read models: until they apply the revocation the key
+    # still works, so "revoked" is said only once they have (the API answers 503 there).
+    if not await platform.projections.wait_for(outcome.cursor, KEY_APPLY_TIMEOUT_S):
+        _out(
+            f"svc: warning: API key {args.key_id} is revoked, but the read models have not "
+            "applied it yet, so it may still authenticate; see `svc projections status`, and "
+            "run the revoke again to confirm",
+            sys.stderr,
+        )
+        return FAILURE
     _out(f"revoked {args.key_id}")
     return 0
 
@@ -322,6 +357,7 @@ async def cmd_apikeys(args: argparse.Namespace, settings: Settings) -> int:
     actions = {"create": _apikeys_create, "list": _apikeys_list, "revoke": _apikeys_revoke}
     if args.action == "create":
         _scopes(args.scopes)
+        _key_name(args.name)
     async with open_platform(settings, background=False) as platform:
         return await actions[args.action](args, platform)
 
@@ -373,23 +409,36 @@ async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_conversations(args: argparse.Namespace, settings: Settings) -> int:
     key: ActorKey = conversation_key(args.conversation_id)
     async with open_platform(settings, background=False) as platform:
-        events = await platform.store.read_stream(
-            key.stream_id, workspace_id=args.workspace or None
-        )
-        if not events:
+        stream = Stream(platform.store, key, args.workspace or None)
+        first = await stream.read(1, 1)
+        if not first:
             where = f" in workspace {args.workspace}" if args.workspace else ""
             raise NotFound(f"no conversation {args.conversation_id}{where}")
+        snapshot = await snapshot_of(stream)
+        newest = await newest_version(stream, snapshot.version if snapshot else 0)
+        state_of = _StateAt(stream, snapshot)
         if args.action == "abandon":
-            return await _abandon(args, platform, events)
-    return _replay(args, events)
+            return await _abandon(args, platform, first[0].workspace_id, state_of, newest)
+        return await _replay(args, stream, state_of, newest)
+
+
+@dataclass(frozen=True, slots=True)
+class _StateAt:
+    """The conversation as of a version, folded as the admin API's history folds it."""
+
+    stream: Stream
+    snapshot: Snapshot | None
+
+    async def __call__(self, version: int) -> ConversationState:
+        return await state_at(self.stream, version, self.snapshot)
 
 
 async def _abandon(
-    args: argparse.Namespace, platform: Platform, events: Sequence[RecordedEvent]
+    args: argparse.Namespace, platform: Platform, workspace_id: str, state_of: _StateAt, newest: int
 ) -> int:
     """Record running turns as abandoned whatever their expiry: the operator knows the
     process that ran them is gone (a turn started with no call time limit never expires)."""
-    state = _state_at(args.conversation_id, events, events[-1].version)
+    state = await state_of(newest)
     running = [t.turn_id for t in state.turns.values() if t.status == "running"]
     chosen = list(dict.fromkeys(args.turn)) or running
     not_running = [t for t in chosen if t not in running]
@@ -403,7 +452,7 @@ async def _abandon(
         return 0
     command = RecoverAbandonedTurns(
         command_id=service_command_id("abandon", uuid.uuid4().hex),
-        workspace_id=events[0].workspace_id,
+        workspace_id=workspace_id,
         turn_ids=tuple(chosen),
         at=datetime.now(UTC),
         force=True,
@@ -414,32 +463,23 @@ async def _abandon(
     return 0
 
 
-def _state_at(
-    conversation_id: str, events: Sequence[RecordedEvent], until: int
-) -> ConversationState:
-    """The conversation as of version `until`, folded as the admin API's history folds it."""
-    upto = [recorded for recorded in events if recorded.version <= until]
-    return fold(conversation_key(conversation_id), upto)
-
-
-def _replay(args: argparse.Namespace, events: Sequence[RecordedEvent]) -> int:
-    last = events[-1].version
-    until = last if args.at_version is None else args.at_version
-    if until > last:
+async def _replay(args: argparse.Namespace, stream: Stream, state_of: _StateAt, newest: int) -> int:
+    until = newest if args.at_version is None else args.at_version
+    if until > newest:
         # The same range as the admin API's at_version: 0 is the state before any event.
         raise InvalidInput(
-            f"--at-version must be between 0 and {last}: conversation {args.conversation_id} "
-            f"has {last} events"
+            f"--at-version must be between 0 and {newest}: conversation "
+            f"{args.conversation_id} has {newest} events"
         )
-    # As the admin API's event history gives them: upcast and redacted; then written so
-    # that a control character in someone's message runs nothing in this terminal.
-    for recorded in events:
-        if recorded.version > until:
-            break
-        shown = history_event(recorded)
-        data = json_visible(json.dumps(shown.data, ensure_ascii=False))
-        _out(f"v{shown.version}\t{shown.recorded_at.isoformat()}\t{one_line(shown.type)}\t{data}")
-    state = _state_at(args.conversation_id, events, until)
+    # As the admin API's event history gives them, a page at a time: upcast and redacted;
+    # then written so that a control character in someone's message runs nothing here.
+    async for page in stream.pages(1, until):
+        for recorded in page:
+            shown = history_event(recorded)
+            data = json_visible(json.dumps(shown.data, ensure_ascii=False))
+            when = shown.recorded_at.isoformat()
+            _out(f"v{shown.version}\t{when}\t{one_line(shown.type)}\t{data}")
+    state = await state_of(until)
     _out(f"# state at version {until}")
     _out(json_visible(json.dumps(redact_model(state), indent=2, ensure_ascii=False)))
     return 0

@@ -377,6 +377,13 @@ async def read_json(request: web.Request, model: type[M] | None = None) -> M | A
         raise InvalidInput(describe_validation(exc)) from None
 
 
+async def refuse_body(request: web.Request) -> None:
+    """A route that takes no body refuses one: a client sending fields it expects to act
+    (a reason, a "cascade") must not believe they did."""
+    if await read_body(request):
+        raise InvalidInput("this request takes no body; send it without one")
+
+
 def read_query(request: web.Request, model: type[M]) -> M:
     """Validate the query string against `model`; an empty value counts as absent. Unknown
     parameters are refused (models forbid extra fields), so that a typo is a 400 rather than

@@ -50,6 +50,7 @@ from schemas.settings_catalog import (
     get_spec,
     parse,
     parse_or_coerce,
+    stored_text,
 )
 
 log = logging.getLogger(__name__)
@@ -432,9 +433,7 @@ class SettingsService:
         if not spec.storable:
             raise InvalidInput(f"{key} cannot be stored: {spec.note}", code="setting_not_storable")
         check_stored_length(spec, raw)
-        typed = parse(spec, raw)
-        if spec.choices:
-            raw = str(typed)  # stored as it is read: the choice without surrounding spaces
+        raw = stored_text(spec, raw, parse(spec, raw))  # as it is read: " 3 " is "3"
         # A secret's value is written first, under a version of its own that the event then
         # names: if the event is never recorded, the version in force stays in force.
         version = uuid.uuid4().hex if spec.secret else None

@@ -11,16 +11,18 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from gateway.auth import authenticate, holds_owner_power, require_instance_admin
-from gateway.errors import read_json
+from gateway.errors import read_json, read_query, refuse_body
 from gateway.identity.roles import domain_for_path, require_access
 from gateway.openapi import document
 from gateway.state import SETTINGS_SERVICE
+from schemas.admin import NoQuery
 from schemas.errors import Forbidden
 from schemas.settings import SetSettingRequest, SettingChangeResult, SettingList, SettingView
 
 
 async def _admin(request: web.Request, scope: str) -> None:
     principal = await authenticate(request)
+    read_query(request, NoQuery)  # none of these routes takes a parameter
     # Keys pass by their admin:read/admin:write scopes; users by read/write on `settings`.
     writing = scope == "admin:write"
     require_access(principal, domain_for_path(request.path), "write" if writing else "read")
@@ -56,6 +58,7 @@ async def put_setting(request: web.Request) -> web.Response:
 
 async def delete_setting(request: web.Request) -> web.Response:
     await _admin(request, "admin:write")
+    await refuse_body(request)
     return _json(await request.app[SETTINGS_SERVICE].unset(request.match_info["key"]))
 
 

@@ -6,10 +6,12 @@ serialise responses through them, and the OpenAPI document is generated from the
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from schemas.workspace import API_KEY_SCOPES
 
@@ -24,6 +26,10 @@ MAX_PAGE = 200
 DEFAULT_PAGE = 50
 MAX_OFFSET = 1_000_000_000
 """Beyond any real read model, and far inside the database's 64-bit integer."""
+
+
+class NoQuery(_Wire):
+    """The query of a route that takes no parameter: any is refused, as a typo is."""
 
 
 class AdminRead(_Wire):
@@ -93,6 +99,20 @@ LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 and in Python (the year 1 or 9999 with an offset is neither)."""
 
 
+_ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def _iso_text(value: Any) -> Any:
+    """Only ISO-8601 text: pydantic also reads a number ("0", "20261126") as Unix seconds,
+    so a date typed without its dashes would silently become an instant of 1970."""
+    if not isinstance(value, str) or not _ISO_DATE.match(value):
+        raise ValueError(
+            "must be an ISO-8601 date or date-time such as 2026-11-26 or "
+            "2026-11-26T08:00:00Z (not a number)"
+        )
+    return value
+
+
 def _in_range(value: datetime | None) -> datetime | None:
     if value is not None and not EARLIEST <= value < LATEST:
         raise ValueError(_RANGE_MESSAGE)
@@ -107,6 +127,7 @@ class AnalyticsQuery(AdminRead):
     until: datetime | None = None
     bucket: Literal["hour", "day"] = "day"
 
+    _iso = field_validator("since", "until", mode="before")(_iso_text)
     _utc = field_validator("since", "until")(_as_utc)
     _range = field_validator("since", "until", mode="after")(_in_range)
 
@@ -116,6 +137,8 @@ class AnalyticsQuery(AdminRead):
         # The default window stops at the earliest instant a caller may name.
         since = self.since or max(until - default, EARLIEST)
         if until <= since:
+            if self.until is None:
+                raise ValueError("since must be in the past: until defaults to now")
             raise ValueError("until must be later than since")
         if until - since > MAX_WINDOW[self.bucket]:
             days = MAX_WINDOW[self.bucket].days
@@ -271,9 +294,27 @@ class ConversationHistory(_Wire):
 # -- api keys ---------------------------------------------------------------------------------
 
 
+def _printable_name(value: str) -> str:
+    # Names are shown on one line in listings and terminals (svc apikeys list): a control
+    # character (a line break, ESC, the C1 set) has no business in one.
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+ApiKeyName = Annotated[
+    str,
+    # The agents' rule (schemas/agent_admin.py): no leading or trailing whitespace, so a
+    # name of spaces only is refused too.
+    Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$"),
+    AfterValidator(_printable_name),
+]
+MAX_SCOPES = 16
+
+
 class ApiKeyCreate(_Wire):
-    name: str = Field(min_length=1, max_length=200)
-    scopes: list[str] = Field(min_length=1, max_length=16)
+    name: ApiKeyName
+    scopes: list[str] = Field(min_length=1)
     rate_limit_rpm: int | None = Field(default=None, ge=1, le=1_000_000, strict=True)
     expires_at: datetime | None = None
 
@@ -283,7 +324,11 @@ class ApiKeyCreate(_Wire):
         unknown = sorted(set(value) - API_KEY_SCOPES)
         if unknown:
             raise ValueError(f"unknown scopes {unknown}; known: {sorted(API_KEY_SCOPES)}")
-        return list(dict.fromkeys(value))
+        # Counted once repeats are dropped: ["chat"] * 17 is one scope.
+        distinct = list(dict.fromkeys(value))
+        if len(distinct) > MAX_SCOPES:
+            raise ValueError(f"at most {MAX_SCOPES} distinct scopes")
+        return distinct
 
     @field_validator("expires_at")
     @classmethod

@@ -31,7 +31,12 @@ SettingValue = bool | int | float | str | None
 MASK = "********"
 _TRUE = frozenset({"1", "true", "on", "yes"})
 _FALSE = frozenset({"0", "false", "off", "no", ""})
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+# ASCII digits only: `\d` also matches other scripts' digits, and float()/int() read those
+# and "1_0" too, so a value no other reader of the setting understands would be stored.
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+_SPACES = " \t"
+"""What may surround an int or a duration (dropped, as around a choice)."""
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _INT_MAX = 2**31 - 1
 
@@ -122,9 +127,12 @@ def _parse_bool(spec: SettingSpec, raw: str) -> bool:
 
 
 def _parse_int(spec: SettingSpec, raw: str) -> int:
+    text = raw.strip(_SPACES)
+    if not _INT_TEXT.fullmatch(text):
+        raise _invalid(spec, raw)
     try:
-        value = int(raw.strip())
-    except ValueError:
+        value = int(text)
+    except ValueError:  # more digits than int() converts: far past any bound anyway
         raise _invalid(spec, raw) from None
     if spec.min_value is not None and value < spec.min_value:
         raise _invalid(spec, raw)
@@ -135,7 +143,7 @@ def _parse_int(spec: SettingSpec, raw: str) -> int:
 
 def parse_duration(raw: str) -> float | None:
     """Go-style duration ("1500ms", "1h30m", "0") to seconds; blank or zero means off (None)."""
-    text = raw.strip()
+    text = raw.strip(_SPACES)
     if text in ("", "0"):
         return None
     pos, total = 0, 0.0
@@ -182,6 +190,18 @@ def parse_networks(raw: str) -> tuple[Network, ...]:
 MAX_STORED_CHARS = 100_000
 """The longest value `svc settings set` stores, secret or not (schemas/settings.py
 SettingText). The environment has no such bound (inline IdP metadata may be longer)."""
+
+
+def stored_text(spec: SettingSpec, raw: str, typed: SettingValue) -> str:
+    """The text a valid `raw` is stored as: as it is read, so every reader of the stored
+    value (the next start, another gateway, a listing) sees the same canonical text. A
+    choice as the catalog spells it, an int as plain digits (" +007 " is "7"), a duration
+    without the spaces around it; anything else exactly as given."""
+    if spec.choices or spec.type == "int":
+        return str(typed)
+    if spec.type == "duration":
+        return raw.strip(_SPACES)
+    return raw
 
 
 def parse(spec: SettingSpec, raw: str) -> SettingValue:

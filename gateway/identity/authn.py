@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
-from gateway.auth import PRINCIPAL
+from gateway.auth import PRINCIPAL, authorization_header
 from gateway.identity.common import storable
 from gateway.identity.oauth import is_oauth_token, verify_access_token
 from gateway.identity.oidc import OidcConfig, OidcIdentity, OidcVerifier, looks_like_jwt
@@ -137,7 +137,7 @@ async def _resolve(request: web.Request) -> Principal:
     if IDENTITY not in request.app:
         return await request.app[AUTH].authenticate(request)
     ident = identity(request)
-    header = request.headers.get("Authorization", "")
+    header = authorization_header(request)
     if not header:
         token = session_token(request)
         if token is not None:

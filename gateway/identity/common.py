@@ -70,14 +70,33 @@ def new_id(prefix: str) -> str:
 def command_id(request: web.Request) -> str:
     """The command id of an admin or identity write: from its `Idempotency-Key`, so a
     retried request is answered from the ledger instead of running twice."""
-    return client_command_id(request.headers.get("Idempotency-Key", "").strip())
+    return client_command_id(idempotency_key(request) or "")
+
+
+def idempotency_key(request: web.Request) -> str | None:
+    """The request's `Idempotency-Key`, stripped; None when it sent none.
+
+    Refused as chat refuses it (docs/chat.md): an empty value, since a client whose key
+    variable is empty would otherwise run its write again on every retry without knowing;
+    and two different values, since which one was meant cannot be guessed."""
+    values = {value.strip() for value in request.headers.getall("Idempotency-Key", ())}
+    if len(values) > 1:
+        raise InvalidInput(
+            "Idempotency-Key was sent more than once, with different values",
+            code="invalid_header",
+        )
+    if values == {""}:
+        raise InvalidInput(
+            "Idempotency-Key is empty: send a key, or no header", code="invalid_header"
+        )
+    return values.pop() if values else None
 
 
 async def first_attempt_ran(request: web.Request, workspace_id: str, command_id: str) -> bool:
     """Whether this request's Idempotency-Key already ran (the ledger holds its command):
     its retry is answered with the first result, so the checks of a new request (a name
     free, a model served) must not refuse it for what changed since."""
-    if request.headers.get("Idempotency-Key") is None:
+    if idempotency_key(request) is None:
         return False  # the command id was drawn at random: no first attempt
     store = request.app.get(STORE)
     if store is None:

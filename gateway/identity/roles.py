@@ -63,10 +63,20 @@ def require_access(principal: Principal, domain: str, access: Access) -> None:
     if domain not in DOMAINS:
         raise ValueError(f"unknown resource domain {domain!r}")
     if not allowed(principal, domain, access):
-        raise Forbidden(
-            f"insufficient rights: {access} access to {domain} is required",
-            code="insufficient_scope",
+        raise Forbidden(_refusal(principal, domain, access), code="insufficient_scope")
+
+
+def _refusal(principal: Principal, domain: str, access: Access) -> str:
+    # A workspace key (no user behind it) holds scopes, not roles: name the scope it lacks
+    # and those it has, which is what its holder can act on (issue a key with that scope).
+    # A user's rights, and a user's own key's, come from roles granted per domain.
+    if principal.key_id is not None and principal.user_id is None:
+        held = ", ".join(sorted(principal.scopes)) or "none"
+        return (
+            f"insufficient scope: this API key lacks the scope admin:{access} (or *); "
+            f"its scopes: {held}"
         )
+    return f"insufficient rights: {access} access to {domain} is required"
 
 
 ADMIN_PATH_DOMAINS: dict[str, str] = {

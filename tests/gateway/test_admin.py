@@ -11,9 +11,11 @@ import pytest
 from test_admin_support import Service, service, uid
 
 import gateway.admin_common
+import gateway.admin_history
+from actors.conversation import ConversationBehaviour, conversation_key
 from actors.workspace import workspace_key
 from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
-from eventstore.records import NewEvent
+from eventstore.records import NewEvent, RecordedEvent, Snapshot
 from gateway.state import STORE
 from schemas.events import EVENTS
 from schemas.workspace import ApiKeyRevoked
@@ -202,6 +204,53 @@ async def test_event_history_rebuilds_state_at_a_version(service: Service) -> No
         assert_error(await service.get_json(path, key, 400, id=cid, **bad))
 
 
+async def test_event_history_reads_only_the_page_and_folds_from_the_snapshot(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long conversation's stream is not read whole for every page: the page is read by
+    its versions, the state folded from the snapshot (as an actor activates) in bounded
+    pages, and the answer is the same as a fold from the first event."""
+    ws = uid("ws-")
+    key = await service.issue_key(ws, ("admin:read",))
+    cid = await service.start_conversation(ws, "t0")
+    for n in range(1, 6):
+        await service.rename(ws, cid, f"t{n}")
+    path = "/v1/admin/conversations/events"
+    store = service.app[STORE]
+    before = {
+        at: await service.get_json(path, key, id=cid, at_version=at, after_version=3, limit=2)
+        for at in (6, 5, 3)
+    }
+    stream_id = f"conversation:{cid}"
+    records = await store.read_stream(stream_id)
+    state = ConversationBehaviour().initial_state(conversation_key(cid))
+    for r in records[:4]:
+        state = ConversationBehaviour().evolve(state, EVENTS.decode(r.type, 1, r.data))
+    await store.save_snapshot(
+        Snapshot(stream_id, 4, ConversationBehaviour.state_schema_version, state.model_dump())
+    )
+    reads: list[tuple[int, int]] = []
+    real = store.read_stream
+
+    async def spy(stream: str, first: int = 1, **kw: Any) -> list[RecordedEvent]:
+        got = await real(stream, first, **kw)
+        reads.append((first, kw.get("to_version") or 0))
+        assert len(got) <= 2, (first, kw)  # no read beyond the page or a fold page
+        return got
+
+    monkeypatch.setattr(gateway.admin_history, "FOLD_PAGE", 2, raising=False)
+    monkeypatch.setattr(store, "read_stream", spy)
+    for at, expected in before.items():
+        reads.clear()
+        assert (
+            await service.get_json(path, key, id=cid, at_version=at, after_version=3, limit=2)
+            == expected
+        )
+        assert not [r for r in reads if r[1] == 0], reads  # every read bounded
+        if at >= 4:  # folded on from the snapshot at 4: versions 2 and 3 are never read
+            assert not [r for r in reads if r[0] in (2, 3)], reads
+
+
 async def test_event_history_state_keeps_client_keys_that_sound_secret(service: Service) -> None:
     """Secret-named fields are redacted from the rebuilt state, but the keys of its mappings
     are data: a client's idempotency key that mentions a password is shown with its turn."""
@@ -264,6 +313,24 @@ async def test_analytics_validation(service: Service, params: dict[str, str]) ->
     key = await service.issue_key(uid("ws-"), ("admin:read",))
     body = await service.get_json("/v1/admin/analytics", key, 400, **params)
     assert body["error"]["type"] == "invalid_request_error"
+
+
+async def test_analytics_window_takes_iso_text_and_says_what_is_wrong(service: Service) -> None:
+    """A number was read as Unix seconds (since=20261126 is a day of 1970), though the docs
+    say ISO-8601; and a future since without until was told "until must be later"."""
+    key = await service.issue_key(uid("ws-"), ("admin:read",))
+    for since in ("0", "20261126", "1764144000.5", "-1"):
+        body = await service.get_json("/v1/admin/analytics", key, 400, since=since)
+        assert_error(body, "invalid_request")
+        assert "since: " in body["error"]["message"] and "ISO-8601" in body["error"]["message"]
+    body = await service.get_json("/v1/admin/analytics", key, 400, until="1764144000")
+    assert "until: " in body["error"]["message"] and "ISO-8601" in body["error"]["message"]
+    body = await service.get_json("/v1/admin/analytics", key, 400, since="8999-01-01")
+    assert "since must be in the past: until defaults to now" in body["error"]["message"]
+    body = await service.get_json(
+        "/v1/admin/analytics", key, 400, since="2026-02-01", until="2026-01-01"
+    )
+    assert "until must be later than since" in body["error"]["message"]
 
 
 async def test_default_window_starts_no_earlier_than_1970(service: Service) -> None:
@@ -487,12 +554,26 @@ async def test_a_key_used_before_revocations_named_their_request_is_judged_by_th
         {"name": "x", "scopes": ["chat"], "expires_at": "9999-12-31T23:59:59-14:00"},
         {"name": "x", "scopes": ["chat"], "expires_at": "9000-01-01T00:00:00Z"},
         {"name": "", "scopes": ["chat"]},
+        # The agents' rule for names, and no control characters (listings are one line each).
+        {"name": "   ", "scopes": ["chat"]},
+        {"name": " x", "scopes": ["chat"]},
+        {"name": "a\nb", "scopes": ["chat"]},
+        {"name": "a\x1b[31mb", "scopes": ["chat"]},
+        {"name": "a\u0085b", "scopes": ["chat"]},  # NEXT LINE (C1)
         {"name": "x", "scopes": ["chat"], "extra": 1},
     ],
 )
 async def test_api_key_validation(service: Service, body: dict[str, object]) -> None:
     admin = await service.issue_key(uid("ws-"), ("admin:write",))
     assert_error(await service.post_json("/v1/admin/apikeys", admin, body, 400))
+
+
+async def test_repeated_scopes_count_once(service: Service) -> None:
+    """The 16-scope bound was checked before repeats were dropped: ["chat"] * 17 is one."""
+    admin = await service.issue_key(uid("ws-"), ("admin:write",))
+    body = {"name": "x", "scopes": ["chat"] * 17 + ["mcp"] * 3}
+    issued = await service.post_json("/v1/admin/apikeys", admin, body, 201)
+    assert issued["scopes"] == ["chat", "mcp"]
 
 
 async def test_cross_tenant_isolation(service: Service) -> None:

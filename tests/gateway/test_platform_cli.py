@@ -93,6 +93,9 @@ def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
         # Out of the key's bounds: a usage error naming the argument, not "internal error".
         ("apikeys", "create", "--scopes", "chat", "--rate-limit-rpm", "99999999999"),
         ("apikeys", "create", "--scopes", "chat", "--name", "n" * 300),
+        # Empty: refused, not named "cli" behind the caller's back.
+        ("apikeys", "create", "--scopes", "chat", "--name", ""),
+        ("apikeys", "create", "--scopes", "chat", "--name", "  "),
         ("apikeys", "create", "--scopes", "chat", "--workspace", " acme"),
         ("apikeys", "create", "--scopes", "chat", "--workspace", "ac\x01me"),
         # The service's own workspace, whose events are the instance settings.
@@ -147,10 +150,10 @@ def test_a_value_with_a_line_break_cannot_forge_a_line_of_a_listing(data_dir: Pa
     assert "SVC_AGENT_DEBATE_PROMPT=x\\nSVC_NATIVE_API_KEY=sk-live" in "\n".join(listed)
     got = svc(data_dir, "settings", "get", "SVC_AGENT_DEBATE_PROMPT").stdout
     assert len(got.splitlines()) == 1
+    # A key name cannot hold one (the API's rule); one recorded before may: see
+    # test_cli_apikeys.py.
     done = svc(data_dir, "apikeys", "create", "--scopes", "chat", "--name", "a\nkey_forged\tx")
-    assert done.returncode == 0, done.stderr
-    keys = svc(data_dir, "apikeys", "list").stdout.splitlines()
-    assert len(keys) == 1 and keys[0].endswith("a\\nkey_forged\\tx")
+    assert done.returncode == 2 and "invalid --name 'a\\nkey_forged\\tx'" in done.stderr
 
 
 def test_settings_set_reads_the_value_from_stdin_when_omitted(data_dir: Path) -> None:

@@ -236,6 +236,44 @@ def test_a_choice_is_read_without_spaces_in_the_catalogs_case(level: str, runtim
     assert Settings(stored={"SVC_ACTOR_RUNTIME": runtime}).text("SVC_ACTOR_RUNTIME") == "ray"
 
 
+@pytest.mark.parametrize(
+    ("key", "raw"),
+    [
+        ("SVC_SUBAGENT_MAX_DEPTH", "3_0"),
+        ("SVC_SUBAGENT_MAX_DEPTH", "\u0663"),  # ARABIC-INDIC DIGIT THREE
+        ("SVC_SUBAGENT_MAX_DEPTH", "\uff13"),  # FULLWIDTH DIGIT THREE
+        ("SVC_SUBAGENT_MAX_DEPTH", "0x3"),
+        ("SVC_SUBAGENT_MAX_DEPTH", "3.0"),
+        ("SVC_KB_SYNC_INTERVAL", "\u0666h"),  # ARABIC-INDIC DIGIT SIX
+        ("SVC_KB_SYNC_INTERVAL", "1_0m"),
+    ],
+)
+def test_ints_and_durations_take_ascii_digits_only(key: str, raw: str) -> None:
+    """int() and float() read other scripts' digits and "1_0"; what is stored must be what
+    every reader (a listing, an operator's script, the spec) takes for a number."""
+    with pytest.raises(InvalidInput, match=f"invalid value .* for {key}"):
+        parse(get_spec(key), raw)
+
+
+@pytest.mark.parametrize(
+    ("key", "raw", "stored"),
+    [
+        ("SVC_SUBAGENT_MAX_DEPTH", " 3 ", "3"),
+        ("SVC_SUBAGENT_MAX_DEPTH", "+007", "7"),
+        ("SVC_KB_SYNC_INTERVAL", "\t6h ", "6h"),
+        ("SVC_ACTOR_RUNTIME", " RAY", "ray"),  # as choices were already
+    ],
+)
+async def test_a_set_value_is_stored_as_it_is_read(
+    database_url: str, key: str, raw: str, stored: str
+) -> None:
+    async with running(settings_for(database_url)) as svc:
+        service = svc.app[SETTINGS_SERVICE]
+        await service.set(key, raw)
+        assert (await service.stored_values())[key] == stored
+        assert service.get(key).value == stored
+
+
 def test_the_telemetry_endpoint_is_not_storable() -> None:
     """It is read when the app is built, before stored values are loaded: a stored one would
     show as effective without ever being used."""

@@ -1,0 +1,110 @@
+"""`svc apikeys` in process, on the test's PostgreSQL: what `list`, `create` and `revoke` say
+about keys the command line itself cannot make (an expired one) or cannot confirm."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from platform_support import settings_for, uid
+
+from actors.workspace import workspace_key
+from eventstore.records import NewEvent
+from gateway import cli
+from gateway.auth import generate_key, hash_key
+from gateway.bootstrap import Platform, ensure_workspace, open_platform
+from schemas.workspace import IssueApiKey
+
+
+@pytest.fixture
+async def platform(database_url: str) -> AsyncIterator[Platform]:
+    async with open_platform(settings_for(database_url), background=False) as opened:
+        yield opened
+
+
+async def _issue(
+    platform: Platform, workspace: str, expires_at: datetime | None, name: str = ""
+) -> str:
+    """A key issued through the workspace actor, as if at the start of 2000: so it may
+    expire in 2001, which is past now (the API takes only a future expiry)."""
+    await ensure_workspace(platform.runtime, workspace)
+    key = generate_key()
+    command = IssueApiKey(
+        command_id=uid("cmd-"),
+        workspace_id=workspace,
+        key_id=uid("key_"),
+        name=name or uid("name-"),
+        key_hash=hash_key(key),
+        prefix=key[:8],
+        scopes=("chat",),
+        expires_at=expires_at,
+        at=datetime(2000, 1, 1, tzinfo=UTC),
+    )
+    outcome = await platform.runtime.ask(workspace_key(workspace), command)
+    assert await platform.projections.wait_for(outcome.cursor, 10.0)
+    return command.key_id
+
+
+def _listed(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    return {line.split("\t")[0]: line for line in capsys.readouterr().out.splitlines()}
+
+
+async def test_list_says_expired_and_shows_the_expiry(
+    platform: Platform, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ws = uid("ws-")
+    past = datetime(2001, 1, 1, tzinfo=UTC)
+    future = datetime.now(UTC) + timedelta(days=30)
+    expired, later, never = [await _issue(platform, ws, at) for at in (past, future, None)]
+    args = argparse.Namespace(workspace=ws, json=False)
+    assert await cli._apikeys_list(args, platform) == 0
+    lines = _listed(capsys)
+    assert "\texpires=2001-01-01T00:00:00+00:00\texpired\t" in lines[expired]
+    assert f"\texpires={future.isoformat()}\tactive\t" in lines[later]
+    assert "\texpires=-\tactive\t" in lines[never]
+
+    args = argparse.Namespace(workspace=ws, json=True)
+    assert await cli._apikeys_list(args, platform) == 0
+    rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows[expired]["expires_at"] == "2001-01-01T00:00:00Z"
+    assert rows[never]["expires_at"] is None
+    assert set(rows[later]) == {
+        "id", "name", "prefix", "scopes", "rate_limit_rpm", "expires_at", "created_at",
+        "revoked_at",
+    }  # fmt: skip
+
+
+async def test_revoke_not_applied_by_the_read_models_warns_and_fails(
+    platform: Platform, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Keys are authenticated from the read models: "revoked" with status 0 while they have
+    not applied it told the operator a key was dead that still worked."""
+    ws = uid("ws-")
+    key_id = await _issue(platform, ws, None)
+    # An event the api_keys read model cannot apply stops it (as one a newer version wrote).
+    await platform.store.append(
+        uid("workspace:"),
+        [NewEvent("workspace.api_key_issued", {"workspace_id": "x"}, 1)],
+        expected_version=0,
+        command_id=uid("cmd-"),
+        workspace_id=uid("ws-"),
+    )
+    args = argparse.Namespace(workspace=ws, key_id=key_id)
+    assert await cli._apikeys_revoke(args, platform) == cli.FAILURE
+    out, err = capsys.readouterr()
+    assert "revoked" not in out
+    assert f"API key {key_id} is revoked, but the read models have not applied it" in err
+
+
+async def test_a_name_recorded_with_control_characters_lists_on_one_line(
+    platform: Platform, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Names are refused with them now; one recorded before still cannot forge a line."""
+    ws = uid("ws-")
+    await _issue(platform, ws, None, name="a\nkey_forged\tx")
+    assert await cli._apikeys_list(argparse.Namespace(workspace=ws, json=False), platform) == 0
+    keys = capsys.readouterr().out.splitlines()
+    assert len(keys) == 1 and keys[0].endswith("a\\nkey_forged\\tx")
