@@ -204,12 +204,11 @@ class FeedFanout:
         self.max_buffer_bytes = 4 * 1024 * 1024
         self.max_pending = 10_000
         self.recheck_concurrency = 8
-        # Feeds reading history at once, each holding a page (up to CATCH_UP_PAGE_BYTES of
-        # frames and its decoded events) and a pooled database connection while it reads:
-        # a thousand clients reconnecting after a restart would otherwise take the whole
-        # pool from the chat turns and a page of memory each. A page's slot is held until
-        # the page is written, so memory stays near this many pages; a client that stalls
-        # holds its slot for at most `write_timeout_s` before it is cut off.
+        # Feeds reading history from the database at once: each read holds a pooled
+        # connection, and a thousand clients reconnecting after a restart would otherwise
+        # take the whole pool from the chat turns. Only the read holds a slot, not the
+        # writing of its page: a client that reads slowly (and so is never cut off) must not
+        # keep other feeds, of any workspace, from catching up.
         self.catch_up_concurrency = 8
         self._catch_up_slots: asyncio.Semaphore | None = None
         # A round waits this long for its checks; one still running then (a slow identity
@@ -339,15 +338,16 @@ class FeedFanout:
         while not conn.ended.done():
             async with self._catch_up_slots:
                 page = await tailer.history_page(conn.point, conn.filter.workspace_id, types, limit)
-                written, frames = await self._write_catch_up(conn, resp, page)
+            written, frames = await self._write_catch_up(conn, resp, page)
             if len(page) < limit:
                 return
             if frames:  # else nothing to go by: the same size again
                 # The frames' average stands for the page's events: the ones the feed does
-                # not select (not its kind of event) are not framed, so not measured.
+                # not select (not its kind of event) are not framed, so not measured. At most
+                # double the last size: small events met so far say little of what follows.
                 per_event = max(1, written // frames)
-                limit = CATCH_UP_PAGE_BYTES // per_event
-                limit = max(CATCH_UP_MIN_PAGE, min(CATCH_UP_MAX_PAGE, limit))
+                grown = min(CATCH_UP_PAGE_BYTES // per_event, 2 * limit, CATCH_UP_MAX_PAGE)
+                limit = max(CATCH_UP_MIN_PAGE, grown)
 
     async def _write_catch_up(
         self, conn: FeedConnection, resp: web.StreamResponse, events: list[RecordedEvent]

@@ -160,14 +160,20 @@ async def resume_cursor(request: web.Request) -> str:
 
 
 def requested_types(request: web.Request) -> list[str] | None:
-    names = [
-        name.strip()
-        for value in request.query.getall("types", [])
-        for name in value.split(",")
-        if name.strip()
-    ]
-    if not names:
+    """The `types` filter: None when the parameter is absent or empty (`?types=`, as an empty
+    value is anywhere in the API). A value that names no type (`?types=,`) is refused: a
+    filter list that came out empty is not a request for every event."""
+    given = [value for value in request.query.getall("types", []) if value.strip()]
+    if not given:
         return None
+    names = list(
+        dict.fromkeys(name.strip() for value in given for name in value.split(",") if name.strip())
+    )
+    if not names:
+        raise InvalidInput(
+            "types: name at least one event type, or leave the parameter out for every event",
+            code="invalid_types",
+        )
     if len(names) > MAX_TYPES:
         raise InvalidInput(f"types: at most {MAX_TYPES} event types", code="invalid_types")
     for name in names:
@@ -175,7 +181,7 @@ def requested_types(request: web.Request) -> list[str] | None:
             raise InvalidInput(
                 f"types: {name[:50]!r} is not an event type name", code="invalid_types"
             )
-    return list(dict.fromkeys(names))
+    return names
 
 
 async def start_cursor(request: web.Request) -> str:

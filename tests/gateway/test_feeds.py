@@ -179,10 +179,18 @@ async def test_malformed_cursor_is_a_400_before_the_stream(
 
 async def test_bad_types_and_start_are_400(service: Service) -> None:
     key = await service.issue_key(uid("ws-"))
-    for params in ({"types": "a b"}, {"start": "yesterday"}):
+    for params in ({"types": "a b"}, {"start": "yesterday"}, {"types": ",,"}, {"types": " , "}):
         resp = await service.http.get(service.url(EVENTS), headers=service.auth(key), params=params)
         assert resp.status == 400, params
         assert (await resp.json())["error"]["type"] == "invalid_request_error"
+
+
+async def test_a_type_named_many_times_counts_once(service: Service) -> None:
+    key = await service.issue_key(uid("ws-"))
+    params = [("types", "workspace.created")] * 65
+    resp = await service.http.get(service.url(EVENTS), headers=service.auth(key), params=params)
+    assert resp.status == 200
+    resp.close()
 
 
 async def test_a_misspelt_or_repeated_parameter_is_a_400_not_the_whole_log(
@@ -504,6 +512,39 @@ async def test_feeds_catching_up_at_once_read_history_a_few_at_a_time(
         resp.close()
         assert numbers == list(range(250))
     assert 1 <= peak <= 2
+
+
+async def test_a_client_slow_to_read_its_catch_up_holds_no_one_else_back(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catch-ups take turns for their database reads only: a client that takes its history
+    slowly (here not at all, and not cut off for a minute) keeps no other feed, of another
+    workspace, from catching up."""
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "catch_up_concurrency", 1)
+    monkeypatch.setattr(hub, "_catch_up_slots", None)
+    monkeypatch.setattr(hub, "write_timeout_s", 60.0)
+    slow_ws, other_ws = uid("ws-"), uid("ws-")
+    slow_key, other_key = await service.issue_key(slow_ws), await service.issue_key(other_ws)
+    for _ in range(20):
+        await service.append_pings(slow_ws, 100, size=8000)
+    await service.append_pings(other_ws, 5)
+    cut_before = hub.cut_off_total
+    stalled, stalled_reader = await open_feed(service, EVENTS, slow_key)
+    assert (await stalled_reader.frame()) is not None  # the retry frame; then no more reads
+    await asyncio.sleep(0.5)  # its catch-up is writing into a full socket
+    resp, reader = await open_feed(service, EVENTS, other_key)
+    numbers = []
+    async with asyncio.timeout(20):  # well inside the stalled client's minute
+        while len(numbers) < 5:
+            frame = await reader.frame()
+            assert frame is not None
+            if frame.event == "test.ping":
+                numbers.append(frame.json()["data"]["n"])
+    assert numbers == list(range(5))
+    assert hub.cut_off_total == cut_before  # the stalled one is still there, not cut off
+    resp.close()
+    stalled.close()
 
 
 async def test_a_client_that_stalls_while_catching_up_is_cut_off(
