@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any, NamedTuple, TypeAlias
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 import orjson
@@ -122,6 +125,28 @@ def translate_errors() -> Iterator[None]:
         ) from exc
 
 
+_TLS_FILES = ("sslrootcert", "sslcert", "sslkey", "sslcrl")
+
+
+def _check_tls_files(dsn: str) -> None:
+    """A TLS file the URL names that is not there: the driver reports it as a bare "No such
+    file or directory", which would read as the database being unreachable."""
+    try:
+        query = parse_qs(urlsplit(dsn).query)
+    except ValueError:
+        return  # the driver refuses the URL itself, without quoting it (see `connect`)
+    for name in _TLS_FILES:
+        for path in query.get(name, []):
+            if path != "system" and not Path(path).expanduser().is_file():
+                raise StoreError(
+                    f"the database URL's {name}= names {path!r}, which is not a readable "
+                    "file here; correct the path, or mount the file"
+                )
+
+
+_TLS_SETTING = re.compile(r"(?i)\b(ssl\w*|tls|certificate)\b")
+
+
 @contextmanager
 def _connect_errors() -> Iterator[None]:
     """What the errors of opening a connection mean for whoever wrote the database URL:
@@ -130,6 +155,16 @@ def _connect_errors() -> Iterator[None]:
     socket both come as a bare FileNotFoundError: left to read as unreachable.)"""
     try:
         yield
+    except asyncpg.ClientConfigurationError as exc:
+        if not _TLS_SETTING.search(str(exc)):
+            raise ValueError from None  # the URL's spelling, which may quote the password
+        # The URL's TLS settings name a file or mode the driver cannot use (`verify-full`
+        # with no root certificate where it looks): its message names them, never the URL.
+        reason = " ".join(str(exc).split())  # its HINT comes on a line of its own
+        raise StoreError(
+            f"the database URL's TLS settings cannot be used: {reason.rstrip('.')}. Set sslrootcert= to "
+            "the CA certificate file (or sslrootcert=system), or change sslmode"
+        ) from None
     except asyncpg.InterfaceError as exc:
         if isinstance(exc, ValueError):
             raise ValueError from None
@@ -258,6 +293,7 @@ class Database:
             # one that keeps summer time a day is not always 24 hours.
             "TimeZone": "UTC",
         }
+        _check_tls_files(dsn)
         try:
             with translate_errors(), _connect_errors():
                 pool = await asyncpg.create_pool(

@@ -17,7 +17,7 @@ import pytest
 
 from eventstore.db import Database, translate_errors
 from eventstore.embedded import EmbeddedPostgres
-from eventstore.errors import StatementAborted, StoreUnavailable
+from eventstore.errors import StatementAborted, StoreError, StoreUnavailable
 from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
 from eventstore.records import NewEvent
 from eventstore.store import PostgresEventStore
@@ -252,3 +252,22 @@ async def test_a_server_that_stops_answering_is_unavailable_after_the_statement_
     finally:
         os.kill(backend, signal.SIGCONT)
         await db.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("sslmode=verify-full&sslrootcert=/nonexistent/ca.crt", "sslrootcert= names"),
+        ("sslmode=require&sslcert=/nonexistent/client.crt", "sslcert= names"),
+        ("sslmode=bogus", "`sslmode` parameter must be one of"),
+    ],
+)
+async def test_tls_settings_the_driver_cannot_use_are_named(query: str, named: str) -> None:
+    """Not a "malformed URL" to percent-encode, nor an unreachable database: the setting."""
+    url = f"postgresql://svc:pw-not-shown@127.0.0.1:1/svc?{query}"
+    with pytest.raises(StoreError) as caught:
+        await Database.connect(url, max_size=1)
+    message = caught.value.message
+    assert named in message and "percent-encode" not in message, message
+    assert "pw-not-shown" not in message
+    assert not isinstance(caught.value, StoreUnavailable)
