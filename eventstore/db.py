@@ -162,8 +162,8 @@ def _connect_errors() -> Iterator[None]:
         # with no root certificate where it looks): its message names them, never the URL.
         reason = " ".join(str(exc).split())  # its HINT comes on a line of its own
         raise StoreError(
-            f"the database URL's TLS settings cannot be used: {reason.rstrip('.')}. Set sslrootcert= to "
-            "the CA certificate file (or sslrootcert=system), or change sslmode"
+            f"the database URL's TLS settings cannot be used: {reason.rstrip('.')}. Set "
+            "sslrootcert= to the CA certificate file (or sslrootcert=system), or change sslmode"
         ) from None
     except asyncpg.InterfaceError as exc:
         if isinstance(exc, ValueError):

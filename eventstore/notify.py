@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 
 from eventstore.db import Connection, Database
+from eventstore.outage_log import OutageLog
 from eventstore.tasks import cancel_and_wait, wait_set
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 Listener = Callable[[], None]
 
 _CHANNEL = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+RECONNECT_CAP_S = 5.0
+"""The longest wait between two attempts to listen again while the database is away."""
 
 
 class CommitNotifier:
@@ -44,6 +47,7 @@ class CommitNotifier:
         self._channel = channel
         self._coalesce_s = coalesce_s
         self._reconnect_s = reconnect_s
+        self._outage = OutageLog(log, f"LISTEN {channel} connection")
         self._ping_s = ping_s
         # A NOTIFY from this process also reaches its own LISTEN connection; the payload names
         # the sender so local listeners, already woken by committed(), are not woken twice.
@@ -160,8 +164,10 @@ class CommitNotifier:
                     # An error raised while unwinding a cancellation (e.g. on releasing the
                     # connection) must not turn stop() into an endless reconnect loop.
                     raise asyncio.CancelledError from exc
-                log.warning("LISTEN %s connection failed, retrying: %r", self._channel, exc)
-            await asyncio.sleep(self._reconnect_s)
+                self._outage.failed(exc)
+            # Doubling while the database stays away, as the tailer's reads do.
+            failures = min(self._outage.failures, 32)
+            await asyncio.sleep(min(RECONNECT_CAP_S, self._reconnect_s * 2.0**failures))
 
     async def _listen_once(self) -> None:
         # The LISTEN connection is borrowed from the pool for as long as it lives; releasing it
@@ -173,6 +179,7 @@ class CommitNotifier:
                 await conn.add_listener(self._channel, self._on_notification)
                 self._listen_conn = conn
                 self.listen_sessions += 1
+                self._outage.succeeded()
                 # Commits made while we were not listening sent notifications nobody heard.
                 self._wake_local()
                 await self._watch(conn)

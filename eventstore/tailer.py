@@ -21,6 +21,7 @@ from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Connection, Database
 from eventstore.errors import InvalidCursor, StoreError
 from eventstore.notify import CommitNotifier
+from eventstore.outage_log import OutageLog
 from eventstore.reads import log_head, point_issued, read_log
 from eventstore.records import RecordedEvent
 from eventstore.tasks import cancel_and_wait, wait_set
@@ -296,21 +297,20 @@ class LogTailer:
     async def _run(self) -> None:
         # The tailer keeps one pooled connection: under a busy pool its reads must not queue
         # behind appends. Reads are single statements, so holding it pins no snapshot.
-        failures = 0
+        outage = OutageLog(log, "log tailer read")
         while self._running:
             try:
                 async with self._db.acquire() as conn:
                     while self._running:
                         self._wake.clear()
                         await self._read_to_head(conn)
-                        failures = 0
+                        outage.succeeded()
                         await wait_set(self._wake, self._poll_interval_s)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                failures += 1
-                log.warning("log tailer read failed (attempt %d): %r", failures, exc)
-                await asyncio.sleep(_backoff(self._poll_interval_s, failures))
+                outage.failed(exc)
+                await asyncio.sleep(_backoff(self._poll_interval_s, outage.failures))
 
     async def _read_to_head(self, conn: Connection) -> None:
         while True:

@@ -62,6 +62,7 @@ from typing import Protocol
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Database
 from eventstore.errors import StatementAborted, StoreError
+from eventstore.outage_log import OutageLog
 from eventstore.reads import log_head, read_log
 from eventstore.records import RecordedEvent
 from eventstore.tasks import cancel_and_wait, wait_set
@@ -348,6 +349,7 @@ class ProjectionRunner:
         first_delay = min(self._poll_interval_s, _MAX_BACKOFF_S)
         delay = first_delay
         next_resume_check = 0.0
+        outage = OutageLog(log, "projections step")
         while self._running:  # besides the cancellation: a stop must end the loop
             self._wake.clear()
             now = asyncio.get_running_loop().time()
@@ -359,7 +361,7 @@ class ProjectionRunner:
             try:
                 consumed = await self._step(slots, wait=False)
             except (StoreError, EventFromNewerVersion) as exc:
-                log.warning("projections: %s (retrying in %.2fs)", exc.message, delay)
+                outage.failed(exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_BACKOFF_S)
                 continue
@@ -368,6 +370,7 @@ class ProjectionRunner:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_BACKOFF_S)
                 continue
+            outage.succeeded()
             delay = first_delay
             await self._notify_progress()
             if consumed is None or consumed >= self._batch_size:

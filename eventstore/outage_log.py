@@ -1,0 +1,39 @@
+"""How a background loop that retries against the database logs an outage: its first failure
+as a warning, then one line a minute while it lasts, and one line when it is over.
+
+A loop retrying every half second logged a warning each time (about a hundred lines a minute
+per loop while the database was down) and never said when it came back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+OUTAGE_REMINDER_S = 60.0
+
+
+class OutageLog:
+    def __init__(self, logger: logging.Logger, what: str) -> None:
+        self._log = logger
+        self._what = what
+        self.failures = 0
+        self._last_warned = 0.0
+
+    def failed(self, exc: BaseException) -> None:
+        """One more failure in a row: a warning for the first, and a minute after the last."""
+        self.failures += 1
+        now = time.monotonic()
+        if self.failures == 1 or now - self._last_warned >= OUTAGE_REMINDER_S:
+            self._last_warned = now
+            self._log.warning(
+                "%s failed (%d in a row), retrying: %r", self._what, self.failures, exc
+            )
+        else:
+            self._log.debug("%s failed (%d in a row): %r", self._what, self.failures, exc)
+
+    def succeeded(self) -> None:
+        """The loop works again: said once, after a failure."""
+        if self.failures:
+            self._log.info("%s works again after %d failures", self._what, self.failures)
+            self.failures = 0

@@ -1,0 +1,31 @@
+"""An outage in a retry loop is logged once as it starts, once a minute, and once as it ends."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from eventstore import outage_log
+from eventstore.outage_log import OutageLog
+
+log = logging.getLogger("svc.test.outage")
+
+
+def test_an_outage_is_one_warning_then_reminders_then_its_end(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=log.name)
+    outage = OutageLog(log, "test read")
+    for _ in range(50):
+        outage.failed(ConnectionError("database away"))
+    monkeypatch.setattr(outage_log, "OUTAGE_REMINDER_S", 0.0)  # a minute has passed
+    outage.failed(ConnectionError("database away"))
+    outage.succeeded()
+    outage.succeeded()  # said once
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(warnings) == 2, warnings
+    assert "(1 in a row)" in warnings[0] and "(51 in a row)" in warnings[1]
+    assert infos == ["test read works again after 51 failures"]
+    assert outage.failures == 0
