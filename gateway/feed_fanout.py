@@ -156,6 +156,8 @@ class FeedConnection:
         "outlet",
         "overflowed",
         "pending",
+        "pending_bytes",
+        "pending_through",
         "point",
         "unsent_since",
     )
@@ -174,6 +176,9 @@ class FeedConnection:
         self.cursor = cursor
         self.point: LogPoint = decode_cursor(cursor)
         self.pending: list[RecordedEvent] | None = []
+        self.pending_bytes = 0
+        self.pending_through: tuple[LogPoint, str] | None = None
+        """The last event the queue has seen, selected or not: consumed once it is written."""
         self.overflowed = False
         self.ended: asyncio.Future[EndReason] = asyncio.get_running_loop().create_future()
         self.end_error: SvcError | None = None  # what ended it: a refusal, a failed read
@@ -203,6 +208,7 @@ class FeedFanout:
         self.write_timeout_s = 10.0
         self.max_buffer_bytes = 4 * 1024 * 1024
         self.max_pending = 10_000
+        self.max_pending_bytes = 16 * 1024 * 1024
         self.recheck_concurrency = 8
         # Feeds reading history from the database at once: each read holds a pooled
         # connection, and a thousand clients reconnecting after a restart would otherwise
@@ -312,14 +318,18 @@ class FeedFanout:
         """History from the database, then what queued meanwhile, then live (see the module
         docstring for the handoff)."""
         while not conn.ended.done():
-            conn.pending, conn.overflowed = [], False
+            conn.pending, conn.pending_bytes, conn.overflowed = [], 0, False
+            conn.pending_through = None
             if conn.point < tailer.live_point:
                 await self._read_history(conn, resp, tailer)
                 if conn.ended.done():
                     return
-            while conn.pending and not conn.overflowed and not conn.ended.done():
-                queued, conn.pending = conn.pending, []
-                await self._write_catch_up(conn, resp, queued)
+            while conn.pending_through and not conn.overflowed and not conn.ended.done():
+                queued, through = conn.pending, conn.pending_through
+                conn.pending, conn.pending_bytes, conn.pending_through = [], 0, None
+                await self._write_catch_up(conn, resp, queued or [])
+                if through[0] > conn.point and not conn.ended.done():
+                    conn.consumed(*through)  # past the queued events its filter passed over
             if not conn.overflowed:
                 # No await since `pending` was seen empty: from here the rounds write to it.
                 conn.pending = None
@@ -517,16 +527,25 @@ class FeedFanout:
         conn.consumed(last_point, last_cursor)
 
     def _queue(self, conn: FeedConnection, events: list[RecordedEvent]) -> None:
+        """Keep what a catching-up feed will write: the events its filter selects, bounded by
+        count and by the bytes of their frames (a slow catch-up under large messages held
+        ten thousand of them), and the point of the last one seen."""
         pending = conn.pending
         assert pending is not None
         if conn.overflowed:
             return
-        if len(pending) + len(events) > self.max_pending:
+        selected = [event for event in events if conn.filter.accepts(event)]
+        size = sum(len(self.frames.frame(event)) for event in selected)
+        conn.pending_through = (events[-1].point, events[-1].cursor)
+        over_count = len(pending) + len(selected) > self.max_pending
+        if over_count or conn.pending_bytes + size > self.max_pending_bytes:
             # The catch-up reads history again from its point (see _catch_up).
             conn.overflowed = True
             pending.clear()
+            conn.pending_bytes = 0
         else:
-            pending.extend(events)
+            pending.extend(selected)
+            conn.pending_bytes += size
 
     # -- heartbeats and stalled sockets -----------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -545,6 +545,31 @@ async def test_a_client_slow_to_read_its_catch_up_holds_no_one_else_back(
     assert hub.cut_off_total == cut_before  # the stalled one is still there, not cut off
     resp.close()
     stalled.close()
+
+
+async def test_a_catch_up_queues_only_what_it_selects_within_its_bounds(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a filtered feed reads its history, the live events it does not select take no
+    room in its queue (ten of them overflowed a queue of five, and the history was read
+    again), yet the queue remembers the last one seen; what it selects is bounded by the
+    bytes of their frames too."""
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "max_pending", 5)
+    monkeypatch.setattr(hub, "max_pending_bytes", 20_000)
+    ws = uid("ws-")
+    await service.append_pings(ws, 10, kind="test.other", size=5_000)
+    await service.append_pings(ws, 1, kind="test.match", size=30_000)
+    events = await service.app[STORE].read_all(None, 100, workspace_id=ws)
+    others = [event for event in events if event.type == "test.other"]
+    large = [event for event in events if event.type == "test.match"]
+    selected = feed_fanout.FeedFilter(ws, "events", lambda _: True, frozenset({"test.match"}))
+    conn = feed_fanout.FeedConnection(selected, cast(Any, None), cast(Any, None), "", 0.0)
+    hub._queue(conn, others)
+    assert not conn.overflowed and conn.pending == []
+    assert conn.pending_through == (others[-1].point, others[-1].cursor)
+    hub._queue(conn, large)  # one frame past the byte bound
+    assert conn.overflowed and conn.pending == [] and conn.pending_bytes == 0
 
 
 async def test_a_client_that_stalls_while_catching_up_is_cut_off(
