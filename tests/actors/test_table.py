@@ -62,11 +62,8 @@ async def load(
     return activation
 
 
-async def test_conversation_from_snapshot_equals_full_replay(store: PostgresEventStore) -> None:
-    table = ActivationTable(store, [ConversationBehaviour([ScriptedProvider()])], snapshot_every=5)
-    await table.start()
-    key = conversation_key(uuid.uuid4().hex)
-    for n in range(4):
+async def run_turns(table: ActivationTable, key: ActorKey, count: int) -> None:
+    for n in range(count):
         turn = RunTurn(
             command_id=uuid.uuid4().hex,
             workspace_id=WS,
@@ -77,6 +74,13 @@ async def test_conversation_from_snapshot_equals_full_replay(store: PostgresEven
             at=datetime.now(UTC),
         )
         await table.submit(key, turn).last()
+
+
+async def test_conversation_from_snapshot_equals_full_replay(store: PostgresEventStore) -> None:
+    table = ActivationTable(store, [ConversationBehaviour([ScriptedProvider()])], snapshot_every=5)
+    await table.start()
+    key = conversation_key(uuid.uuid4().hex)
+    await run_turns(table, key, 4)
     rename = RenameConversation(
         command_id=uuid.uuid4().hex, workspace_id=WS, title="renamed", at=datetime.now(UTC)
     )
@@ -110,17 +114,7 @@ async def test_a_full_replay_reads_its_stream_a_page_at_a_time(
     key = conversation_key(uuid.uuid4().hex)
     table = ActivationTable(store, [ConversationBehaviour([ScriptedProvider()])])
     await table.start()
-    for n in range(5):
-        turn = RunTurn(
-            command_id=uuid.uuid4().hex,
-            workspace_id=WS,
-            turn_id=f"t{n}",
-            message_id=f"m{n}",
-            model="scripted",
-            messages=(Message(role="user", content=f"question {n}"),),
-            at=datetime.now(UTC),
-        )
-        await table.submit(key, turn).last()
+    await run_turns(table, key, 5)
     await table.stop()
     whole = await load(store, key, ReplayInFull())
 
