@@ -6,6 +6,7 @@ import asyncio
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -237,36 +238,42 @@ async def test_open_store_migrates_wires_the_tailer_and_closes(database_url: str
         await check.close()
 
 
+@asynccontextmanager
+async def own_login(pg_server_url: str) -> AsyncIterator[tuple[str, str, asyncpg.Connection]]:
+    """A new login owning a new database of its name: (name, its URL, an admin connection
+    open for setting it up). Both are dropped afterwards, memberships included."""
+    name = "t_" + uuid.uuid4().hex[:12]
+    admin = await asyncpg.connect(pg_server_url)
+    try:
+        await admin.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD 'pw-{name}'")
+    except asyncpg.InsufficientPrivilegeError:
+        await admin.close()
+        pytest.skip("the test database's user may not create roles")
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" OWNER "{name}"')
+        parts = urlsplit(pg_server_url)
+        where = parts.netloc.rpartition("@")[2]  # host:port, or nothing for a Unix socket
+        url = urlunsplit(parts._replace(netloc=f"{name}:pw-{name}@{where}", path="/" + name))
+        yield name, url, admin
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'DROP OWNED BY "{name}" CASCADE')
+        await admin.execute(f'DROP ROLE IF EXISTS "{name}"')
+        await admin.close()
+
+
 async def test_a_missing_privilege_names_the_migration_and_where_to_read(
     pg_server_url: str,
 ) -> None:
     """A login that owns its database but may not create or grant roles: the first
     migration's `svc_reader` step needs one or the other (docs/operations.md)."""
-    name = "t_" + uuid.uuid4().hex[:12]
-    admin = await asyncpg.connect(pg_server_url)
-    try:
+    async with own_login(pg_server_url) as (_, url, _admin):
+        db = await Database.connect(url, max_size=2)
         try:
-            await admin.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD 'pw-{name}'")
-        except asyncpg.InsufficientPrivilegeError:
-            pytest.skip("the test database's user may not create roles")
-        await admin.execute(f'CREATE DATABASE "{name}" OWNER "{name}"')
-    finally:
-        await admin.close()
-    parts = urlsplit(pg_server_url)
-    where = parts.netloc.rpartition("@")[2]  # host:port, or nothing for a Unix socket
-    url = urlunsplit(parts._replace(netloc=f"{name}:pw-{name}@{where}", path="/" + name))
-    db = await Database.connect(url, max_size=2)
-    try:
-        with pytest.raises(StoreError) as caught:
-            await apply_migrations(db, [STORE_MIGRATIONS])
-    finally:
-        await db.close()
-        admin = await asyncpg.connect(pg_server_url)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            await admin.execute(f'DROP ROLE IF EXISTS "{name}"')
+            with pytest.raises(StoreError) as caught:
+                await apply_migrations(db, [STORE_MIGRATIONS])
         finally:
-            await admin.close()
+            await db.close()
     message = caught.value.message
     assert message.startswith("migration eventstore/0002_roles needs a privilege"), message
     assert "docs/operations.md" in message
@@ -277,42 +284,24 @@ async def test_a_login_that_only_administers_the_reader_role_is_given_set(
 ) -> None:
     """PostgreSQL 16+: a role's creator holds it with ADMIN only (no SET), which passes
     0002's membership test; the migrations still leave the login able to switch to it."""
-    name = "t_" + uuid.uuid4().hex[:12]
-    admin = await asyncpg.connect(pg_server_url)
-    try:
+    async with own_login(pg_server_url) as (name, url, admin):
         if await admin.fetchval("SHOW server_version_num") < "160000":
             pytest.skip("membership options (SET, INHERIT) exist from PostgreSQL 16")
-        try:
-            await admin.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD 'pw-{name}'")
-        except asyncpg.InsufficientPrivilegeError:
-            pytest.skip("the test database's user may not create roles")
-        await admin.execute(f'CREATE DATABASE "{name}" OWNER "{name}"')
         if not await admin.fetchval("SELECT 1 FROM pg_roles WHERE rolname = 'svc_reader'"):
             await admin.execute("CREATE ROLE svc_reader NOLOGIN")
         # What CREATE ROLE gives its creator on PostgreSQL 16 and later.
         await admin.execute(
             f'GRANT svc_reader TO "{name}" WITH ADMIN TRUE, INHERIT FALSE, SET FALSE'
         )
-    finally:
-        await admin.close()
-    parts = urlsplit(pg_server_url)
-    where = parts.netloc.rpartition("@")[2]
-    url = urlunsplit(parts._replace(netloc=f"{name}:pw-{name}@{where}", path="/" + name))
-    db = await Database.connect(url, max_size=2)
-    try:
-        await apply_migrations(db, [STORE_MIGRATIONS])
-        async with db.transaction() as conn:
-            await conn.execute("SET LOCAL ROLE svc_reader")
-            assert await conn.fetchval("SELECT current_user") == "svc_reader"
-    finally:
-        await db.close()
-        admin = await asyncpg.connect(pg_server_url)
+        db = await Database.connect(url, max_size=2)
         try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            await admin.execute(f'REVOKE svc_reader FROM "{name}" CASCADE')
-            await admin.execute(f'DROP ROLE IF EXISTS "{name}"')
+            await apply_migrations(db, [STORE_MIGRATIONS])
+            async with db.transaction() as conn:
+                await conn.execute("SET LOCAL ROLE svc_reader")
+                assert await conn.fetchval("SELECT current_user") == "svc_reader"
         finally:
-            await admin.close()
+            await db.close()
+        await admin.execute(f'REVOKE svc_reader FROM "{name}" CASCADE')
 
 
 async def test_a_database_that_does_not_exist_is_named_as_such(pg_server_url: str) -> None:
