@@ -120,7 +120,15 @@ async def _listen(runner: web.BaseRunner, host: str | None, port: int) -> None:
             f"cannot listen on {where} (SVC_GATEWAY_ADDR): {exc.strerror or exc}; stop what "
             "holds the port or choose another address"
         ) from None
-    log.info("svc listening on %s:%d", host or "*", port)
+    # Port 0 asks the system for a free port (one per address family when the host is blank),
+    # so the log names the sockets actually bound, never the setting.
+    log.info("svc listening on %s", ", ".join(_shown_address(a) for a in runner.addresses))
+
+
+def _shown_address(sockname: Any) -> str:
+    """`('127.0.0.1', 8780)` -> `127.0.0.1:8780`; an IPv6 socket's -> `[::1]:8780`."""
+    host, port = sockname[0], sockname[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @contextmanager

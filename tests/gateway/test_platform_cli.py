@@ -228,6 +228,32 @@ async def _serve(data_dir: Path, port: int, log_path: Path) -> asyncio.subproces
     return server
 
 
+async def _listening_port(log: asyncio.StreamReader) -> int:
+    """The port in `svc serve`'s "svc listening on 127.0.0.1:PORT" line."""
+    async with asyncio.timeout(180):
+        while line := await log.readline():
+            if found := re.search(rb"svc listening on 127\.0\.0\.1:(\d+)$", line.rstrip()):
+                return int(found.group(1))
+    raise AssertionError("svc serve exited before it listened")
+
+
+async def test_port_zero_listens_on_a_free_port_and_logs_the_one_bound(data_dir: Path) -> None:
+    """`127.0.0.1:0` is for tests and ops scripts: the log line is how they learn the port."""
+    server = await asyncio.create_subprocess_exec(
+        *SVC, "serve", env=_env(data_dir, SVC_GATEWAY_ADDR="127.0.0.1:0"), stderr=PIPE
+    )
+    assert server.stderr is not None
+    try:
+        port = await _listening_port(server.stderr)
+        assert port != 0
+        await wait_healthy(f"http://127.0.0.1:{port}", server)
+    finally:
+        if server.returncode is None:
+            server.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(server.communicate(), 60)
+    assert server.returncode == 0
+
+
 async def test_key_created_while_the_server_runs_works_at_once(data_dir: Path) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
