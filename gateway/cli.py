@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import getpass
 import json
 import logging
 import signal
+import socket
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -114,13 +116,35 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 async def _listen(runner: web.BaseRunner, host: str | None, port: int) -> None:
     try:
         await web.TCPSite(runner, host, port).start()
-    except OSError as exc:  # in use, not an address of this machine, a name that resolves to none
+    except OSError as exc:
         where = f"{host or '*'}:{port}"
         raise InvalidInput(
-            f"cannot listen on {where} (SVC_GATEWAY_ADDR): {exc.strerror or exc}; stop what "
-            "holds the port or choose another address"
+            f"cannot listen on {where} (SVC_GATEWAY_ADDR): {exc.strerror or exc}; "
+            + listen_advice(exc)
         ) from None
-    log.info("svc listening on %s:%d", host or "*", port)
+    # Port 0 asks the system for a free port (one per address family when the host is blank),
+    # so the log names the sockets actually bound, never the setting.
+    log.info("svc listening on %s", ", ".join(_shown_address(a) for a in runner.addresses))
+
+
+def listen_advice(exc: OSError) -> str:
+    """What to do about a listen that failed, by its cause: only a port in use is the port's
+    fault, and a name that resolves to nothing is no address to stop anything on."""
+    if isinstance(exc, socket.gaierror):
+        return "check the host name, or use an IP address of this machine"
+    if exc.errno == errno.EADDRINUSE:
+        return "stop what holds the port or choose another port"
+    if exc.errno == errno.EACCES:
+        return "a port below 1024 needs privileges (CAP_NET_BIND_SERVICE): choose a higher port"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "the host is no address of this machine: use one of its addresses or leave it blank"
+    return "choose another address"
+
+
+def _shown_address(sockname: Any) -> str:
+    """`('127.0.0.1', 8780)` -> `127.0.0.1:8780`; an IPv6 socket's -> `[::1]:8780`."""
+    host, port = sockname[0], sockname[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @contextmanager

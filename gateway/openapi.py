@@ -173,12 +173,22 @@ def _error_responses(doc: RouteDoc | None, comps: _Components) -> dict[str, Any]
 
 
 def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
-    schema = model.model_json_schema(ref_template=_REF)
+    schema = model.model_json_schema(ref_template=_REF)  # by alias: the names on the wire
     required = set(schema.get("required", []))
     return [
-        {"name": name, "in": "query", "required": name in required, "schema": prop}
+        _query_parameter(name, prop, name in required)
         for name, prop in schema.get("properties", {}).items()
     ]
+
+
+def _query_parameter(name: str, prop: dict[str, Any], required: bool) -> dict[str, Any]:
+    param: dict[str, Any] = {"name": name, "in": "query", "required": required, "schema": prop}
+    if "description" in prop:
+        param["description"] = prop["description"]
+    if prop.get("type") == "array":
+        # A list is the parameter repeated (?types=a&types=b), not one comma-joined value.
+        param |= {"style": "form", "explode": True}
+    return param
 
 
 def _operation(method: str, path: str, doc: RouteDoc | None, comps: _Components) -> dict[str, Any]:

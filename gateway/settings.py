@@ -309,7 +309,11 @@ def _env_file_path(env: Mapping[str, str]) -> Path | None:
 
 
 def parse_listen_addr(addr: str) -> tuple[str | None, int]:
-    """`:8780` -> (None = all interfaces, 8780); `127.0.0.1:9000`; `[::1]:9000`."""
+    """`:8780` -> (None = all interfaces, 8780); `127.0.0.1:9000`; `[::1]:9000`.
+
+    Port 0 is a free port chosen by the system. A host holding ':' (an IPv6 address) must be
+    bracketed: unbracketed, `localhost:9162:1` or `::1:8780` would split at the last colon
+    into a host nothing can listen on, found only after the database is up and migrated."""
     host, sep, port_text = addr.strip().rpartition(":")
     bracketed = host.startswith("[") and host.endswith("]")
     if (
@@ -317,10 +321,11 @@ def parse_listen_addr(addr: str) -> tuple[str | None, int]:
         or not port_text.isdigit()
         or not 0 <= int(port_text) <= 65535
         or ("[" in host or "]" in host) != bracketed
+        or (":" in host and not bracketed)
     ):
         raise InvalidInput(
             f"invalid listen address {addr!r} (SVC_GATEWAY_ADDR): expected [host]:port, "
-            "e.g. :8780, 127.0.0.1:8780 or [::1]:8780"
+            "e.g. :8780, 127.0.0.1:8780 or [::1]:8780 (an IPv6 host in brackets)"
         )
     host = host[1:-1] if bracketed else host
     return (host or None), int(port_text)

@@ -377,14 +377,27 @@ class ApiKeyList(_Wire):
 
 
 class FeedQuery(_Wire):
-    """Where a feed starts and what it carries. The `Last-Event-ID` header wins over `cursor`."""
+    """Describes, for the OpenAPI document, the query a feed accepts; the feed parses it
+    itself (gateway/feeds.py, whose FEED_PARAMETERS the tests hold to these fields).
+    Where it resumes: the `Last-Event-ID` header, else `lastEventId`, else `cursor`."""
 
     cursor: str | None = Field(default=None, description="resume after this cursor (an SSE id)")
-    types: str | None = Field(default=None, description="comma-separated event types to keep")
+    last_event_id: str | None = Field(
+        default=None,
+        alias="lastEventId",
+        description="resume after this cursor, as the Last-Event-ID header does (for "
+        "EventSource polyfills, which reconnect with it); wins over cursor",
+    )
+    types: list[str] = Field(
+        default_factory=list,
+        description="event types to keep, comma-separated; the parameter may repeat "
+        "(?types=a,b&types=c); at most 64 distinct; empty or absent: every type",
+    )
     start: Literal["earliest", "latest"] = Field(
         default="earliest",
         description="without a cursor: the start of the workspace's log, or its current head",
     )
+    cache_buster: str | None = Field(default=None, alias="_", description="a cache-buster, ignored")
 
 
 class FeedEvent(_Wire):

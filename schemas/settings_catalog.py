@@ -1399,7 +1399,8 @@ _OPERATIONAL: tuple[SettingSpec, ...] = (
         "text",
         ":8780",
         "R",
-        "listen address host:port of the gateway; ':8780' = all interfaces, port 8780",
+        "listen address [host]:port of the gateway; ':8780' = all interfaces, port 8780; port 0 = "
+        "a free port, named in the 'svc listening on' log line",
     ),
     _s(
         "SVC_WEBUI_ADDR",

@@ -24,7 +24,7 @@ from gateway.auth import (
     require_instance_admin,
     writes_as_owner,
 )
-from gateway.errors import read_json, read_query
+from gateway.errors import read_json, read_query, refuse_body
 from gateway.identity.authn import acting, identify
 from gateway.identity.common import (
     actor_of,
@@ -52,7 +52,7 @@ from projections.identity_queries import (
     user_api_keys,
     user_session_ids,
 )
-from schemas.admin import MAX_OFFSET
+from schemas.admin import MAX_OFFSET, NoQuery
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound
 from schemas.identity import (
     BUILTIN_ROLES,
@@ -322,6 +322,7 @@ async def list_users_handler(request: web.Request) -> web.Response:
 
 async def create_user(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "write")
+    read_query(request, NoQuery)
     body = await read_json(request, NewUser)
     ident = identity(request)
     await check_grantable(ident, principal, body.roles)
@@ -354,12 +355,14 @@ async def create_user(request: web.Request) -> web.Response:
 
 async def get_user_handler(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "read")
+    read_query(request, NoQuery)
     user = await live_user(identity(request), principal.workspace_id, request.match_info["id"])
     return json(user_view(user))
 
 
 async def patch_user(request: web.Request) -> web.Response:
     principal = await identify(request)
+    read_query(request, NoQuery)
     target = request.match_info["id"]
     oneself = signed_in_user(principal) == target
     if not oneself:
@@ -418,6 +421,8 @@ async def deprovision(
 
 async def delete_user(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "write")
+    read_query(request, NoQuery)
+    await refuse_body(request)
     ident = identity(request)
     user = await live_user(ident, principal.workspace_id, request.match_info["id"])
     await check_manageable(ident, principal, user)
@@ -428,6 +433,7 @@ async def delete_user(request: web.Request) -> web.Response:
 async def put_password(request: web.Request) -> web.Response:
     user_id = request.match_info["id"]
     principal = await identify(request)
+    read_query(request, NoQuery)
     if signed_in_user(principal) != user_id:  # one's own password needs no right on users
         require_access(principal, "users", "write")
     body = await read_json(request, PasswordBody)
@@ -458,6 +464,7 @@ async def put_password(request: web.Request) -> web.Response:
 
 async def bind_role(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "write")
+    read_query(request, NoQuery)
     body = await read_json(request, RoleBody)
     ident = identity(request)
     await check_grantable(ident, principal, (body.role,))
@@ -478,6 +485,8 @@ async def bind_role(request: web.Request) -> web.Response:
 
 async def unbind_role(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "write")
+    read_query(request, NoQuery)
+    await refuse_body(request)
     role = request.match_info["role"]
     ident = identity(request)
     await check_grantable(ident, principal, (role,))
@@ -500,6 +509,7 @@ async def issue_user_key(request: web.Request) -> web.Response:
     """An API key that belongs to a user: shown once, revoked with the user. A user principal
     cannot hand out admin scopes it does not hold itself."""
     principal = await acting(request, "apikeys", "write")
+    read_query(request, NoQuery)
     body = await read_json(request, UserKeyBody)
     unknown = sorted(set(body.scopes) - API_KEY_SCOPES)
     if unknown:
@@ -552,6 +562,7 @@ async def issue_user_key(request: web.Request) -> web.Response:
 
 async def list_roles(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "read")
+    read_query(request, NoQuery)
     custom = await list_custom_roles(identity(request).db, principal.workspace_id)
     items: list[dict[str, Any]] = [
         {"name": name, "builtin": True, "permissions": perms}
@@ -563,6 +574,7 @@ async def list_roles(request: web.Request) -> web.Response:
 
 async def define_role(request: web.Request) -> web.Response:
     principal = await acting(request, "users", "write")
+    read_query(request, NoQuery)
     body = await read_json(request, CustomRoleBody)
     ident = identity(request)
     # Defining (or redefining) a role needs every right it grants now and granted before.
@@ -593,7 +605,8 @@ async def scim_token(request: web.Request) -> web.Response:
             "the SCIM token needs write access on every domain (owner, admin or admin:write)",
             code="insufficient_scope",
         )
-    body = ScimTokenBody()
+    read_query(request, NoQuery)
+    body = ScimTokenBody()  # the body is optional: none issues (or rotates)
     if request.can_read_body:
         body = await read_json(request, ScimTokenBody)
     ident = identity(request)
@@ -637,6 +650,7 @@ async def put_secret(request: web.Request) -> web.Response:
     admin:write key). Write-only: no endpoint ever returns it."""
     principal = await acting(request, "security", "write")
     require_instance_admin(principal, request, "instance secrets")
+    read_query(request, NoQuery)
     name = (request.match_info["scope"], request.match_info["name"])
     if name not in INSTANCE_SECRETS:
         raise NotFound(f"no secret {name[0]}/{name[1]}")
@@ -650,6 +664,7 @@ async def put_secret(request: web.Request) -> web.Response:
 
 async def register_client(request: web.Request) -> web.Response:
     principal = await acting(request, "security", "write")
+    read_query(request, NoQuery)
     body = await read_json(request, OAuthClientBody)
     unknown = sorted(set(body.scopes) - API_KEY_SCOPES)
     if unknown:
@@ -683,6 +698,8 @@ async def register_client(request: web.Request) -> web.Response:
 
 async def revoke_client(request: web.Request) -> web.Response:
     principal = await acting(request, "security", "write")
+    read_query(request, NoQuery)
+    await refuse_body(request)
     await _check_client_owner_rule(identity(request), principal, request.match_info["id"])
     await identity(request).ask(
         directory_key(principal.workspace_id),

@@ -30,6 +30,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, Field
 
+from gateway.auth import authorization_header
 from gateway.identity.common import Form, read_form
 from gateway.identity.service import Identity, identity
 from gateway.identity.vault import INSTANCE
@@ -139,7 +140,12 @@ def _oauth_response(status: int, body: dict[str, Any], headers: dict[str, str]) 
 
 
 def _basic_credentials(request: web.Request) -> tuple[str, str] | None:
-    header = request.headers.get("Authorization", "")
+    try:
+        header = authorization_header(request)
+    except Unauthorized:  # two: which client was meant is not guessed
+        raise OAuthError(
+            401, "invalid_client", "send one Authorization header: Basic <credentials>"
+        ) from None
     scheme, _, value = header.partition(" ")
     if not header:
         return None

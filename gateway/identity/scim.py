@@ -28,7 +28,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field, ValidationError
 
 from actors.identity import directory_key
-from gateway.auth import hash_key
+from gateway.auth import authorization_header, hash_key
 from gateway.errors import read_json
 from gateway.identity.admin import (
     cut_off,
@@ -100,8 +100,16 @@ def _from_svc(exc: SvcError) -> web.Response:
     return _error(exc.http_status, exc.message, scim_type)
 
 
+def _scim_authorization(request: web.Request) -> str:
+    """The one Authorization header: of two, which token was meant is not guessed (401)."""
+    try:
+        return authorization_header(request)
+    except Unauthorized:
+        raise ScimError(401, "send one Authorization header: Bearer <SCIM token>") from None
+
+
 async def _workspace_of(request: web.Request, ident: Identity) -> str:
-    header = request.headers.get("Authorization", "")
+    header = _scim_authorization(request)
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ScimError(401, "a SCIM bearer token is required")

@@ -213,6 +213,27 @@ async def test_a_misspelt_or_repeated_parameter_is_a_400_not_the_whole_log(
         resp.close()
 
 
+async def test_the_openapi_document_names_every_parameter_a_feed_takes(
+    service: Service,
+) -> None:
+    """A client generated from /openapi.json could not resume as a polyfill does, nor send a
+    cache-buster, and took `types` for one value: the document lists what the feed reads."""
+    async with service.http.get(service.url("/openapi.json")) as resp:
+        doc = await resp.json()
+    for path in (EVENTS, WEB):
+        params = doc["paths"][path]["get"]["parameters"]
+        query = {p["name"]: p for p in params if p["in"] == "query"}
+        assert set(query) == set(feeds.FEED_PARAMETERS), path
+        types = query["types"]
+        assert types["schema"]["type"] == "array" and types["explode"] is True
+        assert "comma-separated" in types["description"]
+        assert f"at most {feeds.MAX_TYPES} distinct" in types["description"]
+        assert "Last-Event-ID" in query["lastEventId"]["description"]
+        assert "ignored" in query["_"]["description"]
+        assert not any(p["required"] for p in query.values())
+        assert {p["name"] for p in params if p["in"] == "header"} == {"Last-Event-ID"}
+
+
 @pytest.mark.parametrize("path", [EVENTS, WEB])
 async def test_feeds_need_a_valid_key(service: Service, path: str) -> None:
     resp = await service.http.get(service.url(path))

@@ -4,6 +4,7 @@ including `svc apikeys create` next to a running `svc serve` on the same data di
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import re
 import shutil
@@ -228,6 +229,32 @@ async def _serve(data_dir: Path, port: int, log_path: Path) -> asyncio.subproces
     return server
 
 
+async def _listening_port(log: asyncio.StreamReader) -> int:
+    """The port in `svc serve`'s "svc listening on 127.0.0.1:PORT" line."""
+    async with asyncio.timeout(180):
+        while line := await log.readline():
+            if found := re.search(rb"svc listening on 127\.0\.0\.1:(\d+)$", line.rstrip()):
+                return int(found.group(1))
+    raise AssertionError("svc serve exited before it listened")
+
+
+async def test_port_zero_listens_on_a_free_port_and_logs_the_one_bound(data_dir: Path) -> None:
+    """`127.0.0.1:0` is for tests and ops scripts: the log line is how they learn the port."""
+    server = await asyncio.create_subprocess_exec(
+        *SVC, "serve", env=_env(data_dir, SVC_GATEWAY_ADDR="127.0.0.1:0"), stderr=PIPE
+    )
+    assert server.stderr is not None
+    try:
+        port = await _listening_port(server.stderr)
+        assert port != 0
+        await wait_healthy(f"http://127.0.0.1:{port}", server)
+    finally:
+        if server.returncode is None:
+            server.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(server.communicate(), 60)
+    assert server.returncode == 0
+
+
 async def test_key_created_while_the_server_runs_works_at_once(data_dir: Path) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -365,6 +392,20 @@ async def test_a_stale_lock_file_naming_another_process_is_removed_not_obeyed(
         await bystander.wait()
 
 
+def test_listen_advice_follows_the_cause() -> None:
+    from gateway.cli import listen_advice
+
+    assert "check the host name" in listen_advice(socket.gaierror(socket.EAI_NONAME, "unknown"))
+    assert "stop what holds the port" in listen_advice(OSError(errno.EADDRINUSE, "in use"))
+    assert "needs privileges" in listen_advice(OSError(errno.EACCES, "denied"))
+    assert "no address of this machine" in listen_advice(OSError(errno.EADDRNOTAVAIL, "x"))
+    for advice in (
+        listen_advice(OSError(errno.EACCES, "denied")),
+        listen_advice(socket.gaierror(socket.EAI_NONAME, "unknown")),
+    ):
+        assert "holds the port" not in advice
+
+
 def test_startup_problems_are_one_line_each(data_dir: Path) -> None:
     """No traceback, no 'internal error': what is wrong and what to do."""
     blocker = socket.socket()
@@ -379,6 +420,12 @@ def test_startup_problems_are_one_line_each(data_dir: Path) -> None:
         ({"SVC_GATEWAY_ADDR": "[::1:8780"}, "invalid listen address"),
         ({"SVC_GATEWAY_ADDR": ":99999"}, "invalid listen address"),
         ({"SVC_GATEWAY_ADDR": f"127.0.0.1:{taken}"}, f"cannot listen on 127.0.0.1:{taken}"),
+        ({"SVC_GATEWAY_ADDR": f"127.0.0.1:{taken}"}, "stop what holds the port"),
+        # Refused before the database starts, not split at the last colon into a bad host.
+        ({"SVC_GATEWAY_ADDR": "localhost:9162:1"}, "invalid listen address 'localhost:9162:1'"),
+        ({"SVC_GATEWAY_ADDR": "::1:8780"}, "an IPv6 host in brackets"),
+        # A name that resolves to nothing is no port to free (.invalid never resolves).
+        ({"SVC_GATEWAY_ADDR": "svc-nowhere.invalid:8780"}, "check the host name"),
         ({"SVC_DATA_DIR": str(a_file)}, "as the data directory (SVC_DATA_DIR)"),
         ({"SVC_DATA_DIR": str(long_dir)}, "too long for the embedded PostgreSQL's Unix socket"),
         ({"SVC_DATA_DIR": str(data_dir / "my project")}, "contains a space"),

@@ -321,8 +321,11 @@ def test_durations_and_listen_addresses() -> None:
     )
     assert parse_listen_addr(":8780") == (None, 8780)
     assert parse_listen_addr("127.0.0.1:9000") == ("127.0.0.1", 9000)
-    with pytest.raises(InvalidInput):
-        parse_listen_addr("nonsense")
+    assert parse_listen_addr("[::1]:8780") == ("::1", 8780)
+    assert parse_listen_addr("127.0.0.1:0") == ("127.0.0.1", 0)  # a free port
+    for bad in ("nonsense", "localhost:9162:1", "::1:8780", "[::1]8780", "h:65536", "h:-1"):
+        with pytest.raises(InvalidInput, match="invalid listen address"):
+            parse_listen_addr(bad)
 
 
 def test_secrets_are_masked_in_repr_and_views() -> None:
