@@ -113,11 +113,12 @@ def _set_aside_interrupted_init(pgdata: Path) -> None:
     a first start killed during initdb (a container stopped, the OOM killer) left a cluster
     without its `postgres` database, and every start after it failed for good, naming a
     database that "does not exist". Such a cluster never held SVC's data: it is renamed
-    aside (kept, not deleted) and the wheel initialises a new one."""
-    if (
-        not (pgdata / "PG_VERSION").exists()
-        or (pgdata / "base" / str(_POSTGRES_DATABASE_OID)).is_dir()
-    ):
+    aside (kept, not deleted) and the wheel initialises a new one. Only a cluster that never
+    ran: a server writes `postmaster.opts` at every start, and in one that has run the
+    `postgres` database may have been dropped and made again under another OID."""
+    if not (pgdata / "PG_VERSION").exists() or (pgdata / "postmaster.opts").exists():
+        return  # no cluster yet, or one that has run: a database may be recreated there
+    if (pgdata / "base" / str(_POSTGRES_DATABASE_OID)).is_dir():
         return
     aside = pgdata.with_name(f"{pgdata.name}.interrupted-{int(time.time())}")
     log.warning(

@@ -43,7 +43,7 @@ from eventstore.records import Snapshot
 from gateway import bootstrap
 from gateway.admin_history import Stream, history_event, newest_version, snapshot_of, state_at
 from gateway.admin_keys import record
-from gateway.auth import SCOPES, generate_key, hash_key
+from gateway.auth import KEY_MODELS, SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform, open_store
 from gateway.control_chars import json_visible, one_line
 from gateway.errors import validation_problems
@@ -314,7 +314,7 @@ async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
     await ensure_workspace(platform.runtime, workspace)
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
     # Make the key usable at once, even before the server's projection loop sees it.
-    await platform.projections.wait_for(outcome.cursor, KEY_APPLY_TIMEOUT_S)
+    await platform.projections.wait_for(outcome.cursor, KEY_APPLY_TIMEOUT_S, names=KEY_MODELS)
     _out(key)
     return 0
 
@@ -365,7 +365,9 @@ async def _apikeys_revoke(args: argparse.Namespace, platform: Platform) -> int:
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
     # Keys are authenticated from the read models: until they apply the revocation the key
     # still works, so "revoked" is said only once they have (the API answers 503 there).
-    if not await platform.projections.wait_for(outcome.cursor, KEY_APPLY_TIMEOUT_S):
+    if not await platform.projections.wait_for(
+        outcome.cursor, KEY_APPLY_TIMEOUT_S, names=KEY_MODELS
+    ):
         _out(
             f"svc: warning: API key {args.key_id} is revoked, but the read models have not "
             "applied it yet, so it may still authenticate; see `svc projections status`, and "

@@ -266,9 +266,11 @@ def _check_json_value(value: Any) -> None:
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     response = await _answer(request, handler)
-    if response.status < 400 and request.transport is None and not request.get(CLIENT_GONE):
+    gone = request.transport is None and not request.get(CLIENT_GONE)
+    if gone and response.status < 400 and not response.prepared:
         # The client left while the handler worked (a chat turn runs on and is recorded):
-        # its answer reaches no one, and the access log shows a hang-up, not a 200.
+        # its answer reaches no one, and the access log shows a hang-up, not a 200. A
+        # stream already under way (a feed, whose normal end is its client leaving) is not.
         client_gone(request)
     return response
 

@@ -127,8 +127,8 @@ class _AsLogged:
 
     @property
     def path_qs(self) -> str:
-        request = self._request
-        return redact(request.path_qs, []) if request.query_string else request.path
+        # The raw, still percent-encoded form: a decoded path's %0A would start a forged line.
+        return redact(self._request.raw_path, [])
 
     @property
     def remote(self) -> str | None:

@@ -35,8 +35,9 @@ _FALSE = frozenset({"0", "false", "off", "no", ""})
 # and "1_0" too, so a value no other reader of the setting understands would be stored.
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
-_SPACES = " \t"
-"""What may surround an int or a duration (dropped, as around a choice)."""
+_SPACES = " \t\r\n\f\v"
+"""What may surround an int or a duration (dropped, as around a choice): ASCII whitespace,
+so a value from a YAML block or a printf keeps its line end harmlessly."""
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _INT_MAX = 2**31 - 1
 

@@ -323,7 +323,8 @@ async def hold_uncommitted(conn: Any, stream_id: str, command_id: str) -> None:
 
 
 def blocked(outcome: AppendResult | BaseException) -> bool:
-    return isinstance(outcome, StoreUnavailable) and "was not made" in str(outcome)
+    text = str(outcome)
+    return isinstance(outcome, StoreUnavailable) and "waited too long on another" in text
 
 
 @pytest.mark.parametrize("retry_of_the_same_command", [True, False])

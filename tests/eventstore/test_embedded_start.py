@@ -9,7 +9,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from eventstore.embedded import EmbeddedPostgres
+from eventstore.embedded import EmbeddedPostgres, _set_aside_interrupted_init
 
 
 async def _answers(url: str) -> bool:
@@ -50,3 +50,14 @@ async def test_started_by_root_the_parents_are_traversable_but_not_listable(
     mode = stat.S_IMODE(private.stat().st_mode)
     assert mode & stat.S_IXOTH  # the server's own user must pass through
     assert not mode & (stat.S_IROTH | stat.S_IRGRP), oct(mode)
+
+
+def test_a_cluster_that_has_run_is_never_set_aside(tmp_path: Path) -> None:
+    """One whose `postgres` database was dropped and made again (a restore with --clean)
+    has no `base/5` either; a server has run there, which initdb's never did."""
+    pgdata = tmp_path / "pgdata"
+    pgdata.mkdir()
+    (pgdata / "PG_VERSION").write_text("18\n")
+    (pgdata / "postmaster.opts").write_text("postgres -D pgdata\n")
+    _set_aside_interrupted_init(pgdata)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pgdata"]

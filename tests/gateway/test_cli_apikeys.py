@@ -84,7 +84,8 @@ async def test_revoke_not_applied_by_the_read_models_warns_and_fails(
     not applied it told the operator a key was dead that still worked."""
     ws = uid("ws-")
     key_id = await _issue(platform, ws, None)
-    # An event the api_keys read model cannot apply stops it (as one a newer version wrote).
+    # An event the api_keys read model cannot apply (its data does not match its schema)
+    # stops that read model: the one a revocation waits for.
     await platform.store.append(
         uid("workspace:"),
         [NewEvent("workspace.api_key_issued", {"workspace_id": "x"}, 1)],

@@ -22,6 +22,7 @@ from test_admin_support import (
 from eventstore.errors import StoreError, StoreUnavailable
 from eventstore.records import NewEvent, RecordedEvent
 from gateway import feed_fanout, feeds
+from gateway.metrics import HTTP_ERRORS
 from gateway.state import STORE, TAILER
 
 __all__ = ["service"]
@@ -724,3 +725,22 @@ async def test_a_closed_client_leaves_the_fan_out(
             break
         await asyncio.sleep(0.05)
     assert hub.connection_count == 0
+
+
+async def test_a_feed_its_client_closes_is_no_hang_up(service: Service) -> None:
+    """A feed ends when its client leaves: that is no error to count (a JSON request left
+    unanswered is, as a 499)."""
+    key = await service.issue_key(uid("ws-"))
+    hang_ups = HTTP_ERRORS.labels(status="499")
+    before = hang_ups._value.get()
+    resp, reader = await open_feed(service, EVENTS, key)
+    assert (await reader.frame()) is not None
+    resp.close()
+    hub = service.app[feeds.FEED_HUB]
+    async with asyncio.timeout(10):
+        while True:  # the feed leaves the fan-out as its handler returns
+            if not hub.connection_count:
+                break
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)  # and the middleware has seen the handler's response
+    assert hang_ups._value.get() == before

@@ -261,6 +261,8 @@ def test_ints_and_durations_take_ascii_digits_only(key: str, raw: str) -> None:
         ("SVC_SUBAGENT_MAX_DEPTH", " 3 ", "3"),
         ("SVC_SUBAGENT_MAX_DEPTH", "+007", "7"),
         ("SVC_KB_SYNC_INTERVAL", "\t6h ", "6h"),
+        ("SVC_SUBAGENT_MAX_DEPTH", "3\n", "3"),  # a YAML block's line end
+        ("SVC_KB_SYNC_INTERVAL", "6h\r\n", "6h"),
         ("SVC_ACTOR_RUNTIME", " RAY", "ray"),  # as choices were already
     ],
 )

@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 from multidict import CIMultiDict
 from platform_support import WHOAMI, running, settings_for, uid
+from yarl import URL
 
 from gateway import openapi
 from gateway.state import SETTINGS_SERVICE, TAILER
@@ -449,3 +450,18 @@ async def test_the_access_log_hides_query_credentials_and_shows_the_proxied_clie
     assert "access_token=[redacted]" in feed[0] and "types=x" in feed[0]
     assert feed[0].startswith("203.0.113.9 "), feed[0]
     assert any("GET /healthz?probe=1 " in line for line in lines), lines
+
+
+async def test_the_access_log_keeps_an_encoded_path_on_one_line(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A decoded path's %0A would start a line of the attacker's making in the log."""
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    forged = '1.2.3.4 - - "GET /admin HTTP/1.1" 200'
+    async with running(settings_for(database_url)) as svc:
+        path = "/v1/x%0A" + forged.replace(" ", "%20").replace('"', "%22")
+        async with svc.http.get(URL(svc.url(path), encoded=True)) as resp:
+            assert resp.status == 404
+    lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+    logged = [line for line in lines if "/v1/x" in line]
+    assert len(logged) == 1 and "\n" not in logged[0] and "%0A" in logged[0], logged
