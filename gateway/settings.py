@@ -13,6 +13,7 @@ a listing, an error message or a log line.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import uuid
@@ -409,6 +410,9 @@ class SettingsService:
         self._store = store
         self._vault = vault
         self._stored: dict[str, str] = dict(settings.stored_layer())
+        # A refresh reads the stored layer, then applies it: a set committed between the two
+        # was undone by the stale read until the next refresh. One change at a time.
+        self._changing = asyncio.Lock()
 
     @property
     def settings(self) -> Settings:
@@ -424,6 +428,10 @@ class SettingsService:
 
     async def refresh(self) -> list[str]:
         """Re-read the stored layer (after a change by another process); returns changed keys."""
+        async with self._changing:
+            return await self._refresh()
+
+    async def _refresh(self) -> list[str]:
         fresh = await self.stored_values()
         changed = sorted(
             k for k in set(fresh) | set(self._stored) if fresh.get(k) != self._stored.get(k)
@@ -441,6 +449,10 @@ class SettingsService:
         raw = stored_text(spec, raw, parse(spec, raw))  # as it is read: " 3 " is "3"
         # A secret's value is written first, under a version of its own that the event then
         # names: if the event is never recorded, the version in force stays in force.
+        async with self._changing:
+            return await self._set(spec, key, raw)
+
+    async def _set(self, spec: SettingSpec, key: str, raw: str) -> SettingChangeResult:
         version = uuid.uuid4().hex if spec.secret else None
         if version is not None:
             await self._vault.put(key, raw, version)
@@ -464,7 +476,11 @@ class SettingsService:
         spec = get_spec(key)
         if not spec.storable:
             raise InvalidInput(f"{key} cannot be stored: {spec.note}", code="setting_not_storable")
-        await self.refresh()
+        async with self._changing:
+            return await self._unset(spec, key)
+
+    async def _unset(self, spec: SettingSpec, key: str) -> SettingChangeResult:
+        await self._refresh()
         if key not in self._stored:
             shown = display_value(spec, self._settings.resolve(key).raw)
             return SettingChangeResult(

@@ -514,3 +514,25 @@ def test_debug_is_for_the_services_own_loggers() -> None:
     apply_log_level("warning")
     assert not logging.getLogger("asyncpg.pool").isEnabledFor(logging.INFO)
     assert not logging.getLogger("eventstore.store").isEnabledFor(logging.INFO)
+
+
+async def test_a_refresh_under_way_does_not_undo_a_set(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh (another process changed a setting) reads the stored layer, then applies
+    it: a set committed in between was undone by that stale read."""
+    async with running(settings_for(database_url)) as svc:
+        service = svc.app[SETTINGS_SERVICE]
+        read = service.stored_values
+
+        async def read_before_the_set() -> dict[str, str]:
+            values = await read()
+            await asyncio.sleep(0.3)  # the set below commits meanwhile
+            return values
+
+        monkeypatch.setattr(service, "stored_values", read_before_the_set)
+        refreshing = asyncio.create_task(service.refresh())
+        await asyncio.sleep(0.05)
+        await service.set("SVC_LLM_MODEL", "othermodel")
+        await refreshing
+        assert service.get("SVC_LLM_MODEL").value == "othermodel"
