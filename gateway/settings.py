@@ -447,12 +447,12 @@ class SettingsService:
             raise InvalidInput(f"{key} cannot be stored: {spec.note}", code="setting_not_storable")
         check_stored_length(spec, raw)
         raw = stored_text(spec, raw, parse(spec, raw))  # as it is read: " 3 " is "3"
-        # A secret's value is written first, under a version of its own that the event then
-        # names: if the event is never recorded, the version in force stays in force.
         async with self._changing:
             return await self._set(spec, key, raw)
 
     async def _set(self, spec: SettingSpec, key: str, raw: str) -> SettingChangeResult:
+        # A secret's value is written first, under a version of its own that the event then
+        # names: if the event is never recorded, the version in force stays in force.
         version = uuid.uuid4().hex if spec.secret else None
         if version is not None:
             await self._vault.put(key, raw, version)
