@@ -187,11 +187,13 @@ class _CheckpointMoved(Exception):
 @dataclass(frozen=True, slots=True)
 class _Aborts:
     """The database gave up on a projector's statement for the event at `point`, `count`
-    times in a row; the projector is left out of the steps until `retry_at` (loop time)."""
+    times in a row, or (`newer`) the event was written by a newer version of SVC than this
+    process; the projector is left out of the steps until `retry_at` (loop time)."""
 
     point: LogPoint
     count: int
     retry_at: float
+    newer: EventFromNewerVersion | None = None
 
 
 @dataclass(eq=False)
@@ -522,9 +524,7 @@ class ProjectionRunner:
         except Exception as exc:
             # Only what went wrong in a handler is a projector's; the database being down
             # (not a statement it gave up on) or a failing compare-and-set is the whole step's.
-            # So is an event a newer version of SVC wrote: not poison, since a process of
-            # that version can apply it, and a stop would be recorded for every process.
-            if not in_apply or database_down(exc) or isinstance(exc, EventFromNewerVersion):
+            if not in_apply or database_down(exc):
                 raise
             return await self._isolate(group, old, events, applying, exc, exact=exact)
         for slot in group:
@@ -565,6 +565,8 @@ class ProjectionRunner:
         consumed = events.index(event)
         if isinstance(exc, StatementAborted):
             await self._aborted_on(slot, event, exc)
+        elif isinstance(exc, EventFromNewerVersion):
+            self._wait_for_newer(slot, event, exc)
         else:
             await self._stop_at(slot, event, failure_reason(exc), exc)
         return consumed
@@ -603,6 +605,21 @@ class ProjectionRunner:
             delay,
             exc.reason,
         )
+
+    def _wait_for_newer(
+        self, slot: _Slot, event: RecordedEvent, exc: EventFromNewerVersion
+    ) -> None:
+        """`event` was written by a newer version of SVC (after a rollback, or mid-deploy):
+        not poison, since a process of that version can apply it, and a stop would be
+        recorded for every process, that one included. This projector waits, backing off;
+        the others go on."""
+        aborts = slot.aborts
+        count = aborts.count + 1 if aborts is not None and aborts.point == event.point else 1
+        delay = min(_FIRST_ABORT_BACKOFF_S * 2 ** min(count - 1, 32), _MAX_BACKOFF_S)
+        retry_at = asyncio.get_running_loop().time() + delay
+        slot.aborts = _Aborts(event.point, count, retry_at, newer=exc)
+        level = logging.WARNING if count == 1 else logging.DEBUG
+        log.log(level, "projection %s waits at cursor %s: %s", slot.name, event.cursor, exc)
 
     async def _stop_at(
         self, slot: _Slot, poison: RecordedEvent, error: str, exc: Exception
@@ -713,6 +730,9 @@ class ProjectionRunner:
         while True:
             consumed = await self._step(slots, wait=True)
             await self._notify_progress()
+            for slot in slots:  # a wait this call cannot end: the caller is told
+                if slot.aborts is not None and slot.aborts.newer is not None:
+                    raise slot.aborts.newer
             behind = [s for s in slots if s.failure is None and s.point < target]
             if consumed is not None and not behind:
                 break
