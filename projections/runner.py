@@ -224,6 +224,23 @@ class _Slot:
             self.aborts = None
 
 
+def _attempt(slot: _Slot, event: RecordedEvent) -> int:
+    """Which attempt in a row at `event` the one that just failed was."""
+    aborts = slot.aborts
+    return aborts.count + 1 if aborts is not None and aborts.point == event.point else 1
+
+
+def _back_off(
+    slot: _Slot, event: RecordedEvent, count: int, newer: EventFromNewerVersion | None = None
+) -> float:
+    """Leave `slot` out of the steps for a while before its `count`+1th attempt at `event`:
+    doubling from _FIRST_ABORT_BACKOFF_S, at most _MAX_BACKOFF_S. Returns the wait."""
+    delay: float = min(_FIRST_ABORT_BACKOFF_S * 2.0 ** min(count - 1, 32), _MAX_BACKOFF_S)
+    retry_at = asyncio.get_running_loop().time() + delay
+    slot.aborts = _Aborts(event.point, count, retry_at, newer)
+    return delay
+
+
 def _poison(recorded: object) -> PoisonEvent | None:
     """A stop as `_record_failure` stored it; None for none, or for a shape it cannot read."""
     if not isinstance(recorded, dict):
@@ -362,7 +379,7 @@ class ProjectionRunner:
                     await self._resume_if_cleared(slots)
             try:
                 consumed = await self._step(slots, wait=False)
-            except (StoreError, EventFromNewerVersion) as exc:
+            except StoreError as exc:
                 outage.failed(exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_BACKOFF_S)
@@ -586,15 +603,12 @@ class ProjectionRunner:
         before it): back off and try again, or stop on it the `_MAX_ABORTS`th time in a row.
         Contention passes (a deadlock, a lock held for a while); a handler too slow for the
         statement timeout fails every time, and retrying it forever would hide it."""
-        aborts = slot.aborts
-        count = aborts.count + 1 if aborts is not None and aborts.point == event.point else 1
+        count = _attempt(slot, event)
         if count >= _MAX_ABORTS:
             slot.aborts = None
             await self._stop_at(slot, event, aborted_reason(exc, count, slot.name), exc)
             return
-        delay = min(_FIRST_ABORT_BACKOFF_S * 2 ** (count - 1), _MAX_BACKOFF_S)
-        retry_at = asyncio.get_running_loop().time() + delay
-        slot.aborts = _Aborts(event.point, count, retry_at)
+        delay = _back_off(slot, event, count)
         log.warning(
             "projection %s: the database gave up on its statement for the event at cursor %s "
             "(attempt %d of %d; again in %.2fs): %s",
@@ -613,11 +627,8 @@ class ProjectionRunner:
         not poison, since a process of that version can apply it, and a stop would be
         recorded for every process, that one included. This projector waits, backing off;
         the others go on."""
-        aborts = slot.aborts
-        count = aborts.count + 1 if aborts is not None and aborts.point == event.point else 1
-        delay = min(_FIRST_ABORT_BACKOFF_S * 2 ** min(count - 1, 32), _MAX_BACKOFF_S)
-        retry_at = asyncio.get_running_loop().time() + delay
-        slot.aborts = _Aborts(event.point, count, retry_at, newer=exc)
+        count = _attempt(slot, event)
+        _back_off(slot, event, count, newer=exc)
         level = logging.WARNING if count == 1 else logging.DEBUG
         log.log(level, "projection %s waits at cursor %s: %s", slot.name, event.cursor, exc)
 
