@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 
 from eventstore.db import Connection, Database
-from eventstore.outage_log import OutageLog
+from eventstore.outage_log import OutageLog, doubling_backoff
 from eventstore.tasks import cancel_and_wait, wait_set
 
 log = logging.getLogger(__name__)
@@ -166,8 +166,8 @@ class CommitNotifier:
                     raise asyncio.CancelledError from exc
                 self._outage.failed(exc)
             # Doubling while the database stays away, as the tailer's reads do.
-            failures = min(self._outage.failures, 32)
-            await asyncio.sleep(min(RECONNECT_CAP_S, self._reconnect_s * 2.0**failures))
+            failures = self._outage.failures
+            await asyncio.sleep(doubling_backoff(self._reconnect_s, RECONNECT_CAP_S, failures))
 
     async def _listen_once(self) -> None:
         # The LISTEN connection is borrowed from the pool for as long as it lives; releasing it

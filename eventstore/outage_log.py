@@ -13,6 +13,13 @@ import time
 OUTAGE_REMINDER_S = 60.0
 
 
+def doubling_backoff(first_s: float, cap_s: float, failures: int) -> float:
+    """The wait after the n-th failure in a row: doubling from `first_s`, at most `cap_s`.
+    The exponent is capped too: an outage of half an hour is a thousand failures, and
+    2.0 ** 1024 does not fit a float (the tailer once died of the OverflowError for good)."""
+    return min(cap_s, first_s * 2.0 ** min(failures, 32))
+
+
 class OutageLog:
     def __init__(self, logger: logging.Logger, what: str) -> None:
         self._log = logger

@@ -21,7 +21,7 @@ from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Connection, Database
 from eventstore.errors import InvalidCursor, StoreError
 from eventstore.notify import CommitNotifier
-from eventstore.outage_log import OutageLog
+from eventstore.outage_log import OutageLog, doubling_backoff
 from eventstore.reads import log_head, point_issued, read_log
 from eventstore.records import RecordedEvent
 from eventstore.tasks import cancel_and_wait, wait_set
@@ -78,10 +78,8 @@ FAILED_READ_BACKOFF_CAP_S = 2.0
 
 
 def _backoff(poll_interval_s: float, failures: int) -> float:
-    """The wait after the n-th failed read in a row: doubling from the poll interval, capped.
-    The exponent is capped too: an outage of half an hour is a thousand failures, and
-    2.0 ** 1024 does not fit a float (the tailer died of the OverflowError for good)."""
-    return min(FAILED_READ_BACKOFF_CAP_S, poll_interval_s * 2.0 ** min(failures, 32))
+    """The wait after the n-th failed read in a row: doubling from the poll interval."""
+    return doubling_backoff(poll_interval_s, FAILED_READ_BACKOFF_CAP_S, failures)
 
 
 BatchListener = Callable[[Sequence[RecordedEvent]], None]
