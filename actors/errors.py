@@ -6,8 +6,6 @@ runtime raises them in a host process and re-raises them in the caller).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from schemas.errors import (
     UPSTREAM_REQUEST_PROBLEMS,
     Conflict,
@@ -71,7 +69,7 @@ class MailboxFull(Unavailable):
     Nothing was run; a retry with the same Idempotency-Key is safe."""
 
     default_code = "actor_busy"
-    headers: ClassVar[dict[str, str]] = {"Retry-After": "1"}
+    retry_after_s = 1.0
 
     @classmethod
     def of(cls, kind: str, limit: int) -> MailboxFull:

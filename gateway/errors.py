@@ -28,10 +28,8 @@ from gateway.metrics import HTTP_ERRORS
 from schemas.errors import (
     InvalidInput,
     PayloadTooLarge,
-    RateLimited,
     RequestTimeout,
     SvcError,
-    UpstreamError,
 )
 
 log = logging.getLogger(__name__)
@@ -133,9 +131,7 @@ def from_svc_error(exc: SvcError) -> web.Response:
     final = exc.final or exc.code in RETRY_CANNOT_HELP
     if final and (exc.http_status >= 500 or exc.http_status == 409):
         response.headers["x-should-retry"] = "false"
-    if isinstance(exc, RateLimited):
-        response.headers["Retry-After"] = _whole_seconds(exc.retry_after_s)
-    elif isinstance(exc, UpstreamError) and exc.retry_after_s is not None:
+    if exc.retry_after_s is not None:
         response.headers["Retry-After"] = _whole_seconds(exc.retry_after_s)
     extra: Any = getattr(exc, "headers", None)
     if isinstance(extra, dict):

@@ -18,6 +18,9 @@ class SvcError(Exception):
     it, which a client may wait for (`?min_cursor=`) as for a success."""
     final: bool = False
     """The same request will get this same answer again (a recorded failure replayed)."""
+    retry_after_s: float | None = None
+    """When to ask again, if the error knows (a rate limit's window, a model server's own
+    `Retry-After`, a busy actor): the answer's `Retry-After`."""
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -90,9 +93,6 @@ class UpstreamError(SvcError):
     http_status = 502
     error_type = "upstream_error"
     default_code = "upstream_error"
-    retry_after_s: float | None = None
-    """Set when the model server's last refusal said when to ask again (`Retry-After`): the
-    client's answer says so too."""
 
 
 UPSTREAM_REQUEST_PROBLEMS = frozenset(
