@@ -39,6 +39,10 @@ class EventStore(Protocol):
         """The stream's events from `from_version` up to `to_version` (the end when None)."""
         ...
 
+    async def stream_version(self, stream_id: str, *, workspace_id: str | None = None) -> int:
+        """The stream's newest version; 0 when it has no events (or none in the workspace)."""
+        ...
+
     async def read_all(
         self,
         after: str | None = None,

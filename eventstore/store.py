@@ -95,6 +95,12 @@ SELECT {EVENT_COLUMNS} FROM events
 WHERE stream_id = $1 AND version >= $2 AND version <= $3 AND workspace_id = $4
 ORDER BY version
 """
+# On the (stream_id, version) index: one entry read, however long the stream. A stream of
+# another workspace has no events in this one.
+_STREAM_VERSION = """
+SELECT coalesce(max(version), 0) FROM events
+WHERE stream_id = $1 AND ($2::text IS NULL OR workspace_id = $2)
+"""
 # Snapshots only move forward: a slow writer holding an older state never replaces a newer one.
 _SAVE_SNAPSHOT = """
 INSERT INTO snapshots (stream_id, version, schema_version, state)
@@ -465,6 +471,11 @@ class PostgresEventStore:
             else:
                 rows = await conn.fetch(_READ_STREAM_WS, stream_id, first, last, workspace_id)
         return rows_to_events(rows)
+
+    async def stream_version(self, stream_id: str, *, workspace_id: str | None = None) -> int:
+        async with self._db.acquire(stateless=True) as conn:
+            version: int = await conn.fetchval(_STREAM_VERSION, stream_id, workspace_id)
+        return version
 
     async def read_all(
         self,

@@ -7,7 +7,7 @@ what the actor held at that version (ARCHITECTURE.md decision 5).
 A conversation's stream may be long (gigabytes of text), so nothing here reads it whole: the
 page asked for is read by its version range, the state is folded from the stream's snapshot
 when that is at or below N (as an actor activates) and otherwise from the start, in pages of
-`FOLD_PAGE` events, and the newest version is found by probing single versions. `svc
+`FOLD_PAGE` events, and the newest version is read from the stream's index. `svc
 conversations replay` (gateway/cli.py) reads through the same functions.
 """
 
@@ -34,9 +34,6 @@ from schemas.events import EVENTS
 FOLD_PAGE = 1000
 """Events read at once while folding or listing: what bounds the memory of a long stream."""
 
-_MAX_VERSION = 2**31 - 1
-"""Stream versions are int4 (eventstore)."""
-
 
 @dataclass(frozen=True, slots=True)
 class Stream:
@@ -45,6 +42,10 @@ class Stream:
     store: EventStore
     key: ActorKey
     workspace_id: str | None
+
+    async def newest_version(self) -> int:
+        """0 when the stream has no events (in the workspace, when scoped)."""
+        return await self.store.stream_version(self.key.stream_id, workspace_id=self.workspace_id)
 
     async def read(self, first: int, last: int) -> list[RecordedEvent]:
         return await self.store.read_stream(
@@ -59,35 +60,6 @@ class Stream:
                 return
             yield page
             first = page[-1].version + 1
-
-
-async def _has(stream: Stream, version: int) -> bool:
-    return bool(await stream.read(version, version))
-
-
-async def newest_version(stream: Stream, known: int = 0) -> int:
-    """The stream's newest version, 0 when it has none (or none in the workspace).
-
-    Versions are dense (eventstore/store.py read_stream), so version v exists exactly when
-    v <= newest: galloping up from `known` (a version known to exist) and then bisecting
-    finds it in about 2 log2(newest) one-event reads, whatever the stream's length."""
-    if known < 1 or not await _has(stream, known):
-        if not await _has(stream, 1):
-            return 0
-        known = 1
-    low, step = known, 1  # low exists; high, once found, does not
-    while True:
-        high = min(low + step, _MAX_VERSION + 1)
-        if high > _MAX_VERSION or not await _has(stream, high):
-            break
-        low, step = high, step * 2
-    while high - low > 1:
-        middle = (low + high) // 2
-        if await _has(stream, middle):
-            low = middle
-        else:
-            high = middle
-    return low
 
 
 def _evolve(state: ConversationState, records: list[RecordedEvent]) -> ConversationState:
@@ -145,10 +117,10 @@ async def conversation_events(request: web.Request) -> web.Response:
     params = read_query(request, HistoryQuery)
     # Scoped reads: another workspace's stream reads as empty, so it is a 404 like an unknown id.
     stream = Stream(request.app[STORE], conversation_key(params.id), principal.workspace_id)
-    if not await _has(stream, 1):
+    newest = await stream.newest_version()
+    if not newest:
         raise NotFound(f"conversation {params.id!r} not found", code="conversation_not_found")
     snapshot = await snapshot_of(stream)
-    newest = await newest_version(stream, snapshot.version if snapshot else 0)
     at_version = newest if params.at_version is None else params.at_version
     if at_version > newest:
         raise InvalidInput(

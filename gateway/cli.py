@@ -41,7 +41,7 @@ from actors.shards import NUM_SHARDS
 from actors.workspace import workspace_key
 from eventstore.records import Snapshot
 from gateway import bootstrap
-from gateway.admin_history import Stream, history_event, newest_version, snapshot_of, state_at
+from gateway.admin_history import Stream, history_event, snapshot_of, state_at
 from gateway.admin_keys import record
 from gateway.auth import KEY_MODELS, SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform, open_store
@@ -441,7 +441,7 @@ async def cmd_conversations(args: argparse.Namespace, settings: Settings) -> int
             where = f" in workspace {args.workspace}" if args.workspace else ""
             raise NotFound(f"no conversation {args.conversation_id}{where}")
         snapshot = await snapshot_of(stream)
-        newest = await newest_version(stream, snapshot.version if snapshot else 0)
+        newest = await stream.newest_version()
         state_of = _StateAt(stream, snapshot)
         if args.action == "abandon":
             return await _abandon(args, platform, first[0].workspace_id, state_of, newest)

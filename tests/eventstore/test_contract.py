@@ -359,6 +359,16 @@ class EventStoreContract:
         only = await store.read_stream(s, 1, to_version=1, workspace_id=WS)
         assert [e.version for e in only] == [1]
 
+    async def test_stream_version_is_the_newest_in_the_workspace(self, store: EventStore) -> None:
+        s = stream()
+        await store.append(
+            s, [ev(n=i) for i in range(1, 4)], expected_version=0, command_id=cmd(), workspace_id=WS
+        )
+        assert await store.stream_version(s) == 3
+        assert await store.stream_version(s, workspace_id=WS) == 3
+        assert await store.stream_version(s, workspace_id="ws-other") == 0
+        assert await store.stream_version(stream()) == 0
+
     async def test_read_all_pages_by_cursor_in_commit_order(self, store: EventStore) -> None:
         assert await store.head() == ""
         assert await store.read_all() == []
