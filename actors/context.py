@@ -71,6 +71,20 @@ class ExecutionPolicy:
 CONFLICT_BACKOFF_CAP_S = 0.1
 
 
+def snapshot_state(behaviour: Behaviour[S], snapshot: Snapshot) -> S | None:
+    """The state `snapshot` holds, when it can stand for the fold up to its version: of the
+    behaviour's state schema, and valid. A snapshot of an older schema is ignored, never
+    migrated: the log is the truth and a full replay rebuilds the new shape from it."""
+    if snapshot.schema_version != behaviour.state_schema_version:
+        return None
+    try:
+        state = behaviour.state_type.model_validate(snapshot.state)
+    except ValidationError:
+        log.warning("snapshot of %s does not validate; replaying in full", snapshot.stream_id)
+        return None
+    return cast(S, state)
+
+
 def conflict_backoff(policy: ExecutionPolicy, conflicts: int) -> float:
     """The random wait before catching up after the `conflicts`-th conflict in a row (full
     jitter: any value from zero to the exponential bound; none after the first)."""
@@ -159,18 +173,11 @@ class Activation(Generic[S]):
         await self._catch_up()
 
     def _restore(self, snapshot: Snapshot) -> None:
-        # A snapshot of an older state schema is ignored, never migrated: the log is the
-        # truth and a full replay rebuilds the new shape from it.
-        if snapshot.schema_version != self._behaviour.state_schema_version:
+        state = snapshot_state(self._behaviour, snapshot)
+        if state is None:
             self._counters.snapshots_ignored += 1
             return
-        try:
-            state = self._behaviour.state_type.model_validate(snapshot.state)
-        except ValidationError:
-            log.warning("snapshot of %s does not validate; replaying in full", self._key)
-            self._counters.snapshots_ignored += 1
-            return
-        self._state = cast(S, state)
+        self._state = state
         self._version = self.snapshot_version = snapshot.version
         self._counters.snapshots_loaded += 1
 

@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from aiohttp import web
-from pydantic import ValidationError
 
 from actors.behaviour import ActorKey
+from actors.context import snapshot_state
 from actors.conversation import ConversationBehaviour, ConversationState, conversation_key
 from eventstore.port import EventStore
 from eventstore.records import RecordedEvent, Snapshot
@@ -70,17 +70,11 @@ def _evolve(state: ConversationState, records: list[RecordedEvent]) -> Conversat
 
 
 def _restored(snapshot: Snapshot | None, version: int) -> ConversationState | None:
-    """The snapshot's state when it can stand for the fold up to its version: at or below
-    `version`, of the current state schema, and valid (actors/context.py applies the same
-    rules when an actor activates; otherwise the fold starts from the first event)."""
+    """The snapshot's state when it can stand for the fold up to `version`: at or below it,
+    and usable as an actor's activation would use it."""
     if snapshot is None or snapshot.version > version:
         return None
-    if snapshot.schema_version != ConversationBehaviour.state_schema_version:
-        return None
-    try:
-        return ConversationState.model_validate(snapshot.state)
-    except ValidationError:
-        return None
+    return snapshot_state(ConversationBehaviour(), snapshot)
 
 
 async def snapshot_of(stream: Stream) -> Snapshot | None:
