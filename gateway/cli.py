@@ -338,12 +338,10 @@ async def _apikeys_list(args: argparse.Namespace, platform: Platform) -> int:
 
 
 def _key_state(key: queries.ApiKey, now: datetime) -> str:
-    # Expired as the authenticator judges it (ApiKey.usable_at): at expires_at it is refused.
     if key.revoked_at is not None:
         return "revoked"
-    if key.expires_at is not None and key.expires_at <= now:
-        return "expired"
-    return "active"
+    # Expired as the authenticator judges it: at expires_at it is refused.
+    return "active" if key.usable_at(now) else "expired"
 
 
 def _key_line(key: queries.ApiKey, now: datetime) -> str:
