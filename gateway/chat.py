@@ -57,7 +57,7 @@ from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
 from gateway.auth import CHAT_PATH, CHAT_SCOPE, MODELS_PATH, authenticate, require_scope
-from gateway.errors import client_gone, error_body, internal_failure, read_json
+from gateway.errors import client_gone, error_body, internal_failure, read_header, read_json
 from gateway.identity.common import first_attempt_ran
 from gateway.openapi import document
 from gateway.sse import open_sse, send_event
@@ -490,16 +490,11 @@ def _with_agent(
 
 
 def _header_id(request: web.Request, name: str) -> str | None:
-    values = {value.strip() for value in request.headers.getall(name, ())}
-    if not values:
+    value = read_header(request, name)
+    if value is None:
         return None
-    if len(values) > 1:
-        raise InvalidInput(
-            f"{name} was sent more than once, with different values", code="invalid_header"
-        )
     # An empty value is refused too: a client whose key variable is empty would otherwise
     # get a new turn on every retry without knowing it.
-    value = values.pop()
     if not _ID.match(value):
         raise InvalidInput(
             f"{name} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",

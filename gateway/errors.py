@@ -382,6 +382,17 @@ async def refuse_body(request: web.Request) -> None:
         raise InvalidInput("this request takes no body; send it without one")
 
 
+def read_header(request: web.Request, name: str) -> str | None:
+    """Header `name`, stripped; None when absent. Sent twice with different values, it is
+    refused: which one was meant cannot be guessed (the same value twice is that value)."""
+    values = {value.strip() for value in request.headers.getall(name, ())}
+    if len(values) > 1:
+        raise InvalidInput(
+            f"{name} was sent more than once, with different values", code="invalid_header"
+        )
+    return values.pop() if values else None
+
+
 def read_query(request: web.Request, model: type[M]) -> M:
     """Validate the query string against `model`; an empty value counts as absent. Unknown
     parameters are refused (models forbid extra fields), so that a typo is a 400 rather than

@@ -16,7 +16,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from multidict import MultiDictProxy
 
 from gateway.auth import PRINCIPAL
-from gateway.errors import body_deadline, is_utf8
+from gateway.errors import body_deadline, is_utf8, read_header
 from gateway.state import STORE, Principal
 from projections.identity_queries import UserRow
 from schemas.commands import client_command_id
@@ -79,17 +79,12 @@ def idempotency_key(request: web.Request) -> str | None:
     Refused as chat refuses it (docs/chat.md): an empty value, since a client whose key
     variable is empty would otherwise run its write again on every retry without knowing;
     and two different values, since which one was meant cannot be guessed."""
-    values = {value.strip() for value in request.headers.getall("Idempotency-Key", ())}
-    if len(values) > 1:
-        raise InvalidInput(
-            "Idempotency-Key was sent more than once, with different values",
-            code="invalid_header",
-        )
-    if values == {""}:
+    key = read_header(request, "Idempotency-Key")
+    if key == "":
         raise InvalidInput(
             "Idempotency-Key is empty: send a key, or no header", code="invalid_header"
         )
-    return values.pop() if values else None
+    return key
 
 
 async def first_attempt_ran(request: web.Request, workspace_id: str, command_id: str) -> bool:
