@@ -17,6 +17,9 @@ requests/s, p50 and p99 latency (to the last byte), the latency the gateway adds
 given `--gateway-pid`, the gateway's CPU time per request and its resident memory, read from
 /proc/<pid>. Every gateway request is a new conversation turn: a user message, a turn start
 and its outcome recorded with durable commits. `--quick` sends fewer requests per level.
+`--postgres-cpu` adds the CPU that every PostgreSQL process on the machine spent per request
+(run nothing else on a database meanwhile); `--process-tree` counts the gateway pid's child
+processes too (a server with worker processes, as bench/reference_gateway.py runs one).
 
 `--rss-conversations N` then sends N more JSON requests (at `--rss-concurrency`), each starting
 a new conversation (none carries X-SVC-Conversation-Id), and prints the gateway's resident
@@ -52,6 +55,15 @@ class Target:
     url: str
     headers: dict[str, str]
     pid: int | None
+    tree: bool = False
+    """Count the CPU and RSS of the pid's descendants too (a multi-worker server)."""
+    database: bool = False
+    """Also measure the CPU of every PostgreSQL server process on the machine."""
+
+    def pids(self) -> list[int]:
+        if self.pid is None:
+            return []
+        return process_tree(self.pid) if self.tree else [self.pid]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +74,7 @@ class Result:
     latencies: list[float]
     cpu_s: float | None
     rss_mb: float | None
+    db_cpu_s: float | None = None
 
     @property
     def rps(self) -> float:
@@ -74,16 +87,54 @@ class Result:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every live process descended from it (a multi-worker server's workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                children.setdefault(int(_stat(int(entry.name))[1]), []).append(int(entry.name))
+    tree: list[int] = []
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    return tree
+
+
+def postgres_pids() -> list[int]:
+    """Every PostgreSQL server process on the machine (the postmaster and its children)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if Path(entry, "comm").read_text().strip() == "postgres":
+                    pids.append(int(entry.name))
+    return pids
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for each in pids:
+        with contextlib.suppress(OSError):
+            fields = _stat(each)
+            total += int(fields[11]) + int(fields[12])
+    return total / TICKS
+
+
+def rss_mb(pids: list[int]) -> float:
+    total = 0
+    for each in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{each}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total / 1024 if total else float("nan")
 
 
 def body(model: str, stream: bool, n: int) -> bytes:
@@ -130,20 +181,24 @@ async def run_level(
                 else:
                     latencies.append(latency)
 
-        cpu_before = cpu_seconds(target.pid) if target.pid else None
+        cpu_before = cpu_seconds(target.pids()) if target.pid else None
+        db_pids = postgres_pids() if target.database else []
+        db_before = cpu_seconds(db_pids)
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         seconds = time.perf_counter() - started
         cpu = None
         if target.pid and cpu_before is not None:
-            cpu = cpu_seconds(target.pid) - cpu_before
+            cpu = cpu_seconds(target.pids()) - cpu_before
+        db_cpu = cpu_seconds(db_pids) - db_before if target.database else None
     return Result(
         requests=len(latencies),
         errors=errors,
         seconds=seconds,
         latencies=latencies,
         cpu_s=cpu,
-        rss_mb=rss_mb(target.pid) if target.pid else None,
+        rss_mb=rss_mb(target.pids()) if target.pid else None,
+        db_cpu_s=db_cpu,
     )
 
 
@@ -154,6 +209,8 @@ def report(mode: str, concurrency: int, target: Target, r: Result, base: Result 
     resources = ""
     if r.cpu_s is not None and r.requests:
         resources = f"  cpu/req {1000 * r.cpu_s / r.requests:6.2f} ms  rss {r.rss_mb:6.1f} MB"
+    if r.db_cpu_s is not None and r.requests:
+        resources += f"  postgres cpu/req {1000 * r.db_cpu_s / r.requests:6.2f} ms"
     print(
         f"{mode:6} c={concurrency:<4} {target.name:8} {r.requests:6d} ok {r.errors:4d} err  "
         f"{r.rps:8.1f} req/s  p50 {1000 * r.percentile(0.5):7.2f} ms  "
@@ -220,7 +277,18 @@ async def main() -> None:
     parser.add_argument("--key", default=os.environ.get("SVC_BENCH_KEY", ""))
     parser.add_argument("--model", default="stub")
     parser.add_argument("--gateway-pid", type=int)
+    parser.add_argument("--label", default="gateway", help="the gateway's name in the report")
     parser.add_argument("--stub-pid", type=int)
+    parser.add_argument(
+        "--process-tree",
+        action="store_true",
+        help="count the CPU and RSS of the gateway pid's child processes too",
+    )
+    parser.add_argument(
+        "--postgres-cpu",
+        action="store_true",
+        help="also report the CPU of every PostgreSQL process on the machine per request",
+    )
     parser.add_argument("--concurrency", default="1,32,128")
     parser.add_argument("--modes", default="json,stream", help="json, stream or both")
     parser.add_argument("--requests", type=int, default=2000, help="requests per level")
@@ -249,10 +317,12 @@ async def main() -> None:
 
 async def run(args: argparse.Namespace) -> None:
     gateway = Target(
-        "gateway",
+        args.label,
         args.gateway.rstrip("/") + "/v1/chat/completions",
         {"Authorization": f"Bearer {args.key}", "Content-Type": "application/json"},
         args.gateway_pid,
+        tree=args.process_tree,
+        database=args.postgres_cpu,
     )
     stub = Target(
         "stub",
@@ -260,7 +330,8 @@ async def run(args: argparse.Namespace) -> None:
         {"Content-Type": "application/json"},
         args.stub_pid,
     )
-    print(f"# {os.cpu_count()} CPUs; durable commits as configured on the gateway's database")
+    setup = "SVC on embedded defaults: durable commits" if args.spawn else args.label
+    print(f"# {os.cpu_count()} CPUs; {setup}")
     if not args.no_levels:
         await run_levels(args, gateway, stub)
     if args.rss_conversations > 0:
@@ -271,7 +342,7 @@ async def report_rss(args: argparse.Namespace, gateway: Target) -> None:
     """Gateway memory after `--rss-conversations` new conversations (one turn each)."""
     if gateway.pid is None:
         raise SystemExit("--rss-conversations needs the gateway's pid (--spawn or --gateway-pid)")
-    before = rss_mb(gateway.pid)
+    before = rss_mb(gateway.pids())
     total, concurrency = args.rss_conversations, args.rss_concurrency
     result = await run_level(gateway, args.model, False, concurrency, total)
     print(
