@@ -28,8 +28,9 @@ class Projector(ABC):
     moves past them).
 
     Handlers get the batch's connection or a stand-in for it (pipeline.Pipeline) that offers
-    `execute`, `fetch`, `fetchrow` and `fetchval`: use only those. They must not commit, open
-    transactions or swallow database errors: the runner owns the transaction.
+    `execute`, `fetch`, `fetchrow` and `fetchval`: use only those, and `pipeline.fold`, which
+    takes either. They must not commit, open transactions or swallow database errors: the
+    runner owns the transaction.
     """
 
     name: ClassVar[str]

@@ -173,6 +173,42 @@ async def test_a_failed_turn_moves_the_conversations_updated_at(
     assert [(c.id, c.updated_at) for c in items] == [("slow", at(5)), ("quick", at(3))]
 
 
+async def test_a_conversations_events_in_one_batch_give_its_row_as_one_by_one(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """The conversations projector folds a batch's writes per conversation (one insert for a
+    start and its messages); a rename between two messages still lands on the inserted row,
+    and the count and times are those of the events applied one at a time."""
+    stream = "conversation:busy"
+    await append(
+        store,
+        WS,
+        stream,
+        started(WS, "busy", 0, title="First"),
+        user_message("busy", "m1", "hi", 1, "t1"),
+        turn_started("busy", "t1", 1),
+    )
+    await chat(store, WS, "other", 2, first_minute=2)
+    await append(store, WS, stream, assistant_message("busy", "t1", "m2", "hello", 3, (1, 1)))
+    await append(store, WS, stream, renamed("busy", "Renamed", 4))
+    await append(
+        store,
+        WS,
+        stream,
+        user_message("busy", "m3", "more", 5, "t2"),
+        turn_started("busy", "t2", 5),
+    )
+    await append(store, WS, stream, turn_failed("busy", "t2", 9))
+    await ProjectionRunner(db, default_projectors(), batch_size=500).catch_up()
+    one_batch = await queries.get_conversation(db, WS, "busy")
+    other = await queries.get_conversation(db, WS, "other")
+
+    assert one_batch is not None and other is not None
+    assert (one_batch.title, one_batch.message_count) == ("Renamed", 3)
+    assert (one_batch.created_at, one_batch.updated_at) == (T0, at(9))
+    assert other.message_count == 4 and other.created_at == at(2)
+
+
 async def test_running_turn_and_analytics(store: PostgresEventStore, db: Database) -> None:
     await chat(store, WS, "c1", 2)  # turns at minutes 1 and 2, 7 tokens each
     stream = "conversation:c1"

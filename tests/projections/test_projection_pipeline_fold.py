@@ -1,0 +1,65 @@
+"""`Pipeline.fold`: a row written by several events of a batch is written once, in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import pytest
+
+from eventstore import Database
+from projections.pipeline import Pipeline, fold
+
+_INSERT = "INSERT INTO folded (k, n) VALUES ($1, $2)"
+_TIMES_TEN = "UPDATE folded SET n = n * 10 WHERE k = $1"
+
+
+def _add(earlier: tuple[Any, ...], later: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (earlier[0], earlier[1] + later[1])
+
+
+async def _rows(conn: Any) -> dict[str, int]:
+    return {row["k"]: row["n"] for row in await conn.fetch("SELECT k, n FROM folded")}
+
+
+@pytest.fixture
+async def conn(db: Database) -> Any:
+    async with db.acquire() as connection, connection.transaction():
+        await connection.execute("CREATE TEMP TABLE folded (k text PRIMARY KEY, n int)")
+        yield connection
+
+
+async def test_folds_on_one_key_merge_into_one_execution(conn: Any) -> None:
+    # A second insert of one key would break the primary key: only merged writes get in.
+    pipeline = Pipeline(conn)
+    for key, n in [("a", 1), ("b", 2), ("a", 3), ("a", 4), ("b", 5)]:
+        await pipeline.fold(_INSERT, key, (key, n), _add)
+    assert await _rows(conn) == {}  # nothing sent before the run ends
+    await pipeline.flush()
+    assert await _rows(conn) == {"a": 8, "b": 7}
+
+
+async def test_a_different_statement_ends_the_fold_run_first(conn: Any) -> None:
+    pipeline = Pipeline(conn)
+    await pipeline.fold(_INSERT, "a", ("a", 1), _add)
+    await pipeline.fold(_INSERT, "a", ("a", 2), _add)
+    await pipeline.execute(_TIMES_TEN, "a")  # must see the folded insert
+    await pipeline.fold(_INSERT, "b", ("b", 1), _add)
+    assert await pipeline.fetchval("SELECT count(*) FROM folded") == 2  # a read flushes too
+    await pipeline.execute(_TIMES_TEN, "b")
+    await pipeline.flush()
+    assert await _rows(conn) == {"a": 30, "b": 10}
+
+
+async def test_folds_do_not_merge_across_runs(conn: Any) -> None:
+    pipeline = Pipeline(conn)
+    await pipeline.fold(_INSERT, "a", ("a", 1), _add)
+    await pipeline.execute(_TIMES_TEN, "a")
+    await pipeline.fold(_INSERT, "a", ("a", 2), _add)  # a new run: a second insert of "a"
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await pipeline.flush()
+
+
+async def test_on_a_plain_connection_a_fold_runs_at_once(conn: Any) -> None:
+    await fold(conn, _INSERT, "a", ("a", 1), _add)
+    assert await _rows(conn) == {"a": 1}
