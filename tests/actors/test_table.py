@@ -305,6 +305,33 @@ async def test_the_cap_is_restored_once_a_burst_of_busy_actors_is_over(
     await table.stop()
 
 
+async def test_at_the_cap_an_activation_looks_at_the_least_recently_used_actors_only(
+    store: PostgresEventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At its cap every new actor evicts one: the table looks for it from the least recently
+    used end and stops there, instead of walking every actor it holds."""
+    looked_at = 0
+    idle = table_module._Slot.idle
+
+    def counted(slot: Any) -> bool:
+        nonlocal looked_at
+        looked_at += 1
+        return bool(idle.fget(slot))  # type: ignore[attr-defined]
+
+    table = ActivationTable(store, [CounterBehaviour()], max_active=50)
+    await table.start()
+    keys = [ActorKey(COUNTER, uuid.uuid4().hex) for _ in range(50)]
+    for key in keys:
+        await table.submit(key, add(1)).last()
+    monkeypatch.setattr(table_module._Slot, "idle", property(counted))
+    await table.submit(ActorKey(COUNTER, uuid.uuid4().hex), add(1)).last()
+
+    assert not table.is_active(keys[0]) and table.is_active(keys[1])
+    assert table.stats().active == 50
+    assert looked_at == 1
+    await table.stop()
+
+
 class _StalledOnTheWayOut(CounterBehaviour):
     """A command that, when cancelled, waits forever to record its failure: a store that
     stopped answering at shutdown."""
