@@ -13,7 +13,10 @@ It installs `litellm[proxy]` into its own virtualenv (`--venv`, default
 `bench/stub_upstream.py`, starts the proxy with `--workers` worker processes and a master
 key, and runs `bench/gateway_chat.py` against it with the CPU and RSS of every proxy process
 counted (`--process-tree`). The proxy persists nothing (no database configured), as in the
-issue's figures. Everything it started is stopped on exit.
+issue's figures. Everything it started is stopped on exit. The issue names no release; to
+measure another one, give it a virtualenv of its own:
+
+    python bench/reference_gateway.py --venv /tmp/litellm-1.60 --litellm 'litellm[proxy]==1.60.0'
 """
 
 from __future__ import annotations
