@@ -65,6 +65,10 @@ class Target:
             return []
         return process_tree(self.pid) if self.tree else [self.pid]
 
+    def cpu(self) -> float:
+        """CPU seconds so far; for a tree, those of workers that ended too (see cpu_seconds)."""
+        return cpu_seconds(self.pids(), reaped=self.tree)
+
 
 @dataclass(frozen=True, slots=True)
 class Result:
@@ -118,13 +122,23 @@ def postgres_pids() -> list[int]:
     return pids
 
 
-def cpu_seconds(pids: list[int]) -> float:
+def cpu_seconds(pids: list[int], *, reaped: bool = False) -> float:
+    """CPU seconds spent by `pids`. With `reaped`, also by their children that ended and were
+    reaped: listed again at the end of a measurement, a process family's total then counts
+    the processes that came and went during it (a pool's new database connections), as long
+    as the family's root lives throughout."""
     total = 0
     for each in pids:
         with contextlib.suppress(OSError):
             fields = _stat(each)
             total += int(fields[11]) + int(fields[12])
+            if reaped:
+                total += int(fields[13]) + int(fields[14])
     return total / TICKS
+
+
+def postgres_cpu() -> float:
+    return cpu_seconds(postgres_pids(), reaped=True)
 
 
 def rss_mb(pids: list[int]) -> float:
@@ -181,16 +195,17 @@ async def run_level(
                 else:
                     latencies.append(latency)
 
-        cpu_before = cpu_seconds(target.pids()) if target.pid else None
-        db_pids = postgres_pids() if target.database else []
-        db_before = cpu_seconds(db_pids)
+        # Both read again at the end, so processes started meanwhile count (the gateway's
+        # pool opens most of its connections once the load starts).
+        cpu_before = target.cpu() if target.pid else None
+        db_before = postgres_cpu() if target.database else None
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         seconds = time.perf_counter() - started
         cpu = None
-        if target.pid and cpu_before is not None:
-            cpu = cpu_seconds(target.pids()) - cpu_before
-        db_cpu = cpu_seconds(db_pids) - db_before if target.database else None
+        if cpu_before is not None:
+            cpu = target.cpu() - cpu_before
+        db_cpu = None if db_before is None else postgres_cpu() - db_before
     return Result(
         requests=len(latencies),
         errors=errors,
@@ -346,7 +361,7 @@ async def report_rss(args: argparse.Namespace, gateway: Target) -> None:
     total, concurrency = args.rss_conversations, args.rss_concurrency
     result = await run_level(gateway, args.model, False, concurrency, total)
     print(
-        f"rss    c={concurrency:<4} gateway {result.requests:6d} ok {result.errors:4d} err  "
+        f"rss    c={concurrency:<4} {gateway.name} {result.requests:6d} ok {result.errors:4d} err  "
         f"{result.rps:8.1f} req/s  new conversations {total}  "
         f"rss {before:6.1f} MB before, {result.rss_mb:6.1f} MB after",
         flush=True,

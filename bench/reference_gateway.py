@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,29 +80,52 @@ def config(stub_port: int) -> str:
     )
 
 
-def wait_until_up(url: str, headers: dict[str, str], seconds: float = 120.0) -> None:
+def wait_until_up(
+    url: str, headers: dict[str, str], process: subprocess.Popen[bytes], seconds: float = 120.0
+) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(
+                f"the proxy exited with status {process.returncode} (its log is above)"
+            )
         with suppress(OSError):
             with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2):
                 return
         time.sleep(0.5)
-    raise SystemExit(f"{url} did not answer within {seconds:.0f} s; see the proxy's log above")
+    raise SystemExit(f"{url} did not answer within {seconds:.0f} s (the proxy's log is above)")
 
 
 @contextmanager
-def started(command: list[str], env: dict[str, str], log: Path) -> Iterator[int]:
+def started(
+    command: list[str], env: dict[str, str], log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `command` in a process group of its own, so that stopping it stops its workers."""
     with log.open("w") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
-            yield process.pid
+            yield process
         finally:
-            process.terminate()
+            _signal_group(process, signal.SIGTERM)
             try:
                 process.wait(30)
             except subprocess.TimeoutExpired:
-                process.kill()
+                _signal_group(process, signal.SIGKILL)
                 process.wait()
+            _signal_group(process, signal.SIGKILL)  # workers that outlived their master
+
+
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signum)
+
+
+def installed_matches(venv: Path, spec: str) -> bool:
+    """Whether the release in `venv` is the one `spec` pins (any, when it pins none)."""
+    pinned = spec.partition("==")[2].strip()
+    return not pinned or version(venv) == pinned
 
 
 def main() -> None:
@@ -117,6 +141,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     litellm = ensure_litellm(args.venv, args.litellm)
+    if not installed_matches(args.venv, args.litellm):
+        raise SystemExit(
+            f"{args.venv} holds litellm {version(args.venv)}, not {args.litellm}: "
+            "give each release a --venv of its own"
+        )
     print(f"# litellm {version(args.venv)}, {args.workers} workers, no database", flush=True)
     with tempfile.TemporaryDirectory(prefix="svc-bench-litellm-") as work:
         config_path = Path(work, "config.yaml")
@@ -143,12 +172,12 @@ def main() -> None:
             str(args.workers),
         ]
         with (
-            started(stub_cmd, env, Path(work, "stub.log")) as stub_pid,
-            started(proxy_cmd, env, Path(work, "proxy.log")) as proxy_pid,
+            started(stub_cmd, env, Path(work, "stub.log")) as stub,
+            started(proxy_cmd, env, Path(work, "proxy.log")) as proxy,
         ):
             headers = {"Authorization": f"Bearer {MASTER_KEY}"}
             try:
-                wait_until_up(f"http://127.0.0.1:{args.port}/v1/models", headers)
+                wait_until_up(f"http://127.0.0.1:{args.port}/v1/models", headers, proxy)
             except SystemExit:
                 print(Path(work, "proxy.log").read_text()[-4000:], file=sys.stderr)
                 raise
@@ -166,10 +195,10 @@ def main() -> None:
                 "--label",
                 "litellm",
                 "--gateway-pid",
-                str(proxy_pid),
+                str(proxy.pid),
                 "--process-tree",
                 "--stub-pid",
-                str(stub_pid),
+                str(stub.pid),
                 "--concurrency",
                 args.concurrency,
                 "--modes",
