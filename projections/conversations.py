@@ -67,7 +67,9 @@ class _Row(NamedTuple):
 
 def _merge(earlier: tuple[Any, ...], later: tuple[Any, ...]) -> tuple[Any, ...]:
     """One conversation's two consecutive writes as one: the first start's fields, the
-    messages of both, the later time."""
+    messages of both, the later time. A message before the start of a conversation that has
+    no row yet would be counted here and lost one by one; the actor records a start before
+    anything else in its stream, so that order never reaches a batch."""
     first, second = _Row(*earlier), _Row(*later)
     base = first if first.started or not second.started else second
     return base._replace(

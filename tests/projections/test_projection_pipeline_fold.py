@@ -6,8 +6,12 @@ from typing import Any
 
 import asyncpg
 import pytest
+from projection_events import append, assistant_message, started, turn_started, user_message
 
-from eventstore import Database
+from eventstore import Database, PostgresEventStore
+from eventstore.cursor import ORIGIN
+from eventstore.reads import read_log
+from projections.conversations import ConversationsProjector
 from projections.pipeline import Pipeline, fold
 
 _INSERT = "INSERT INTO folded (k, n) VALUES ($1, $2)"
@@ -63,3 +67,59 @@ async def test_folds_do_not_merge_across_runs(conn: Any) -> None:
 async def test_on_a_plain_connection_a_fold_runs_at_once(conn: Any) -> None:
     await fold(conn, _INSERT, "a", ("a", 1), _add)
     assert await _rows(conn) == {"a": 1}
+
+
+async def test_an_execute_of_the_same_statement_after_a_fold_run_is_not_merged(conn: Any) -> None:
+    pipeline = Pipeline(conn)
+    await pipeline.fold(_INSERT, "a", ("a", 1), _add)
+    await pipeline.execute(_INSERT, "b", 2)
+    await pipeline.fold(_INSERT, "c", ("c", 3), _add)
+    await pipeline.execute(_INSERT, "d", 4)
+    await pipeline.execute(_INSERT, "e", 5)
+    await pipeline.flush()
+    assert await _rows(conn) == {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5}
+
+
+_WRITES = """
+SELECT pg_stat_get_xact_tuples_inserted('conversations'::regclass),
+       pg_stat_get_xact_tuples_updated('conversations'::regclass)
+"""
+
+
+async def test_a_conversation_started_and_answered_in_one_batch_is_one_insert(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """Counted by PostgreSQL in the applying transaction: one row written once, where the
+    events one by one insert it and update it twice."""
+    await append(
+        store,
+        "ws-fold",
+        "conversation:once",
+        started("ws-fold", "once", 0),
+        user_message("once", "m1", "hi", 1, "t1"),
+        turn_started("once", "t1", 1),
+    )
+    await append(
+        store,
+        "ws-fold",
+        "conversation:once",
+        assistant_message("once", "t1", "m2", "hello", 2, (1, 1)),
+    )
+    projector = ConversationsProjector()
+    async with db.acquire() as conn:
+        events = await read_log(conn, ORIGIN, 100)
+        for target_of in (Pipeline, lambda c: c):
+            async with conn.transaction():
+                # The counters hold the session's writes not yet reported: read a difference.
+                before = await conn.fetchrow(_WRITES)
+                target = target_of(conn)
+                for event in events:
+                    await projector.apply(target, event)
+                if isinstance(target, Pipeline):
+                    await target.flush()
+                after = await conn.fetchrow(_WRITES)
+                writes = (after[0] - before[0], after[1] - before[1])
+                count = await conn.fetchval("SELECT message_count FROM conversations")
+                await conn.execute("DELETE FROM conversations")
+            expected = (1, 0) if target_of is Pipeline else (1, 2)
+            assert (writes, count) == (expected, 2)
