@@ -655,10 +655,9 @@ def _positive_int(raw: str) -> int:
 
 
 def _int_from(raw: str, lowest: int, expected: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = lowest - 1
+    # Plain ASCII digits only: int() would also take "1_0", " 10", "+10" and other scripts'
+    # digits, none of which a person means as a count.
+    value = int(raw) if raw.isascii() and raw.isdigit() else lowest - 1
     if value < lowest:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {raw!r}")
     return value

@@ -93,6 +93,9 @@ def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
         ("projections", "rebuild", "nope"),
         # Out of the key's bounds: a usage error naming the argument, not "internal error".
         ("apikeys", "create", "--scopes", "chat", "--rate-limit-rpm", "99999999999"),
+        # What int() takes but no one means as a count.
+        ("apikeys", "create", "--scopes", "chat", "--rate-limit-rpm", "1_0"),
+        ("apikeys", "create", "--scopes", "chat", "--rate-limit-rpm", "\u0661\u0660"),
         ("apikeys", "create", "--scopes", "chat", "--name", "n" * 300),
         # Empty: refused, not named "cli" behind the caller's back.
         ("apikeys", "create", "--scopes", "chat", "--name", ""),
