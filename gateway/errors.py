@@ -126,6 +126,9 @@ retry every 409 and 5xx (twice by default, each a new turn: they send no Idempot
 unless the answer says `x-should-retry: false`."""
 
 
+BEARER_CHALLENGE = 'Bearer realm="svc"'
+
+
 def from_svc_error(exc: SvcError) -> web.Response:
     response = envelope(exc.http_status, exc.message, exc.error_type, exc.code)
     final = exc.final or exc.code in RETRY_CANNOT_HELP
@@ -136,6 +139,10 @@ def from_svc_error(exc: SvcError) -> web.Response:
     extra: Any = getattr(exc, "headers", None)
     if isinstance(extra, dict):
         response.headers.update(extra)
+    if exc.http_status == 401:
+        # RFC 9110 section 15.5.2: a 401 names the scheme that would do (an API key as a
+        # bearer token, unless the error named its own).
+        response.headers.setdefault("WWW-Authenticate", BEARER_CHALLENGE)
     if isinstance(exc, RequestTimeout):
         # The rest of the body may still arrive: this connection's bytes are out of step.
         response.force_close()

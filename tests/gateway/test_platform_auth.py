@@ -30,10 +30,12 @@ def test_generated_keys_have_the_documented_shape() -> None:
 
 async def test_missing_invalid_and_revoked_keys_are_401(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
-        status, body, _ = await svc.request("GET", WHOAMI)
+        status, body, headers = await svc.request("GET", WHOAMI)
         assert status == 401 and body["error"]["code"] == "unauthorized"
-        status, body, _ = await svc.request("GET", WHOAMI, key=generate_key())
+        assert headers["WWW-Authenticate"] == 'Bearer realm="svc"'  # the scheme that would do
+        status, body, headers = await svc.request("GET", WHOAMI, key=generate_key())
         assert status == 401 and body["error"]["code"] == "unauthorized"
+        assert headers["WWW-Authenticate"] == 'Bearer realm="svc"'
         status, body, _ = await svc.request("GET", WHOAMI, headers={"Authorization": "Basic x"})
         assert status == 401
 
