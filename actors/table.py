@@ -477,10 +477,10 @@ class ActivationTable:
         excess = len(self._active) + room_for - self._max_active
         if excess <= 0:
             return
-        # The table is in least-recently-used order and busy actors were used last, so the
-        # scan stops after about `excess` slots: at the cap, every new actor evicts one, and
-        # a scan of the whole table (10,000 slots by default) per activation was a third of
-        # the gateway's CPU once it held that many conversations.
+        # The table is in least-recently-submitted order, so the idle actors to evict come
+        # first and the scan stops after `excess` of them (plus any busy ones ahead): at the
+        # cap every new actor evicts one, and a walk of the whole table (10,000 slots by
+        # default) per activation cost several times the rest of a chat turn.
         idle_first = (key for key, slot in self._active.items() if slot.idle)
         idle = list(itertools.islice(idle_first, excess))
         for key in idle:
