@@ -69,15 +69,16 @@ async def test_on_a_plain_connection_a_fold_runs_at_once(conn: Any) -> None:
     assert await _rows(conn) == {"a": 1}
 
 
-async def test_an_execute_of_the_same_statement_after_a_fold_run_is_not_merged(conn: Any) -> None:
+async def test_folds_and_executes_of_one_statement_alternate_without_loss(conn: Any) -> None:
     pipeline = Pipeline(conn)
     await pipeline.fold(_INSERT, "a", ("a", 1), _add)
     await pipeline.execute(_INSERT, "b", 2)
     await pipeline.fold(_INSERT, "c", ("c", 3), _add)
     await pipeline.execute(_INSERT, "d", 4)
     await pipeline.execute(_INSERT, "e", 5)
+    await pipeline.fold(_INSERT, "f", ("f", 6), _add)  # and a fold after them keeps them
     await pipeline.flush()
-    assert await _rows(conn) == {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5}
+    assert await _rows(conn) == {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6}
 
 
 _WRITES = """
