@@ -95,13 +95,16 @@ def _stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
+def _live_pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
 def process_tree(pid: int) -> list[int]:
     """`pid` and every live process descended from it (a multi-worker server's workers)."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                children.setdefault(int(_stat(int(entry.name))[1]), []).append(int(entry.name))
+    for each in _live_pids():
+        with contextlib.suppress(OSError, IndexError):
+            children.setdefault(int(_stat(each)[1]), []).append(each)
     tree: list[int] = []
     todo = [pid]
     while todo:
@@ -114,11 +117,10 @@ def process_tree(pid: int) -> list[int]:
 def postgres_pids() -> list[int]:
     """Every PostgreSQL server process on the machine (the postmaster and its children)."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if Path(entry, "comm").read_text().strip() == "postgres":
-                    pids.append(int(entry.name))
+    for each in _live_pids():
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{each}/comm").read_text().strip() == "postgres":
+                pids.append(each)
     return pids
 
 
