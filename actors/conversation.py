@@ -45,7 +45,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from actors.behaviour import ActorContext, ActorKey, Behaviour
-from actors.errors import RecordedTurnFailure
+from actors.errors import RecordedTurnFailure, TurnCrashed
 from actors.models.port import (
     ChatMessage,
     Finished,
@@ -756,7 +756,9 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             # Should it have committed after all, the failure is refused as a conflict.
             outcome = await ctx.execute(complete)
         except (Exception, asyncio.CancelledError) as exc:
-            await self._record_failure(ctx, command, exc, _elapsed_ms(began))
+            cursor = await self._record_failure(ctx, command, exc, _elapsed_ms(began))
+            if cursor is not None and isinstance(exc, Exception) and not isinstance(exc, SvcError):
+                raise TurnCrashed.of(exc, cursor) from exc
             raise
         yield TurnResult(
             conversation_id=ctx.key.id,
@@ -812,7 +814,9 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         command: RunTurn,
         exc: BaseException,
         duration_ms: int,
-    ) -> None:
+    ) -> str | None:
+        """Records the turn as failed; the record's cursor, also set on `exc` if it is an
+        SvcError (None when the record could not be made)."""
         code, message, retryable = _failure_facts(exc)
         # An upstream's message may hold what the log cannot (NUL): it must not cost the
         # record of the failure itself.
@@ -829,12 +833,14 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         )
         try:
             recorded = await ctx.execute(fail)
-            if isinstance(exc, SvcError) and recorded.cursor:
-                exc.recorded_cursor = recorded.cursor
         except Exception:
             # The original error matters more to the caller; the turn stays "running" in the
             # log until the next command of this conversation records it as abandoned.
             log.exception("could not record the failure of turn %s", command.turn_id)
+            return None
+        if isinstance(exc, SvcError) and recorded.cursor:
+            exc.recorded_cursor = recorded.cursor
+        return recorded.cursor or None
 
 
 def _overlong(model: str) -> UpstreamError:

@@ -117,6 +117,21 @@ _RECORDED_STATUS: dict[str, tuple[int, str]] = {
 }
 
 
+class TurnCrashed(SvcError):
+    """An unexpected exception (a defect, not an upstream's or the client's doing) ended a
+    chat turn whose failure is recorded: a 500 that names nothing of its cause (chained as
+    `__cause__`, for the log's traceback) and carries the record's cursor, as any recorded
+    failure does, for read-your-writes. Its message, which names the cause for the log (the
+    `ray` runtime carries no `__cause__` across processes), never reaches a client: the
+    gateway answers every 500 with an error id only."""
+
+    @classmethod
+    def of(cls, cause: Exception, cursor: str) -> TurnCrashed:
+        crashed = cls(f"the turn failed on an unexpected {type(cause).__name__}: {cause}")
+        crashed.recorded_cursor = cursor
+        return crashed
+
+
 class RecordedTurnFailure(UpstreamError):
     """A retried RunTurn whose first attempt failed: the recorded failure is returned again
     (idempotency), with the first attempt's status; send a new Idempotency-Key to try the

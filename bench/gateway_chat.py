@@ -307,7 +307,9 @@ async def main() -> None:
         help="also report the CPU of every PostgreSQL process on the machine per request",
     )
     parser.add_argument("--concurrency", default="1,32,128")
-    parser.add_argument("--modes", default="json,stream", help="json, stream or both")
+    parser.add_argument(
+        "--modes", default="json,stream", help="comma-separated: json, stream (default both)"
+    )
     parser.add_argument("--requests", type=int, default=2000, help="requests per level")
     parser.add_argument("--quick", action="store_true", help="a few requests per level")
     parser.add_argument("--no-baseline", action="store_true")

@@ -616,7 +616,8 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
 async def _internal_stream_error(sender: _ChunkSender, exc: BaseException) -> None:
     hidden = internal_failure("chat stream", exc)
     TURN_ERRORS.labels(hidden.code).inc()
-    await sender.error(hidden.message, hidden.error_type, hidden.code)
+    cursor = exc.recorded_cursor if isinstance(exc, SvcError) else None
+    await sender.error(hidden.message, hidden.error_type, hidden.code, cursor=cursor)
 
 
 async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:

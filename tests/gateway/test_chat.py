@@ -27,6 +27,7 @@ from yarl import URL
 
 from actors.behaviour import CommandOutcome
 from actors.conversation import TurnResult
+from actors.models.openai_compat import OpenAICompatProvider
 from actors.models.port import TextDelta
 from actors.workspace import workspace_key
 from eventstore.records import RecordedEvent
@@ -640,6 +641,38 @@ async def test_a_streams_error_frame_carries_the_recorded_failures_cursor(chat: 
     failed = await chat.wait_for_event(resp.headers["X-SVC-Conversation-Id"], FAILED)
     assert frame.id == failed.cursor
     resp.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_turn_ended_by_a_defect_answers_500_with_its_failures_cursor(
+    chat: Chat, stream: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception in a turn (a defect, not the upstream's doing) is recorded as the
+    turn's failure; the answer is an opaque 500 that still names the record's cursor."""
+
+    async def broken(self: object, request: object) -> AsyncIterator[TextDelta]:
+        yield TextDelta("half ")
+        raise KeyError("detail-only-for-the-log")
+
+    monkeypatch.setattr(OpenAICompatProvider, "stream", broken)
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": stream})
+    failed = await chat.wait_for_event(resp.headers["X-SVC-Conversation-Id"], FAILED)
+    assert failed.data["error_code"] == "internal_error"
+    if stream:
+        frames = [f async for f in _frames(resp)]
+        error = frames[-1]
+        assert "error" in error.data and error.id == failed.cursor
+        text = error.data
+    else:
+        assert resp.status == 500 and resp.headers["X-SVC-Cursor"] == failed.cursor
+        text = await resp.text()
+    assert "internal error (id " in text and "detail-only" not in text
+
+
+async def _frames(resp: aiohttp.ClientResponse) -> AsyncIterator[Any]:
+    reader = SseReader(resp)
+    while (frame := await reader.frame()) is not None:
+        yield frame
 
 
 # --- idempotency, conversations, disconnects ------------------------------------------------
@@ -1261,6 +1294,7 @@ async def test_a_client_gone_before_its_stream_starts_is_not_a_server_error(
     """The second turn of a conversation waits in the actor's mailbox behind the first; its
     client leaves meanwhile, so its stream's headers meet a closed connection."""
     chat.stub.chunk_delay_s = 0.15
+    internal_errors = await turn_errors(chat, "internal_error")  # the registry is per process
     body = {"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True}
     first = await chat.raw_post(body)
     conversation_id = first.headers["X-SVC-Conversation-Id"]
@@ -1276,8 +1310,7 @@ async def test_a_client_gone_before_its_stream_starts_is_not_a_server_error(
             await asyncio.sleep(0.05)
     await asyncio.sleep(0.3)  # the second handler has met the closed connection by now
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
-    metrics = await (await chat.service.http.get(chat.service.url("/metrics"))).text()
-    assert 'svc_turn_errors_total{code="internal_error"}' not in metrics
+    assert await turn_errors(chat, "internal_error") == internal_errors
 
 
 async def turns_counted(chat: Chat) -> float:
