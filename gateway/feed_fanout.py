@@ -47,6 +47,7 @@ from aiohttp import hdrs, web
 from eventstore.cursor import LogPoint, decode_cursor
 from eventstore.records import RecordedEvent
 from eventstore.tailer import LogTailer, SubscriberTooSlow
+from eventstore.tasks import cancel_and_wait
 from gateway.errors import internal_failure
 from gateway.feed_frames import HEARTBEAT_FRAME, FrameCache, closing_frame
 from schemas.errors import SvcError, Unavailable
@@ -346,8 +347,8 @@ class FeedFanout:
         if self._catch_up_slots is None:
             self._catch_up_slots = asyncio.Semaphore(self.catch_up_concurrency)
         while not conn.ended.done():
-            async with self._catch_up_slots:
-                page = await tailer.history_page(conn.point, conn.filter.workspace_id, types, limit)
+            read = self._history_page(conn, tailer, types, limit)
+            page = await self._heartbeating(conn, resp, asyncio.create_task(read))
             written, frames = await self._write_catch_up(conn, resp, page)
             if len(page) < limit:
                 return
@@ -358,6 +359,34 @@ class FeedFanout:
                 per_event = max(1, written // frames)
                 grown = min(CATCH_UP_PAGE_BYTES // per_event, 2 * limit, CATCH_UP_MAX_PAGE)
                 limit = max(CATCH_UP_MIN_PAGE, grown)
+
+    async def _history_page(
+        self, conn: FeedConnection, tailer: LogTailer, types: list[str] | None, limit: int
+    ) -> list[RecordedEvent]:
+        assert self._catch_up_slots is not None
+        async with self._catch_up_slots:
+            return await tailer.history_page(conn.point, conn.filter.workspace_id, types, limit)
+
+    async def _heartbeating(
+        self,
+        conn: FeedConnection,
+        resp: web.StreamResponse,
+        read: asyncio.Task[list[RecordedEvent]],
+    ) -> list[RecordedEvent]:
+        """`read`'s page, with a heartbeat after each `heartbeat_s` of silence meanwhile: the
+        sweep's heartbeats skip a feed catching up (its writes are the catch-up's own), and
+        a feed waiting for a catch-up slot behind a crowd of reconnecting clients, or for a
+        slow read, would otherwise look dead to a proxy's idle timeout."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                quiet_s = loop.time() - conn.last_write
+                await asyncio.wait((read,), timeout=max(0.0, self.heartbeat_s - quiet_s))
+                if read.done():
+                    return read.result()
+                await self._write_chunk(conn, resp, [HEARTBEAT_FRAME])
+        finally:
+            await cancel_and_wait(read if not read.done() else None)
 
     async def _write_catch_up(
         self, conn: FeedConnection, resp: web.StreamResponse, events: list[RecordedEvent]

@@ -667,6 +667,36 @@ async def test_idle_feed_sends_heartbeat_comments(
     assert beat is not None and beat.comment == "heartbeat" and beat.event is None
 
 
+async def test_a_feed_waiting_to_read_its_history_sends_heartbeats(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A feed whose catch-up waits (here for a read slot other feeds hold) is not silent
+    meanwhile, so a proxy does not drop it as idle; it then gets its whole history."""
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "heartbeat_s", 0.2)
+    slots = asyncio.Semaphore(1)
+    monkeypatch.setattr(hub, "_catch_up_slots", slots)
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    await service.append_pings(ws, 5)
+    await slots.acquire()  # every catch-up slot taken
+    resp, reader = await open_feed(service, EVENTS, key)
+    async with asyncio.timeout(10):
+        first = await reader.frame()
+        beats = [await reader.frame(), await reader.frame()]
+    assert first is not None and first.retry == 3000
+    assert all(beat is not None and beat.comment == "heartbeat" for beat in beats)
+    slots.release()
+    numbers = []
+    while len(numbers) < 5:
+        frame = await reader.frame()
+        assert frame is not None
+        if frame.event == "test.ping":
+            numbers.append(frame.json()["data"]["n"])
+    resp.close()
+    assert numbers == list(range(5))
+
+
 async def test_feeds_joining_during_appends_get_the_exact_log(service: Service) -> None:
     # Feeds open one after another while writers append: each catches up from the database
     # and joins the shared live rounds without a gap or a repeat; a type-filtered feed and a
