@@ -119,7 +119,7 @@ class Outlet:
     (sse.py sets `no-transform`), so the body is the frames as they are, chunk-framed under
     HTTP/1.1."""
 
-    __slots__ = ("chunked", "transport")
+    __slots__ = ("chunked", "transport", "writer")
 
     def __init__(self, request: web.Request, resp: web.StreamResponse) -> None:
         if resp.headers.get(hdrs.CONTENT_ENCODING):
@@ -128,10 +128,14 @@ class Outlet:
         if transport is None:
             raise ConnectionResetError("the feed's connection is already closed")
         self.transport = transport
+        self.writer = request.writer
         self.chunked = resp.headers.get(hdrs.TRANSFER_ENCODING, "").lower() == "chunked"
 
     def send(self, payload: Payload) -> None:
-        self.transport.write(payload.chunk if self.chunked else payload.raw)
+        data = payload.chunk if self.chunked else payload.raw
+        self.transport.write(data)
+        # Counted as the response's writer counts its own writes: the access log's size.
+        self.writer.output_size += len(data)
 
     @property
     def unsent(self) -> int:

@@ -104,13 +104,16 @@ def _enveloping(handler: _RawHandler) -> _RawHandler:
     return handle
 
 
-class _ClosedByClient:
-    """A streamed response whose client left mid-way, as the access log formats it."""
+class _AsSent:
+    """A response as the access log shows it: 499 if its client left while it was written,
+    and as its size (`%b`) every byte that went out for it. aiohttp records that size when
+    the response ends normally (`write_eof`), so a response cut short showed 0, as did a
+    feed, whose usual end is its client leaving; the writer's count covers both, and a live
+    feed's frames, written below the writer, are added to it (`feed_fanout.Outlet`)."""
 
-    status = CLIENT_CLOSED
-
-    def __init__(self, response: web.StreamResponse) -> None:
-        self.body_length = response.body_length
+    def __init__(self, response: web.StreamResponse, status: int, sent: int) -> None:
+        self.status = status
+        self.body_length = max(response.body_length, sent)
         self.headers = response.headers
 
 
@@ -143,11 +146,10 @@ class GatewayAccessLogger(AccessLogger):
     (`gateway.errors.client_gone`) is logged as 499, like a hang-up before the response."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        if request.get(CLIENT_GONE):
-            shown: Any = _ClosedByClient(response)
-            response = shown
+        status = CLIENT_CLOSED if request.get(CLIENT_GONE) else response.status
+        shown: Any = _AsSent(response, status, request.writer.output_size)
         logged: Any = _AsLogged(request)
-        super().log(logged, response, time)
+        super().log(logged, shown, time)
 
 
 IDLE_CONNECTION_S = 75.0

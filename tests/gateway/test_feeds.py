@@ -4,6 +4,7 @@ filters, cursor validation, workspace isolation, redaction, slow consumers and s
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any, cast
 
@@ -695,6 +696,38 @@ async def test_a_feed_waiting_to_read_its_history_sends_heartbeats(
             numbers.append(frame.json()["data"]["n"])
     resp.close()
     assert numbers == list(range(5))
+
+
+async def test_the_access_log_counts_a_feeds_live_bytes(
+    service: Service, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A feed usually ends by its client leaving, and its live frames go out below aiohttp's
+    response writer: the access log's size still counts every byte sent."""
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    resp, _ = await open_feed(service, EVENTS, key, start="latest")
+    await service.append_pings(ws, 20, size=1000)
+    received = 0
+    async with asyncio.timeout(10):
+        body = b""
+        while b'"n":19' not in body:  # the last event, written by the live rounds
+            body += await resp.content.readany()
+        received = len(body)
+    resp.close()
+    async with asyncio.timeout(10):
+        while True:  # logged once the handler has seen the client leave
+            logged = _access_lines(caplog, EVENTS)
+            if logged:
+                break
+            await asyncio.sleep(0.05)
+    size = int(logged[0].split('" ')[1].split()[1])  # '"GET ..." 200 <size> ...'
+    assert size >= received > 20_000
+
+
+def _access_lines(caplog: pytest.LogCaptureFixture, path: str) -> list[str]:
+    lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+    return [line for line in lines if f"GET {path}" in line]
 
 
 async def test_feeds_joining_during_appends_get_the_exact_log(service: Service) -> None:
