@@ -138,9 +138,11 @@ class Reply:
 
 
 def _log_failure(description: str, error: BaseException) -> None:
-    if isinstance(error, SvcError):
+    if isinstance(error, SvcError) and error.http_status < 500:
         log.warning("%s failed: %s", description, error.message)
     else:
+        # An internal failure (a TurnCrashed chains the defect's own traceback): its
+        # traceback is the only account of it when no caller reads the reply.
         log.error("%s failed", description, exc_info=error)
 
 

@@ -57,7 +57,14 @@ from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
 from gateway.auth import CHAT_PATH, CHAT_SCOPE, MODELS_PATH, authenticate, require_scope
-from gateway.errors import client_gone, error_body, internal_failure, read_header, read_json
+from gateway.errors import (
+    client_gone,
+    error_body,
+    internal_failure,
+    is_internal,
+    read_header,
+    read_json,
+)
 from gateway.identity.common import first_attempt_ran
 from gateway.openapi import document
 from gateway.sse import open_sse, send_event
@@ -600,7 +607,7 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
         record_turn(result)
         await sender.finish(result)
     except SvcError as exc:
-        if exc.http_status == 500:
+        if is_internal(exc):
             # An internal failure: its message may carry database detail, so the client gets
             # only the id, as from gateway.errors.internal_error.
             await _internal_stream_error(sender, exc)

@@ -20,7 +20,7 @@ from actors.models.port import Finished, ModelEvent, ModelRequest, TextDelta, Us
 from actors.runtime import ActorRuntime
 from actors.table import TableStats
 from schemas.commands import Command
-from schemas.errors import InvalidInput, SvcError, UpstreamError
+from schemas.errors import InvalidInput, UpstreamError
 from schemas.events import Event, event
 
 COUNTER = "counter"
@@ -114,7 +114,7 @@ class ScriptedProvider:
         deltas: Sequence[str] = ("Hel", "lo", " world"),
         delay_s: float = 0.0,
         fail_after: int | None = None,
-        failure: SvcError | None = None,
+        failure: Exception | None = None,
     ) -> None:
         """`fail_after`: raise `failure` (an upstream 502 by default) before that delta."""
         self.model = model

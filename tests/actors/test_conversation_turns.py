@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from actors import (
     TurnResult,
     conversation_key,
 )
+from actors.errors import TurnCrashed
 from actors.models.port import TextDelta
 from eventstore import PostgresEventStore
 from eventstore.errors import StoreUnavailable
@@ -184,6 +186,39 @@ async def test_failing_provider_records_turn_failed_and_reraises(
     with pytest.raises(RecordedTurnFailure, match="first attempt"):
         await runtime.ask(conversation_key(cid), command)
     assert len(await store.read_stream(conversation_key(cid).stream_id)) == len(recorded)
+
+
+async def test_a_turn_ended_by_a_defect_is_recorded_and_raised_with_its_cursor(
+    make_runtime: MakeRuntime, store: PostgresEventStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception that is no SvcError (a defect) fails the turn like any other failure: it
+    is recorded, and the caller gets a 500 carrying the record's cursor, the defect chained;
+    with no caller reading (a `tell`), its traceback is logged as an error."""
+    broken = ScriptedProvider(fail_after=1, failure=KeyError("the defect"))
+    runtime = await make_runtime([ConversationBehaviour([broken])])
+    cid = uuid.uuid4().hex
+    with pytest.raises(TurnCrashed) as raised:
+        async for _ in runtime.stream(conversation_key(cid), run_turn()):
+            pass
+    recorded = await store.read_stream(conversation_key(cid).stream_id)
+    assert recorded[-1].type == "conversation.turn_failed"
+    assert recorded[-1].data["error_code"] == "internal_error"
+    crashed = raised.value
+    assert crashed.http_status == 500 and crashed.recorded_cursor == recorded[-1].cursor
+    assert isinstance(crashed.__cause__, KeyError)
+
+    caplog.set_level(logging.WARNING, logger="actors.table")
+    other = uuid.uuid4().hex
+    await runtime.tell(conversation_key(other), run_turn())
+    await eventually_recorded(store, other, "conversation.turn_failed")
+    async with asyncio.timeout(10):
+        while True:  # the reply logs the failure once the recording of it has ended
+            logged = [r for r in caplog.records if r.name == "actors.table"]
+            if logged:
+                break
+            await asyncio.sleep(0.02)
+    assert logged[0].levelname == "ERROR" and logged[0].exc_info is not None
+    assert "KeyError" in caplog.text
 
 
 async def test_an_answer_past_what_a_message_holds_is_cut_off_as_it_streams(

@@ -655,7 +655,9 @@ async def test_a_turn_ended_by_a_defect_answers_500_with_its_failures_cursor(
         raise KeyError("detail-only-for-the-log")
 
     monkeypatch.setattr(OpenAICompatProvider, "stream", broken)
-    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": stream})
+    body = {"model": UPSTREAM_MODEL, "messages": HELLO, "stream": stream}
+    key = {"Idempotency-Key": uid("idem-")}
+    resp = await chat.raw_post(body, **key)
     failed = await chat.wait_for_event(resp.headers["X-SVC-Conversation-Id"], FAILED)
     assert failed.data["error_code"] == "internal_error"
     if stream:
@@ -667,6 +669,11 @@ async def test_a_turn_ended_by_a_defect_answers_500_with_its_failures_cursor(
         assert resp.status == 500 and resp.headers["X-SVC-Cursor"] == failed.cursor
         text = await resp.text()
     assert "internal error (id " in text and "detail-only" not in text
+    # The same request again gets the recorded failure, which a retry cannot mend.
+    replayed = await chat.raw_post(body, **key)
+    answer = await replayed.text()
+    assert replayed.status == 500 and replayed.headers["x-should-retry"] == "false"
+    assert "internal error while running the turn" in answer and "detail-only" not in answer
 
 
 async def _frames(resp: aiohttp.ClientResponse) -> AsyncIterator[Any]:
