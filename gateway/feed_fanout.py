@@ -385,12 +385,22 @@ class FeedFanout:
         try:
             while True:
                 quiet_s = loop.time() - conn.last_write
-                await asyncio.wait((read,), timeout=max(0.0, self.heartbeat_s - quiet_s))
+                await asyncio.wait(
+                    (read, conn.ended),
+                    timeout=max(0.0, self.heartbeat_s - quiet_s),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
                 if read.done():
                     return read.result()
+                if conn.ended.done():  # shut down or refused meanwhile: no page, no beats
+                    return []
                 await self._write_chunk(conn, resp, [HEARTBEAT_FRAME])
         finally:
-            await cancel_and_wait(read if not read.done() else None)
+            if read.done():
+                if not read.cancelled():
+                    read.exception()  # retrieved: a write's error is the one that goes on
+            else:
+                await cancel_and_wait(read)
 
     async def _write_catch_up(
         self, conn: FeedConnection, resp: web.StreamResponse, events: list[RecordedEvent]

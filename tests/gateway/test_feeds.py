@@ -698,12 +698,41 @@ async def test_a_feed_waiting_to_read_its_history_sends_heartbeats(
     assert numbers == list(range(5))
 
 
+async def test_a_feed_shut_down_while_waiting_for_its_history_ends_at_once(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catching-up feed writes its own final frame: one that is waiting for a read slot
+    when the service shuts down gets it then, not once a slot frees."""
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "heartbeat_s", 0.2)
+    slots = asyncio.Semaphore(1)
+    monkeypatch.setattr(hub, "_catch_up_slots", slots)
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    await service.append_pings(ws, 3)
+    await slots.acquire()
+    try:
+        resp, reader = await open_feed(service, EVENTS, key)
+        async with asyncio.timeout(10):
+            await reader.frame()  # the retry advice
+            beat = await reader.frame()  # waiting for its slot
+            assert beat is not None and beat.comment == "heartbeat"
+            hub.close_all()
+            final = await reader.frame()
+            assert final is not None and final.event == "shutdown"
+            assert await reader.frame() is None  # and the response ends
+        resp.close()
+    finally:
+        slots.release()
+
+
 async def test_the_access_log_counts_a_feeds_live_bytes(
-    service: Service, caplog: pytest.LogCaptureFixture
+    service: Service, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A feed usually ends by its client leaving, and its live frames go out below aiohttp's
     response writer: the access log's size still counts every byte sent."""
     caplog.set_level(logging.INFO, logger="aiohttp.access")
+    monkeypatch.setattr(service.app[feeds.FEED_HUB], "tick_s", 0.05)  # sees the client leave
     ws = uid("ws-")
     key = await service.issue_key(ws)
     resp, _ = await open_feed(service, EVENTS, key, start="latest")
