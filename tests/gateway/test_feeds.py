@@ -485,16 +485,22 @@ async def test_catch_up_pages_are_sized_by_the_bytes_they_write(
 
     monkeypatch.setattr(tailer, "history_page", recording_page)
     resp, reader = await open_feed(service, EVENTS, key)
-    numbers = []
-    while len(numbers) < 150:
-        frame = await reader.frame()
-        assert frame is not None
-        if frame.event == "test.ping":
-            numbers.append(frame.json()["data"]["n"])
+    numbers = await ping_numbers(reader, 150)
     resp.close()
     assert numbers == list(range(150))
     assert limits[0] == feed_fanout.CATCH_UP_FIRST_PAGE
     assert limits[1:] and all(8 <= limit <= 10 for limit in limits[1:]), limits
+
+
+async def ping_numbers(reader: SseReader, count: int) -> list[int]:
+    """The `n` of the next `count` `test.ping` events the feed sends (other frames skipped)."""
+    numbers: list[int] = []
+    while len(numbers) < count:
+        frame = await reader.frame()
+        assert frame is not None, f"the feed ended after {len(numbers)} pings"
+        if frame.event == "test.ping":
+            numbers.append(frame.json()["data"]["n"])
+    return numbers
 
 
 async def test_feeds_catching_up_at_once_read_history_a_few_at_a_time(
@@ -526,12 +532,7 @@ async def test_feeds_catching_up_at_once_read_history_a_few_at_a_time(
     monkeypatch.setattr(tailer, "history_page", slow_page)
     opened = await asyncio.gather(*(open_feed(service, EVENTS, key) for _ in range(6)))
     for resp, reader in opened:
-        numbers = []
-        while len(numbers) < 250:
-            frame = await reader.frame()
-            assert frame is not None
-            if frame.event == "test.ping":
-                numbers.append(frame.json()["data"]["n"])
+        numbers = await ping_numbers(reader, 250)
         resp.close()
         assert numbers == list(range(250))
     assert 1 <= peak <= 2
@@ -557,13 +558,8 @@ async def test_a_client_slow_to_read_its_catch_up_holds_no_one_else_back(
     assert (await stalled_reader.frame()) is not None  # the retry frame; then no more reads
     await asyncio.sleep(0.5)  # its catch-up is writing into a full socket
     resp, reader = await open_feed(service, EVENTS, other_key)
-    numbers = []
     async with asyncio.timeout(20):  # well inside the stalled client's minute
-        while len(numbers) < 5:
-            frame = await reader.frame()
-            assert frame is not None
-            if frame.event == "test.ping":
-                numbers.append(frame.json()["data"]["n"])
+        numbers = await ping_numbers(reader, 5)
     assert numbers == list(range(5))
     assert hub.cut_off_total == cut_before  # the stalled one is still there, not cut off
     resp.close()
@@ -668,32 +664,36 @@ async def test_idle_feed_sends_heartbeat_comments(
     assert beat is not None and beat.comment == "heartbeat" and beat.event is None
 
 
-async def test_a_feed_waiting_to_read_its_history_sends_heartbeats(
-    service: Service, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A feed whose catch-up waits (here for a read slot other feeds hold) is not silent
-    meanwhile, so a proxy does not drop it as idle; it then gets its whole history."""
+async def feed_waiting_for_a_read_slot(
+    service: Service, monkeypatch: pytest.MonkeyPatch, *, pings: int
+) -> tuple[asyncio.Semaphore, aiohttp.ClientResponse, SseReader]:
+    """A feed opened on `pings` events of history while every catch-up read slot is taken
+    (the returned semaphore, held: release it to let the read go), heartbeats every 0.2 s."""
     hub = service.app[feeds.FEED_HUB]
     monkeypatch.setattr(hub, "heartbeat_s", 0.2)
     slots = asyncio.Semaphore(1)
     monkeypatch.setattr(hub, "_catch_up_slots", slots)
     ws = uid("ws-")
     key = await service.issue_key(ws)
-    await service.append_pings(ws, 5)
-    await slots.acquire()  # every catch-up slot taken
+    await service.append_pings(ws, pings)
+    await slots.acquire()
     resp, reader = await open_feed(service, EVENTS, key)
+    return slots, resp, reader
+
+
+async def test_a_feed_waiting_to_read_its_history_sends_heartbeats(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A feed whose catch-up waits (here for a read slot other feeds hold) is not silent
+    meanwhile, so a proxy does not drop it as idle; it then gets its whole history."""
+    slots, resp, reader = await feed_waiting_for_a_read_slot(service, monkeypatch, pings=5)
     async with asyncio.timeout(10):
         first = await reader.frame()
         beats = [await reader.frame(), await reader.frame()]
     assert first is not None and first.retry == 3000
     assert all(beat is not None and beat.comment == "heartbeat" for beat in beats)
     slots.release()
-    numbers = []
-    while len(numbers) < 5:
-        frame = await reader.frame()
-        assert frame is not None
-        if frame.event == "test.ping":
-            numbers.append(frame.json()["data"]["n"])
+    numbers = await ping_numbers(reader, 5)
     resp.close()
     assert numbers == list(range(5))
 
@@ -703,21 +703,13 @@ async def test_a_feed_shut_down_while_waiting_for_its_history_ends_at_once(
 ) -> None:
     """A catching-up feed writes its own final frame: one that is waiting for a read slot
     when the service shuts down gets it then, not once a slot frees."""
-    hub = service.app[feeds.FEED_HUB]
-    monkeypatch.setattr(hub, "heartbeat_s", 0.2)
-    slots = asyncio.Semaphore(1)
-    monkeypatch.setattr(hub, "_catch_up_slots", slots)
-    ws = uid("ws-")
-    key = await service.issue_key(ws)
-    await service.append_pings(ws, 3)
-    await slots.acquire()
+    slots, resp, reader = await feed_waiting_for_a_read_slot(service, monkeypatch, pings=3)
     try:
-        resp, reader = await open_feed(service, EVENTS, key)
         async with asyncio.timeout(10):
             await reader.frame()  # the retry advice
             beat = await reader.frame()  # waiting for its slot
             assert beat is not None and beat.comment == "heartbeat"
-            hub.close_all()
+            service.app[feeds.FEED_HUB].close_all()
             final = await reader.frame()
             assert final is not None and final.event == "shutdown"
             assert await reader.frame() is None  # and the response ends
