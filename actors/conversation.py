@@ -45,7 +45,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from actors.behaviour import ActorContext, ActorKey, Behaviour
-from actors.errors import RecordedTurnFailure, TurnCrashed
+from actors.errors import INTERNAL_FAILURE_MESSAGE, RecordedTurnFailure, TurnCrashed
 from actors.models.port import (
     ChatMessage,
     Finished,
@@ -603,10 +603,12 @@ def _failure_facts(exc: BaseException) -> tuple[str, str, bool]:
     """(error_code, message safe to show, retryable) for a failed turn."""
     if isinstance(exc, asyncio.CancelledError):
         return "interrupted", "the service stopped while the turn was running", True
-    if isinstance(exc, SvcError):
+    if isinstance(exc, SvcError) and exc.http_status != 500:
         retryable = isinstance(exc, UpstreamError | UpstreamTimeout | Unavailable | RateLimited)
         return exc.code, exc.message, retryable
-    return "internal_error", "internal error while running the turn", False
+    # A defect or an internal SvcError (a failed store query): its message may hold database
+    # detail, which the record would show to operators and to a retry with the same key.
+    return "internal_error", INTERNAL_FAILURE_MESSAGE, False
 
 
 class ConversationBehaviour(Behaviour[ConversationState]):

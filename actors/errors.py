@@ -132,10 +132,16 @@ class TurnCrashed(SvcError):
         return crashed
 
 
+INTERNAL_FAILURE_MESSAGE = "internal error while running the turn"
+"""What a turn failed by an internal error records and answers again: never its detail."""
+
+
 class RecordedTurnFailure(UpstreamError):
     """A retried RunTurn whose first attempt failed: the recorded failure is returned again
     (idempotency), with the first attempt's status; send a new Idempotency-Key to try the
-    turn again."""
+    turn again. An internal failure's (500) answer is the generic message whatever the
+    record says: records made before they were written generic hold the failed query's
+    detail."""
 
     final = True
 
@@ -144,3 +150,5 @@ class RecordedTurnFailure(UpstreamError):
         status = _RECORDED_STATUS.get(self.code)
         if status is not None:
             self.http_status, self.error_type = status
+        if self.http_status == 500:
+            self.message = INTERNAL_FAILURE_MESSAGE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -32,12 +33,13 @@ from actors import table as table_module
 from actors.behaviour import ActorContext
 from actors.context import Activation, Counters, ExecutionPolicy, conflict_backoff
 from actors.conversation import RECENT_TURNS
+from actors.errors import RecordedTurnFailure, TurnCrashed
 from eventstore import PostgresEventStore
 from eventstore.errors import StoreUnavailable
 from eventstore.records import RecordedEvent, Snapshot
 from schemas.commands import Command
 from schemas.conversation import Message, RenameConversation, RunTurn
-from schemas.errors import Conflict, InvalidInput, SvcError
+from schemas.errors import Conflict, InvalidInput, SvcError, UpstreamError
 from schemas.events import EVENTS
 from schemas.workspace import CreateWorkspace, IssueApiKey, RevokeApiKey
 
@@ -356,6 +358,35 @@ async def test_stop_fails_a_command_that_cannot_finish_recording_its_interruptio
     assert summary.interrupted == 1
     with pytest.raises(CommandInterrupted):
         await reply.last()
+
+
+def test_a_failure_no_one_reads_is_logged_with_a_traceback_only_if_internal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A discarded reply (a `tell`, a client gone) logs its command's failure: a defect (a
+    TurnCrashed, its cause chained) with the traceback that is the only account of it; an
+    upstream's failure, or a recorded one answered again, in one line."""
+    caplog.set_level(logging.WARNING, logger="actors.table")
+    try:
+        try:
+            raise KeyError("the defect")
+        except KeyError as exc:
+            raise TurnCrashed.of(exc, "c1-cursor") from exc
+    except TurnCrashed as caught:
+        crashed = caught
+    failures = [
+        crashed,
+        UpstreamError("the upstream model server answered 502"),
+        RecordedTurnFailure("internal error while running the turn", code="internal_error"),
+    ]
+    for failure in failures:
+        reply = table_module.Reply("turn of conversation:c")
+        reply.discard()
+        reply.fail(failure)
+    records = [r for r in caplog.records if r.name == "actors.table"]
+    assert [r.levelname for r in records] == ["ERROR", "WARNING", "WARNING"]
+    assert records[0].exc_info is not None and "KeyError: 'the defect'" in caplog.text
+    assert records[1].exc_info is None and records[2].exc_info is None
 
 
 def test_runtime_errors_pickle_with_their_code() -> None:
