@@ -259,7 +259,16 @@ class OpenAICompatProvider:
             raise TimeoutError from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise _Transient(type(exc).__name__) from None
-        except aiohttp.InvalidURL:
+        except aiohttp.RedirectClientError as exc:
+            # Before InvalidURL, which a redirect to a malformed address also is: the server
+            # sent it there, not the setting.
+            raise UpstreamError(
+                f"model server redirected the call to an address that is not http(s) or not a "
+                f"URL ({type(exc).__name__}); set SVC_LLM_GATEWAY_URL to the model server's "
+                "own address",
+                code="upstream_bad_response",
+            ) from None
+        except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError):
             raise UpstreamError(
                 "SVC_LLM_GATEWAY_URL is not a usable URL; set it to the model server's "
                 "http(s) address",

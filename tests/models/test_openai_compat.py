@@ -502,6 +502,30 @@ async def test_a_server_that_does_not_speak_http_is_a_bad_response() -> None:
     assert caught.value.code == "upstream_bad_response" and caught.value.http_status == 502
 
 
+@pytest.mark.parametrize("location", ["mailto:ops@example.com", "http://[::1"])
+async def test_a_redirect_to_an_unusable_address_is_the_servers_bad_response(
+    location: str,
+) -> None:
+    """The model server's doing (a captive proxy, say), not the setting's, and no defect."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer  # here: pytest would collect it as a test class
+
+    async def redirect(_request: web.Request) -> web.StreamResponse:
+        return web.Response(status=302, headers={"Location": location})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", redirect)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        with pytest.raises(UpstreamError) as caught:
+            await collect(provider(str(server.make_url("/v1")), retries=0), request())
+    finally:
+        await server.close()
+    assert caught.value.code == "upstream_bad_response" and caught.value.http_status == 502
+    assert "redirected" in caught.value.message
+
+
 @pytest.mark.parametrize("url", ["http://127.0.0.1:99999/v1", "http//no-scheme-separator"])
 async def test_an_unusable_gateway_url_is_named(url: str) -> None:
     with pytest.raises(UpstreamError) as caught:
