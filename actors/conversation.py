@@ -53,6 +53,7 @@ from actors.models.port import (
     ModelRequest,
     TextDelta,
     Usage,
+    well_formed,
 )
 from schemas.commands import Command, service_command_id
 from schemas.conversation import (
@@ -599,6 +600,11 @@ def recorded_result(
     )
 
 
+def _recordable(text: str) -> str:
+    """`text` as the log can hold it: without NUL, and well formed (no lone surrogate)."""
+    return well_formed(text.replace(NUL, ""))
+
+
 def _failure_facts(exc: BaseException) -> tuple[str, str, bool]:
     """(error_code, message safe to show, retryable) for a failed turn."""
     if isinstance(exc, asyncio.CancelledError):
@@ -820,9 +826,9 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         """Records the turn as failed; the record's cursor, also set on `exc` if it is an
         SvcError (None when the record could not be made)."""
         code, message, retryable = _failure_facts(exc)
-        # An upstream's message may hold what the log cannot (NUL): it must not cost the
-        # record of the failure itself.
-        code, message = code.replace(NUL, ""), message.replace(NUL, "")
+        # An upstream's message may hold what the log cannot (NUL, a lone surrogate): it must
+        # not cost the record of the failure itself.
+        code, message = _recordable(code), _recordable(message)
         fail = FailTurn(
             command_id=service_command_id("fail", command.command_id),
             workspace_id=command.workspace_id,

@@ -38,7 +38,15 @@ from typing import Any
 import aiohttp
 import orjson
 
-from actors.models.port import ChatMessage, Finished, ModelEvent, ModelRequest, TextDelta, Usage
+from actors.models.port import (
+    ChatMessage,
+    Finished,
+    ModelEvent,
+    ModelRequest,
+    TextDelta,
+    Usage,
+    well_formed,
+)
 from actors.models.tokens import estimate_prompt_tokens, estimate_tokens
 from schemas.conversation import MAX_CONTENT
 from schemas.errors import (
@@ -385,9 +393,10 @@ async def _error_message(resp: aiohttp.ClientResponse) -> tuple[str, str | None]
                 code = error.get("code")
                 if not isinstance(code, str) or not code:
                     code = error.get("type")
-                return str(error["message"]), code if isinstance(code, str) else None
+                code = well_formed(code) if isinstance(code, str) else None
+                return well_formed(error["message"]), code
             if isinstance(error, str):
-                return error, None
+                return well_formed(error), None
     return text.strip() or resp.reason or "no message", None
 
 

@@ -77,3 +77,10 @@ class ModelProvider(Protocol):
         """Yield text deltas, then exactly one `Finished`. Raises `UpstreamError` or
         `UpstreamTimeout` (from schemas.errors) on failure."""
         ...
+
+
+def well_formed(text: str) -> str:
+    """`text` with each lone surrogate replaced by `?`. JSON's `\\ud83d` escape can make one
+    (a model server cutting a message in the middle of an emoji), and it has no UTF-8 form,
+    so no response, log line or event could carry it."""
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")

@@ -396,14 +396,21 @@ async def test_an_internal_failure_is_recorded_and_replayed_without_its_detail(
         await table.stop()
 
 
+@pytest.mark.parametrize(
+    ("message", "code", "recorded"),
+    [("bad\x00request", "upstream_error", "badrequest"), ("cut \ud83d", "x\udc00", "cut ?")],
+)
 async def test_a_failure_whose_message_the_log_cannot_hold_is_still_recorded(
-    store: PostgresEventStore,
+    store: PostgresEventStore, message: str, code: str, recorded: str
 ) -> None:
-    """An upstream error with a NUL in its message: the turn is recorded as failed (without
-    the NUL), not left running because the store refused the record of its failure."""
-    provider = ScriptedProvider(fail_after=1, failure=UpstreamError("bad\x00request"))
+    """An upstream error with a NUL or a lone surrogate in its message or code: the turn is
+    recorded as failed (without them), not left running because the store refused the
+    record of its failure."""
+    failure = UpstreamError(message, code=code)
+    provider = ScriptedProvider(fail_after=1, failure=failure)
     failed = await _last_event_of_a_failed_turn(
         store, ActivationTable(store, [ConversationBehaviour([provider])])
     )
     assert failed.type == "conversation.turn_failed"
-    assert failed.data["error_message"] == "badrequest"
+    assert failed.data["error_message"] == recorded
+    assert failed.data["error_code"] == code.replace("\udc00", "?")

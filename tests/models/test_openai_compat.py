@@ -502,6 +502,29 @@ async def test_a_server_that_does_not_speak_http_is_a_bad_response() -> None:
     assert caught.value.code == "upstream_bad_response" and caught.value.http_status == 502
 
 
+async def test_an_error_message_escaping_half_an_emoji_is_made_well_formed() -> None:
+    """JSON may escape a lone surrogate, which no response, log line or event can hold."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer  # here: pytest would collect it as a test class
+
+    body = '{"error": {"message": "cut \\ud83d here", "code": "odd\\udc00"}}'
+
+    async def refuse(_request: web.Request) -> web.StreamResponse:
+        return web.Response(status=400, text=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", refuse)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        with pytest.raises(UpstreamError) as caught:
+            await collect(provider(str(server.make_url("/v1")), retries=0), request())
+    finally:
+        await server.close()
+    assert "cut ? here" in caught.value.message
+    caught.value.message.encode("utf-8")  # well formed
+
+
 @pytest.mark.parametrize("location", ["mailto:ops@example.com", "http://[::1"])
 async def test_a_redirect_to_an_unusable_address_is_the_servers_bad_response(
     location: str,
