@@ -70,6 +70,10 @@ _MAX_LINE_BYTES = 4 * 1024 * 1024
 _MAX_COMPLETION_BYTES = 6 * MAX_CONTENT + 64 * 1024
 _SECRET_PATTERNS = (
     re.compile(r"(?i)bearer\s+[^\s\"',;]+"),
+    # HTTP Basic credentials (SVC_LLM_GATEWAY_URL may carry them), as a header (the scheme's
+    # spelling and base64 of at least "u:pw", so that "basic support" is left alone) or in a URL.
+    re.compile(r"\bBasic\s+[A-Za-z0-9+/]{6,}={0,2}"),
+    re.compile(r"(?<=//)[^/\s@:]+:[^/\s@]*(?=@)"),
     re.compile(r"\bsk-[A-Za-z0-9_\-]{6,}"),
     # A key masked by its issuer (sk-ab****wxyz, ****wxyz) still gives away part of it.
     re.compile(r"[A-Za-z0-9_\-]*\*{3,}[A-Za-z0-9_\-]*"),
