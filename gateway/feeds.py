@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+from eventstore.errors import InvalidCursor
 from eventstore.records import RecordedEvent
 from gateway.auth import RECHECK, authenticate, require_scope
 from gateway.feed_fanout import Credential, FeedFanout, FeedFilter
@@ -153,9 +154,19 @@ async def resume_cursor(request: web.Request) -> str:
     here, before the stream starts, so a malformed cursor is a plain 400 envelope, and so is
     one this log never issued: a feed from there would wait forever for events after it."""
     query = request.query
-    given = request.headers.get("Last-Event-ID") or query.get("lastEventId") or query.get("cursor")
-    raw = (given or "").strip()
-    await request.app[TAILER].issued_cursor(raw)
+    candidates = (
+        ("the Last-Event-ID header", request.headers.get("Last-Event-ID")),
+        ("lastEventId", query.get("lastEventId")),
+        ("cursor", query.get("cursor")),
+    )
+    source, given = next(((name, value) for name, value in candidates if value), ("cursor", ""))
+    raw = given.strip()
+    try:
+        await request.app[TAILER].issued_cursor(raw)
+    except InvalidCursor as exc:
+        # Which input: an EventSource resends a Last-Event-ID the page never sees, which
+        # then silently wins over a good ?cursor=.
+        raise InvalidCursor(f"{source}: {exc.message}") from None
     return raw
 
 

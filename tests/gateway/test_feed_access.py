@@ -401,6 +401,9 @@ async def test_a_cursor_ahead_of_the_log_is_a_400(service: Service, path: str) -
             error = (await resp.json())["error"]
             assert error["code"] == "invalid_cursor"
             assert "ahead of the log" in error["message"]
+            # Named, for an EventSource's Last-Event-ID silently wins over ?cursor=.
+            source = "the Last-Event-ID header: " if headers else "cursor: "
+            assert error["message"].startswith(source), error["message"]
 
 
 async def test_a_fresh_cursor_behind_a_running_transaction_is_accepted(service: Service) -> None:
