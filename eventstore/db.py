@@ -91,9 +91,9 @@ def translate_errors() -> Iterator[None]:
         if is_aborted_state(_sqlstate(exc)):
             raise StatementAborted(f"{exc.sqlstate} {type(exc).__name__}: {exc}") from exc
         if is_unavailable_state(_sqlstate(exc)):
-            raise StoreUnavailable(
-                f"the event store database is unavailable ({type(exc).__name__}: {exc}); "
-                "retry shortly"
+            raise StoreUnavailable.with_detail(
+                "the event store database is unavailable; retry shortly",
+                f"{type(exc).__name__}: {exc}",
             ) from exc
         raise StoreError(
             f"event store query failed ({exc.sqlstate} {type(exc).__name__}: {exc})"
@@ -109,19 +109,23 @@ def translate_errors() -> Iterator[None]:
                 "retry shortly"
             ) from exc
         # Closed connection or pool, connection lost mid-query: nothing a retry can't fix.
-        raise StoreUnavailable(
-            f"the event store connection is unusable ({type(exc).__name__}: {exc}); retry shortly"
+        raise StoreUnavailable.with_detail(
+            "the event store connection is unusable; retry shortly",
+            f"{type(exc).__name__}: {exc}",
         ) from exc
     except asyncpg.InternalClientError as exc:
         # What the driver raises on a connection whose server sent its shutdown message or
         # was terminated mid-exchange ("cannot switch to state ..."): the database going away.
-        raise StoreUnavailable(
-            f"the event store connection is unusable ({type(exc).__name__}: {exc}); retry shortly"
+        raise StoreUnavailable.with_detail(
+            "the event store connection is unusable; retry shortly",
+            f"{type(exc).__name__}: {exc}",
         ) from exc
     except OSError as exc:  # also TimeoutError (asyncio's included) on Python 3.11+
-        reason = "timed out" if isinstance(exc, TimeoutError) else f"is unreachable ({exc})"
-        raise StoreUnavailable(
-            f"the event store database {reason}; check that PostgreSQL is running and reachable"
+        # The address it could not reach is the operator's to read, not a client's.
+        reason = "timed out" if isinstance(exc, TimeoutError) else "is unreachable"
+        raise StoreUnavailable.with_detail(
+            f"the event store database {reason}; retry shortly",
+            f"{exc}; check that PostgreSQL is running and reachable",
         ) from exc
 
 

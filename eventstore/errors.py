@@ -24,9 +24,23 @@ class ConcurrencyConflict(StoreError, Conflict):
 
 
 class StoreUnavailable(StoreError, Unavailable):
-    """The database cannot be reached or timed out; retry later."""
+    """The database cannot be reached or timed out; retry later.
+
+    `message` is what a client is told; `detail`, what the driver said (the server's address,
+    its own words), is for the log and the operator's terminal only: `str()` of the error
+    carries both, and no client renders `str()`."""
 
     default_code = "store_unavailable"
+    detail: str = ""
+
+    @classmethod
+    def with_detail(cls, message: str, detail: str) -> StoreUnavailable:
+        error = cls(message)
+        error.detail = detail
+        return error
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.detail})" if self.detail else self.message
 
 
 class StatementAborted(StoreUnavailable):

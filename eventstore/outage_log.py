@@ -34,10 +34,20 @@ class OutageLog:
         if self.failures == 1 or now - self._last_warned >= OUTAGE_REMINDER_S:
             self._last_warned = now
             self._log.warning(
-                "%s failed (%d in a row), retrying: %r", self._what, self.failures, exc
+                "%s failed (%d in a row), retrying: %s: %s",
+                self._what,
+                self.failures,
+                type(exc).__name__,
+                exc,
             )
         else:
-            self._log.debug("%s failed (%d in a row): %r", self._what, self.failures, exc)
+            self._log.debug(
+                "%s failed (%d in a row): %s: %s",
+                self._what,
+                self.failures,
+                type(exc).__name__,
+                exc,
+            )
 
     def succeeded(self) -> None:
         """The loop works again: said once, after a failure."""

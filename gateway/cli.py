@@ -684,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = _until_signalled(command)
         code: int = asyncio.run(command)
     except _BAD_INPUT as exc:
-        _out(f"svc: error: {exc.message}", sys.stderr)
+        _out(f"svc: error: {exc}", sys.stderr)  # str(): with any detail for the operator
         return USAGE_ERROR
     except ValidationError as exc:
         # An argument out of the command's bounds (--rate-limit-rpm, --name, ...).
@@ -692,7 +692,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _out(f"svc: error: invalid argument: {problems}", sys.stderr)
         return USAGE_ERROR
     except SvcError as exc:
-        _out(f"svc: error: {exc.message}", sys.stderr)
+        _out(f"svc: error: {exc}", sys.stderr)  # str(): with any detail for the operator
         return FAILURE
     except KeyboardInterrupt:
         return 130

@@ -301,7 +301,10 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
             # log the traceback, as for any unexpected exception.
             return internal_error(request, exc)
         if exc.http_status > 500:
-            log.warning("%s %s -> %d %s", request.method, request.path, exc.http_status, exc.code)
+            # str(): with what only the log may see (a StoreUnavailable's driver detail).
+            log.warning(
+                "%s %s -> %d %s: %s", request.method, request.path, exc.http_status, exc.code, exc
+            )
         return from_svc_error(exc)
     except ValidationError as exc:
         return envelope(400, describe_validation(exc), "invalid_request_error", "invalid_request")

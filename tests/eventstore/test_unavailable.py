@@ -60,6 +60,9 @@ async def test_an_unreachable_server_fails_fast(tmp_path: Path) -> None:
 
         error = await fails_fast(connect)
         assert dsn not in str(error)  # a DSN may carry a password
+        # The address tried is the operator's to read (str(), the log), not a client's.
+        assert "unreachable" in error.message and "127.0.0.1" not in error.message
+        assert "check that PostgreSQL is running" in str(error)
 
 
 async def test_a_closed_database_is_unavailable(database_url: str) -> None:
@@ -222,11 +225,13 @@ async def test_a_terminated_connection_is_unavailable_not_a_driver_error(
 
 
 def test_the_drivers_mid_exchange_failure_is_unavailable() -> None:
-    """What asyncpg raises on a connection whose server said goodbye while a query started."""
-    with pytest.raises(StoreUnavailable, match="retry shortly"), translate_errors():
+    """What asyncpg raises on a connection whose server said goodbye while a query started:
+    its words are the log's (`str()`), not a client's (`message`)."""
+    with pytest.raises(StoreUnavailable, match="retry shortly") as caught, translate_errors():
         raise asyncpg.InternalClientError(
             "cannot switch to state 12; another operation is in progress"
         )
+    assert "state 12" not in caught.value.message and "state 12" in str(caught.value)
 
 
 async def test_a_server_that_stops_answering_is_unavailable_after_the_statement_timeout(
