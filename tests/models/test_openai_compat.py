@@ -504,18 +504,17 @@ async def test_a_server_that_does_not_speak_http_is_a_bad_response() -> None:
     assert caught.value.code == "upstream_bad_response" and caught.value.http_status == 502
 
 
-async def test_an_error_message_escaping_half_an_emoji_is_made_well_formed() -> None:
-    """JSON may escape a lone surrogate, which no response, log line or event can hold."""
+async def refusal_from(status: int, **answer: Any) -> UpstreamError:
+    """The provider's error when the model server answers every call with `status` and
+    `answer` (aiohttp's `web.Response` arguments)."""
     from aiohttp import web
     from aiohttp.test_utils import TestServer  # here: pytest would collect it as a test class
 
-    body = '{"error": {"message": "cut \\ud83d here", "code": "odd\\udc00"}}'
-
-    async def refuse(_request: web.Request) -> web.StreamResponse:
-        return web.Response(status=400, text=body, content_type="application/json")
+    async def answering(_request: web.Request) -> web.StreamResponse:
+        return web.Response(status=status, **answer)
 
     app = web.Application()
-    app.router.add_post("/v1/chat/completions", refuse)
+    app.router.add_post("/v1/chat/completions", answering)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
@@ -523,8 +522,15 @@ async def test_an_error_message_escaping_half_an_emoji_is_made_well_formed() -> 
             await collect(provider(str(server.make_url("/v1")), retries=0), request())
     finally:
         await server.close()
-    assert "cut ? here" in caught.value.message
-    caught.value.message.encode("utf-8")  # well formed
+    return caught.value
+
+
+async def test_an_error_message_escaping_half_an_emoji_is_made_well_formed() -> None:
+    """JSON may escape a lone surrogate, which no response, log line or event can hold."""
+    body = '{"error": {"message": "cut \\ud83d here", "code": "odd\\udc00"}}'
+    error = await refusal_from(400, text=body, content_type="application/json")
+    assert "cut ? here" in error.message
+    error.message.encode("utf-8")  # well formed
 
 
 @pytest.mark.parametrize("location", ["mailto:ops@example.com", "http://[::1"])
@@ -532,23 +538,9 @@ async def test_a_redirect_to_an_unusable_address_is_the_servers_bad_response(
     location: str,
 ) -> None:
     """The model server's doing (a captive proxy, say), not the setting's, and no defect."""
-    from aiohttp import web
-    from aiohttp.test_utils import TestServer  # here: pytest would collect it as a test class
-
-    async def redirect(_request: web.Request) -> web.StreamResponse:
-        return web.Response(status=302, headers={"Location": location})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", redirect)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        with pytest.raises(UpstreamError) as caught:
-            await collect(provider(str(server.make_url("/v1")), retries=0), request())
-    finally:
-        await server.close()
-    assert caught.value.code == "upstream_bad_response" and caught.value.http_status == 502
-    assert "redirected" in caught.value.message
+    error = await refusal_from(302, headers={"Location": location})
+    assert error.code == "upstream_bad_response" and error.http_status == 502
+    assert "redirected" in error.message
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:99999/v1", "http//no-scheme-separator"])
