@@ -609,7 +609,7 @@ def _failure_facts(exc: BaseException) -> tuple[str, str, bool]:
     """(error_code, message safe to show, retryable) for a failed turn."""
     if isinstance(exc, asyncio.CancelledError):
         return "interrupted", "the service stopped while the turn was running", True
-    if isinstance(exc, SvcError) and exc.http_status != 500:
+    if isinstance(exc, SvcError) and not exc.internal:
         retryable = isinstance(exc, UpstreamError | UpstreamTimeout | Unavailable | RateLimited)
         return exc.code, exc.message, retryable
     # A defect or an internal SvcError (a failed store query): its message may hold database

@@ -138,7 +138,7 @@ class Reply:
 
 
 def _log_failure(description: str, error: BaseException) -> None:
-    if isinstance(error, SvcError) and (error.http_status != 500 or error.final):
+    if isinstance(error, SvcError) and not error.internal:
         log.warning("%s failed: %s", description, error.message)
     else:
         # An internal failure (a TurnCrashed chains the defect's own traceback): its

@@ -61,7 +61,6 @@ from gateway.errors import (
     client_gone,
     error_body,
     internal_failure,
-    is_internal,
     read_header,
     read_json,
 )
@@ -607,7 +606,7 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
         record_turn(result)
         await sender.finish(result)
     except SvcError as exc:
-        if is_internal(exc):
+        if exc.internal:
             # An internal failure: its message may carry database detail, so the client gets
             # only the id, as from gateway.errors.internal_error.
             await _internal_stream_error(sender, exc)

@@ -190,14 +190,6 @@ def _error_id() -> str:
     return f"svc-{uuid.uuid4()}"
 
 
-def is_internal(exc: SvcError) -> bool:
-    """A 500 whose message may carry internal detail, so the client gets an error id only.
-    A final one is a recorded failure answered again (an idempotent replay of a turn that
-    failed on a defect): its recorded message is the generic one, and a retry cannot mend
-    it, which the answer says (`from_svc_error`)."""
-    return exc.http_status == 500 and not exc.final
-
-
 def internal_failure(what: str, exc: BaseException) -> SvcError:
     """An internal failure as a client may see it once its response has begun (a stream's
     error frame): an id to quote; the detail, with its traceback, in the log under that id."""
@@ -295,7 +287,7 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise
         return from_http_exception(exc)
     except SvcError as exc:
-        if is_internal(exc):
+        if exc.internal:
             # An internal failure (a store query that failed, say): its message may carry
             # database detail or parameter values, so the client gets the opaque id and the
             # log the traceback, as for any unexpected exception.

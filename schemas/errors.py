@@ -27,6 +27,13 @@ class SvcError(Exception):
         self.message = message
         self.code = code or self.default_code
 
+    @property
+    def internal(self) -> bool:
+        """A failure of the service itself (status 500), whose message may carry internal
+        detail (a failed query's): no client is shown it, and no record keeps it. A final one
+        is a recorded failure answered again, whose recorded message is the generic one."""
+        return self.http_status == 500 and not self.final
+
 
 class InvalidInput(SvcError):
     http_status = 400
