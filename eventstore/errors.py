@@ -52,9 +52,18 @@ class StatementAborted(StoreUnavailable):
     projections' runner) isolates it instead of waiting for the database to come back."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(f"the database gave up on a statement ({reason}); retry shortly")
-        self.reason = reason
-        """The database's words: the SQLSTATE, the driver's class and the server's text."""
+        super().__init__(
+            "the database gave up on a statement (a timeout, a lock wait or a conflict with "
+            "another transaction); retry shortly"
+        )
+        self.detail = reason
+
+    @property
+    def reason(self) -> str:
+        """The database's words: the SQLSTATE, the driver's class and the server's text. For
+        the log and the operator (as `detail`), never for a client: the server's text names
+        its tables, locks and processes."""
+        return self.detail
 
 
 class InvalidCursor(StoreError, InvalidInput):

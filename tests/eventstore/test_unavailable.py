@@ -111,13 +111,17 @@ async def test_a_statement_given_up_on_is_told_from_the_database_going_away(
     database_url: str,
 ) -> None:
     """A statement or lock timeout ends one statement of a sound session (StatementAborted,
-    still unavailable to the client); a terminated backend is the database going away."""
+    still unavailable to the client, in the store's words, not the server's); a terminated
+    backend is the database going away."""
     db = await Database.connect(database_url, max_size=2)
     try:
-        with pytest.raises(StatementAborted, match="57014"):
+        with pytest.raises(StatementAborted, match="57014") as timed_out:
             async with db.transaction() as conn:
                 await conn.execute("SET LOCAL statement_timeout = 50")
                 await conn.execute("SELECT pg_sleep(3)")
+        # The client's words are the store's own; the server's stay in the detail.
+        assert "57014" not in timed_out.value.message
+        assert "statement timeout" in timed_out.value.detail
         async with db.transaction() as holder:
             await holder.execute("CREATE TABLE held (x int)")
         async with db.transaction() as holder:
