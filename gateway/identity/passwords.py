@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import hmac
 import secrets
@@ -47,7 +48,11 @@ def verify_password_sync(password: str, stored: str) -> bool:
     return hmac.compare_digest(derived, base64.b64decode(expected))
 
 
-_DUMMY = hash_password_sync(secrets.token_urlsafe(16))
+@functools.cache
+def _dummy_hash() -> str:
+    """What an unknown user's password is checked against. Made on first use, not at import:
+    one scrypt, which every `svc` command would otherwise pay."""
+    return hash_password_sync(secrets.token_urlsafe(16))
 
 
 async def hash_password(password: str) -> str:
@@ -56,5 +61,5 @@ async def hash_password(password: str) -> str:
 
 async def verify_password(password: str, stored: str | None) -> bool:
     """Constant work whether or not the account exists: an unknown user costs one scrypt too."""
-    ok = await asyncio.to_thread(verify_password_sync, password, stored or _DUMMY)
+    ok = await asyncio.to_thread(verify_password_sync, password, stored or _dummy_hash())
     return ok and stored is not None

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import hashlib
 import logging
 import os
@@ -41,6 +42,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,15 +59,31 @@ from gateway.identity.vault import INSTANCE
 from projections.identity_queries import find_user_by_name
 from schemas.errors import FeatureDisabled, InvalidInput, Unauthorized, Unavailable
 
-with warnings.catch_warnings():
-    # pysaml2 7.5 imports cipher modes cryptography deprecates; harmless here (we never use
-    # them), and tests turn warnings into errors.
-    warnings.simplefilter("ignore")
-    from saml2 import BINDING_HTTP_POST, BINDING_HTTP_REDIRECT
-    from saml2.client import Saml2Client
-    from saml2.config import SPConfig
-    from saml2.metadata import create_metadata_string
-    from saml2.saml import SCM_BEARER
+
+@functools.cache
+def _pysaml2() -> SimpleNamespace:
+    """pysaml2, imported when SAML is first used rather than with this module: loading its
+    XML schemas takes most of a second, which every `svc` command and every start would
+    otherwise pay for a feature most instances leave off. Called on the event loop's thread
+    only (`service_provider`), because the warnings filter below is process-wide state."""
+    with warnings.catch_warnings():
+        # pysaml2 7.5 imports cipher modes cryptography deprecates; harmless here (we never
+        # use them), and tests turn warnings into errors.
+        warnings.simplefilter("ignore")
+        import saml2
+        import saml2.client
+        import saml2.config
+        import saml2.metadata
+        import saml2.saml
+    return SimpleNamespace(
+        BINDING_HTTP_POST=saml2.BINDING_HTTP_POST,
+        BINDING_HTTP_REDIRECT=saml2.BINDING_HTTP_REDIRECT,
+        SCM_BEARER=saml2.saml.SCM_BEARER,
+        Saml2Client=saml2.client.Saml2Client,
+        SPConfig=saml2.config.SPConfig,
+        create_metadata_string=saml2.metadata.create_metadata_string,
+    )
+
 
 METADATA_CONTENT_TYPE = "application/samlmetadata+xml"
 
@@ -113,7 +131,7 @@ class SamlSettings:
 @dataclass
 class ServiceProvider:
     settings: SamlSettings
-    client: Saml2Client
+    client: Any  # saml2.client.Saml2Client
     fingerprint: str
     files: tempfile.TemporaryDirectory[str]
 
@@ -179,6 +197,7 @@ def _sweep_orphaned_key_dirs() -> None:
 
 
 def _build(settings: SamlSettings, sp_key: str, fingerprint: str) -> ServiceProvider:
+    pysaml2 = _pysaml2()
     _sweep_orphaned_key_dirs()
     files = tempfile.TemporaryDirectory(prefix=f"{_KEY_DIR_PREFIX}{os.getpid()}-")
     os.chmod(files.name, 0o700)
@@ -186,7 +205,7 @@ def _build(settings: SamlSettings, sp_key: str, fingerprint: str) -> ServiceProv
     key_path.touch(mode=0o600)
     key_path.write_text(sp_key)
     cert_path.write_text(settings.sp_cert)
-    config = SPConfig()
+    config = pysaml2.SPConfig()
     config.load(
         {
             "entityid": settings.entity_id,
@@ -199,7 +218,9 @@ def _build(settings: SamlSettings, sp_key: str, fingerprint: str) -> ServiceProv
             "service": {
                 "sp": {
                     "endpoints": {
-                        "assertion_consumer_service": [(settings.acs_url, BINDING_HTTP_POST)]
+                        "assertion_consumer_service": [
+                            (settings.acs_url, pysaml2.BINDING_HTTP_POST)
+                        ]
                     },
                     "want_response_signed": False,
                     "want_assertions_signed": False,
@@ -210,11 +231,12 @@ def _build(settings: SamlSettings, sp_key: str, fingerprint: str) -> ServiceProv
             },
         }
     )
-    return ServiceProvider(settings, Saml2Client(config=config), fingerprint, files)
+    return ServiceProvider(settings, pysaml2.Saml2Client(config=config), fingerprint, files)
 
 
 async def service_provider(ident: Identity) -> ServiceProvider:
     settings = read_settings(ident)
+    _pysaml2()  # here, on the loop's thread: see _pysaml2
     sp_key = await ident.vault.get(INSTANCE, *SP_KEY_SECRET)
     if not sp_key:
         raise Unavailable("SAML needs the SP key secret (saml/sp_key)", code="saml_not_configured")
@@ -243,7 +265,7 @@ def safe_next(raw: str | None) -> str:
 
 async def metadata(request: web.Request) -> web.Response:
     sp = await service_provider(identity(request))
-    xml = await asyncio.to_thread(create_metadata_string, None, sp.client.config)
+    xml = await asyncio.to_thread(_pysaml2().create_metadata_string, None, sp.client.config)
     return web.Response(body=xml, content_type=METADATA_CONTENT_TYPE)
 
 
@@ -263,7 +285,9 @@ async def login(request: web.Request) -> web.Response:
     sp = await service_provider(ident)
     relay = safe_next(request.query.get("next"))
     request_id, info = await asyncio.to_thread(
-        sp.client.prepare_for_authenticate, relay_state=relay, binding=BINDING_HTTP_REDIRECT
+        sp.client.prepare_for_authenticate,
+        relay_state=relay,
+        binding=_pysaml2().BINDING_HTTP_REDIRECT,
     )
     async with ident.db.acquire() as conn:
         await conn.execute(_PRUNE)
@@ -303,7 +327,7 @@ def _in_response_to(saml_response: str) -> str | None:
 
 def _parse(sp: ServiceProvider, saml_response: str, request_id: str) -> Any:
     return sp.client.parse_authn_request_response(
-        saml_response, BINDING_HTTP_POST, outstanding={request_id: "/"}
+        saml_response, _pysaml2().BINDING_HTTP_POST, outstanding={request_id: "/"}
     )
 
 
@@ -323,7 +347,7 @@ def _recipient_ok(assertion: Any, acs_url: str) -> bool:
     bearers = [
         c
         for c in getattr(subject, "subject_confirmation", None) or []
-        if getattr(c, "method", None) == SCM_BEARER
+        if getattr(c, "method", None) == _pysaml2().SCM_BEARER
     ]
     recipients = [getattr(c.subject_confirmation_data, "recipient", None) for c in bearers]
     return bool(recipients) and all(r == acs_url for r in recipients)
