@@ -22,10 +22,11 @@ def database_down(exc: Exception) -> bool:
 
 
 def failure_reason(exc: Exception) -> str:
-    """Why a handler failed on an event, as reported and recorded: the store's own message,
+    """Why a handler failed on an event, as reported and recorded for the operator: the
+    store's own message with the database's words after it (a StoreUnavailable's detail),
     else the exception's type and text, on one line (a validation error spans many) and
     bounded."""
-    reason = exc.message if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+    reason = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
     return _one_bounded_line(reason)
 
 
