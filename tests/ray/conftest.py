@@ -53,18 +53,27 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the group
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.ray)
+            # Under pytest-xdist, one worker runs them all: one Ray cluster per test run.
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Cluster]:
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 2, "object_store_memory": 96 * 1024 * 1024},
+        # No dashboard: nothing here reads it, and on a loaded machine its start can outlast
+        # Ray's wait for it, which then drops the still-running process's handle.
+        head_node_args={
+            "num_cpus": 2,
+            "object_store_memory": 96 * 1024 * 1024,
+            "include_dashboard": False,
+        },
     )
     paths = [str(ROOT), str(ROOT / "tests" / "actors"), str(ROOT / "tests" / "ray")]
     ray.init(
