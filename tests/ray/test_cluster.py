@@ -406,8 +406,10 @@ async def test_a_host_ended_and_created_again_elsewhere_gets_its_shards_back(
 async def test_scaling_past_the_clusters_cpus_gives_up_and_changes_nothing(
     cluster_runtime: Any, store: PostgresEventStore
 ) -> None:
-    # The test cluster has 2 CPUs: two hosts of 0.8 fit, a third never will.
-    runtime: RayRuntime = await cluster_runtime(1, host_num_cpus=0.8, host_start_timeout_s=6.0)
+    # The test cluster has 2 CPUs: two hosts of 0.8 fit, a third never will. The refusal waits
+    # the whole start timeout; a host that fits must start within it on a machine loaded by
+    # the other test worker (a new Ray worker process took more than 6 s there).
+    runtime: RayRuntime = await cluster_runtime(1, host_num_cpus=0.8, host_start_timeout_s=20.0)
     with pytest.raises(Unavailable) as refused:
         await runtime.scale(3)
     message = str(refused.value)
