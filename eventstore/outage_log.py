@@ -31,23 +31,18 @@ class OutageLog:
         """One more failure in a row: a warning for the first, and a minute after the last."""
         self.failures += 1
         now = time.monotonic()
-        if self.failures == 1 or now - self._last_warned >= OUTAGE_REMINDER_S:
+        remind = self.failures == 1 or now - self._last_warned >= OUTAGE_REMINDER_S
+        if remind:
             self._last_warned = now
-            self._log.warning(
-                "%s failed (%d in a row), retrying: %s: %s",
-                self._what,
-                self.failures,
-                type(exc).__name__,
-                exc,
-            )
-        else:
-            self._log.debug(
-                "%s failed (%d in a row): %s: %s",
-                self._what,
-                self.failures,
-                type(exc).__name__,
-                exc,
-            )
+        self._log.log(
+            logging.WARNING if remind else logging.DEBUG,
+            "%s failed (%d in a row)%s: %s: %s",
+            self._what,
+            self.failures,
+            ", retrying" if remind else "",
+            type(exc).__name__,
+            exc,
+        )
 
     def succeeded(self) -> None:
         """The loop works again: said once, after a failure."""
