@@ -56,14 +56,9 @@ class StatementAborted(StoreUnavailable):
             "the database gave up on a statement (a timeout, a lock wait or a conflict with "
             "another transaction); retry shortly"
         )
+        # The database's words (the SQLSTATE, the driver's class, the server's text, which
+        # names its tables, locks and processes): for the log and the operator only.
         self.detail = reason
-
-    @property
-    def reason(self) -> str:
-        """The database's words: the SQLSTATE, the driver's class and the server's text. For
-        the log and the operator (as `detail`), never for a client: the server's text names
-        its tables, locks and processes."""
-        return self.detail
 
 
 class InvalidCursor(StoreError, InvalidInput):

@@ -38,7 +38,7 @@ def aborted_reason(exc: StatementAborted, attempts: int, name: str) -> str:
         f"the database gave up on this event's statement {attempts} times in a row: the "
         "handler is too slow for the statement timeout or waits on a lock held elsewhere; "
         "fix the cause (a missing index, a long transaction), then restart the service or "
-        f"run `svc projections rebuild {name}` (the last time: {exc.reason})"
+        f"run `svc projections rebuild {name}` (the last time: {exc.detail})"
     )
 
 

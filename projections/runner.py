@@ -617,7 +617,7 @@ class ProjectionRunner:
             count,
             _MAX_ABORTS,
             delay,
-            exc.reason,
+            exc.detail,
         )
 
     def _wait_for_newer(
