@@ -64,9 +64,10 @@ from schemas.errors import FeatureDisabled, InvalidInput, Unauthorized, Unavaila
 def _pysaml2() -> SimpleNamespace:
     """pysaml2, imported when SAML is first used rather than with this module: loading its
     XML schemas takes most of a second, which every `svc` command and every start would
-    otherwise pay for a feature most instances leave off. `service_provider` imports it in a
-    worker thread, so that the event loop does not stall for it; the warnings filter below
-    is process-wide, and mutes other threads' warnings for the length of that one import."""
+    otherwise pay for a feature most instances leave off. `_build` imports it, in the worker
+    thread `service_provider` runs it in, so that the event loop does not stall for it; every
+    other use comes after a build. The warnings filter below is process-wide, and mutes other
+    threads' warnings for the length of that one import."""
     with warnings.catch_warnings():
         # pysaml2 7.5 imports cipher modes cryptography deprecates; harmless here (we never
         # use them), and tests turn warnings into errors.
@@ -237,7 +238,6 @@ def _build(settings: SamlSettings, sp_key: str, fingerprint: str) -> ServiceProv
 
 async def service_provider(ident: Identity) -> ServiceProvider:
     settings = read_settings(ident)
-    await asyncio.to_thread(_pysaml2)  # once, the first time: see _pysaml2
     sp_key = await ident.vault.get(INSTANCE, *SP_KEY_SECRET)
     if not sp_key:
         raise Unavailable("SAML needs the SP key secret (saml/sp_key)", code="saml_not_configured")
