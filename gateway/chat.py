@@ -57,13 +57,7 @@ from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
 from gateway.auth import CHAT_PATH, CHAT_SCOPE, MODELS_PATH, authenticate, require_scope
-from gateway.errors import (
-    client_gone,
-    error_body,
-    internal_failure,
-    read_header,
-    read_json,
-)
+from gateway.errors import client_gone, error_body, internal_failure, read_header, read_json
 from gateway.identity.common import first_attempt_ran
 from gateway.openapi import document
 from gateway.sse import open_sse, send_event
