@@ -33,6 +33,7 @@ from gateway.admin_common import (
     ask,
     not_applied,
     ok,
+    public_cursor,
     read_your_writes,
     wait_applied,
 )
@@ -225,7 +226,7 @@ async def _execute(request: web.Request, agent_id: str, command: Command) -> Com
             request,
             AGENT_MODELS,
             f"agent {agent_id} was changed but the read models did not apply it in time; "
-            f"read it with min_cursor={outcome.cursor}",
+            f"read it with min_cursor={public_cursor(request, outcome.cursor)}",
         )
     forget_agents(request.app, command.workspace_id)  # this process serves the change at once
     return outcome
@@ -235,7 +236,9 @@ async def _written(
     request: web.Request, principal: Principal, agent_id: str, outcome: CommandOutcome
 ) -> WrittenAgent:
     agent = await _read(request, principal, agent_id)
-    return WrittenAgent(**_record(agent).model_dump(), cursor=outcome.cursor)
+    return WrittenAgent(
+        **_record(agent).model_dump(), cursor=public_cursor(request, outcome.cursor)
+    )
 
 
 async def _read(request: web.Request, principal: Principal, agent_id: str) -> agent_queries.Agent:

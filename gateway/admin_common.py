@@ -11,9 +11,10 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from actors.behaviour import ActorKey
+from eventstore.errors import InvalidCursor
 from gateway.auth import authenticate
 from gateway.identity.roles import domain_for_path, require_access
-from gateway.state import PROJECTIONS, RUNTIME, TAILER, Principal
+from gateway.state import CURSORS, PROJECTIONS, RUNTIME, TAILER, Principal
 from schemas.commands import Command
 from schemas.errors import Unavailable
 
@@ -72,12 +73,22 @@ def not_applied(request: web.Request, names: Collection[str] | None, lagging: st
     return Unavailable(lagging, code="projection_lagging")
 
 
+def public_cursor(request: web.Request, cursor: str) -> str:
+    """`cursor` as a response may carry it: sealed (gateway/cursor_seal.py)."""
+    return request.app[CURSORS].seal(cursor)
+
+
 async def min_cursor(request: web.Request) -> str | None:
+    """`?min_cursor=` opened into the internal cursor; None when not given."""
     raw = request.query.get("min_cursor", "").strip()
     if not raw:
         return None
-    await request.app[TAILER].issued_cursor(raw)
-    return raw
+    try:
+        cursor = request.app[CURSORS].open(raw)
+        await request.app[TAILER].issued_cursor(cursor)
+    except InvalidCursor as exc:
+        raise InvalidCursor(f"min_cursor: {exc.message}") from None
+    return cursor
 
 
 async def read_your_writes(request: web.Request, names: Collection[str] | None = None) -> None:

@@ -26,7 +26,7 @@ from eventstore.records import RecordedEvent, Snapshot
 from gateway.admin_common import READ, acting, ok
 from gateway.errors import read_query
 from gateway.feed_frames import redact, redact_model
-from gateway.state import STORE
+from gateway.state import CURSORS, STORE
 from schemas.admin import ConversationHistory, HistoryEvent, HistoryQuery
 from schemas.errors import InvalidInput, NotFound
 from schemas.events import EVENTS
@@ -96,19 +96,21 @@ async def state_at(
     return state
 
 
-def history_event(record: RecordedEvent) -> HistoryEvent:
+def history_event(record: RecordedEvent, cursor: str) -> HistoryEvent:
+    """The event as the history shows it, with `cursor`, its public form."""
     return HistoryEvent(
         version=record.version,
         type=record.type,
         data=redact(EVENTS.upcast(record.type, record.schema_version, record.data)),
         recorded_at=record.recorded_at,
-        cursor=record.cursor,
+        cursor=cursor,
     )
 
 
 async def conversation_events(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     params = read_query(request, HistoryQuery)
+    cursors = request.app[CURSORS]
     # Scoped reads: another workspace's stream reads as empty, so it is a 404 like an unknown id.
     stream = Stream(request.app[STORE], conversation_key(params.id), principal.workspace_id)
     newest = await stream.newest_version()
@@ -129,7 +131,7 @@ async def conversation_events(request: web.Request) -> web.Response:
             conversation_id=params.id,
             version=newest,
             at_version=at_version,
-            events=[history_event(r) for r in listed],
+            events=[history_event(r, cursors.seal_point(r.point)) for r in listed],
             next_after_version=listed[-1].version if more else None,
             state=redact_model(await state_at(stream, at_version, snapshot)),
         )

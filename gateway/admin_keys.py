@@ -24,6 +24,7 @@ from gateway.admin_common import (
     ask,
     not_applied,
     ok,
+    public_cursor,
     read_your_writes,
     wait_applied,
 )
@@ -117,7 +118,7 @@ async def issue_key(request: web.Request) -> web.Response:
             expires_at=command.expires_at,
             created_at=command.at,
             key=key,
-            cursor=outcome.cursor,
+            cursor=public_cursor(request, outcome.cursor),
         ),
         status=201,
         headers={"Cache-Control": "no-store"},  # the only copy of the key there will be
@@ -170,13 +171,15 @@ async def revoke_key(request: web.Request) -> web.Response:
     # stands (nothing was written this time).
     revoked = next((e for e in outcome.events if isinstance(e, ApiKeyRevoked)), None)
     if revoked is not None:
-        answer = RevokedApiKey(id=revoked.key_id, revoked_at=revoked.at, cursor=outcome.cursor)
+        revoked_at, cursor = revoked.at, outcome.cursor
     else:
-        answer = await _recorded_revocation(request, principal.workspace_id, command.key_id)
+        revoked_at, cursor = await _recorded_revocation(
+            request, principal.workspace_id, command.key_id
+        )
     # Keys are looked up in the read models: until they apply the revocation the key still
     # authenticates, and the caller must not be told it is done. The cache is dropped after
     # the wait, so that a lookup during it cannot keep the unrevoked key.
-    applied = await wait_applied(request, answer.cursor, KEY_MODELS)
+    applied = await wait_applied(request, cursor, KEY_MODELS)
     request.app[AUTH].forget_key(command.key_id)
     if not applied:
         raise not_applied(
@@ -185,12 +188,17 @@ async def revoke_key(request: web.Request) -> web.Response:
             f"API key {command.key_id} is revoked, but the read models have not applied it "
             "yet, so it may still authenticate for a moment; repeat the request to confirm",
         )
-    return ok(answer)
+    return ok(
+        RevokedApiKey(
+            id=command.key_id, revoked_at=revoked_at, cursor=public_cursor(request, cursor)
+        )
+    )
 
 
 async def _recorded_revocation(
     request: web.Request, workspace_id: str, key_id: str
-) -> RevokedApiKey:
+) -> tuple[datetime, str]:
+    """When the key was revoked, and the cursor of that event."""
     recorded = await request.app[STORE].read_stream(
         workspace_key(workspace_id).stream_id, workspace_id=workspace_id
     )
@@ -198,5 +206,5 @@ async def _recorded_revocation(
         if event.type == ApiKeyRevoked.type_name and event.data.get("key_id") == key_id:
             revoked = EVENTS.decode(event.type, event.schema_version, event.data)
             if isinstance(revoked, ApiKeyRevoked):
-                return RevokedApiKey(id=key_id, revoked_at=revoked.at, cursor=event.cursor)
+                return revoked.at, event.cursor
     raise SvcError(f"API key {key_id} is revoked but its revocation is not in the log")

@@ -35,6 +35,7 @@ from gateway.settings import Settings
 from gateway.shutdown import Shutdown
 from gateway.state import (
     AUTH,
+    CURSORS,
     DATABASE,
     MODEL_PROVIDERS,
     PROJECTIONS,
@@ -92,6 +93,7 @@ async def platform_ctx(app: web.Application) -> AsyncIterator[None]:
         app[SETTINGS_SERVICE] = platform.settings_service
         app[AUTH] = Authenticator(settings, key_lookup(platform.db), platform.limiter)
         app[SHUTDOWN] = platform.shutdown
+        app[CURSORS] = platform.cursors
         yield
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ from eventstore.migrate import STORE_MIGRATIONS, MigrationSource
 from eventstore.store import PostgresEventStore
 from eventstore.tailer import LogTailer, SubscriberTooSlow
 from eventstore.tasks import cancel_and_wait
+from gateway.cursor_seal import KEY_BYTES, CursorSeal
+from gateway.identity.vault import INSTANCE, IdentityVault
 from gateway.log_levels import apply_log_level
 from gateway.ratelimit import RateLimiter
 from gateway.secrets import DatabaseVault
@@ -92,6 +95,7 @@ class Platform:
     settings_service: SettingsService
     limiter: RateLimiter
     shutdown: Shutdown
+    cursors: CursorSeal
 
 
 def model_config(settings: Settings) -> ModelConfig:
@@ -297,6 +301,15 @@ async def _flush_and_stop(
     await runner.stop()
 
 
+async def load_cursor_seal(db: Database) -> CursorSeal:
+    """The deployment's cursor seal. Its key is made once, by whichever process first asks,
+    and kept with the instance's other secrets: never in the log, never in a response."""
+    stored = await IdentityVault(db).get_or_create(
+        INSTANCE, "cursors", "seal_key", secrets.token_hex(KEY_BYTES)
+    )
+    return CursorSeal(bytes.fromhex(stored))
+
+
 async def _identity_up_to_date(projections: ProjectionRunner) -> None:
     """Bring the identity read model to the log's head before serving. Credentials are
     checked against it: one far behind (rebuilt from the log after a migration emptied it)
@@ -373,6 +386,7 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
         opened, dsn = await open_store(settings, stack, report)
         store, notifier, tailer = opened.store, opened.notifier, opened.tailer
         vault = await load_stored_settings(settings, store)
+        cursors = await load_cursor_seal(store.db)
         providers = ProviderSet.from_config(model_config(settings))
         stack.push_async_callback(providers.aclose)
         projections = ProjectionRunner(store.db, default_projectors(), notifier=notifier)
@@ -408,4 +422,5 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
             service,
             limiter,
             shutdown,
+            cursors,
         )

@@ -57,11 +57,12 @@ from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
 from gateway.auth import CHAT_PATH, CHAT_SCOPE, MODELS_PATH, authenticate, require_scope
+from gateway.cursor_seal import CursorSeal
 from gateway.errors import client_gone, error_body, internal_failure, read_header, read_json
 from gateway.identity.common import first_attempt_ran
 from gateway.openapi import document
 from gateway.sse import open_sse, send_event
-from gateway.state import DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
+from gateway.state import CURSORS, DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
 from gateway.telemetry import record_turn, turn_span
 from gateway.ttl_cache import TtlCache
 from projections import agent_queries
@@ -287,7 +288,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         with turn_span(request, body.stream):
             if body.stream:
                 return await _stream(request, runtime, turn, body.include_usage)
-            return await _complete(runtime, turn)
+            return await _complete(runtime, turn, request.app[CURSORS])
     except SvcError as exc:
         _count_failed(turn, exc.code)
         if exc.code == "idempotency_key_reused" and turn and not turn.command.continue_only:
@@ -298,7 +299,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # A failed turn, recorded: the answer names its conversation (whatever the
             # status: an upstream's 404 for the model comes after the turn started) and the
             # cursor that read-your-writes waits for.
-            request[_FAILURE_CURSOR_KEY] = exc.recorded_cursor
+            request[_FAILURE_CURSOR_KEY] = request.app[CURSORS].seal(exc.recorded_cursor)
         elif exc.http_status < 500 and ids is not None and ids.new_conversation:
             # A fresh conversation whose first turn the actor refused (no user message, say):
             # nothing was recorded under the id, so the answer names none.
@@ -517,7 +518,7 @@ async def _conversation_header(request: web.Request, response: web.StreamRespons
         response.headers[CURSOR_HEADER] = failure_cursor
 
 
-async def _complete(runtime: ActorRuntime, turn: _Turn) -> web.Response:
+async def _complete(runtime: ActorRuntime, turn: _Turn, cursors: CursorSeal) -> web.Response:
     result = await runtime.ask(turn.key, turn.command)
     if not isinstance(result, TurnResult):
         raise TypeError(f"conversation actor answered {type(result).__name__}, not TurnResult")
@@ -542,7 +543,7 @@ async def _complete(runtime: ActorRuntime, turn: _Turn) -> web.Response:
     return web.Response(
         body=orjson.dumps(response),
         content_type="application/json",
-        headers=_cursor_header(result),
+        headers={CURSOR_HEADER: cursors.seal(result.cursor)} if result.cursor else {},
     )
 
 
@@ -560,10 +561,6 @@ def _usage(result: TurnResult) -> dict[str, int]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
     }
-
-
-def _cursor_header(result: TurnResult) -> dict[str, str]:
-    return {CURSOR_HEADER: result.cursor} if result.cursor else {}
 
 
 async def _stream(
@@ -701,7 +698,7 @@ class _ChunkSender:
         delta = {} if self._sent_role else {"role": "assistant"}
         self._sent_role = True
         final = self._chunk(delta, finish_reason=result.finish_reason)
-        await self._send(final, id=result.cursor or None)
+        await self._send(final, id=self._public(result.cursor))
         if self._include_usage:
             await self._send(self._chunk(None, usage=_usage(result)))
         await self._send(b"[DONE]")
@@ -727,7 +724,11 @@ class _ChunkSender:
     ) -> None:
         """The error frame; with the cursor of the failure recorded for the turn as its SSE
         `id:`, as the finishing chunk of a completed turn carries its own."""
-        await self._send(orjson.dumps(error_body(message, error_type, code)), id=cursor)
+        body = orjson.dumps(error_body(message, error_type, code))
+        await self._send(body, id=self._public(cursor))
+
+    def _public(self, cursor: str | None) -> str | None:
+        return self._request.app[CURSORS].seal(cursor) if cursor else None
 
     async def close(self) -> None:
         if self.client_gone:

@@ -499,7 +499,7 @@ async def _replay(args: argparse.Namespace, stream: Stream, state_of: _StateAt, 
     # then written so that a control character in someone's message runs nothing here.
     async for page in stream.pages(1, until):
         for recorded in page:
-            shown = history_event(recorded)
+            shown = history_event(recorded, cursor="")  # a replay prints no cursors
             data = json_visible(json.dumps(shown.data, ensure_ascii=False))
             when = shown.recorded_at.isoformat()
             _out(f"v{shown.version}\t{when}\t{one_line(shown.type)}\t{data}")

@@ -48,6 +48,7 @@ from eventstore.cursor import LogPoint, decode_cursor
 from eventstore.records import RecordedEvent
 from eventstore.tailer import LogTailer, SubscriberTooSlow
 from eventstore.tasks import cancel_and_wait
+from gateway.cursor_seal import CursorSeal
 from gateway.errors import internal_failure
 from gateway.feed_frames import HEARTBEAT_FRAME, FrameCache, closing_frame
 from schemas.errors import SvcError, Unavailable
@@ -197,8 +198,9 @@ class FeedConnection:
 
 
 class FeedFanout:
-    def __init__(self) -> None:
-        self.frames = FrameCache()
+    def __init__(self, cursors: CursorSeal) -> None:
+        self.cursors = cursors
+        self.frames = FrameCache(cursors)
         # A round's cost is about one socket write per connection. The interval between
         # rounds is the last round's cost over `flush_duty`, within the bounds: with a few
         # connections events go out at once; with thousands, rounds batch more events each so
@@ -452,12 +454,15 @@ class FeedFanout:
             async with asyncio.timeout(self.write_timeout_s):
                 if not conn.final_sent:
                     error = _closing_error(conn, reason)
-                    await resp.write(closing_frame(_closing_event(reason), conn.cursor, error))
+                    await resp.write(self._closing_frame(conn, reason, error))
                 await resp.write_eof()
         except TimeoutError:
             _abort(request)
         except ConnectionError:
             pass
+
+    def _closing_frame(self, conn: FeedConnection, reason: EndReason, error: SvcError) -> bytes:
+        return closing_frame(_closing_event(reason), self.cursors.seal(conn.cursor), error)
 
     def _add(self, conn: FeedConnection) -> None:
         self._by_ws.setdefault(conn.filter.workspace_id, set()).add(conn)
@@ -483,7 +488,7 @@ class FeedFanout:
             self.unauthorized_total += 1
         if reason != "gone" and conn.pending is None and not conn.outlet.closing:
             final = _closing_error(conn, reason)
-            conn.outlet.send(Payload.of(closing_frame(_closing_event(reason), conn.cursor, final)))
+            conn.outlet.send(Payload.of(self._closing_frame(conn, reason, final)))
             conn.final_sent = True
         conn.ended.set_result(reason)
 

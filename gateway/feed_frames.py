@@ -2,7 +2,8 @@
 final frame that closes a feed with its cursor.
 
 A frame is `id: <cursor>`, `event: <type>`, `data: <FeedEvent JSON>` (gateway/sse.py framing).
-Fields named like secrets are redacted at any depth before anything is serialised.
+Fields named like secrets are redacted at any depth before anything is serialised. Cursors
+go out sealed (gateway/cursor_seal.py): the callers here are handed the public form.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import orjson
 from pydantic import BaseModel
 
 from eventstore.records import RecordedEvent
+from gateway.cursor_seal import CursorSeal
 from gateway.errors import error_body
 from gateway.sse import encode_event
 from schemas.errors import SvcError
@@ -87,14 +89,15 @@ def _current_data(record: RecordedEvent) -> dict[str, Any]:
         return record.data
 
 
-def frame_payload(record: RecordedEvent) -> dict[str, Any]:
+def frame_payload(record: RecordedEvent, cursor: str) -> dict[str, Any]:
+    """The FeedEvent of `record`, whose public cursor is `cursor`."""
     return {
         "type": record.type,
         "stream_id": record.stream_id,
         "version": record.version,
         "data": redact(_current_data(record)),
         "recorded_at": record.recorded_at.isoformat(),
-        "cursor": record.cursor,
+        "cursor": cursor,
     }
 
 
@@ -104,8 +107,8 @@ def closing_payload(cursor: str, message: str, error_type: str, code: str) -> st
 
 
 def closing_frame(event: str, cursor: str, error: SvcError) -> bytes:
-    """The last frame of a feed (`event: error` or `event: shutdown`), carrying the cursor to
-    resume from as its `id` and in its body."""
+    """The last frame of a feed (`event: error` or `event: shutdown`), carrying the public
+    cursor to resume from as its `id` and in its body."""
     data = closing_payload(cursor, error.message, error.error_type, error.code)
     return encode_event(data, event=event, id=cursor or None)
 
@@ -118,7 +121,10 @@ class FrameCache:
     event fanned out to a thousand feeds is redacted and serialised once. Bounded by count
     and by bytes (an assistant message may be large)."""
 
-    def __init__(self, size: int = 4096, max_bytes: int = 32 * 1024 * 1024) -> None:
+    def __init__(
+        self, cursors: CursorSeal, size: int = 4096, max_bytes: int = 32 * 1024 * 1024
+    ) -> None:
+        self._cursors = cursors
         self._size = size
         self._max_bytes = max_bytes
         self._bytes = 0
@@ -127,8 +133,9 @@ class FrameCache:
     def frame(self, record: RecordedEvent) -> bytes:
         frame = self._frames.get(record.position)
         if frame is None:
-            data = orjson.dumps(frame_payload(record))
-            frame = encode_event(data, event=record.type, id=record.cursor)
+            cursor = self._cursors.seal_point(record.point)
+            data = orjson.dumps(frame_payload(record, cursor))
+            frame = encode_event(data, event=record.type, id=cursor)
             self._frames[record.position] = frame
             self._bytes += len(frame)
             while len(self._frames) > self._size or self._bytes > self._max_bytes:

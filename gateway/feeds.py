@@ -2,9 +2,10 @@
 
 Both tail the global log through the process's one `LogTailer` (ARCHITECTURE.md decision 4)
 and its one `FeedFanout` (gateway/feed_fanout.py), strictly filtered to the principal's
-workspace. Every frame carries `id: <cursor>`, where the
-cursor is the opaque `(tx, position)` of the gap-free order (decision 3), so a client that
-resumes with `Last-Event-ID` (or `?cursor=`) gets exactly the events after the last one it saw.
+workspace. Every frame carries `id: <cursor>`, where the cursor is the `(tx, position)` of
+the gap-free order (decision 3), sealed (gateway/cursor_seal.py), so a client that resumes
+with `Last-Event-ID` (or `?cursor=`) gets exactly the events after the last one it saw, and
+learns nothing from it of the rest of the instance's log.
 
 - /v1/events/stream: every event of the acting workspace; needs `admin:read` (read on every
   resource domain), the right to read all of it through the admin API.
@@ -43,7 +44,7 @@ from gateway.feed_frames import (
 from gateway.identity.roles import require_access
 from gateway.openapi import document
 from gateway.sse import open_sse, send_retry
-from gateway.state import AUTH, STORE, TAILER, Principal
+from gateway.state import AUTH, CURSORS, STORE, TAILER, Principal
 from schemas.admin import FeedEvent, FeedQuery
 from schemas.errors import InvalidInput
 
@@ -160,14 +161,14 @@ async def resume_cursor(request: web.Request) -> str:
         ("cursor", query.get("cursor")),
     )
     source, given = next(((name, value) for name, value in candidates if value), ("cursor", ""))
-    raw = given.strip()
     try:
-        await request.app[TAILER].issued_cursor(raw)
+        cursor = request.app[CURSORS].open(given.strip())
+        await request.app[TAILER].issued_cursor(cursor)
     except InvalidCursor as exc:
         # Which input: an EventSource resends a Last-Event-ID the page never sees, which
         # then silently wins over a good ?cursor=.
         raise InvalidCursor(f"{source}: {exc.message}") from None
-    return raw
+    return cursor
 
 
 def requested_types(request: web.Request) -> list[str] | None:
@@ -216,10 +217,11 @@ async def _authorize(request: web.Request, spec: FeedSpec) -> Principal:
     return principal
 
 
-async def _watch_revocations(app: web.Application) -> None:
-    """A key revoked (or changed) in this process has its feeds checked at once, not at the
-    next sweep. Runs after the cleanup contexts started, so the authenticator exists."""
-    hub = app[FEED_HUB]
+async def _open_hub(app: web.Application) -> None:
+    """The process's fan-out, made once the cleanup contexts have opened the platform (it
+    seals cursors with the deployment's key). A key revoked (or changed) in this process has
+    its feeds checked at once, not at the next sweep."""
+    hub = app[FEED_HUB] = FeedFanout(app[CURSORS])
     app[AUTH].on_forget(lambda _key_id: hub.recheck_soon())
 
 
@@ -268,12 +270,12 @@ def _handler(spec: FeedSpec) -> Callable[[web.Request], Any]:
 
 
 async def _close_feeds(app: web.Application) -> None:
-    app[FEED_HUB].close_all()
+    if FEED_HUB in app:  # else the platform never opened
+        app[FEED_HUB].close_all()
 
 
 def add_routes(app: web.Application) -> None:
-    app[FEED_HUB] = FeedFanout()
-    app.on_startup.append(_watch_revocations)
+    app.on_startup.append(_open_hub)
     app.on_shutdown.append(_close_feeds)
     for spec in FEED_SPECS:
         # No HEAD: a feed is all body, and a body after HEAD would be read as the next response.

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from eventstore.store import PostgresEventStore
     from eventstore.tailer import LogTailer
     from gateway.auth import Authenticator
+    from gateway.cursor_seal import CursorSeal
     from gateway.settings import Settings, SettingsService
     from projections.runner import ProjectionRunner
 
@@ -25,6 +26,8 @@ STORE: web.AppKey[PostgresEventStore] = web.AppKey("svc_store")
 RUNTIME: web.AppKey[ActorRuntime] = web.AppKey("svc_runtime")
 TAILER: web.AppKey[LogTailer] = web.AppKey("svc_tailer")
 """The process's one log tailer (the store's `subscribe` fans out from it)."""
+CURSORS: web.AppKey[CursorSeal] = web.AppKey("svc_cursors")
+"""Seals every cursor a response carries and opens every cursor a request brings."""
 AUTH: web.AppKey[Authenticator] = web.AppKey("svc_auth")
 PROJECTIONS: web.AppKey[ProjectionRunner] = web.AppKey("svc_projections")
 MODEL_PROVIDERS: web.AppKey[ProviderSet] = web.AppKey("svc_model_providers")

@@ -140,7 +140,7 @@ class IssuedOAuthClient(_Body):
 
 
 class AuditEntry(_Body):
-    position: int
+    id: str = Field(description="sealed: pass it as `before` for the entries older than this one")
     at: AwareDatetime
     action: str
     user_id: str | None

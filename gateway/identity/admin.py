@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from actors.behaviour import CommandOutcome
 from actors.identity import directory_key, session_key
 from actors.workspace import workspace_key
+from eventstore.errors import InvalidCursor
 from gateway.auth import (
     KEY_MODELS,
     check_delegation,
@@ -24,6 +25,7 @@ from gateway.auth import (
     require_instance_admin,
     writes_as_owner,
 )
+from gateway.cursor_seal import CursorSeal
 from gateway.errors import read_json, read_query, refuse_body
 from gateway.identity.authn import acting, identify
 from gateway.identity.common import (
@@ -40,7 +42,7 @@ from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password
 from gateway.identity.roles import allowed, require_access
 from gateway.identity.service import APPLY_TIMEOUT_S, Identity, identity
 from gateway.identity.vault import INSTANCE, PASSWORD
-from gateway.state import AUTH, PROJECTIONS, RUNTIME, Principal
+from gateway.state import AUTH, CURSORS, PROJECTIONS, RUNTIME, Principal
 from projections.identity_queries import (
     UserRow,
     find_oauth_client,
@@ -81,8 +83,6 @@ from schemas.workspace import API_KEY_SCOPES, IssueApiKey, RevokeApiKey
 
 Password = Annotated[SecretStr, Field(min_length=MIN_LENGTH, max_length=MAX_LENGTH)]
 SCIM_TOKEN_PREFIX = "svc_scim_"
-MAX_POSITION = 2**63 - 1
-"""The largest audit position (a PostgreSQL bigint)."""
 
 
 class _Body(BaseModel):
@@ -103,11 +103,11 @@ class UserListQuery(_Body):
 
 class AuditQuery(_Body):
     limit: int = Field(default=PAGE, ge=1, le=MAX_PAGE)
-    before: int | None = Field(
+    before: str | None = Field(
         default=None,
-        ge=1,
-        le=MAX_POSITION,
-        description="entries older than this position: the `next_cursor` of the page before",
+        max_length=64,
+        description="entries older than this one: the `next_cursor` of the page before, or "
+        "an entry's `id`",
     )
     action: str | None = Field(
         default=None, max_length=200, description="only this action, e.g. identity.login_failed"
@@ -731,16 +731,19 @@ async def _check_client_owner_rule(ident: Identity, principal: Principal, client
 async def audit_log(request: web.Request) -> web.Response:
     principal = await acting(request, "audit", "read")
     page = read_query(request, AuditQuery)
+    cursors = request.app[CURSORS]
     rows = await list_audit(
         identity(request).db,
         principal.workspace_id,
         limit=page.limit,
-        before=page.before,
+        before=_audit_position(cursors, page.before),
         action=page.action,
     )
+    # Entries are named by their sealed log position: the position itself would count the
+    # events of every workspace (gateway/cursor_seal.py).
     items = [
         {
-            "position": r.position,
+            "id": cursors.seal_audit(r.position),
             "at": r.at.isoformat(),
             "action": r.action,
             "user_id": r.user_id,
@@ -750,5 +753,14 @@ async def audit_log(request: web.Request) -> web.Response:
         }
         for r in rows
     ]
-    next_before = str(rows[-1].position) if len(rows) == page.limit else None
+    next_before = cursors.seal_audit(rows[-1].position) if len(rows) == page.limit else None
     return json({"items": items, "next_cursor": next_before})
+
+
+def _audit_position(cursors: CursorSeal, before: str | None) -> int | None:
+    if not before:
+        return None
+    try:
+        return cursors.open_audit(before.strip())
+    except InvalidCursor as exc:
+        raise InvalidCursor(f"before: {exc.message}") from None

@@ -507,7 +507,7 @@ async def test_an_idempotency_key_reused_for_another_revocation_is_refused(
                 f"/v1/admin/apikeys/{target}/revoke", admin, None, 409, **reused
             )
             assert_error(body, "idempotency_key_reused")
-    await service.settle(done["cursor"])
+    await service.settle(service.opened(done["cursor"]))
     assert (await service.get_json("/v1/admin/overview", second["key"]))["workspace_id"] == ws
 
 
@@ -616,20 +616,21 @@ async def test_min_cursor(service: Service) -> None:
     ws = uid("ws-")
     key = await service.issue_key(ws, ("admin:read",))
     head = await service.app[STORE].head()
-    body = await service.get_json("/v1/admin/conversations", key, min_cursor=head)
+    body = await service.get_json("/v1/admin/conversations", key, min_cursor=service.sealed(head))
     assert body["total"] == 0
-    assert_error(
-        await service.get_json("/v1/admin/conversations", key, 400, min_cursor="garbage"),
-        "invalid_cursor",
-    )
-    # Never issued: waiting for the read models to reach it would only time out (a 503).
     point = decode_cursor(head)
-    for never in (
-        encode_cursor(LogPoint(point.tx, point.position + 1_000_000)),
-        "c1_____________________w",  # both halves 2**64 - 1: past bigint and xid8
+    for refused, words in (
+        ("garbage", "malformed cursor"),
+        (head, "no longer issues"),  # the plain form: it would tell where the log is
+        ("c1_____________________w", "no longer issues"),
+        # Sealed, yet never issued: waiting for the read models to reach it would only time
+        # out (a 503).
+        (service.sealed(encode_cursor(LogPoint(point.tx, point.position + 1_000_000))), "ahead"),
     ):
-        error = await service.get_json("/v1/admin/overview", key, 400, min_cursor=never)
+        error = await service.get_json("/v1/admin/overview", key, 400, min_cursor=refused)
         assert_error(error, "invalid_cursor")
+        assert error["error"]["message"].startswith("min_cursor: "), error
+        assert words in error["error"]["message"], error
 
 
 async def test_a_key_cannot_mint_a_key_with_admin_scopes_it_lacks(service: Service) -> None:

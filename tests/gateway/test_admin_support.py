@@ -29,7 +29,7 @@ from gateway.auth import generate_key, hash_key
 from gateway.bootstrap import ensure_workspace
 from gateway.http_server import GatewayRunner
 from gateway.settings import Settings
-from gateway.state import PROJECTIONS, RUNTIME, STORE
+from gateway.state import CURSORS, PROJECTIONS, RUNTIME, STORE
 from schemas.conversation import RenameConversation, RunTurn, StartConversation
 from schemas.workspace import IssueApiKey
 
@@ -81,6 +81,14 @@ class Service:
     async def settle(self, cursor: str) -> None:
         assert await self.app[PROJECTIONS].wait_for(cursor, 10.0)
 
+    def sealed(self, cursor: str) -> str:
+        """An internal cursor as a response would carry it."""
+        return self.app[CURSORS].seal(cursor)
+
+    def opened(self, public: str) -> str:
+        """A cursor a response carried, as the store's internal one."""
+        return self.app[CURSORS].open(public)
+
     async def issue_key(self, workspace_id: str, scopes: tuple[str, ...] = ("*",)) -> str:
         await ensure_workspace(self.app[RUNTIME], workspace_id)
         key = generate_key()
@@ -104,7 +112,8 @@ class Service:
     async def append_pings(
         self, workspace_id: str, count: int, *, kind: str = "test.ping", size: int = 0
     ) -> str:
-        """Append `count` events of type `kind` to a fresh test stream; returns the cursor."""
+        """Append `count` events of type `kind` to a fresh test stream; returns the last
+        one's cursor as a response would carry it (sealed)."""
         stream = uid("test:")
         pad = "x" * size
         result = await self.app[STORE].append(
@@ -114,7 +123,7 @@ class Service:
             command_id=uid("cmd-"),
             workspace_id=workspace_id,
         )
-        return result.cursor
+        return self.sealed(result.cursor)
 
     async def start_conversation(self, workspace_id: str, title: str = "hello") -> str:
         cid = uid("c-")

@@ -475,7 +475,7 @@ async def test_upstream_failure_is_502_and_recorded(chat: Chat) -> None:
     assert failed.data["error_code"] == "upstream_rejected"
     assert chat.stub.calls == 1
     # The failure's cursor, as a success gives its own: an admin read can wait for it.
-    assert error.response.headers["X-SVC-Cursor"] == failed.cursor
+    assert error.response.headers["X-SVC-Cursor"] == chat.service.sealed(failed.cursor)
 
 
 TOO_LONG = json.dumps(
@@ -515,7 +515,7 @@ async def test_an_upstream_400_for_the_clients_input_is_the_clients_400(
     assert again.response.headers["X-SVC-Conversation-Id"] == conversation_id
     failed = await chat.wait_for_event(conversation_id, FAILED)
     assert failed.data["error_code"] == "context_length_exceeded"
-    assert first.response.headers["X-SVC-Cursor"] == failed.cursor
+    assert first.response.headers["X-SVC-Cursor"] == chat.service.sealed(failed.cursor)
 
 
 async def test_a_model_the_upstream_lacks_names_the_conversation_it_recorded(
@@ -534,7 +534,7 @@ async def test_a_model_the_upstream_lacks_names_the_conversation_it_recorded(
         assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"
         conversation_id = resp.headers["X-SVC-Conversation-Id"]
         failed = await served.wait_for_event(conversation_id, FAILED)
-        assert resp.headers["X-SVC-Cursor"] == failed.cursor
+        assert resp.headers["X-SVC-Cursor"] == served.service.sealed(failed.cursor)
         # A retry is answered with the recorded failure, and names the same conversation.
         retried = {"Idempotency-Key": uid("missing-model-")}
         served.stub.faults.append(
@@ -639,7 +639,7 @@ async def test_a_streams_error_frame_carries_the_recorded_failures_cursor(chat: 
         if "error" in frame.data:
             break
     failed = await chat.wait_for_event(resp.headers["X-SVC-Conversation-Id"], FAILED)
-    assert frame.id == failed.cursor
+    assert frame.id == chat.service.sealed(failed.cursor)
     resp.close()
 
 
@@ -663,10 +663,12 @@ async def test_a_turn_ended_by_a_defect_answers_500_with_its_failures_cursor(
     if stream:
         frames = [f async for f in _frames(resp)]
         error = frames[-1]
-        assert "error" in error.data and error.id == failed.cursor
+        assert "error" in error.data and error.id == chat.service.sealed(failed.cursor)
         text = error.data
     else:
-        assert resp.status == 500 and resp.headers["X-SVC-Cursor"] == failed.cursor
+        assert resp.status == 500 and resp.headers["X-SVC-Cursor"] == chat.service.sealed(
+            failed.cursor
+        )
         text = await resp.text()
     assert "internal error (id " in text and "detail-only" not in text
     # The same request again gets the recorded failure, which a retry cannot mend.

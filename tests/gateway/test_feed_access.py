@@ -121,7 +121,8 @@ async def test_revoking_a_key_closes_its_open_feeds(
     # Its cursor is the newest point it consumed: the last event sent, or on the web feed a
     # later event it does not carry (the revocation itself).
     assert final.id == body["cursor"]
-    assert decode_cursor(body["cursor"]) >= decode_cursor(delivered[-1].id or "")
+    opened = [service.opened(cursor) for cursor in (body["cursor"], delivered[-1].id or "")]
+    assert decode_cursor(opened[0]) >= decode_cursor(opened[1])
 
     # The admin's feed is untouched; what the revoked key missed, it would be refused.
     await service.start_conversation(ws, "after the revocation")
@@ -385,11 +386,13 @@ async def test_valid_keys_keep_their_feeds_across_checks(
 
 @pytest.mark.parametrize("path", [EVENTS, WEB])
 async def test_a_cursor_ahead_of_the_log_is_a_400(service: Service, path: str) -> None:
+    """Sealed with this deployment's key yet ahead of its log: what a database restored from
+    an older backup would meet. A feed from there would wait forever."""
     _, key = await new_workspace(service)
     head = decode_cursor(await service.app[STORE].head())
     ahead = [
-        "c1AAAA6NSlEAAAAAAAAAAAAQ",  # tx 10**12
-        encode_cursor(LogPoint(head.tx, head.position + 1_000_000)),
+        service.sealed(encode_cursor(LogPoint(10**12, 1))),
+        service.sealed(encode_cursor(LogPoint(head.tx, head.position + 1_000_000))),
     ]
     for cursor in ahead:
         for headers in ({"Last-Event-ID": cursor}, {}):
@@ -406,6 +409,28 @@ async def test_a_cursor_ahead_of_the_log_is_a_400(service: Service, path: str) -
             assert error["message"].startswith(source), error["message"]
 
 
+@pytest.mark.parametrize("path", [EVENTS, WEB])
+async def test_a_plain_cursor_is_refused_so_it_cannot_probe_the_log(
+    service: Service, path: str
+) -> None:
+    """The unsealed `(tx, position)` form is refused whether it is behind the log's head or
+    ahead of it: the two answers would differ otherwise, and a tenant could find the head
+    (the instance's event count) by bisection."""
+    _, key = await new_workspace(service)
+    head = decode_cursor(await service.app[STORE].head())
+    messages = set()
+    for point in (LogPoint(1, 1), head, LogPoint(head.tx, head.position + 1_000_000)):
+        resp = await service.http.get(
+            service.url(path), headers=service.auth(key), params={"cursor": encode_cursor(point)}
+        )
+        assert resp.status == 400
+        error = (await resp.json())["error"]
+        assert error["code"] == "invalid_cursor"
+        messages.add(error["message"])
+    (message,) = messages
+    assert "no longer issues" in message and "start=latest" in message
+
+
 async def test_a_fresh_cursor_behind_a_running_transaction_is_accepted(service: Service) -> None:
     # An older transaction still running holds xmin back: the event just appended is not yet
     # visible to readers, so its cursor is ahead of the tailer and of the visible head. It
@@ -414,7 +439,8 @@ async def test_a_fresh_cursor_behind_a_running_transaction_is_accepted(service: 
     async with service.app[DATABASE].transaction() as holder:
         await holder.fetchval("SELECT pg_current_xact_id()")
         fresh = await service.append_pings(ws, 1)
-        assert decode_cursor(fresh) > decode_cursor(await service.app[STORE].head())
+        head = await service.app[STORE].head()
+        assert decode_cursor(service.opened(fresh)) > decode_cursor(head)
         resp, reader = await open_feed(service, EVENTS, key, cursor=fresh)
     sentinel = await service.append_pings(ws, 1, kind="test.sentinel")
     (frame,) = await reader.events(1)

@@ -37,8 +37,9 @@ WEB = "/v1/web/stream"
 
 
 async def log_cursors(svc: Service, workspace_id: str, types: list[str] | None = None) -> list[str]:
+    """The sealed cursors of the workspace's events, as its feed must give them."""
     records = await svc.app[STORE].read_all(None, 10_000, workspace_id=workspace_id, types=types)
-    return [r.cursor for r in records]
+    return [svc.sealed(r.cursor) for r in records]
 
 
 def ids(frames: list[Frame]) -> list[str]:
@@ -274,7 +275,7 @@ async def test_web_stream_carries_conversation_events_only(service: Service) -> 
     cid = await service.start_conversation(ws, "first")
     await service.rename(ws, cid, "second")
     expected = [
-        r.cursor
+        service.sealed(r.cursor)
         for r in await service.app[STORE].read_all(None, 1000, workspace_id=ws)
         if r.stream_id.startswith("conversation:")
     ]
@@ -374,7 +375,7 @@ async def test_slow_consumer_is_cut_off_with_its_cursor(
     monkeypatch.setattr(hub, "write_timeout_s", 120.0)
     ws = uid("ws-")
     key = await service.issue_key(ws)
-    head = await service.app[STORE].head()
+    head = service.sealed(await service.app[STORE].head())
     slow, slow_reader = await open_feed(service, EVENTS, key, cursor=head)
     fast, fast_reader = await open_feed(service, EVENTS, key, cursor=head)
     assert (await slow_reader.frame()) is not None  # retry frame; then stop reading

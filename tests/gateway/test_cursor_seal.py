@@ -1,0 +1,151 @@
+"""Sealed cursors (gateway/cursor_seal.py): what a client holds names a point of the log
+without telling where it is, opens back to exactly that point, and nothing else opens."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import string
+
+import pytest
+
+from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
+from eventstore.db import Database
+from eventstore.errors import InvalidCursor
+from eventstore.migrate import apply_migrations
+from gateway.bootstrap import MIGRATIONS, load_cursor_seal
+from gateway.cursor_seal import MAX_NUMBER, CursorSeal
+
+KEY = bytes(range(16))
+OTHER_KEY = bytes(range(16, 32))
+POINTS = [
+    LogPoint(1, 1),
+    LogPoint(742, 9_001),
+    LogPoint(2**40 + 3, 2**33 + 5),
+    LogPoint(MAX_NUMBER, MAX_NUMBER),
+    LogPoint(0, 7),
+]
+
+
+def test_a_sealed_cursor_opens_to_the_point_it_was_made_from() -> None:
+    seal = CursorSeal(KEY)
+    for point in POINTS:
+        public = seal.seal_point(point)
+        assert public.startswith("c2") and len(public) == 24, public
+        assert decode_cursor(seal.open(public)) == point
+        assert seal.seal(encode_cursor(point)) == public  # the same from the internal form
+        assert CursorSeal(KEY).seal_point(point) == public  # deterministic: any process
+
+
+def test_the_start_of_the_log_is_the_empty_cursor_both_ways() -> None:
+    seal = CursorSeal(KEY)
+    assert seal.seal("") == "" == seal.seal_point(LogPoint(0, 0))
+    assert seal.open("") == ""
+
+
+def test_neighbouring_points_look_unrelated() -> None:
+    """Positions one apart differ in most characters: nothing of the order or the distance
+    between two cursors shows (the plain form shares all but the last few)."""
+    seal = CursorSeal(KEY)
+    tokens = [seal.seal_point(LogPoint(1_000, position)) for position in range(1_000, 1_050)]
+    for a, b in itertools.pairwise(tokens):
+        assert sum(x != y for x, y in zip(a[2:], b[2:], strict=True)) >= 12, (a, b)
+    plain = [encode_cursor(LogPoint(1_000, position)) for position in (1_000, 1_001)]
+    assert sum(x != y for x, y in zip(*plain, strict=True)) <= 2
+    assert sorted(tokens) != tokens
+
+
+def test_a_cursor_edited_in_any_one_character_is_refused() -> None:
+    seal = CursorSeal(KEY)
+    public = seal.seal_point(LogPoint(31_337, 4_242))
+    alphabet = string.ascii_letters + string.digits + "-_"
+    tried = 0
+    for index in range(2, len(public)):
+        for char in alphabet:
+            edited = public[:index] + char + public[index + 1 :]
+            if edited == public:
+                continue
+            tried += 1
+            with pytest.raises(InvalidCursor, match="malformed cursor"):
+                seal.open(edited)
+    assert tried == 22 * 63
+
+
+def test_only_the_one_spelling_issued_opens() -> None:
+    """Base64 decoders take `+` and `/`, padding, and a last character whose spare bits
+    differ: each would open to the same point, so each is refused."""
+    seal = CursorSeal(KEY)
+    public = seal.seal_point(LogPoint(5, 6))
+    raw = base64.urlsafe_b64decode(public[2:] + "==")
+    standard = "c2" + base64.b64encode(raw).decode().rstrip("=")
+    spare_bits = public[:-1] + alphabet_neighbour(public[-1])
+    for variant in (public + "==", standard, spare_bits, public + "A", public[:-1]):
+        if variant == public:
+            continue
+        with pytest.raises(InvalidCursor):
+            seal.open(variant)
+
+
+def alphabet_neighbour(last: str) -> str:
+    """A character that decodes to the same bytes as `last`: the last of the 22 base64
+    characters of 16 bytes carries 2 bits of them and 4 spare ones."""
+    alphabet = string.ascii_uppercase + string.ascii_lowercase + string.digits + "-_"
+    index = alphabet.index(last)
+    return alphabet[index ^ 1]
+
+
+def test_a_cursor_of_another_deployment_is_refused() -> None:
+    ours, theirs = CursorSeal(KEY), CursorSeal(OTHER_KEY)
+    for point in POINTS:
+        with pytest.raises(InvalidCursor, match="malformed cursor"):
+            ours.open(theirs.seal_point(point))
+
+
+def test_the_plain_form_of_earlier_builds_is_refused_with_what_to_do() -> None:
+    """Accepting it would let anyone probe positions at will (a cursor ahead of the log is
+    refused, one behind it is not), which is the leak sealing closes."""
+    seal = CursorSeal(KEY)
+    with pytest.raises(InvalidCursor, match=r"no longer issues.*omit it.*start=latest"):
+        seal.open(encode_cursor(LogPoint(10, 20)))
+
+
+def test_audit_and_log_cursors_do_not_stand_for_each_other() -> None:
+    seal = CursorSeal(KEY)
+    audit = seal.seal_audit(4_242)
+    assert audit.startswith("a2") and seal.open_audit(audit) == 4_242
+    log_cursor = seal.seal_point(LogPoint(0, 4_242))
+    with pytest.raises(InvalidCursor):
+        seal.open_audit(log_cursor)
+    with pytest.raises(InvalidCursor):
+        seal.open_audit("c2" + audit[2:])  # the body of an audit cursor under the log's prefix
+    with pytest.raises(InvalidCursor):
+        seal.open("c2" + audit[2:])
+
+
+def test_garbage_is_a_malformed_cursor() -> None:
+    seal = CursorSeal(KEY)
+    for garbage in ("garbage", "c2" + "!" * 22, "c2" + "A" * 21 + "\u00e9", "c2", "x" * 500):
+        with pytest.raises(InvalidCursor, match="malformed cursor"):
+            seal.open(garbage)
+
+
+def test_a_key_is_sixteen_bytes() -> None:
+    with pytest.raises(ValueError):
+        CursorSeal(b"short")
+
+
+async def test_every_process_loads_the_same_key_and_the_first_makes_it(
+    store_db: Database,
+) -> None:
+    await apply_migrations(store_db, list(MIGRATIONS))
+    seals = await asyncio.gather(*(load_cursor_seal(store_db) for _ in range(8)))
+    point = LogPoint(77, 88)
+    assert len({seal.seal_point(point) for seal in seals}) == 1
+    again = await load_cursor_seal(store_db)
+    assert decode_cursor(again.open(seals[0].seal_point(point))) == point
+    async with store_db.acquire() as conn:
+        readable = await conn.fetchval(
+            "SELECT has_table_privilege('svc_reader', 'identity_secrets', 'SELECT')"
+        )
+    assert readable is False  # the tenant-scoped role never sees the key
