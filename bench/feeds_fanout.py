@@ -59,7 +59,7 @@ from eventstore.store import PostgresEventStore
 from eventstore.tailer import LogTailer
 from gateway.app import create_app
 from gateway.auth import generate_key, hash_key
-from gateway.bootstrap import ensure_workspace
+from gateway.bootstrap import ensure_workspace, load_cursor_seal
 from gateway.heap import settle_after_startup
 from gateway.settings import Settings
 from gateway.state import PROJECTIONS, RUNTIME, TAILER
@@ -343,6 +343,8 @@ class Outcome:
     gateway_memory: dict[str, float]
     appender_cpu_s: float
     commits: dict[str, float]
+    sealed: dict[str, str]
+    """Each appended event's cursor as its feed frames carry it."""
     results: list[dict[str, Any]]
 
 
@@ -411,8 +413,10 @@ async def measure(
         sent = await append_at_rate(store, args.rate, args.seconds, commits)
         took = time.perf_counter() - began
         gateway_cpu, own_cpu = cpu_seconds(gateway_pid) - cpu0, time.process_time() - own0
+        seal = await load_cursor_seal(store.db)  # the key the gateway made on its start
     finally:
         await store.close()
+    sealed = {cursor: seal.seal(cursor) for cursor in commits.at}
     print(f"[{time.strftime('%H:%M:%S')}] appends done; waiting for the subscribers", flush=True)
     for proc in clients:
         assert proc.stdin is not None
@@ -421,7 +425,7 @@ async def measure(
     for proc in clients:
         await read_line(proc, args.drain + 120.0)
         await proc.wait()
-    return Outcome(sent, took, gateway_cpu, memory_mb(gateway_pid), own_cpu, commits.at, [])
+    return Outcome(sent, took, gateway_cpu, memory_mb(gateway_pid), own_cpu, commits.at, sealed, [])
 
 
 def split(total: int, parts: int) -> list[int]:
@@ -430,14 +434,16 @@ def split(total: int, parts: int) -> list[int]:
 
 
 def histogram(
-    commits: dict[str, float], subscribers: list[tuple[int, int, bytes, bytes]]
+    commits: dict[str, float],
+    sealed: dict[str, str],
+    subscribers: list[tuple[int, int, bytes, bytes]],
 ) -> tuple[list[int], int]:
     """Latency counts per BIN_S bucket over every delivery to the subscribers that got every
     event exactly once (the others are reported, not timed), and how many those were. A frame
     read before its append returned (the tailer may fan it out first) counts as 0."""
     in_log_order = sorted(commits, key=decode_cursor)
     sent_at = [commits[cursor] for cursor in in_log_order]
-    expected_crc = zlib.crc32("".join(in_log_order).encode())
+    expected_crc = zlib.crc32("".join(sealed[cursor] for cursor in in_log_order).encode())
     bins = [0] * int(60.0 / BIN_S)
     last = len(bins) - 1
     exact = 0
@@ -471,7 +477,7 @@ def report(args: argparse.Namespace, outcome: Outcome, tailer_read: dict[str, fl
     subscribers = [sub for r in results for sub in r["subscribers"]]
     counts = [sub[0] for sub in subscribers]
     closing = [e for r in results for e in r["closing"]]
-    bins, exact = histogram(commits, subscribers)
+    bins, exact = histogram(commits, outcome.sealed, subscribers)
     print(f"appended {outcome.sent} events in {outcome.took_s:.1f} s "
           f"({outcome.sent / outcome.took_s:.0f}/s), appender CPU "
           f"{100 * outcome.appender_cpu_s / outcome.took_s:.0f} %")  # fmt: skip
