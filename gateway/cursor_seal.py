@@ -46,6 +46,10 @@ _NOT_ISSUED = (
     "malformed cursor: pass it back exactly as this service returned it (an SSE id or a "
     "cursor field), or omit it to start from the beginning"
 )
+_NOT_ISSUED_AUDIT = (
+    "malformed cursor: pass back a next_cursor or an entry's id exactly as this service "
+    "returned it, or omit it for the newest entries"
+)
 _OLD_FORM = (
     "this cursor is in a form the service no longer issues (cursors are now sealed so that "
     "they tell nothing of other workspaces); omit it to start from the beginning of your "
@@ -86,8 +90,8 @@ class CursorSeal:
             return ""
         if public.startswith(_PLAIN_LOG_PREFIX):
             raise InvalidCursor(_OLD_FORM)
-        tx, position = self._open(_LOG_PREFIX, _LOG_TAG, public)
-        return encode_cursor(LogPoint(tx, position))
+        point = LogPoint(*self._open(_LOG_PREFIX, _LOG_TAG, public, _NOT_ISSUED))
+        return "" if point == ORIGIN else encode_cursor(point)
 
     # -- the audit log's page cursors -------------------------------------------------------
 
@@ -95,9 +99,9 @@ class CursorSeal:
         return _AUDIT_PREFIX + self._seal(_AUDIT_TAG, 0, position)
 
     def open_audit(self, public: str) -> int:
-        zero, position = self._open(_AUDIT_PREFIX, _AUDIT_TAG, public)
+        zero, position = self._open(_AUDIT_PREFIX, _AUDIT_TAG, public, _NOT_ISSUED_AUDIT)
         if zero != 0:
-            raise InvalidCursor(_NOT_ISSUED)
+            raise InvalidCursor(_NOT_ISSUED_AUDIT)
         return position
 
     # -- the block --------------------------------------------------------------------------
@@ -110,22 +114,22 @@ class CursorSeal:
             sealed = self._encrypt.update(block)
         return _spelling(sealed)
 
-    def _open(self, prefix: str, tag: bytes, public: str) -> tuple[int, int]:
+    def _open(self, prefix: str, tag: bytes, public: str, refusal: str) -> tuple[int, int]:
         body = public[len(prefix) :]
         if not public.startswith(prefix) or len(body) != _BODY_CHARS:
-            raise InvalidCursor(_NOT_ISSUED)
+            raise InvalidCursor(refusal)
         try:
             sealed = base64.urlsafe_b64decode(body + "==")
         except (binascii.Error, ValueError):
-            raise InvalidCursor(_NOT_ISSUED) from None
+            raise InvalidCursor(refusal) from None
         # The decoder also takes `+` and `/` and ignores the last character's spare bits: only
         # the one spelling the service issues stands, so a cursor is also a stable key.
         if len(sealed) != _BLOCK or _spelling(sealed) != body:
-            raise InvalidCursor(_NOT_ISSUED)
+            raise InvalidCursor(refusal)
         with self._lock:
             block = self._decrypt.update(sealed)
         if block[:2] != tag:
-            raise InvalidCursor(_NOT_ISSUED)
+            raise InvalidCursor(refusal)
         first = int.from_bytes(block[2 : 2 + _NUMBER_BYTES], "big")
         return first, int.from_bytes(block[2 + _NUMBER_BYTES :], "big")
 

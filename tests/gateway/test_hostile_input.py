@@ -281,11 +281,17 @@ def path_values(foreign: str | None) -> list[tuple[str, str]]:
 
 def cursor_values() -> list[tuple[str, str]]:
     return [
-        ("cursor at the int8 limit", encode_cursor(LogPoint(MAX_INT8, MAX_INT8))),
-        ("cursor at position max", encode_cursor(LogPoint(0, MAX_INT8))),
-        ("cursor at tx max", encode_cursor(LogPoint(MAX_INT8, 0))),
-        ("cursor-shaped garbage", "c1" + "!" * 22),
-        ("cursor of the origin", "c1" + "A" * 22),
+        # The plain form of earlier builds, refused as such.
+        ("plain cursor at the int8 limit", encode_cursor(LogPoint(MAX_INT8, MAX_INT8))),
+        ("plain cursor at position max", encode_cursor(LogPoint(0, MAX_INT8))),
+        ("plain cursor at tx max", encode_cursor(LogPoint(MAX_INT8, 0))),
+        ("plain cursor-shaped garbage", "c1" + "!" * 22),
+        ("plain cursor of the origin", "c1" + "A" * 22),
+        # Sealed-shaped: refused by their spelling, whatever the deployment's key.
+        ("sealed cursor-shaped garbage", "c2" + "!" * 22),
+        ("sealed cursor with spare bits set", "c2" + "A" * 21 + "B"),
+        ("sealed cursor one character long", "c2" + "A" * 23),
+        ("audit cursor with spare bits set", "a2" + "A" * 21 + "B"),
     ]
 
 
@@ -306,7 +312,7 @@ def query_values(name: str, schema: JsonSchema) -> list[tuple[str, list[str]]]:
         ("unicode", [quote("\u00fcn\u00ef\U0001f4a5", safe="")]),
         ("not UTF-8", [BAD_UTF8]),
     ]
-    if "cursor" in name.lower():
+    if "cursor" in name.lower() or name == "before":  # `before`: the audit log's cursor
         values += [(label, [value]) for label, value in cursor_values()]
     return values
 

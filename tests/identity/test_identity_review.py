@@ -607,7 +607,8 @@ async def test_paging_integers_are_bounded_before_sql(database_url: str) -> None
             assert body["error"]["code"] == "invalid_request", path
             assert body["error"]["message"].startswith("invalid request: " + message), body
         # An audit page's `before` is a sealed entry id: a position (once the API's form, and
-        # an instance-wide count) is not one.
+        # an instance-wide count) is not one. The sealed-shaped one is refused by its spelling
+        # (spare bits set) whatever the key; a canonical made-up body would open 1 in 65,536.
         for before in (str(10**30), "-1", str(2**63 - 1), "a2" + "A" * 21 + "B"):
             status, body, _ = await svc.request("GET", "/v1/admin/audit?before=" + before, key)
             assert status == 400, (before, body)
