@@ -11,8 +11,8 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from actors.behaviour import ActorKey
-from eventstore.errors import InvalidCursor
 from gateway.auth import authenticate
+from gateway.cursor_seal import open_issued
 from gateway.identity.roles import domain_for_path, require_access
 from gateway.state import CURSORS, PROJECTIONS, RUNTIME, TAILER, Principal
 from schemas.commands import Command
@@ -83,12 +83,7 @@ async def min_cursor(request: web.Request) -> str | None:
     raw = request.query.get("min_cursor", "").strip()
     if not raw:
         return None
-    try:
-        cursor = request.app[CURSORS].open(raw)
-        await request.app[TAILER].issued_cursor(cursor)
-    except InvalidCursor as exc:
-        raise InvalidCursor(f"min_cursor: {exc.message}") from None
-    return cursor
+    return await open_issued(request.app[CURSORS], request.app[TAILER], raw, "min_cursor")
 
 
 async def read_your_writes(request: web.Request, names: Collection[str] | None = None) -> None:

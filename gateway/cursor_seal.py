@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
 from eventstore.errors import InvalidCursor
+from eventstore.tailer import LogTailer
 
 KEY_BYTES = 16
 _BLOCK = 16
@@ -132,6 +133,18 @@ class CursorSeal:
             raise InvalidCursor(refusal)
         first = int.from_bytes(block[2 : 2 + _NUMBER_BYTES], "big")
         return first, int.from_bytes(block[2 + _NUMBER_BYTES :], "big")
+
+
+async def open_issued(cursors: CursorSeal, tailer: LogTailer, public: str, source: str) -> str:
+    """A client's log cursor as the internal one, refused (InvalidCursor, its message led by
+    `source`, the input it came in) unless this deployment sealed it and its log issued it:
+    waiting for the events after a point never issued would never end."""
+    try:
+        cursor = cursors.open(public)
+        await tailer.issued_cursor(cursor)
+    except InvalidCursor as exc:
+        raise InvalidCursor(f"{source}: {exc.message}") from None
+    return cursor
 
 
 def _spelling(sealed: bytes) -> str:

@@ -29,9 +29,9 @@ from typing import Any
 
 from aiohttp import web
 
-from eventstore.errors import InvalidCursor
 from eventstore.records import RecordedEvent
 from gateway.auth import RECHECK, authenticate, require_scope
+from gateway.cursor_seal import open_issued
 from gateway.feed_fanout import Credential, FeedFanout, FeedFilter
 from gateway.feed_frames import (
     REDACTED,
@@ -161,14 +161,9 @@ async def resume_cursor(request: web.Request) -> str:
         ("cursor", query.get("cursor")),
     )
     source, given = next(((name, value) for name, value in candidates if value), ("cursor", ""))
-    try:
-        cursor = request.app[CURSORS].open(given.strip())
-        await request.app[TAILER].issued_cursor(cursor)
-    except InvalidCursor as exc:
-        # Which input: an EventSource resends a Last-Event-ID the page never sees, which
-        # then silently wins over a good ?cursor=.
-        raise InvalidCursor(f"{source}: {exc.message}") from None
-    return cursor
+    # A refusal names its input: an EventSource resends a Last-Event-ID the page never sees,
+    # which then silently wins over a good ?cursor=.
+    return await open_issued(request.app[CURSORS], request.app[TAILER], given.strip(), source)
 
 
 def requested_types(request: web.Request) -> list[str] | None:
