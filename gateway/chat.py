@@ -377,13 +377,17 @@ def _request_ids(request: web.Request, principal: Principal) -> _RequestIds:
     """The ids of this request; the conversation id goes out in the response header from here
     on, error responses included. A conversation id derived from an idempotency key is not
     new: a retry of the request finds the conversation its first attempt started."""
+    conversation_id = _header_id(request, CONVERSATION_HEADER)
+    if conversation_id is not None:
+        # Named before the key is checked: a refused key is a refusal before the turn
+        # started, whose answer carries the id the request named.
+        request[_CONVERSATION_KEY] = conversation_id
     idempotency_key = _header_id(request, IDEMPOTENCY_HEADER)
     if idempotency_key is not None:
         check_client_key(IDEMPOTENCY_HEADER, idempotency_key)
     command_id = (
         _keyed_command_id(principal, idempotency_key) if idempotency_key else uuid.uuid4().hex
     )
-    conversation_id = _header_id(request, CONVERSATION_HEADER)
     named_by_client = conversation_id is not None
     new_conversation = conversation_id is None and idempotency_key is None
     if conversation_id is None:

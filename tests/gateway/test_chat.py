@@ -790,6 +790,17 @@ async def test_a_request_refused_before_its_turn_names_no_new_conversation(chat:
             assert resp.status == status, await resp.text()
             expected = existing if "X-SVC-Conversation-Id" in named else None
             assert resp.headers.get("X-SVC-Conversation-Id") == expected
+    # So is a refused Idempotency-Key (malformed, or in the service's own namespace).
+    for bad_key, code in (("a b", "invalid_header"), ("svc:x", "invalid_idempotency_key")):
+        for named in ({}, {"X-SVC-Conversation-Id": existing}):
+            resp = await chat.service.http.post(
+                chat.service.url("/v1/chat/completions"),
+                headers=chat.service.auth(chat.key, **named, **{"Idempotency-Key": bad_key}),
+                json={"model": OFFLINE, "messages": HELLO},
+            )
+            assert (resp.status, (await resp.json())["error"]["code"]) == (400, code)
+            expected = existing if named else None
+            assert resp.headers.get("X-SVC-Conversation-Id") == expected
 
 
 async def test_malformed_conversation_header_is_a_bad_request(chat: Chat) -> None:
