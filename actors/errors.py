@@ -6,6 +6,7 @@ runtime raises them in a host process and re-raises them in the caller).
 
 from __future__ import annotations
 
+from eventstore.errors import StoreUnavailable
 from schemas.errors import (
     UPSTREAM_REQUEST_PROBLEMS,
     Conflict,
@@ -107,6 +108,8 @@ _RECORDED_STATUS: dict[str, tuple[int, str]] = {
     UpstreamTimeout.default_code: (UpstreamTimeout.http_status, UpstreamTimeout.error_type),
     "interrupted": (Unavailable.http_status, Unavailable.error_type),
     RuntimeStopping.default_code: (Unavailable.http_status, Unavailable.error_type),
+    # The store failed the turn's completion (StatementAborted shares the code).
+    StoreUnavailable.default_code: (StoreUnavailable.http_status, StoreUnavailable.error_type),
     "internal_error": (SvcError.http_status, SvcError.error_type),
     "concurrency_conflict": (Conflict.http_status, Conflict.error_type),
     "model_not_found": (NotFound.http_status, NotFound.error_type),

@@ -35,7 +35,7 @@ from actors.context import Activation, Counters, ExecutionPolicy, conflict_backo
 from actors.conversation import RECENT_TURNS
 from actors.errors import RecordedTurnFailure, TurnCrashed
 from eventstore import PostgresEventStore
-from eventstore.errors import StoreUnavailable
+from eventstore.errors import StatementAborted, StoreUnavailable
 from eventstore.records import RecordedEvent, Snapshot
 from schemas.commands import Command
 from schemas.conversation import Message, RenameConversation, RunTurn
@@ -207,6 +207,11 @@ def test_a_retried_turn_keeps_a_conflict_or_an_unknown_model_as_first_answered()
     assert (again.http_status, again.error_type) == (409, "conflict_error")
     again = RecordedTurnFailure("no model gpt-9", code="model_not_found")
     assert (again.http_status, again.error_type) == (404, "invalid_request_error")
+    # A completion the store could not record (the turn is then recorded as failed): a 503.
+    first = StatementAborted("canceling statement due to statement timeout")
+    again = RecordedTurnFailure(first.message, code=first.code)
+    assert (again.http_status, again.error_type) == (first.http_status, first.error_type)
+    assert again.http_status == 503 and again.final
 
 
 async def test_command_id_reused_on_another_actor_is_refused(store: PostgresEventStore) -> None:
