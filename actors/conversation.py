@@ -44,7 +44,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from actors.behaviour import ActorContext, ActorKey, Behaviour
+from actors.behaviour import ActorContext, ActorKey, Behaviour, CommandOutcome
 from actors.errors import INTERNAL_FAILURE_MESSAGE, RecordedTurnFailure, TurnCrashed
 from actors.models.port import (
     ChatMessage,
@@ -55,6 +55,7 @@ from actors.models.port import (
     Usage,
     well_formed,
 )
+from eventstore.errors import StoreUnavailable
 from schemas.commands import Command, service_command_id
 from schemas.conversation import (
     MAX_CONTENT,
@@ -339,6 +340,43 @@ def _decide_recover(state: ConversationState, c: RecoverAbandonedTurns) -> list[
             )
         )
     return events
+
+
+START_RETRY_WAITS_S = (0.05, 0.2, 0.5)
+"""Waits before sending a turn's start again after the store failed it (see `_start`)."""
+
+
+async def _start(
+    ctx: ActorContext[ConversationState], stamped: RunTurn
+) -> tuple[CommandOutcome, bool]:
+    """Record the turn's start (user message, TurnStarted) and say whether the turn is this
+    call's to run. A store failure leaves the append's outcome unknown: its commit may have
+    landed with the answer lost. Left so, the turn would read as running, answer its key's
+    retries 409 `turn_in_progress` and end `turn_abandoned`, with no model ever called. So
+    the same command (same id: the ledger makes it safe) is sent again, a few times; when
+    that finds the start already recorded, and it is this call's own (the `at` it was
+    stamped with, not a concurrent retry's on another process), the turn goes on."""
+    for wait_s in (*START_RETRY_WAITS_S, None):
+        try:
+            started = await ctx.execute(stamped)
+        except StoreUnavailable:
+            if wait_s is None:
+                raise
+            log.warning(
+                "%s: the store failed turn %s's start; sending it again",
+                ctx.key.stream_id,
+                stamped.turn_id,
+            )
+            await asyncio.sleep(wait_s)
+            continue
+        return started, started.duplicate and _started_by(ctx.state, stamped)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _started_by(state: ConversationState, stamped: RunTurn) -> bool:
+    turn_id = state.turn_by_command.get(stamped.command_id)
+    turn = state.turns.get(turn_id) if turn_id is not None else None
+    return turn is not None and turn.status == "running" and turn.started_at == stamped.at
 
 
 TURN_MARGIN_S = 60.0
@@ -679,8 +717,9 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             return
         provider = self.provider_for(command.model)
         budget_s = self._budget_now()
-        started = await ctx.execute(self._stamped(command, budget_s))
-        if started.duplicate or not started.events:
+        stamped = self._stamped(command, budget_s)
+        started, ours = await _start(ctx, stamped)
+        if (started.duplicate or not started.events) and not ours:
             yield recorded_result(ctx.state, command, started.events)
             return
         async for item in self._run_model(ctx, command, provider, budget_s):

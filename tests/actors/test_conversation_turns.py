@@ -358,6 +358,119 @@ class _CompletionOutage:
         return await self._store.append(stream_id, events, **kw)
 
 
+STARTED = "conversation.turn_started"
+
+
+class _StartOutage:
+    """The store, except that the first `failures` appends of a turn's start fail as an
+    outage would: with `landed`, after the real append committed (the answer was lost on
+    its way back), else before writing anything."""
+
+    def __init__(self, store: PostgresEventStore, *, landed: bool, failures: int = 1) -> None:
+        self._store = store
+        self.landed = landed
+        self.failures = failures
+        self.attempts = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def append(self, stream_id: str, events: Sequence[NewEvent], **kw: Any) -> Any:
+        if not any(e.type == STARTED for e in events):
+            return await self._store.append(stream_id, events, **kw)
+        self.attempts += 1
+        if self.attempts > self.failures:
+            return await self._store.append(stream_id, events, **kw)
+        if self.landed:
+            await self._store.append(stream_id, events, **kw)
+        raise StoreUnavailable("the connection was lost")
+
+
+@pytest.mark.parametrize("landed", [True, False])
+async def test_a_turn_whose_start_the_store_failed_is_sent_again_and_runs_once(
+    store: PostgresEventStore, landed: bool
+) -> None:
+    """The start's append failed with its outcome unknown. Sent again with the same id, it
+    either writes the start or finds its own already written: either way the model is
+    called once and the turn completes, rather than reading as running until it is
+    abandoned (its key answered 409 meanwhile, then 502 `turn_abandoned`)."""
+    outage, provider = _StartOutage(store, landed=landed), ScriptedProvider()
+    table = ActivationTable(cast(Any, outage), [ConversationBehaviour([provider])])
+    await table.start()
+    try:
+        cid = uuid.uuid4().hex
+        command = run_turn()
+        result = await table.submit(conversation_key(cid), command).last()
+        assert isinstance(result, TurnResult) and result.turn_id == command.turn_id
+        assert outage.attempts == 2 and provider.calls == 1
+        types = await types_of(store, cid)
+        assert types.count(STARTED) == 1 and types.count(COMPLETED) == 1
+        # A retry of the request with the same id is answered from the record.
+        again = await table.submit(conversation_key(cid), command).last()
+        assert isinstance(again, TurnResult) and again.duplicate and provider.calls == 1
+        assert (again.message_id, again.content) == (result.message_id, result.content)
+    finally:
+        await table.stop()
+
+
+async def test_a_start_the_store_keeps_failing_is_the_clients_503_with_no_model_call(
+    store: PostgresEventStore,
+) -> None:
+    outage, provider = _StartOutage(store, landed=False, failures=100), ScriptedProvider()
+    table = ActivationTable(cast(Any, outage), [ConversationBehaviour([provider])])
+    await table.start()
+    try:
+        cid = uuid.uuid4().hex
+        with pytest.raises(StoreUnavailable):
+            await table.submit(conversation_key(cid), run_turn()).last()
+        assert outage.attempts == 4 and provider.calls == 0
+        assert await types_of(store, cid) == []
+    finally:
+        await table.stop()
+
+
+class _RetryStartsElsewhere(_StartOutage):
+    """The first append of a turn's start fails before writing; meanwhile a retry of the
+    same request on another process (same command id, its own start time) writes its
+    start, and its model call is under way there."""
+
+    async def append(self, stream_id: str, events: Sequence[NewEvent], **kw: Any) -> Any:
+        if self.attempts == 0 and any(e.type == STARTED for e in events):
+            self.attempts += 1
+            later = datetime.now(UTC).isoformat()
+            theirs = [
+                NewEvent(
+                    e.type,
+                    {**e.data, "at": later} if e.type == STARTED else e.data,
+                    e.schema_version,
+                    e.metadata,
+                )
+                for e in events
+            ]
+            await self._store.append(stream_id, theirs, **kw)
+            raise StoreUnavailable("the connection was lost")
+        return await self._store.append(stream_id, events, **kw)
+
+
+async def test_a_start_another_process_recorded_meanwhile_is_not_run_twice(
+    store: PostgresEventStore,
+) -> None:
+    """Sent again, the start finds one recorded under its command id that is not its own
+    (another `at`): it answers as any retry of a running turn does, 409
+    `turn_in_progress`, and never calls the model."""
+    outage, provider = _RetryStartsElsewhere(store, landed=False), ScriptedProvider()
+    table = ActivationTable(cast(Any, outage), [ConversationBehaviour([provider])])
+    await table.start()
+    try:
+        cid = uuid.uuid4().hex
+        with pytest.raises(Conflict) as refused:
+            await table.submit(conversation_key(cid), run_turn()).last()
+        assert refused.value.code == "turn_in_progress" and provider.calls == 0
+        assert (await types_of(store, cid)).count(STARTED) == 1
+    finally:
+        await table.stop()
+
+
 async def test_a_completion_the_store_never_takes_leaves_the_turn_failed(
     store: PostgresEventStore,
 ) -> None:
