@@ -42,10 +42,18 @@ def _ends_in_secret_word(word: str) -> bool:
     return any(word.endswith(secret) for secret in _SECRET_WORDS)
 
 
+def _holds_no_secret(value: Any) -> bool:
+    """A flag or an absent value, under a secret's name (`workspace.setting_changed`'s
+    `secret: true`): shown as it is, for it holds nothing to hide."""
+    return value is None or isinstance(value, bool)
+
+
 def redact(value: Any) -> Any:
     if isinstance(value, dict):
         return {
-            key: REDACTED if is_secret_field(str(key)) else redact(item)
+            key: REDACTED
+            if is_secret_field(str(key)) and not _holds_no_secret(item)
+            else redact(item)
             for key, item in value.items()
         }
     if isinstance(value, list):
@@ -65,7 +73,7 @@ def _redact_like(instance: Any, dumped: Any) -> Any:
     if isinstance(instance, BaseModel):
         return {
             name: REDACTED
-            if is_secret_field(name)
+            if is_secret_field(name) and not _holds_no_secret(item)
             else _redact_like(getattr(instance, name, None), item)
             for name, item in dumped.items()
         }

@@ -160,10 +160,13 @@ async def resume_cursor(request: web.Request) -> str:
         ("lastEventId", query.get("lastEventId")),
         ("cursor", query.get("cursor")),
     )
-    source, given = next(((name, value) for name, value in candidates if value), ("cursor", ""))
+    # Blank is absent, as an empty value is anywhere in the API: `?lastEventId=%20` must not
+    # win over a good ?cursor= and start the feed at the beginning of the log.
+    stripped = ((name, (value or "").strip()) for name, value in candidates)
+    source, given = next(((name, value) for name, value in stripped if value), ("cursor", ""))
     # A refusal names its input: an EventSource resends a Last-Event-ID the page never sees,
     # which then silently wins over a good ?cursor=.
-    return await open_issued(request.app[CURSORS], request.app[TAILER], given.strip(), source)
+    return await open_issued(request.app[CURSORS], request.app[TAILER], given, source)
 
 
 def requested_types(request: web.Request) -> list[str] | None:
@@ -252,8 +255,13 @@ def _handler(spec: FeedSpec) -> Callable[[web.Request], Any]:
             frozenset(types) if types is not None else None,
         )
         resp = await open_sse(request)
-        # Also sends the headers: the fan-out writes below aiohttp's writer from here on.
-        await send_retry(resp, RETRY_MS)
+        # Also sends the headers: the fan-out writes below aiohttp's writer from here on. The
+        # frame's id is where the feed starts: an EventSource that reconnects before the
+        # first event it selects (hours, with a rare ?types=) resumes from there, where a
+        # `start=latest` feed would otherwise start again at the new head, skipping all
+        # that was committed between.
+        start_id = request.app[CURSORS].seal(cursor) if cursor else None
+        await send_retry(resp, RETRY_MS, id=start_id)
         try:
             await hub.serve(request, resp, feed_filter, credential(request, spec), cursor)
         except (TimeoutError, ConnectionError):

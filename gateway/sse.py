@@ -46,8 +46,11 @@ async def send_comment(resp: web.StreamResponse, text: str = "") -> None:
     await resp.write(b"".join(b": " + line + b"\n" for line in _lines(text.encode())) + b"\n")
 
 
-async def send_retry(resp: web.StreamResponse, ms: int) -> None:
-    await resp.write(b"retry: %d\n\n" % max(0, int(ms)))
+async def send_retry(resp: web.StreamResponse, ms: int, *, id: str | None = None) -> None:
+    """The reconnection delay; with `id`, also the point a reconnecting EventSource sends
+    back as Last-Event-ID (a frame without data still sets it, by the HTML standard)."""
+    field = b"" if id is None else b"id: " + _field(id) + b"\n"
+    await resp.write(b"retry: %d\n%s\n" % (max(0, int(ms)), field))
 
 
 def encode_event(data: bytes | str, *, event: str | None = None, id: str | None = None) -> bytes:

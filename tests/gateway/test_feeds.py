@@ -274,6 +274,47 @@ async def test_start_latest_skips_history(service: Service) -> None:
     assert frame.id == last and frame.event == "test.live"
 
 
+async def test_the_first_frame_names_where_the_feed_starts(service: Service) -> None:
+    """An EventSource that reconnects before the first event its filter selects sends the
+    first frame's id back: a `start=latest` feed resumes where it began, and skips nothing
+    committed while it was away, instead of starting again at the new head."""
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    await service.append_pings(ws, 3)
+    resp, reader = await open_feed(service, EVENTS, key, start="latest", types="test.rare")
+    first = await reader.frame()
+    resp.close()
+    assert first is not None and first.retry == 3000 and first.id and first.event is None
+    missed = await service.append_pings(ws, 1, kind="test.rare")
+    await service.append_pings(ws, 2)
+    resp, reader = await open_feed(
+        service, EVENTS, key, last_event_id=first.id, start="latest", types="test.rare"
+    )
+    again = await reader.frame()
+    (frame,) = await reader.events(1)
+    resp.close()
+    assert again is not None and again.id == first.id
+    assert (frame.id, frame.event) == (missed, "test.rare")
+    # From the start of the log, the first frame names no point: there is none to resume.
+    resp, reader = await open_feed(service, EVENTS, key)
+    first = await reader.frame()
+    resp.close()
+    assert first is not None and first.retry == 3000 and first.id is None
+
+
+async def test_a_blank_last_event_id_parameter_does_not_override_the_cursor(
+    service: Service,
+) -> None:
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    resume = await service.append_pings(ws, 2)
+    after = await service.append_pings(ws, 1, kind="test.after")
+    resp, reader = await open_feed(service, EVENTS, key, cursor=resume, lastEventId=" ")
+    (frame,) = await reader.events(1)
+    resp.close()
+    assert (frame.id, frame.event) == (after, "test.after")
+
+
 async def test_web_stream_carries_conversation_events_only(service: Service) -> None:
     ws = uid("ws-")
     key = await service.issue_key(ws)
@@ -330,6 +371,9 @@ async def test_secret_fields_are_redacted(service: Service) -> None:
                 {
                     "push_token": "tok",
                     "nested": {"clientSecret": "s", "password": "p", "prompt_tokens": 7},
+                    # A flag or an absent value under a secret's name holds no secret.
+                    "secret": True,
+                    "refresh_token": None,
                 }
             )
         ],
@@ -346,6 +390,7 @@ async def test_secret_fields_are_redacted(service: Service) -> None:
     assert issued and all(f.json()["data"]["key_hash"] == feeds.REDACTED for f in issued)
     data = frames[-1].json()["data"]
     assert data["push_token"] == feeds.REDACTED
+    assert data["secret"] is True and data["refresh_token"] is None
     assert data["nested"] == {
         "clientSecret": feeds.REDACTED,
         "password": feeds.REDACTED,
