@@ -3,17 +3,21 @@ the list, one conversation's messages, turns, and its export as Markdown or JSON
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import UTC, datetime
 
+import orjson
 from aiohttp import web
+from pydantic import TypeAdapter
 
 from gateway.admin_common import CONVERSATION_MODELS, READ, acting, ok, read_your_writes
 from gateway.control_chars import visible_controls
-from gateway.errors import read_query
+from gateway.errors import client_gone, read_query
 from gateway.state import DATABASE
 from projections import queries
 from schemas.admin import (
+    MAX_MESSAGES_PAGE,
     ConversationExport,
     ConversationList,
     ConversationMessage,
@@ -27,7 +31,15 @@ from schemas.admin import (
     TurnRecord,
     TurnsQuery,
 )
-from schemas.errors import NotFound
+from schemas.errors import NotFound, SvcError
+
+log = logging.getLogger(__name__)
+
+_TIMESTAMP = TypeAdapter(datetime)
+
+MESSAGE_PAGE_BYTES = 8 * 1024 * 1024
+"""The text a page of messages holds at most (unless its first message alone is larger):
+what one read holds in memory, for the messages endpoint and for each step of an export."""
 
 _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
 _PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
@@ -54,6 +66,7 @@ def summary(c: queries.Conversation) -> ConversationSummary:
 def message(m: queries.Message) -> ConversationMessage:
     return ConversationMessage.model_validate(
         {
+            "seq": m.seq,
             "role": m.role,
             "content": m.content,
             "name": m.name,
@@ -115,8 +128,21 @@ async def conversation_messages(request: web.Request) -> web.Response:
     params = read_query(request, MessagesQuery)
     await read_your_writes(request, CONVERSATION_MODELS)
     await _conversation(request, principal.workspace_id, params.id)
-    rows = await queries.get_messages(request.app[DATABASE], principal.workspace_id, params.id)
-    return ok(ConversationMessages(conversation_id=params.id, messages=[message(m) for m in rows]))
+    page = await queries.get_message_page(
+        request.app[DATABASE],
+        principal.workspace_id,
+        params.id,
+        after=params.after,
+        limit=params.limit,
+        max_bytes=MESSAGE_PAGE_BYTES,
+    )
+    return ok(
+        ConversationMessages(
+            conversation_id=params.id,
+            messages=[message(m) for m in page.messages],
+            next_after=page.next_after,
+        )
+    )
 
 
 async def conversation_turns(request: web.Request) -> web.Response:
@@ -138,7 +164,12 @@ def to_markdown(export: ConversationExport) -> str:
     """Headings and list items hold single lines; each message's text sits in a code fence
     longer than any run of backticks in it, so no content (a line `## assistant · ...`, say)
     can pass for a section of its own."""
-    c = export.conversation
+    parts = [_markdown_head(export.conversation, export.exported_at)]
+    parts += [_markdown_message(m) for m in export.messages]
+    return "".join(parts)
+
+
+def _markdown_head(c: ConversationSummary, exported_at: datetime) -> str:
     lines = [f"# {_line(c.title or 'Conversation ' + c.id)}", ""]
     lines.append(f"- id: `{c.id}`")
     lines.append(f"- created: {c.created_at.isoformat()}")
@@ -147,14 +178,17 @@ def to_markdown(export: ConversationExport) -> str:
         lines.append(f"- folder: {_line(c.folder)}")
     if c.tags:
         lines.append(f"- tags: {_line(', '.join(c.tags))}")
-    lines.append(f"- exported: {export.exported_at.isoformat()}")
-    for m in export.messages:
-        author = f"{m.role} ({_line(m.name)})" if m.name else m.role
-        fence = "`" * max(3, _longest_backtick_run(m.content) + 1)
-        lines += ["", f"## {author} · {m.created_at.isoformat()}", "", f"{fence}text"]
-        # Terminal controls would act when the downloaded file is shown with `cat`; the JSON
-        # export keeps every character as sent.
-        lines += [visible_controls(m.content), fence]
+    lines.append(f"- exported: {exported_at.isoformat()}")
+    return "\n".join(lines) + "\n"
+
+
+def _markdown_message(m: ConversationMessage) -> str:
+    author = f"{m.role} ({_line(m.name)})" if m.name else m.role
+    fence = "`" * max(3, _longest_backtick_run(m.content) + 1)
+    # Terminal controls would act when the downloaded file is shown with `cat`; the JSON
+    # export keeps every character as sent.
+    lines = ["", f"## {author} · {m.created_at.isoformat()}", "", f"{fence}text"]
+    lines += [visible_controls(m.content), fence]
     return "\n".join(lines) + "\n"
 
 
@@ -169,32 +203,100 @@ def _longest_backtick_run(text: str) -> int:
     return max((len(run) for run in _BACKTICKS.findall(text)), default=0)
 
 
-async def export_conversation(request: web.Request) -> web.Response:
+async def export_conversation(request: web.Request) -> web.StreamResponse:
+    """The download is written a page of messages at a time (MESSAGE_PAGE_BYTES of text at
+    most in memory, however long the conversation), up to the last message there was when
+    the header was read, so header and body agree while the conversation goes on. A read
+    that fails once the download has begun aborts the connection: a client sees a transfer
+    cut short (chunked, its last chunk missing), never a file that looks complete."""
     principal = await acting(request, READ)
     params = read_query(request, ExportQuery)
     await read_your_writes(request, CONVERSATION_MODELS)
-    cid = params.conversation_id
-    both = await queries.get_conversation_and_messages(
-        request.app[DATABASE], principal.workspace_id, cid
-    )
-    if both is None:
+    db, ws, cid = request.app[DATABASE], principal.workspace_id, params.conversation_id
+    found = await queries.get_conversation_and_last_seq(db, ws, cid)
+    if found is None:
         raise _not_found(cid)
-    found, rows = both
-    export = ConversationExport(
-        conversation=summary(found),
-        messages=[message(m) for m in rows],
-        exported_at=datetime.now(UTC),
-    )
-    stem = _UNSAFE_FILENAME.sub("_", found.id)[:100] or "conversation"
-    if params.format == "md":
-        body, content_type = to_markdown(export), "text/markdown"
-    else:
-        body, content_type = export.model_dump_json(indent=2), "application/json"
-    return web.Response(
-        text=body,
-        content_type=content_type,
-        charset="utf-8",
+    conversation, through = found
+    stem = _UNSAFE_FILENAME.sub("_", conversation.id)[:100] or "conversation"
+    resp = web.StreamResponse(
         headers={
             "Content-Disposition": f'attachment; filename="conversation-{stem}.{params.format}"'
-        },
+        }
     )
+    resp.content_type = "text/markdown" if params.format == "md" else "application/json"
+    resp.charset = "utf-8"
+    writer = _MarkdownExport() if params.format == "md" else _JsonExport()
+    head, exported_at = summary(conversation), datetime.now(UTC)
+    await resp.prepare(request)
+    try:
+        await resp.write(writer.head(head, exported_at))
+        after: int | None = 0
+        while after is not None:
+            page = await queries.get_message_page(
+                db,
+                ws,
+                cid,
+                after=after,
+                limit=MAX_MESSAGES_PAGE,
+                max_bytes=MESSAGE_PAGE_BYTES,
+                through=through,
+            )
+            await resp.write(writer.messages([message(m) for m in page.messages]))
+            after = page.next_after
+        await resp.write(writer.tail(exported_at))
+    except ConnectionError:
+        client_gone(request)  # the download was cancelled: nothing left to write to
+        return resp
+    except SvcError:
+        log.warning("export of conversation %s cut short", cid, exc_info=True)
+        _abort(request)
+        return resp
+    await resp.write_eof()
+    return resp
+
+
+class _MarkdownExport:
+    def head(self, conversation: ConversationSummary, exported_at: datetime) -> bytes:
+        return _markdown_head(conversation, exported_at).encode()
+
+    def messages(self, messages: list[ConversationMessage]) -> bytes:
+        return "".join(_markdown_message(m) for m in messages).encode()
+
+    def tail(self, exported_at: datetime) -> bytes:
+        return b""
+
+
+class _JsonExport:
+    """`ConversationExport` as JSON, indented by two, written as it is read."""
+
+    def __init__(self) -> None:
+        self._first = True
+
+    def head(self, conversation: ConversationSummary, exported_at: datetime) -> bytes:
+        return b'{\n  "conversation": ' + _indented(conversation, 2) + b',\n  "messages": ['
+
+    def messages(self, messages: list[ConversationMessage]) -> bytes:
+        parts = []
+        for m in messages:
+            parts.append(b"\n    " if self._first else b",\n    ")
+            parts.append(_indented(m, 4))
+            self._first = False
+        return b"".join(parts)
+
+    def tail(self, exported_at: datetime) -> bytes:
+        close = b"]" if self._first else b"\n  ]"
+        stamp = _TIMESTAMP.dump_json(exported_at)  # as pydantic writes the other times
+        return close + b',\n  "exported_at": ' + stamp + b"\n}\n"
+
+
+def _indented(model: ConversationSummary | ConversationMessage, depth: int) -> bytes:
+    # JSON strings hold no raw line break (orjson escapes them), so every line break of the
+    # indented text is between tokens, where the deeper indent goes.
+    text = orjson.dumps(model.model_dump(mode="json"), option=orjson.OPT_INDENT_2)
+    return text.replace(b"\n", b"\n" + b" " * depth)
+
+
+def _abort(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()

@@ -198,25 +198,92 @@ FROM messages WHERE workspace_id = $1 AND conversation_id = $2
 ORDER BY seq
 """
 
+MAX_SEQ = 2**31 - 1
+"""`messages.seq` is an integer column: a page bound past it names no message."""
+
+# The sizes first, without the text (octet_length reads a stored value's length, not the
+# value), so that a page is cut by its bytes before any text is loaded.
+_MESSAGE_SIZES = """
+SELECT seq, octet_length(content) FROM messages
+WHERE workspace_id = $1 AND conversation_id = $2 AND seq > $3 AND seq <= $4
+ORDER BY seq LIMIT $5
+"""
+_MESSAGE_RANGE = """
+SELECT conversation_id, seq, message_id, role, content, name, turn_id, created_at
+FROM messages WHERE workspace_id = $1 AND conversation_id = $2 AND seq > $3 AND seq <= $4
+ORDER BY seq
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePage:
+    messages: list[Message]
+    next_after: int | None
+    """The `seq` to read on from (the last one here); None when no message follows."""
+
+
+async def get_message_page(
+    db: Database,
+    workspace_id: str,
+    conversation_id: str,
+    *,
+    after: int,
+    limit: int,
+    max_bytes: int,
+    through: int = MAX_SEQ,
+) -> MessagePage:
+    """The messages after `after` (a `seq`) up to `through`, oldest first: at most `limit`,
+    and no more than `max_bytes` of text unless the first alone is larger (a page always
+    moves on). A conversation of thousands of messages of up to a megabyte each is read in
+    pages whose memory is bounded, wherever they go."""
+    through = min(through, MAX_SEQ)
+    async with db.scoped(workspace_id) as conn:
+        sizes = await conn.fetch(
+            _MESSAGE_SIZES, workspace_id, conversation_id, after, through, limit + 1
+        )
+        last, more = _page_end([(r[0], r[1]) for r in sizes], limit, max_bytes)
+        if last is None:
+            return MessagePage([], None)
+        rows = await conn.fetch(_MESSAGE_RANGE, workspace_id, conversation_id, after, last)
+    return MessagePage([Message(*r) for r in rows], last if more else None)
+
+
+def _page_end(sizes: list[tuple[int, int]], limit: int, max_bytes: int) -> tuple[int | None, bool]:
+    """The last `seq` of the page the (seq, bytes) rows make, and whether more follow."""
+    last: int | None = None
+    total = 0
+    for taken, (seq, size) in enumerate(sizes):
+        if taken == limit or (last is not None and total + size > max_bytes):
+            return last, True
+        total += size
+        last = seq
+    return last, False
+
+
+async def get_conversation_and_last_seq(
+    db: Database, workspace_id: str, conversation_id: str
+) -> tuple[Conversation, int] | None:
+    """The conversation and the `seq` of its last message as of one snapshot: an export
+    reads its messages up to that one, so its header and body agree while the
+    conversation goes on. None when this workspace has no conversation by that id."""
+    async with db.scoped(workspace_id) as conn:
+        row = await conn.fetchrow(_CONVERSATION, workspace_id, conversation_id)
+        if row is None:
+            return None
+        last = await conn.fetchval(
+            "SELECT coalesce(max(seq), 0) FROM messages "
+            "WHERE workspace_id = $1 AND conversation_id = $2",
+            workspace_id,
+            conversation_id,
+        )
+    return _conversation(row), int(last)
+
 
 async def get_messages(db: Database, workspace_id: str, conversation_id: str) -> list[Message]:
     """Every message of the conversation, oldest first (empty for an unknown conversation)."""
     async with db.scoped(workspace_id) as conn:
         rows = await conn.fetch(_MESSAGES, workspace_id, conversation_id)
     return [Message(*r) for r in rows]
-
-
-async def get_conversation_and_messages(
-    db: Database, workspace_id: str, conversation_id: str
-) -> tuple[Conversation, list[Message]] | None:
-    """The conversation and its messages as of one snapshot (an export's header and body
-    agree while the conversation goes on); None when this workspace has none by that id."""
-    async with db.scoped(workspace_id) as conn:
-        row = await conn.fetchrow(_CONVERSATION, workspace_id, conversation_id)
-        if row is None:
-            return None
-        rows = await conn.fetch(_MESSAGES, workspace_id, conversation_id)
-    return _conversation(row), [Message(*r) for r in rows]
 
 
 async def list_turns(

@@ -195,11 +195,24 @@ class ConversationList(_Wire):
     offset: int
 
 
+MAX_MESSAGES_PAGE = 1000
+
+
 class MessagesQuery(AdminRead):
+    """A conversation's messages in pages: `after` the `seq` of the last one read."""
+
     id: str = Field(min_length=1, max_length=200)
+    after: int = Field(
+        default=0,
+        ge=0,
+        le=2**31 - 1,  # the largest seq there can be
+        description="list the messages after this seq (next_after of a page)",
+    )
+    limit: int = Field(default=MAX_MESSAGES_PAGE, ge=1, le=MAX_MESSAGES_PAGE)
 
 
 class ConversationMessage(_Wire):
+    seq: int = Field(description="the message's place in its conversation: 1, 2, 3...")
     role: Literal["system", "user", "assistant", "tool"]
     content: str
     name: str | None = None
@@ -209,7 +222,10 @@ class ConversationMessage(_Wire):
 
 class ConversationMessages(_Wire):
     conversation_id: str
-    messages: list[ConversationMessage] = Field(description="oldest first")
+    messages: list[ConversationMessage] = Field(
+        description="oldest first; at most limit of them, and about 8 MiB of text"
+    )
+    next_after: int | None = Field(description="pass as after for the next page; null on the last")
 
 
 class TurnsQuery(AdminRead):

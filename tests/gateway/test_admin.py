@@ -5,16 +5,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 import asyncpg
 import orjson
 import pytest
 from test_admin_support import Service, service, uid
 
 import gateway.admin_common
+import gateway.admin_conversations
 import gateway.admin_history
 from actors.conversation import ConversationBehaviour, conversation_key
 from actors.workspace import workspace_key
 from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
+from eventstore.errors import StoreUnavailable
 from eventstore.records import NewEvent, RecordedEvent, Snapshot
 from gateway.state import STORE
 from schemas.events import EVENTS
@@ -97,10 +100,40 @@ async def test_messages_oldest_first(service: Service) -> None:
     messages = body["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
     assert messages[0]["content"] == "What were the numbers?"
-    assert set(messages[0]) == {"role", "content", "name", "turn_id", "created_at"}
+    assert set(messages[0]) == {"seq", "role", "content", "name", "turn_id", "created_at"}
+    assert [m["seq"] for m in messages] == [1, 2, 3, 4] and body["next_after"] is None
     assert messages[0]["turn_id"] == messages[1]["turn_id"]
     created = [m["created_at"] for m in messages]
     assert created == sorted(created)
+
+
+async def test_messages_in_pages_by_count_and_by_size(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long conversation is read in pages: `limit` messages, and no more text than a page
+    holds (the first message of a page always fits, so paging always moves on)."""
+    _, key, cid = await chatty_workspace(service)
+    path = "/v1/admin/conversations/messages"
+    page = await service.get_json(path, key, id=cid, limit=3)
+    assert [m["seq"] for m in page["messages"]] == [1, 2, 3] and page["next_after"] == 3
+    page = await service.get_json(path, key, id=cid, limit=3, after=3)
+    assert [m["seq"] for m in page["messages"]] == [4] and page["next_after"] is None
+    page = await service.get_json(path, key, id=cid, after=4)
+    assert page["messages"] == [] and page["next_after"] is None
+    whole = await service.get_json(path, key, id=cid)
+    # Every message is longer than a page's text: one message a page.
+    monkeypatch.setattr(gateway.admin_conversations, "MESSAGE_PAGE_BYTES", 5)
+    seen, after = [], 0
+    while after is not None:
+        page = await service.get_json(path, key, id=cid, after=after)
+        assert len(page["messages"]) == 1
+        seen.append(page["messages"][0]["content"])
+        after = page["next_after"]
+    assert seen == [m["content"] for m in whole["messages"]] and len(seen) == 4
+    for bad in ({"limit": 0}, {"limit": 1001}, {"after": -1}, {"after": 2**31}, {"after": "x"}):
+        body = await service.get_json(path, key, 400, id=cid, **bad)
+        assert_error(body, "invalid_request")
+        assert next(iter(bad)) in body["error"]["message"]
 
 
 async def test_unknown_conversation_is_404(service: Service) -> None:
@@ -160,6 +193,56 @@ async def test_export_markdown_and_json(service: Service) -> None:
         "/v1/admin/conversations/export", key, 400, conversation_id=cid, format="pdf"
     )
     assert "format" in bad["error"]["message"]
+
+
+@pytest.mark.parametrize("page_bytes", [5, 8 * 1024 * 1024])
+async def test_an_export_is_written_a_page_at_a_time(
+    service: Service, monkeypatch: pytest.MonkeyPatch, page_bytes: int
+) -> None:
+    """One message a page, or all of them in one: the same document either way."""
+    _, key, cid = await chatty_workspace(service)
+    whole = await service.get_json("/v1/admin/conversations/messages", key, id=cid)
+    monkeypatch.setattr(gateway.admin_conversations, "MESSAGE_PAGE_BYTES", page_bytes)
+    path = "/v1/admin/conversations/export"
+    body = orjson.loads(await (await service.get(path, key, conversation_id=cid)).read())
+    assert set(body) == {"conversation", "messages", "exported_at"}
+    assert body["conversation"]["id"] == cid and body["conversation"]["message_count"] == 4
+    assert body["messages"] == whole["messages"]
+    assert datetime.fromisoformat(body["exported_at"]).tzinfo is not None
+    text = await (await service.get(path, key, conversation_id=cid, format="md")).text()
+    assert text.count("\n## ") == 4 and text.endswith("```\n")
+    for m in whole["messages"]:
+        assert m["content"] in text
+
+
+async def test_an_export_whose_read_fails_midway_is_cut_short_not_completed(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the download has begun no error can be answered: the connection is aborted, so
+    the client sees an incomplete transfer rather than a file that looks whole."""
+    _, key, cid = await chatty_workspace(service)
+    monkeypatch.setattr(gateway.admin_conversations, "MESSAGE_PAGE_BYTES", 5)
+    pages = gateway.admin_conversations.queries.get_message_page
+    calls = 0
+
+    async def failing_second_page(*args: Any, **kw: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise StoreUnavailable("the event store database is unavailable")
+        return await pages(*args, **kw)
+
+    monkeypatch.setattr(
+        gateway.admin_conversations.queries, "get_message_page", failing_second_page
+    )
+    for format in ("json", "md"):
+        calls = 0
+        resp = await service.get(
+            "/v1/admin/conversations/export", key, conversation_id=cid, format=format
+        )
+        assert resp.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()
 
 
 async def test_event_history_rebuilds_state_at_a_version(service: Service) -> None:

@@ -23,7 +23,7 @@ def export(*messages: ConversationMessage, title: str | None = "Numbers") -> Con
 
 def message(role: str, content: str, name: str | None = None) -> ConversationMessage:
     return ConversationMessage.model_validate(
-        {"role": role, "content": content, "name": name, "created_at": AT}
+        {"seq": 1, "role": role, "content": content, "name": name, "created_at": AT}
     )
 
 
