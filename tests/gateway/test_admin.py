@@ -334,6 +334,39 @@ async def test_event_history_reads_only_the_page_and_folds_from_the_snapshot(
             assert not [r for r in reads if r[0] in (2, 3)], reads
 
 
+async def test_event_history_reads_are_sized_by_the_events_bytes(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events may carry a megabyte of text each: reads are sized by the bytes the last one
+    met (here every event is larger than a read's budget: one event a read once the first
+    has been seen), and a listing ends early at its budget, naming where to go on."""
+    ws, key, cid = await chatty_workspace(service)
+    path = "/v1/admin/conversations/events"
+    whole = await service.get_json(path, key, id=cid)
+    assert whole["next_after_version"] is None and len(whole["events"]) == whole["version"]
+    store = service.app[STORE]
+    spans: list[int] = []
+    real = store.read_stream
+
+    async def spy(stream: str, first: int = 1, **kw: Any) -> list[RecordedEvent]:
+        spans.append(kw["to_version"] - first + 1)
+        return await real(stream, first, **kw)
+
+    monkeypatch.setattr(store, "read_stream", spy)
+    monkeypatch.setattr(gateway.admin_history, "PAGE_BYTES", 1)
+    listed, after = [], 0
+    while after is not None:
+        spans.clear()
+        page = await service.get_json(path, key, id=cid, after_version=after)
+        assert len(page["events"]) == 1 and page["state"] == whole["state"]
+        listed += page["events"]
+        after = page["next_after_version"]
+        # The listing's and the fold's first reads ask for up to FIRST_PAGE events; once
+        # those have been seen, every read asks for one.
+        assert len([n for n in spans if n > 1]) <= 2 and max(spans) <= 16, spans
+    assert listed == whole["events"]
+
+
 async def test_event_history_state_keeps_client_keys_that_sound_secret(service: Service) -> None:
     """Secret-named fields are redacted from the rebuilt state, but the keys of its mappings
     are data: a client's idempotency key that mentions a password is shown with its turn."""
