@@ -55,7 +55,7 @@ from actors.models.port import (
     Usage,
     well_formed,
 )
-from eventstore.errors import StoreUnavailable
+from eventstore.errors import StatementAborted, StoreUnavailable
 from schemas.commands import Command, service_command_id
 from schemas.conversation import (
     MAX_CONTENT,
@@ -343,34 +343,45 @@ def _decide_recover(state: ConversationState, c: RecoverAbandonedTurns) -> list[
 
 
 START_RETRY_WAITS_S = (0.05, 0.2, 0.5)
-"""Waits before sending a turn's start again after the store failed it (see `_start`)."""
+"""Waits before sending a turn's start again after the store lost it (see `_start`)."""
+START_RETRY_DEADLINE_S = 2.0
+"""No try of the start begins this long after the first: a store that stays away is the
+client's 503, not a wait of minutes, well inside the turn's margin (TURN_MARGIN_S)."""
 
 
 async def _start(
     ctx: ActorContext[ConversationState], stamped: RunTurn
 ) -> tuple[CommandOutcome, bool]:
     """Record the turn's start (user message, TurnStarted) and say whether the turn is this
-    call's to run. A store failure leaves the append's outcome unknown: its commit may have
-    landed with the answer lost. Left so, the turn would read as running, answer its key's
-    retries 409 `turn_in_progress` and end `turn_abandoned`, with no model ever called. So
-    the same command (same id: the ledger makes it safe) is sent again, a few times; when
-    that finds the start already recorded, and it is this call's own (the `at` it was
-    stamped with, not a concurrent retry's on another process), the turn goes on."""
+    call's to run. A lost connection leaves the append's outcome unknown: its commit may
+    have landed with the answer lost. Left so, the turn would read as running, answer its
+    key's retries 409 `turn_in_progress` and end `turn_abandoned`, with no model ever
+    called. So the same command (same id: the ledger makes it safe) is sent again, a few
+    times within START_RETRY_DEADLINE_S; when the start turns out recorded, and it is this
+    call's own (the `at` it was stamped with, not a concurrent retry's on another process),
+    the turn goes on. A statement the database aborted (a timeout, a deadlock) was rolled
+    back, its outcome known: no try again, the client's 503 at once."""
+    deadline = asyncio.get_running_loop().time() + START_RETRY_DEADLINE_S
     for wait_s in (*START_RETRY_WAITS_S, None):
         try:
             started = await ctx.execute(stamped)
+        except StatementAborted:
+            raise
         except StoreUnavailable:
-            if wait_s is None:
+            now = asyncio.get_running_loop().time()
+            if wait_s is None or now + wait_s > deadline:
                 raise
             log.warning(
-                "%s: the store failed turn %s's start; sending it again",
+                "%s: the store lost turn %s's start; sending it again",
                 ctx.key.stream_id,
                 stamped.turn_id,
             )
             await asyncio.sleep(wait_s)
             continue
-        return started, started.duplicate and _started_by(ctx.state, stamped)
-    raise AssertionError("unreachable: the last attempt returns or raises")
+        # Whatever the outcome says (a duplicate, or nothing to do on a state the last try
+        # caught up to), a running turn stamped with this call's own start is its to run.
+        return started, _started_by(ctx.state, stamped)
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def _started_by(state: ConversationState, stamped: RunTurn) -> bool:

@@ -23,7 +23,7 @@ from actors import (
 from actors.errors import TurnCrashed
 from actors.models.port import TextDelta
 from eventstore import PostgresEventStore
-from eventstore.errors import StoreError, StoreUnavailable
+from eventstore.errors import StatementAborted, StoreError, StoreUnavailable
 from eventstore.records import NewEvent, RecordedEvent
 from schemas.conversation import Message, RenameConversation, RunTurn, TurnParams
 from schemas.errors import Conflict, NotFound, SvcError, UpstreamError, UpstreamTimeout
@@ -366,10 +366,18 @@ class _StartOutage:
     outage would: with `landed`, after the real append committed (the answer was lost on
     its way back), else before writing anything."""
 
-    def __init__(self, store: PostgresEventStore, *, landed: bool, failures: int = 1) -> None:
+    def __init__(
+        self,
+        store: PostgresEventStore,
+        *,
+        landed: bool,
+        failures: int = 1,
+        failure: StoreUnavailable | None = None,
+    ) -> None:
         self._store = store
         self.landed = landed
         self.failures = failures
+        self.failure = failure or StoreUnavailable("the connection was lost")
         self.attempts = 0
 
     def __getattr__(self, name: str) -> object:
@@ -383,7 +391,7 @@ class _StartOutage:
             return await self._store.append(stream_id, events, **kw)
         if self.landed:
             await self._store.append(stream_id, events, **kw)
-        raise StoreUnavailable("the connection was lost")
+        raise self.failure
 
 
 @pytest.mark.parametrize("landed", [True, False])
@@ -413,17 +421,26 @@ async def test_a_turn_whose_start_the_store_failed_is_sent_again_and_runs_once(
         await table.stop()
 
 
+@pytest.mark.parametrize(
+    ("failure", "tries"),
+    [
+        (StoreUnavailable("the connection was lost"), 4),
+        # Rolled back, its outcome known: the client's 503 at once, not tried again.
+        (StatementAborted("canceling statement due to lock timeout"), 1),
+    ],
+)
 async def test_a_start_the_store_keeps_failing_is_the_clients_503_with_no_model_call(
-    store: PostgresEventStore,
+    store: PostgresEventStore, failure: StoreUnavailable, tries: int
 ) -> None:
-    outage, provider = _StartOutage(store, landed=False, failures=100), ScriptedProvider()
+    outage = _StartOutage(store, landed=False, failures=100, failure=failure)
+    provider = ScriptedProvider()
     table = ActivationTable(cast(Any, outage), [ConversationBehaviour([provider])])
     await table.start()
     try:
         cid = uuid.uuid4().hex
-        with pytest.raises(StoreUnavailable):
+        with pytest.raises(type(failure)):
             await table.submit(conversation_key(cid), run_turn()).last()
-        assert outage.attempts == 4 and provider.calls == 0
+        assert outage.attempts == tries and provider.calls == 0
         assert await types_of(store, cid) == []
     finally:
         await table.stop()
