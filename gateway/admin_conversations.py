@@ -31,7 +31,7 @@ from schemas.admin import (
     TurnRecord,
     TurnsQuery,
 )
-from schemas.errors import NotFound, SvcError
+from schemas.errors import NotFound
 
 log = logging.getLogger(__name__)
 
@@ -206,9 +206,9 @@ def _longest_backtick_run(text: str) -> int:
 async def export_conversation(request: web.Request) -> web.StreamResponse:
     """The download is written a page of messages at a time (MESSAGE_PAGE_BYTES of text at
     most in memory, however long the conversation), up to the last message there was when
-    the header was read, so header and body agree while the conversation goes on. A read
-    that fails once the download has begun aborts the connection: a client sees a transfer
-    cut short (chunked, its last chunk missing), never a file that looks complete."""
+    the header was read. The first page is read before the response starts, so a failure
+    there is an ordinary error answer; one after that aborts the connection: over HTTP/1.1
+    (chunked) a client sees a transfer cut short, never a file that looks complete."""
     principal = await acting(request, READ)
     params = read_query(request, ExportQuery)
     await read_your_writes(request, CONVERSATION_MODELS)
@@ -217,41 +217,51 @@ async def export_conversation(request: web.Request) -> web.StreamResponse:
     if found is None:
         raise _not_found(cid)
     conversation, through = found
-    stem = _UNSAFE_FILENAME.sub("_", conversation.id)[:100] or "conversation"
-    resp = web.StreamResponse(
-        headers={
-            "Content-Disposition": f'attachment; filename="conversation-{stem}.{params.format}"'
-        }
-    )
-    resp.content_type = "text/markdown" if params.format == "md" else "application/json"
-    resp.charset = "utf-8"
+
+    async def page_after(after: int) -> queries.MessagePage:
+        return await queries.get_message_page(
+            db,
+            ws,
+            cid,
+            after=after,
+            limit=MAX_MESSAGES_PAGE,
+            max_bytes=MESSAGE_PAGE_BYTES,
+            through=through,
+        )
+
+    page = await page_after(0)
     writer = _MarkdownExport() if params.format == "md" else _JsonExport()
-    head, exported_at = summary(conversation), datetime.now(UTC)
+    resp = _download(conversation.id, params.format)
+    exported_at = datetime.now(UTC)
     await resp.prepare(request)
     try:
-        await resp.write(writer.head(head, exported_at))
-        after: int | None = 0
-        while after is not None:
-            page = await queries.get_message_page(
-                db,
-                ws,
-                cid,
-                after=after,
-                limit=MAX_MESSAGES_PAGE,
-                max_bytes=MESSAGE_PAGE_BYTES,
-                through=through,
-            )
+        await resp.write(writer.head(summary(conversation), exported_at))
+        while True:
             await resp.write(writer.messages([message(m) for m in page.messages]))
-            after = page.next_after
+            if page.next_after is None:
+                break
+            page = await page_after(page.next_after)
         await resp.write(writer.tail(exported_at))
     except ConnectionError:
         client_gone(request)  # the download was cancelled: nothing left to write to
         return resp
-    except SvcError:
-        log.warning("export of conversation %s cut short", cid, exc_info=True)
+    except Exception:
+        # Not answered as an error: the status line went out with the first bytes, and a
+        # second response written into this body would corrupt the transfer.
+        log.exception("export of conversation %s cut short", cid)
         _abort(request)
         return resp
     await resp.write_eof()
+    return resp
+
+
+def _download(conversation_id: str, format: str) -> web.StreamResponse:
+    stem = _UNSAFE_FILENAME.sub("_", conversation_id)[:100] or "conversation"
+    resp = web.StreamResponse(
+        headers={"Content-Disposition": f'attachment; filename="conversation-{stem}.{format}"'}
+    )
+    resp.content_type = "text/markdown" if format == "md" else "application/json"
+    resp.charset = "utf-8"
     return resp
 
 

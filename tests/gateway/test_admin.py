@@ -218,31 +218,32 @@ async def test_an_export_is_written_a_page_at_a_time(
 async def test_an_export_whose_read_fails_midway_is_cut_short_not_completed(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Once the download has begun no error can be answered: the connection is aborted, so
-    the client sees an incomplete transfer rather than a file that looks whole."""
+    """A failed first page is an ordinary error answer. Once the download has begun no error
+    can be answered: the connection is aborted, so the client sees an incomplete transfer
+    rather than a file that looks whole, whatever failed (the store, or a defect)."""
     _, key, cid = await chatty_workspace(service)
     monkeypatch.setattr(gateway.admin_conversations, "MESSAGE_PAGE_BYTES", 5)
     pages = gateway.admin_conversations.queries.get_message_page
-    calls = 0
+    outage = StoreUnavailable("the event store database is unavailable")
+    plan: dict[str, Any] = {"calls": 0, "failing": 1, "failure": outage}
 
-    async def failing_second_page(*args: Any, **kw: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 2:
-            raise StoreUnavailable("the event store database is unavailable")
+    async def failing_page(*args: Any, **kw: Any) -> Any:
+        plan["calls"] += 1
+        if plan["calls"] == plan["failing"]:
+            raise plan["failure"]
         return await pages(*args, **kw)
 
-    monkeypatch.setattr(
-        gateway.admin_conversations.queries, "get_message_page", failing_second_page
-    )
-    for format in ("json", "md"):
-        calls = 0
-        resp = await service.get(
-            "/v1/admin/conversations/export", key, conversation_id=cid, format=format
-        )
-        assert resp.status == 200
-        with pytest.raises(aiohttp.ClientPayloadError):
-            await resp.read()
+    monkeypatch.setattr(gateway.admin_conversations.queries, "get_message_page", failing_page)
+    path = "/v1/admin/conversations/export"
+    body = await service.get_json(path, key, 503, conversation_id=cid)
+    assert_error(body, "store_unavailable")
+    for failing, failure in ((2, outage), (3, RuntimeError("a defect"))):
+        for format in ("json", "md"):
+            plan.update(calls=0, failing=failing, failure=failure)
+            resp = await service.get(path, key, conversation_id=cid, format=format)
+            assert resp.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.read()
 
 
 async def test_event_history_rebuilds_state_at_a_version(service: Service) -> None:
@@ -340,7 +341,7 @@ async def test_event_history_reads_are_sized_by_the_events_bytes(
     """Events may carry a megabyte of text each: reads are sized by the bytes the last one
     met (here every event is larger than a read's budget: one event a read once the first
     has been seen), and a listing ends early at its budget, naming where to go on."""
-    ws, key, cid = await chatty_workspace(service)
+    _, key, cid = await chatty_workspace(service)
     path = "/v1/admin/conversations/events"
     whole = await service.get_json(path, key, id=cid)
     assert whole["next_after_version"] is None and len(whole["events"]) == whole["version"]
