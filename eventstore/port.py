@@ -43,6 +43,19 @@ class EventStore(Protocol):
         """The stream's newest version; 0 when it has no events (or none in the workspace)."""
         ...
 
+    async def stream_sizes(
+        self,
+        stream_id: str,
+        from_version: int,
+        to_version: int,
+        *,
+        workspace_id: str | None = None,
+    ) -> list[tuple[int, int]]:
+        """`(version, bytes)` of the stream's events in the range, oldest first, without
+        reading them: what a reader cuts its reads by (eventstore.paging). The bytes are as
+        stored, compressed for a large event: a few times less than it takes once read."""
+        ...
+
     async def read_all(
         self,
         after: str | None = None,

@@ -95,6 +95,13 @@ SELECT {EVENT_COLUMNS} FROM events
 WHERE stream_id = $1 AND version >= $2 AND version <= $3 AND workspace_id = $4
 ORDER BY version
 """
+# pg_column_size reads a stored value's header, not the value: sizes without the text.
+_STREAM_SIZES = """
+SELECT version, pg_column_size(data) + pg_column_size(metadata) FROM events
+WHERE stream_id = $1 AND version >= $2 AND version <= $3
+  AND ($4::text IS NULL OR workspace_id = $4)
+ORDER BY version
+"""
 # On the (stream_id, version) index: one entry read, however long the stream. A stream of
 # another workspace has no events in this one.
 _STREAM_VERSION = """
@@ -471,6 +478,20 @@ class PostgresEventStore:
             else:
                 rows = await conn.fetch(_READ_STREAM_WS, stream_id, first, last, workspace_id)
         return rows_to_events(rows)
+
+    async def stream_sizes(
+        self,
+        stream_id: str,
+        from_version: int,
+        to_version: int,
+        *,
+        workspace_id: str | None = None,
+    ) -> list[tuple[int, int]]:
+        first = min(max(from_version, 1), _MAX_VERSION)
+        last = min(to_version, _MAX_VERSION)
+        async with self._db.acquire(stateless=True) as conn:
+            rows = await conn.fetch(_STREAM_SIZES, stream_id, first, last, workspace_id)
+        return [(int(r[0]), int(r[1])) for r in rows]
 
     async def stream_version(self, stream_id: str, *, workspace_id: str | None = None) -> int:
         async with self._db.acquire(stateless=True) as conn:

@@ -4,11 +4,12 @@ Reads the conversation's stream from the event store (not a read model) and rebu
 by folding the conversation behaviour's pure `evolve` over the events up to version N: exactly
 what the actor held at that version (ARCHITECTURE.md decision 5).
 
-A conversation's stream may be long (gigabytes of text), so nothing here reads it whole: the
-page asked for is read by its version range and cut at about `PAGE_BYTES` of data, the state
-is folded from the stream's snapshot when that is at or below N (as an actor activates) and
-otherwise from the start, in reads sized to hold about `PAGE_BYTES`, and the newest version
-is read from the stream's index. `svc conversations replay` (gateway/cli.py) reads through
+A conversation's stream may be long (gigabytes of text, an event up to a megabyte), so
+nothing here reads it whole, nor a thousand large events at once: every read is cut to
+`PAGE_BYTES` by the events' stored sizes, read first (`Stream.read_cut`). The page asked for
+is read by its version range, the state is folded from the stream's snapshot when that is at
+or below N (as an actor activates) and otherwise from the start, and the newest version is
+read from the stream's index. `svc conversations replay` (gateway/cli.py) reads through
 the same functions.
 """
 
@@ -17,12 +18,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import orjson
 from aiohttp import web
 
 from actors.behaviour import ActorKey
 from actors.context import snapshot_state
 from actors.conversation import ConversationBehaviour, ConversationState, conversation_key
+from eventstore.paging import cut_page
 from eventstore.port import EventStore
 from eventstore.records import RecordedEvent, Snapshot
 from gateway.admin_common import READ, acting, ok
@@ -35,12 +36,10 @@ from schemas.events import EVENTS
 
 FOLD_PAGE = 1000
 """Events read at once at most, while folding or listing."""
-FIRST_PAGE = 16
-"""Events of the first read of a range: its sizes then size the next reads."""
-PAGE_BYTES = 8 * 1024 * 1024
-"""About the event data one read holds: a conversation's events may carry a megabyte of
-text each, so a thousand of them are not read at once unless they are small. It also
-bounds a page of the listing (beyond its first event)."""
+PAGE_BYTES = 4 * 1024 * 1024
+"""The event data one read holds at most, as stored (compressed text counts a few times
+less than it takes once read), unless its first event alone is larger: a conversation's
+events may carry a megabyte of text each. It also bounds a page of the listing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,38 +59,25 @@ class Stream:
             self.key.stream_id, first, workspace_id=self.workspace_id, to_version=last
         )
 
+    async def read_cut(self, first: int, last: int) -> list[RecordedEvent]:
+        """Versions `first`..`last` (at most FOLD_PAGE of them), ending early at PAGE_BYTES
+        by the events' stored sizes, read first; the first event always is, so a reader
+        moves on."""
+        last = min(last, first + FOLD_PAGE - 1)
+        sizes = await self.store.stream_sizes(
+            self.key.stream_id, first, last, workspace_id=self.workspace_id
+        )
+        end, _ = cut_page(sizes, FOLD_PAGE, PAGE_BYTES)
+        return [] if end is None else await self.read(first, end)
+
     async def pages(self, first: int, last: int) -> AsyncIterator[list[RecordedEvent]]:
-        """Versions `first`..`last`, in reads of about PAGE_BYTES (at most FOLD_PAGE events):
-        each read is sized by the events the last one met, growing at most twofold."""
-        limit = min(FIRST_PAGE, FOLD_PAGE)
+        """Versions `first`..`last`, a `read_cut` at a time."""
         while first <= last:
-            page = await self.read(first, min(last, first + limit - 1))
+            page = await self.read_cut(first, last)
             if not page:
                 return
             yield page
             first = page[-1].version + 1
-            per_event = max(1, data_bytes(page) // len(page))
-            limit = max(1, min(PAGE_BYTES // per_event, 2 * limit, FOLD_PAGE))
-
-
-def data_bytes(records: list[RecordedEvent]) -> int:
-    """The size of the events' data as JSON: what they hold in memory, near enough."""
-    return sum(len(orjson.dumps(r.data)) for r in records)
-
-
-async def listing(stream: Stream, first: int, last: int) -> list[RecordedEvent]:
-    """Versions `first`..`last`, ending early once about PAGE_BYTES of data are listed (the
-    first event always is, so a listing moves on)."""
-    listed: list[RecordedEvent] = []
-    total = 0
-    async for page in stream.pages(first, last):
-        for record in page:
-            size = len(orjson.dumps(record.data))
-            if listed and total + size > PAGE_BYTES:
-                return listed
-            listed.append(record)
-            total += size
-    return listed
 
 
 def _evolve(state: ConversationState, records: list[RecordedEvent]) -> ConversationState:
@@ -156,7 +142,7 @@ async def conversation_events(request: web.Request) -> web.Response:
         )
     # A page of the events; the state is always the fold of every event up to at_version.
     first = params.after_version + 1
-    listed = await listing(stream, first, min(at_version, params.after_version + params.limit))
+    listed = await stream.read_cut(first, min(at_version, params.after_version + params.limit))
     more = bool(listed) and listed[-1].version < at_version
     return ok(
         ConversationHistory(

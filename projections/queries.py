@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from eventstore.db import Database
+from eventstore.paging import cut_page
 from schemas.errors import InvalidInput
 
 Bucket = Literal["hour", "day"]
@@ -241,23 +242,11 @@ async def get_message_page(
         sizes = await conn.fetch(
             _MESSAGE_SIZES, workspace_id, conversation_id, after, through, limit + 1
         )
-        last, more = _page_end([(r[0], r[1]) for r in sizes], limit, max_bytes)
+        last, more = cut_page([(r[0], r[1]) for r in sizes], limit, max_bytes)
         if last is None:
             return MessagePage([], None)
         rows = await conn.fetch(_MESSAGE_RANGE, workspace_id, conversation_id, after, last)
     return MessagePage([Message(*r) for r in rows], last if more else None)
-
-
-def _page_end(sizes: list[tuple[int, int]], limit: int, max_bytes: int) -> tuple[int | None, bool]:
-    """The last `seq` of the page the (seq, bytes) rows make, and whether more follow."""
-    last: int | None = None
-    total = 0
-    for taken, (seq, size) in enumerate(sizes):
-        if taken == limit or (last is not None and total + size > max_bytes):
-            return last, True
-        total += size
-        last = seq
-    return last, False
 
 
 async def get_conversation_and_last_seq(

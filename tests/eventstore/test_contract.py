@@ -369,6 +369,17 @@ class EventStoreContract:
         assert await store.stream_version(s, workspace_id="ws-other") == 0
         assert await store.stream_version(stream()) == 0
 
+    async def test_stream_sizes_follow_the_events_data(self, store: EventStore) -> None:
+        s = stream()
+        events = [ev(n=1), ev(pad="x" * 500, n=2), ev(n=3)]
+        await store.append(s, events, expected_version=0, command_id=cmd(), workspace_id=WS)
+        sizes = await store.stream_sizes(s, 1, 3)
+        assert [v for v, _ in sizes] == [1, 2, 3]
+        assert sizes[1][1] > sizes[0][1] + 400 and sizes[0][1] > 0
+        assert await store.stream_sizes(s, 2, 2**64, workspace_id=WS) == sizes[1:]
+        assert await store.stream_sizes(s, 1, 3, workspace_id=OTHER_WS) == []
+        assert await store.stream_sizes(s, 3, 2) == []
+
     async def test_read_all_pages_by_cursor_in_commit_order(self, store: EventStore) -> None:
         assert await store.head() == ""
         assert await store.read_all() == []

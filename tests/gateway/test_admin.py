@@ -335,17 +335,19 @@ async def test_event_history_reads_only_the_page_and_folds_from_the_snapshot(
             assert not [r for r in reads if r[0] in (2, 3)], reads
 
 
-async def test_event_history_reads_are_sized_by_the_events_bytes(
+async def test_event_history_reads_are_cut_by_the_events_stored_sizes(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Events may carry a megabyte of text each: reads are sized by the bytes the last one
-    met (here every event is larger than a read's budget: one event a read once the first
-    has been seen), and a listing ends early at its budget, naming where to go on."""
+    """Events may carry a megabyte of text each: every read is cut to PAGE_BYTES by the
+    events' sizes, asked for first, and a listing ends there, naming where to go on."""
     _, key, cid = await chatty_workspace(service)
     path = "/v1/admin/conversations/events"
     whole = await service.get_json(path, key, id=cid)
     assert whole["next_after_version"] is None and len(whole["events"]) == whole["version"]
     store = service.app[STORE]
+    sizes = await store.stream_sizes(f"conversation:{cid}", 1, whole["version"])
+    assert [v for v, _ in sizes] == list(range(1, whole["version"] + 1))
+    assert all(n > 0 for _, n in sizes)
     spans: list[int] = []
     real = store.read_stream
 
@@ -354,17 +356,21 @@ async def test_event_history_reads_are_sized_by_the_events_bytes(
         return await real(stream, first, **kw)
 
     monkeypatch.setattr(store, "read_stream", spy)
+    # Room for the first two events: a listing of two, then two at a time while they fit.
+    monkeypatch.setattr(gateway.admin_history, "PAGE_BYTES", sizes[0][1] + sizes[1][1])
+    page = await service.get_json(path, key, id=cid)
+    assert [e["version"] for e in page["events"]] == [1, 2]
+    assert page["next_after_version"] == 2 and page["state"] == whole["state"]
+    # Room for none: one event a read, whatever came before.
     monkeypatch.setattr(gateway.admin_history, "PAGE_BYTES", 1)
     listed, after = [], 0
     while after is not None:
         spans.clear()
         page = await service.get_json(path, key, id=cid, after_version=after)
         assert len(page["events"]) == 1 and page["state"] == whole["state"]
+        assert spans and set(spans) == {1}, spans
         listed += page["events"]
         after = page["next_after_version"]
-        # The listing's and the fold's first reads ask for up to FIRST_PAGE events; once
-        # those have been seen, every read asks for one.
-        assert len([n for n in spans if n > 1]) <= 2 and max(spans) <= 16, spans
     assert listed == whole["events"]
 
 
