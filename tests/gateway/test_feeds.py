@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,8 +24,10 @@ from test_admin_support import (
 from eventstore.errors import StoreError, StoreUnavailable
 from eventstore.records import NewEvent, RecordedEvent
 from gateway import feed_fanout, feeds
+from gateway.feed_frames import redact_model
 from gateway.metrics import HTTP_ERRORS
 from gateway.state import STORE, TAILER
+from schemas.workspace import WorkspaceSettingChanged
 
 __all__ = ["service"]
 
@@ -388,6 +391,20 @@ async def test_secret_fields_are_redacted(service: Service) -> None:
         "password": feeds.REDACTED,
         "prompt_tokens": 7,
     }
+
+
+def test_a_models_flags_under_secret_names_are_shown() -> None:
+    """The history's state and events go through `redact_model`: the setting's `secret`
+    flag shows as it is, a secret-named text field does not."""
+    at = datetime(2026, 11, 27, tzinfo=UTC)
+    marker = WorkspaceSettingChanged(
+        workspace_id="ws-1", key="SVC_NATIVE_API_KEY", value=None, secret=True, at=at
+    )
+    assert redact_model(marker)["secret"] is True
+    plain = WorkspaceSettingChanged(
+        workspace_id="ws-1", key="SVC_LLM_MODEL", value="m", secret=False, at=at
+    )
+    assert redact_model(plain)["secret"] is False and redact_model(plain)["value"] == "m"
 
 
 def feeds_event(data: dict[str, Any]) -> NewEvent:
