@@ -403,6 +403,10 @@ def read_header(request: web.Request, name: str) -> str | None:
     return values.pop() if values else None
 
 
+def _query_names(model: type[BaseModel]) -> set[str]:
+    return {field.alias or name for name, field in model.model_fields.items()}
+
+
 def read_query(request: web.Request, model: type[M]) -> M:
     """Validate the query string against `model`; an empty value counts as absent. Unknown
     parameters are refused (models forbid extra fields), so that a typo is a 400 rather than
@@ -413,7 +417,11 @@ def read_query(request: web.Request, model: type[M]) -> M:
         raise InvalidInput(
             f"query parameter {', '.join(repeated)} is given more than once; give it once"
         )
-    values = {k: v for k, v in request.query.items() if v != ""}
+    # Empty values count as absent, but an unknown name is refused even when empty
+    # (`?lmit=`): the model would never see it.
+    values = {
+        k: v for k, v in request.query.items() if v != "" or k not in _query_names(model)
+    }
     try:
         return model.model_validate(values)
     except ValidationError as exc:

@@ -71,6 +71,7 @@ async def test_conversations_list_shape_and_paging(service: Service) -> None:
         {"offset": "x"},
         {"offset": 10**20},  # beyond the database's integers: a 400, not a 500
         {"limt": 5},
+        {"lmit": ""},  # empty, but unknown: not taken for absent
     ],
 )
 async def test_conversations_paging_validation(service: Service, params: dict[str, object]) -> None:
