@@ -28,6 +28,7 @@ from schemas.admin import (
     ConversationMessages,
     ExportQuery,
     HistoryQuery,
+    KeyListQuery,
     MessagesQuery,
     NewApiKey,
     OverviewResponse,
@@ -139,7 +140,7 @@ def add_routes(app: web.Application) -> None:
         admin_keys.list_keys,
         summary="API keys of the workspace; never the key or its hash (admin:read)",
         tag="Admin",
-        query=AdminRead,
+        query=KeyListQuery,
         response=ApiKeyList,
     )
     app.router.add_post("/v1/admin/apikeys", admin_keys.issue_key)

@@ -42,10 +42,10 @@ from gateway.state import AUTH, DATABASE, STORE, Principal
 from projections import queries
 from projections.identity_queries import key_owner
 from schemas.admin import (
-    AdminRead,
     ApiKeyCreate,
     ApiKeyList,
     ApiKeyRecord,
+    KeyListQuery,
     NewApiKey,
     NoQuery,
     RevokedApiKey,
@@ -56,6 +56,9 @@ from schemas.events import EVENTS
 from schemas.workspace import ApiKeyRevoked, IssueApiKey, RevokeApiKey
 
 PREFIX_LEN = 8
+
+REVOCATION_SEARCH_PAGE = 200
+"""Events of the workspace's stream read at a time while looking back for a revocation."""
 
 
 async def _execute(request: web.Request, principal: Principal, command: Command) -> CommandOutcome:
@@ -129,10 +132,16 @@ async def list_keys(request: web.Request) -> web.Response:
     # A read, so admin:read (the spec's rule): the list shows names, prefixes, scopes and
     # limits, never a key or its hash.
     principal = await acting(request, READ)
-    read_query(request, AdminRead)
+    page = read_query(request, KeyListQuery)
     await read_your_writes(request, KEY_MODELS)
-    keys = await queries.list_api_keys(request.app[DATABASE], principal.workspace_id)
-    return ok(ApiKeyList(api_keys=[record(k) for k in keys]))
+    keys, total = await queries.page_api_keys(
+        request.app[DATABASE], principal.workspace_id, limit=page.limit, offset=page.offset
+    )
+    return ok(
+        ApiKeyList(
+            api_keys=[record(k) for k in keys], total=total, limit=page.limit, offset=page.offset
+        )
+    )
 
 
 async def _check_owner_rule(principal: Principal, db: Database, key_id: str) -> None:
@@ -198,13 +207,18 @@ async def revoke_key(request: web.Request) -> web.Response:
 async def _recorded_revocation(
     request: web.Request, workspace_id: str, key_id: str
 ) -> tuple[datetime, str]:
-    """When the key was revoked, and the cursor of that event."""
-    recorded = await request.app[STORE].read_stream(
-        workspace_key(workspace_id).stream_id, workspace_id=workspace_id
-    )
-    for event in reversed(recorded):
-        if event.type == ApiKeyRevoked.type_name and event.data.get("key_id") == key_id:
-            revoked = EVENTS.decode(event.type, event.schema_version, event.data)
-            if isinstance(revoked, ApiKeyRevoked):
-                return revoked.at, event.cursor
+    """When the key was revoked, and the cursor of that event: searched from the newest
+    event back, a page at a time (the workspace's stream holds every key, setting and agent
+    change it ever had; a revocation repeated is most often a recent one's)."""
+    store, stream_id = request.app[STORE], workspace_key(workspace_id).stream_id
+    last = await store.stream_version(stream_id, workspace_id=workspace_id)
+    while last > 0:
+        first = max(1, last - REVOCATION_SEARCH_PAGE + 1)
+        page = await store.read_stream(stream_id, first, workspace_id=workspace_id, to_version=last)
+        for event in reversed(page):
+            if event.type == ApiKeyRevoked.type_name and event.data.get("key_id") == key_id:
+                revoked = EVENTS.decode(event.type, event.schema_version, event.data)
+                if isinstance(revoked, ApiKeyRevoked):
+                    return revoked.at, event.cursor
+        last = first - 1
     raise SvcError(f"API key {key_id} is revoked but its revocation is not in the log")

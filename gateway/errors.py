@@ -419,9 +419,7 @@ def read_query(request: web.Request, model: type[M]) -> M:
         )
     # Empty values count as absent, but an unknown name is refused even when empty
     # (`?lmit=`): the model would never see it.
-    values = {
-        k: v for k, v in request.query.items() if v != "" or k not in _query_names(model)
-    }
+    values = {k: v for k, v in request.query.items() if v != "" or k not in _query_names(model)}
     try:
         return model.model_validate(values)
     except ValidationError as exc:

@@ -378,6 +378,27 @@ async def list_api_keys(
     return [ApiKey(*r) for r in rows]
 
 
+async def page_api_keys(
+    db: Database, workspace_id: str, *, limit: int, offset: int
+) -> tuple[list[ApiKey], int]:
+    """A page of the workspace's keys, newest first, and how many there are, revoked ones
+    included, as of one snapshot."""
+    async with db.scoped(workspace_id) as conn:
+        rows = await conn.fetch(
+            f"""
+            SELECT {_KEY_COLUMNS} FROM api_keys WHERE workspace_id = $1
+            ORDER BY created_at DESC, key_id LIMIT $2 OFFSET $3
+            """,
+            workspace_id,
+            limit,
+            offset,
+        )
+        total = await conn.fetchval(
+            "SELECT count(*) FROM api_keys WHERE workspace_id = $1", workspace_id
+        )
+    return [ApiKey(*r) for r in rows], int(total)
+
+
 async def get_api_key(db: Database, workspace_id: str, key_id: str) -> ApiKey | None:
     async with db.scoped(workspace_id) as conn:
         row = await conn.fetchrow(

@@ -385,8 +385,21 @@ class RevokedApiKey(_Wire):
     cursor: str = Field(description="log cursor of the revocation")
 
 
+MAX_KEYS_PAGE = 1000
+
+
+class KeyListQuery(AdminRead):
+    """Keys in pages; the default page holds a thousand."""
+
+    limit: int = Field(default=MAX_KEYS_PAGE, ge=1, le=MAX_KEYS_PAGE)
+    offset: int = Field(default=0, ge=0, le=MAX_OFFSET)
+
+
 class ApiKeyList(_Wire):
-    api_keys: list[ApiKeyRecord]
+    api_keys: list[ApiKeyRecord] = Field(description="newest first")
+    total: int = Field(description="keys of the workspace, revoked ones included")
+    limit: int
+    offset: int
 
 
 # -- feeds ------------------------------------------------------------------------------------

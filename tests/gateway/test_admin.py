@@ -14,6 +14,7 @@ from test_admin_support import Service, service, uid
 import gateway.admin_common
 import gateway.admin_conversations
 import gateway.admin_history
+import gateway.admin_keys
 from actors.conversation import ConversationBehaviour, conversation_key
 from actors.workspace import workspace_key
 from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
@@ -484,7 +485,9 @@ async def test_scopes(service: Service) -> None:
     assert resp.status == 401
 
 
-async def test_api_keys_issue_list_revoke(service: Service) -> None:
+async def test_api_keys_issue_list_revoke(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ws = uid("ws-")
     admin = await service.issue_key(ws, ("admin:read", "admin:write"))
     issued = await service.post_json(
@@ -509,6 +512,16 @@ async def test_api_keys_issue_list_revoke(service: Service) -> None:
     listing = await service.get_json("/v1/admin/apikeys", admin)
     by_id = {k["id"]: k for k in listing["api_keys"]}
     assert issued["id"] in by_id
+    # Three keys (the admin's, "ci", "cached?"), newest first, in pages.
+    assert (listing["total"], listing["limit"], listing["offset"]) == (3, 1000, 0)
+    pages = [
+        await service.get_json("/v1/admin/apikeys", admin, limit=2, offset=offset)
+        for offset in (0, 2)
+    ]
+    assert [k["id"] for page in pages for k in page["api_keys"]] == list(by_id)
+    assert [len(page["api_keys"]) for page in pages] == [2, 1]
+    for bad in ({"limit": 0}, {"limit": 1001}, {"offset": -1}, {"offset": 10**20}):
+        assert_error(await service.get_json("/v1/admin/apikeys", admin, 400, **bad))
     for record in listing["api_keys"]:
         assert "key" not in record and "key_hash" not in record
     assert new_key not in str(listing)
@@ -519,7 +532,10 @@ async def test_api_keys_issue_list_revoke(service: Service) -> None:
     listing = await service.get_json("/v1/admin/apikeys", admin, min_cursor=revoked["cursor"])
     listed = {k["id"]: k for k in listing["api_keys"]}[issued["id"]]
     assert listed["revoked_at"] == revoked["revoked_at"]
-    # Revoking again changes nothing and says so: the revocation that stands, its cursor.
+    # Revoking again changes nothing and says so: the revocation that stands, its cursor,
+    # found looking back through the workspace's stream (here one event at a time).
+    monkeypatch.setattr(gateway.admin_keys, "REVOCATION_SEARCH_PAGE", 1)
+    await service.post_json("/v1/admin/apikeys", admin, {"name": "later", "scopes": ["chat"]}, 201)
     again = await service.post_json(f"/v1/admin/apikeys/{issued['id']}/revoke", admin, None)
     assert again == revoked
 
