@@ -333,17 +333,19 @@ async def body_deadline() -> AsyncIterator[None]:
         ) from None
 
 
-async def read_body(request: web.Request) -> bytes:
-    """The request body; larger than the app's client_max_size -> PayloadTooLarge (413); one
-    that does not decode as its Content-Encoding or chunked framing says -> 400; one that
-    does not arrive within BODY_DEADLINE_S -> RequestTimeout (408)."""
+async def read_body(request: web.Request, *, max_bytes: int | None = None) -> bytes:
+    """The request body; larger than the app's client_max_size (or `max_bytes`, a route's
+    own smaller limit, checked as the bytes arrive, chunked or not) -> PayloadTooLarge
+    (413); one that does not decode as its Content-Encoding or chunked framing says -> 400;
+    one that does not arrive within BODY_DEADLINE_S -> RequestTimeout (408)."""
+    reader = request if max_bytes is None else request.clone(client_max_size=max_bytes)
     try:
         async with body_deadline():
-            return await request.read()
+            return await reader.read()
     except web.HTTPRequestEntityTooLarge:
+        setting = " (SVC_MAX_BODY_BYTES)" if max_bytes is None else " for this endpoint"
         raise PayloadTooLarge(
-            f"request body too large: the limit is {request.client_max_size} bytes "
-            "(SVC_MAX_BODY_BYTES)"
+            f"request body too large: the limit is {reader.client_max_size} bytes{setting}"
         ) from None
     except RequestPayloadError as exc:
         # Raised from the decoder's own error: a body not in its Content-Encoding, a broken
@@ -358,18 +360,20 @@ async def read_body(request: web.Request) -> bytes:
 
 
 @overload
-async def read_json(request: web.Request) -> Any: ...
+async def read_json(request: web.Request, *, max_bytes: int | None = None) -> Any: ...
 
 
 @overload
-async def read_json(request: web.Request, model: type[M]) -> M: ...
+async def read_json(request: web.Request, model: type[M], *, max_bytes: int | None = None) -> M: ...
 
 
-async def read_json(request: web.Request, model: type[M] | None = None) -> M | Any:
+async def read_json(
+    request: web.Request, model: type[M] | None = None, *, max_bytes: int | None = None
+) -> M | Any:
     """Parse a JSON body and, given `model`, validate it: malformed JSON and schema violations
     are 400s whose message names the problem (and the field). Without `model`, the parsed
-    JSON value is returned as is."""
-    body = await read_body(request)
+    JSON value is returned as is. `max_bytes`: see `read_body`."""
+    body = await read_body(request, max_bytes=max_bytes)
     if not body:
         raise InvalidInput("request body is empty: expected a JSON object", code="invalid_json")
     try:

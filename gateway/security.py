@@ -54,6 +54,21 @@ def _ip(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
         return None
 
 
+IPV6_GROUP_PREFIX = 64
+
+
+def address_group(address: str) -> str:
+    """What a per-address limit counts a client by: an IPv4 address (an IPv4-mapped IPv6
+    one too), or an IPv6 address's /64, which one host usually holds whole and could
+    otherwise step through; text that is no address, as it is."""
+    ip = _ip(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.ip_network(f"{ip}/{IPV6_GROUP_PREFIX}", strict=False))
+    return address if ip is None else str(ip)
+
+
 def _trusted(address: str | None, networks: Iterable[Network]) -> bool:
     ip = _ip(address)
     return ip is not None and any(ip in net for net in networks)
@@ -75,13 +90,28 @@ def client_ip(request: web.Request) -> str:
     networks = _proxies(request.app[SETTINGS])
     result = peer
     if _trusted(peer, networks):
-        hops = [h.strip() for h in request.headers.get("X-Forwarded-For", "").split(",")]
+        # Every line: a proxy may add a line of its own after the client's rather than
+        # append to it (HAProxy's `option forwardfor`), and the first line alone would be
+        # the client's own writing.
+        forwarded = ",".join(request.headers.getall("X-Forwarded-For", ()))
+        hops = [_without_port(h.strip()) for h in forwarded.split(",")]
         for hop in reversed([h for h in hops if h]):
             result = hop
             if not _trusted(hop, networks):
                 break
     request[CLIENT_IP] = result
     return result
+
+
+def _without_port(hop: str) -> str:
+    """`203.0.113.9:5120` and `[2001:db8::1]:443`, as some load balancers write a hop, are
+    the addresses before the port; anything else is left as it is."""
+    if hop.startswith("[") and "]" in hop:
+        return hop[1 : hop.index("]")]
+    host, colon, port = hop.rpartition(":")
+    if colon and port.isdigit() and _ip(host) is not None and ":" not in host:
+        return host
+    return hop
 
 
 def _is_secure(request: web.Request, settings: Settings) -> bool:

@@ -22,9 +22,9 @@ from actors.table import TableStats
 from eventstore.db import Database, PoolStats
 from gateway import openapi
 from gateway.control_chars import json_visible, one_line
-from gateway.errors import read_body, read_json
+from gateway.errors import read_json
 from gateway.metrics import GatewayCollector, build_version, render
-from gateway.security import client_ip
+from gateway.security import address_group, client_ip
 from gateway.state import DATABASE, RUNTIME, SETTINGS, TAILER
 from schemas.errors import PayloadTooLarge, RateLimited, Unavailable
 from schemas.settings_catalog import CATALOG
@@ -96,8 +96,14 @@ def _reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+CLIENT_LOG_TRACKED = 10_000
+"""Client addresses counted apart in one minute; beyond them, new ones share one count."""
+
+
 class ClientLogLimiter:
-    """In-process fixed-minute counter per client IP (client logs are best effort)."""
+    """In-process fixed-minute counter per client address (an IPv6 one by its /64, see
+    `address_group`); client logs are best effort. Its table holds CLIENT_LOG_TRACKED
+    addresses at most: a crowd of fresh addresses shares one count beyond that."""
 
     def __init__(self, per_minute: int = CLIENT_LOG_PER_MINUTE) -> None:
         self.per_minute = per_minute
@@ -108,8 +114,11 @@ class ClientLogLimiter:
         window = int(time.time() // 60)
         if window != self._window:
             self._window, self._counts = window, {}
-        count = self._counts.get(ip, 0) + 1
-        self._counts[ip] = count
+        key = address_group(ip)
+        if key not in self._counts and len(self._counts) >= CLIENT_LOG_TRACKED:
+            key = "(others)"
+        count = self._counts.get(key, 0) + 1
+        self._counts[key] = count
         if count > self.per_minute:
             raise RateLimited(
                 f"too many client-log requests: at most {self.per_minute} per minute",
@@ -224,9 +233,8 @@ async def ingest_client_log(request: web.Request) -> web.Response:
     request.app[CLIENT_LOG_LIMITER].hit(ip)
     if (request.content_length or 0) > CLIENT_LOG_MAX_BYTES:
         raise PayloadTooLarge(f"client-log bodies are limited to {CLIENT_LOG_MAX_BYTES} bytes")
-    if len(await read_body(request)) > CLIENT_LOG_MAX_BYTES:
-        raise PayloadTooLarge(f"client-log bodies are limited to {CLIENT_LOG_MAX_BYTES} bytes")
-    batch = await read_json(request, ClientLogBatch)
+    # A chunked body has no length to check first: it is cut off as it arrives.
+    batch = await read_json(request, ClientLogBatch, max_bytes=CLIENT_LOG_MAX_BYTES)
     secrets = _secret_values(request)
     for entry in batch.entries:
         _log_entry(entry, ip, secrets)

@@ -22,6 +22,8 @@ TextRule = Literal[
     "workspace_id",
     "llm_provider",
     "http_url",
+    "origin",
+    "origins",
 ]
 
 OFFLINE_PROVIDERS = frozenset({"offline", "svc-offline"})
@@ -89,6 +91,20 @@ def _http_url(raw: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
+def _origin(text: str) -> bool:
+    """`https://app.example.com[:port]`: what a browser sends as Origin. Not `*` (which
+    would allow every site with credentials) nor `null` (sent by sandboxed frames and
+    `file:` pages of any site)."""
+    if not _http_url(text):
+        return False
+    parts = urlsplit(text)
+    return parts.path in ("", "/") and not (parts.query or parts.fragment or parts.username)
+
+
+def _origins(raw: str) -> bool:
+    return all(_origin(item.strip()) for item in raw.split(",") if item.strip())
+
+
 def _llm_provider(raw: str) -> bool:
     return raw.strip().lower() in AUTO_PROVIDERS | OFFLINE_PROVIDERS | UPSTREAM_PROVIDERS
 
@@ -113,6 +129,16 @@ TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
     "http_url": (
         _http_url,
         "blank or an absolute http:// or https:// URL with a host, e.g. https://svc.example.com",
+    ),
+    "origin": (
+        lambda raw: not raw.strip() or _origin(raw.strip()),
+        "blank or a browser origin, scheme://host[:port] with no path, e.g. "
+        "https://app.example.com",
+    ),
+    "origins": (
+        _origins,
+        "blank or a comma list of browser origins, scheme://host[:port] with no path, e.g. "
+        "https://app.example.com,http://localhost:5173 (not * nor null)",
     ),
 }
 """Each rule's check, and what a valid value looks like (for the error message)."""

@@ -1498,6 +1498,8 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
         "compatible); any other value is refused",
     },
     "SVC_CSP": {"rule": "header_value"},
+    "SVC_CORS_ORIGINS": {"rule": "origins"},
+    "SVC_WEBUI_ORIGIN": {"rule": "origin"},
     **{key: {"rule": "http_url"} for key in _HTTP_URL_KEYS},
     "SVC_LDAP_ROLE_MAPPINGS": {"rule": "string_map"},
     "SVC_SAML_ROLE_MAPPINGS": {"rule": "string_map"},

@@ -16,18 +16,17 @@ count. An IPv6 client counts by its /64, which one host usually holds whole.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 from dataclasses import dataclass
 from datetime import datetime
 
 from eventstore.db import Database
+from gateway.security import address_group
 from schemas.errors import RateLimited
 from schemas.identity import user_name_key
 
 MAX_PER_ACCOUNT = 5
 MAX_PER_ADDRESS = 20
 WINDOW_MINUTES = 2
-IPV6_PREFIX = 64
 
 _COUNT = """
 SELECT coalesce(sum(count), 0)::int FROM rate_limit_windows
@@ -52,16 +51,7 @@ def account_key(workspace_id: str, user_name: str) -> str:
 
 
 def address_key(address: str) -> str:
-    try:
-        ip = ipaddress.ip_address(address.strip())
-    except ValueError:
-        return f"login-fail:ip:{address}"
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return f"login-fail:ip:{ip.ipv4_mapped}"
-    if isinstance(ip, ipaddress.IPv6Address):
-        net = ipaddress.ip_network(f"{ip}/{IPV6_PREFIX}", strict=False)
-        return f"login-fail:ip:{net}"
-    return f"login-fail:ip:{ip}"
+    return f"login-fail:ip:{address_group(address)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,6 +153,15 @@ SHAPED_TEXT_SETTINGS = {
         ("localhost:8000/v1", "http://h:-1"),
         ("http://llm:8000/v1", "https://llm/v1?release=a@b", "https://u:Pw0rd@llm/v1"),
     ),
+    # `*` would allow every site with credentials, `null` every sandboxed frame and file.
+    "SVC_CORS_ORIGINS": (
+        ("*", "null", "https://app.example/path", "app.example", "https://a.example,*"),
+        ("", "https://app.example", "https://a.example/, http://localhost:5173"),
+    ),
+    "SVC_WEBUI_ORIGIN": (
+        ("null", "https://a.example,https://b.example", "https://u:p@a.example"),
+        ("", "http://localhost:8781"),
+    ),
 }
 
 

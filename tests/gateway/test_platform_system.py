@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -19,6 +20,7 @@ from yarl import URL
 
 from gateway import openapi, system
 from gateway.state import SETTINGS_SERVICE, TAILER
+from schemas.errors import RateLimited
 
 
 async def test_health_ping_time(database_url: str) -> None:
@@ -270,11 +272,40 @@ async def test_client_log_is_validated_limited_and_redacted(
         status, body, _ = await svc.request("POST", "/v1/client-log", data=b"{" + b" " * 70_000)
         assert status == 413
 
+        async def chunked() -> AsyncIterator[bytes]:  # no Content-Length to check first
+            yield b"{"
+            for _ in range(70):
+                yield b" " * 1024
+
+        status, body, _ = await svc.request("POST", "/v1/client-log", data=chunked())
+        assert status == 413 and "for this endpoint" in body["error"]["message"]
+
         statuses = [
             (await svc.request("POST", "/v1/client-log", json={"entries": [entry]}))[0]
             for _ in range(70)
         ]
         assert 429 in statuses
+
+
+def test_the_client_log_limit_counts_an_ipv6_host_by_its_64_and_bounds_its_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    limiter = system.ClientLogLimiter(per_minute=3)
+    for n in range(3):
+        limiter.hit(f"2001:db8:1:2::{n + 1}")
+    with pytest.raises(RateLimited):
+        limiter.hit("2001:db8:1:2:ffff::9")  # the same /64, another address
+    limiter.hit("2001:db8:1:3::1")  # another /64
+    limiter.hit("::ffff:192.0.2.1")
+    limiter.hit("192.0.2.1")  # the same IPv4 address, mapped or not
+    # A crowd of fresh addresses beyond the table's bound shares one count.
+    monkeypatch.setattr(system, "CLIENT_LOG_TRACKED", 4)
+    crowd = system.ClientLogLimiter(per_minute=3)
+    for n in range(4 + 3):
+        crowd.hit(f"198.51.100.{n}")
+    with pytest.raises(RateLimited):
+        crowd.hit("198.51.100.200")
+    crowd.hit("198.51.100.0")  # one counted apart keeps its own count
 
 
 async def test_client_log_redacts_names_basic_credentials_and_stored_secrets(
@@ -447,12 +478,20 @@ async def test_the_access_log_hides_query_credentials_and_shows_the_proxied_clie
             headers={"X-Forwarded-For": "203.0.113.9"},
         )
         await svc.request("GET", "/healthz?probe=1")
+        # A proxy that adds its own line after the client's forged one: the last line is
+        # the proxy's, naming the real client; a hop may carry a port.
+        for proxied in ("198.51.100.7", "198.51.100.7:5120", "[2001:db8::7]:443"):
+            lines_sent = CIMultiDict([("X-Forwarded-For", "127.0.0.1")])
+            lines_sent.add("X-Forwarded-For", proxied)
+            await svc.request("GET", f"/v1/time?hop={proxied}", headers=lines_sent)
     lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
     feed = [line for line in lines if "/v1/events/stream" in line]
     assert len(feed) == 1 and key not in feed[0], feed
     assert "access_token=[redacted]" in feed[0] and "types=x" in feed[0]
     assert feed[0].startswith("203.0.113.9 "), feed[0]
     assert any("GET /healthz?probe=1 " in line for line in lines), lines
+    hops = sorted(line.split(" ")[0] for line in lines if "/v1/time?hop=" in line)
+    assert hops == ["198.51.100.7", "198.51.100.7", "2001:db8::7"], hops
 
 
 async def test_the_access_log_keeps_an_encoded_path_on_one_line(
