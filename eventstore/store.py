@@ -286,9 +286,12 @@ async def _append_each(conn: Connection, batch: list[_Append]) -> list[_AppendRo
 
 
 def _not_sent(item: _Append, cause: StoreError) -> StoreUnavailable:
-    return StoreUnavailable(
+    # The cause's own words (the driver's, the server's, an address) are detail, for the log
+    # only: this message reaches the client, and a chat turn's failure record.
+    return StoreUnavailable.with_detail(
         f"the append to {item.stream_id!r} was not made: it was never sent, because an "
-        f"append sent before it on the same connection failed ({cause}); retry shortly"
+        "append sent before it on the same connection failed; retry shortly",
+        str(cause),
     )
 
 

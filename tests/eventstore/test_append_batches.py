@@ -442,4 +442,7 @@ async def test_a_batch_sent_one_by_one_reports_each_append_when_its_connection_i
     assert isinstance(results[1], StoreUnavailable) and not blocked(results[1])
     for unsent in results[2:]:
         assert isinstance(unsent, StoreUnavailable) and "was never sent" in str(unsent), unsent
+        # What the client is told names no cause: the driver's words are detail, for the log.
+        assert unsent.message.endswith("failed; retry shortly") and unsent.detail
+        assert results[1].detail and results[1].detail not in unsent.message
     assert await store.read_stream(third) == []
