@@ -61,7 +61,7 @@ from typing import Protocol
 
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Database
-from eventstore.errors import StatementAborted, StoreError
+from eventstore.errors import StatementAborted, StoreError, StoreUnavailable
 from eventstore.outage_log import OutageLog
 from eventstore.reads import log_head, read_log
 from eventstore.records import RecordedEvent
@@ -275,6 +275,18 @@ async def _all(batches: Iterable[Awaitable[int | None]]) -> list[int | None]:
         if isinstance(result, BaseException):
             raise result
     return [result for result in results if not isinstance(result, BaseException)]
+
+
+def _run_timed_out(exc: Exception, exact: bool) -> bool:
+    """A pipelined run (`Pipeline`, one `executemany`) that outlasted the driver's command
+    timeout: one timer covers the whole run, where the server times each statement, so a
+    run of many sound but slow statements times out on the client's clock alone. That is
+    the run's, not the database's: redone a statement at a time (`_isolate`), each under
+    its own timer, where a statement too slow for the server's timeout is a projector's
+    (`StatementAborted`) and a database that is down is found down again."""
+    return (
+        not exact and isinstance(exc, StoreUnavailable) and isinstance(exc.__cause__, TimeoutError)
+    )
 
 
 def _combine(results: Sequence[int | None]) -> int | None:
@@ -541,7 +553,7 @@ class ProjectionRunner:
         except Exception as exc:
             # Only what went wrong in a handler is a projector's; the database being down
             # (not a statement it gave up on) or a failing compare-and-set is the whole step's.
-            if not in_apply or database_down(exc):
+            if not in_apply or (database_down(exc) and not _run_timed_out(exc, exact)):
                 raise
             return await self._isolate(group, old, events, applying, exc, exact=exact)
         for slot in group:

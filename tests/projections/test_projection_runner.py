@@ -27,6 +27,7 @@ from projection_events import (
 from prometheus_client import REGISTRY
 
 from eventstore import Database, NewEvent, PostgresEventStore
+from eventstore.errors import StoreUnavailable
 from eventstore.tasks import cancel_and_wait
 from projections import (
     ConversationsProjector,
@@ -37,6 +38,7 @@ from projections import (
 )
 from projections import rebuild as rebuild_module
 from projections import runner as runner_module
+from projections.pipeline import Pipeline
 from schemas.events import EventFromNewerVersion
 
 PATIENCE_S = 30.0
@@ -389,6 +391,32 @@ async def test_sql_poison_inside_a_pipelined_run_is_pinpointed(
     assert status["messages"].cursor == good.cursor
     assert [m.message_id for m in await queries.get_messages(db, WS, "c2")] == ["m-ok"]
     assert len(await queries.get_messages(db, WS, "c1")) == 4
+
+
+async def test_a_pipelined_run_that_outlasts_the_drivers_timeout_is_redone_a_statement_at_a_time(
+    store: PostgresEventStore, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver times a pipelined run (one executemany) as a whole, the server each
+    statement: a long run of sound statements can time out on the client alone. That is
+    not the database being down (retried as it is, forever): the batch is redone one
+    statement at a time, and the read models move on."""
+    await chat(store, WS, "c1", 2)
+    timeouts = 0
+
+    async def timing_out(self: Pipeline) -> None:
+        nonlocal timeouts
+        timeouts += 1
+        try:
+            raise TimeoutError
+        except TimeoutError as exc:
+            raise StoreUnavailable.with_detail("the event store database timed out", "") from exc
+
+    monkeypatch.setattr(Pipeline, "flush", timing_out)
+    runner = ProjectionRunner(db, default_projectors(), batch_size=100)
+    await runner.catch_up(names=["conversations", "messages"])
+    assert timeouts >= 2
+    assert len(await queries.get_messages(db, WS, "c1")) == 4
+    assert {s.name: s for s in await runner.status()}["messages"].lag_events == 0
 
 
 async def test_rebuild_in_another_process_while_the_service_projects(
