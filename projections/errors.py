@@ -43,4 +43,9 @@ def aborted_reason(exc: StatementAborted, attempts: int, name: str) -> str:
 
 
 def _one_bounded_line(text: str) -> str:
-    return " ".join(text.split())[:_MAX_REASON_CHARS]
+    """One line, bounded, and storable: the stop is recorded as jsonb, which holds no NUL,
+    and as UTF-8, which holds no lone surrogate. A reason quoting either (a handler's error
+    about the event's own text) left the stop unrecorded: unseen by other processes, and
+    taken for cleared here, so the event was tried again every second."""
+    line = " ".join(text.replace("\x00", "\\0").split())[:_MAX_REASON_CHARS]
+    return line.encode("utf-8", "replace").decode("utf-8")

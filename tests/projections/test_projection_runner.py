@@ -230,6 +230,31 @@ async def test_poison_event_stops_the_projector_where_it_is(
     assert conversation is not None and conversation.message_count == 2
 
 
+class _QuotingNul(ConversationsProjector):
+    """A handler whose error quotes the event's text, NUL and a lone surrogate included."""
+
+    async def apply(self, conn: Any, event: Any) -> None:
+        if event.type == "conversation.renamed":
+            raise ValueError("cannot take the title 'a\x00b\udc80c'")
+        await super().apply(conn, event)
+
+
+async def test_a_stop_whose_reason_quotes_a_nul_is_recorded_for_every_process(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """The stop is stored as jsonb, which holds no NUL: a reason quoting one left the stop
+    unrecorded, unseen by other processes and tried again every second here."""
+    await chat(store, WS, "c1", 1)
+    bad = await append(store, WS, "conversation:c1", renamed("c1", "x"))
+    runner = ProjectionRunner(db, [_QuotingNul()], batch_size=100)
+    with pytest.raises(ProjectionFailed):
+        await runner.catch_up()
+    elsewhere = ProjectionRunner(db, [ConversationsProjector()], batch_size=100)
+    failure = {s.name: s for s in await elsewhere.status()}["conversations"].failure
+    assert failure is not None and failure.cursor == bad.cursor
+    assert "a\\0b?c" in failure.error
+
+
 class _Lenient(ConversationsProjector):
     """A fixed projector: skips renames without a title."""
 
