@@ -134,16 +134,20 @@ async def conversation_events(request: web.Request) -> web.Response:
     newest = await stream.newest_version()
     if not newest:
         raise NotFound(f"conversation {params.id!r} not found", code="conversation_not_found")
-    snapshot = await snapshot_of(stream)
     at_version = newest if params.at_version is None else params.at_version
     if at_version > newest:
         raise InvalidInput(
             f"at_version: the conversation's newest version is {newest}", code="invalid_version"
         )
-    # A page of the events; the state is always the fold of every event up to at_version.
+    # A page of the events; the state, the fold of every event up to at_version.
     first = params.after_version + 1
     listed = await stream.read_cut(first, min(at_version, params.after_version + params.limit))
     more = bool(listed) and listed[-1].version < at_version
+    state = None
+    if params.state:
+        # Folded from the first event when at_version is below the stream's snapshot: a
+        # client paging at a fixed version asks for it once, not with every page.
+        state = redact_model(await state_at(stream, at_version, await snapshot_of(stream)))
     return ok(
         ConversationHistory(
             conversation_id=params.id,
@@ -151,6 +155,6 @@ async def conversation_events(request: web.Request) -> web.Response:
             at_version=at_version,
             events=[history_event(r, cursors.seal_point(r.point)) for r in listed],
             next_after_version=listed[-1].version if more else None,
-            state=redact_model(await state_at(stream, at_version, snapshot)),
+            state=state,
         )
     )

@@ -280,6 +280,11 @@ class HistoryQuery(_Wire):
     at_version: int | None = Field(default=None, ge=0)
     after_version: int = Field(default=0, ge=0, description="list the events after this one")
     limit: int = Field(default=MAX_HISTORY_PAGE, ge=1, le=MAX_HISTORY_PAGE)
+    state: bool = Field(
+        default=True,
+        description="false: no state (null), and no fold of the stream; for the pages after "
+        "the first of a listing at a fixed at_version",
+    )
 
 
 class HistoryEvent(_Wire):
@@ -301,9 +306,9 @@ class ConversationHistory(_Wire):
     next_after_version: int | None = Field(
         description="pass as after_version for the next page; null on the last"
     )
-    state: dict[str, Any] = Field(
+    state: dict[str, Any] | None = Field(
         description="state folded by the conversation's evolve over every event up to "
-        "at_version, whatever page of them is listed"
+        "at_version, whatever page of them is listed; null when asked for none (state=false)"
     )
 
 

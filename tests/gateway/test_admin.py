@@ -374,6 +374,14 @@ async def test_event_history_reads_are_cut_by_the_events_stored_sizes(
         listed += page["events"]
         after = page["next_after_version"]
     assert listed == whole["events"]
+    # Without the state, a page reads its own events and nothing else: no fold.
+    spans.clear()
+    page = await service.get_json(path, key, id=cid, after_version=2, state="false")
+    assert page["state"] is None and [e["version"] for e in page["events"]] == [3]
+    assert spans == [1], spans
+    assert (await service.get_json(path, key, id=cid, state="true"))["state"] == whole["state"]
+    body = await service.get_json(path, key, 400, id=cid, state="maybe")
+    assert_error(body, "invalid_request")
 
 
 async def test_event_history_state_keeps_client_keys_that_sound_secret(service: Service) -> None:
