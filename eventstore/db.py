@@ -75,6 +75,15 @@ _MALFORMED_DSN = (
 )
 
 
+_CALLER_FAULTS = (
+    "argument for this query",
+    "arguments for this query",
+    "number of query arguments",
+)
+"""asyncpg's words for a statement given the wrong number of parameters (an InterfaceError,
+not a ValueError): a defect of the caller, never the connection's."""
+
+
 @contextmanager
 def translate_errors() -> Iterator[None]:
     """Map driver, socket and timeout errors to `eventstore.errors`.
@@ -99,7 +108,8 @@ def translate_errors() -> Iterator[None]:
             f"event store query failed ({exc.sqlstate} {type(exc).__name__}: {exc})"
         ) from exc
     except asyncpg.InterfaceError as exc:
-        if isinstance(exc, ValueError):
+        if isinstance(exc, ValueError) or any(fault in str(exc) for fault in _CALLER_FAULTS):
+            # The caller's defect, which a retry meets again: not the database's state.
             raise StoreError(f"event store query got bad parameters: {exc}") from exc
         if "released back to the pool" in str(exc):
             # The pool detaches a connection the server terminated from its holder, and says

@@ -228,6 +228,19 @@ async def test_a_terminated_connection_is_unavailable_not_a_driver_error(
     assert outcomes <= {"ok", "unavailable"}
 
 
+async def test_a_statement_given_the_wrong_number_of_parameters_is_a_defect(
+    store_db: Database,
+) -> None:
+    """A caller's bug, met again by every retry: not the database being unavailable, which
+    a projection runner would retry for every projector without end."""
+    async with store_db.acquire() as conn:
+        for args in ((), (1, 2)):
+            with pytest.raises(StoreError, match="bad parameters") as caught, translate_errors():
+                await conn.fetchval("SELECT $1::int", *args)
+            assert not isinstance(caught.value, StoreUnavailable)
+        assert await conn.fetchval("SELECT 1") == 1  # the connection is sound
+
+
 def test_the_drivers_mid_exchange_failure_is_unavailable() -> None:
     """What asyncpg raises on a connection whose server said goodbye while a query started:
     its words are the log's (`str()`), not a client's (`message`)."""
