@@ -346,7 +346,9 @@ START_RETRY_WAITS_S = (0.05, 0.2, 0.5)
 """Waits before sending a turn's start again after the store lost it (see `_start`)."""
 START_RETRY_DEADLINE_S = 2.0
 """No try of the start begins this long after the first: a store that stays away is the
-client's 503, not a wait of minutes, well inside the turn's margin (TURN_MARGIN_S)."""
+client's 503, not a wait of minutes, well inside the turn's margin (TURN_MARGIN_S). So a
+driver timeout, which comes after the statement timeout and more (a server not answering
+at all), is not tried again."""
 
 
 async def _start(

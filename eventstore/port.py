@@ -52,8 +52,9 @@ class EventStore(Protocol):
         workspace_id: str | None = None,
     ) -> list[tuple[int, int]]:
         """`(version, bytes)` of the stream's events in the range, oldest first, without
-        reading them: what a reader cuts its reads by (eventstore.paging). The bytes are as
-        stored, compressed for a large event: a few times less than it takes once read."""
+        sending them: their data and metadata as JSON text, which is what a reader cuts its
+        reads by (eventstore.paging). The database renders each event to measure it: size
+        no more events than are about to be read."""
         ...
 
     async def read_all(

@@ -6,11 +6,11 @@ what the actor held at that version (ARCHITECTURE.md decision 5).
 
 A conversation's stream may be long (gigabytes of text, an event up to a megabyte), so
 nothing here reads it whole, nor a thousand large events at once: every read is cut to
-`PAGE_BYTES` by the events' stored sizes, read first (`Stream.read_cut`). The page asked for
-is read by its version range, the state is folded from the stream's snapshot when that is at
-or below N (as an actor activates) and otherwise from the start, and the newest version is
-read from the stream's index. `svc conversations replay` (gateway/cli.py) reads through
-the same functions.
+`PAGE_BYTES` by the events' sizes, asked of the database first (`Stream.read_cut`). The
+page asked for is read by its version range, the state is folded from the stream's snapshot
+when that is at or below N (as an actor activates) and otherwise from the start, and the
+newest version is read from the stream's index. `svc conversations replay` (gateway/cli.py)
+reads through the same functions.
 """
 
 from __future__ import annotations
@@ -37,9 +37,12 @@ from schemas.events import EVENTS
 FOLD_PAGE = 1000
 """Events read at once at most, while folding or listing."""
 PAGE_BYTES = 4 * 1024 * 1024
-"""The event data one read holds at most, as stored (compressed text counts a few times
-less than it takes once read), unless its first event alone is larger: a conversation's
-events may carry a megabyte of text each. It also bounds a page of the listing."""
+"""The event data (as JSON text) one read holds at most, unless its first event alone is
+larger: a conversation's events may carry a megabyte of text each. It also bounds a page
+of the listing."""
+FIRST_LOOKAHEAD = 16
+"""Events sized ahead by the first read of a range; then twice what the last read took:
+the database renders each event it sizes, so sizing runs at most about twice what is read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,25 +62,37 @@ class Stream:
             self.key.stream_id, first, workspace_id=self.workspace_id, to_version=last
         )
 
-    async def read_cut(self, first: int, last: int) -> list[RecordedEvent]:
-        """Versions `first`..`last` (at most FOLD_PAGE of them), ending early at PAGE_BYTES
-        by the events' stored sizes, read first; the first event always is, so a reader
-        moves on."""
-        last = min(last, first + FOLD_PAGE - 1)
+    async def read_cut(
+        self, first: int, last: int, *, lookahead: int, budget: int
+    ) -> tuple[list[RecordedEvent], int]:
+        """Versions `first`..`last`, at most `lookahead` of them, ending early at `budget`
+        bytes by the events' sizes, asked for first (the first event always is read, so a
+        reader moves on); with the bytes read."""
+        lookahead = min(lookahead, FOLD_PAGE)
+        last = min(last, first + lookahead - 1)
         sizes = await self.store.stream_sizes(
             self.key.stream_id, first, last, workspace_id=self.workspace_id
         )
-        end, _ = cut_page(sizes, FOLD_PAGE, PAGE_BYTES)
-        return [] if end is None else await self.read(first, end)
+        end, _ = cut_page(sizes, lookahead, budget)
+        if end is None:
+            return [], 0
+        return await self.read(first, end), sum(size for v, size in sizes if v <= end)
 
-    async def pages(self, first: int, last: int) -> AsyncIterator[list[RecordedEvent]]:
-        """Versions `first`..`last`, a `read_cut` at a time."""
-        while first <= last:
-            page = await self.read_cut(first, last)
+    async def pages(
+        self, first: int, last: int, *, budget: int | None = None
+    ) -> AsyncIterator[list[RecordedEvent]]:
+        """Versions `first`..`last`, in reads of at most PAGE_BYTES and FOLD_PAGE events;
+        with `budget`, ending once that many bytes have been read."""
+        lookahead, left = min(FIRST_LOOKAHEAD, FOLD_PAGE), budget
+        while first <= last and (left is None or left > 0):
+            cap = PAGE_BYTES if left is None else min(PAGE_BYTES, left)
+            page, size = await self.read_cut(first, last, lookahead=lookahead, budget=cap)
             if not page:
                 return
             yield page
             first = page[-1].version + 1
+            lookahead = min(FOLD_PAGE, 2 * len(page))
+            left = None if left is None else left - size
 
 
 def _evolve(state: ConversationState, records: list[RecordedEvent]) -> ConversationState:
@@ -141,7 +156,8 @@ async def conversation_events(request: web.Request) -> web.Response:
         )
     # A page of the events; the state, the fold of every event up to at_version.
     first = params.after_version + 1
-    listed = await stream.read_cut(first, min(at_version, params.after_version + params.limit))
+    last = min(at_version, params.after_version + params.limit)
+    listed = [r async for page in stream.pages(first, last, budget=PAGE_BYTES) for r in page]
     more = bool(listed) and listed[-1].version < at_version
     state = None
     if params.state:

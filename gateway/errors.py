@@ -338,12 +338,19 @@ async def read_body(request: web.Request, *, max_bytes: int | None = None) -> by
     own smaller limit, checked as the bytes arrive, chunked or not) -> PayloadTooLarge
     (413); one that does not decode as its Content-Encoding or chunked framing says -> 400;
     one that does not arrive within BODY_DEADLINE_S -> RequestTimeout (408)."""
-    reader = request if max_bytes is None else request.clone(client_max_size=max_bytes)
+    # A route's own limit only lowers the operator's (SVC_MAX_BODY_BYTES), never raises it.
+    # Read through a clone, which shares the body's stream: call once, before any read.
+    reader = (
+        request
+        if max_bytes is None
+        else request.clone(client_max_size=min(max_bytes, request.client_max_size))
+    )
     try:
         async with body_deadline():
             return await reader.read()
     except web.HTTPRequestEntityTooLarge:
-        setting = " (SVC_MAX_BODY_BYTES)" if max_bytes is None else " for this endpoint"
+        own = max_bytes is not None and max_bytes < request.client_max_size
+        setting = " for this endpoint" if own else " (SVC_MAX_BODY_BYTES)"
         raise PayloadTooLarge(
             f"request body too large: the limit is {reader.client_max_size} bytes{setting}"
         ) from None

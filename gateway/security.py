@@ -162,7 +162,24 @@ def allowed_origins(settings: Settings) -> frozenset[str]:
     webui = settings.text("SVC_WEBUI_ORIGIN").strip()
     if webui:
         origins.add(webui)
-    return frozenset(o.rstrip("/") for o in origins)
+    return frozenset(_as_browsers_send(o) for o in origins)
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _as_browsers_send(origin: str) -> str:
+    """An origin as a browser's Origin header spells it: scheme and host in lower case, no
+    default port, no trailing slash (`HTTPS://App.example:443/` is `https://app.example`),
+    so a configured spelling that means the same origin matches it."""
+    parts = URL(origin.strip().rstrip("/"))
+    if not parts.scheme or not parts.host:
+        return origin.strip().rstrip("/")
+    scheme = parts.scheme.lower()
+    port = "" if parts.port in (None, _DEFAULT_PORTS.get(scheme)) else f":{parts.port}"
+    host = parts.host.lower()
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}{port}"
 
 
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}$")

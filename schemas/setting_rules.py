@@ -98,7 +98,7 @@ def _origin(text: str) -> bool:
     if not _http_url(text):
         return False
     parts = urlsplit(text)
-    return parts.path in ("", "/") and not (parts.query or parts.fragment or parts.username)
+    return parts.path in ("", "/") and not (parts.query or parts.fragment or "@" in parts.netloc)
 
 
 def _origins(raw: str) -> bool:

@@ -20,6 +20,7 @@ from actors import (
     TurnResult,
     conversation_key,
 )
+from actors import conversation as conversation_module
 from actors.errors import TurnCrashed
 from actors.models.port import TextDelta
 from eventstore import PostgresEventStore
@@ -373,11 +374,13 @@ class _StartOutage:
         landed: bool,
         failures: int = 1,
         failure: StoreUnavailable | None = None,
+        delay_s: float = 0.0,
     ) -> None:
         self._store = store
         self.landed = landed
         self.failures = failures
         self.failure = failure or StoreUnavailable("the connection was lost")
+        self.delay_s = delay_s
         self.attempts = 0
 
     def __getattr__(self, name: str) -> object:
@@ -391,6 +394,7 @@ class _StartOutage:
             return await self._store.append(stream_id, events, **kw)
         if self.landed:
             await self._store.append(stream_id, events, **kw)
+        await asyncio.sleep(self.delay_s)
         raise self.failure
 
 
@@ -467,6 +471,26 @@ class _RetryStartsElsewhere(_StartOutage):
             await self._store.append(stream_id, theirs, **kw)
             raise StoreUnavailable("the connection was lost")
         return await self._store.append(stream_id, events, **kw)
+
+
+async def test_no_try_of_the_start_begins_past_its_deadline(
+    store: PostgresEventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slow failures (a driver timeout arrives after the statement timeout and more) are
+    not tried again past the deadline: the client's 503 comes without further waits."""
+    monkeypatch.setattr(conversation_module, "START_RETRY_DEADLINE_S", 0.5)
+    outage = _StartOutage(store, landed=False, failures=100, delay_s=0.4)
+    provider = ScriptedProvider()
+    table = ActivationTable(cast(Any, outage), [ConversationBehaviour([provider])])
+    await table.start()
+    try:
+        with pytest.raises(StoreUnavailable):
+            await table.submit(conversation_key(uuid.uuid4().hex), run_turn()).last()
+        # The first failed at 0.4 s; the second began at 0.45 s and failed at 0.85 s; a
+        # third would begin at 1.05 s, past the deadline.
+        assert outage.attempts == 2 and provider.calls == 0
+    finally:
+        await table.stop()
 
 
 async def test_a_start_another_process_recorded_meanwhile_is_not_run_twice(

@@ -241,6 +241,14 @@ async def test_a_statement_given_the_wrong_number_of_parameters_is_a_defect(
         assert await conn.fetchval("SELECT 1") == 1  # the connection is sound
 
 
+def test_a_drivers_timeout_is_unavailable_and_keeps_its_cause() -> None:
+    """asyncpg's command timeout raises asyncio's TimeoutError; the projection runner tells
+    a pipelined run that timed out on the client's clock by that cause."""
+    with pytest.raises(StoreUnavailable, match="timed out") as caught, translate_errors():
+        raise TimeoutError
+    assert isinstance(caught.value.__cause__, TimeoutError)
+
+
 def test_the_drivers_mid_exchange_failure_is_unavailable() -> None:
     """What asyncpg raises on a connection whose server said goodbye while a query started:
     its words are the log's (`str()`), not a client's (`message`)."""

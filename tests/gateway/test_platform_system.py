@@ -287,6 +287,18 @@ async def test_client_log_is_validated_limited_and_redacted(
         assert 429 in statuses
 
 
+async def test_the_client_logs_own_limit_never_raises_the_operators(database_url: str) -> None:
+    async def chunked() -> AsyncIterator[bytes]:
+        yield b'{"entries": [{"level": "info", "message": "'
+        for _ in range(8):
+            yield b"x" * 1024
+        yield b'"}]}'
+
+    async with running(settings_for(database_url, SVC_MAX_BODY_BYTES="4096")) as svc:
+        status, body, _ = await svc.request("POST", "/v1/client-log", data=chunked())
+    assert status == 413 and "the limit is 4096 bytes (SVC_MAX_BODY_BYTES)" in str(body)
+
+
 def test_the_client_log_limit_counts_an_ipv6_host_by_its_64_and_bounds_its_table(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -357,7 +369,10 @@ async def test_security_headers_and_hidden_paths(database_url: str) -> None:
 
 async def test_csp_override_and_cors(database_url: str) -> None:
     settings = settings_for(
-        database_url, SVC_CSP="default-src 'none'", SVC_CORS_ORIGINS="https://app.example"
+        database_url,
+        SVC_CSP="default-src 'none'",
+        # Spelled otherwise than a browser sends it: the same origin, matched as such.
+        SVC_CORS_ORIGINS="HTTPS://App.example:443/",
     )
     async with running(settings) as svc:
         _, _, headers = await svc.request("GET", "/healthz")
@@ -480,7 +495,7 @@ async def test_the_access_log_hides_query_credentials_and_shows_the_proxied_clie
         await svc.request("GET", "/healthz?probe=1")
         # A proxy that adds its own line after the client's forged one: the last line is
         # the proxy's, naming the real client; a hop may carry a port.
-        for proxied in ("198.51.100.7", "198.51.100.7:5120", "[2001:db8::7]:443"):
+        for proxied in ("198.51.100.7", "198.51.100.7:5120", "[2001:db8::7]:443", "2001:db8::8"):
             lines_sent = CIMultiDict([("X-Forwarded-For", "127.0.0.1")])
             lines_sent.add("X-Forwarded-For", proxied)
             await svc.request("GET", f"/v1/time?hop={proxied}", headers=lines_sent)
@@ -491,7 +506,7 @@ async def test_the_access_log_hides_query_credentials_and_shows_the_proxied_clie
     assert feed[0].startswith("203.0.113.9 "), feed[0]
     assert any("GET /healthz?probe=1 " in line for line in lines), lines
     hops = sorted(line.split(" ")[0] for line in lines if "/v1/time?hop=" in line)
-    assert hops == ["198.51.100.7", "198.51.100.7", "2001:db8::7"], hops
+    assert hops == ["198.51.100.7", "198.51.100.7", "2001:db8::7", "2001:db8::8"], hops
 
 
 async def test_the_access_log_keeps_an_encoded_path_on_one_line(

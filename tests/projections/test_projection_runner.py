@@ -38,6 +38,7 @@ from projections import (
 )
 from projections import rebuild as rebuild_module
 from projections import runner as runner_module
+from projections.errors import failure_reason
 from projections.pipeline import Pipeline
 from schemas.events import EventFromNewerVersion
 
@@ -231,11 +232,13 @@ async def test_poison_event_stops_the_projector_where_it_is(
 
 
 class _QuotingNul(ConversationsProjector):
-    """A handler whose error quotes the event's text, NUL and a lone surrogate included."""
+    """A handler whose error quotes the event's text, a NUL included. (A lone surrogate, the
+    other thing jsonb cannot hold, is `failure_reason`'s test below: in a log record, which
+    the test's captured output carries, it would not cross to pytest-xdist's controller.)"""
 
     async def apply(self, conn: Any, event: Any) -> None:
         if event.type == "conversation.renamed":
-            raise ValueError("cannot take the title 'a\x00b\udc80c'")
+            raise ValueError("cannot take the title 'a\x00bc'")
         await super().apply(conn, event)
 
 
@@ -252,7 +255,13 @@ async def test_a_stop_whose_reason_quotes_a_nul_is_recorded_for_every_process(
     elsewhere = ProjectionRunner(db, [ConversationsProjector()], batch_size=100)
     failure = {s.name: s for s in await elsewhere.status()}["conversations"].failure
     assert failure is not None and failure.cursor == bad.cursor
-    assert "a\\0b?c" in failure.error
+    assert "a\\0bc" in failure.error
+
+
+def test_a_stop_reason_is_made_storable() -> None:
+    reason = failure_reason(ValueError("title 'a\x00b\udc80c'\non two lines"))
+    assert reason == "ValueError: title 'a\\0b?c' on two lines"
+    reason.encode("utf-8")  # no lone surrogate left
 
 
 class _Lenient(ConversationsProjector):
