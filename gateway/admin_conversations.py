@@ -13,7 +13,7 @@ from pydantic import TypeAdapter
 
 from gateway.admin_common import CONVERSATION_MODELS, READ, acting, ok, read_your_writes
 from gateway.control_chars import visible_controls
-from gateway.errors import client_gone, read_query
+from gateway.errors import abort_connection, client_gone, read_query
 from gateway.state import DATABASE
 from projections import queries
 from schemas.admin import (
@@ -249,7 +249,7 @@ async def export_conversation(request: web.Request) -> web.StreamResponse:
         # Not answered as an error: the status line went out with the first bytes, and a
         # second response written into this body would corrupt the transfer.
         log.exception("export of conversation %s cut short", cid)
-        _abort(request)
+        abort_connection(request)
         return resp
     await resp.write_eof()
     return resp
@@ -304,9 +304,3 @@ def _indented(model: ConversationSummary | ConversationMessage, depth: int) -> b
     # indented text is between tokens, where the deeper indent goes.
     text = orjson.dumps(model.model_dump(mode="json"), option=orjson.OPT_INDENT_2)
     return text.replace(b"\n", b"\n" + b" " * depth)
-
-
-def _abort(request: web.Request) -> None:
-    transport = request.transport
-    if transport is not None:
-        transport.abort()

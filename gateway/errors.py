@@ -72,6 +72,14 @@ def envelope(status: int, message: str, error_type: str, code: str | None) -> we
     return web.Response(status=status, body=body, content_type="application/json")
 
 
+def abort_connection(request: web.BaseRequest) -> None:
+    """Drop the connection at once, for a response under way that can be neither finished
+    (its socket accepts nothing, or what it writes failed) nor replaced by an error answer
+    (its status line is out): its client sees the transfer cut short."""
+    if request.transport is not None:
+        request.transport.abort()
+
+
 def client_gone(request: web.BaseRequest) -> None:
     """The client left while its response was being written (a stream): the access log
     (gateway/http_server.py) and the metrics show it as a hang-up, like one before the

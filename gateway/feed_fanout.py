@@ -49,7 +49,7 @@ from eventstore.records import RecordedEvent
 from eventstore.tailer import LogTailer, SubscriberTooSlow
 from eventstore.tasks import cancel_and_wait
 from gateway.cursor_seal import CursorSeal
-from gateway.errors import internal_failure
+from gateway.errors import abort_connection, internal_failure
 from gateway.feed_frames import HEARTBEAT_FRAME, FrameCache, closing_frame
 from schemas.errors import SvcError, Unavailable
 
@@ -457,7 +457,7 @@ class FeedFanout:
                     await resp.write(self._closing_frame(conn, reason, error))
                 await resp.write_eof()
         except TimeoutError:
-            _abort(request)
+            abort_connection(request)  # its socket accepts nothing more
         except ConnectionError:
             pass
 
@@ -697,9 +697,3 @@ def _closing_error(conn: FeedConnection, reason: EndReason) -> SvcError:
     if conn.end_error is not None:
         return conn.end_error
     return SubscriberTooSlow(conn.cursor) if reason == "too_slow" else SHUTDOWN_ERROR
-
-
-def _abort(request: web.Request) -> None:
-    """Drop a connection whose socket accepts nothing: nothing more can be written to it."""
-    if request.transport is not None:
-        request.transport.abort()
