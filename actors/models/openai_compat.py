@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import email.utils
 import json
 import logging
+import math
 import random
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -65,7 +68,10 @@ QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "bi
 """Error codes (or types) of a model server's refusal, a 429 most often, that mean the
 account is out of credit: final (`upstream_quota_exceeded`), never retried as a rate limit."""
 _MAX_MESSAGE_CHARS = 300
-_MAX_LINE_BYTES = 4 * 1024 * 1024
+_MAX_EVENT_BYTES = 4 * 1024 * 1024
+_MAX_RETRY_AFTER_S = 3600.0
+"""A model server's `Retry-After` beyond an hour is no plan to ask again: it is passed on as
+an hour (and the back-off's own wait is capped far lower)."""
 # A message holds MAX_CONTENT characters; in JSON each may take up to 6 bytes (\uXXXX).
 _MAX_COMPLETION_BYTES = 6 * MAX_CONTENT + 64 * 1024
 _SECRET_PATTERNS = (
@@ -387,7 +393,11 @@ async def _error_message(resp: aiohttp.ClientResponse) -> tuple[str, str | None]
     when it has no code: OpenAI's quota refusals have said `insufficient_quota` in both)."""
     try:
         text = (await resp.content.read(8192)).decode("utf-8", "replace")
-    except (aiohttp.ClientError, TimeoutError):
+    except TimeoutError:
+        # The call's budget ran out while the refusal was being read: that is the call's
+        # timeout (ErrCallTimeout), not the refusal, whatever the status said.
+        raise
+    except aiohttp.ClientError:
         return resp.reason or "no message", None
     with contextlib.suppress(ValueError):
         data = json.loads(text)
@@ -452,13 +462,29 @@ def _redact(match: re.Match[str]) -> str:
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """The refusal's `Retry-After` in seconds (RFC 9110: a number of seconds or an HTTP
+    date), at most `_MAX_RETRY_AFTER_S`; None when absent or not a time."""
     value = headers.get("Retry-After")
     if value is None:
         return None
+    seconds: float | None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
+        seconds = _seconds_until(value)
+    if seconds is None or not math.isfinite(seconds):
         return None
+    return min(_MAX_RETRY_AFTER_S, max(0.0, seconds))
+
+
+def _seconds_until(http_date: str) -> float | None:
+    try:
+        when = email.utils.parsedate_to_datetime(http_date)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT; an obsolete form may not say so
+        when = when.replace(tzinfo=datetime.UTC)
+    return (when - datetime.datetime.now(datetime.UTC)).total_seconds()
 
 
 def _message(message: ChatMessage) -> dict[str, str]:
@@ -564,42 +590,55 @@ async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[str]:
     """The `data` of each SSE event (multi-line data joined by newlines).
 
     Reads whatever the connection has buffered and splits it into lines here: a readline per
-    line cost more than parsing the events. A line longer than `_MAX_LINE_BYTES` raises
-    ValueError, like aiohttp's own line reader."""
-    lines: list[str] = []
+    line cost more than parsing the events. A line, or an event's data, longer than
+    `_MAX_EVENT_BYTES` raises ValueError, like aiohttp's own line reader: a server that never
+    ends its lines or its event costs that much memory, not all it sends. A line left
+    unfinished when the stream ends was cut with the connection and is dropped, with its
+    event (the SSE rule for an unfinished event); complete `data:` lines whose closing blank
+    line never came are still an event, as some servers end their streams that way."""
+    event = _SseEvent()
     pending = b""
     async for chunk in content.iter_any():
         pending += chunk
         if b"\n" not in chunk:
-            if len(pending) > _MAX_LINE_BYTES:
+            if len(pending) > _MAX_EVENT_BYTES:
                 raise ValueError("stream line too long")
             continue
         *complete, pending = pending.split(b"\n")
         for raw in complete:
-            data = _sse_line(raw, lines)
+            data = event.take(raw)
             if data is not None:
                 yield data
-    if pending:
-        _sse_line(pending, lines)
-    if lines:
-        yield "\n".join(lines)
+    if not pending and event.lines:
+        yield event.take(b"") or ""
 
 
-def _sse_line(raw: bytes, lines: list[str]) -> str | None:
-    """Take one line: a blank line ends an event (its data is returned), a `data:` line adds
-    to `lines`, anything else (comments, other fields) is skipped."""
-    if raw.endswith(b"\r"):
-        raw = raw[:-1]
-    if not raw:
-        if not lines:
-            return None
-        data = "\n".join(lines)
-        lines.clear()
-        return data
-    if raw.startswith(b"data:"):
-        value = raw[5:].decode("utf-8", "replace")
-        lines.append(value[1:] if value.startswith(" ") else value)
-    return None
+class _SseEvent:
+    """The `data:` lines of the event being read, bounded by `_MAX_EVENT_BYTES` in all."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._size = 0
+
+    def take(self, raw: bytes) -> str | None:
+        """Take one line: a blank line ends an event (its data is returned), a `data:` line
+        adds to it, anything else (comments, other fields) is skipped."""
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        if not raw:
+            if not self.lines:
+                return None
+            data = "\n".join(self.lines)
+            self.lines.clear()
+            self._size = 0
+            return data
+        if raw.startswith(b"data:"):
+            self._size += len(raw)
+            if self._size > _MAX_EVENT_BYTES:
+                raise ValueError("stream event too long")
+            value = raw[5:].decode("utf-8", "replace")
+            self.lines.append(value[1:] if value.startswith(" ") else value)
+        return None
 
 
 def _json_object(data: str) -> dict[str, Any]:

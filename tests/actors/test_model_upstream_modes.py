@@ -97,7 +97,17 @@ async def test_sse_events_are_the_same_however_the_bytes_arrive(size: int) -> No
 
 
 async def test_sse_data_without_a_final_blank_line_still_counts() -> None:
-    assert await events_of([b"data: x\n", b"data: y"]) == ["x\ny"]
+    assert await events_of([b"data: x\n", b"data: y\n"]) == ["x\ny"]
+
+
+async def test_a_line_cut_by_the_end_of_the_stream_is_dropped_with_its_event() -> None:
+    cut = [b"data: a\n\n", b"data: x\n", b'data: {"choices": [{"del']
+    assert await events_of(cut) == ["a"]
+
+
+async def test_an_event_that_never_ends_is_refused_past_the_bound() -> None:
+    with pytest.raises(ValueError):
+        await events_of([b"data: " + b"x" * 1024 * 1024 + b"\n"] * 5)
 
 
 async def test_sse_line_without_end_is_refused_past_the_bound() -> None:

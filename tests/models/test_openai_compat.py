@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -549,3 +550,113 @@ async def test_an_unusable_gateway_url_is_named(url: str) -> None:
         await collect(provider(url, retries=0), request())
     assert caught.value.code == "upstream_misconfigured"
     assert "SVC_LLM_GATEWAY_URL" in caught.value.message
+
+
+async def events_or_error_from(
+    answer: Any, **options: Any
+) -> tuple[list[ModelEvent] | UpstreamError, int]:
+    """What the provider makes of a model server whose every call `answer(request)` serves,
+    and how many calls it made."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer  # here: pytest would collect it as a test class
+
+    calls = 0
+
+    async def counted(request: web.Request) -> web.StreamResponse:
+        nonlocal calls
+        calls += 1
+        response: web.StreamResponse = await answer(request)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", counted)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        return await collect(provider(str(server.make_url("/v1")), **options), request()), calls
+    except UpstreamError as exc:
+        return exc, calls
+    finally:
+        await server.close()
+
+
+def stream_then(*payloads: bytes) -> Any:
+    """A model server writing these bytes of an event stream, then ending its answer."""
+    from aiohttp import web
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for payload in payloads:
+            await response.write(payload)
+        return response
+
+    return answer
+
+
+async def test_a_stream_cut_inside_its_first_event_is_a_connection_failure_retried() -> None:
+    """The SSE rule: an event the stream ended inside was never sent. Nothing reached the
+    caller, so it is a failure a retry may mend, not a malformed stream."""
+    cut = stream_then(b'data: {"choices": [{"index": 0, "delta": {"content": "Hel')
+    outcome, calls = await events_or_error_from(cut, retries=1)
+    assert isinstance(outcome, UpstreamError)
+    assert (outcome.code, calls) == ("upstream_unavailable", 2)
+
+
+async def test_a_stream_cut_after_its_answer_finished_completes_the_answer() -> None:
+    answer = {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}
+    cut = stream_then(
+        b"data: " + json.dumps(answer).encode() + b"\n\n", b'data: {"usage": {"prompt_tok'
+    )
+    outcome, _ = await events_or_error_from(cut)
+    assert not isinstance(outcome, UpstreamError)
+    assert outcome[0] == TextDelta("hi")
+    finished = outcome[-1]
+    assert isinstance(finished, Finished) and finished.finish_reason == "stop"
+    assert finished.usage.completion_tokens > 0  # estimated, as for a server that sends none
+
+
+async def test_a_refusal_whose_body_outlasts_the_budget_is_the_calls_timeout() -> None:
+    from aiohttp import web
+
+    async def headers_only(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=500, headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await asyncio.sleep(5)
+        return response
+
+    with pytest.raises(UpstreamTimeout) as caught:
+        await events_or_error_from(headers_only, call_timeout_s=0.3)
+    assert caught.value.code == "ErrCallTimeout"
+
+
+@pytest.mark.parametrize(
+    ("header", "passed_on"),
+    [("inf", None), ("1e400", None), ("nan", None), ("1e12", 3600.0), ("7", 7.0)],
+)
+async def test_a_retry_after_passed_on_is_a_time_a_client_can_wait(
+    header: str, passed_on: float | None
+) -> None:
+    from aiohttp import web
+
+    async def busy(_request: web.Request) -> web.StreamResponse:
+        return web.Response(status=503, text="busy", headers={"Retry-After": header})
+
+    outcome, _ = await events_or_error_from(busy, retries=0)
+    assert isinstance(outcome, UpstreamError) and outcome.code == "upstream_unavailable"
+    assert outcome.retry_after_s == passed_on
+
+
+async def test_a_retry_after_given_as_a_date_is_the_seconds_until_it() -> None:
+    from email.utils import format_datetime
+
+    from aiohttp import web
+
+    when = format_datetime(datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=90))
+
+    async def busy(_request: web.Request) -> web.StreamResponse:
+        return web.Response(status=429, text="slow down", headers={"Retry-After": when})
+
+    outcome, _ = await events_or_error_from(busy, retries=0)
+    assert isinstance(outcome, UpstreamError) and outcome.retry_after_s is not None
+    assert 60 < outcome.retry_after_s <= 90
