@@ -49,7 +49,8 @@ from gateway.control_chars import json_visible, one_line
 from gateway.errors import validation_problems
 from gateway.feed_frames import redact_model
 from gateway.log_levels import apply_log_level
-from gateway.settings import Settings
+from gateway.settings import Settings, storable_spec, storable_value
+from gateway.shutdown import Shutdown
 from projections import queries
 from schemas.admin import ApiKeyName
 from schemas.commands import service_command_id
@@ -93,15 +94,16 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.http_server import GatewayRunner
 
     host, port = settings.gateway_addr  # a malformed address fails before anything starts
-    with _stop_signals() as stop:
-        app = create_app(settings)
+    app = create_app(settings)
+    with _stop_signals(lambda: _still_stopping(app.get(SHUTDOWN))) as stop:
         runner = GatewayRunner(app, shutdown_timeout=HANDLER_DRAIN_S)
         try:
             await runner.setup()  # opens the platform: stored settings apply from here on
             shutdown = app[SHUTDOWN]
             apply_log_level(settings.text("SVC_LOG_LEVEL"))
-            await _listen(runner, host, port)
-            settle_after_startup()
+            if not stop.is_set():  # a signal during the start: never take a connection
+                await _listen(runner, host, port)
+                settle_after_startup()
             await stop.wait()
             shutdown.begin()
             log.info("svc shutting down: in-flight turns get %.0f s", shutdown.grace_s)
@@ -147,14 +149,37 @@ def _shown_address(sockname: Any) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _still_stopping(shutdown: Shutdown | None) -> None:
+    """A signal after the first does not cut the grace short (the first promised turns in
+    flight that grace): it says what is left, and how to stop at once."""
+    waiting = (
+        "for its start to end"
+        if shutdown is None
+        else f"{shutdown.remaining_s():.0f} s more for turns in flight"
+    )
+    log.warning(
+        "svc is already stopping: it waits %s, then stops the database; SIGKILL ends the "
+        "process now (the log stays whole: a turn cut off is recorded as turn_abandoned once "
+        "its lifetime has passed)",
+        waiting,
+    )
+
+
 @contextmanager
-def _stop_signals() -> Iterator[asyncio.Event]:
-    """An event set by the first SIGTERM or SIGINT while the block runs."""
+def _stop_signals(on_repeat: Callable[[], None]) -> Iterator[asyncio.Event]:
+    """An event set by the first SIGTERM, SIGINT or SIGHUP while the block runs; each one
+    after it calls `on_repeat`."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     taken = _taken(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def signalled() -> None:
+        if stop.is_set():
+            on_repeat()
+        stop.set()
+
     for sig in taken:
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled)
     try:
         yield stop
     finally:
@@ -210,18 +235,26 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 # --- settings ------------------------------------------------------------------------------
 
 
-async def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:
+def check_settings_args(args: argparse.Namespace) -> None:
+    """Before the event loop and the platform start: the key is known and storable, and a
+    value to set is read (from standard input when not given: Ctrl-C there stops at once,
+    as it cannot inside the loop) and valid. A mistake is told without opening a database."""
     if args.action in ("get", "set", "unset"):
         get_spec(args.key)
+    if args.action == "set":
+        raw = args.value if args.value is not None else _value_from_stdin(args.key)
+        args.value = storable_value(args.key, raw)
+    elif args.action == "unset":
+        storable_spec(args.key)
+
+
+async def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:
     if args.action in ("get", "list"):
         return await _settings_show(args, settings)
-    value = None
-    if args.action == "set":
-        value = args.value if args.value is not None else _value_from_stdin(args.key)
     async with open_platform(settings, background=False) as platform:
         service = platform.settings_service
-        if value is not None:
-            result = await service.set(args.key, value)
+        if args.action == "set":
+            result = await service.set(args.key, args.value)
         else:
             result = await service.unset(args.key)
     _out(result.message)
@@ -232,7 +265,10 @@ def _value_from_stdin(key: str) -> str:
     """A prompt that does not echo on a terminal, else standard input up to its end (one
     trailing newline dropped: `echo secret | svc settings set KEY`)."""
     if sys.stdin.isatty():
-        return getpass.getpass(f"{key}: ")
+        try:
+            return getpass.getpass(f"{key}: ")
+        except EOFError:  # Ctrl-D at the prompt
+            raise InvalidInput(f"no value for {key} entered; nothing was stored") from None
     value = sys.stdin.read()
     if not value:
         # Most likely a mistake (stdin redirected from nothing), not a wish to store a blank.
@@ -314,8 +350,18 @@ async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
     await ensure_workspace(platform.runtime, workspace)
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
     # Make the key usable at once, even before the server's projection loop sees it.
-    await platform.projections.wait_for(outcome.cursor, KEY_APPLY_TIMEOUT_S, names=KEY_MODELS)
-    _out(key)
+    applied = await platform.projections.wait_for(
+        outcome.cursor, KEY_APPLY_TIMEOUT_S, names=KEY_MODELS
+    )
+    _out(key)  # shown this once, applied or not: it is issued
+    if not applied:
+        _out(
+            "svc: warning: the API key above is issued, but the read models have not applied "
+            "it yet, so it does not authenticate until they do; see `svc projections "
+            "status` (do not issue another: this one starts working once they catch up)",
+            sys.stderr,
+        )
+        return FAILURE
     return 0
 
 
@@ -377,11 +423,15 @@ async def _apikeys_revoke(args: argparse.Namespace, platform: Platform) -> int:
     return 0
 
 
-async def cmd_apikeys(args: argparse.Namespace, settings: Settings) -> int:
-    actions = {"create": _apikeys_create, "list": _apikeys_list, "revoke": _apikeys_revoke}
+def check_apikeys_args(args: argparse.Namespace) -> None:
+    """Before anything is opened: bad arguments change nothing and need no database."""
     if args.action == "create":
         _scopes(args.scopes)
         _key_name(args.name)
+
+
+async def cmd_apikeys(args: argparse.Namespace, settings: Settings) -> int:
+    actions = {"create": _apikeys_create, "list": _apikeys_list, "revoke": _apikeys_revoke}
     async with open_platform(settings, background=False) as platform:
         return await actions[args.action](args, platform)
 
@@ -581,7 +631,7 @@ def _cluster_parser(sub: Any) -> None:
 
 def _settings_parser(sub: Any) -> None:
     p = sub.add_parser("settings", help="show and change settings")
-    p.set_defaults(run=cmd_settings)
+    p.set_defaults(run=cmd_settings, check=check_settings_args)
     acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
     s = acts.add_parser("set", help="store a value")
     s.add_argument("key")
@@ -598,19 +648,19 @@ def _settings_parser(sub: Any) -> None:
 
 def _apikeys_parser(sub: Any) -> None:
     p = sub.add_parser("apikeys", help="issue, list and revoke API keys")
-    p.set_defaults(run=cmd_apikeys)
+    p.set_defaults(run=cmd_apikeys, check=check_apikeys_args)
     acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
     c = acts.add_parser("create", help="issue a key; prints it alone on stdout")
     c.add_argument("--scopes", required=True, help="comma list: " + ",".join(sorted(SCOPES)))
-    c.add_argument("--workspace", help="workspace id (created when missing)")
+    c.add_argument("--workspace", type=_workspace_id, help="workspace id (created when missing)")
     c.add_argument("--rate-limit-rpm", type=_positive_int, dest="rate_limit_rpm")
     c.add_argument("--name")
     ls = acts.add_parser("list", help="keys of a workspace")
-    ls.add_argument("--workspace")
+    ls.add_argument("--workspace", type=_workspace_id)
     ls.add_argument("--json", action="store_true")
     r = acts.add_parser("revoke", help="revoke a key by id")
     r.add_argument("key_id")
-    r.add_argument("--workspace")
+    r.add_argument("--workspace", type=_workspace_id)
 
 
 def _projections_parser(sub: Any) -> None:
@@ -628,7 +678,7 @@ def _conversations_parser(sub: Any) -> None:
     r = acts.add_parser("replay", help="events with versions and the rebuilt state")
     r.add_argument("conversation_id")
     r.add_argument("--at-version", type=_non_negative_int, dest="at_version")
-    r.add_argument("--workspace")
+    r.add_argument("--workspace", type=_workspace_id)
     a = acts.add_parser(
         "abandon",
         help="record running turns as failed (turn_abandoned) whatever their expiry, once the "
@@ -636,7 +686,16 @@ def _conversations_parser(sub: Any) -> None:
     )
     a.add_argument("conversation_id")
     a.add_argument("--turn", action="append", default=[], help="this turn only (repeatable)")
-    a.add_argument("--workspace")
+    a.add_argument("--workspace", type=_workspace_id)
+
+
+def _workspace_id(raw: str) -> str:
+    """A --workspace (the commands check its form). An empty one is refused, not read as "the
+    default": a script whose workspace variable is empty would otherwise issue (or revoke)
+    keys in the default workspace, whose keys may act as the instance's admin."""
+    if not raw:
+        raise argparse.ArgumentTypeError("expected a workspace id, not an empty string")
+    return raw
 
 
 def _non_negative_int(raw: str) -> int:
@@ -679,6 +738,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings.from_environment()
         _configure_logging(settings, args.command)
+        check_args = getattr(args, "check", None)
+        if check_args is not None:
+            check_args(args)
         command = args.run(args, settings)
         if args.command != "serve":  # serve takes the signals itself (_stop_signals)
             command = _until_signalled(command)

@@ -81,6 +81,11 @@ def read_env_file(path: Path) -> dict[str, str]:
         text_of_file = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise InvalidInput(f"{path}: the env file is not UTF-8 text") from None
+    except OSError as exc:  # unreadable by this user, a directory, an I/O error
+        raise InvalidInput(
+            f"{path}: the env file is not a readable file ({exc.strerror or exc}); check "
+            "SVC_ENV_FILE and the file's permissions for the user svc runs as"
+        ) from None
     for number, line in enumerate(text_of_file.splitlines(), start=1):
         text = line.strip()
         if not text or text.startswith("#"):
@@ -389,6 +394,22 @@ async def read_stored_settings(store: _StreamReader, vault: SecretVault) -> dict
     return out
 
 
+def storable_spec(key: str) -> SettingSpec:
+    """The catalog entry of a key that may be stored (set or unset), else InvalidInput."""
+    spec = get_spec(key)
+    if not spec.storable:
+        raise InvalidInput(f"{key} cannot be stored: {spec.note}", code="setting_not_storable")
+    return spec
+
+
+def storable_value(key: str, raw: str) -> str:
+    """`raw` as a stored value of `key` holds it (" 3 " is "3"), or InvalidInput naming
+    what is wrong: checked before anything is opened or written."""
+    spec = storable_spec(key)
+    check_stored_length(spec, raw)
+    return stored_text(spec, raw, parse(spec, raw))
+
+
 class SettingsService:
     """set / get / list / unset, written through the settings actor, applied to `Settings`."""
 
@@ -442,13 +463,9 @@ class SettingsService:
         return changed
 
     async def set(self, key: str, raw: str) -> SettingChangeResult:
-        spec = get_spec(key)
-        if not spec.storable:
-            raise InvalidInput(f"{key} cannot be stored: {spec.note}", code="setting_not_storable")
-        check_stored_length(spec, raw)
-        raw = stored_text(spec, raw, parse(spec, raw))  # as it is read: " 3 " is "3"
+        raw = storable_value(key, raw)
         async with self._changing:
-            return await self._set(spec, key, raw)
+            return await self._set(get_spec(key), key, raw)
 
     async def _set(self, spec: SettingSpec, key: str, raw: str) -> SettingChangeResult:
         # A secret's value is written first, under a version of its own that the event then
@@ -473,9 +490,7 @@ class SettingsService:
         return _change_result(spec, self._settings, self._serving)
 
     async def unset(self, key: str) -> SettingChangeResult:
-        spec = get_spec(key)
-        if not spec.storable:
-            raise InvalidInput(f"{key} cannot be stored: {spec.note}", code="setting_not_storable")
+        spec = storable_spec(key)
         async with self._changing:
             return await self._unset(spec, key)
 

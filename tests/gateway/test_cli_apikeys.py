@@ -78,10 +78,11 @@ async def test_list_says_expired_and_shows_the_expiry(
 
 
 async def test_revoke_not_applied_by_the_read_models_warns_and_fails(
-    platform: Platform, capsys: pytest.CaptureFixture[str]
+    platform: Platform, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Keys are authenticated from the read models: "revoked" with status 0 while they have
     not applied it told the operator a key was dead that still worked."""
+    monkeypatch.setattr(cli, "KEY_APPLY_TIMEOUT_S", 1.0)  # they never will, here
     ws = uid("ws-")
     key_id = await _issue(platform, ws, None)
     # An event the api_keys read model cannot apply (its data does not match its schema)
@@ -98,6 +99,15 @@ async def test_revoke_not_applied_by_the_read_models_warns_and_fails(
     out, err = capsys.readouterr()
     assert "revoked" not in out
     assert f"API key {key_id} is revoked, but the read models have not applied it" in err
+
+    # A key issued then is shown (only this once), and said not to work yet.
+    args = argparse.Namespace(
+        workspace=ws, scopes="chat", name=None, rate_limit_rpm=None, action="create"
+    )
+    assert await cli._apikeys_create(args, platform) == cli.FAILURE
+    out, err = capsys.readouterr()
+    assert out.startswith("svc_") and len(out.split()) == 1
+    assert "the API key above is issued, but the read models have not applied it" in err
 
 
 async def test_a_name_recorded_with_control_characters_lists_on_one_line(

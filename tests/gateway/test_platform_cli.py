@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import platform
 import re
 import shutil
 import signal
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from subprocess import PIPE
@@ -101,6 +103,12 @@ def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
         ("apikeys", "create", "--scopes", "chat", "--name", ""),
         ("apikeys", "create", "--scopes", "chat", "--name", "  "),
         ("apikeys", "create", "--scopes", "chat", "--workspace", " acme"),
+        # Empty (a script's unset variable): refused, not the default workspace, whose keys
+        # may act as the instance's admin.
+        ("apikeys", "create", "--scopes", "*", "--workspace", ""),
+        ("apikeys", "list", "--workspace", ""),
+        ("apikeys", "revoke", "key_x", "--workspace", ""),
+        ("conversations", "replay", "c1", "--workspace", ""),
         ("apikeys", "create", "--scopes", "chat", "--workspace", "ac\x01me"),
         # The service's own workspace, whose events are the instance settings.
         ("apikeys", "create", "--scopes", "admin:read", "--workspace", "_instance"),
@@ -119,6 +127,59 @@ def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
         "svc: error: invalid argument: workspace_id: a workspace id must be printable text "
         "without control characters or leading and trailing spaces"
     )
+
+
+_READ_SYSCALL = {"x86_64": 0, "aarch64": 63}.get(platform.machine())
+
+
+def _blocked_reading_stdin(pid: int) -> bool:
+    """The process sits in read(0, ...) (its first two /proc syscall fields)."""
+    try:
+        fields = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:
+        return False
+    return fields[:2] == [str(_READ_SYSCALL), "0x0"]
+
+
+@pytest.mark.skipif(_READ_SYSCALL is None, reason="read's syscall number unknown here")
+def test_ctrl_c_while_a_value_is_awaited_on_stdin_exits_130_at_once(data_dir: Path) -> None:
+    """The value was read inside the event loop, where SIGINT only asks the loop to stop:
+    the command went on waiting for its input."""
+    proc = subprocess.Popen(
+        [*SVC, "settings", "set", "SVC_LOG_LEVEL"],
+        env=_env(data_dir),
+        stdin=subprocess.PIPE,  # held open: no end of input comes
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(600):
+            if _blocked_reading_stdin(proc.pid) or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert not (data_dir / "svc").exists()  # nothing opened: no database started
+
+
+def test_a_bad_setting_is_told_before_any_database_is_opened(data_dir: Path) -> None:
+    closed = f"postgresql://svc@127.0.0.1:{free_port()}/svc"
+    for args, told in (
+        (
+            ("settings", "set", "SVC_LOG_LEVEL", "verbose"),
+            "invalid value 'verbose' for SVC_LOG_LEVEL",
+        ),
+        (("settings", "set", "SVC_GATEWAY_ADDR", ":9000"), "SVC_GATEWAY_ADDR cannot be stored"),
+        (("settings", "unset", "SVC_GATEWAY_ADDR"), "SVC_GATEWAY_ADDR cannot be stored"),
+    ):
+        done = svc(data_dir, *args, SVC_DATABASE_URL=closed)
+        assert done.returncode == 2 and told in done.stderr, (args, done.stderr)
 
 
 def test_a_malformed_database_url_is_refused_without_its_password(data_dir: Path) -> None:
@@ -256,6 +317,29 @@ async def test_port_zero_listens_on_a_free_port_and_logs_the_one_bound(data_dir:
             server.send_signal(signal.SIGTERM)
         await asyncio.wait_for(server.communicate(), 60)
     assert server.returncode == 0
+
+
+async def test_a_signal_while_starting_stops_it_without_ever_listening(data_dir: Path) -> None:
+    """The signal is taken from the start; one that came while the platform opened still
+    let the server bind its port and say it was listening before it shut down. A second
+    signal says what the stop still waits for."""
+    server = await asyncio.create_subprocess_exec(
+        *SVC, "serve", env=_env(data_dir, SVC_GATEWAY_ADDR="127.0.0.1:0"), stderr=PIPE
+    )
+    assert server.stderr is not None
+    seen: list[bytes] = []
+    async with asyncio.timeout(180):
+        while line := await server.stderr.readline():
+            seen.append(line)
+            if b"embedded PostgreSQL ready" in line:  # opening: migrations and the rest follow
+                server.send_signal(signal.SIGTERM)
+                server.send_signal(signal.SIGTERM)
+                break
+        _, rest = await server.communicate()
+    log = b"".join(seen).decode() + (rest or b"").decode()
+    assert server.returncode == 0, log
+    assert "svc listening on" not in log
+    assert "svc is already stopping: it waits for its start to end" in log
 
 
 async def test_key_created_while_the_server_runs_works_at_once(data_dir: Path) -> None:

@@ -93,6 +93,14 @@ def test_env_file_is_found_in_the_data_dir(tmp_path: Path) -> None:
     assert s.text("SVC_LLM_TOP_P") == "0.5"
 
 
+def test_an_env_file_that_cannot_be_read_is_named_with_what_to_check() -> None:
+    # A file this process may open but not read (mode 000 stops no root user, this does).
+    with pytest.raises(InvalidInput) as caught:
+        Settings.from_environment({"SVC_ENV_FILE": "/proc/self/mem"})
+    assert "/proc/self/mem: the env file is not a readable file" in caught.value.message
+    assert "permissions" in caught.value.message
+
+
 def test_a_blank_data_dir_is_the_default_not_the_current_directory() -> None:
     default = Path(get_spec("SVC_DATA_DIR").default)
     for blank in ("", "  "):
