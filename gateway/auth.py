@@ -122,10 +122,11 @@ class KeyCache:
 
 
 def _check_usable(record: KeyRecord) -> None:
-    now = datetime.now(UTC)
-    if record.revoked_at is not None and record.revoked_at <= now:
+    # A revocation holds from its record on, whatever time it names: it is stamped by the
+    # clock of the process that revoked, which may run ahead of this one.
+    if record.revoked_at is not None:
         raise Unauthorized("invalid API key: it has been revoked")
-    if record.expires_at is not None and record.expires_at <= now:
+    if record.expires_at is not None and record.expires_at <= datetime.now(UTC):
         raise Unauthorized("invalid API key: it has expired")
 
 

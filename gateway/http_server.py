@@ -16,7 +16,9 @@ test_platform_errors.py sends such requests, so an aiohttp upgrade that moves th
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -33,7 +35,7 @@ from gateway.errors import (
 )
 from gateway.security import client_ip
 from gateway.state import SETTINGS
-from gateway.system import redact
+from gateway.system import REDACTED, redact
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +133,13 @@ class _AsLogged:
     @property
     def path_qs(self) -> str:
         # The raw, still percent-encoded form: a decoded path's %0A would start a forged line.
-        return redact(self._request.raw_path, [])
+        request = self._request
+        path = request.raw_path
+        if isinstance(request, web.Request) and SETTINGS in request.app:
+            secrets = _in_a_url(request.app[SETTINGS].secret_values())
+            if secrets is not None:
+                path = secrets.sub(REDACTED, path)
+        return redact(path, ())
 
     @property
     def remote(self) -> str | None:
@@ -139,6 +147,27 @@ class _AsLogged:
         if isinstance(request, web.Request) and SETTINGS in request.app:
             return client_ip(request)
         return request.remote  # refused by the parser before any application saw it
+
+
+@functools.lru_cache(maxsize=4)
+def _in_a_url(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
+    """The secret settings' values however a URL may carry them: each character as it is
+    or percent-encoded (either case of hex; a space also as `+`), as clients encode some
+    characters and not others. Longest first: a secret that holds another goes whole."""
+    if not secrets:
+        return None
+    return re.compile("|".join(_spelled_in_urls(v) for v in secrets))
+
+
+def _spelled_in_urls(secret: str) -> str:
+    def one(char: str) -> str:
+        escaped = "".join(f"%{byte:02X}" for byte in char.encode())
+        forms = [re.escape(char), "(?i:" + re.escape(escaped) + ")"]
+        if char == " ":
+            forms.append(r"\+")
+        return "(?:" + "|".join(forms) + ")"
+
+    return "".join(one(char) for char in secret)
 
 
 class GatewayAccessLogger(AccessLogger):

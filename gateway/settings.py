@@ -196,6 +196,7 @@ class Settings:
         self._layers[Source.STORED] = layer
         self._running = {key: self.resolve(key).raw for key in CATALOG}
         self._parsed: dict[str, SettingValue] = {}
+        self._secrets: tuple[str, ...] | None = None
 
     def apply_stored(self, key: str, raw: str | None) -> bool:
         """Record a stored change; apply it now when the key is live. True when applied.
@@ -207,6 +208,8 @@ class Settings:
             layer.pop(key, None)
         else:
             layer[key] = raw
+        if spec.secret:
+            self._secrets = None
         if not spec.live:
             return False
         self._running[key] = self.resolve(key).raw
@@ -229,6 +232,18 @@ class Settings:
             if raw is not None:
                 return Resolved(raw, source)
         return Resolved(spec.default, Source.DEFAULT)
+
+    def secret_values(self) -> tuple[str, ...]:
+        """What no log line may show: every secret setting's value, the running one and the
+        one the next start would use (a secret changed since start is a secret already), of
+        4 characters or more, longest first (a secret that holds another is replaced
+        whole). Kept until a stored secret changes: the access log asks on every request."""
+        if self._secrets is None:
+            secret = [k for k, spec in CATALOG.items() if spec.secret]
+            values = {self.raw(k) for k in secret} | {self.resolve(k).raw for k in secret}
+            kept = (v for v in values if len(v) >= 4)
+            self._secrets = tuple(sorted(kept, key=len, reverse=True))
+        return self._secrets
 
     def pending_restart(self) -> list[str]:
         return sorted(k for k in CATALOG if self._running.get(k) != self.resolve(k).raw)

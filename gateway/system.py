@@ -8,6 +8,7 @@ import base64
 import logging
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -27,7 +28,6 @@ from gateway.metrics import GatewayCollector, build_version, render
 from gateway.security import address_group, client_ip
 from gateway.state import DATABASE, RUNTIME, SETTINGS, TAILER
 from schemas.errors import PayloadTooLarge, RateLimited, Unavailable
-from schemas.settings_catalog import CATALOG
 from schemas.system import (
     ClientLogAccepted,
     ClientLogBatch,
@@ -185,17 +185,7 @@ async def server_time(request: web.Request) -> web.Response:
     )
 
 
-def _secret_values(request: web.Request) -> list[str]:
-    """Every secret setting's value: the running one and the one stored for the next start
-    (a secret changed since start, waiting for a restart, is a secret already)."""
-    settings = request.app[SETTINGS]
-    secret = [k for k, spec in CATALOG.items() if spec.secret]
-    values = {settings.raw(k) for k in secret} | {settings.resolve(k).raw for k in secret}
-    # Longest first: a secret that contains another is replaced whole.
-    return sorted((v for v in values if len(v) >= 4), key=len, reverse=True)
-
-
-def redact(text: str, secrets: list[str]) -> str:
+def redact(text: str, secrets: Sequence[str]) -> str:
     for value in secrets:
         text = text.replace(value, REDACTED)
     text = _SECRET_PAIR.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
@@ -212,7 +202,7 @@ def _basic_credentials(match: re.Match[str]) -> str:
     return REDACTED if ":" in decoded else match.group(0)
 
 
-def _log_entry(entry: ClientLogEntry, ip: str, secrets: list[str]) -> None:
+def _log_entry(entry: ClientLogEntry, ip: str, secrets: Sequence[str]) -> None:
     context = {
         redact(k, secrets): REDACTED if _SECRET_NAME.search(k) else redact(str(v), secrets)
         for k, v in entry.context.items()
@@ -235,7 +225,7 @@ async def ingest_client_log(request: web.Request) -> web.Response:
         raise PayloadTooLarge(f"client-log bodies are limited to {CLIENT_LOG_MAX_BYTES} bytes")
     # A chunked body has no length to check first: it is cut off as it arrives.
     batch = await read_json(request, ClientLogBatch, max_bytes=CLIENT_LOG_MAX_BYTES)
-    secrets = _secret_values(request)
+    secrets = request.app[SETTINGS].secret_values()
     for entry in batch.entries:
         _log_entry(entry, ip, secrets)
     return json_response(ClientLogAccepted(accepted=len(batch.entries)), status=202)

@@ -4,10 +4,13 @@ limits that are exact under concurrency and across gateway processes sharing the
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from urllib.parse import quote, quote_plus
 
+import pytest
 from platform_support import (
     WHOAMI,
     Running,
@@ -18,7 +21,8 @@ from platform_support import (
     uid,
 )
 
-from gateway.auth import KEY_PREFIX, KeyCache, KeyRecord, generate_key
+from gateway.auth import KEY_PREFIX, KeyCache, KeyRecord, _check_usable, generate_key
+from schemas.errors import Unauthorized
 
 
 def test_generated_keys_have_the_documented_shape() -> None:
@@ -66,6 +70,34 @@ async def test_static_compatible_key_maps_to_its_workspace(database_url: str) ->
     async with running(settings) as svc:
         status, body, _ = await svc.request("GET", WHOAMI, key="static-compat-key-123")
         assert status == 200 and body == {"workspace_id": "compat-ws", "scopes": ["chat"]}
+
+
+async def test_the_access_log_never_shows_a_secret_setting_pasted_into_a_url(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The static key has no shape a pattern knows: its value itself is what is redacted,
+    as it is and percent-encoded."""
+    secret = "static compat/key+123"
+    settings = settings_for(database_url, SVC_NATIVE_COMPAT_KEY=secret)
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    async with running(settings) as svc:
+        for path in (
+            f"/v1/models?key={quote(secret, safe='')}",
+            f"/v1/models?key={quote_plus(secret)}",
+            f"/v1/models/{quote(secret, safe='')}",
+        ):
+            await svc.request("GET", path)
+    lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+    assert len([line for line in lines if "/v1/models" in line]) == 3, lines
+    for line in lines:
+        for form in (secret, quote(secret, safe=""), quote_plus(secret), "compat"):
+            assert form not in line, line
+
+
+def test_a_revocation_stamped_by_a_clock_ahead_of_this_one_holds_at_once() -> None:
+    ahead = datetime.now(UTC) + timedelta(seconds=60)
+    with pytest.raises(Unauthorized):
+        _check_usable(KeyRecord("key-a", "ws", frozenset({"chat"}), revoked_at=ahead))
 
 
 async def test_static_key_workspace_defaults_to_default_workspace(database_url: str) -> None:
