@@ -132,22 +132,33 @@ async def list_users(
     workspace_id: str,
     *,
     user_name: str | None = None,
+    external_id: str | None = None,
+    user_id: str | None = None,
     offset: int = 0,
     limit: int = 100,
     include_deleted: bool = False,
 ) -> tuple[list[UserRow], int]:
-    """Users by user name (equal by `user_name_key` when given), oldest first, and the total."""
-    where = ["($1::text IS NULL OR u.name_key = $1)"]
+    """Users, oldest first, and the total: those with this user name (equal by
+    `user_name_key`), external id or id when given."""
+    where = [
+        "($1::text IS NULL OR u.name_key = $1)",
+        "($2::text IS NULL OR u.external_id = $2)",
+        "($3::text IS NULL OR u.user_id = $3)",
+    ]
     if not include_deleted:
         where.append("NOT u.deleted")
     cond = " AND ".join(where)
     key = None if user_name is None else user_name_key(user_name)
     async with db.scoped(workspace_id) as conn:
-        total = await conn.fetchval(f"SELECT count(*) FROM identity_users u WHERE {cond}", key)
+        total = await conn.fetchval(
+            f"SELECT count(*) FROM identity_users u WHERE {cond}", key, external_id, user_id
+        )
         rows = await conn.fetch(
             f"SELECT {_USER_COLUMNS} FROM identity_users u WHERE {cond} "
-            "ORDER BY u.created_at, u.user_id OFFSET $2 LIMIT $3",
+            "ORDER BY u.created_at, u.user_id OFFSET $4 LIMIT $5",
             key,
+            external_id,
+            user_id,
             offset,
             limit,
         )
@@ -196,10 +207,12 @@ async def find_session(db: Database, token_hash: str) -> SessionRow | None:
 
 
 async def user_session_ids(db: Database, workspace_id: str, user_id: str) -> list[str]:
-    """Unrevoked sessions of a user (to revoke them)."""
+    """Sessions of a user that still sign in: unrevoked, unexpired (to revoke them; one
+    that expired signs in no more, and revoking each of a long history took minutes)."""
     async with db.scoped(workspace_id) as conn:
         rows = await conn.fetch(
-            "SELECT session_id FROM identity_sessions WHERE user_id = $1 AND revoked_at IS NULL",
+            "SELECT session_id FROM identity_sessions "
+            "WHERE user_id = $1 AND revoked_at IS NULL AND expires_at > now()",
             user_id,
         )
     return [str(r["session_id"]) for r in rows]

@@ -98,6 +98,12 @@ class Email(BaseModel):
     type: Annotated[str, Field(max_length=40)] | None = None
 
 
+MAX_EMAILS = 100
+"""The most addresses a request may give one user (SCIM and the admin API). Not a bound of
+UserProfile itself: a profile recorded before the bound must still read."""
+Emails = Annotated[tuple[Email, ...], Field(max_length=MAX_EMAILS)]
+
+
 class UserProfile(BaseModel):
     """What a user is, as SCIM and the admin API set it (a full replacement on update)."""
 

@@ -63,7 +63,7 @@ from schemas.identity import (
     BindRole,
     DefineCustomRole,
     DeprovisionUser,
-    Email,
+    Emails,
     IssueScimToken,
     LinkApiKey,
     Permissions,
@@ -121,7 +121,7 @@ class NewUser(_Body):
     display_name: str | None = Field(default=None, max_length=500)
     given_name: str | None = Field(default=None, max_length=500)
     family_name: str | None = Field(default=None, max_length=500)
-    emails: tuple[Email, ...] = ()
+    emails: Emails = ()
     external_id: str | None = Field(default=None, max_length=500)
 
 
@@ -130,7 +130,7 @@ class UserPatch(_Body):
     display_name: str | None = Field(default=None, max_length=500)
     given_name: str | None = Field(default=None, max_length=500)
     family_name: str | None = Field(default=None, max_length=500)
-    emails: tuple[Email, ...] | None = None
+    emails: Emails | None = None
     external_id: str | None = Field(default=None, max_length=500)
     active: bool | None = None
 

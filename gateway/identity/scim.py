@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from actors.identity import directory_key
 from gateway.auth import authorization_header, hash_key
-from gateway.errors import read_json
+from gateway.errors import read_json, validation_problems
 from gateway.identity.admin import (
     cut_off,
     deprovision,
@@ -42,7 +42,7 @@ from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
 from gateway.identity.service import Identity, identity
 from projections.identity_queries import UserRow, find_scim_token, get_user, list_users
 from schemas.errors import Conflict, InvalidInput, SvcError, Unauthorized
-from schemas.identity import ProvisionUser, UpdateUser, UserProfile
+from schemas.identity import MAX_EMAILS, SIGNS_IN_ELSEWHERE, ProvisionUser, UpdateUser, UserProfile
 
 PREFIX = "/scim/v2"
 USER_SCHEMA = "urn:ietf:params:scim:schemas:core:2.0:User"
@@ -56,6 +56,9 @@ CONTENT_TYPE = "application/scim+json"
 MAX_COUNT = 200
 DEFAULT_COUNT = 100
 MAX_START_INDEX = 2**53 - 1
+MAX_PATCH_OPERATIONS = 1000
+"""Identity providers send a handful; a bound keeps one request's work (each operation is
+applied in turn) from holding the event loop."""
 """The largest startIndex passed on. A larger one is clamped to it, not refused (see _paging):
 it is past any result a workspace can hold, fits PostgreSQL's bigint OFFSET, and is exactly
 representable in every JSON parser (RFC 8259 section 6), since the response echoes it."""
@@ -138,10 +141,7 @@ def scim_route(handler: ScimHandler) -> Callable[[web.Request], Awaitable[web.St
                 raise
             return _from_svc(exc)
         except ValidationError as exc:
-            problems = "; ".join(
-                ".".join(str(p) for p in e["loc"]) + ": " + e["msg"]
-                for e in exc.errors(include_url=False)
-            )
+            problems = validation_problems(exc, whole="body")
             return _error(400, f"invalid value: {problems}", "invalidValue")
 
     return run
@@ -266,6 +266,7 @@ def _as_bool(value: Any, name: str = "active") -> bool | None:
 def _emails(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise ScimError(400, "emails must be an array", "invalidValue")
+    _check_email_count(len(value))
     out = []
     for item in value:
         # Sub-attribute names are case-insensitive too (RFC 7643 section 2.1).
@@ -278,6 +279,13 @@ def _emails(value: Any) -> list[dict[str, Any]]:
             entry["type"] = item["type"]
         out.append(entry)
     return out
+
+
+def _check_email_count(count: int) -> None:
+    if count > MAX_EMAILS:
+        raise ScimError(
+            400, f"a user has at most {MAX_EMAILS} emails; this gives {count:,}", "invalidValue"
+        )
 
 
 def _profile_fields(data: dict[str, Any], *, partial: bool = False) -> dict[str, Any]:
@@ -395,10 +403,8 @@ async def _filtered(
             ident.db, workspace_id, user_name=value, offset=start - 1, limit=count
         )
     if attr in ("externalid", "id"):
-        users, _ = await list_users(ident.db, workspace_id, offset=0, limit=100_000)
-        key = "external_id" if attr == "externalid" else "user_id"
-        hits = [u for u in users if getattr(u, key) == value]
-        return hits[start - 1 : start - 1 + count], len(hits)
+        wanted = {"external_id" if attr == "externalid" else "user_id": value}
+        return await list_users(ident.db, workspace_id, **wanted, offset=start - 1, limit=count)
     raise ScimError(400, f"filtering on {match.group(1)} is not supported", "invalidFilter")
 
 
@@ -498,7 +504,15 @@ async def _save(
     password: str | None,
 ) -> web.StreamResponse:
     """The profile first: a change refused (a name taken) must leave the password as it was.
-    A new password ends the user's sessions, as the admin API's does."""
+    A new password ends the user's sessions, as the admin API's does; an account that signs
+    in elsewhere (LDAP, SAML) takes none, as the admin API refuses it, and nothing changes."""
+    if password is not None and user.source in SIGNS_IN_ELSEWHERE:
+        raise ScimError(
+            409,
+            f"user {user.user_id} signs in through {user.source}, which keeps its password; "
+            "change it there (nothing was changed)",
+            None,
+        )
     await ident.ask(
         directory_key(ws),
         UpdateUser(
@@ -531,7 +545,14 @@ def _take_password(op: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     kind = str(op.get("op", "")).lower()
     if isinstance(path, str) and _attr_name(path) == "password":
         if kind == "remove":
-            return {}, None
+            # No password is never a state a user returns to here: a 200 would claim the
+            # old one no longer signs in, which it still would.
+            raise ScimError(
+                400,
+                "a password cannot be removed, only replaced; to stop the account signing "
+                "in set active to false",
+                "mutability",
+            )
         return {}, _password(value)
     if not path and isinstance(value, dict):
         rest = {k: v for k, v in value.items() if _attr_name(k) != "password"}
@@ -579,6 +600,7 @@ def _apply_op(current: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
         )
     if kind == "add" and "emails" in fields:
         fields["emails"] = list(current.get("emails") or []) + fields["emails"]
+        _check_email_count(len(fields["emails"]))
     return {**current, **fields}
 
 
@@ -591,6 +613,13 @@ async def patch_handler(request: web.Request, ident: Identity, ws: str) -> web.S
     ops = data.get("Operations")
     if not isinstance(ops, list) or not ops:
         raise ScimError(400, "Operations must be a non-empty array", "invalidSyntax")
+    if len(ops) > MAX_PATCH_OPERATIONS:
+        raise ScimError(
+            400,
+            f"a PATCH holds at most {MAX_PATCH_OPERATIONS:,} operations; this has "
+            f"{len(ops):,}: send the change in several requests",
+            "invalidValue",
+        )
     current = profile_of(user).model_dump(mode="json")
     password: str | None = None
     for op in ops:

@@ -279,13 +279,27 @@ async def test_directory_accounts_stay_their_entrys(database_url: str, slapd: Sl
             assert status == 401, (workspace, body)
 
         status, body, browser = await svc.login("carl", "carl-password")
-        await browser.close()
         assert status == 200, body
         carl = body["user"]["id"]
         status, body, _ = await svc.request(
             "PUT", f"/v1/admin/users/{carl}/password", key, json={"password": "set-by-someone-1"}
         )
         assert (status, body["error"]["code"]) == (409, "external_account"), body
+        # Nor over SCIM: refused alike, and the account's sessions left as they were.
+        status, scim, _ = await svc.request(
+            "POST", "/v1/admin/scim/token", key, json={"action": "issue"}
+        )
+        assert status in (200, 201), scim
+        patch = {
+            "schemas": ["urn:ietf:params:scim:api:messages:2.0:PatchOp"],
+            "Operations": [{"op": "replace", "path": "password", "value": "set-by-scim-1"}],
+        }
+        status, body, _ = await svc.request(
+            "PATCH", f"/scim/v2/Users/{carl}", scim["token"], json=patch
+        )
+        assert status == 409 and "signs in through ldap" in body["detail"], body
+        async with browser:
+            assert (await svc.request("GET", WHOAMI, session=browser))[0] == 200
         status, body, _ = await svc.request(
             "PATCH", f"/v1/admin/users/{carl}", key, json={"user_name": "bob"}
         )

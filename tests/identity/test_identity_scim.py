@@ -3,6 +3,8 @@ pagination, discovery documents, SCIM error format, and deprovisioning that ends
 
 from __future__ import annotations
 
+import io
+import json
 from typing import Any
 
 import pytest
@@ -521,3 +523,93 @@ async def test_scim_passwords_follow_the_admin_length_rules(database_url: str) -
         status, _, browser = await svc.login("v@example.com", "x" * MAX_LENGTH)
         await browser.close()
         assert status == 200
+
+
+async def test_a_huge_user_or_patch_is_refused_at_once_with_a_short_answer(
+    database_url: str,
+) -> None:
+    """280,000 emails made 280,000 validation problems (a 17 MB `detail`), and 40,000 PATCH
+    adds took seconds of the event loop, each copying the list so far."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        token = (await scim_token(svc, key))["token"]
+        flood = json.dumps(
+            scim_user("flood", emails=[{"value": "a"}] * 280_000), separators=(",", ":")
+        ).encode()
+        status, err, _ = await svc.request(
+            "POST",
+            "/scim/v2/Users",
+            token,
+            data=io.BytesIO(flood),  # aiohttp warns of a large body given as bytes
+            headers={"Content-Type": "application/scim+json"},
+        )
+        assert (status, err.get("scimType")) == (400, "invalidValue"), err
+        assert "at most 100 emails" in err["detail"] and len(err["detail"]) < 1000
+        many = [{"value": f"u{i}@example.com"} for i in range(101)]
+        status, err, _ = await svc.request(
+            "POST", "/scim/v2/Users", token, json=scim_user("many", emails=many)
+        )
+        assert status == 400 and "at most 100 emails" in err["detail"], err
+        # One bad item repeated: the problems are counted, not all spelled out.
+        status, err, _ = await svc.request(
+            "POST", "/scim/v2/Users", token, json=scim_user("bad", emails=[{"value": "a"}] * 90)
+        )
+        assert status == 400 and "and 70 more problems" in err["detail"], err
+
+        user = await create_user(svc, token, "patched@example.com")
+        path = f"/scim/v2/Users/{user['id']}"
+        add = {"op": "add", "path": "emails", "value": [{"value": "x@example.com"}]}
+        for ops, told in ((1001, "at most 1,000 operations"), (101, "at most 100 emails")):
+            body = {"schemas": [PATCH], "Operations": [add] * ops}
+            status, err, _ = await svc.request("PATCH", path, token, json=body)
+            assert status == 400 and told in err["detail"], err
+        # The admin API holds users to the same bound.
+        status, err, _ = await svc.request(
+            "POST", "/v1/admin/users", key, json={"user_name": "admin-many", "emails": many}
+        )
+        assert status == 400 and "emails" in err["error"]["message"], err
+
+
+async def test_removing_a_password_is_refused_not_a_200_that_changed_nothing(
+    database_url: str,
+) -> None:
+    async with running(settings_for(database_url)) as svc:
+        token = (await scim_token(svc, await svc.issue_key()))["token"]
+        body = scim_user("pw@example.com", password="kept password 1")
+        status, user, _ = await svc.request("POST", "/scim/v2/Users", token, json=body)
+        assert status == 201, user
+        remove = {"schemas": [PATCH], "Operations": [{"op": "remove", "path": "password"}]}
+        status, err, _ = await svc.request(
+            "PATCH", f"/scim/v2/Users/{user['id']}", token, json=remove
+        )
+        assert (status, err["scimType"]) == (400, "mutability"), err
+        assert "active to false" in err["detail"]
+
+
+async def test_filters_by_external_id_and_id_find_exactly_those_users(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        token = (await scim_token(svc, await svc.issue_key()))["token"]
+        made = []
+        for i in range(3):
+            body = scim_user(f"ext{i}@example.com", externalId=f"ext-{i}")
+            status, user, _ = await svc.request("POST", "/scim/v2/Users", token, json=body)
+            assert status == 201, user
+            made.append(user)
+        for query, expected in (
+            ('externalId eq "ext-1"', [made[1]["id"]]),
+            (f'id eq "{made[2]["id"]}"', [made[2]["id"]]),
+            ('externalId eq "EXT-1"', []),  # caseExact, as RFC 7643 has externalId
+            ('externalId eq "nobody"', []),
+        ):
+            status, found, _ = await svc.request(
+                "GET", "/scim/v2/Users", token, params={"filter": query}
+            )
+            assert status == 200, found
+            assert [r["id"] for r in found["Resources"]] == expected, query
+            assert found["totalResults"] == len(expected)
+        status, _, _ = await svc.request("DELETE", f"/scim/v2/Users/{made[1]['id']}", token)
+        assert status == 204
+        status, found, _ = await svc.request(
+            "GET", "/scim/v2/Users", token, params={"filter": 'externalId eq "ext-1"'}
+        )
+        assert found["totalResults"] == 0 and found["Resources"] == []

@@ -7,7 +7,8 @@ import pytest
 from identity_support import GUARDED, WHOAMI, Running, running, settings_for, uid
 
 from eventstore.store import PostgresEventStore
-from gateway.state import STORE
+from gateway.state import DATABASE, STORE
+from projections.identity_queries import user_session_ids
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
@@ -340,3 +341,33 @@ async def test_users_cannot_mint_credentials_beyond_their_rights(database_url: s
                 json={"active": False},
             )
             assert status == 403 and err["error"]["code"] == "owner_only"
+
+
+async def test_a_password_change_revokes_only_the_sessions_that_still_sign_in(
+    database_url: str,
+) -> None:
+    """Nothing deletes old sessions: revoking every one a user ever had, one actor call
+    each, made a password change of a daily user take minutes."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        body = {"user_name": "oldtimer", "password": "first password 1"}
+        status, user, _ = await svc.request("POST", "/v1/admin/users", key, json=body)
+        assert status == 201, user
+        sessions = []
+        for _ in range(3):
+            status, _, browser = await svc.login("oldtimer", "first password 1")
+            assert status == 200
+            sessions.append(browser)
+        db = svc.app[DATABASE]
+        workspace = "default"
+        live = await user_session_ids(db, workspace, user["id"])
+        assert len(live) == 3
+        async with db.transaction() as conn:  # two of them run out, as days pass
+            await conn.execute(
+                "UPDATE identity_sessions SET expires_at = now() - interval '1 day' "
+                "WHERE session_id = ANY($1)",
+                live[:2],
+            )
+        assert await user_session_ids(db, workspace, user["id"]) == live[2:]
+        for browser in sessions:
+            await browser.close()
