@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from eventstore.cursor import ORIGIN, LogPoint
 from eventstore.db import Connection, Database, translate_errors
 from eventstore.errors import StoreError
-from eventstore.reads import log_head, read_log
+from eventstore.reads import log_head, read_log_cut
 from eventstore.records import RecordedEvent
 from projections.errors import ProjectionFailed, database_down, failure_reason
 from projections.pipeline import Pipeline
@@ -80,18 +80,21 @@ class _Replay:
 
     projector: Projector
     batch_size: int
+    batch_bytes: int
     point: LogPoint = ORIGIN
     done: int = 0
 
     async def batch(self, conn: Connection) -> bool:
         """Apply the next batch to the copies; False once caught up with the visible log."""
         types = sorted(self.projector.event_types)
-        events = await read_log(conn, self.point, self.batch_size, None, types)
+        events, more = await read_log_cut(
+            conn, self.point, self.batch_size, self.batch_bytes, types
+        )
         if events:
             await self._apply(conn, events)
             self.point = events[-1].point
             self.done += len(events)
-        return len(events) == self.batch_size
+        return more
 
     async def _apply(self, conn: Connection, events: list[RecordedEvent]) -> None:
         """In one transaction (a savepoint inside the switch's), pipelined."""
@@ -134,13 +137,14 @@ async def rebuild_beside(
     projector: Projector,
     *,
     batch_size: int,
+    batch_bytes: int,
     switching: contextlib.AbstractAsyncContextManager[object],
     progress: Progress | None = None,
 ) -> tuple[LogPoint, int]:
     """Rebuild `projector`'s read model from the whole log and switch it in (module
     docstring); `switching` is held around the switch. Returns the checkpoint the live model
     has then and how many events of the projector's types were replayed."""
-    replay = _Replay(projector, batch_size)
+    replay = _Replay(projector, batch_size, batch_bytes)
     # A session of its own, closed at the end: its temporary tables never reach a pooled
     # connection, and no statement it runs was prepared while `pg_temp` held no copy (a
     # plan cached then would go on writing to the live table of the same name).

@@ -29,9 +29,9 @@ interleaving its writes with ours, and a rebuild's switch (which also locks its 
 replaces the tables' rows; projections/rebuild.py) never deadlocks with a batch.
 
 A batch is a writing transaction, and every writing transaction holds back gap-free readers of
-the log until it ends; `batch_size` bounds how long that is. Within a batch, runs of the same
-statement are pipelined (`Pipeline`); each projector applies the whole batch in turn, so its
-runs are long and a batch costs a few round trips, not one per event.
+the log until it ends; `batch_size` and `BATCH_BYTES` bound how long that is. Within a batch,
+runs of the same statement are pipelined (`Pipeline`); each projector applies the whole batch
+in turn, so its runs are long and a batch costs a few round trips, not one per event.
 
 An event a projector cannot apply (its handler raises for a reason other than the database
 being unavailable) is a poison event: the group's batch is rolled back and retried projector by
@@ -63,7 +63,7 @@ from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Database
 from eventstore.errors import StatementAborted, StoreError, StoreUnavailable
 from eventstore.outage_log import OutageLog
-from eventstore.reads import log_head, read_log
+from eventstore.reads import log_head, read_log_cut
 from eventstore.records import RecordedEvent
 from eventstore.tasks import cancel_and_wait, wait_set
 from projections import metrics
@@ -77,6 +77,11 @@ from schemas.events import EventFromNewerVersion
 log = logging.getLogger(__name__)
 
 
+BATCH_BYTES = 8 * 1024 * 1024
+"""A batch also ends at this many bytes of stored event data (compressed, as PostgreSQL
+keeps it; the first event always taken): what a batch holds in memory and writes in one
+transaction, which every gap-free reader of the log waits on, stays bounded when events are
+large (500 one-megabyte messages were half a gigabyte at once)."""
 _MAX_BACKOFF_S = 5.0
 _MAX_ABORTS = 5  # a handler's statement aborted this many times in a row on one event: poison
 _FIRST_ABORT_BACKOFF_S = 0.1  # then doubling, up to _MAX_BACKOFF_S
@@ -310,6 +315,7 @@ class ProjectionRunner:
         notifier: CommitSignal | None = None,
         poll_interval_s: float = 0.075,
         batch_size: int = 500,
+        batch_bytes: int = BATCH_BYTES,
         linger_s: float = 0.01,
         metrics_interval_s: float = 5.0,
     ) -> None:
@@ -317,8 +323,8 @@ class ProjectionRunner:
         events gather after a batch before the next one (bigger batches, fewer round trips
         and commits per event). Never while a `wait_for` is waiting, and never for the first
         commit after an idle spell, so isolated writes and read-your-writes are not delayed."""
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+        if batch_size < 1 or batch_bytes < 1:
+            raise ValueError("batch_size and batch_bytes must be at least 1")
         if linger_s < 0:
             raise ValueError("linger_s must not be negative")
         self._db = db
@@ -330,6 +336,7 @@ class ProjectionRunner:
         self._notifier = notifier
         self._poll_interval_s = poll_interval_s
         self._batch_size = batch_size
+        self._batch_bytes = batch_bytes
         self._linger_s = linger_s
         self._metrics_interval_s = metrics_interval_s
         self._progress = asyncio.Condition()
@@ -499,14 +506,17 @@ class ProjectionRunner:
         # Outside the transaction: the log after a visible point is final, and an idle poll
         # then costs one round trip.
         async with self._db.acquire(stateless=True) as conn:
-            events = await read_log(conn, old, size)
+            events, more = await read_log_cut(conn, old, size, self._batch_bytes)
         if cap is not None:
             events = _up_to(events, cap)
         if not events:
             return 0
-        if len(group) == 1 or len(events) < size:
-            return await self._apply(group, old, events)
-        return _combine(await _all(self._apply([slot], old, events) for slot in group))
+        if len(group) == 1 or not more:
+            consumed = await self._apply(group, old, events)
+        else:
+            consumed = _combine(await _all(self._apply([slot], old, events) for slot in group))
+        # A batch cut by its bytes is as full as one cut by its count: the next follows at once.
+        return size if more and consumed == len(events) else consumed
 
     async def _apply(
         self,
@@ -836,6 +846,7 @@ class ProjectionRunner:
             self._db,
             slot.projector,
             batch_size=self._batch_size,
+            batch_bytes=self._batch_bytes,
             switching=slot.lock,
             progress=progress,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,6 +28,8 @@ from projection_events import (
 from prometheus_client import REGISTRY
 
 from eventstore import Database, NewEvent, PostgresEventStore
+from eventstore.cursor import ORIGIN
+from eventstore.reads import read_log_cut
 from eventstore.errors import StoreUnavailable
 from eventstore.tasks import cancel_and_wait
 from projections import (
@@ -579,3 +582,47 @@ async def test_a_rebuild_counts_again_what_the_growing_log_holds(
     assert max(total for _, total in replaying) == 13  # the totals followed the growth
     assert all(done < total for done, total in replaying[:-1])  # never full too early
     assert calls[-2:] == [(13, 13, "switching"), (13, 13, "done")]
+
+
+async def test_a_page_of_the_log_is_cut_by_its_stored_bytes(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """Every event once, in order, pages holding at most the budget (the first event always
+    taken), and `more` until the last page."""
+    blob = secrets.token_urlsafe(75_000)  # about 100 kB stored: random text stays that size
+    for i in range(7):
+        await append(store, WS, f"conversation:big{i}", NewEvent("big", {"text": blob}, 1))
+    pages: list[int] = []
+    seen: list[str] = []
+    point = ORIGIN
+    async with db.acquire() as conn:
+        while True:
+            events, more = await read_log_cut(conn, point, 500, 250_000)
+            if events:
+                pages.append(len(events))
+                seen += [e.stream_id for e in events]
+                point = events[-1].point
+            if not more:
+                break
+        one_each, _ = await read_log_cut(conn, ORIGIN, 500, 1)
+    assert seen == [f"conversation:big{i}" for i in range(7)]
+    assert max(pages) <= 3 and len(pages) >= 3, pages
+    assert len(one_each) == 1
+
+
+async def test_batches_cut_by_bytes_project_and_rebuild_every_event(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """A batch of one event (a budget of one byte) is a full batch: the runner goes on at
+    once, and a rebuild does not take it for the end of the log."""
+    await _history(store, 0)
+    await ProjectionRunner(db, default_projectors()).catch_up()
+    expected = await _dump(db)
+    tight = ProjectionRunner(db, default_projectors(), batch_bytes=1)
+    for projector in default_projectors():
+        async with db.acquire() as conn:
+            log_size = await conn.fetchval(
+                "SELECT count(*) FROM events WHERE type = ANY($1)", sorted(projector.event_types)
+            )
+        assert await tight.rebuild(projector.name) == log_size
+    assert await _dump(db) == expected
