@@ -468,7 +468,12 @@ async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
             _out(f"rebuilt {args.name} from {count} events of its types")
             return 0
         for status in await runner.status():
-            failure = f"\tSTOPPED: {one_line(status.failure.error)}" if status.failure else ""
+            failure = (
+                f"\tSTOPPED: {one_line(status.failure.error)} (deploy the fix and restart, or "
+                f"`svc projections rebuild {status.name}`)"
+                if status.failure
+                else ""
+            )
             at_least = "at least " if status.lag_at_least else ""
             _out(
                 f"{status.name}\tlag={at_least}{status.lag_events} events "

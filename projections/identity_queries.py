@@ -306,13 +306,31 @@ async def list_audit(
     return [AuditRow(**dict(r)) for r in rows]
 
 
-async def prune_audit(db: Database, retention_days: int) -> int:
-    """Delete audit rows older than `retention_days` in every workspace (0 keeps everything)."""
+PRUNE_BATCH = 5000
+"""Rows one pruning statement deletes: each is a short transaction of its own, since every
+writing transaction holds back the log's gap-free readers until it ends, and one over
+months of rows could outlast the statement timeout and so never finish."""
+
+
+async def prune_audit(db: Database, retention_days: int, batch: int = PRUNE_BATCH) -> int:
+    """Delete audit rows older than `retention_days` in every workspace (0 keeps
+    everything), `batch` rows a transaction, oldest first; how many were deleted."""
     if retention_days <= 0:
         return 0
-    async with db.acquire() as conn:
-        status: str = await conn.execute(
-            "DELETE FROM identity_audit_log WHERE at < now() - make_interval(days => $1)",
-            retention_days,
-        )
-    return int(status.rsplit(" ", 1)[-1])
+    removed = 0
+    while True:
+        async with db.acquire() as conn:
+            status: str = await conn.execute(_PRUNE_SOME, retention_days, batch)
+        deleted = int(status.rsplit(" ", 1)[-1])
+        removed += deleted
+        if deleted < batch:
+            return removed
+
+
+_PRUNE_SOME = """
+DELETE FROM identity_audit_log WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM identity_audit_log
+    WHERE at < now() - make_interval(days => $1)
+    ORDER BY at LIMIT $2
+))
+"""

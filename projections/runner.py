@@ -678,13 +678,15 @@ class ProjectionRunner:
         if news:
             log.error(
                 "projection %s stopped: cannot apply event at position %d (tx %d, cursor %s, "
-                "type %s, stream %s); it will not advance until fixed (retry or rebuild)",
+                "type %s, stream %s); it will not advance until fixed: deploy the fix (code "
+                "or an upcaster) and restart the service, or run `svc projections rebuild %s`",
                 slot.name,
                 poison.position,
                 poison.tx,
                 poison.cursor,
                 poison.type,
                 poison.stream_id,
+                slot.name,
                 exc_info=exc,
             )
         else:
