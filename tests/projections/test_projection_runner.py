@@ -29,8 +29,8 @@ from prometheus_client import REGISTRY
 
 from eventstore import Database, NewEvent, PostgresEventStore
 from eventstore.cursor import ORIGIN
-from eventstore.reads import read_log_cut
 from eventstore.errors import StoreUnavailable
+from eventstore.reads import read_log_cut
 from eventstore.tasks import cancel_and_wait
 from projections import (
     ConversationsProjector,
