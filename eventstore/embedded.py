@@ -195,9 +195,20 @@ def _forget_stale_postmaster(pgdata: Path) -> None:
         name = ""  # a file cut short as it was written: no pid in it
     except OSError:
         name = ""  # no such process
-    if name not in ("postgres", "postmaster"):
+    if name not in ("postgres", "postmaster") or _serves_elsewhere(int(first), pgdata):
         log.warning("embedded PostgreSQL: removing the stale lock file %s (pid %s)", lock, first)
         lock.unlink(missing_ok=True)
+
+
+def _serves_elsewhere(pid: int, pgdata: Path) -> bool:
+    """Whether `pid`, a running postgres, works in another data directory (a postmaster and
+    its backends work in their own): the lock file is then stale, its pid reused by another
+    cluster, which the wheel would otherwise take for ours and stop. False when /proc will
+    not say (another user's process): the file is then left alone, as before."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd")).resolve() != pgdata.resolve()
+    except OSError:
+        return False
 
 
 class _WheelLog(logging.Handler):

@@ -161,6 +161,7 @@ def _validate_append(
         ("command id", command_id),
     ):
         _check_id(name, value)
+    _check_ledger_key(workspace_id, command_id)
     if not events:
         raise InvalidAppend(f"append to {stream_id!r} has no events")
     if len(events) > _MAX_BATCH:
@@ -183,6 +184,22 @@ def _validate_append(
 _MAX_ID_CHARS = 500
 """Ids and types are keys of B-tree indexes, whose entries hold at most about 2,700 bytes:
 500 characters of UTF-8 stay under that whatever they are."""
+
+
+_MAX_LEDGER_KEY_BYTES = 2400
+"""The ledger is keyed by (workspace id, command id) together: two ids of 500 characters of
+four UTF-8 bytes each would pass the index's limit that each alone stays under."""
+
+
+def _check_ledger_key(workspace_id: str, command_id: str) -> None:
+    if workspace_id.isascii() and command_id.isascii():
+        return  # at most 1,000 bytes
+    size = len(workspace_id.encode()) + len(command_id.encode())
+    if size > _MAX_LEDGER_KEY_BYTES:
+        raise InvalidAppend(
+            f"the workspace id and the command id take {size:,} bytes of UTF-8 together; "
+            f"the processed-commands ledger keys at most {_MAX_LEDGER_KEY_BYTES:,}"
+        )
 
 
 def _check_id(name: str, value: str) -> None:

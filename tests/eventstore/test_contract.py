@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import random
 import uuid
 from typing import Any
 
@@ -274,6 +275,13 @@ class EventStoreContract:
         with pytest.raises(InvalidAppend, match="command id is longer"):
             await store.append(
                 stream(), [ev()], expected_version=None, command_id="c" * 501, workspace_id=WS
+            )
+        # Each within its bound, both together past the ledger index's (not a bare 54000).
+        rng = random.Random(7)  # four bytes of UTF-8 each, and no run an index compresses
+        wide = ["".join(chr(0x20000 + rng.randrange(40_000)) for _ in range(499)) for _ in "ab"]
+        with pytest.raises(InvalidAppend, match="ledger keys at most"):
+            await store.append(
+                stream(), [ev()], expected_version=None, command_id=wide[0], workspace_id=wide[1]
             )
 
     async def test_repeated_event_ids_are_refused(self, store: EventStore) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import asyncpg
 import pytest
 
+from eventstore import embedded
 from eventstore.embedded import EmbeddedPostgres, _set_aside_interrupted_init
 
 
@@ -61,3 +64,26 @@ def test_a_cluster_that_has_run_is_never_set_aside(tmp_path: Path) -> None:
     (pgdata / "postmaster.opts").write_text("postgres -D pgdata\n")
     _set_aside_interrupted_init(pgdata)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pgdata"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="needs Linux's /proc")
+def test_a_lock_file_naming_another_clusters_postgres_is_stale(tmp_path: Path) -> None:
+    """After a reboot the pid may be another PostgreSQL's (a system one, another data
+    directory's): the wheel would take it for ours and stop it. A postgres is ours only
+    when it works in our data directory."""
+    pgdata, elsewhere = tmp_path / "pgdata", tmp_path / "other-cluster"
+    pgdata.mkdir()
+    elsewhere.mkdir()
+    postgres = tmp_path / "postgres"  # a process the system names "postgres"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", postgres)
+    lock = pgdata / "postmaster.pid"
+    for cwd, kept in ((elsewhere, False), (pgdata, True)):
+        proc = subprocess.Popen([str(postgres), "60"], cwd=cwd)
+        try:
+            lock.write_text(f"{proc.pid}\n{pgdata}\n")
+            embedded._forget_stale_postmaster(pgdata)
+            assert lock.exists() == kept, cwd
+            assert proc.poll() is None  # never signalled
+        finally:
+            proc.kill()
+            proc.wait()
