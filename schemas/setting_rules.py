@@ -24,6 +24,7 @@ TextRule = Literal[
     "http_url",
     "origin",
     "origins",
+    "ray_address",
 ]
 
 OFFLINE_PROVIDERS = frozenset({"offline", "svc-offline"})
@@ -105,6 +106,17 @@ def _origins(raw: str) -> bool:
     return all(_origin(item.strip()) for item in raw.split(",") if item.strip())
 
 
+def _ray_address(raw: str) -> bool:
+    """Blank, `auto`, or `host:port` of a cluster's head to join as a node. Not a Ray Client
+    URL (`ray://`): Ray Client has no streaming generators, so every streamed chat would
+    fail; nor any other scheme."""
+    text = raw.strip()
+    if not text or text == "auto":
+        return True
+    host, sep, port = text.rpartition(":")
+    return bool(sep and host and "://" not in text and port.isdigit() and 0 < int(port) < 65536)
+
+
 def _llm_provider(raw: str) -> bool:
     return raw.strip().lower() in AUTO_PROVIDERS | OFFLINE_PROVIDERS | UPSTREAM_PROVIDERS
 
@@ -134,6 +146,11 @@ TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
         lambda raw: not raw.strip() or _origin(raw.strip()),
         "blank or a browser origin, scheme://host[:port] with no path, e.g. "
         "https://app.example.com",
+    ),
+    "ray_address": (
+        _ray_address,
+        "blank (a local Ray), auto, or the host:port of a Ray head to join as a node (its GCS "
+        "port, 6379 by default); not ray:// (Ray Client cannot stream)",
     ),
     "origins": (
         _origins,

@@ -1500,6 +1500,7 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_CSP": {"rule": "header_value"},
     "SVC_CORS_ORIGINS": {"rule": "origins"},
     "SVC_WEBUI_ORIGIN": {"rule": "origin"},
+    "SVC_RAY_ADDRESS": {"rule": "ray_address"},
     **{key: {"rule": "http_url"} for key in _HTTP_URL_KEYS},
     "SVC_LDAP_ROLE_MAPPINGS": {"rule": "string_map"},
     "SVC_SAML_ROLE_MAPPINGS": {"rule": "string_map"},

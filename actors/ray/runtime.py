@@ -65,7 +65,7 @@ from eventstore.db import Connection, Database
 from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
 from eventstore.tasks import cancel_and_wait
 from schemas.commands import Command
-from schemas.errors import Unavailable
+from schemas.errors import InvalidInput, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -187,9 +187,16 @@ def _keeping_signal_handlers() -> Iterator[None]:
 
 def _probe(address: str) -> None:
     """Fail fast on a `host:port` nobody listens on: ray.init would retry for minutes."""
+    if "://" in address:
+        # Ray Client (ray://) joins, then fails every streaming generator: every streamed
+        # chat would be a 500. The settings refuse it too; this guards RaySettings built in code.
+        raise InvalidInput(
+            f"SVC_RAY_ADDRESS {address!r} is a URL; give the host:port of the Ray head to join "
+            "as a node (its GCS port, 6379 by default): Ray Client (ray://) cannot stream"
+        )
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "://" in address:
-        return  # "auto" (the address file of a local `ray start`) or a ray:// client URL
+    if not sep or not port.isdigit():
+        return  # "auto" (the address file of a local `ray start`)
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=_PROBE_TIMEOUT_S).close()
     except OSError as exc:
@@ -426,7 +433,7 @@ class RayRuntime:
     async def stream(self, key: ActorKey, command: Command) -> AsyncIterator[Any]:
         shard = shard_of(key)
         attempt = 0
-        deadline = asyncio.get_running_loop().time() + self._settings.retry_deadline_s
+        deadline: float | None = None
         while True:
             host, epoch = self._route(shard)
             try:
@@ -445,12 +452,12 @@ class RayRuntime:
             except _HOST_ERRORS as exc:
                 problem = self._unavailable(host, exc)
             attempt += 1
-            await self._before_retry(attempt, deadline, problem, host)
+            deadline = await self._before_retry(attempt, deadline, problem, host)
 
     async def _call(self, method: str, key: ActorKey, command: Command) -> Any:
         shard = shard_of(key)
         attempt = 0
-        deadline = asyncio.get_running_loop().time() + self._settings.retry_deadline_s
+        deadline: float | None = None
         while True:
             host, epoch = self._route(shard)
             try:
@@ -466,7 +473,7 @@ class RayRuntime:
                 self._raise_unless_retryable(answer)
                 problem = f"shard {shard} moved away from {host}"
             attempt += 1
-            await self._before_retry(attempt, deadline, problem, host)
+            deadline = await self._before_retry(attempt, deadline, problem, host)
 
     def _raise_unless_retryable(self, answer: Failure | WrongEpoch) -> None:
         if isinstance(answer, WrongEpoch):
@@ -496,17 +503,23 @@ class RayRuntime:
                 del self._handles[host]
         return f"host {host} is unavailable ({type(exc).__name__})"
 
-    async def _before_retry(self, attempt: int, deadline: float, problem: str, host: str) -> None:
+    async def _before_retry(
+        self, attempt: int, deadline: float | None, problem: str, host: str
+    ) -> float:
         """Back off (5 ms doubling to 0.5 s), less if `host` is seen restarted meanwhile, then
-        reload the shard map."""
+        reload the shard map; the retries' deadline, which the first failure starts: the time
+        a command waited in its actor's mailbox, or ran, is no time spent retrying."""
         self.retries += 1
-        loop = asyncio.get_running_loop()
-        if loop.time() >= deadline:
+        now = asyncio.get_running_loop().time()
+        if deadline is None:
+            deadline = now + self._settings.retry_deadline_s
+        elif now >= deadline:
             raise HostUnavailable(
                 f"{problem}; gave up after {attempt} attempts; retry with the same Idempotency-Key"
             )
         await self._watch.until_restarted(host, min(0.5, 0.005 * 2 ** min(attempt, 16)))
         await self._refresh()
+        return deadline
 
     # --- hosts --------------------------------------------------------------------------
 

@@ -170,6 +170,11 @@ SHAPED_TEXT_SETTINGS = {
         ("null", "https://a.example,https://b.example", "https://u:p@a.example"),
         ("", "http://localhost:8781"),
     ),
+    # Ray Client (ray://) cannot stream: every streamed chat would fail, so it never starts.
+    "SVC_RAY_ADDRESS": (
+        ("ray://head:10001", "head", "http://head:6379", "head:0", "head:70000"),
+        ("", "auto", "10.0.0.5:6379", "ray-head.svc:6379", "[::1]:6379"),
+    ),
 }
 
 

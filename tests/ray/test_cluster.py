@@ -455,3 +455,25 @@ async def test_a_full_stop_does_not_wait_on_rays_name_table(
                 except ValueError:
                     break
                 await asyncio.sleep(0.2)
+
+
+async def test_the_retry_deadline_counts_from_the_failure_not_from_the_send(
+    cluster_runtime: Any, store: PostgresEventStore
+) -> None:
+    """A command that waited in its actor's mailbox longer than the retry deadline, behind a
+    long one, and then lost its host, was answered 503 after one attempt: the deadline had
+    run out before anything failed. A retry (same command id) then finds the restarted host."""
+    runtime: RayRuntime = await cluster_runtime(1, retry_deadline_s=5.0)
+    (key,) = counter_keys(1)
+    slow = AddToCounter(command_id=uuid.uuid4().hex, workspace_id=WS, amount=1, delay_s=6.0)
+    running = asyncio.create_task(runtime.ask(key, slow))
+    await asyncio.sleep(0.3)
+    queued = asyncio.create_task(runtime.ask(key, add(2)))
+    await asyncio.sleep(5.5)  # queued past the deadline, still behind the slow command
+    (host,) = (await runtime.status())["hosts"]
+    os.kill(host["pid"], signal.SIGKILL)
+    async with asyncio.timeout(90):
+        answers = await asyncio.gather(running, queued)
+    assert all(isinstance(a, CommandOutcome) for a in answers), answers
+    amounts = sorted(e.data["amount"] for e in await store.read_stream(key.stream_id))
+    assert amounts == [1, 2]  # each once, the killed run's retry included

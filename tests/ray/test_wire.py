@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
+
 from actors.errors import RuntimeStopping, UnknownActorKind
 from actors.ray.wire import pack_error
-from schemas.errors import RateLimited, SvcError
+from schemas.errors import InvalidInput, RateLimited, SvcError
 
 
 def _round_trip(error: BaseException) -> BaseException:
@@ -30,3 +32,12 @@ def test_svc_errors_keep_class_message_code_and_attributes() -> None:
 def test_other_errors_keep_their_class_when_they_can() -> None:
     back = _round_trip(KeyError("k"))
     assert isinstance(back, KeyError)
+
+
+def test_a_ray_client_url_is_refused_before_joining() -> None:
+    """Ray Client joins, then fails every streaming generator: each streamed chat a 500."""
+    from actors.ray.runtime import _probe
+
+    for address in ("ray://ray-head:10001", "http://ray-head:6379"):
+        with pytest.raises(InvalidInput, match="Ray Client"):
+            _probe(address)
