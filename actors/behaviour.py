@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic import BaseModel
 
 from schemas.commands import Command
+from schemas.errors import SvcError
 from schemas.events import Event
 
 S = TypeVar("S", bound=BaseModel)
@@ -62,6 +63,10 @@ class ActorContext(Protocol[S_co]):
         """Whether the running command has a reader for its intermediate items (a `stream`)
         or only for its last one (an `ask` or a `tell`)."""
         ...
+
+    interruption: SvcError | None
+    """What the caller is told if the runtime's stop cuts the running command short from
+    here on (None: `CommandInterrupted`'s own message, which says nothing was recorded)."""
 
     async def execute(self, command: Command) -> CommandOutcome:
         """decide -> append (expected version, command id) -> evolve; on a concurrency

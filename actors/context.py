@@ -106,6 +106,7 @@ class Activation(Generic[S]):
         "_state",
         "_store",
         "_version",
+        "interruption",
         "snapshot_version",
         "streaming",
     )
@@ -132,6 +133,9 @@ class Activation(Generic[S]):
         # `stream`), or only for its last one (an `ask`, a `tell`); the table sets it per
         # command. A handler may skip work that only intermediate items need.
         self.streaming = True
+        # What the caller of the running command is told should the runtime's stop cut it
+        # short now (None: CommandInterrupted's own message); the table clears it per command.
+        self.interruption: SvcError | None = None
 
     @property
     def key(self) -> ActorKey:

@@ -45,7 +45,12 @@ from typing import Any, ClassVar, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from actors.behaviour import ActorContext, ActorKey, Behaviour, CommandOutcome
-from actors.errors import INTERNAL_FAILURE_MESSAGE, RecordedTurnFailure, TurnCrashed
+from actors.errors import (
+    INTERNAL_FAILURE_MESSAGE,
+    CommandInterrupted,
+    RecordedTurnFailure,
+    TurnCrashed,
+)
 from actors.models.port import (
     ChatMessage,
     Finished,
@@ -894,6 +899,15 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         try:
             recorded = await ctx.execute(fail)
         except Exception:
+            if _answer_recorded(ctx.state, command.turn_id):
+                # A stop cut the turn short after its answer committed (in the append that
+                # went on without its caller, or in the snapshot after it): the answer
+                # stands, and the same Idempotency-Key returns it.
+                log.warning(
+                    "turn %s was interrupted after its answer was recorded", command.turn_id
+                )
+                ctx.interruption = CommandInterrupted(ANSWER_RECORDED_MESSAGE)
+                return None
             # The original error matters more to the caller; the turn stays "running" in the
             # log until the next command of this conversation records it as abandoned.
             log.exception("could not record the failure of turn %s", command.turn_id)
@@ -901,6 +915,19 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         if isinstance(exc, SvcError) and recorded.cursor:
             exc.recorded_cursor = recorded.cursor
         return recorded.cursor or None
+
+
+ANSWER_RECORDED_MESSAGE = (
+    "the service stopped as this chat turn's answer was being recorded; the answer is "
+    "recorded in the conversation: a request sent with an Idempotency-Key gets it by being "
+    "sent again with the same key (to another instance, or after the restart); without one, "
+    "read it from the conversation rather than sending the request again"
+)
+
+
+def _answer_recorded(state: ConversationState, turn_id: str) -> bool:
+    turn = state.turns.get(turn_id)
+    return turn is not None and turn.status == "completed"
 
 
 def _overlong(model: str) -> UpstreamError:

@@ -321,14 +321,14 @@ class ActivationTable:
             slot = self._closing.get(task)
             reply = slot.running if slot is not None else None
             if reply is not None:
-                self._interrupt(reply)
+                self._interrupt(reply, slot.activation.interruption if slot else None)
             task.cancel()
 
-    def _interrupt(self, reply: Reply) -> None:
-        """Fail `reply` with CommandInterrupted and count it, once."""
+    def _interrupt(self, reply: Reply, error: SvcError | None = None) -> None:
+        """Fail `reply` with `error` (by default CommandInterrupted) and count it, once."""
         if reply.finished:
             return
-        reply.fail(CommandInterrupted())
+        reply.fail(error or CommandInterrupted())
         self._failed += 1
         self._interrupted += 1
 
@@ -413,12 +413,14 @@ class ActivationTable:
         try:
             activation = slot.activation
             activation.streaming = envelope.stream
+            activation.interruption = None
             async for item in activation.behaviour.handle(activation, envelope.command):
                 reply.push(item)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
-                self._interrupt(reply)  # this worker is being stopped (shutdown, eviction)
+                # This worker is being stopped (shutdown, eviction).
+                self._interrupt(reply, slot.activation.interruption)
                 raise
             # A CancelledError the handler met in something it awaited (a future another
             # task cancelled) is that command's failure: ending the worker here would leave

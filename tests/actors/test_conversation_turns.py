@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -306,6 +307,61 @@ async def test_stop_past_the_deadline_records_the_interrupted_turn(
         "interrupted",
         True,
     )
+
+
+class SnapshotsThatHang:
+    """The store, but once `armed` a snapshot's save never returns (a stalled database)."""
+
+    def __init__(self, store: PostgresEventStore) -> None:
+        self._store = store
+        self.armed = False
+        self.hanging = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def save_snapshot(self, snapshot: Any) -> None:
+        if self.armed:
+            self.hanging.set()
+            await asyncio.Event().wait()
+        await self._store.save_snapshot(snapshot)
+
+
+async def test_a_stop_after_the_answer_committed_says_it_is_recorded(
+    store: PostgresEventStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cut short in the snapshot after its answer committed, the turn's caller was told its
+    turn was recorded as failed and to send it again with a new key: a second model call
+    and a doubled turn for an answer the log holds."""
+    stalling = SnapshotsThatHang(store)
+    provider = ScriptedProvider(deltas=["x"], delay_s=0.3)
+    table = ActivationTable(
+        cast(PostgresEventStore, stalling), [ConversationBehaviour([provider])], snapshot_every=1
+    )
+    runtime = LocalRuntime(table)
+    await runtime.start()
+    cid, command = uuid.uuid4().hex, run_turn()
+    asking = asyncio.create_task(runtime.ask(conversation_key(cid), command))
+    await eventually_recorded(store, cid, "conversation.turn_started")
+    stalling.armed = True  # the next snapshot is the one after the answer's append
+    await stalling.hanging.wait()
+    stalling.armed = False
+    await runtime.stop(deadline_s=0.05)
+    with pytest.raises(RuntimeStopping) as told:
+        await asking
+    assert "the answer is recorded" in told.value.message
+    assert "new Idempotency-Key" not in told.value.message
+    assert (await types_of(store, cid))[-1] == COMPLETED
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    # The same key returns the answer, without a second model call.
+    again = LocalRuntime(ActivationTable(store, [ConversationBehaviour([provider])]))
+    await again.start()
+    try:
+        result = await again.ask(conversation_key(cid), command)
+    finally:
+        await again.stop()
+    assert isinstance(result, TurnResult) and result.duplicate
+    assert len(provider.requests) == 1
 
 
 async def test_the_model_is_asked_to_stream_only_when_someone_reads_the_deltas(
