@@ -73,6 +73,12 @@ class ActorContext(Protocol[S_co]):
         conflict reload from the store and decide again, a bounded number of times."""
         ...
 
+    async def recorded(self, command_id: str, workspace_id: str) -> tuple[Event, ...]:
+        """The events `command_id` (of `workspace_id`) appended to this actor's stream, as
+        the processed-commands ledger knows them; empty when it appended none here. For what
+        a state keeps only a reference to (a long answer), read again when asked for."""
+        ...
+
     async def refresh(self) -> bool:
         """Apply what other writers appended to the stream since this state (another
         process hosting the same actor); True when there was anything. For an answer given

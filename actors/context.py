@@ -293,6 +293,17 @@ class Activation(Generic[S]):
         except StoreError:
             return None
 
+    async def recorded(self, command_id: str, workspace_id: str) -> tuple[Event, ...]:
+        if self._store is None:
+            return ()
+        result = await self._store.processed(command_id, workspace_id)
+        if result is None or result.stream_id != self._key.stream_id:
+            return ()
+        first_run = await self._store.read_stream(
+            self._key.stream_id, result.first_version, to_version=result.last_version
+        )
+        return tuple(self._decode(r) for r in first_run)
+
     async def _moved_since_read(self) -> bool:
         try:
             return await self._catch_up()

@@ -101,6 +101,10 @@ log = logging.getLogger(__name__)
 
 KIND = "conversation"
 RECENT_TURNS = 16
+HELD_CONTENT_CHARS = 4096
+"""The longest answer a turn's record keeps for a retry to return. A longer one (up to a
+million characters) is read from the log when a retry asks: sixteen of them held in every
+active conversation's state, and written into each of its snapshots, took 16 MB apiece."""
 NUL = "\x00"  # PostgreSQL text and jsonb cannot hold it
 ABANDONED = "turn_abandoned"
 ABANDONED_MESSAGE = (
@@ -128,7 +132,8 @@ class TurnRecord(BaseModel):
     never_expires: bool = False
     ended_at: AwareDatetime | None = None
     message_id: str | None = None
-    content: str = ""
+    # The answer, when at most HELD_CONTENT_CHARS; None: longer, read from the log on a retry.
+    content: str | None = ""
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -550,7 +555,7 @@ def _evolve(state: ConversationState, event: Event) -> ConversationState:
                 "status": "completed",
                 "ended_at": event.at,
                 "message_id": event.message_id,
-                "content": event.content,
+                "content": event.content if len(event.content) <= HELD_CONTENT_CHARS else None,
                 "finish_reason": event.finish_reason,
                 "prompt_tokens": event.prompt_tokens,
                 "completion_tokens": event.completion_tokens,
@@ -586,16 +591,31 @@ def _evolve(state: ConversationState, event: Event) -> ConversationState:
 
 
 async def _recorded_result_now(
-    ctx: ActorContext[ConversationState], command: RunTurn
+    ctx: ActorContext[ConversationState], command: RunTurn, first_events: Sequence[Event] = ()
 ) -> TurnResult:
     """The recorded outcome of a retried turn. One the cached state calls running may have
     ended in another process since (two gateways on one database): read the stream again
-    before answering `turn_in_progress`."""
-    turn_id = ctx.state.turn_by_command[command.command_id]
-    turn = ctx.state.turns.get(turn_id)
+    before answering `turn_in_progress`. An answer too long to be held in the state is read
+    from the log."""
+    turn_id = ctx.state.turn_by_command.get(command.command_id)
+    turn = ctx.state.turns.get(turn_id) if turn_id is not None else None
     if turn is not None and turn.status == "running":
         await ctx.refresh()
-    return recorded_result(ctx.state, command)
+        turn = ctx.state.turns.get(turn.turn_id)
+    long_answer = None
+    if turn is not None and turn.status == "completed" and turn.content is None:
+        long_answer = await _answer_in_log(ctx, command, turn.turn_id)
+    return recorded_result(ctx.state, command, first_events, long_answer=long_answer)
+
+
+async def _answer_in_log(
+    ctx: ActorContext[ConversationState], command: RunTurn, turn_id: str
+) -> str:
+    completion = service_command_id("complete", command.command_id)
+    for event in await ctx.recorded(completion, command.workspace_id):
+        if isinstance(event, AssistantMessageCompleted) and event.turn_id == turn_id:
+            return event.content
+    raise SvcError(f"the recorded answer of turn {turn_id} was not found in the log")
 
 
 def _utcnow() -> datetime:
@@ -607,10 +627,15 @@ def _new_message_id() -> str:
 
 
 def recorded_result(
-    state: ConversationState, command: Command, first_events: Sequence[Event] = ()
+    state: ConversationState,
+    command: Command,
+    first_events: Sequence[Event] = (),
+    *,
+    long_answer: str | None = None,
 ) -> TurnResult:
     """What a retried RunTurn returns: the first run's outcome, never a second model call.
-    `first_events` are the events the first run of this command id recorded, if known."""
+    `first_events` are the events the first run of this command id recorded, if known;
+    `long_answer` the answer of a completed turn whose record does not hold it."""
     if state.workspace_id != command.workspace_id:
         raise NotFound(f"conversation {state.conversation_id} does not exist")
     command_id = command.command_id
@@ -647,13 +672,21 @@ def recorded_result(
         turn_id=turn.turn_id,
         message_id=turn.message_id or "",
         model=turn.model,
-        content=turn.content,
+        content=_held_or(turn, long_answer),
         finish_reason=turn.finish_reason or "",
         usage=Usage(turn.prompt_tokens, turn.completion_tokens),
         duration_ms=turn.duration_ms or 0,
         cursor=None,
         duplicate=True,
     )
+
+
+def _held_or(turn: TurnRecord, long_answer: str | None) -> str:
+    if turn.content is not None:
+        return turn.content
+    if long_answer is None:
+        raise SvcError(f"turn {turn.turn_id}'s answer is not held in the state: read it first")
+    return long_answer
 
 
 def _recordable(text: str) -> str:
@@ -679,8 +712,9 @@ class ConversationBehaviour(Behaviour[ConversationState]):
 
     kind: ClassVar[str] = KIND
     state_type: ClassVar[type[BaseModel]] = ConversationState
-    # 2: TurnRecord.ordinal. A snapshot of version 1 is ignored (replayed in full).
-    state_schema_version: ClassVar[int] = 2
+    # 2: TurnRecord.ordinal; 3: a long answer's content not held. A snapshot of an older
+    # version is ignored (replayed in full).
+    state_schema_version: ClassVar[int] = 3
 
     def __init__(
         self,
@@ -738,7 +772,7 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         stamped = self._stamped(command, budget_s)
         started, ours = await _start(ctx, stamped)
         if (started.duplicate or not started.events) and not ours:
-            yield recorded_result(ctx.state, command, started.events)
+            yield await _recorded_result_now(ctx, command, started.events)
             return
         async for item in self._run_model(ctx, command, provider, budget_s):
             yield item

@@ -29,6 +29,7 @@ from eventstore.errors import StatementAborted, StoreError, StoreUnavailable
 from eventstore.records import NewEvent, RecordedEvent
 from schemas.conversation import Message, RenameConversation, RunTurn, TurnParams
 from schemas.errors import Conflict, NotFound, SvcError, UpstreamError, UpstreamTimeout
+from schemas.events import EVENTS
 
 WS = "ws-1"
 COMPLETED = "conversation.assistant_message_completed"
@@ -117,6 +118,33 @@ async def test_second_turn_appends_to_the_same_conversation(
     assert isinstance(second, TurnResult) and second.content == answer(provider, 2)
     assert (await types_of(store, cid)).count("conversation.started") == 1
     assert len(await types_of(store, cid)) == 7
+
+
+async def test_a_long_answer_is_not_held_in_the_state_yet_a_retry_returns_it(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    """Sixteen answers of up to a million characters each were held in every active
+    conversation's state and written into each snapshot."""
+    long = ScriptedProvider(deltas=["word " * 2000])  # 10,000 characters
+    runtime = await make_runtime([ConversationBehaviour([long])])
+    cid, command = uuid.uuid4().hex, run_turn(command_id="long-key")
+    first = await runtime.ask(conversation_key(cid), command)
+    again = await runtime.ask(conversation_key(cid), command)
+    assert isinstance(first, TurnResult) and isinstance(again, TurnResult)
+    assert len(first.content) > conversation_module.HELD_CONTENT_CHARS
+    assert again.duplicate and (again.content, again.usage) == (first.content, first.usage)
+    # From a fresh activation too, which folds the log (or a snapshot) again.
+    other = await make_runtime([ConversationBehaviour([ScriptedProvider()])])
+    third = await other.ask(conversation_key(cid), command)
+    assert isinstance(third, TurnResult) and third.content == first.content
+    assert long.calls == 1
+    behaviour = ConversationBehaviour()  # the fold every activation runs
+    state = behaviour.initial_state(conversation_key(cid))
+    for recorded in await store.read_stream(conversation_key(cid).stream_id):
+        decoded = EVENTS.decode(recorded.type, recorded.schema_version, recorded.data)
+        state = behaviour.evolve(state, decoded)
+    assert len(state.model_dump_json()) < 5_000  # what a snapshot of it holds
+    assert state.turns[first.turn_id].content is None
 
 
 async def test_retried_turn_returns_the_first_answer_without_a_model_call(
