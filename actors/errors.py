@@ -73,6 +73,14 @@ class MailboxFull(Unavailable):
     retry_after_s = 1.0
 
     @classmethod
+    def of_text(cls, where: str) -> MailboxFull:
+        return cls(
+            f"the requests already waiting for {where} hold as much text as it queues; "
+            f"nothing was done: retry shortly (with the same Idempotency-Key), or send "
+            f"shorter messages"
+        )
+
+    @classmethod
     def of(cls, kind: str, limit: int) -> MailboxFull:
         return cls(
             f"{limit} requests are already waiting for this {kind}; nothing was done: retry "

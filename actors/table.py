@@ -42,6 +42,13 @@ MAILBOX_LIMIT = 1000
 """Commands queued for one actor at most: each holds its request (and a streamed reply its
 deltas), and a caller that gave up leaves its command queued."""
 
+MAILBOX_CHARS = 64 * 1024 * 1024
+"""Text (a chat turn's messages, `Command.held_chars`) one actor's mailbox may hold waiting
+beyond its first command: 1,000 turns of 4 MiB each behind one long turn held 4 GB."""
+TABLE_QUEUED_CHARS = 512 * 1024 * 1024
+"""Text the commands in every mailbox of the table may hold together: the same flood spread
+over many conversations is bounded as a whole."""
+
 INTERRUPT_RECORD_S = 5.0
 """After the stop deadline: how long the cancelled commands get to record their failure (a
 chat turn appends one `turn_failed`, a few milliseconds) before the table gives up on them."""
@@ -151,6 +158,7 @@ class _Envelope:
     command: Command
     reply: Reply
     stream: bool
+    chars: int
 
 
 class _Slot:
@@ -163,6 +171,7 @@ class _Slot:
         "last_submit",
         "last_used",
         "mailbox",
+        "queued_chars",
         "running",
         "task",
         "wake",
@@ -171,6 +180,7 @@ class _Slot:
     def __init__(self, activation: Activation[Any], now: float) -> None:
         self.activation = activation
         self.mailbox: deque[_Envelope] = deque()
+        self.queued_chars = 0
         self.busy = False
         self.closing = False
         self.last_submit = now
@@ -236,6 +246,7 @@ class ActivationTable:
         if mailbox_limit < 1:
             raise ValueError("mailbox_limit must be positive")
         self._mailbox_limit = mailbox_limit
+        self._queued_chars = 0  # every mailbox's, together
         self._store = store
         self._behaviours = {b.kind: b for b in behaviours}
         self._policy = ExecutionPolicy(snapshot_every, conflict_retries)
@@ -282,7 +293,7 @@ class ActivationTable:
         refused = 0
         for slot in list(self._active.values()):
             while slot.mailbox:
-                slot.mailbox.popleft().reply.fail(RuntimeStopping())
+                self._take(slot).reply.fail(RuntimeStopping())
                 refused += 1
         for key in list(self._active):
             self._passivate(key)
@@ -348,10 +359,31 @@ class ActivationTable:
             slot.last_submit = now
             if len(slot.mailbox) >= self._mailbox_limit:
                 raise MailboxFull.of(key.kind, self._mailbox_limit)
+        chars = command.held_chars()
+        self._check_room(slot, key, chars)
         reply = Reply(f"{type(command).__name__} to {key}")
-        slot.mailbox.append(_Envelope(command, reply, stream))
+        slot.mailbox.append(_Envelope(command, reply, stream, chars))
+        slot.queued_chars += chars
+        self._queued_chars += chars
         slot.notify()
         return reply
+
+    def _check_room(self, slot: _Slot, key: ActorKey, chars: int) -> None:
+        """Refuse a command whose text would take the mailboxes past their budgets. An actor
+        with nothing waiting always takes one: a budget bounds what waits, not a request."""
+        if not chars:
+            return
+        if slot.mailbox and slot.queued_chars + chars > MAILBOX_CHARS:
+            raise MailboxFull.of_text("this " + key.kind)
+        if self._queued_chars and self._queued_chars + chars > TABLE_QUEUED_CHARS:
+            raise MailboxFull.of_text("this process")
+
+    def _take(self, slot: _Slot) -> _Envelope:
+        """The next command of `slot`'s mailbox, out of the budgets' account."""
+        envelope = slot.mailbox.popleft()
+        slot.queued_chars -= envelope.chars
+        self._queued_chars -= envelope.chars
+        return envelope
 
     def _activate(self, key: ActorKey, now: float) -> _Slot:
         behaviour = self._behaviours.get(key.kind)
@@ -381,7 +413,7 @@ class ActivationTable:
             if self._active.get(key) is slot:
                 del self._active[key]
             while slot.mailbox:
-                slot.mailbox.popleft().reply.fail(exc)
+                self._take(slot).reply.fail(exc)
             return
         finally:
             slot.busy = False
@@ -399,7 +431,7 @@ class ActivationTable:
             try:
                 # No local for the envelope: an idle actor waits in this frame, which would
                 # otherwise keep its last command and reply (the answer) alive meanwhile.
-                await self._run(slot, slot.mailbox.popleft())
+                await self._run(slot, self._take(slot))
             finally:
                 slot.busy = False
                 slot.last_used = time.monotonic()

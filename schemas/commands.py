@@ -75,6 +75,11 @@ class Command(BaseModel):
     for another request. The rest of a request may differ: its first result stands, as for
     a chat turn."""
 
+    def held_chars(self) -> int:
+        """About how many characters of text the command carries (a chat turn's messages):
+        what queueing it costs in memory. 0 for the small commands."""
+        return 0
+
     def request_digest(self) -> str | None:
         """A digest of the target fields; None for a command without any."""
         if not self.target_fields:

@@ -167,6 +167,9 @@ class RunTurn(Command):
     expires_at: AwareDatetime | None = None
     never_expires: bool = False
 
+    def held_chars(self) -> int:
+        return sum(len(m.content) for m in self.messages)
+
 
 class CompleteTurn(Command):
     turn_id: Id

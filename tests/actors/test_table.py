@@ -551,3 +551,45 @@ async def test_a_full_mailbox_refuses_more_commands_at_once(store: PostgresEvent
         await table.submit(key, add()).last()  # room again
     finally:
         await table.stop()
+
+
+def _turn_of(chars: int) -> RunTurn:
+    turn = uuid.uuid4().hex
+    return RunTurn(
+        command_id=uuid.uuid4().hex,
+        workspace_id=WS,
+        turn_id=f"turn-{turn}",
+        message_id=f"msg-{turn}",
+        model="scripted",
+        messages=(Message(role="user", content="x" * chars),),
+        at=datetime.now(UTC),
+    )
+
+
+async def test_mailboxes_refuse_text_past_their_budgets(
+    store: PostgresEventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1,000 turns of 4 MiB queued behind one long turn held 4 GB: the count bounded the
+    mailbox, not what it held. One actor's waiting text is bounded, and so is the table's."""
+    monkeypatch.setattr(table_module, "MAILBOX_CHARS", 250)
+    monkeypatch.setattr(table_module, "TABLE_QUEUED_CHARS", 400)
+    slow = ScriptedProvider(deltas=["x"], delay_s=0.3)
+    table = ActivationTable(store, [ConversationBehaviour([slow])])
+    await table.start()
+    try:
+        one, other = (conversation_key(uuid.uuid4().hex) for _ in range(2))
+        running = table.submit(one, _turn_of(100))
+        await asyncio.sleep(0.05)  # out of the mailbox: running
+        queued = [table.submit(one, _turn_of(100)) for _ in range(2)]
+        with pytest.raises(MailboxFull, match="waiting for this conversation") as refused:
+            table.submit(one, _turn_of(100))
+        assert refused.value.code == "actor_busy" and refused.value.retry_after_s
+        # An actor with nothing waiting takes its command; the whole table's budget still holds.
+        waiting_elsewhere = table.submit(other, _turn_of(150))
+        with pytest.raises(MailboxFull, match="waiting for this process"):
+            table.submit(conversation_key(uuid.uuid4().hex), _turn_of(200))
+        for reply in (running, *queued, waiting_elsewhere):
+            await reply.last()
+        await table.submit(one, _turn_of(240)).last()  # every budget is free again
+    finally:
+        await table.stop()
