@@ -166,6 +166,28 @@ async def create_cluster(db: Database, cluster: str, hosts: int) -> int:
     return hosts
 
 
+async def reset_cluster(db: Database, cluster: str, hosts: int) -> int:
+    """Lay the map out afresh over `hosts` hosts, round-robin, every shard one epoch later
+    (created when missing), and make `hosts` the cluster's count; returns it. For a start on
+    a Ray of this process's own, where no host of an earlier start survives: the setting
+    decides, not a count stored by a start that could not place its hosts."""
+    async with db.transaction() as conn:
+        await conn.execute(
+            "INSERT INTO actor_clusters (cluster, hosts) VALUES ($1, $2) "
+            "ON CONFLICT (cluster) DO UPDATE SET hosts = $2, updated_at = now()",
+            cluster,
+            hosts,
+        )
+        await conn.executemany(
+            "INSERT INTO actor_shards (cluster, shard, host, epoch) VALUES ($1, $2, $3, 1) "
+            "ON CONFLICT (cluster, shard) DO UPDATE "
+            "SET host = excluded.host, epoch = actor_shards.epoch + 1, moved_at = now()",
+            [(cluster, s, host_name(cluster, s % hosts)) for s in range(NUM_SHARDS)],
+        )
+    await notify(db, cluster)
+    return hosts
+
+
 async def set_desired_hosts(db: Database, cluster: str, hosts: int) -> None:
     async with db.acquire() as conn:
         await conn.execute(

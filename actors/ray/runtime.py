@@ -57,6 +57,7 @@ from actors.shards import (
     load_map,
     move_shards,
     plan_moves,
+    reset_cluster,
     set_desired_hosts,
     shard_of,
 )
@@ -289,7 +290,13 @@ class RayRuntime:
         async with cluster_lock(db, s.cluster, wait_s=60.0) as locked:
             if not locked:
                 raise HostUnavailable(f"the shard map of {s.cluster} stays locked")
-            count = await create_cluster(db, s.cluster, s.hosts or _cpu_hosts(s.host_num_cpus))
+            wanted = s.hosts or _cpu_hosts(s.host_num_cpus)
+            if self._started_ray:
+                # A Ray of this process's own: no host of an earlier start survives it, so the
+                # setting decides (a count stored by a start that failed would never change).
+                count = await reset_cluster(db, s.cluster, wanted)
+            else:
+                count = await create_cluster(db, s.cluster, wanted)
             await self._ensure_hosts(range(count), all_ready=False)
         await self._open()
 
@@ -1009,7 +1016,12 @@ def _not_started(failed: Mapping[str, str], s: RaySettings) -> str:
     return (
         f"Ray did not start actor host(s) {hosts}. Each host reserves {s.host_num_cpus:g} CPU "
         f"and the cluster has {free:g} of {total:g} CPUs free (`ray status`); a host also "
-        "needs to reach the database. Add nodes, or run `svc cluster scale N` with fewer hosts"
+        "needs to reach the database. "
+        + (
+            "Add nodes, or run `svc cluster scale N` with fewer hosts"
+            if s.address
+            else "Lower SVC_ACTOR_HOSTS (0: one host per CPU) or the CPU each host reserves"
+        )
     )
 
 
