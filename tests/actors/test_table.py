@@ -135,14 +135,14 @@ async def test_a_full_replay_reads_its_stream_a_page_at_a_time(
     assert max(pages) == 4 and sum(pages) == whole.version
 
 
-def _turn(turn_id: str) -> RunTurn:
+def _turn(turn_id: str, content: str = "question") -> RunTurn:
     return RunTurn(
         command_id=uuid.uuid4().hex,
         workspace_id=WS,
         turn_id=turn_id,
         message_id=f"m-{turn_id}",
         model="scripted",
-        messages=(Message(role="user", content="question"),),
+        messages=(Message(role="user", content=content),),
         at=datetime.now(UTC),
     )
 
@@ -554,16 +554,7 @@ async def test_a_full_mailbox_refuses_more_commands_at_once(store: PostgresEvent
 
 
 def _turn_of(chars: int) -> RunTurn:
-    turn = uuid.uuid4().hex
-    return RunTurn(
-        command_id=uuid.uuid4().hex,
-        workspace_id=WS,
-        turn_id=f"turn-{turn}",
-        message_id=f"msg-{turn}",
-        model="scripted",
-        messages=(Message(role="user", content="x" * chars),),
-        at=datetime.now(UTC),
-    )
+    return _turn(f"turn-{uuid.uuid4().hex}", "x" * chars)
 
 
 async def test_mailboxes_refuse_text_past_their_budgets(
