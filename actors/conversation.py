@@ -603,7 +603,12 @@ async def _recorded_result_now(
         await ctx.refresh()
         turn = ctx.state.turns.get(turn.turn_id)
     long_answer = None
-    if turn is not None and turn.status == "completed" and turn.content is None:
+    if (
+        turn is not None
+        and turn.status == "completed"
+        and turn.content is None
+        and ctx.state.workspace_id == command.workspace_id  # else recorded_result's 404
+    ):
         long_answer = await _answer_in_log(ctx, command, turn.turn_id)
     return recorded_result(ctx.state, command, first_events, long_answer=long_answer)
 

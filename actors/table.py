@@ -350,6 +350,10 @@ class ActivationTable:
         `stream=False` says only the last item will be read (`Activation.streaming`)."""
         if not self._accepting:
             raise RuntimeStopping() if self._stopped else RuntimeNotStarted()
+        chars = command.held_chars()
+        if chars and self._queued_chars and self._queued_chars + chars > TABLE_QUEUED_CHARS:
+            # Before any activation: a refusal must not cost a replay or an eviction.
+            raise MailboxFull.of_text("this process")
         slot = self._active.get(key)
         now = time.monotonic()
         if slot is None:
@@ -359,24 +363,15 @@ class ActivationTable:
             slot.last_submit = now
             if len(slot.mailbox) >= self._mailbox_limit:
                 raise MailboxFull.of(key.kind, self._mailbox_limit)
-        chars = command.held_chars()
-        self._check_room(slot, key, chars)
+            if chars and slot.mailbox and slot.queued_chars + chars > MAILBOX_CHARS:
+                # An actor with nothing waiting always takes one: the budget bounds what waits.
+                raise MailboxFull.of_text("this " + key.kind)
         reply = Reply(f"{type(command).__name__} to {key}")
         slot.mailbox.append(_Envelope(command, reply, stream, chars))
         slot.queued_chars += chars
         self._queued_chars += chars
         slot.notify()
         return reply
-
-    def _check_room(self, slot: _Slot, key: ActorKey, chars: int) -> None:
-        """Refuse a command whose text would take the mailboxes past their budgets. An actor
-        with nothing waiting always takes one: a budget bounds what waits, not a request."""
-        if not chars:
-            return
-        if slot.mailbox and slot.queued_chars + chars > MAILBOX_CHARS:
-            raise MailboxFull.of_text("this " + key.kind)
-        if self._queued_chars and self._queued_chars + chars > TABLE_QUEUED_CHARS:
-            raise MailboxFull.of_text("this process")
 
     def _take(self, slot: _Slot) -> _Envelope:
         """The next command of `slot`'s mailbox, out of the budgets' account."""

@@ -206,9 +206,12 @@ def _serves_elsewhere(pid: int, pgdata: Path) -> bool:
     cluster, which the wheel would otherwise take for ours and stop. False when /proc will
     not say (another user's process): the file is then left alone, as before."""
     try:
-        return Path(os.readlink(f"/proc/{pid}/cwd")).resolve() != pgdata.resolve()
+        works_in, ours = os.stat(f"/proc/{pid}/cwd"), os.stat(pgdata)
     except OSError:
         return False
+    # The same directory by device and inode: one reached by another path (a bind mount, a
+    # symlink) is still ours.
+    return (works_in.st_dev, works_in.st_ino) != (ours.st_dev, ours.st_ino)
 
 
 class _WheelLog(logging.Handler):

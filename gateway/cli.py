@@ -152,11 +152,12 @@ def _shown_address(sockname: Any) -> str:
 def _still_stopping(shutdown: Shutdown | None) -> None:
     """A signal after the first does not cut the grace short (the first promised turns in
     flight that grace): it says what is left, and how to stop at once."""
-    waiting = (
-        "for its start to end"
-        if shutdown is None
-        else f"{shutdown.remaining_s():.0f} s more for turns in flight"
-    )
+    if shutdown is None or not shutdown.begun:
+        waiting = "for its start to end"
+    elif left := round(shutdown.remaining_s()):
+        waiting = f"{left} s more for turns in flight"
+    else:
+        waiting = "for its last steps (the read models' flush)"
     log.warning(
         "svc is already stopping: it waits %s, then stops the database; SIGKILL ends the "
         "process now (the log stays whole: a turn cut off is recorded as turn_abandoned once "

@@ -19,12 +19,14 @@ import asyncio
 import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+from urllib.parse import unquote, unquote_plus
 
 from aiohttp import web
 from aiohttp.web_log import AccessLogger
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.errors import (
     CLIENT_CLOSED,
@@ -120,9 +122,10 @@ class _AsSent:
 
 
 class _AsLogged:
-    """A request as the access log shows it: credentials in its query string (a feed's
-    `?access_token=`, a key pasted into a URL) redacted, and the client's address as the
-    trusted proxies say (`gateway.security.client_ip`), not the proxy's."""
+    """A request as the access log shows it: credentials in its URL and its Referer (a feed's
+    `?access_token=`, a key pasted into a URL, a secret setting's value) redacted, and the
+    client's address as the trusted proxies say (`gateway.security.client_ip`), not the
+    proxy's."""
 
     def __init__(self, request: web.BaseRequest) -> None:
         self._request = request
@@ -133,13 +136,17 @@ class _AsLogged:
     @property
     def path_qs(self) -> str:
         # The raw, still percent-encoded form: a decoded path's %0A would start a forged line.
-        request = self._request
-        path = request.raw_path
-        if isinstance(request, web.Request) and SETTINGS in request.app:
-            secrets = _in_a_url(request.app[SETTINGS].secret_values())
-            if secrets is not None:
-                path = secrets.sub(REDACTED, path)
-        return redact(path, ())
+        return self._redacted(self._request.raw_path)
+
+    @property
+    def headers(self) -> Any:
+        headers = self._request.headers
+        referer = headers.get("Referer")
+        if referer is None or (shown := self._redacted(referer)) == referer:
+            return headers
+        copy = CIMultiDict(headers)
+        copy["Referer"] = shown
+        return CIMultiDictProxy(copy)
 
     @property
     def remote(self) -> str | None:
@@ -148,14 +155,29 @@ class _AsLogged:
             return client_ip(request)
         return request.remote  # refused by the parser before any application saw it
 
+    def _redacted(self, url: str) -> str:
+        request = self._request
+        if isinstance(request, web.Request) and SETTINGS in request.app:
+            url = _without_secret_values(url, request.app[SETTINGS].secret_values())
+        return redact(url, ())
 
-@functools.lru_cache(maxsize=4)
-def _in_a_url(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
-    """The secret settings' values however a URL may carry them: each character as it is
-    or percent-encoded (either case of hex; a space also as `+`), as clients encode some
-    characters and not others. Longest first: a secret that holds another goes whole."""
+
+def _without_secret_values(url: str, secrets: Sequence[str]) -> str:
+    """`url` with every secret setting's value in it redacted, however it is percent-encoded.
+    The decoded URL is searched first (a substring test a secret): one that holds none, nearly
+    every one, costs no more, and no pattern is built for a secret never met."""
     if not secrets:
-        return None
+        return url
+    decoded = {unquote(url), unquote_plus(url)}
+    found = tuple(v for v in secrets if any(v in text for text in decoded))
+    return _in_a_url(found).sub(REDACTED, url) if found else url
+
+
+@functools.lru_cache(maxsize=16)
+def _in_a_url(secrets: tuple[str, ...]) -> re.Pattern[str]:
+    """The secrets however a URL may carry them: each character as it is or percent-encoded
+    (either case of hex; a space also as `+`), as clients encode some characters and not
+    others. Longest first (as given): a secret that holds another goes whole."""
     return re.compile("|".join(_spelled_in_urls(v) for v in secrets))
 
 

@@ -321,12 +321,25 @@ def _env_file_path(env: Mapping[str, str]) -> Path | None:
     named = env.get("SVC_ENV_FILE", "").strip()
     if named:
         path = Path(named).expanduser()
-        if not path.is_file():
+        if not _is_file(path):
             raise InvalidInput(f"SVC_ENV_FILE names {path}, which is not a readable file")
         return path
     data_dir = Path(env.get("SVC_DATA_DIR", "").strip() or CATALOG["SVC_DATA_DIR"].default)
     default = data_dir.expanduser() / ENV_FILE_NAME
-    return default if default.is_file() else None
+    return default if _is_file(default) else None
+
+
+def _is_file(path: Path) -> bool:
+    """`path.is_file()`, a directory this user may not enter named rather than raised
+    (pathlib lets a PermissionError through)."""
+    try:
+        return path.is_file()
+    except OSError as exc:
+        raise InvalidInput(
+            f"{path}: cannot look for the env file there ({exc.strerror or exc}); check "
+            "SVC_ENV_FILE or SVC_DATA_DIR and the permissions of the directories on the way "
+            "for the user svc runs as"
+        ) from None
 
 
 def parse_listen_addr(addr: str) -> tuple[str | None, int]:

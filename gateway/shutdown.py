@@ -89,6 +89,10 @@ class Shutdown:
         if self._deadline is None:
             self._deadline = asyncio.get_running_loop().time() + self.grace_s
 
+    @property
+    def begun(self) -> bool:
+        return self._deadline is not None
+
     def remaining_s(self) -> float:
         """What is left of the budget (the whole grace before `begin`)."""
         if self._deadline is None:

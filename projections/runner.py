@@ -81,7 +81,8 @@ BATCH_BYTES = 8 * 1024 * 1024
 """A batch also ends at this many bytes of stored event data (compressed, as PostgreSQL
 keeps it; the first event always taken): what a batch holds in memory and writes in one
 transaction, which every gap-free reader of the log waits on, stays bounded when events are
-large (500 one-megabyte messages were half a gigabyte at once)."""
+large (500 one-megabyte messages were half a gigabyte at once). Text that compresses well
+takes more than this once decoded (docs/projections.md)."""
 _MAX_BACKOFF_S = 5.0
 _MAX_ABORTS = 5  # a handler's statement aborted this many times in a row on one event: poison
 _FIRST_ABORT_BACKOFF_S = 0.1  # then doubling, up to _MAX_BACKOFF_S

@@ -56,12 +56,12 @@ CONTENT_TYPE = "application/scim+json"
 MAX_COUNT = 200
 DEFAULT_COUNT = 100
 MAX_START_INDEX = 2**53 - 1
-MAX_PATCH_OPERATIONS = 1000
-"""Identity providers send a handful; a bound keeps one request's work (each operation is
-applied in turn) from holding the event loop."""
 """The largest startIndex passed on. A larger one is clamped to it, not refused (see _paging):
 it is past any result a workspace can hold, fits PostgreSQL's bigint OFFSET, and is exactly
 representable in every JSON parser (RFC 8259 section 6), since the response echoes it."""
+MAX_PATCH_OPERATIONS = 1000
+"""Identity providers send a handful; a bound keeps one request's work (each operation is
+applied in turn) from holding the event loop."""
 
 # `attr eq "value"`; the attribute may be qualified by the core User schema's URN (RFC 7644
 # section 3.10), and the value is a JSON string (RFC 7644 section 3.4.2.2), escapes included.

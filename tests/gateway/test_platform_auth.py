@@ -87,8 +87,12 @@ async def test_the_access_log_never_shows_a_secret_setting_pasted_into_a_url(
             f"/v1/models/{quote(secret, safe='')}",
         ):
             await svc.request("GET", path)
+        # The page a browser came from, in the Referer the log also shows.
+        referer = f"https://app.example/?key={quote(secret, safe='').lower()}&token=abc"
+        await svc.request("GET", "/v1/models", headers={"Referer": referer})
     lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
-    assert len([line for line in lines if "/v1/models" in line]) == 3, lines
+    assert len([line for line in lines if "/v1/models" in line]) == 4, lines
+    assert any("https://app.example/?key=[redacted]" in line for line in lines), lines
     for line in lines:
         for form in (secret, quote(secret, safe=""), quote_plus(secret), "compat"):
             assert form not in line, line

@@ -333,7 +333,8 @@ async def test_a_signal_while_starting_stops_it_without_ever_listening(data_dir:
             seen.append(line)
             if b"embedded PostgreSQL ready" in line:  # opening: migrations and the rest follow
                 server.send_signal(signal.SIGTERM)
-                server.send_signal(signal.SIGTERM)
+                # Another signal: a second SIGTERM still pending would be merged into the first.
+                server.send_signal(signal.SIGINT)
                 break
         _, rest = await server.communicate()
     log = b"".join(seen).decode() + (rest or b"").decode()

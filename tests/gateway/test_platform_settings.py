@@ -101,6 +101,22 @@ def test_an_env_file_that_cannot_be_read_is_named_with_what_to_check() -> None:
     assert "permissions" in caught.value.message
 
 
+def test_an_env_file_in_a_directory_this_user_cannot_enter_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pathlib's is_file() lets a PermissionError through (root passes every check, so the
+    refusal is the one a service user meets, played here)."""
+
+    def denied(self: Path) -> bool:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "is_file", denied)
+    for env in ({"SVC_ENV_FILE": "/etc/svc/svc.env"}, {"SVC_DATA_DIR": "/var/lib/svc"}):
+        with pytest.raises(InvalidInput) as caught:
+            Settings.from_environment(env)
+        assert "cannot look for the env file there (Permission denied)" in caught.value.message
+
+
 def test_a_blank_data_dir_is_the_default_not_the_current_directory() -> None:
     default = Path(get_spec("SVC_DATA_DIR").default)
     for blank in ("", "  "):
