@@ -138,6 +138,9 @@ async def test_a_long_answer_is_not_held_in_the_state_yet_a_retry_returns_it(
     third = await other.ask(conversation_key(cid), command)
     assert isinstance(third, TurnResult) and third.content == first.content
     assert long.calls == 1
+    # The same id from another workspace is the 404 of any conversation not its own.
+    with pytest.raises(NotFound):
+        await runtime.ask(conversation_key(cid), command.model_copy(update={"workspace_id": "w2"}))
     behaviour = ConversationBehaviour()  # the fold every activation runs
     state = behaviour.initial_state(conversation_key(cid))
     for recorded in await store.read_stream(conversation_key(cid).stream_id):

@@ -577,8 +577,10 @@ async def test_mailboxes_refuse_text_past_their_budgets(
         assert refused.value.code == "actor_busy" and refused.value.retry_after_s
         # An actor with nothing waiting takes its command; the whole table's budget still holds.
         waiting_elsewhere = table.submit(other, _turn_of(150))
+        active = table.stats().active
         with pytest.raises(MailboxFull, match="waiting for this process"):
             table.submit(conversation_key(uuid.uuid4().hex), _turn_of(200))
+        assert table.stats().active == active  # refused before activating (and replaying)
         for reply in (running, *queued, waiting_elsewhere):
             await reply.last()
         await table.submit(one, _turn_of(240)).last()  # every budget is free again
