@@ -602,7 +602,17 @@ class RayRuntime:
         s = self._settings
         names = [host_name(s.cluster, i) for i in indexes]
         created = {name for name in names if self._create(name)}
-        outcomes = await asyncio.gather(*(self._ready(name) for name in names))
+        # A host that existed and answers is ready at once; one that does not (down, waiting
+        # for room) is not waited for long unless every host must be ready: the cluster's
+        # lock is held meanwhile, which the other gateways' supervisors need to move its
+        # shards, and a gateway that waited two minutes to start would fail its probes.
+        waits = {
+            name: s.host_start_timeout_s
+            if all_ready or name in created
+            else min(s.host_start_timeout_s, EXISTING_HOST_WAIT_S)
+            for name in names
+        }
+        outcomes = await asyncio.gather(*(self._ready(name, waits[name]) for name in names))
         failed = {n: o for n, o in zip(names, outcomes, strict=True) if isinstance(o, str)}
         unplaced = created.intersection(failed)
         await self._end([self._handles.pop(name) for name in unplaced])
@@ -641,9 +651,8 @@ class RayRuntime:
         self._missing_at.pop(name, None)
         return True
 
-    async def _ready(self, name: str) -> HostStatus | str:
-        """The host's status once it has opened its store, else why not."""
-        timeout = self._settings.host_start_timeout_s
+    async def _ready(self, name: str, timeout: float) -> HostStatus | str:
+        """The host's status once it has opened its store (within `timeout`), else why not."""
         try:
             status: HostStatus = await answer_within(timeout, self._handles[name].ready.remote())
         except TimeoutError:
@@ -1007,6 +1016,11 @@ async def _answer(ref: Any) -> Any:
         return await ref
     except Exception as exc:  # a host that is gone answers its stop with an error: fine
         return exc
+
+
+EXISTING_HOST_WAIT_S = 5.0
+"""How long a gateway's start waits for a host that already existed (another gateway's, or
+its own before a restart) to answer that it is ready, before leaving it to the supervisor."""
 
 
 def _not_started(failed: Mapping[str, str], s: RaySettings) -> str:

@@ -136,8 +136,10 @@ async def test_a_long_answer_is_not_held_in_the_state_yet_a_retry_returns_it(
     # From a fresh activation too, which folds the log (or a snapshot) again.
     other = await make_runtime([ConversationBehaviour([ScriptedProvider()])])
     third = await other.ask(conversation_key(cid), command)
+    # The same answer each time, never a second call (which would end " #2", or the other
+    # runtime's own provider's words): the provider may run in another process (Ray).
     assert isinstance(third, TurnResult) and third.content == first.content
-    assert long.calls == 1
+    assert first.content.endswith(" #1")
     # The same id from another workspace is the 404 of any conversation not its own.
     with pytest.raises(NotFound):
         await runtime.ask(conversation_key(cid), command.model_copy(update={"workspace_id": "w2"}))
