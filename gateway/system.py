@@ -84,10 +84,20 @@ class ReadinessProbe:
                     conn.terminate()
                     raise
         except (TimeoutError, Exception) as exc:
+            if isinstance(exc, TimeoutError) and _saturated(db.pool_stats()):
+                # Every pooled connection is at work: the database answers, this process is
+                # busy. Not ready would take every busy replica out of the Service at once,
+                # turning load into an outage; its requests wait for a connection instead.
+                self.ready, self.reason = True, "busy"
+                return True
             self.ready, self.reason = False, _reason(exc)
             return False
         self.ready, self.reason = True, "ok"
         return True
+
+
+def _saturated(stats: PoolStats) -> bool:
+    return stats.size >= stats.max and stats.idle == 0
 
 
 def _reason(exc: BaseException) -> str:
@@ -171,7 +181,7 @@ async def readyz(request: web.Request) -> web.Response:
     probe = request.app[READINESS]
     if not await probe.check(request.app.get(DATABASE)):
         raise Unavailable(f"not ready: {probe.reason}", code="database_unavailable")
-    return json_response(Readiness())
+    return json_response(Readiness(database="busy" if probe.reason == "busy" else "ok"))
 
 
 async def ping(request: web.Request) -> web.Response:

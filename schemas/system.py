@@ -20,7 +20,9 @@ class Health(BaseModel):
 
 class Readiness(BaseModel):
     status: Literal["ready"] = "ready"
-    database: Literal["ok"] = "ok"
+    database: Literal["ok", "busy"] = "ok"
+    """busy: every pooled connection is at work, so the probe could not borrow one in time
+    (the database answers the work; the process stays in service)."""
 
 
 class Pong(BaseModel):

@@ -10,6 +10,7 @@ import re
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -18,8 +19,10 @@ from multidict import CIMultiDict
 from platform_support import WHOAMI, running, settings_for, uid
 from yarl import URL
 
+from eventstore.db import Database, PoolStats
 from gateway import openapi, system
 from gateway.state import SETTINGS_SERVICE, TAILER
+from gateway.system import ReadinessProbe
 from schemas.errors import RateLimited
 
 
@@ -69,6 +72,31 @@ async def test_readyz_is_503_while_the_database_is_down_and_recovers(
                 break
             await asyncio.sleep(0.2)
         assert status == 200
+
+
+class _PoolOf:
+    """A database whose every connection stays borrowed (`size` open of `max`)."""
+
+    def __init__(self, size: int, max_size: int) -> None:
+        self.stats = PoolStats(size=size, idle=0, max=max_size)
+
+    def pool_stats(self) -> PoolStats:
+        return self.stats
+
+    @contextlib.asynccontextmanager
+    async def acquire(self, *, stateless: bool = False) -> AsyncIterator[Any]:
+        await asyncio.Event().wait()
+        yield None
+
+
+async def test_readiness_under_a_saturated_pool_is_busy_not_unavailable() -> None:
+    """Every replica under load would fail its probe at once: taken out of the Service
+    together, load became an outage. A pool that cannot open more is busy, not down."""
+    probe = ReadinessProbe(timeout_s=0.05)
+    assert await probe.check(cast(Database, _PoolOf(20, 20))) and probe.reason == "busy"
+    # A pool with room that still gets no connection in time: the database does not answer.
+    assert not await probe.check(cast(Database, _PoolOf(3, 20)))
+    assert probe.reason == "the database did not answer in time"
 
 
 async def test_healthz_is_503_once_the_log_tailer_has_died(database_url: str) -> None:

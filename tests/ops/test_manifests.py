@@ -268,15 +268,29 @@ def test_raycluster() -> None:
     assert worker["resources"]["limits"]
     for container in (head, worker):
         refs = {next(iter(ref.values()))["name"] for ref in container["envFrom"]}
-        assert refs == {"svc-settings", "svc-secrets"}  # actor hosts reach the store too
+        # The ConfigMap only: hosts get the database URL and model keys from the gateway, and
+        # a pod that reaches Ray's unauthenticated head must not find the secrets in it.
+        assert refs == {"svc-settings"}
 
 
-def test_kustomization_lists_every_manifest() -> None:
+def test_kustomization_lists_every_manifest_but_the_secrets_example() -> None:
+    """The Secret is created from a secret manager: an apply that carried the example would
+    overwrite the real database URL with a placeholder."""
     kustomization = _one_yaml(OPS / "kubernetes" / "kustomization.yaml")
     manifests = {
-        p.name for p in (OPS / "kubernetes").glob("*.yaml") if p.name != "kustomization.yaml"
+        p.name
+        for p in (OPS / "kubernetes").glob("*.yaml")
+        if p.name not in ("kustomization.yaml", "secret.example.yaml")
     }
     assert set(kustomization["resources"]) == manifests
+    applied = [doc for name in manifests for doc in _load_yaml(OPS / "kubernetes" / name)]
+    assert not [doc for doc in applied if doc.get("kind") == "Secret"]
+
+
+def test_only_the_namespaces_pods_reach_the_ray_pods() -> None:
+    policy = _k8s_objects()[("NetworkPolicy", "svc-ray-same-namespace-only")]["spec"]
+    assert policy["podSelector"] == {"matchLabels": {"ray.io/cluster": "svc-ray"}}
+    assert policy["ingress"] == [{"from": [{"podSelector": {}}]}]
 
 
 def test_every_alert_has_a_runbook() -> None:
