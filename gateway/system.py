@@ -73,8 +73,20 @@ class ReadinessProbe:
         self.timeout_s = timeout_s
         self.ready = False
         self.reason = "not checked yet"
+        self._checking: asyncio.Future[bool] | None = None
 
     async def check(self, db: Database | None) -> bool:
+        """Whether the database answers. Calls that come while a check runs share its answer:
+        a flood of probes (the endpoints need no key) borrows one connection, not one each."""
+        if self._checking is None:
+            self._checking = asyncio.ensure_future(self._check(db))
+            self._checking.add_done_callback(self._checked)
+        return await asyncio.shield(self._checking)
+
+    def _checked(self, _done: asyncio.Future[bool]) -> None:
+        self._checking = None
+
+    async def _check(self, db: Database | None) -> bool:
         if db is None:
             self.ready, self.reason = False, "the database is not open yet"
             return False
@@ -306,10 +318,11 @@ def _document_routes() -> None:
     doc(
         "GET",
         "/healthz",
-        summary="Liveness and version",
+        summary="Liveness and version (503 tailer_stopped once the log tailer has died)",
         tag="System",
         response=Health,
         auth="none",
+        extra_statuses=(503,),
     )
     doc(
         "GET",

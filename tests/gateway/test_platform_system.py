@@ -79,12 +79,14 @@ class _PoolOf:
 
     def __init__(self, size: int, max_size: int) -> None:
         self.stats = PoolStats(size=size, idle=0, max=max_size)
+        self.borrowed = 0
 
     def pool_stats(self) -> PoolStats:
         return self.stats
 
     @contextlib.asynccontextmanager
     async def acquire(self, *, stateless: bool = False) -> AsyncIterator[Any]:
+        self.borrowed += 1
         await asyncio.Event().wait()
         yield None
 
@@ -97,6 +99,10 @@ async def test_readiness_under_a_saturated_pool_is_busy_not_unavailable() -> Non
     # A pool with room that still gets no connection in time: the database does not answer.
     assert not await probe.check(cast(Database, _PoolOf(3, 20)))
     assert probe.reason == "the database did not answer in time"
+    # Probes that come together (they need no key) share one check, one connection.
+    flooded = _PoolOf(3, 20)
+    answers = await asyncio.gather(*(probe.check(cast(Database, flooded)) for _ in range(50)))
+    assert answers == [False] * 50 and flooded.borrowed == 1
 
 
 async def test_healthz_is_503_once_the_log_tailer_has_died(database_url: str) -> None:
@@ -200,6 +206,7 @@ async def test_openapi_document_says_what_the_routes_really_answer(database_url:
         assert "(admin:read)" in keys["summary"]
         revoke = doc["paths"]["/v1/admin/apikeys/{key_id}/revoke"]["post"]["responses"]
         assert {"409", "503"} <= set(revoke)
+        assert "503" in doc["paths"]["/healthz"]["get"]["responses"]  # tailer_stopped
         # A body may be too large; an authenticated route may meet the database down.
         for path, ops in doc["paths"].items():
             for method, op in ops.items():
