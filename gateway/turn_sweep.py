@@ -25,7 +25,7 @@ from actors.conversation import turn_lifetime
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
 from gateway.settings import Settings
-from projections.queries import RunningTurns, SweepWindow, stale_running_turns
+from projections.queries import RunningTurns, SweepKey, SweepWindow, stale_running_turns
 from schemas.commands import service_command_id
 from schemas.conversation import RecoverAbandonedTurns
 from schemas.errors import SvcError
@@ -79,6 +79,7 @@ class AbandonedTurnSweep:
         self._runtime = runtime
         self._swept: SweepWindow | None = None
         self._since_full = 0  # complete sweeps of the recent window since a full one
+        self._after: SweepKey | None = None  # where an unfinished sweep's last page ended
 
     async def sweep(self, now: datetime | None = None) -> int:
         """Ask the conversations of up to MAX_CONVERSATIONS stale running turns to record
@@ -88,12 +89,16 @@ class AbandonedTurnSweep:
         first = self._swept is None
         deep = not first and self._since_full >= FULL_SWEEP_EVERY
         window = self._window(now, deep)
-        stale = await stale_running_turns(self._db, window, limit=MAX_CONVERSATIONS)
+        stale = await stale_running_turns(
+            self._db, window, limit=MAX_CONVERSATIONS, after=self._after
+        )
         for turns in stale:
             await _recover(self._runtime, turns, now)
-        if len(stale) < MAX_CONVERSATIONS:  # else the next sweep goes on from the same point
-            self._swept = window
+        if len(stale) < MAX_CONVERSATIONS:
+            self._swept, self._after = window, None
             self._since_full = 0 if first or deep else self._since_full + 1
+        else:  # the next sweep goes on after this page, in the same window's terms
+            self._after = stale[-1].key
         if stale:
             count = sum(len(t.turn_ids) for t in stale)
             log.info("%d turn(s) running past their expiry: asking their conversations", count)

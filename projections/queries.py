@@ -299,6 +299,21 @@ class RunningTurns:
     workspace_id: str
     conversation_id: str
     turn_ids: tuple[str, ...]
+    due: datetime
+    """When its soonest turn went stale: with the ids, the key a sweep goes on after."""
+
+    @property
+    def key(self) -> SweepKey:
+        return SweepKey(self.due, self.workspace_id, self.conversation_id)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepKey:
+    """Where a sweep stopped, in its order (due, workspace, conversation)."""
+
+    due: datetime
+    workspace_id: str
+    conversation_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,10 +328,12 @@ class SweepWindow:
 
 
 async def stale_running_turns(
-    db: Database, window: SweepWindow, *, limit: int
+    db: Database, window: SweepWindow, *, limit: int, after: SweepKey | None = None
 ) -> list[RunningTurns]:
     """Turns still `running` in `window`, by conversation, soonest due first (by expiry, or
-    by start for the turns without one), up to `limit` conversations.
+    by start for the turns without one), up to `limit` conversations, those after `after`
+    (where the last page ended: conversations that stay stale, their command failing, must
+    not hold the first page for good).
 
     Across workspaces, as the table owner (row-level security does not apply): the
     service's own sweep of abandoned turns, never a client's read (gateway/turn_sweep.py).
@@ -327,7 +344,8 @@ async def stale_running_turns(
     async with db.acquire(stateless=True) as conn:
         rows = await conn.fetch(
             """
-            SELECT t.workspace_id, t.conversation_id, array_agg(t.turn_id ORDER BY t.turn_id)
+            SELECT t.workspace_id, t.conversation_id, array_agg(t.turn_id ORDER BY t.turn_id),
+                   min(t.due)
             FROM workspaces AS w
             CROSS JOIN LATERAL (
                 SELECT workspace_id, conversation_id, turn_id, expires_at AS due FROM turns
@@ -342,7 +360,9 @@ async def stale_running_turns(
                   AND started_at < $4 AND status = 'running'
             ) AS t
             GROUP BY t.workspace_id, t.conversation_id
-            ORDER BY min(t.due)
+            HAVING $6::timestamptz IS NULL
+                OR (min(t.due), t.workspace_id, t.conversation_id) > ($6, $7, $8)
+            ORDER BY min(t.due), t.workspace_id, t.conversation_id
             LIMIT $5
             """,
             expired_from,
@@ -350,8 +370,11 @@ async def stale_running_turns(
             started_from,
             started_until,
             limit,
+            None if after is None else after.due,
+            None if after is None else after.workspace_id,
+            None if after is None else after.conversation_id,
         )
-    return [RunningTurns(r[0], r[1], tuple(r[2])) for r in rows]
+    return [RunningTurns(r[0], r[1], tuple(r[2]), r[3]) for r in rows]
 
 
 async def get_workspace(db: Database, workspace_id: str) -> Workspace | None:

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from importlib import resources
+from typing import Any
 
 import aiohttp
 import pytest
@@ -27,7 +28,7 @@ from gateway.settings import Settings
 from gateway.state import DATABASE, RUNTIME, SETTINGS
 from gateway.turn_sweep import AbandonedTurnSweep
 from projections.queries import Turn, analytics, list_turns, overview
-from schemas.errors import InvalidInput
+from schemas.errors import InvalidInput, Unavailable
 
 MODEL = "stub-model"
 LATER = timedelta(minutes=10)
@@ -115,6 +116,46 @@ async def test_a_turn_whose_row_came_after_its_window_is_found_by_a_full_sweep(
             assert await sweep(now + 4 * LATER) == 1  # the full sweep
             await _turn(sweeper, workspace, conversation, "failed")
             resp.close()
+
+
+class _FailingFor:
+    """The runtime, but a tell to one conversation always fails (its host is gone, say)."""
+
+    def __init__(self, runtime: Any, conversation: str) -> None:
+        self._runtime, self._conversation = runtime, conversation
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runtime, name)
+
+    async def tell(self, key: Any, command: Any) -> None:
+        if key.id == self._conversation:
+            raise Unavailable("the conversation's host is unavailable")
+        await self._runtime.tell(key, command)
+
+
+async def test_a_conversation_that_stays_stale_does_not_hold_the_sweep_back(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full page sent the next sweep back to the same first page: conversations whose
+    recovery kept failing held it, and the turns after them were never asked about."""
+    monkeypatch.setattr(turn_sweep, "MAX_CONVERSATIONS", 1)
+    workspace = uid("ws-")
+    async with StallingUpstream(MODEL).running() as stub:
+        settings = _settings(database_url, stub.base_url)
+        async with running(settings) as stopped, running(settings) as sweeper:
+            key, _ = await stopped.issue_key(workspace, ["chat"])
+            first, stuck = await _start_stalled_turn(stopped, key)
+            second, later = await _start_stalled_turn(stopped, key)
+            await _turn(sweeper, workspace, later, "running")
+            runtime = _FailingFor(sweeper.app[RUNTIME], stuck)
+            sweep = AbandonedTurnSweep(sweeper.app[SETTINGS], sweeper.app[DATABASE], runtime)
+            now = datetime.now(UTC) + LATER
+            assert await sweep.sweep(now) == 1  # the stuck one: its tell fails
+            assert await sweep.sweep(now) == 1  # then the one after it
+            await _turn(sweeper, workspace, later, "failed")
+            assert (await _turn(sweeper, workspace, stuck, "running")).status == "running"
+            first.close()
+            second.close()
 
 
 async def test_a_turn_still_running_here_is_left_to_finish(database_url: str) -> None:
