@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 
 from prometheus_client import Gauge, Histogram
 
@@ -64,7 +63,6 @@ class OpenTxAgeSampler:
                 await self.sample()
             except StoreError as exc:
                 log.warning("could not sample the oldest open transaction: %s", exc.message)
-                OLDEST_OPEN_TX_AGE.set(math.nan)  # unknown, not the last value
             await asyncio.sleep(self._interval_s)
 
     def start(self) -> None:

@@ -5,8 +5,6 @@ Labelled by projection name only: a projector's name is configuration, never ten
 
 from __future__ import annotations
 
-import math
-
 from prometheus_client import Gauge
 
 LAG_EVENTS = Gauge(
@@ -25,13 +23,6 @@ STALLED = Gauge(
     "1 while the projection is stopped on an event it cannot apply (see the log), else 0.",
     ["projection"],
 )
-
-
-def lag_unknown(name: str) -> None:
-    """The lag could not be sampled (the database did not answer): NaN, not the last value,
-    which said "caught up" through a whole outage on the dashboards."""
-    LAG_EVENTS.labels(projection=name).set(math.nan)
-    LAG_SECONDS.labels(projection=name).set(math.nan)
 
 
 def record_lag(name: str, events: int, seconds: float, stalled: bool) -> None:

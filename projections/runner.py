@@ -439,8 +439,6 @@ class ProjectionRunner:
                 await self.status()
             except StoreError as exc:
                 log.warning("could not sample projection lag: %s", exc.message)
-                for name in self._slots:
-                    metrics.lag_unknown(name)
             await asyncio.sleep(self._metrics_interval_s)
 
     async def _notify_progress(self) -> None:

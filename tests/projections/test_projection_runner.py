@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -627,30 +626,3 @@ async def test_batches_cut_by_bytes_project_and_rebuild_every_event(
             )
         assert await tight.rebuild(projector.name) == log_size
     assert await _dump(db) == expected
-
-
-async def test_a_lag_that_cannot_be_sampled_is_unknown_not_the_last(
-    db: Database, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Through a database outage the gauges kept their last value: "caught up" on every
-    dashboard while nothing was known."""
-    from projections import metrics as projection_metrics
-
-    runner = ProjectionRunner(db, default_projectors(), metrics_interval_s=3600)
-    projection_metrics.record_lag("messages", 0, 0.0, stalled=False)
-
-    async def unavailable() -> None:
-        raise StoreUnavailable("the event store database is unavailable")
-
-    monkeypatch.setattr(runner, "status", unavailable)
-    monkeypatch.setattr(runner, "_running", True)
-    sampling = asyncio.create_task(runner._sample_metrics())
-    try:
-        async with asyncio.timeout(10):
-            while True:  # its first round fails at once
-                lag = projection_metrics.LAG_SECONDS.labels(projection="messages")._value.get()
-                if math.isnan(lag):
-                    break
-                await asyncio.sleep(0.01)
-    finally:
-        await cancel_and_wait(sampling)
