@@ -64,7 +64,8 @@ class GatewayCollector(Collector):
         )
         yield GaugeMetricFamily(
             "svc_ready",
-            "1 when the database answered the last readiness check, else 0.",
+            "1 when the last readiness check found the database answering, or the pool "
+            "saturated (busy), else 0.",
             value=1.0 if self._ready() else 0.0,
         )
         yield from self._pool()

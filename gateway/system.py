@@ -51,15 +51,18 @@ _SECRET_NAME = re.compile(r"(?i)(pass|secret|token|key|auth|cookie|session|crede
 # taken whole (possessive), so the time grows with the text's length, never with its square
 # or cube (`token.` repeated through an 8 KB URL took minutes with nested runs).
 _SECRET_TEXT = re.compile(
-    r"(?i)((?<![A-Za-z0-9_\-])svc_[A-Za-z0-9_\-]{16,}+|bearer\s++\S++"
+    r"(?i)(svc_[A-Za-z0-9_\-]{16,}+|bearer\s++\S++"
     r"|(?<![a-z])[a-z]++://[^\s/:@]++:[^\s/@]++@"
-    # A JSON Web Token (an OIDC access or ID token): three base64url parts, the first JSON.
-    r"|(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]*+)"
+    # A JSON Web Token (an OIDC access or ID token): three base64url parts, the first JSON;
+    # at a token's start, also after a percent-encoded byte or an escaped line break.
+    r"|(?:(?<![A-Za-z0-9_\-])|(?<=%[0-9A-Fa-f]{2})|(?<=\\[nrt]))"
+    r"eyJ[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]*+)"
 )
 # name=value with a secret's name (a cookie header a page logged, `svc_session=...`; a query
 # string's `access_token=...`): the value goes, the name stays to say what was there. Every
-# name=value pair is matched, then its name looked at (`_secret_pair`).
-_PAIR = re.compile(r"(?i)(?<![a-z0-9_.\-])([a-z0-9_.\-]++)=([^\s;&,\"']++)")
+# `name=` is looked at, inside other pairs' values too (`?next=/cb?access_token=...`).
+_NAME_EQ = re.compile(r"(?i)(?<![a-z0-9_.\-])([a-z0-9_.\-]++)=")
+_VALUE = re.compile(r"[^\s;&,\"']++")
 _SECRET_PAIR_NAME = re.compile(r"(?i)session|csrf|token|secret|passw(?:or)?d|api[_\-]?key")
 _BASIC = re.compile(r"(?i)\bbasic\s+([A-Za-z0-9+/]{4,}={0,2})(?![A-Za-z0-9+/=])")
 _LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40}
@@ -214,13 +217,22 @@ async def server_time(request: web.Request) -> web.Response:
 def redact(text: str, secrets: Sequence[str]) -> str:
     for value in secrets:
         text = text.replace(value, REDACTED)
-    text = _PAIR.sub(_secret_pair, text)
+    text = _without_secret_pairs(text)
     return _BASIC.sub(_basic_credentials, _SECRET_TEXT.sub(REDACTED, text))
 
 
-def _secret_pair(match: re.Match[str]) -> str:
-    name = match.group(1)
-    return f"{name}={REDACTED}" if _SECRET_PAIR_NAME.search(name) else match.group(0)
+def _without_secret_pairs(text: str) -> str:
+    kept: list[str] = []
+    done = 0
+    for name in _NAME_EQ.finditer(text):  # each search goes on right after the `=`
+        if name.start() < done or not _SECRET_PAIR_NAME.search(name.group(1)):
+            continue
+        value = _VALUE.match(text, name.end())
+        if value is not None:
+            kept += [text[done : name.end()], REDACTED]
+            done = value.end()
+    kept.append(text[done:])
+    return "".join(kept)
 
 
 def _basic_credentials(match: re.Match[str]) -> str:

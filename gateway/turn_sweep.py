@@ -80,6 +80,7 @@ class AbandonedTurnSweep:
         self._swept: SweepWindow | None = None
         self._since_full = 0  # complete sweeps of the recent window since a full one
         self._after: SweepKey | None = None  # where an unfinished sweep's last page ended
+        self._pass: SweepWindow | None = None  # the window of its first page
 
     async def sweep(self, now: datetime | None = None) -> int:
         """Ask the conversations of up to MAX_CONVERSATIONS stale running turns to record
@@ -94,11 +95,14 @@ class AbandonedTurnSweep:
         )
         for turns in stale:
             await _recover(self._runtime, turns, now)
+        begun = self._pass or window
         if len(stale) < MAX_CONVERSATIONS:
-            self._swept, self._after = window, None
+            # Done as of the pass's first page: turns that reached the read model behind the
+            # key meanwhile are within the next sweep's window, which starts from there.
+            self._swept, self._after, self._pass = begun, None, None
             self._since_full = 0 if first or deep else self._since_full + 1
-        else:  # the next sweep goes on after this page, in the same window's terms
-            self._after = stale[-1].key
+        else:  # the next sweep goes on after this page
+            self._after, self._pass = stale[-1].key, begun
         if stale:
             count = sum(len(t.turn_ids) for t in stale)
             log.info("%d turn(s) running past their expiry: asking their conversations", count)

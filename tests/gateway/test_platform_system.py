@@ -373,6 +373,18 @@ def test_redaction_of_hostile_text_takes_one_pass() -> None:
     assert system.redact("see https://u:pw@host/x and svc_" + "A" * 40, ()) == (
         "see [redacted]host/x and [redacted]"
     )
+    # A secret pair inside another pair's value, keys and tokens after encoded bytes.
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig"
+    for text, shown in (
+        ("?next=/cb?access_token=SECRET", "?next=/cb?access_token=[redacted]"),
+        ("/cb?lang=en#access_token=SECRET", "/cb?lang=en#access_token=[redacted]"),
+        ("a=b=token=SECRET", "a=b=token=[redacted]"),
+        ("q=%3Dsvc_" + "A" * 20, "q=%3D[redacted]"),
+        ("Authorization%3A%20Bearer%20svc_" + "C" * 20, "Authorization%3A%20Bearer%20[redacted]"),
+        ("data%3D" + jwt, "data%3D[redacted]"),
+        ("\\n" + jwt, "\\n[redacted]"),
+    ):
+        assert system.redact(text, ()) == shown, text
 
 
 async def test_client_log_redacts_names_basic_credentials_and_stored_secrets(

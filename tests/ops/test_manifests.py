@@ -290,7 +290,7 @@ def test_kustomization_lists_every_manifest_but_the_secrets_example() -> None:
 def test_only_the_namespaces_pods_reach_the_ray_pods() -> None:
     policy = _k8s_objects()[("NetworkPolicy", "svc-ray-same-namespace-only")]["spec"]
     assert policy["podSelector"] == {"matchLabels": {"ray.io/cluster": "svc-ray"}}
-    assert policy["ingress"] == [{"from": [{"podSelector": {}}]}]
+    assert policy["ingress"] == [{"from": [{"podSelector": {}}]}, {"ports": [{"port": 8080}]}]
 
 
 def test_every_alert_has_a_runbook() -> None:
