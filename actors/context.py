@@ -299,10 +299,13 @@ class Activation(Generic[S]):
         result = await self._store.processed(command_id, workspace_id)
         if result is None or result.stream_id != self._key.stream_id:
             return ()
-        first_run = await self._store.read_stream(
+        return tuple(self._decode(r) for r in await self._appended_by(result))
+
+    async def _appended_by(self, result: AppendResult) -> list[RecordedEvent]:
+        """The events of this stream that the append `result` names."""
+        return await self._require_store().read_stream(
             self._key.stream_id, result.first_version, to_version=result.last_version
         )
-        return tuple(self._decode(r) for r in first_run)
 
     async def _moved_since_read(self) -> bool:
         try:
@@ -322,10 +325,7 @@ class Activation(Generic[S]):
                 code="idempotency_key_reused",
             )
         await self._catch_up()
-        store = self._require_store()
-        first_run = await store.read_stream(
-            self._key.stream_id, result.first_version, to_version=result.last_version
-        )
+        first_run = await self._appended_by(result)
         if first_run and not _same_request(command, first_run[0]):
             raise Conflict(
                 f"command id {command.command_id!r} was already used for another request "
