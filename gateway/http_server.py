@@ -16,12 +16,9 @@ test_platform_errors.py sends such requests, so an aiohttp upgrade that moves th
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import unquote, unquote_plus
 
 from aiohttp import web
 from aiohttp.web_log import AccessLogger
@@ -37,7 +34,7 @@ from gateway.errors import (
 )
 from gateway.security import client_ip
 from gateway.state import SETTINGS
-from gateway.system import REDACTED, redact
+from gateway.system import redact
 
 log = logging.getLogger(__name__)
 
@@ -158,38 +155,8 @@ class _AsLogged:
     def _redacted(self, url: str) -> str:
         request = self._request
         if isinstance(request, web.Request) and SETTINGS in request.app:
-            url = _without_secret_values(url, request.app[SETTINGS].secret_values())
-        return redact(url, ())
-
-
-def _without_secret_values(url: str, secrets: Sequence[str]) -> str:
-    """`url` with every secret setting's value in it redacted, however it is percent-encoded.
-    The decoded URL is searched first (a substring test a secret): one that holds none, nearly
-    every one, costs no more, and no pattern is built for a secret never met."""
-    if not secrets:
-        return url
-    decoded = {unquote(url), unquote_plus(url)}
-    found = tuple(v for v in secrets if any(v in text for text in decoded))
-    return _in_a_url(found).sub(REDACTED, url) if found else url
-
-
-@functools.lru_cache(maxsize=16)
-def _in_a_url(secrets: tuple[str, ...]) -> re.Pattern[str]:
-    """The secrets however a URL may carry them: each character as it is or percent-encoded
-    (either case of hex; a space also as `+`), as clients encode some characters and not
-    others. Longest first (as given): a secret that holds another goes whole."""
-    return re.compile("|".join(_spelled_in_urls(v) for v in secrets))
-
-
-def _spelled_in_urls(secret: str) -> str:
-    def one(char: str) -> str:
-        escaped = "".join(f"%{byte:02X}" for byte in char.encode())
-        forms = [re.escape(char), "(?i:" + re.escape(escaped) + ")"]
-        if char == " ":
-            forms.append(r"\+")
-        return "(?:" + "|".join(forms) + ")"
-
-    return "".join(one(char) for char in secret)
+            return redact(url, request.app[SETTINGS].secret_values())
+        return redact(url, ())  # refused by the parser before any application saw it
 
 
 class GatewayAccessLogger(AccessLogger):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import logging
 import re
 import time
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
+from urllib.parse import unquote, unquote_plus
 
 import orjson
 from aiohttp import web
@@ -215,10 +217,41 @@ async def server_time(request: web.Request) -> web.Response:
 
 
 def redact(text: str, secrets: Sequence[str]) -> str:
-    for value in secrets:
-        text = text.replace(value, REDACTED)
+    """`text` without `secrets` (the secret settings' values, as they are or however a URL
+    encodes them) and without what looks like a credential."""
+    text = _without_secret_values(text, secrets)
     text = _without_secret_pairs(text)
     return _BASIC.sub(_basic_credentials, _SECRET_TEXT.sub(REDACTED, text))
+
+
+def _without_secret_values(text: str, secrets: Sequence[str]) -> str:
+    """`text` with every one of `secrets` in it redacted, however it is percent-encoded.
+    The decoded text is searched first (a substring test a secret): text that holds none,
+    nearly all, costs no more, and no pattern is built for a secret never met."""
+    if not secrets:
+        return text
+    decoded = {unquote(text), unquote_plus(text)}
+    found = tuple(v for v in secrets if any(v in plain for plain in decoded))
+    return _in_a_url(found).sub(REDACTED, text) if found else text
+
+
+@functools.lru_cache(maxsize=16)
+def _in_a_url(secrets: tuple[str, ...]) -> re.Pattern[str]:
+    """The secrets however a URL may carry them: each character as it is or percent-encoded
+    (either case of hex; a space also as `+`), as clients encode some characters and not
+    others. Longest first (as given): a secret that holds another goes whole."""
+    return re.compile("|".join(_spelled_in_urls(v) for v in secrets))
+
+
+def _spelled_in_urls(secret: str) -> str:
+    def one(char: str) -> str:
+        escaped = "".join(f"%{byte:02X}" for byte in char.encode())
+        forms = [re.escape(char), "(?i:" + re.escape(escaped) + ")"]
+        if char == " ":
+            forms.append(r"\+")
+        return "(?:" + "|".join(forms) + ")"
+
+    return "".join(one(char) for char in secret)
 
 
 def _without_secret_pairs(text: str) -> str:
