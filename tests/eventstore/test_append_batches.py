@@ -169,8 +169,9 @@ async def test_a_retry_racing_its_uncommitted_first_attempt_gets_the_first_resul
             WS, command, s, 0, [event.event_id], [event.type], [1], [event.data], [{}],
         )  # fmt: skip
         retry = asyncio.create_task(append(store, s, ev(), command_id=command))
-        await asyncio.sleep(0.3)
-        assert not retry.done()  # waiting on the first attempt's ledger row
+        async with store_db.acquire() as admin:
+            await waiting_append(admin)  # on the first attempt's ledger row
+        assert not retry.done()
         await tx.commit()
     result = await asyncio.wait_for(retry, timeout=30)
     assert result.duplicate
@@ -212,8 +213,9 @@ async def test_a_batch_losing_a_race_for_one_stream_fails_only_that_append(
         batch = asyncio.create_task(
             together(append(store), append(store, contested, ev(n=1)), append(store, other))
         )
-        await asyncio.sleep(0.3)
-        assert not batch.done()  # the batch waits on the rival's uncommitted version 1
+        async with store_db.acquire() as admin:
+            await waiting_append(admin)  # on the rival's uncommitted version 1
+        assert not batch.done()
         await tx.commit()
     results = await asyncio.wait_for(batch, timeout=30)
     assert isinstance(results[1], ConcurrencyConflict)
@@ -253,8 +255,9 @@ async def test_a_batched_retry_racing_its_uncommitted_first_attempt_gets_the_fir
                 append(store), append(store, s, ev(), command_id=command), append(store, other)
             )
         )
-        await asyncio.sleep(0.3)
-        assert not batch.done()  # waiting on the first attempt's ledger row
+        async with store_db.acquire() as admin:
+            await waiting_append(admin)  # on the first attempt's ledger row
+        assert not batch.done()
         await tx.commit()
     results = await asyncio.wait_for(batch, timeout=30)
     retry, written = results[1], results[2]
@@ -396,14 +399,15 @@ async def test_the_append_functions_leave_the_callers_lock_timeout_as_it_was(
         assert await conn.fetchval("SHOW lock_timeout") == "7s"
 
 
-_WAITING_APPEND = """
+_WAITING_APPEND = r"""
 SELECT pid FROM pg_stat_activity
-WHERE wait_event_type = 'Lock' AND query LIKE '%svc_append(%' AND pid <> pg_backend_pid()
+WHERE wait_event_type = 'Lock' AND query ~ 'svc_append(_set)?\(' AND pid <> pg_backend_pid()
 """
 
 
 async def waiting_append(admin: Any) -> int:
-    """The backend of the append that waits on a lock; polled, for 30 s at most."""
+    """The backend of the append (alone or in a set) that waits on a lock; polled, for 30 s
+    at most."""
     for _ in range(3000):
         pid: int | None = await admin.fetchval(_WAITING_APPEND)
         if pid is not None:

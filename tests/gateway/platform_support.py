@@ -4,6 +4,7 @@ the session's PostgreSQL, and keys issued through the workspace actor."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 import uuid
@@ -57,6 +58,18 @@ async def wait_healthy(base: str, server: asyncio.subprocess.Process) -> None:
                 pass
             await asyncio.sleep(0.1)
     raise AssertionError("svc serve did not become healthy")
+
+
+async def access_logged(records: Sequence[logging.LogRecord], needle: str) -> None:
+    """Until the access log has a line naming `needle`: aiohttp writes it once the request's
+    handler has returned and its answer was sent or found undeliverable, the positive sign a
+    test needs before it checks that nothing else (an error line, a counter) followed."""
+    async with asyncio.timeout(10):
+        while True:
+            lines = (r.getMessage() for r in records if r.name == "aiohttp.access")
+            if any(needle in line for line in lines):
+                return
+            await asyncio.sleep(0.02)
 
 
 def settings_for(database_url: str, **env: str) -> Settings:

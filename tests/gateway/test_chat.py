@@ -1378,6 +1378,7 @@ async def test_cursor_header_gives_read_your_writes(chat: Chat) -> None:
 async def test_disconnect_before_the_first_delta_still_records_the_turn(
     chat: Chat, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
     chat.stub.delay_s = 1.0
     key = uid("idem-")
     body = {"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True}
@@ -1389,5 +1390,10 @@ async def test_disconnect_before_the_first_delta_still_records_the_turn(
     text = await resp.text()
     assert resp.status == 200 and "tok4" in text and text.rstrip().endswith("data: [DONE]")
     assert chat.stub.calls == 1
-    await asyncio.sleep(0.5)
+    async with asyncio.timeout(10):  # both requests' handlers have returned
+        while True:
+            lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+            if sum("POST /v1/chat/completions" in line for line in lines) >= 2:
+                break
+            await asyncio.sleep(0.02)
     assert not [r for r in caplog.records if r.levelname == "ERROR"]

@@ -13,6 +13,7 @@ from test_admin_support import Frame, Service, SseReader, now, open_feed, servic
 
 from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
 from gateway import feeds
+from gateway.auth import RECHECK
 from gateway.state import DATABASE, STORE
 
 __all__ = ["service"]
@@ -368,9 +369,21 @@ async def test_valid_keys_keep_their_feeds_across_checks(
     fast_sweeps(service, monkeypatch)
     ws, admin = await new_workspace(service)
     _, key = await new_key(service, admin, ["admin:read"], rate_limit_rpm=2)
+    checks = []
+    authorize = feeds._authorize
+
+    async def counted(request: Any, spec: Any) -> Any:
+        checks.append(request.get(RECHECK, False))
+        return await authorize(request, spec)
+
+    monkeypatch.setattr(feeds, "_authorize", counted)
     resp, reader = await open_feed(service, EVENTS, key, start="latest")
     await reader.frame()
-    await asyncio.sleep(1.0)  # about ten checks
+    async with asyncio.timeout(10):
+        while True:  # more checks than the key's rate allows a minute
+            if sum(checks) >= 3:
+                break
+            await asyncio.sleep(0.05)
     last = await service.append_pings(ws, 1)
     (frame,) = await reader.events(1)
     resp.close()

@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import aiohttp
 import pytest
+from platform_support import access_logged
 from test_admin_support import (
     Frame,
     Service,
@@ -872,9 +873,12 @@ async def test_a_closed_client_leaves_the_fan_out(
     assert hub.connection_count == 0
 
 
-async def test_a_feed_its_client_closes_is_no_hang_up(service: Service) -> None:
+async def test_a_feed_its_client_closes_is_no_hang_up(
+    service: Service, caplog: pytest.LogCaptureFixture
+) -> None:
     """A feed ends when its client leaves: that is no error to count (a JSON request left
     unanswered is, as a 499)."""
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
     key = await service.issue_key(uid("ws-"))
     hang_ups = HTTP_ERRORS.labels(status="499")
     before = hang_ups._value.get()
@@ -887,5 +891,5 @@ async def test_a_feed_its_client_closes_is_no_hang_up(service: Service) -> None:
             if not hub.connection_count:
                 break
             await asyncio.sleep(0.05)
-    await asyncio.sleep(0.2)  # and the middleware has seen the handler's response
+    await access_logged(caplog.records, f"GET {EVENTS}")  # the middleware has seen it end
     assert hang_ups._value.get() == before

@@ -66,14 +66,26 @@ from yarl import URL
 
 from eventstore.cursor import LogPoint, encode_cursor
 from gateway.settings import CATALOG
-from gateway.state import PROJECTIONS, SETTINGS, STORE
+from gateway.state import CURSORS, PROJECTIONS, SETTINGS, STORE
 from gateway.system import CLIENT_LOG_LIMITER
 
 ALL_SCOPES = ("*", "admin:read", "admin:write", "mcp", "chat")
 TIMEOUT = aiohttp.ClientTimeout(total=10)
 CONCURRENCY = 8
+MIN_OPERATIONS = 72
+VALID_SETTING_BY_TYPE = {"duration": "30s", "enum": "chat"}
+"""A valid value of the settings swept, by type where "1" is not one."""
 UPSTREAM_MODEL = "stub-model"
 SCIM_PREFIX = "/scim/v2"
+REFUSED_BASES = {
+    ("GET /saml/login", "query valid base"): '"feature_disabled"',  # SAML is off by default
+    # A code matches for 30 s of one enrolled secret: a mismatch is as deep as a fixed one goes.
+    ("POST /v1/admin/auth/totp/verify", "body valid base"): '"totp_mismatch"',
+    # RFC 7644's value filters in a PATCH path are not evaluated (docs/identity.md).
+    (f"PATCH {SCIM_PREFIX}/Users/{{id}}", "body valid variant: filtered path"): "invalidPath",
+}
+"""Valid requests refused as far into their handler as a fixed request can get, with the
+text their answer must hold."""
 SCIM_USER_SCHEMA = "urn:ietf:params:scim:schemas:core:2.0:User"
 SCIM_PATCH_SCHEMA = "urn:ietf:params:scim:api:messages:2.0:PatchOp"
 SCIM_SEARCH_SCHEMA = "urn:ietf:params:scim:api:messages:2.0:SearchRequest"
@@ -371,6 +383,12 @@ class Sweep:
         base = self.body_bases.get(op.label)
         return (None, None) if base is None else (dump(base), JSON)
 
+    def body_base(self, op: Operation, path: dict[str, str]) -> dict[str, Any] | None:
+        """The valid body at these path values: a setting's value must suit its key."""
+        if op.label == "PUT /v1/admin/settings/{key}":
+            return {"value": VALID_SETTING_BY_TYPE.get(CATALOG[path["key"]].type, "1")}
+        return self.body_bases.get(op.label)
+
 
 def fill(template: str, values: dict[str, str]) -> str:
     return re.sub(r"\{([^}]+)\}", lambda m: values.get(m.group(1), "probe-unknown"), template)
@@ -469,7 +487,7 @@ def body_probes(
     on them (broken documents, every property at once), sent once per operation."""
     path = with_query(fill(op.template, base_path), sweep.query(op))
     auth = sweep.credentials(op)
-    base = sweep.body_bases.get(op.label)
+    base = sweep.body_base(op, base_path)
     props = properties(op, base or {}, sweep)
     if whole:
         for label, raw, content_type in RAW_BODIES:
@@ -716,6 +734,19 @@ def judge(probe: Probe, answer: Answer) -> Failure | None:
     return None
 
 
+def refused_bases(answers: list[tuple[Probe, Answer]]) -> list[str]:
+    """The valid requests each mutation starts from that were not accepted: a base gone
+    stale (a renamed field, say) would stop every mutation of its operation at the first
+    validation error, and the sweep would no longer reach the handlers behind it."""
+    return [
+        f"{probe.op.label} ({probe.kind}): {answer.status} {answer.text[:200]}"
+        for probe, answer in answers
+        if "valid" in probe.kind.split(":")[0].split()
+        and answer.status >= 400
+        and REFUSED_BASES.get((probe.op.label, probe.kind), "\0") not in answer.text
+    ]
+
+
 async def send_all(
     http: aiohttp.ClientSession, base: str, probes: list[Probe]
 ) -> list[tuple[Probe, Answer]]:
@@ -939,7 +970,6 @@ def body_bases(login_user: str, scim_user: str) -> dict[str, dict[str, Any]]:
         "POST /v1/admin/oauth/clients": {"name": "probe-client", "scopes": ["chat"]},
         "POST /v1/admin/roles": {"name": "probe.role", "permissions": {"agents": "read"}},
         "POST /v1/admin/scim/token": {"action": "issue"},
-        "PUT /v1/admin/settings/{key}": {"value": "1"},
         "POST /v1/admin/users": {
             "user_name": f"probe-user-{UNIQUE}",
             "password": PASSWORD,
@@ -1066,7 +1096,8 @@ async def prepare(sweep: Sweep, ops: list[Operation]) -> None:
             sweep.sessions[op.label] = await new_session(sweep, session_user)
     sweep.body_bases = body_bases(login_user, uid("scim-"))
     sweep.body_variants = body_variants()
-    sweep.query_bases = query_bases(conversation_id, await svc.app[STORE].head(), scim_user)
+    head = svc.app[CURSORS].seal(await svc.app[STORE].head())  # as clients are given it
+    sweep.query_bases = query_bases(conversation_id, head, scim_user)
     # The client-log route allows 60 requests a minute per address: enough for any browser,
     # too few for a sweep that wants to reach its validation each time.
     svc.app[CLIENT_LOG_LIMITER].per_minute = 1_000_000
@@ -1127,6 +1158,8 @@ async def test_hostile_input_gets_a_4xx_never_a_5xx(
     report = printed_verdict("hostile-input sweep", answers, records, len(ops))
     assert ready == 200, "the service is not ready after the sweep"
     assert not report, report
+    assert len(ops) >= MIN_OPERATIONS, f"the document lists {len(ops)} operations"
+    assert not (stale := refused_bases(answers)), "\n".join(stale)
 
 
 # -- SAML, enabled ----------------------------------------------------------------------------

@@ -158,6 +158,7 @@ def test_ctrl_c_while_a_value_is_awaited_on_stdin_exits_130_at_once(data_dir: Pa
             if _blocked_reading_stdin(proc.pid) or proc.poll() is not None:
                 break
             time.sleep(0.05)
+        assert _blocked_reading_stdin(proc.pid), "the command never waited on its input"
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:

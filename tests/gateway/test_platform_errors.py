@@ -13,7 +13,15 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
-from platform_support import BOOM, ECHO, STORE_BOOM, Running, running, settings_for
+from platform_support import (
+    BOOM,
+    ECHO,
+    STORE_BOOM,
+    Running,
+    access_logged,
+    running,
+    settings_for,
+)
 from yarl import URL
 
 from gateway import errors as gateway_errors
@@ -274,6 +282,7 @@ async def test_a_body_cut_short_by_the_client_is_not_a_server_error(
 ) -> None:
     async with running(settings_for(database_url)) as svc:
         port = URL(svc.base).port
+        caplog.set_level(logging.INFO, logger="aiohttp.access")
         with caplog.at_level(logging.INFO):
             _, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(
@@ -285,7 +294,7 @@ async def test_a_body_cut_short_by_the_client_is_not_a_server_error(
             writer.close()
             status, _, _ = await svc.request("GET", "/healthz")
             assert status == 200
-            await asyncio.sleep(0.2)  # the cut-short request's handler has finished
+            await access_logged(caplog.records, f"POST {ECHO}")  # its handler has finished
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 

@@ -104,11 +104,25 @@ async def test_a_cancelled_caller_does_not_cancel_the_shared_load() -> None:
     assert source.loads == 1
 
 
-async def test_none_is_never_kept_and_expiry_reads_again() -> None:
-    source, cache = Source(), new_cache(ttl_s=0.0)
-    assert await source.ask(cache, "missing") is None
-    assert await source.ask(cache, "missing") is None
+async def test_none_is_never_kept_while_a_value_is() -> None:
+    source, cache = Source(), new_cache()
+    source.values["a"] = "A"
+    for _ in range(2):
+        assert await source.ask(cache, "missing") is None
+        assert await source.ask(cache, "a") == "A"
+    assert source.loads == 3  # "missing" twice, "a" once
+
+
+async def test_an_expired_value_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("gateway.ttl_cache.time.monotonic", lambda: now[0])
+    source, cache = Source(), new_cache(ttl_s=5.0)
     source.values["a"] = "A"
     await source.ask(cache, "a")
+    now[0] += 4.9
     await source.ask(cache, "a")
-    assert source.loads == 4
+    assert source.loads == 1
+    source.values["a"] = "B"
+    now[0] += 0.2
+    assert await source.ask(cache, "a") == "B"
+    assert source.loads == 2

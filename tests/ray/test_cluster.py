@@ -267,6 +267,15 @@ def conversation_on(runtime: RayRuntime, host: str) -> ActorKey:
             return key
 
 
+async def until_busy(runtime: RayRuntime, what: str) -> None:
+    """Until a host runs a command: what a test sends next must find it running."""
+    for _ in range(600):  # 30 s at most
+        if (await runtime.stats()).busy:
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail(f"not running within 30 s: {what}")
+
+
 async def test_scale_in_waits_for_a_turn_running_on_the_host_it_removes(
     cluster_runtime: Any, store: PostgresEventStore
 ) -> None:
@@ -279,7 +288,7 @@ async def test_scale_in_waits_for_a_turn_running_on_the_host_it_removes(
     surplus = f"{runtime.cluster}-host-1"
     key = conversation_on(runtime, surplus)
     turn = asyncio.create_task(runtime.ask(key, run_turn()))  # 25 deltas: about 2 s
-    await asyncio.sleep(0.5)
+    await until_busy(runtime, "the turn running on the surplus host")
     result = await runtime.scale(1)
     assert isinstance(await turn, TurnResult)
     assert result["shards_moved"] == NUM_SHARDS // 2 and result["removed"] == [surplus]
@@ -467,7 +476,7 @@ async def test_the_retry_deadline_counts_from_the_failure_not_from_the_send(
     (key,) = counter_keys(1)
     slow = AddToCounter(command_id=uuid.uuid4().hex, workspace_id=WS, amount=1, delay_s=6.0)
     running = asyncio.create_task(runtime.ask(key, slow))
-    await asyncio.sleep(0.3)
+    await until_busy(runtime, "the slow command")
     queued = asyncio.create_task(runtime.ask(key, add(2)))
     await asyncio.sleep(5.5)  # queued past the deadline, still behind the slow command
     (host,) = (await runtime.status())["hosts"]
