@@ -49,6 +49,21 @@ class CommandInterrupted(RuntimeStopping):
         )
 
 
+class AnswerAbandoned(RuntimeStopping):
+    """This process stopped waiting for a command that goes on in an actor host it does not
+    stop (a shared Ray cluster): the command is recorded there, so the same command id (the
+    same Idempotency-Key) returns its result, from any instance."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or "this instance stopped before the answer came; the request goes on in the "
+            "actor cluster and is recorded there: send it again, to another instance or after "
+            "the restart, with the same Idempotency-Key to get its answer (without one it runs "
+            "again as a new request)"
+        )
+
+
 class RuntimeNotStarted(Unavailable):
     default_code = "runtime_not_started"
 

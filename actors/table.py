@@ -64,6 +64,10 @@ class StopSummary:
     """Commands still running at the deadline, cancelled (their callers get CommandInterrupted)."""
     refused: int
     """Commands queued behind others, failed with RuntimeStopping without running."""
+    left_running: int = 0
+    """Commands still running at the deadline in actor hosts the stopping process does not
+    stop (a shared Ray cluster): they go on, and are recorded, there; their callers get
+    AnswerAbandoned."""
 
 
 class Reply:

@@ -35,7 +35,8 @@ class ShutdownReport:
     grace_s: float
     feeds_closed: int = 0
     commands: StopSummary | None = None
-    """None until the runtime stopped, and with the `ray` runtime (its hosts count their own)."""
+    """None until the runtime stopped, and with the `ray` runtime's own hosts (they count
+    their own); with a shared Ray cluster's hosts, the calls this process left running."""
     runtime_stopped: bool = False
     projections_behind: str | None = None
     """Why the read models were left behind the log (a flush that timed out or failed)."""
@@ -60,11 +61,17 @@ class ShutdownReport:
         done = self.commands
         if done is None:
             return "actor hosts stopped (their logs count the commands they interrupted)"
-        return (
+        text = (
             f"{_plural(done.finished, 'in-flight command')} (chat turns and others) finished "
             f"within the {self.grace_s:.0f} s grace, {done.interrupted} interrupted (turns "
             f"recorded as failed, clients told to retry), {done.refused} queued refused"
         )
+        if done.left_running:
+            text += (
+                f", {done.left_running} left running on the shared actor hosts (clients told "
+                "to collect the answer with the same Idempotency-Key)"
+            )
+        return text
 
 
 def _plural(n: int, noun: str) -> str:

@@ -34,6 +34,7 @@ import ray
 from actors.behaviour import ActorKey
 from actors.errors import AskTimeout, RuntimeNotStarted, RuntimeStopping
 from actors.ray.host import ActorHost, BehaviourSource, HostSpec, Reconfigurable
+from actors.ray.open_calls import OpenCalls
 from actors.ray.reload import FreshReload
 from actors.ray.watch import (
     HOST_ERRORS,
@@ -61,7 +62,7 @@ from actors.shards import (
     set_desired_hosts,
     shard_of,
 )
-from actors.table import TableStats
+from actors.table import StopSummary, TableStats
 from eventstore.db import Connection, Database
 from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
 from eventstore.tasks import cancel_and_wait
@@ -258,6 +259,7 @@ class RayRuntime:
         self._started_ray = False
         self._accepting = False
         self._stopped = False
+        self._calls = OpenCalls()
         self.retries = 0
 
     @property
@@ -326,16 +328,25 @@ class RayRuntime:
         if self._supervise_hosts:
             self._supervisor = asyncio.create_task(self._supervise(), name="ray-supervisor")
         self._watcher = asyncio.create_task(self._watch_hosts(), name="ray-host-watch")
+        self._calls = OpenCalls()
         self._accepting = True
         self._stopped = False
 
-    async def stop(self, deadline_s: float = 10.0) -> None:
+    async def stop(self, deadline_s: float = 10.0) -> StopSummary | None:
         """Stop routing. When this runtime owns the hosts (`stop_hosts`), stop them too:
         running commands finish to the deadline, queued ones fail with RuntimeStopping, every
-        active actor is snapshotted; then the host processes are ended. Returns None: the
-        commands ran in the hosts, which log what became of them."""
+        active actor is snapshotted; then the host processes are ended. Returns None then:
+        the hosts log what became of the commands. Hosts it does not own run on: the calls
+        this process waits on get the deadline to end, the rest are answered AnswerAbandoned
+        (their commands go on, and are recorded, in the hosts); that is what it returns."""
         self._accepting = False
         self._stopped = True
+        stop_hosts = self._settings.stop_hosts
+        owns_hosts = stop_hosts if stop_hosts is not None else self._started_ray
+        summary = None
+        if not owns_hosts:
+            finished, left = await self._calls.settle(deadline_s)
+            summary = StopSummary(finished, interrupted=0, refused=0, left_running=left)
         tasks = (self._supervisor, self._watcher)
         self._supervisor = self._watcher = None
         await cancel_and_wait(*tasks)
@@ -346,8 +357,7 @@ class RayRuntime:
             self._listener.terminate()
             self._listener = None
         await self._refresh.close()
-        stop_hosts = self._settings.stop_hosts
-        if stop_hosts if stop_hosts is not None else self._started_ray:
+        if owns_hosts:
             # A private Ray (started here) ends with this process: no host is created under
             # these names again, so no waiting on Ray's name table, whose lookups block for a
             # minute once Ray's own processes are gone (a SIGTERM to the whole process group
@@ -360,6 +370,7 @@ class RayRuntime:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+        return summary
 
     async def _stop_hosts(
         self, names: Sequence[str], deadline_s: float, *, names_reused: bool = True
@@ -424,7 +435,8 @@ class RayRuntime:
     ) -> Any:
         try:
             async with asyncio.timeout(timeout):
-                return await self._call("ask", key, command)
+                with self._calls.opened():
+                    return await self._call("ask", key, command)
         except TimeoutError:
             raise AskTimeout(
                 f"{key} did not answer {type(command).__name__} within {timeout} s; the "
@@ -435,17 +447,27 @@ class RayRuntime:
     async def tell(self, key: ActorKey, command: Command) -> None:
         """Returns once the command is in the actor's mailbox (so tells to one actor keep
         their order); it then runs on its own and failures are logged by the host."""
-        await self._call("tell", key, command)
+        with self._calls.opened():
+            await self._call("tell", key, command)
 
     async def stream(self, key: ActorKey, command: Command) -> AsyncIterator[Any]:
+        with self._calls.opened():
+            async for item in self._stream(key, command):
+                yield item
+
+    async def _stream(self, key: ActorKey, command: Command) -> AsyncIterator[Any]:
         shard = shard_of(key)
         attempt = 0
         deadline: float | None = None
         while True:
             host, epoch = self._route(shard)
             try:
-                handle = self._handle(host)
-                async for part in handle.stream.remote(shard, epoch, key, command):
+                parts = self._handle(host).stream.remote(shard, epoch, key, command)
+                while True:
+                    try:
+                        part = await self._calls.until_abandoned(parts.__anext__())
+                    except StopAsyncIteration:
+                        return
                     answer = await part
                     if isinstance(answer, list):
                         for item in answer:
@@ -454,8 +476,6 @@ class RayRuntime:
                     self._raise_unless_retryable(answer)
                     problem = f"shard {shard} moved away from {host}"
                     break
-                else:
-                    return
             except _HOST_ERRORS as exc:
                 problem = self._unavailable(host, exc)
             attempt += 1
@@ -469,7 +489,7 @@ class RayRuntime:
             host, epoch = self._route(shard)
             try:
                 ref = getattr(self._handle(host), method).remote(shard, epoch, key, command)
-                answer = await self._attempts.answer(host, shard, ref)
+                answer = await self._calls.until_abandoned(self._attempts.answer(host, shard, ref))
             except _HOST_ERRORS as exc:
                 problem = self._unavailable(host, exc)
             except HostRestarted:

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -213,48 +213,60 @@ def _env(database_url: str, upstream: str, tmp_path: Path, port: int) -> dict[st
     return {**env, **config, "SVC_GATEWAY_ADDR": f"127.0.0.1:{port}"}
 
 
+async def sigterm_mid_turn(
+    env: dict[str, str],
+    stub: StallingUpstream,
+    log_path: Path,
+    answered: Callable[[int, bytes], None] = _interrupted,
+) -> tuple[int, float]:
+    """`svc serve` with `env`, a key made by `svc apikeys create`, a chat turn stalled at
+    `stub`, then SIGTERM: the turn's client is `answered` (by default `interrupted`).
+    Returns the server's exit code and the seconds from the signal to the exit."""
+    url = "http://" + env["SVC_GATEWAY_ADDR"]
+    with log_path.open("wb") as log_file:
+        server = await asyncio.create_subprocess_exec(
+            *SVC, "serve", env=env, stdout=log_file, stderr=log_file, cwd=ROOT
+        )
+        try:
+            await wait_healthy(url, server)
+            created = await asyncio.to_thread(
+                subprocess.run,
+                [*SVC, "apikeys", "create", "--scopes", "chat"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+                cwd=ROOT,
+            )
+            assert created.returncode == 0, created.stderr
+            key = created.stdout.strip()
+            async with aiohttp.ClientSession() as http:
+                reply = asyncio.create_task(
+                    _post(http, url, key, {"model": MODEL, "messages": HELLO})
+                )
+                await stub.until_calls(1)
+                server.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                answered(*await reply)
+                async with asyncio.timeout(120):
+                    await server.wait()
+                took = time.monotonic() - signalled
+        finally:
+            if server.returncode is None:
+                server.kill()
+                await server.wait()
+    return server.returncode, took
+
+
 async def test_sigterm_answers_in_flight_turns_within_one_grace(
     database_url: str, tmp_path: Path
 ) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "serve.log"
     async with StallingUpstream().running() as stub:
-        env = _env(database_url, stub.base_url, tmp_path, port)
-        with log_path.open("wb") as log_file:
-            server = await asyncio.create_subprocess_exec(
-                *SVC, "serve", env=env, stdout=log_file, stderr=log_file, cwd=ROOT
-            )
-            try:
-                await wait_healthy(url, server)
-                created = await asyncio.to_thread(
-                    subprocess.run,
-                    [*SVC, "apikeys", "create", "--scopes", "chat"],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=180,
-                    cwd=ROOT,
-                )
-                assert created.returncode == 0, created.stderr
-                key = created.stdout.strip()
-                async with aiohttp.ClientSession() as http:
-                    reply = asyncio.create_task(
-                        _post(http, url, key, {"model": MODEL, "messages": HELLO})
-                    )
-                    await stub.until_calls(1)
-                    server.send_signal(signal.SIGTERM)
-                    signalled = time.monotonic()
-                    _interrupted(*await reply)
-                    async with asyncio.timeout(60):
-                        await server.wait()
-                    took = time.monotonic() - signalled
-            finally:
-                if server.returncode is None:
-                    server.kill()
-                    await server.wait()
+        env = _env(database_url, stub.base_url, tmp_path, free_port())
+        code, took = await sigterm_mid_turn(env, stub, log_path)
     log = log_path.read_text(errors="replace")
-    assert server.returncode == 0, log
+    assert code == 0, log
     assert took < 3 * (GRACE_S + MARGIN_S), f"exit {took:.1f} s after SIGTERM\n{log}"
     stopped = next(line for line in log.splitlines() if "svc stopped in" in line)
     assert "0 in-flight commands" in stopped and "1 interrupted" in stopped, stopped

@@ -5,9 +5,9 @@ turn over HTTP runs on a Ray actor host, /metrics reports each host's actor tabl
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
-import signal
 import socket
 import sys
 import uuid
@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 import ray
 import stub_upstream
-from platform_support import free_port, running, settings_for, wait_healthy
+from platform_support import StallingUpstream, free_port, running, settings_for
 from ray.cluster_utils import Cluster
+from test_graceful_shutdown import _config as shutdown_config
+from test_graceful_shutdown import sigterm_mid_turn
 
 from actors import conversation_key
 from actors.ray import RayRuntime
@@ -135,31 +137,32 @@ async def test_sigterm_shuts_a_ray_gateway_down_gracefully(
     ray_cluster: Cluster, database_url: str, cluster_name: str, tmp_path: Path
 ) -> None:
     """ray.init installs a SIGTERM handler that exits at once; `svc serve` must keep its own,
-    so in-flight turns finish and the shutdown report is written."""
-    port = free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("SVC_")},
-        "SVC_DATABASE_URL": database_url,
-        "SVC_DATA_DIR": str(tmp_path),
-        "SVC_GATEWAY_ADDR": f"127.0.0.1:{port}",
-        "SVC_ACTOR_RUNTIME": "ray",
-        "SVC_RAY_ADDRESS": ray_cluster.address,
-        "SVC_RAY_CLUSTER": cluster_name,
-        "SVC_ACTOR_HOSTS": "1",
-    }
+    so a turn in flight is answered within the grace and the shutdown report is written. The
+    hosts of a shared cluster are not this process's to stop: the turn goes on there, and its
+    client is told to collect the answer with the same Idempotency-Key."""
     log_path = tmp_path / "serve.log"
-    with log_path.open("wb") as log_file:
-        server = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "serve", env=env, stdout=log_file, stderr=log_file
-        )
-    try:
-        await wait_healthy(f"http://127.0.0.1:{port}", server)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        code = await asyncio.wait_for(server.wait(), 120)
+    async with StallingUpstream().running() as stub:
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SVC_")},
+            **shutdown_config(database_url, stub.base_url, tmp_path),
+            "SVC_GATEWAY_ADDR": f"127.0.0.1:{free_port()}",
+            "SVC_ACTOR_RUNTIME": "ray",
+            "SVC_RAY_ADDRESS": ray_cluster.address,
+            "SVC_RAY_CLUSTER": cluster_name,
+            "SVC_ACTOR_HOSTS": "1",
+        }
+        code, _ = await sigterm_mid_turn(env, stub, log_path, left_running)
     log = log_path.read_text(errors="replace")
     assert code == 0, log
-    assert "svc shutting down" in log and "svc stopped in" in log, log
+    stopped = next(line for line in log.splitlines() if "svc stopped in" in line)
+    assert "1 left running on the shared actor hosts" in stopped, stopped
+
+
+def left_running(status: int, raw: bytes) -> None:
+    assert status == 503, raw
+    error = json.loads(raw)["error"]
+    assert error["code"] == "runtime_stopping", error
+    assert "same Idempotency-Key to get its answer" in error["message"], error
 
 
 async def test_a_ray_address_nobody_listens_on_fails_fast(tmp_path: Path) -> None:
