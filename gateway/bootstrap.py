@@ -236,7 +236,7 @@ def ray_settings(settings: Settings) -> RaySettings:
     from actors.ray import RaySettings
 
     return RaySettings(
-        address=settings.text("SVC_RAY_ADDRESS"),
+        address=settings.text("SVC_RAY_ADDRESS").strip(),  # as its rule reads it
         cluster=settings.text("SVC_RAY_CLUSTER") or "svc",
         hosts=settings.integer("SVC_ACTOR_HOSTS") or None,
         table_options=_table_options(settings),

@@ -177,7 +177,9 @@ def _as_browsers_send(origin: str) -> str:
         return origin.strip().rstrip("/")
     scheme = parts.scheme.lower()
     port = "" if parts.port in (None, _DEFAULT_PORTS.get(scheme)) else f":{parts.port}"
-    host = parts.host.lower()
+    # Browsers send an internationalised host in its ASCII (IDNA) form; yarl's `host` would
+    # decode it, and a configured `https://xn--bcher-kva.example` would then match nothing.
+    host = (parts.raw_host or "").lower()
     host = f"[{host}]" if ":" in host else host
     return f"{scheme}://{host}{port}"
 

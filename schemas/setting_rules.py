@@ -11,6 +11,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 import orjson
+from yarl import URL
 
 from schemas.workspace import RESERVED_WORKSPACE_ID
 
@@ -87,7 +88,13 @@ def _http_url(raw: str) -> bool:
     try:
         parts = urlsplit(text)
         parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
-    except ValueError:
+        # The service reads these with yarl, which is stricter than urlsplit (a backslash in
+        # the authority, an empty IDNA label, junk after an IPv6 literal): a value only
+        # urlsplit took failed on every response once applied (SVC_CORS_ORIGINS is read by
+        # the security headers of each one).
+        parsed = URL(text)
+        parsed.host  # noqa: B018 - decoded lazily: an IDNA label yarl cannot decode raises
+    except ValueError:  # UnicodeError, an IDNA label yarl cannot encode, is one
         return False
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
@@ -114,7 +121,8 @@ def _ray_address(raw: str) -> bool:
     if not text or text == "auto":
         return True
     host, sep, port = text.rpartition(":")
-    return bool(sep and host and "://" not in text and port.isdigit() and 0 < int(port) < 65536)
+    digits = port.isascii() and port.isdigit()  # "²".isdigit(), and int("²") raises
+    return bool(sep and host and "://" not in text and digits and 0 < int(port) < 65536)
 
 
 def _llm_provider(raw: str) -> bool:

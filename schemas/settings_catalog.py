@@ -102,12 +102,14 @@ def _fmt(bound: float | None) -> str:
     return str(int(bound)) if float(bound).is_integer() else str(bound)
 
 
-_USERINFO = re.compile(r"(?<=://).*@")  # to the last @: a password may hold @ or /
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:/+)?.*@", re.DOTALL)
+"""A scheme if any, then everything to the last @ (a password may hold @, / or a line
+break): a URL given without its `//` (`user:pw@host`, `https:/user:pw@host`) included."""
 
 
 def _invalid(spec: SettingSpec, raw: str) -> InvalidInput:
     # A refused URL may hold a password (refused for that very reason): never quoted back.
-    shown = "(secret value)" if spec.secret else repr(_USERINFO.sub("***@", raw))
+    shown = "(secret value)" if spec.secret else repr(_USERINFO.sub(r"\1***@", raw))
     return InvalidInput(
         f"invalid value {shown} for {spec.key}: expected {spec.expected()}",
         code="invalid_setting_value",
@@ -1607,4 +1609,4 @@ def display_value(spec: SettingSpec, raw: str | None) -> str:
     user and password (a model server reached with Basic authentication) are masked too."""
     if spec.secret:
         return MASK if raw else "unset"
-    return _USERINFO.sub("***@", raw) if raw and "://" in raw else raw or ""
+    return _USERINFO.sub(r"\1***@", raw) if raw and "://" in raw else raw or ""

@@ -242,7 +242,8 @@ class OpenAICompatProvider:
                 raise _timeout(budget) from None
 
     def _backoff(self, attempt: int, retry_after_s: float | None) -> float:
-        ceiling = min(self._backoff_max_s, self._backoff_base_s * 2.0**attempt)
+        # The exponent is bounded: 2.0**1024 overflows, and SVC_LLM_RETRIES may be that large.
+        ceiling = min(self._backoff_max_s, self._backoff_base_s * 2.0 ** min(attempt, 60))
         delay = ceiling / 2 + random.uniform(0, ceiling / 2)
         if retry_after_s is not None:
             delay = max(delay, min(retry_after_s, self._backoff_max_s))

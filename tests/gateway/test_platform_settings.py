@@ -14,8 +14,10 @@ import pytest
 from platform_support import running, settings_for
 
 from eventstore.errors import StoreUnavailable
+from gateway.bootstrap import ray_settings
 from gateway.log_levels import PROJECT_LOGGERS, QUIET_LOGGERS, apply_log_level
 from gateway.secrets import DatabaseVault
+from gateway.security import allowed_origins
 from gateway.settings import (
     Settings,
     SettingsService,
@@ -182,7 +184,8 @@ SHAPED_TEXT_SETTINGS = {
     ),
     "SVC_NATIVE_COMPAT_WORKSPACE": (("w" * 201,), ("", "compat-ws")),
     "SVC_PUBLIC_URL": (
-        ("https://host:99999", "not a url", "ftp://files", "https://", "http://a b", "x\ny"),
+        # The last: urlsplit takes it, yarl (which reads it) does not.
+        ("https://host:99999", "not a url", "ftp://files", "https://", "x\ny", "https://a\\b"),
         ("", "https://svc.example.com", "http://127.0.0.1:8780/", "http://[::1]:8080"),
     ),
     "SVC_LLM_GATEWAY_URL": (
@@ -191,8 +194,17 @@ SHAPED_TEXT_SETTINGS = {
     ),
     # `*` would allow every site with credentials, `null` every sandboxed frame and file.
     "SVC_CORS_ORIGINS": (
-        ("*", "null", "https://app.example/path", "app.example", "https://a.example,*"),
-        ("", "https://app.example", "https://a.example/, http://localhost:5173"),
+        (
+            *("*", "null", "https://app.example/path", "app.example", "https://a.example,*"),
+            # Taken by urlsplit, refused by yarl, which reads them on every response.
+            *("https://app\\evil.example.com", "https://xn--", "https://[::1]x"),
+        ),
+        (
+            "",
+            "https://app.example",
+            "https://a.example/, http://localhost:5173",
+            "https://b\u00fccher.example",
+        ),
     ),
     "SVC_WEBUI_ORIGIN": (
         ("null", "https://a.example,https://b.example", "https://u:p@a.example"),
@@ -200,7 +212,7 @@ SHAPED_TEXT_SETTINGS = {
     ),
     # Ray Client (ray://) cannot stream: every streamed chat would fail, so it never starts.
     "SVC_RAY_ADDRESS": (
-        ("ray://head:10001", "head", "http://head:6379", "head:0", "head:70000"),
+        ("ray://head:10001", "head", "http://head:6379", "head:0", "head:70000", "head:\u00b2"),
         ("", "auto", "10.0.0.5:6379", "ray-head.svc:6379", "[::1]:6379"),
     ),
 }
@@ -220,6 +232,10 @@ def test_a_urls_credentials_are_never_shown(password: str) -> None:
     with pytest.raises(InvalidInput) as caught:  # a / not percent-encoded: no URL at all
         parse(spec, "https://llmuser:Url/Pass@w0rd@mem.example/v1")
     assert "Pass" not in caught.value.message and "llmuser" not in caught.value.message
+    for forgot in ("", "https:/", "https:"):  # the scheme, or its //, left out
+        with pytest.raises(InvalidInput) as caught:
+            parse(spec, f"{forgot}llmuser:{password}\n@mem.example/v1")
+        assert "Passw0rd" not in caught.value.message and "llmuser" not in caught.value.message
 
 
 @pytest.mark.parametrize("key", sorted(SHAPED_TEXT_SETTINGS))
@@ -365,6 +381,23 @@ def test_settings_only_the_settings_command_may_set(caplog: pytest.LogCaptureFix
     assert s.flag("SVC_MCP_PUBLISH") is True and s.items("SVC_MCP_EXPORT_TOOLS") == ["search"]
 
 
+def test_origins_match_as_browsers_send_an_internationalised_host() -> None:
+    settings = Settings(
+        stored={
+            "SVC_CORS_ORIGINS": "https://b\u00fccher.example",
+            "SVC_WEBUI_ORIGIN": "https://xn--caf-dma.example:8443",
+        }
+    )
+    assert allowed_origins(settings) == {
+        "https://xn--bcher-kva.example",
+        "https://xn--caf-dma.example:8443",
+    }
+
+
+def test_the_ray_address_is_read_as_its_rule_reads_it() -> None:
+    assert ray_settings(Settings(stored={"SVC_RAY_ADDRESS": " auto "})).address == "auto"
+
+
 def test_durations_and_listen_addresses() -> None:
     assert Settings().duration("SVC_MEMORY_CONTEXT_TIMEOUT") == 3.0
     assert (
@@ -375,7 +408,15 @@ def test_durations_and_listen_addresses() -> None:
     assert parse_listen_addr("127.0.0.1:9000") == ("127.0.0.1", 9000)
     assert parse_listen_addr("[::1]:8780") == ("::1", 8780)
     assert parse_listen_addr("127.0.0.1:0") == ("127.0.0.1", 0)  # a free port
-    for bad in ("nonsense", "localhost:9162:1", "::1:8780", "[::1]8780", "h:65536", "h:-1"):
+    for bad in (
+        "nonsense",
+        "localhost:9162:1",
+        "::1:8780",
+        "[::1]8780",
+        "h:65536",
+        "h:-1",
+        ":\u00b2",
+    ):
         with pytest.raises(InvalidInput, match="invalid listen address"):
             parse_listen_addr(bad)
 

@@ -50,6 +50,12 @@ async def collect(p: OpenAICompatProvider, req: ModelRequest) -> list[ModelEvent
         await p.aclose()
 
 
+def test_the_backoff_of_a_late_attempt_is_its_ceiling() -> None:
+    """SVC_LLM_RETRIES may be large: 2.0**1024 overflowed, a turn failed as internal."""
+    late = provider("http://127.0.0.1:9", retries=5000)._backoff(1024, None)
+    assert 0.025 <= late <= 0.05
+
+
 async def test_streams_each_chunk_as_a_delta_then_usage(stub: Any) -> None:
     events = await collect(provider(stub.base_url), request())
 
