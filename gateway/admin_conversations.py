@@ -217,6 +217,11 @@ async def export_conversation(request: web.Request) -> web.StreamResponse:
     if found is None:
         raise _not_found(cid)
     conversation, through = found
+    if request.method == "HEAD":
+        # The download's headers only. Written, the body would follow them all the same
+        # (aiohttp's writer does not know the request was HEAD), and the client would read
+        # it as the start of its next response on the connection.
+        return _download(conversation.id, params.format)
 
     async def page_after(after: int) -> queries.MessagePage:
         return await queries.get_message_page(

@@ -72,6 +72,15 @@ def envelope(status: int, message: str, error_type: str, code: str | None) -> we
     return web.Response(status=status, body=body, content_type="application/json")
 
 
+RESPONSE_STARTED: web.RequestKey[bool] = web.RequestKey("svc_response_started", bool)
+
+
+async def note_response_started(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: from here on, an error cannot be answered with a response of its
+    own (`error_middleware`)."""
+    request[RESPONSE_STARTED] = True
+
+
 def abort_connection(request: web.BaseRequest) -> None:
     """Drop the connection at once, for a response under way that can be neither finished
     (its socket accepts nothing, or what it writes failed) nor replaced by an error answer
@@ -206,13 +215,19 @@ def internal_failure(what: str, exc: BaseException) -> SvcError:
     return SvcError(f"internal error (id {error_id})")
 
 
+def logged_path(request: web.BaseRequest) -> str:
+    """The path as a log line may hold it: still percent-encoded (a decoded %0A would start
+    a forged line), without the query (which may carry a token)."""
+    return request.rel_url.raw_path
+
+
 def internal_error(request: web.BaseRequest, exc: BaseException) -> web.Response:
     error_id = _error_id()
     log.error(
         "unhandled error %s on %s %s",
         error_id,
         request.method,
-        request.path,
+        logged_path(request),
         exc_info=(type(exc), exc, exc.__traceback__),
     )
     return envelope(500, f"internal error (id {error_id})", "server_error", "internal_error")
@@ -277,6 +292,13 @@ def _check_json_value(value: Any) -> None:
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     response = await _answer(request, handler)
+    if request.get(RESPONSE_STARTED) and not response.prepared:
+        # The handler failed after its own response began (a stream): its status line is
+        # out, and another response would be written into that one's body. The failure is
+        # logged; the client sees the transfer cut short. (aiohttp then finds the socket
+        # closed when it writes the answer, and only logs the access.)
+        abort_connection(request)
+        return response
     gone = request.transport is None and not request.get(CLIENT_GONE)
     if gone and response.status < 400 and not response.prepared:
         # The client left while the handler worked (a chat turn runs on and is recorded):
@@ -303,7 +325,12 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.http_status > 500:
             # str(): with what only the log may see (a StoreUnavailable's driver detail).
             log.warning(
-                "%s %s -> %d %s: %s", request.method, request.path, exc.http_status, exc.code, exc
+                "%s %s -> %d %s: %s",
+                request.method,
+                logged_path(request),
+                exc.http_status,
+                exc.code,
+                exc,
             )
         return from_svc_error(exc)
     except ValidationError as exc:
@@ -312,7 +339,7 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
         # The client hung up (mid-body, or before a stream's headers went out): nobody reads
         # an answer, and a client's hang-up is not the service's error to log. 499 is the
         # status proxies record for it; it only reaches the access log and the metrics.
-        log.info("%s %s: the client closed the connection", request.method, request.path)
+        log.info("%s %s: the client closed the connection", request.method, logged_path(request))
         return envelope(
             CLIENT_CLOSED, "client closed the connection", "invalid_request_error", None
         )
@@ -363,15 +390,19 @@ async def read_body(request: web.Request, *, max_bytes: int | None = None) -> by
             f"request body too large: the limit is {reader.client_max_size} bytes{setting}"
         ) from None
     except RequestPayloadError as exc:
-        # Raised from the decoder's own error: a body not in its Content-Encoding, a broken
-        # chunked framing. aiohttp's text names the encoding, never the bytes.
-        cause = exc.__cause__ if isinstance(exc.__cause__, BadHttpMessage) else exc
-        detail = cause.message if isinstance(cause, BadHttpMessage) else str(cause)
-        raise InvalidInput(
-            f"the request body could not be read ({detail.strip() or 'undecodable'}); send "
-            "it as its Content-Encoding says, or without a Content-Encoding",
-            code="invalid_body",
-        ) from None
+        raise undecodable_body(exc) from None
+
+
+def undecodable_body(exc: RequestPayloadError) -> InvalidInput:
+    """The 400 for a body aiohttp could not decode: not in its Content-Encoding, or a broken
+    chunked framing. aiohttp's text names the encoding, never the bytes."""
+    cause = exc.__cause__ if isinstance(exc.__cause__, BadHttpMessage) else exc
+    detail = cause.message if isinstance(cause, BadHttpMessage) else str(cause)
+    return InvalidInput(
+        f"the request body could not be read ({detail.strip() or 'undecodable'}); send "
+        "it as its Content-Encoding says, or without a Content-Encoding",
+        code="invalid_body",
+    )
 
 
 @overload

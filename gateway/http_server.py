@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_log import AccessLogger
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -32,7 +33,8 @@ from gateway.errors import (
     internal_error,
     status_envelope,
 )
-from gateway.security import client_ip
+from gateway.security import client_ip, security_headers
+from gateway.settings import Settings
 from gateway.state import SETTINGS
 from gateway.system import redact
 
@@ -43,6 +45,11 @@ _RawHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 MALFORMED_REQUEST = (
     "malformed HTTP request: the request line, a header or the chunked body could not be "
     "parsed (a request or header line may be at most 8,190 bytes); the connection is closed"
+)
+
+UNSUPPORTED_ENCODING = (
+    "the request's Content-Encoding is not one this service decodes: send the body "
+    "uncompressed, or as gzip or deflate; the connection is closed"
 )
 
 
@@ -70,7 +77,14 @@ class EnvelopeRequestHandler(RequestHandler):
                 status,
                 type(exc).__name__ if exc is not None else "no detail",
             )
-            response = status_envelope(status, MALFORMED_REQUEST)
+            response = (
+                status_envelope(415, UNSUPPORTED_ENCODING)
+                if isinstance(exc, ContentEncodingError)
+                else status_envelope(status, MALFORMED_REQUEST)
+            )
+        # No application saw the request, so none of its response hooks run: the headers
+        # every response carries are set here.
+        response.headers.update(security_headers(cast(_EnvelopeServer, self._manager).settings))
         response.force_close()
         return response
 
@@ -86,6 +100,9 @@ class EnvelopeRequestHandler(RequestHandler):
 
 
 class _EnvelopeServer(web.Server):
+    settings: Settings | None = None
+    """The application's, for the answers the server makes without it."""
+
     def __call__(self) -> RequestHandler:
         return EnvelopeRequestHandler(self, loop=self._loop, **self._kwargs)
 
@@ -148,15 +165,22 @@ class _AsLogged:
     @property
     def remote(self) -> str | None:
         request = self._request
-        if isinstance(request, web.Request) and SETTINGS in request.app:
+        if isinstance(request, web.Request) and _settings_of(request) is not None:
             return client_ip(request)
         return request.remote  # refused by the parser before any application saw it
 
     def _redacted(self, url: str) -> str:
-        request = self._request
-        if isinstance(request, web.Request) and SETTINGS in request.app:
-            return redact(url, request.app[SETTINGS].secret_values())
-        return redact(url, ())  # refused by the parser before any application saw it
+        settings = _settings_of(self._request)
+        return redact(url, settings.secret_values() if settings is not None else ())
+
+
+def _settings_of(request: web.BaseRequest) -> Settings | None:
+    """The settings of the application that routed `request`; None for a request the HTTP
+    parser refused. aiohttp makes that one a `web.Request` too, never routed, whose `app`
+    fails an assertion: the access log then lost its line to "Error in logging"."""
+    if not isinstance(request, web.Request) or request._match_info is None:
+        return None
+    return request.app.get(SETTINGS)
 
 
 class GatewayAccessLogger(AccessLogger):
@@ -188,10 +212,12 @@ class GatewayRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         plain = await super()._make_server()  # runs the application's startup
-        return _EnvelopeServer(
+        server = _EnvelopeServer(
             _enveloping(plain.request_handler),
             request_factory=plain.request_factory,
             handler_cancellation=plain.handler_cancellation,
             loop=asyncio.get_running_loop(),
             **plain._kwargs,
         )
+        server.settings = self._app.get(SETTINGS)
+        return server

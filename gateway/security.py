@@ -249,14 +249,23 @@ async def security_middleware(request: web.Request, handler: Handler) -> web.Str
     return await handler(request)
 
 
+def security_headers(settings: Settings | None) -> dict[str, str]:
+    """The headers every response carries, whatever its request (CORS aside)."""
+    csp = settings.text("SVC_CSP").strip() if settings is not None else ""
+    return {
+        "Content-Security-Policy": csp or DEFAULT_CSP,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "X-Frame-Options": "DENY",
+    }
+
+
 async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
     """on_response_prepare: applies to every response, streaming and errors included."""
     settings = request.app[SETTINGS]
     headers = response.headers
-    headers.setdefault("Content-Security-Policy", settings.text("SVC_CSP").strip() or DEFAULT_CSP)
-    headers.setdefault("X-Content-Type-Options", "nosniff")
-    headers.setdefault("Referrer-Policy", "no-referrer")
-    headers.setdefault("X-Frame-Options", "DENY")
+    for name, value in security_headers(settings).items():
+        headers.setdefault(name, value)
     origin = request.headers.get("Origin", "").rstrip("/")
     allowed = allowed_origins(settings)
     if not origin and not allowed:

@@ -13,10 +13,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.web_protocol import RequestPayloadError
 from multidict import MultiDictProxy
 
 from gateway.auth import PRINCIPAL
-from gateway.errors import body_deadline, is_utf8, read_header
+from gateway.errors import body_deadline, is_utf8, read_header, undecodable_body
 from gateway.state import STORE, Principal
 from projections.identity_queries import UserRow
 from schemas.commands import client_command_id
@@ -154,6 +155,8 @@ async def read_form(request: web.Request) -> Form:
             form = await request.post()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge("form body too large, or with too many fields") from None
+    except RequestPayloadError as exc:  # not in its Content-Encoding, or broken chunks
+        raise undecodable_body(exc) from None
     except _MALFORMED_FORM as exc:
         raise InvalidInput(f"malformed form body: {_form_problem(exc)}") from None
     for name, value in form.items():

@@ -32,6 +32,8 @@ WHOAMI = "/test/whoami"
 BOOM = "/test/boom"
 ECHO = "/test/echo"
 STORE_BOOM = "/test/store-boom"
+NAMED_BOOM = "/test/boom/{name}"
+BROKEN_STREAM = "/test/broken-stream"
 
 
 def uid(prefix: str = "") -> str:
@@ -106,9 +108,19 @@ async def echo(request: web.Request) -> web.Response:
     return web.json_response(body.model_dump())
 
 
+async def broken_stream(request: web.Request) -> web.StreamResponse:
+    """A stream that fails after its first frame went out."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(b"data: one\n\n")
+    raise RuntimeError("kaboom: a failure in mid-stream")
+
+
 def test_routes(app: web.Application) -> None:
     app.router.add_get(WHOAMI, whoami)
     app.router.add_get(BOOM, boom)
+    app.router.add_get(NAMED_BOOM, boom)
+    app.router.add_get(BROKEN_STREAM, broken_stream)
     app.router.add_post(ECHO, echo)
     app.router.add_get(STORE_BOOM, store_boom)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,6 +11,7 @@ import asyncpg
 import orjson
 import pytest
 from test_admin_support import Service, service, uid
+from yarl import URL
 
 import gateway.admin_common
 import gateway.admin_conversations
@@ -195,6 +197,33 @@ async def test_export_markdown_and_json(service: Service) -> None:
         "/v1/admin/conversations/export", key, 400, conversation_id=cid, format="pdf"
     )
     assert "format" in bad["error"]["message"]
+
+
+async def test_head_on_an_export_answers_its_headers_and_no_body(service: Service) -> None:
+    """Sent pipelined with a second request on one connection: the second's answer must come
+    right after the HEAD's headers (a body after HEAD would be read as the next answer)."""
+    _, key, cid = await chatty_workspace(service)
+    url = URL(service.url("/"))
+    auth = f"Authorization: Bearer {key}\r\nHost: x\r\n"
+    export = f"/v1/admin/conversations/export?conversation_id={cid}&format=md"
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    try:
+        writer.write(
+            f"HEAD {export} HTTP/1.1\r\n{auth}\r\n"
+            f"GET /healthz HTTP/1.1\r\n{auth}Connection: close\r\n\r\n".encode()
+        )
+        raw = await asyncio.wait_for(reader.read(), timeout=10.0)
+    finally:
+        writer.close()
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"text/markdown" in head
+    assert rest.startswith(b"HTTP/1.1 200 "), rest[:80]
+    unknown = await service.http.head(
+        service.url("/v1/admin/conversations/export"),
+        headers=service.auth(key),
+        params={"conversation_id": "c-none"},
+    )
+    assert unknown.status == 404
 
 
 @pytest.mark.parametrize("page_bytes", [5, 8 * 1024 * 1024])

@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from platform_support import (
     BOOM,
+    BROKEN_STREAM,
     ECHO,
     STORE_BOOM,
     Running,
@@ -211,7 +212,8 @@ async def test_requests_the_http_parser_refuses_get_the_envelope(
             b"zz\r\n" + secret.encode() + b"\r\n0\r\n\r\n"
         ),
     }
-    async with running(settings_for(database_url)) as svc:
+    async with running(settings_for(database_url, SVC_CSP="default-src 'none'")) as svc:
+        caplog.set_level(logging.INFO, logger="aiohttp.access")
         with caplog.at_level(logging.DEBUG):
             for case, request in refused.items():
                 status, headers, body = await _raw_exchange(svc, request)
@@ -220,9 +222,74 @@ async def test_requests_the_http_parser_refuses_get_the_envelope(
                 error = assert_envelope(orjson.loads(body), "invalid_request")
                 assert error["message"] == MALFORMED_REQUEST, case
                 assert secret not in body.decode("latin-1"), case
+                # No application saw the request; its answer is still a response of this one.
+                assert headers["x-content-type-options"] == "nosniff", case
+                assert headers["content-security-policy"] == "default-src 'none'", case
         assert not [r for r in caplog.records if "s3cret" in r.getMessage() + str(r.exc_info)]
+        # Each has its access line, naming the client, and none is an error of the service.
+        access = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+        assert len([line for line in access if line.startswith("127.0.0.1 ")]) >= len(refused)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
         status, _, _ = await svc.request("GET", "/healthz")  # and the process keeps serving
         assert status == 200
+
+
+async def test_bodies_that_do_not_decode_are_client_errors(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A form body not in its Content-Encoding is a 400 like a JSON one (it was a 500 on the
+    OAuth token endpoint); an encoding this service does not decode is named as such."""
+    head = "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: {type}\r\n"
+    form = head.format(path="/v1/oauth/token", type="application/x-www-form-urlencoded")
+    body = b"not gzip at all"
+    length = f"Content-Length: {len(body)}\r\n\r\n".encode()
+    async with running(settings_for(database_url)) as svc:
+        with caplog.at_level(logging.INFO):
+            gzip = (form + "Content-Encoding: gzip\r\n").encode() + length + body
+            status, _, answer = await _raw_exchange(svc, gzip)
+            assert status == 400, answer
+            assert b"could not be read" in answer and b"Content-Encoding" in answer
+            json_head = head.format(path=ECHO, type="application/json")
+            brotli = (json_head + "Content-Encoding: br\r\n").encode() + length + body
+            status, headers, answer = await _raw_exchange(svc, brotli)
+            assert status == 415, answer
+            error = orjson.loads(answer)["error"]
+            assert error["code"] == "unsupported_media_type" and "gzip" in error["message"]
+            assert headers["x-content-type-options"] == "nosniff"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_failure_after_a_stream_began_cuts_it_short_without_a_second_response(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running(settings_for(database_url)) as svc:
+        request = f"GET {BROKEN_STREAM} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        port = URL(svc.base).port
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(request)
+            raw = await asyncio.wait_for(reader.read(), timeout=10.0)  # until it is closed
+        finally:
+            writer.close()
+        status, _, _ = await svc.request("GET", "/healthz")  # and the process keeps serving
+    assert raw.startswith(b"HTTP/1.1 200 ") and b"data: one" in raw
+    assert raw.count(b"HTTP/1.1 ") == 1, raw  # no 500 written into the stream's body
+    assert b"0\r\n\r\n" not in raw  # nor the end of a complete chunked body
+    assert status == 200
+    assert [r for r in caplog.records if "mid-stream" in str(r.exc_info)]  # logged, with its id
+
+
+async def test_error_lines_name_the_path_still_encoded(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    forged = "x%0A2026-01-01 00:00:00,000 ERROR gateway.auth: forged"
+    async with running(settings_for(database_url)) as svc:
+        with caplog.at_level(logging.INFO):
+            status, _, _ = await svc.request("GET", f"/test/boom/{forged}?access_token=tok")
+    assert status == 500
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("gateway")]
+    assert any("/test/boom/x%0A2026" in line for line in lines), lines
+    assert not [line for line in lines if "\n" in line or "tok" in line.split("boom")[-1]]
 
 
 def test_a_failure_outside_the_middleware_is_an_opaque_500(
