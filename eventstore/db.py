@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -158,6 +159,39 @@ def _check_tls_files(dsn: str) -> None:
                 )
 
 
+def _tls_options(dsn: str) -> dict[str, Any]:
+    """`sslrootcert=system` (libpq 16's: the system's trusted roots), which the driver would
+    open as a file named "system": a TLS context of our own instead, verifying as libpq does
+    with it (verify-full). The driver ignores the URL's other TLS settings when given a
+    context, so a client certificate and a CRL the URL names are loaded into it here."""
+    try:
+        query = parse_qs(urlsplit(dsn).query)
+    except ValueError:
+        return {}
+    if query.get("sslrootcert", [""])[-1] != "system":
+        return {}
+    mode = query.get("sslmode", ["verify-full"])[-1]
+    if mode != "verify-full":
+        raise StoreError(
+            f"the database URL's sslrootcert=system needs sslmode=verify-full, not {mode!r} "
+            "(as libpq requires); change sslmode, or name a CA file in sslrootcert="
+        )
+    context = ssl.create_default_context()  # the system's roots, hostname checked
+    try:
+        if cert := query.get("sslcert", [""])[-1]:
+            key = query.get("sslkey", [""])[-1] or None
+            context.load_cert_chain(Path(cert).expanduser(), key and Path(key).expanduser())
+        if crl := query.get("sslcrl", [""])[-1]:
+            context.load_verify_locations(cafile=Path(crl).expanduser())
+            context.verify_flags |= ssl.VERIFY_CRL_CHECK_CHAIN
+    except OSError as exc:  # ssl.SSLError is one: a file that is no certificate or key
+        raise StoreError(
+            f"the database URL's sslcert=, sslkey= or sslcrl= file could not be loaded "
+            f"({type(exc).__name__}); check that each is the PEM file it should be"
+        ) from None
+    return {"ssl": context}
+
+
 _TLS_SETTING = re.compile(r"(?i)\b(ssl\w*|tls|certificate)\b")
 
 
@@ -169,6 +203,12 @@ def _connect_errors() -> Iterator[None]:
     socket both come as a bare FileNotFoundError: left to read as unreachable.)"""
     try:
         yield
+    except ssl.SSLCertVerificationError as exc:
+        raise StoreError(
+            f"the database's TLS certificate was not accepted ({exc.verify_message}); check "
+            "that sslrootcert= names the CA that signed it (or is system, for a certificate "
+            "of a public CA) and that the URL's host is the one the certificate names"
+        ) from None
     except asyncpg.ClientConfigurationError as exc:
         if not _TLS_SETTING.search(str(exc)):
             raise ValueError from None  # the URL's spelling, which may quote the password
@@ -312,6 +352,7 @@ class Database:
             with translate_errors(), _connect_errors():
                 pool = await asyncpg.create_pool(
                     dsn,
+                    **_tls_options(dsn),
                     min_size=min_size,
                     max_size=max_size,
                     timeout=connect_timeout_s,
@@ -340,6 +381,7 @@ class Database:
         with translate_errors():
             conn = await asyncpg.connect(
                 self._dsn,
+                **_tls_options(self._dsn),
                 timeout=self._connect_timeout_s,
                 server_settings=self._server_settings,
             )

@@ -62,8 +62,14 @@ def error_body(message: str, error_type: str, code: str | None) -> dict[str, Any
     return {"error": {"message": message, "type": error_type, "code": code}}
 
 
-def envelope(status: int, message: str, error_type: str, code: str | None) -> web.Response:
+def count_error(status: int) -> None:
+    """`svc_http_errors_total`: every error response, in the envelope or in a protocol's own
+    format (SCIM, OAuth)."""
     HTTP_ERRORS.labels(status=str(status)).inc()
+
+
+def envelope(status: int, message: str, error_type: str, code: str | None) -> web.Response:
+    count_error(status)
     if not is_utf8(message):
         # Quoted client input with lone surrogates (undecodable bytes aiohttp kept): JSON
         # cannot carry them, so they become "?" rather than a failed error response.

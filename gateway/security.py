@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 from collections.abc import Iterable
 
@@ -45,6 +46,8 @@ EXPOSED_HEADERS = (
 # or the pod network, not from loopback. None carries a secret or a tenant's data.
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 CLIENT_IP: web.RequestKey[str] = web.RequestKey("svc_client_ip", str)
+
+log = logging.getLogger(__name__)
 
 
 def _ip(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -132,12 +135,35 @@ def _is_loopback(request: web.Request) -> bool:
     return ip is not None and ip.is_loopback
 
 
+_warned_of_local_proxy = False
+
+
+def _warn_of_an_untrusted_local_proxy(request: web.Request) -> None:
+    """A loopback request that a proxy forwarded (it says where from): with the proxy not in
+    SVC_TRUSTED_PROXIES every request looks local, and localhost is always allowed, so
+    SVC_REQUIRE_SECURE protects nothing. Said once per process."""
+    global _warned_of_local_proxy
+    if _warned_of_local_proxy:
+        return
+    if "X-Forwarded-Proto" in request.headers or "X-Forwarded-For" in request.headers:
+        _warned_of_local_proxy = True
+        log.warning(
+            "SVC_REQUIRE_SECURE: requests arrive from a proxy on this host (%s) that is not "
+            "in SVC_TRUSTED_PROXIES, so they all count as local and are let through over "
+            "plain HTTP; add the proxy's address to SVC_TRUSTED_PROXIES",
+            request.remote,
+        )
+
+
 def _enforce_https(request: web.Request, settings: Settings) -> web.Response | None:
     """None when the request may go on; else the redirect (GET, HEAD) to send instead.
     Anything else over plain HTTP is refused (a body may already be on its way)."""
     if not settings.flag("SVC_REQUIRE_SECURE") or _is_secure(request, settings):
         return None
-    if _is_loopback(request) or request.path in PROBE_PATHS:
+    if _is_loopback(request):
+        _warn_of_an_untrusted_local_proxy(request)
+        return None
+    if request.path in PROBE_PATHS:
         return None
     if request.method not in ("GET", "HEAD"):
         raise Forbidden("plain HTTP is not accepted: use HTTPS", code="https_required")

@@ -292,7 +292,11 @@ class HistoryEvent(_Wire):
     type: str
     data: dict[str, Any]
     recorded_at: datetime
-    cursor: str
+    cursor: str = Field(
+        description="the event's point in the log: a min_cursor for the other admin reads; "
+        "not a point to resume a feed from (events of transactions open at its commit sort "
+        "before it)"
+    )
 
 
 class ConversationHistory(_Wire):

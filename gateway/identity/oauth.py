@@ -31,6 +31,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from gateway.auth import authorization_header
+from gateway.errors import count_error
 from gateway.identity.common import Form, read_form
 from gateway.identity.service import Identity, identity
 from gateway.identity.vault import INSTANCE
@@ -243,6 +244,7 @@ async def token_endpoint(request: web.Request) -> web.Response:
     try:
         body = await _issue(request)
     except OAuthError as exc:
+        count_error(exc.status)
         headers = {"WWW-Authenticate": 'Basic realm="svc"'} if exc.status == 401 else {}
         return _oauth_response(
             exc.status, {"error": exc.error, "error_description": exc.description}, headers

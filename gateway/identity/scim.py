@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from actors.identity import directory_key
 from gateway.auth import authorization_header, hash_key
-from gateway.errors import read_json, validation_problems
+from gateway.errors import count_error, read_json, validation_problems
 from gateway.identity.admin import (
     cut_off,
     deprovision,
@@ -89,6 +89,7 @@ def _error(status: int, detail: str, scim_type: str | None) -> web.Response:
     if scim_type:
         body["scimType"] = scim_type
     response = scim_json(body, status)
+    count_error(status)
     if status == 401:  # RFC 6750 section 3: how to authenticate
         response.headers["WWW-Authenticate"] = 'Bearer realm="scim"'
     return response

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -14,6 +15,7 @@ from typing import TypeVar
 
 import asyncpg
 import pytest
+from self_signed import key_and_cert
 
 from eventstore.db import Database, translate_errors
 from eventstore.embedded import EmbeddedPostgres
@@ -301,3 +303,41 @@ async def test_tls_settings_the_driver_cannot_use_are_named(query: str, named: s
     assert named in message and "percent-encode" not in message, message
     assert "pw-not-shown" not in message
     assert not isinstance(caught.value, StoreUnavailable)
+
+
+async def test_sslrootcert_system_verifies_against_the_system_roots(tmp_path: Path) -> None:
+    """The driver read `system` as a file name, and the missing file came out as "database
+    unreachable". Against a server whose certificate no public CA signed, the handshake is
+    now attempted and refused, and the refusal says so."""
+    key_pem, cert_pem = key_and_cert("127.0.0.1", ip_address="127.0.0.1")
+    (tmp_path / "server.key").write_text(key_pem)
+    (tmp_path / "server.crt").write_text(cert_pem)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
+
+    async def postgres_ssl_request(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            await reader.readexactly(8)  # SSLRequest
+            writer.write(b"S")
+            await writer.drain()
+            await writer.start_tls(server_tls)
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # the client refused the certificate, as it must
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(postgres_ssl_request, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = f"postgresql://svc:pw-not-shown@127.0.0.1:{port}/svc?sslrootcert=system"
+    try:
+        with pytest.raises(StoreError) as caught:
+            await Database.connect(url, max_size=1)
+    finally:
+        server.close()
+    message = caught.value.message
+    assert "TLS certificate was not accepted" in message, message
+    assert not isinstance(caught.value, StoreUnavailable)
+    with pytest.raises(StoreError, match="needs sslmode=verify-full"):
+        await Database.connect(url + "&sslmode=require", max_size=1)

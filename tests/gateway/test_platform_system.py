@@ -20,7 +20,7 @@ from platform_support import WHOAMI, running, settings_for, uid
 from yarl import URL
 
 from eventstore.db import Database, PoolStats
-from gateway import openapi, system
+from gateway import openapi, security, system
 from gateway.state import SETTINGS_SERVICE, TAILER
 from gateway.system import ReadinessProbe
 from schemas.errors import RateLimited
@@ -539,12 +539,19 @@ async def test_https_redirect_goes_to_the_public_url(database_url: str) -> None:
         assert status == 308 and headers["Location"] == "https://svc.example.com/v1/time?a=1"
 
 
-async def test_forwarded_headers_ignored_from_untrusted_peers(database_url: str) -> None:
+async def test_forwarded_headers_ignored_from_untrusted_peers(
+    database_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(security, "_warned_of_local_proxy", False)
     settings = settings_for(database_url, SVC_REQUIRE_SECURE="1")
     async with running(settings) as svc:
-        spoof = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https"}
-        status, _, _ = await svc.request("GET", "/healthz", headers=spoof)
-        assert status == 200  # the peer (loopback) counts, not the spoofed header
+        spoof = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "http"}
+        for _ in range(2):
+            status, _, _ = await svc.request("GET", "/v1/ping", headers=spoof)
+            assert status == 200  # the peer (loopback) counts, not the spoofed header
+    # A proxy on this host that is not trusted makes every request local: said, once.
+    warned = [r for r in caplog.records if "SVC_TRUSTED_PROXIES" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
 
 
 async def test_the_access_log_hides_query_credentials_and_shows_the_proxied_client(

@@ -18,6 +18,7 @@ from identity_support import GUARDED, WHOAMI, Running, running, settings_for
 from gateway.identity.service import IDENTITY
 from gateway.identity.throttle import MAX_PER_ACCOUNT
 from gateway.identity.totp import TotpVerifier, matching_step, new_secret, now_code
+from gateway.metrics import HTTP_ERRORS
 from schemas.identity_api import SessionInfo
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
@@ -262,6 +263,24 @@ async def test_non_ascii_basic_credentials_are_invalid_client(database_url: str)
             header = b"Authorization: Basic " + value + b"\r\n"
             status, err = await raw_post(svc, "/v1/oauth/token", form + header, body)
             assert_oauth_error(status, err, 401, "invalid_client")
+
+
+async def test_oauth_and_scim_refusals_are_counted_as_http_errors(database_url: str) -> None:
+    """They answer in their protocols' own formats, not the envelope: brute force on the
+    token endpoint or the SCIM token showed nowhere in `svc_http_errors_total`."""
+    refused = HTTP_ERRORS.labels(status="401")
+    before = refused._value.get()
+    async with running(settings_for(database_url)) as svc:
+        form = {"grant_type": "client_credentials"}
+        status, _, _ = await svc.request(
+            "POST", "/v1/oauth/token", data=form, headers=basic("nobody", "wrong")
+        )
+        assert status == 401
+        status, _, _ = await svc.request(
+            "GET", "/scim/v2/Users", headers={"Authorization": "Bearer not-a-token"}
+        )
+        assert status == 401
+    assert refused._value.get() - before == 2
 
 
 async def enrolled_user(svc: Running, key: str, name: str) -> tuple[str, aiohttp.ClientSession]:
