@@ -45,7 +45,14 @@ async def ask(request: web.Request, key: ActorKey, command: Command) -> Any:
 
 
 CONVERSATION_MODELS = ("conversations", "messages", "turns")
-"""The read models a conversation read draws on: a read waits for these, not for all."""
+"""The read models the conversation reads draw on, together (the overview's)."""
+CONVERSATION_LIST_MODELS = ("conversations",)
+MESSAGE_MODELS = ("conversations", "messages")
+"""A conversation's messages, and its export: the conversation row, then its messages."""
+TURN_MODELS = ("conversations", "turns")
+ANALYTICS_MODELS = ("turns",)
+"""Each read waits for the read models it reads, not for all: one stopped on an event it
+cannot apply holds up only the reads that need it (docs/admin-api.md)."""
 
 
 async def wait_applied(

@@ -11,7 +11,15 @@ import orjson
 from aiohttp import web
 from pydantic import TypeAdapter
 
-from gateway.admin_common import CONVERSATION_MODELS, READ, acting, ok, read_your_writes
+from gateway.admin_common import (
+    CONVERSATION_LIST_MODELS,
+    MESSAGE_MODELS,
+    READ,
+    TURN_MODELS,
+    acting,
+    ok,
+    read_your_writes,
+)
 from gateway.control_chars import visible_controls
 from gateway.errors import abort_connection, client_gone, read_query
 from gateway.state import DATABASE
@@ -109,7 +117,7 @@ def _not_found(cid: str) -> NotFound:
 async def list_conversations(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     page = read_query(request, PageQuery)
-    await read_your_writes(request, CONVERSATION_MODELS)
+    await read_your_writes(request, CONVERSATION_LIST_MODELS)
     rows, total = await queries.list_conversations(
         request.app[DATABASE], principal.workspace_id, limit=page.limit, offset=page.offset
     )
@@ -126,7 +134,7 @@ async def list_conversations(request: web.Request) -> web.Response:
 async def conversation_messages(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     params = read_query(request, MessagesQuery)
-    await read_your_writes(request, CONVERSATION_MODELS)
+    await read_your_writes(request, MESSAGE_MODELS)
     await _conversation(request, principal.workspace_id, params.id)
     page = await queries.get_message_page(
         request.app[DATABASE],
@@ -148,7 +156,7 @@ async def conversation_messages(request: web.Request) -> web.Response:
 async def conversation_turns(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     params = read_query(request, TurnsQuery)
-    await read_your_writes(request, CONVERSATION_MODELS)
+    await read_your_writes(request, TURN_MODELS)
     if params.conversation_id is not None:
         await _conversation(request, principal.workspace_id, params.conversation_id)
     rows = await queries.list_turns(
@@ -211,7 +219,7 @@ async def export_conversation(request: web.Request) -> web.StreamResponse:
     (chunked) a client sees a transfer cut short, never a file that looks complete."""
     principal = await acting(request, READ)
     params = read_query(request, ExportQuery)
-    await read_your_writes(request, CONVERSATION_MODELS)
+    await read_your_writes(request, MESSAGE_MODELS)
     db, ws, cid = request.app[DATABASE], principal.workspace_id, params.conversation_id
     found = await queries.get_conversation_and_last_seq(db, ws, cid)
     if found is None:

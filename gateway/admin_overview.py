@@ -8,7 +8,14 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
-from gateway.admin_common import CONVERSATION_MODELS, READ, acting, ok, read_your_writes
+from gateway.admin_common import (
+    ANALYTICS_MODELS,
+    CONVERSATION_MODELS,
+    READ,
+    acting,
+    ok,
+    read_your_writes,
+)
 from gateway.errors import read_query
 from gateway.state import DATABASE, PROJECTIONS
 from projections import queries
@@ -78,7 +85,7 @@ async def analytics(request: web.Request) -> web.Response:
         since, until = params.window(datetime.now(UTC))
     except ValueError as exc:
         raise InvalidInput(str(exc), code="invalid_window") from None
-    await read_your_writes(request, CONVERSATION_MODELS)
+    await read_your_writes(request, ANALYTICS_MODELS)
     result = await queries.analytics(
         request.app[DATABASE],
         principal.workspace_id,

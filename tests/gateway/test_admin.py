@@ -618,15 +618,15 @@ async def test_a_revocation_the_read_models_have_not_applied_is_not_confirmed(
 async def test_a_stopped_read_model_holds_up_only_the_reads_that_draw_on_it(
     service: Service,
 ) -> None:
-    """An event the turns read model cannot apply (one a newer version wrote, say) stops it
-    for every workspace. Key writes and reads of other read models go on; a read that needs
+    """An event the turns read model cannot apply (one a newer version wrote, say; the others
+    do not read it) stops it for every workspace. Key writes and reads of other read models go on; a read that needs
     the stopped one says it is stopped, which no retry cures, instead of "lagging"."""
     ws = uid("ws-")
     admin = await service.issue_key(ws, ("admin:read", "admin:write"))
     poisoned = uid("ws-")
     await service.app[STORE].append(
         f"conversation:{uid()}",
-        [NewEvent("conversation.turn_failed", {"conversation_id": "x"}, 1)],
+        [NewEvent("conversation.turn_started", {"conversation_id": "x"}, 1)],
         expected_version=0,
         command_id=uid("cmd-"),
         workspace_id=poisoned,
@@ -638,13 +638,13 @@ async def test_a_stopped_read_model_holds_up_only_the_reads_that_draw_on_it(
     revoked = await service.post_json(path, admin, None)
     listing = await service.get_json("/v1/admin/apikeys", admin, min_cursor=revoked["cursor"])
     assert any(k["revoked_at"] for k in listing["api_keys"])
-    body = await service.get_json(
-        "/v1/admin/conversations", admin, 503, min_cursor=revoked["cursor"]
-    )
-    assert_error(body, "projection_failed")
-    assert (
-        "turns" in body["error"]["message"] and "svc projections status" in body["error"]["message"]
-    )
+    cursor = revoked["cursor"]
+    await service.get_json("/v1/admin/conversations", admin, min_cursor=cursor)  # not turns'
+    for needs_turns in ("/v1/admin/conversations/turns", "/v1/admin/analytics"):
+        body = await service.get_json(needs_turns, admin, 503, min_cursor=cursor)
+        assert_error(body, "projection_failed")
+        message = body["error"]["message"]
+        assert "turns" in message and "svc projections status" in message
 
 
 async def _two_issued_keys(service: Service) -> tuple[str, str, Any, Any]:
