@@ -278,19 +278,29 @@ async def get_messages(db: Database, workspace_id: str, conversation_id: str) ->
 async def list_turns(
     db: Database, workspace_id: str, conversation_id: str | None = None, *, limit: int = 50
 ) -> list[Turn]:
-    """The most recent turns, of one conversation or of the whole workspace, newest first."""
+    """The most recent turns, of one conversation or of the whole workspace, newest first
+    (by start, or by finish for a turn that never started)."""
+    of = "" if conversation_id is None else "AND conversation_id = $3"
+    # The turns that started and those that did not each come off an index in this order
+    # (migration 0180), at most `limit` of each; the merge then sorts 2 x limit rows.
+    sql = f"""
+        SELECT * FROM (
+            (SELECT {_TURN_COLUMNS} FROM turns
+             WHERE workspace_id = $1 AND started_at IS NOT NULL {of}
+             ORDER BY started_at DESC, turn_id LIMIT $2)
+            UNION ALL
+            (SELECT {_TURN_COLUMNS} FROM turns
+             WHERE workspace_id = $1 AND started_at IS NULL {of}
+             ORDER BY finished_at DESC, turn_id LIMIT $2)
+        ) AS t
+        ORDER BY coalesce(started_at, finished_at) DESC, turn_id
+        LIMIT $2
+    """
+    args: tuple[Any, ...] = (workspace_id, limit)
+    if conversation_id is not None:
+        args += (conversation_id,)
     async with db.scoped(workspace_id) as conn:
-        rows = await conn.fetch(
-            f"""
-            SELECT {_TURN_COLUMNS} FROM turns
-            WHERE workspace_id = $1 AND ($2::text IS NULL OR conversation_id = $2)
-            ORDER BY coalesce(started_at, finished_at) DESC, turn_id
-            LIMIT $3
-            """,
-            workspace_id,
-            conversation_id,
-            limit,
-        )
+        rows = await conn.fetch(sql, *args)
     return [Turn(*r) for r in rows]
 
 
@@ -484,6 +494,13 @@ percentile_cont(0.95) WITHIN GROUP (ORDER BY t.duration_ms)
 # (a restart later, say), not a model call's.
 # A turn belongs to the bucket of its start (its finish when it never started).
 _WHEN = "coalesce(t.started_at, t.finished_at)"
+# The window [$2, $3), spelled so that each half is a range on an index (migration 0180):
+# `_WHEN >= $2` itself is no range on any, and read every turn of the workspace.
+_IN_WINDOW = """
+t.workspace_id = $1
+AND ((t.started_at >= $2 AND t.started_at < $3)
+     OR (t.started_at IS NULL AND t.finished_at >= $2 AND t.finished_at < $3))
+"""
 
 
 def _figures(row: Any, offset: int = 0) -> UsageFigures:
@@ -515,23 +532,19 @@ async def analytics(
         raise InvalidInput(f"the window spans more than {MAX_BUCKETS} {bucket} buckets")
     async with db.scoped(workspace_id) as conn:
         total = await conn.fetchrow(
-            f"""
-            SELECT {_FIGURES} FROM turns t
-            WHERE t.workspace_id = $1 AND {_WHEN} >= $2 AND {_WHEN} < $3
-            """,
-            workspace_id,
-            since,
-            until,
+            f"SELECT {_FIGURES} FROM turns t WHERE {_IN_WINDOW}", workspace_id, since, until
         )
         rows = await conn.fetch(
             f"""
+            WITH windowed AS (
+                SELECT t.*, date_trunc($4, {_WHEN}, 'UTC') AS bucket
+                FROM turns t WHERE {_IN_WINDOW}
+            )
             SELECT b.start, {_FIGURES}
             FROM generate_series(date_trunc($4, $2::timestamptz, 'UTC'),
                                  $3::timestamptz - interval '1 microsecond',
                                  ('1 ' || $4)::interval) AS b(start)
-            LEFT JOIN turns t
-              ON t.workspace_id = $1 AND {_WHEN} >= $2 AND {_WHEN} < $3
-             AND date_trunc($4, {_WHEN}, 'UTC') = b.start
+            LEFT JOIN windowed t ON t.bucket = b.start
             GROUP BY b.start ORDER BY b.start
             """,
             workspace_id,

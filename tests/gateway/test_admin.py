@@ -619,8 +619,9 @@ async def test_a_stopped_read_model_holds_up_only_the_reads_that_draw_on_it(
     service: Service,
 ) -> None:
     """An event the turns read model cannot apply (one a newer version wrote, say; the others
-    do not read it) stops it for every workspace. Key writes and reads of other read models go on; a read that needs
-    the stopped one says it is stopped, which no retry cures, instead of "lagging"."""
+    do not read it) stops it for every workspace. Key writes and reads of other read models
+    go on; a read that needs the stopped one says it is stopped, which no retry cures,
+    instead of "lagging"."""
     ws = uid("ws-")
     admin = await service.issue_key(ws, ("admin:read", "admin:write"))
     poisoned = uid("ws-")
