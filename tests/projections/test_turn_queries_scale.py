@@ -92,9 +92,7 @@ def rows_read_from_turns(node: dict[str, Any]) -> int:
     return own + sum(rows_read_from_turns(child) for child in node.get("Plans", []))
 
 
-async def test_a_page_or_a_window_reads_only_its_own_turns(
-    db: Database, plans: list[Any]
-) -> None:
+async def test_a_page_or_a_window_reads_only_its_own_turns(db: Database, plans: list[Any]) -> None:
     ws = f"ws-{uuid.uuid4().hex[:8]}"
     # 20,000 turns over 200 days, 100 a day; a few that never started.
     rows: list[tuple[str, str, Any, Any]] = []
