@@ -153,6 +153,8 @@ ORDER BY {order}
 
 _READ_ALL_CUT = _cut_by_bytes(_READ_ALL, "tx, position", "$4")
 _READ_ALL_TYPES_CUT = _cut_by_bytes(_READ_ALL_TYPES, "tx, position", "$5")
+_READ_WORKSPACE_CUT = _cut_by_bytes(_READ_WORKSPACE, "workspace_id, tx, position", "$5")
+_READ_WORKSPACE_TYPES_CUT = _cut_by_bytes(_READ_WORKSPACE_TYPES, "workspace_id, tx, position", "$6")
 
 
 async def read_log_cut(
@@ -161,18 +163,25 @@ async def read_log_cut(
     limit: int,
     max_bytes: int,
     types: Sequence[str] | None = None,
+    workspace_id: str | None = None,
 ) -> tuple[list[RecordedEvent], bool]:
-    """Like `read_log` over the whole log, the page also bounded by `max_bytes` of stored
-    event data (the first event always taken), and whether more may follow it: for the
-    readers that hold a whole page at once (the projections), where a page of a thousand
+    """Like `read_log`, the page also bounded by `max_bytes` of stored event data (the first
+    event always taken), and whether more may follow it: for the readers that hold a whole
+    page at once (the projections, a feed catching up), where a page of a thousand
     one-megabyte messages held a gigabyte."""
     if types is not None and not types:
         return [], False
-    if types is None:
-        rows = await conn.fetch(_READ_ALL_CUT, after.tx, after.position, limit, max_bytes)
+    args: tuple[object, ...] = (after.tx, after.position, limit)
+    if workspace_id is None:
+        if types is None:
+            rows = await conn.fetch(_READ_ALL_CUT, *args, max_bytes)
+        else:
+            rows = await conn.fetch(_READ_ALL_TYPES_CUT, *args, list(types), max_bytes)
+    elif types is None:
+        rows = await conn.fetch(_READ_WORKSPACE_CUT, *args, workspace_id, max_bytes)
     else:
         rows = await conn.fetch(
-            _READ_ALL_TYPES_CUT, after.tx, after.position, limit, list(types), max_bytes
+            _READ_WORKSPACE_TYPES_CUT, *args, workspace_id, list(types), max_bytes
         )
     if not rows:
         return [], False

@@ -22,7 +22,7 @@ from eventstore.db import Connection, Database
 from eventstore.errors import InvalidCursor, StoreError
 from eventstore.notify import CommitNotifier
 from eventstore.outage_log import OutageLog, doubling_backoff
-from eventstore.reads import log_head, point_issued, read_log
+from eventstore.reads import log_head, point_issued, read_log, read_log_cut
 from eventstore.records import RecordedEvent
 from eventstore.tasks import cancel_and_wait, wait_set
 from schemas.errors import Unavailable
@@ -81,6 +81,10 @@ def _backoff(poll_interval_s: float, failures: int) -> float:
     """The wait after the n-th failed read in a row: doubling from the poll interval."""
     return doubling_backoff(poll_interval_s, FAILED_READ_BACKOFF_CAP_S, failures)
 
+
+HISTORY_PAGE_BYTES = 8 * 1024 * 1024
+"""The most stored event data a page of history holds (its first event aside): a reader
+catching up holds a page whole."""
 
 BatchListener = Callable[[Sequence[RecordedEvent]], None]
 """Called with each batch the tailer reads, in log order, before it reads the next one."""
@@ -262,21 +266,24 @@ class LogTailer:
         workspace_id: str | None,
         types: Sequence[str] | None,
         limit: int,
-    ) -> list[RecordedEvent]:
-        """One page of `history`: up to `limit` events after `after`, scoped in the query.
-        For a reader that sizes its pages itself (the feeds, by the bytes they write)."""
+        max_bytes: int = HISTORY_PAGE_BYTES,
+    ) -> tuple[list[RecordedEvent], bool]:
+        """One page of `history`: up to `limit` events after `after` and `max_bytes` of their
+        stored data (the first always taken), scoped in the query; and whether more may
+        follow. For a reader that sizes its pages itself (the feeds, by the bytes they
+        write): a page is held whole, so large events must make it short."""
         async with self._db.acquire() as conn:
-            return await read_log(conn, after, limit, workspace_id, types)
+            return await read_log_cut(conn, after, limit, max_bytes, types, workspace_id)
 
     async def _history(
         self, after: LogPoint, workspace_id: str | None, types: frozenset[str] | None
     ) -> AsyncIterator[RecordedEvent]:
         type_list = sorted(types) if types is not None else None
         while self._running:
-            page = await self.history_page(after, workspace_id, type_list, self._history_page)
+            page, more = await self.history_page(after, workspace_id, type_list, self._history_page)
             for event in page:
                 yield event
-            if len(page) < self._history_page:
+            if not more:
                 return
             after = page[-1].point
 

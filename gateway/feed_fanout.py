@@ -354,9 +354,9 @@ class FeedFanout:
             self._catch_up_slots = asyncio.Semaphore(self.catch_up_concurrency)
         while not conn.ended.done():
             read = self._history_page(conn, tailer, types, limit)
-            page = await self._heartbeating(conn, resp, asyncio.create_task(read))
+            page, more = await self._heartbeating(conn, resp, asyncio.create_task(read))
             written, frames = await self._write_catch_up(conn, resp, page)
-            if len(page) < limit:
+            if not more:
                 return
             if frames:  # else nothing to go by: the same size again
                 # The frames' average stands for the page's events: the ones the feed does
@@ -368,17 +368,21 @@ class FeedFanout:
 
     async def _history_page(
         self, conn: FeedConnection, tailer: LogTailer, types: list[str] | None, limit: int
-    ) -> list[RecordedEvent]:
+    ) -> tuple[list[RecordedEvent], bool]:
+        """A page cut by count (sized by what the last one wrote) and by stored bytes: the
+        count comes from events met so far, and a run of large ones after small ones would
+        otherwise fill a page sized for the small."""
         assert self._catch_up_slots is not None
         async with self._catch_up_slots:
-            return await tailer.history_page(conn.point, conn.filter.workspace_id, types, limit)
+            ws = conn.filter.workspace_id
+            return await tailer.history_page(conn.point, ws, types, limit, CATCH_UP_PAGE_BYTES)
 
     async def _heartbeating(
         self,
         conn: FeedConnection,
         resp: web.StreamResponse,
-        read: asyncio.Task[list[RecordedEvent]],
-    ) -> list[RecordedEvent]:
+        read: asyncio.Task[tuple[list[RecordedEvent], bool]],
+    ) -> tuple[list[RecordedEvent], bool]:
         """`read`'s page, with a heartbeat after each `heartbeat_s` of silence meanwhile: the
         sweep's heartbeats skip a feed catching up (its writes are the catch-up's own), and
         a feed waiting for a catch-up slot behind a crowd of reconnecting clients, or for a
@@ -395,7 +399,7 @@ class FeedFanout:
                 if read.done():
                     return read.result()
                 if conn.ended.done():  # shut down or refused meanwhile: no page, no beats
-                    return []
+                    return [], False
                 await self._write_chunk(conn, resp, [HEARTBEAT_FRAME])
         finally:
             if read.done():

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
+import orjson
 import pytest
 from platform_support import access_logged
 from test_admin_support import (
@@ -511,7 +513,7 @@ async def test_a_failed_history_read_ends_the_feed_with_a_frame(
     real_page = tailer.history_page
     pages: list[int] = []
 
-    async def failing_page(*args: Any) -> list[RecordedEvent]:
+    async def failing_page(*args: Any) -> tuple[list[RecordedEvent], bool]:
         pages.append(1)
         if len(pages) == 2:  # after a first page written
             raise failure
@@ -541,8 +543,8 @@ async def test_catch_up_pages_are_sized_by_the_bytes_they_write(
     real_page = tailer.history_page
     limits: list[int] = []
 
-    async def recording_page(*args: Any) -> list[RecordedEvent]:
-        limits.append(args[-1])
+    async def recording_page(*args: Any) -> tuple[list[RecordedEvent], bool]:
+        limits.append(args[3])
         return await real_page(*args)
 
     monkeypatch.setattr(tailer, "history_page", recording_page)
@@ -552,6 +554,40 @@ async def test_catch_up_pages_are_sized_by_the_bytes_they_write(
     assert numbers == list(range(150))
     assert limits[0] == feed_fanout.CATCH_UP_FIRST_PAGE
     assert limits[1:] and all(8 <= limit <= 10 for limit in limits[1:]), limits
+
+
+async def test_large_events_after_small_ones_are_cut_from_a_page_by_their_size(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages are sized by the events met so far: after small ones, a page grew to hundreds
+    of events, and a run of large ones filled all of it (hundreds of megabytes per feed).
+    The read also cuts a page by the events' stored size."""
+    monkeypatch.setattr(feed_fanout, "CATCH_UP_PAGE_BYTES", 256 * 1024)
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    await service.append_pings(ws, 700)
+    large = [  # random text, so that its stored size is its size (no compression)
+        NewEvent("test.ping", {"n": 700 + n, "pad": os.urandom(24_000).hex()}) for n in range(60)
+    ]
+    await service.app[STORE].append(
+        uid("test:"), large, expected_version=0, command_id=uid("cmd-"), workspace_id=ws
+    )
+    tailer = service.app[TAILER]
+    real_page = tailer.history_page
+    page_bytes: list[int] = []
+
+    async def measured_page(*args: Any) -> tuple[list[RecordedEvent], bool]:
+        page, more = await real_page(*args)
+        page_bytes.append(sum(len(orjson.dumps(e.data)) for e in page))
+        return page, more
+
+    monkeypatch.setattr(tailer, "history_page", measured_page)
+    resp, reader = await open_feed(service, EVENTS, key)
+    numbers = await ping_numbers(reader, 760)
+    resp.close()
+    assert numbers == list(range(760))
+    # One event may pass the budget (a page always moves on), never a page's worth.
+    assert max(page_bytes) <= 256 * 1024 + 48_100, page_bytes
 
 
 async def ping_numbers(reader: SseReader, count: int) -> list[int]:
@@ -581,7 +617,7 @@ async def test_feeds_catching_up_at_once_read_history_a_few_at_a_time(
     real_page = tailer.history_page
     reading = peak = 0
 
-    async def slow_page(*args: Any) -> list[RecordedEvent]:
+    async def slow_page(*args: Any) -> tuple[list[RecordedEvent], bool]:
         nonlocal reading, peak
         reading += 1
         peak = max(peak, reading)
