@@ -9,6 +9,9 @@ that fails to record changes nothing (migrations/0102).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from eventstore.db import Database
 
 _PUT = """
@@ -48,6 +51,18 @@ class DatabaseVault:
     async def delete(self, key: str) -> None:
         async with self._db.acquire() as conn:
             await conn.execute("DELETE FROM instance_secrets WHERE key = $1", key)
+
+    @asynccontextmanager
+    async def changing(self, key: str) -> AsyncIterator[None]:
+        """A session advisory lock on the key, on a connection of its own for the change
+        (the server drops it with the connection, should this process die holding it)."""
+        lock = ("svc.secret-setting:" + key,)
+        async with self._db.acquire() as conn:
+            await conn.execute("SELECT pg_advisory_lock(hashtextextended($1, 0))", *lock)
+            try:
+                yield
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", *lock)
 
     async def all(self) -> dict[str, dict[str, str]]:
         """key -> version -> value."""

@@ -18,6 +18,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -390,6 +391,11 @@ class SecretVault(Protocol):
 
     async def all(self) -> dict[str, dict[str, str]]: ...
 
+    def changing(self, key: str) -> AbstractAsyncContextManager[None]:
+        """Held, by every process on the database, across one change of the key: its value's
+        write, the event, and the deletion of the versions no event names any more."""
+        ...
+
 
 def settings_actor_key() -> ActorKey:
     return ActorKey(KIND, SETTINGS_STREAM_ID)
@@ -492,8 +498,9 @@ class SettingsService:
 
     async def set(self, key: str, raw: str) -> SettingChangeResult:
         raw = storable_value(key, raw)
-        async with self._changing:
-            return await self._set(get_spec(key), key, raw)
+        spec = get_spec(key)
+        async with self._changing, self._secret_changing(spec):
+            return await self._set(spec, key, raw)
 
     async def _set(self, spec: SettingSpec, key: str, raw: str) -> SettingChangeResult:
         # A secret's value is written first, under a version of its own that the event then
@@ -519,7 +526,7 @@ class SettingsService:
 
     async def unset(self, key: str) -> SettingChangeResult:
         spec = storable_spec(key)
-        async with self._changing:
+        async with self._changing, self._secret_changing(spec):
             return await self._unset(spec, key)
 
     async def _unset(self, spec: SettingSpec, key: str) -> SettingChangeResult:
@@ -545,6 +552,12 @@ class SettingsService:
         self._stored.pop(key, None)
         self._settings.apply_stored(key, None)
         return _change_result(spec, self._settings, self._serving)
+
+    def _secret_changing(self, spec: SettingSpec) -> AbstractAsyncContextManager[None]:
+        """A secret's changes, one at a time across processes: an unset deletes every
+        version of the value, and one racing another process's set deleted the version
+        that set's event (the newer) names, leaving the key set to nothing."""
+        return self._vault.changing(spec.key) if spec.secret else nullcontext()
 
     async def _prune(self, key: str, keep: str) -> None:
         """The key's older versions: only the one the newest event names is ever read."""

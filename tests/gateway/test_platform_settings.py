@@ -583,6 +583,49 @@ async def test_live_change_reaches_another_gateway_on_the_same_database(
         assert other.text("SVC_TRUSTED_PROXIES") == "10.0.0.0/8"
 
 
+async def test_an_unset_racing_another_process_s_set_of_a_secret_keeps_the_set(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Process A records the unset; process B then writes its new value and records the
+    change naming it; A deleted every version of the key, B's included: the log said set,
+    the vault held nothing, and the next start ran without it."""
+    key = "SVC_NATIVE_API_KEY"
+    async with (
+        running(settings_for(database_url)) as first,
+        running(settings_for(database_url)) as second,
+    ):
+        a, b = first.app[SETTINGS_SERVICE], second.app[SETTINGS_SERVICE]
+        await a.set(key, "old-key-1234")
+        runtime = first.app[RUNTIME]
+        real_ask = runtime.ask
+        racing: list[asyncio.Task[Any]] = []
+
+        async def unset_then_race(actor: Any, command: Any, **kw: Any) -> Any:
+            outcome = await real_ask(actor, command, **kw)
+            if type(command).__name__ == "UnsetSetting":
+                racing.append(asyncio.create_task(b.set(key, "new-key-5678")))
+                async with asyncio.timeout(30):  # B done, or B waiting for A's change to end
+                    while True:
+                        if racing[0].done() or await waiting_on_a_lock(first):
+                            break
+                        await asyncio.sleep(0.02)
+            return outcome
+
+        monkeypatch.setattr(runtime, "ask", unset_then_race)
+        await a.unset(key)
+        await racing[0]
+        assert (await a.stored_values()).get(key) == "new-key-5678"
+
+
+async def waiting_on_a_lock(svc: Any) -> bool:
+    async with svc.app[DATABASE].acquire() as conn:
+        waiting = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE '%pg_advisory_lock%' AND pid <> pg_backend_pid()"
+        )
+    return bool(waiting)
+
+
 @pytest.fixture
 def log_levels() -> Iterator[None]:
     names = ["", *PROJECT_LOGGERS, *QUIET_LOGGERS]
