@@ -351,6 +351,17 @@ class _StalledOnTheWayOut(CounterBehaviour):
         yield None
 
 
+async def until_running(table: ActivationTable) -> None:
+    """Until a command runs (its actor activated from the store, which takes a while under
+    load): what the test sends next must find it running, not queued."""
+    async with asyncio.timeout(10):
+        while True:
+            stats = table.stats()
+            if stats.busy and not stats.queued:  # busy while it loads too, command queued
+                return
+            await asyncio.sleep(0.005)
+
+
 async def test_stop_fails_a_command_that_cannot_finish_recording_its_interruption(
     store: PostgresEventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -358,7 +369,7 @@ async def test_stop_fails_a_command_that_cannot_finish_recording_its_interruptio
     table = ActivationTable(store, [_StalledOnTheWayOut()])
     await table.start()
     reply = table.submit(ActorKey(COUNTER, uuid.uuid4().hex), add(1))
-    await asyncio.sleep(0.05)
+    await until_running(table)
     summary = await table.stop(deadline_s=0.1)
     assert summary.interrupted == 1
     with pytest.raises(CommandInterrupted):
@@ -541,7 +552,7 @@ async def test_a_full_mailbox_refuses_more_commands_at_once(store: PostgresEvent
         key = ActorKey(COUNTER, uuid.uuid4().hex)
         slow = AddToCounter(command_id=uuid.uuid4().hex, workspace_id=WS, delay_s=0.3)
         running = table.submit(key, slow)
-        await asyncio.sleep(0.05)  # the slow one has left the mailbox and runs
+        await until_running(table)  # the slow one has left the mailbox
         queued = [table.submit(key, add()) for _ in range(3)]
         with pytest.raises(MailboxFull) as refused:
             table.submit(key, add())
@@ -570,7 +581,7 @@ async def test_mailboxes_refuse_text_past_their_budgets(
     try:
         one, other = (conversation_key(uuid.uuid4().hex) for _ in range(2))
         running = table.submit(one, _turn_of(100))
-        await asyncio.sleep(0.05)  # out of the mailbox: running
+        await until_running(table)  # out of the mailbox
         queued = [table.submit(one, _turn_of(100)) for _ in range(2)]
         with pytest.raises(MailboxFull, match="waiting for this conversation") as refused:
             table.submit(one, _turn_of(100))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import time
 import uuid
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -60,6 +62,23 @@ async def wait_healthy(base: str, server: asyncio.subprocess.Process) -> None:
                 pass
             await asyncio.sleep(0.1)
     raise AssertionError("svc serve did not become healthy")
+
+
+async def serving_url(server: asyncio.subprocess.Process, log_path: Path, offset: int = 0) -> str:
+    """The base URL of `svc serve` started on `SVC_GATEWAY_ADDR=127.0.0.1:0` with its output
+    in `log_path` (from byte `offset` on), read from its "svc listening on" line, once
+    /healthz answers. A port picked beforehand (bound, closed, reused) could be taken by
+    another test worker's server in between."""
+    async with asyncio.timeout(180):
+        while True:
+            assert server.returncode is None, "svc serve exited early"
+            text = (await asyncio.to_thread(log_path.read_bytes))[offset:]
+            if found := re.search(rb"svc listening on 127\.0\.0\.1:(\d+)", text):
+                break
+            await asyncio.sleep(0.05)
+    base = f"http://127.0.0.1:{int(found.group(1))}"
+    await wait_healthy(base, server)
+    return base
 
 
 async def access_logged(records: Sequence[logging.LogRecord], needle: str) -> None:

@@ -24,7 +24,7 @@ import asyncpg
 import orjson
 import pytest
 from aiohttp import web
-from platform_support import StallingUpstream, free_port, issue_key, uid, wait_healthy
+from platform_support import StallingUpstream, issue_key, serving_url, uid
 from pydantic import BaseModel
 
 from actors import ActivationTable, ActorContext, ActorKey, Behaviour, RuntimeStopping
@@ -207,10 +207,10 @@ SVC = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _env(database_url: str, upstream: str, tmp_path: Path, port: int) -> dict[str, str]:
+def _env(database_url: str, upstream: str, tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SVC_")}
     config = _config(database_url, upstream, tmp_path)
-    return {**env, **config, "SVC_GATEWAY_ADDR": f"127.0.0.1:{port}"}
+    return {**env, **config, "SVC_GATEWAY_ADDR": "127.0.0.1:0"}
 
 
 async def sigterm_mid_turn(
@@ -219,16 +219,16 @@ async def sigterm_mid_turn(
     log_path: Path,
     answered: Callable[[int, bytes], None] = _interrupted,
 ) -> tuple[int, float]:
-    """`svc serve` with `env`, a key made by `svc apikeys create`, a chat turn stalled at
-    `stub`, then SIGTERM: the turn's client is `answered` (by default `interrupted`).
-    Returns the server's exit code and the seconds from the signal to the exit."""
-    url = "http://" + env["SVC_GATEWAY_ADDR"]
+    """`svc serve` with `env` (on `SVC_GATEWAY_ADDR=127.0.0.1:0`), a key made by `svc
+    apikeys create`, a chat turn stalled at `stub`, then SIGTERM: the turn's client is
+    `answered` (by default `interrupted`). Returns the server's exit code and the seconds
+    from the signal to the exit."""
     with log_path.open("wb") as log_file:
         server = await asyncio.create_subprocess_exec(
             *SVC, "serve", env=env, stdout=log_file, stderr=log_file, cwd=ROOT
         )
         try:
-            await wait_healthy(url, server)
+            url = await serving_url(server, log_path)
             created = await asyncio.to_thread(
                 subprocess.run,
                 [*SVC, "apikeys", "create", "--scopes", "chat"],
@@ -263,7 +263,7 @@ async def test_sigterm_answers_in_flight_turns_within_one_grace(
 ) -> None:
     log_path = tmp_path / "serve.log"
     async with StallingUpstream().running() as stub:
-        env = _env(database_url, stub.base_url, tmp_path, free_port())
+        env = _env(database_url, stub.base_url, tmp_path)
         code, took = await sigterm_mid_turn(env, stub, log_path)
     log = log_path.read_text(errors="replace")
     assert code == 0, log

@@ -21,7 +21,7 @@ from subprocess import PIPE
 
 import aiohttp
 import pytest
-from platform_support import free_port, wait_healthy
+from platform_support import free_port, serving_url, wait_healthy
 
 SVC = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
 KEY = re.compile(r"svc_[A-Za-z0-9_\-]{40}")
@@ -274,24 +274,26 @@ async def _run(data_dir: Path, *args: str) -> tuple[int, str, str]:
     return proc.returncode or 0, out.decode(), err.decode()
 
 
-async def _serve(data_dir: Path, port: int, log_path: Path) -> asyncio.subprocess.Process:
-    """`svc serve` in its own process, answering /healthz (killed if it never does)."""
+async def _serve(data_dir: Path, log_path: Path) -> tuple[asyncio.subprocess.Process, str]:
+    """`svc serve` in its own process on a free port, answering /healthz (killed if it
+    never does), and its base URL."""
     with log_path.open("ab") as log_file:
+        offset = log_file.tell()  # a log appended to by an earlier serve: from its end on
         server = await asyncio.create_subprocess_exec(
             *SVC,
             "serve",
-            env=_env(data_dir, SVC_GATEWAY_ADDR=f"127.0.0.1:{port}"),
+            env=_env(data_dir, SVC_GATEWAY_ADDR="127.0.0.1:0"),
             stdout=log_file,
             stderr=log_file,
         )
     try:
-        await wait_healthy(f"http://127.0.0.1:{port}", server)
+        base = await serving_url(server, log_path, offset)
     except BaseException:
         if server.returncode is None:
             server.kill()
         await server.wait()
         raise
-    return server
+    return server, base
 
 
 async def _listening_port(log: asyncio.StreamReader) -> int:
@@ -345,10 +347,8 @@ async def test_a_signal_while_starting_stops_it_without_ever_listening(data_dir:
 
 
 async def test_key_created_while_the_server_runs_works_at_once(data_dir: Path) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     log_path = data_dir / "serve.log"
-    server = await _serve(data_dir, port, log_path)
+    server, base = await _serve(data_dir, log_path)
     try:
         code, out, err = await _run(
             data_dir, "apikeys", "create", "--scopes", "*", "--workspace", "w2"
@@ -437,11 +437,11 @@ def _running(pid: int) -> bool:
 async def test_a_clean_stop_after_a_crash_stops_the_embedded_database(data_dir: Path) -> None:
     """The wheel stops PostgreSQL when its last user exits, counting users by pid; a serve
     killed with SIGKILL stays counted unless the next start forgets it."""
-    port, log_path = free_port(), data_dir / "serve.log"
-    crashed = await _serve(data_dir, port, log_path)
+    log_path = data_dir / "serve.log"
+    crashed, _ = await _serve(data_dir, log_path)
     crashed.kill()
     await crashed.wait()
-    server = await _serve(data_dir, port, log_path)  # reuses the orphaned database
+    server, _ = await _serve(data_dir, log_path)  # reuses the orphaned database
     postmaster = _postmaster_pid(data_dir)
     server.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(server.wait(), 60) == 0, log_path.read_text(errors="replace")
@@ -457,8 +457,8 @@ async def test_a_stale_lock_file_naming_another_process_is_removed_not_obeyed(
 ) -> None:
     """After a crash (a reboot), postmaster.pid may name a pid now used by another process:
     it is no server to connect to, and it must not be killed as one."""
-    port, log_path = free_port(), data_dir / "serve.log"
-    crashed = await _serve(data_dir, port, log_path)
+    log_path = data_dir / "serve.log"
+    crashed, _ = await _serve(data_dir, log_path)
     postmaster = _postmaster_pid(data_dir)
     crashed.kill()
     await crashed.wait()

@@ -144,6 +144,30 @@ def _self_signed(root: Path) -> None:
     (root / "server.key").write_text(key)
 
 
+def _start_slapd(binary: str, conf: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    """slapd on two free ports, listening; started again on others when it cannot bind them
+    (a port found free may be taken by another test worker before slapd binds it)."""
+    for attempt in range(3):
+        port, tls_port = _free_port(), _free_port()
+        url, ldaps_url = f"ldap://127.0.0.1:{port}", f"ldaps://127.0.0.1:{tls_port}"
+        proc = subprocess.Popen(
+            [binary, "-f", str(conf), "-h", f"{url}/ {ldaps_url}/", "-d", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_listening(port, proc)
+            _wait_listening(tls_port, proc)
+        except RuntimeError:
+            proc.kill()
+            proc.wait()
+            if attempt == 2:
+                raise
+            continue
+        return proc, url, ldaps_url
+    raise AssertionError("unreachable")
+
+
 @dataclass(frozen=True)
 class Slapd:
     url: str
@@ -161,17 +185,8 @@ def slapd() -> Iterator[Slapd]:
         conf.write_text(
             CONF.format(dir=root, base=BASE, root_dn=ROOT_DN, root_pw=ROOT_PW, reader_dn=READER_DN)
         )
-        port, tls_port = _free_port(), _free_port()
-        url = f"ldap://127.0.0.1:{port}"
-        ldaps_url = f"ldaps://127.0.0.1:{tls_port}"
-        proc = subprocess.Popen(
-            [binary, "-f", str(conf), "-h", f"{url}/ {ldaps_url}/", "-d", "0"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        proc, url, ldaps_url = _start_slapd(binary, conf)
         try:
-            _wait_listening(port, proc)
-            _wait_listening(tls_port, proc)
             ldif = root / "data.ldif"
             ldif.write_text(LDIF.format(base=BASE, reader_dn=READER_DN, reader_pw=READER_PW))
             subprocess.run(

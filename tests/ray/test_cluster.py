@@ -270,7 +270,8 @@ def conversation_on(runtime: RayRuntime, host: str) -> ActorKey:
 async def until_busy(runtime: RayRuntime, what: str) -> None:
     """Until a host runs a command: what a test sends next must find it running."""
     for _ in range(600):  # 30 s at most
-        if (await runtime.stats()).busy:
+        stats = await runtime.stats()
+        if stats.busy and not stats.queued:  # busy while it loads too, command queued
             return
         await asyncio.sleep(0.05)
     pytest.fail(f"not running within 30 s: {what}")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import ray
 import stub_upstream
-from platform_support import StallingUpstream, free_port, running, settings_for
+from platform_support import StallingUpstream, running, settings_for
 from ray.cluster_utils import Cluster
 from test_graceful_shutdown import _config as shutdown_config
 from test_graceful_shutdown import sigterm_mid_turn
@@ -145,7 +145,7 @@ async def test_sigterm_shuts_a_ray_gateway_down_gracefully(
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("SVC_")},
             **shutdown_config(database_url, stub.base_url, tmp_path),
-            "SVC_GATEWAY_ADDR": f"127.0.0.1:{free_port()}",
+            "SVC_GATEWAY_ADDR": "127.0.0.1:0",
             "SVC_ACTOR_RUNTIME": "ray",
             "SVC_RAY_ADDRESS": ray_cluster.address,
             "SVC_RAY_CLUSTER": cluster_name,
