@@ -20,7 +20,8 @@ that point; events at or before the connection's `point` are dropped on either s
 `pending` overflows during catch-up it is reset and history read again from `point`.
 
 Slow consumers: a live connection's only buffer is its transport's. One holding more than
-`max_buffer_bytes` unsent, or holding unsent data at every sweep for `write_timeout_s`, is cut
+`max_buffer_bytes` unsent, or whose socket took none of its unsent data for `write_timeout_s`
+(a client that reads slowly but steadily, a large frame over a slow link, is not one), is cut
 off: it gets a final `event: error` frame with the cursor of the last event written to it,
 after the events already buffered, and its socket is aborted if that does not drain within
 `write_timeout_s`. Nothing ever waits for it. A sweep every `tick_s` sends heartbeats to idle
@@ -143,6 +144,12 @@ class Outlet:
         return self.transport.get_write_buffer_size()
 
     @property
+    def taken(self) -> int:
+        """Bytes of the response the socket has taken so far: grows while the client reads,
+        however slowly."""
+        return self.writer.output_size - self.transport.get_write_buffer_size()
+
+    @property
     def closing(self) -> bool:
         return self.transport.is_closing()
 
@@ -165,6 +172,7 @@ class FeedConnection:
         "pending_bytes",
         "pending_through",
         "point",
+        "taken_before",
         "unsent_since",
     )
 
@@ -191,6 +199,9 @@ class FeedConnection:
         self.final_sent = False
         self.last_write = now
         self.unsent_since: float | None = None
+        """Since when the socket has taken none of the unsent data (None: nothing unsent)."""
+        self.taken_before = 0
+        """`outlet.taken` when `unsent_since` was last set."""
 
     def consumed(self, point: LogPoint, cursor: str) -> None:
         self.point = point
@@ -441,10 +452,28 @@ class FeedFanout:
         self, conn: FeedConnection, resp: web.StreamResponse, frames: list[bytes]
     ) -> int:
         payload = b"".join(frames)
-        async with asyncio.timeout(self.write_timeout_s):
-            await resp.write(payload)
+        await self._written(conn, asyncio.create_task(resp.write(payload)))
         conn.last_write = asyncio.get_running_loop().time()
         return len(payload)
+
+    async def _written(self, conn: FeedConnection, write: asyncio.Task[None]) -> None:
+        """Until `write` drains; TimeoutError once the socket takes nothing of it for
+        `write_timeout_s`. A whole piece (a megabyte, or one large event) need not drain in
+        that time: a client on a slow link that reads steadily was cut off at every attempt
+        and never got past the event."""
+        taken = conn.outlet.taken
+        try:
+            while True:
+                done, _ = await asyncio.wait((write,), timeout=self.write_timeout_s)
+                if done:
+                    write.result()
+                    return
+                if conn.outlet.taken <= taken:
+                    raise TimeoutError
+                taken = conn.outlet.taken
+        finally:
+            if not write.done():
+                await cancel_and_wait(write)  # its bytes are the transport's: only the wait ends
 
     async def _finish(
         self,
@@ -618,10 +647,13 @@ class FeedFanout:
             self._end(conn, "gone")
             return
         if outlet.unsent:
-            if conn.unsent_since is None:
-                conn.unsent_since = now
+            taken = outlet.taken
+            if conn.unsent_since is None or taken > conn.taken_before:
+                # Nothing was waiting before, or the client took some since: it keeps up,
+                # however slowly (`max_buffer_bytes` bounds what it may fall behind).
+                conn.unsent_since, conn.taken_before = now, taken
             elif now - conn.unsent_since >= self.write_timeout_s:
-                log.info("feed cut off: data unsent for %.0f s", self.write_timeout_s)
+                log.info("feed cut off: its client took nothing for %.0f s", self.write_timeout_s)
                 self._end(conn, "too_slow")
             return
         conn.unsent_since = None

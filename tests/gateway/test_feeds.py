@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -725,6 +726,69 @@ async def test_a_client_that_stalls_while_catching_up_is_cut_off(
         assert final.json()["error"]["code"] == "subscriber_too_slow"
         assert final.json()["cursor"] == received[-1].id
     assert hub.connection_count == 0
+
+
+def small_receive_buffer(addr_info: Any) -> socket.socket:
+    """A client socket whose kernel takes little ahead of the reader, so the server's
+    writes wait on what the client reads, as over a slow link."""
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family, type_, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+    return sock
+
+
+async def read_slowly(resp: aiohttp.ClientResponse, until: bytes) -> bytes:
+    """The body, 8 KiB every 10 ms (under 1 MB/s), up to and including `until`."""
+    body = b""
+    async with asyncio.timeout(60):
+        while until not in body:
+            piece = await resp.content.read(8192)
+            assert piece, f"the feed ended after {len(body)} bytes: {body[-300:]!r}"
+            body += piece
+            await asyncio.sleep(0.01)
+    return body
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["catching-up", "live"])
+async def test_a_client_reading_a_large_event_slowly_but_steadily_gets_it(
+    service: Service, monkeypatch: pytest.MonkeyPatch, live: bool
+) -> None:
+    """A feed was cut off when its socket had not drained a write within write_timeout_s
+    (or held unsent data at every sweep for as long), however steadily its client read: an
+    event that takes longer than that to cross the client's link was never delivered, and
+    each reconnect read and sent it again. Cut off now is a client that takes nothing."""
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "write_timeout_s", 0.5)
+    monkeypatch.setattr(hub, "tick_s", 0.1)
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    marker = os.urandom(8).hex()
+    large = NewEvent("test.ping", {"n": 0, "pad": marker + os.urandom(750_000).hex()})
+
+    async def append_large() -> None:
+        await service.app[STORE].append(
+            uid("test:"), [large], expected_version=0, command_id=uid("cmd-"), workspace_id=ws
+        )
+
+    if not live:
+        await append_large()
+    cut_before = hub.cut_off_total
+    connector = aiohttp.TCPConnector(socket_factory=small_receive_buffer)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        params = {"start": "latest"} if live else {}
+        async with http.get(service.url(EVENTS), headers=service.auth(key), params=params) as resp:
+            assert resp.status == 200
+            await read_slowly(resp, b"retry:")
+            for conns in hub._by_ws.values():  # the server's side of the socket too
+                for conn in conns:
+                    sock = conn.outlet.transport.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+            if live:
+                await append_large()
+            body = await read_slowly(resp, b"event: test.ping")
+            body += await read_slowly(resp, b"\n\n")  # the whole frame, 1.5 MB
+    assert marker.encode() in body and b"subscriber_too_slow" not in body
+    assert hub.cut_off_total == cut_before
 
 
 async def test_graceful_shutdown_sends_a_final_frame(database_url: str, tmp_path: Path) -> None:
