@@ -172,6 +172,7 @@ class ChatCompletionRequest(BaseModel):
     logit_bias: dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: Any = None
+    moderation: Any = None  # a policy that would block or change the answer
 
     @field_validator("stream", mode="before")
     @classmethod
@@ -199,8 +200,19 @@ class ChatCompletionRequest(BaseModel):
     @field_validator("tools", "functions", "function_call")
     @classmethod
     def _no_tools(cls, value: object) -> object:
-        if value:
+        # "none" is the legacy spelling of tool_choice "none", which is taken: no function.
+        if value and value != "none":
             raise ValueError("client-defined tools are not supported on this endpoint")
+        return value
+
+    @field_validator("moderation")
+    @classmethod
+    def _no_moderation(cls, value: object) -> object:
+        if value is not None:
+            raise ValueError(
+                "moderation policies are not supported on this endpoint; send the request "
+                "without one"
+            )
         return value
 
     @field_validator("tool_choice")

@@ -272,6 +272,7 @@ async def test_the_offline_model_stops_at_a_stop_sequence(chat: Chat) -> None:
         ("stream_options", {"include_usage": True}),  # without stream: true, as OpenAI says
         ("reasoning_effort", "very high!"),
         ("verbosity", 1),
+        ("moderation", {"model": "omni-moderation-latest", "policy": {"mode": "block"}}),
     ],
 )
 async def test_fields_whose_omission_would_change_the_answer_are_refused(
@@ -298,6 +299,8 @@ async def test_no_op_values_of_those_fields_are_accepted(chat: Chat) -> None:
         "modalities": ["text"],
         "logit_bias": {},
         "functions": [],
+        "function_call": "none",
+        "moderation": None,
         "user": "someone",
         "metadata": {"k": "v"},
         "service_tier": "auto",
