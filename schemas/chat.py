@@ -73,6 +73,9 @@ class ChatMessageIn(BaseModel):
     role: Role
     content: str | list[TextPart] | None = Field(max_length=MAX_CONTENT)
     name: str | None = Field(default=None, max_length=200)
+    # An assistant message the model refused to write, as OpenAI returns it (content null):
+    # sent back as history, the refusal is the assistant's text (as this service answers one).
+    refusal: str | None = Field(default=None, max_length=MAX_CONTENT)
     # Refused unless absent or empty: dropped on the way to the model server, they would
     # leave a history it refuses (or misreads).
     tool_calls: list[Any] | None = None
@@ -123,7 +126,7 @@ class ChatMessageIn(BaseModel):
     def text(self) -> str:
         content = self.content
         if content is None:
-            return ""
+            return self.refusal or ""
         if isinstance(content, str):
             return content
         return "".join(part.text for part in content)

@@ -1191,10 +1191,14 @@ async def test_content_as_text_parts_and_null_assistant_content(chat: Chat) -> N
         },
         {"role": "assistant", "content": None},
         {"role": "user", "content": "three"},
+        # A refusal, as OpenAI returns one, sent back as history: the model sees it said so.
+        {"role": "assistant", "content": None, "refusal": "I can't help with that."},
+        {"role": "user", "content": "four"},
     ]
     await chat.client().chat.completions.create(model=UPSTREAM_MODEL, messages=messages)
     sent = chat.stub.bodies[-1]["messages"]
-    assert [m["content"] for m in sent] == ["one two", "", "three"]
+    contents = ["one two", "", "three", "I can't help with that.", "four"]
+    assert [m["content"] for m in sent] == contents
     image: Any = [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]
     with pytest.raises(openai.BadRequestError) as caught:
         await chat.client().chat.completions.create(
