@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import ssl
 from collections.abc import AsyncIterator, Iterator
@@ -160,36 +161,56 @@ def _check_tls_files(dsn: str) -> None:
 
 
 def _tls_options(dsn: str) -> dict[str, Any]:
-    """`sslrootcert=system` (libpq 16's: the system's trusted roots), which the driver would
-    open as a file named "system": a TLS context of our own instead, verifying as libpq does
-    with it (verify-full). The driver ignores the URL's other TLS settings when given a
-    context, so a client certificate and a CRL the URL names are loaded into it here."""
+    """`sslrootcert=system` (libpq 16's: the system's trusted roots; from the URL or
+    PGSSLROOTCERT), which the driver would open as a file named "system": a TLS context of
+    our own instead, verifying as libpq does with it (verify-full). The driver ignores its
+    other TLS settings when given a context, so what it would have read (a client
+    certificate and key, from the URL, the PG* variables or ~/.postgresql, the key's
+    password, a CRL) is loaded into it here."""
     try:
-        query = parse_qs(urlsplit(dsn).query)
+        query = {name: values[-1] for name, values in parse_qs(urlsplit(dsn).query).items()}
     except ValueError:
         return {}
-    if query.get("sslrootcert", [""])[-1] != "system":
+
+    def setting(name: str, variable: str) -> str:
+        return query.get(name) or os.environ.get(variable, "")
+
+    if setting("sslrootcert", "PGSSLROOTCERT") != "system":
         return {}
-    mode = query.get("sslmode", ["verify-full"])[-1]
+    mode = (setting("sslmode", "PGSSLMODE") or "verify-full").replace("_", "-")
     if mode != "verify-full":
         raise StoreError(
             f"the database URL's sslrootcert=system needs sslmode=verify-full, not {mode!r} "
             "(as libpq requires); change sslmode, or name a CA file in sslrootcert="
         )
     context = ssl.create_default_context()  # the system's roots, hostname checked
+    context.set_alpn_protocols(["postgresql"])  # PostgreSQL 17's direct TLS requires it
+    cert, key = _client_certificate(setting("sslcert", "PGSSLCERT"), setting("sslkey", "PGSSLKEY"))
+    password = query.get("sslpassword") or None
     try:
-        if cert := query.get("sslcert", [""])[-1]:
-            key = query.get("sslkey", [""])[-1] or None
-            context.load_cert_chain(Path(cert).expanduser(), key and Path(key).expanduser())
-        if crl := query.get("sslcrl", [""])[-1]:
+        if cert is not None:
+            context.load_cert_chain(cert, key, password=password)
+        if crl := setting("sslcrl", "PGSSLCRL"):
             context.load_verify_locations(cafile=Path(crl).expanduser())
             context.verify_flags |= ssl.VERIFY_CRL_CHECK_CHAIN
     except OSError as exc:  # ssl.SSLError is one: a file that is no certificate or key
         raise StoreError(
             f"the database URL's sslcert=, sslkey= or sslcrl= file could not be loaded "
-            f"({type(exc).__name__}); check that each is the PEM file it should be"
+            f"({type(exc).__name__}); check that each is the PEM file it should be, and "
+            "sslpassword= for an encrypted key"
         ) from None
     return {"ssl": context}
+
+
+def _client_certificate(cert: str, key: str) -> tuple[Path | None, Path | None]:
+    """The client certificate and key, as libpq finds them: named, or
+    ~/.postgresql/postgresql.crt and .key when they exist."""
+    home = Path("~/.postgresql").expanduser()
+    cert_path = Path(cert).expanduser() if cert else home / "postgresql.crt"
+    if not cert and not cert_path.is_file():
+        return None, None
+    key_path = Path(key).expanduser() if key else home / "postgresql.key"
+    return cert_path, key_path if (key or key_path.is_file()) else None
 
 
 _TLS_SETTING = re.compile(r"(?i)\b(ssl\w*|tls|certificate)\b")

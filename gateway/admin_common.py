@@ -49,9 +49,12 @@ CONVERSATION_MODELS = ("conversations", "messages", "turns")
 CONVERSATION_LIST_MODELS = ("conversations",)
 MESSAGE_MODELS = ("conversations", "messages")
 """A conversation's messages, and its export: the conversation row, then its messages."""
-TURN_MODELS = ("conversations", "turns")
-ANALYTICS_MODELS = ("turns",)
-"""Each read waits for the read models it reads, not for all: one stopped on an event it
+CONVERSATION_TURN_MODELS = ("conversations", "turns")
+"""A conversation's turns: the conversation row, then its turns."""
+TURN_MODELS = ("turns",)
+"""Analytics, and the turns of the whole workspace.
+
+Each read waits for the read models it reads, not for all: one stopped on an event it
 cannot apply holds up only the reads that need it (docs/admin-api.md)."""
 
 

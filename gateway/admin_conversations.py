@@ -13,6 +13,7 @@ from pydantic import TypeAdapter
 
 from gateway.admin_common import (
     CONVERSATION_LIST_MODELS,
+    CONVERSATION_TURN_MODELS,
     MESSAGE_MODELS,
     READ,
     TURN_MODELS,
@@ -156,7 +157,9 @@ async def conversation_messages(request: web.Request) -> web.Response:
 async def conversation_turns(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     params = read_query(request, TurnsQuery)
-    await read_your_writes(request, TURN_MODELS)
+    # The conversation row only for the existence check of the one asked for.
+    models = CONVERSATION_TURN_MODELS if params.conversation_id else TURN_MODELS
+    await read_your_writes(request, models)
     if params.conversation_id is not None:
         await _conversation(request, principal.workspace_id, params.conversation_id)
     rows = await queries.list_turns(

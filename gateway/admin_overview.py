@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 from aiohttp import web
 
 from gateway.admin_common import (
-    ANALYTICS_MODELS,
     CONVERSATION_MODELS,
     READ,
+    TURN_MODELS,
     acting,
     ok,
     read_your_writes,
@@ -85,7 +85,7 @@ async def analytics(request: web.Request) -> web.Response:
         since, until = params.window(datetime.now(UTC))
     except ValueError as exc:
         raise InvalidInput(str(exc), code="invalid_window") from None
-    await read_your_writes(request, ANALYTICS_MODELS)
+    await read_your_writes(request, TURN_MODELS)
     result = await queries.analytics(
         request.app[DATABASE],
         principal.workspace_id,

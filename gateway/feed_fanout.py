@@ -461,13 +461,20 @@ class FeedFanout:
         `write_timeout_s`. A whole piece (a megabyte, or one large event) need not drain in
         that time: a client on a slow link that reads steadily was cut off at every attempt
         and never got past the event."""
+        await asyncio.sleep(0)  # the write hands its bytes to the socket first: no progress
         taken = conn.outlet.taken
         try:
             while True:
-                done, _ = await asyncio.wait((write,), timeout=self.write_timeout_s)
-                if done:
+                await asyncio.wait(
+                    (write, conn.ended),
+                    timeout=self.write_timeout_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if write.done():
                     write.result()
                     return
+                if conn.ended.done():
+                    return  # shut down, or refused: its final frame follows what is queued
                 if conn.outlet.taken <= taken:
                     raise TimeoutError
                 taken = conn.outlet.taken

@@ -9,10 +9,14 @@ that fails to record changes nothing (migrations/0102).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from eventstore.db import Database
+from eventstore.db import Database, translate_errors
+from eventstore.errors import StoreError
+
+log = logging.getLogger(__name__)
 
 _PUT = """
 INSERT INTO instance_secrets (key, version, value) VALUES ($1, $2, $3)
@@ -62,7 +66,15 @@ class DatabaseVault:
             try:
                 yield
             finally:
-                await conn.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", *lock)
+                try:
+                    with translate_errors():
+                        await conn.execute(
+                            "SELECT pg_advisory_unlock(hashtextextended($1, 0))", *lock
+                        )
+                except StoreError as exc:
+                    # The connection went, and the lock with it: the change it guarded is
+                    # done (or failed on its own), and must not be reported as failed here.
+                    log.warning("releasing the lock of setting %s failed: %s", key, exc)
 
     async def all(self) -> dict[str, dict[str, str]]:
         """key -> version -> value."""

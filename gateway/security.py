@@ -138,13 +138,13 @@ def _is_loopback(request: web.Request) -> bool:
 _warned_of_local_proxy = False
 
 
-def _warn_of_an_untrusted_local_proxy(request: web.Request) -> None:
+def _warn_of_an_untrusted_local_proxy(request: web.Request, settings: Settings) -> None:
     """A loopback request that a proxy forwarded (it says where from): with the proxy not in
     SVC_TRUSTED_PROXIES every request looks local, and localhost is always allowed, so
     SVC_REQUIRE_SECURE protects nothing. Said once per process."""
     global _warned_of_local_proxy
-    if _warned_of_local_proxy:
-        return
+    if _warned_of_local_proxy or _trusted(request.remote, _proxies(settings)):
+        return  # a trusted proxy's client that is itself local: nothing to set
     if "X-Forwarded-Proto" in request.headers or "X-Forwarded-For" in request.headers:
         _warned_of_local_proxy = True
         log.warning(
@@ -161,7 +161,7 @@ def _enforce_https(request: web.Request, settings: Settings) -> web.Response | N
     if not settings.flag("SVC_REQUIRE_SECURE") or _is_secure(request, settings):
         return None
     if _is_loopback(request):
-        _warn_of_an_untrusted_local_proxy(request)
+        _warn_of_an_untrusted_local_proxy(request, settings)
         return None
     if request.path in PROBE_PATHS:
         return None

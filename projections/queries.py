@@ -281,8 +281,9 @@ async def list_turns(
     """The most recent turns, of one conversation or of the whole workspace, newest first
     (by start, or by finish for a turn that never started)."""
     of = "" if conversation_id is None else "AND conversation_id = $3"
-    # The turns that started and those that did not each come off an index in this order
-    # (migration 0180), at most `limit` of each; the merge then sorts 2 x limit rows.
+    # The turns that started come off an index in this order (migration 0180), at most
+    # `limit` of them; those that never started (few) are found by their own and sorted;
+    # the merge then sorts at most 2 x limit rows.
     sql = f"""
         SELECT * FROM (
             (SELECT {_TURN_COLUMNS} FROM turns

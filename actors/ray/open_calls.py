@@ -11,9 +11,10 @@ cancel them and close their connections without a word.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from actors.errors import AnswerAbandoned
 
@@ -25,7 +26,11 @@ class OpenCalls:
         self._open = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._abandon: asyncio.Future[None] | None = None
+        self._given_up = False
+        # The steps being awaited, cancelled by `settle`: per call a set entry, not a waiter
+        # on a shared future (each finished call would search that future's list of waiters:
+        # the cost per call grew with the calls in flight).
+        self._steps: set[asyncio.Future[Any]] = set()
 
     @contextmanager
     def opened(self) -> Iterator[None]:
@@ -43,19 +48,21 @@ class OpenCalls:
         """`step` (an answer, or a stream's next part), unless `settle` gives the calls up
         first: then `AnswerAbandoned`. The step's own awaiting is cancelled, not the command:
         that runs in its host."""
-        abandon = self._abandoned()
-        if abandon.done():
+        if self._given_up:
+            if inspect.iscoroutine(step):
+                step.close()  # never started: closed, not left unawaited
             raise AnswerAbandoned()
         waiting = asyncio.ensure_future(step)
+        self._steps.add(waiting)
         try:
-            await asyncio.wait((waiting, abandon), return_when=asyncio.FIRST_COMPLETED)
+            return await waiting
         except asyncio.CancelledError:
-            waiting.cancel()
+            caller = asyncio.current_task()
+            if self._given_up and waiting.cancelled() and not (caller and caller.cancelling()):
+                raise AnswerAbandoned() from None
             raise
-        if waiting.done():
-            return waiting.result()
-        waiting.cancel()
-        raise AnswerAbandoned()
+        finally:
+            self._steps.discard(waiting)
 
     async def settle(self, deadline_s: float) -> tuple[int, int]:
         """Let the open calls end for up to `deadline_s`, then give up the rest. Returns how
@@ -67,12 +74,7 @@ class OpenCalls:
         except TimeoutError:
             pass
         left = self._open
-        abandon = self._abandoned()
-        if not abandon.done():
-            abandon.set_result(None)
+        self._given_up = True
+        for step in list(self._steps):
+            step.cancel()
         return max(0, at_start - left), left
-
-    def _abandoned(self) -> asyncio.Future[None]:
-        if self._abandon is None:
-            self._abandon = asyncio.get_running_loop().create_future()
-        return self._abandon

@@ -305,7 +305,10 @@ async def test_tls_settings_the_driver_cannot_use_are_named(query: str, named: s
     assert not isinstance(caught.value, StoreUnavailable)
 
 
-async def test_sslrootcert_system_verifies_against_the_system_roots(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["url", "environment"])
+async def test_sslrootcert_system_verifies_against_the_system_roots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
     """The driver read `system` as a file name, and the missing file came out as "database
     unreachable". Against a server whose certificate no public CA signed, the handshake is
     now attempted and refused, and the refusal says so."""
@@ -330,7 +333,11 @@ async def test_sslrootcert_system_verifies_against_the_system_roots(tmp_path: Pa
 
     server = await asyncio.start_server(postgres_ssl_request, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    url = f"postgresql://svc:pw-not-shown@127.0.0.1:{port}/svc?sslrootcert=system"
+    url = f"postgresql://svc:pw-not-shown@127.0.0.1:{port}/svc?sslmode=verify_full"
+    if where == "url":
+        url += "&sslrootcert=system"
+    else:  # as libpq, from PGSSLROOTCERT
+        monkeypatch.setenv("PGSSLROOTCERT", "system")
     try:
         with pytest.raises(StoreError) as caught:
             await Database.connect(url, max_size=1)
@@ -340,4 +347,4 @@ async def test_sslrootcert_system_verifies_against_the_system_roots(tmp_path: Pa
     assert "TLS certificate was not accepted" in message, message
     assert not isinstance(caught.value, StoreUnavailable)
     with pytest.raises(StoreError, match="needs sslmode=verify-full"):
-        await Database.connect(url + "&sslmode=require", max_size=1)
+        await Database.connect(url.replace("verify_full", "require"), max_size=1)

@@ -299,18 +299,20 @@ def test_a_failure_outside_the_middleware_is_an_opaque_500(
     id'd envelope as the error middleware's, and the traceback goes to the log only."""
     writer = SimpleNamespace(output_size=0)
     request = make_mocked_request("GET", "/somewhere", writer=writer)
+    handler = cast(Any, SimpleNamespace(_manager=SimpleNamespace(settings=None)))
     with caplog.at_level(logging.ERROR, logger="gateway.errors"):
         response = EnvelopeRequestHandler.handle_error(
-            cast(Any, None), request, 500, RuntimeError("secret detail")
+            handler, request, 500, RuntimeError("secret detail")
         )
     assert isinstance(response, web.Response) and response.status == 500
+    assert response.headers["X-Content-Type-Options"] == "nosniff"  # no application's hooks
     assert response.body is not None
     error = assert_envelope(orjson.loads(bytes(response.body)), "internal_error")
     assert "secret detail" not in str(error["message"])
     assert any(r.exc_info for r in caplog.records if "svc-" in r.getMessage())
     writer.output_size = 10  # a response already under way cannot be replaced
     with pytest.raises(ConnectionError):
-        EnvelopeRequestHandler.handle_error(cast(Any, None), request, 500, RuntimeError("x"))
+        EnvelopeRequestHandler.handle_error(handler, request, 500, RuntimeError("x"))
 
 
 async def test_header_bytes_that_are_not_utf8_are_a_400(

@@ -622,6 +622,7 @@ async def waiting_on_a_lock(svc: Any) -> bool:
         waiting = await conn.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
             " AND query LIKE '%pg_advisory_lock%' AND pid <> pg_backend_pid()"
+            " AND datname = current_database()"  # not another test worker's database
         )
     return bool(waiting)
 

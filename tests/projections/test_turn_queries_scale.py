@@ -116,3 +116,21 @@ async def test_a_page_or_a_window_reads_only_its_own_turns(db: Database, plans: 
     assert len(read) == 3, plans  # the page, the window's totals, its buckets
     assert read[0] <= 2 * 50, plans[0]
     assert read[1] <= 150 and read[2] <= 150, plans[1:]
+
+
+async def test_a_turn_s_completion_stays_a_heap_only_update(db: Database) -> None:
+    """No index of `turns` names a column a completion changes (finished_at, status,
+    usage): a completion then rewrites the row in place, without a new entry in each of the
+    table's indexes."""
+    ws = f"ws-{uuid.uuid4().hex[:8]}"
+    await add_turns(db, ws, [("t1", "c1", T0, None)])
+    async with db.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "UPDATE turns SET status = 'completed', finished_at = $3, total_tokens = 5,"
+            " duration_ms = 20 WHERE workspace_id = $1 AND turn_id = $2",
+            ws,
+            "t1",
+            T0 + timedelta(seconds=2),
+        )
+        hot = await conn.fetchval("SELECT pg_stat_get_xact_tuples_hot_updated('turns'::regclass)")
+    assert hot == 1

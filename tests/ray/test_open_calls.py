@@ -58,3 +58,18 @@ async def test_a_caller_cancelled_while_waiting_cancels_only_its_wait() -> None:
         await waiting
     async with asyncio.timeout(5):
         assert await calls.settle(60.0) == (0, 0)  # its call closed on the way out
+
+
+async def test_a_step_offered_after_the_calls_were_given_up_is_closed_not_left_unawaited() -> None:
+    """A stream's next part is a coroutine (Ray's `__anext__`): refused unstarted, it must be
+    closed, or Python warns that it was never awaited when it is collected."""
+    calls = OpenCalls()
+    await calls.settle(0.0)
+
+    async def next_part() -> str:
+        return "part"
+
+    step = next_part()
+    with pytest.raises(AnswerAbandoned):
+        await calls.until_abandoned(step)
+    assert step.cr_frame is None  # closed
