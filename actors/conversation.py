@@ -328,6 +328,10 @@ def _decide_fail(state: ConversationState, c: FailTurn) -> list[Event]:
 
 
 def _decide_recover(state: ConversationState, c: RecoverAbandonedTurns) -> list[Event]:
+    # A deleted conversation's running turns are still recorded as failed; another
+    # workspace's are not this command's (its callers name the conversation's own).
+    if state.exists and state.workspace_id != c.workspace_id:
+        raise NotFound(f"conversation {state.conversation_id} does not exist")
     events: list[Event] = []
     for turn_id in dict.fromkeys(c.turn_ids):
         turn = state.turns.get(turn_id)

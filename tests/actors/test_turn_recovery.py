@@ -29,7 +29,7 @@ from schemas.conversation import (
     TurnParams,
     TurnStarted,
 )
-from schemas.errors import Conflict
+from schemas.errors import Conflict, NotFound
 
 WS = "ws-1"
 STARTED = "conversation.turn_started"
@@ -366,6 +366,12 @@ def test_a_turn_recorded_before_turns_carried_an_expiry_is_judged_by_the_budget_
     month_later = recover.model_copy(update={"at": _now() + timedelta(days=30)})
     [failed] = behaviour.decide(state, month_later)
     assert isinstance(failed, TurnFailed) and failed.duration_ms == 2**31 - 1
+
+    # Another workspace's command recovers nothing here: the conversation is not its own.
+    owned = state.model_copy(update={"started_by": "cmd-start", "workspace_id": WS})
+    assert behaviour.decide(owned, recover)
+    with pytest.raises(NotFound):
+        behaviour.decide(owned, recover.model_copy(update={"workspace_id": "ws-other"}))
 
 
 async def test_a_turns_call_gets_the_budget_its_expiry_was_recorded_by(
