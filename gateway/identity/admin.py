@@ -29,12 +29,14 @@ from gateway.cursor_seal import CursorSeal
 from gateway.errors import read_json, read_query, refuse_body
 from gateway.identity.authn import acting, identify
 from gateway.identity.common import (
+    DIRECTORY_MATCHED,
     actor_of,
     command_id,
     json,
     new_id,
     now,
     signed_in_user,
+    signs_in_elsewhere,
     user_view,
 )
 from gateway.identity.oauth import new_client_credentials, secret_hash
@@ -58,7 +60,6 @@ from schemas.admin import MAX_OFFSET, NoQuery
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound
 from schemas.identity import (
     BUILTIN_ROLES,
-    SIGNS_IN_ELSEWHERE,
     Access,
     BindRole,
     DefineCustomRole,
@@ -135,6 +136,8 @@ class UserPatch(_Body):
     active: bool | None = None
 
 
+DIRECTORY_SOURCES = frozenset({"ldap", "saml", "scim"})
+"""Accounts a directory sign-in claims by DIRECTORY_MATCHED (SAML claims SCIM's too)."""
 SELF_EDITABLE = frozenset({"display_name", "given_name", "family_name"})
 """What a signed-in user may change on their own account with no right on `users`: how their
 name is shown. Not `user_name`, `external_id` or `emails`, which sign-ins match accounts by
@@ -381,6 +384,15 @@ async def patch_user(request: web.Request) -> web.Response:
     user = await live_user(ident, principal.workspace_id, target)
     if not own_names_only:
         await check_manageable(ident, principal, user)
+    if user.source in DIRECTORY_SOURCES and changed & DIRECTORY_MATCHED:
+        # A sign-in through the directory finds the account by these and syncs its roles:
+        # renamed onto another entry, the account (its keys, its sessions) would receive
+        # that entry's roles, which no one who renamed it need hold.
+        raise Conflict(
+            f"user {user.user_id} is {user.source}'s: its user_name and external_id are "
+            "the directory's (change them there)",
+            code="external_account",
+        )
     # Merged as plain data and validated whole: `model_copy(update=...)` would put the dumped
     # emails (dicts) into the profile unvalidated, which pydantic then warns about on every
     # dump. A field set to null is validated like any value (null user_name is a 400).
@@ -440,7 +452,7 @@ async def put_password(request: web.Request) -> web.Response:
     ident = identity(request)
     user = await live_user(ident, principal.workspace_id, user_id)
     await check_manageable(ident, principal, user)
-    if user.source in SIGNS_IN_ELSEWHERE:
+    if signs_in_elsewhere(user, ident.settings):
         raise Conflict(
             f"user {user_id} signs in through {user.source}, which keeps its password; "
             "change it there",

@@ -18,10 +18,12 @@ from multidict import MultiDictProxy
 
 from gateway.auth import PRINCIPAL
 from gateway.errors import body_deadline, is_utf8, read_header, undecodable_body
+from gateway.settings import Settings
 from gateway.state import STORE, Principal
 from projections.identity_queries import UserRow
 from schemas.commands import client_command_id
 from schemas.errors import InvalidInput, PayloadTooLarge
+from schemas.identity import SIGNS_IN_ELSEWHERE
 
 SCIM_ACTOR: web.RequestKey[str] = web.RequestKey("svc_scim_actor", str)
 
@@ -40,6 +42,20 @@ def describe(principal: Principal) -> str:
 
 
 SIGNED_IN = frozenset({"session", "oidc"})
+
+
+def signs_in_elsewhere(user: UserRow, settings: Settings) -> bool:
+    """Whether the account's password is its directory's, not this service's: LDAP, SAML and
+    OIDC accounts, and with SAML on, the SCIM-provisioned ones (the IdP's users, who sign in
+    through it). A local password on such an account would outlive what the directory says
+    (an attacker setting one before the IdP grants the account admin, say)."""
+    return user.source in SIGNS_IN_ELSEWHERE or (
+        user.source == "scim" and settings.flag("SVC_SAML_ENABLED")
+    )
+
+
+DIRECTORY_MATCHED = frozenset({"user_name", "external_id"})
+"""What a sign-in through a directory (LDAP, SAML) matches an account by."""
 
 
 def signed_in_user(principal: Principal) -> str | None:

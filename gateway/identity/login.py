@@ -20,7 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from actors.identity import audit_key, directory_key, session_key
 from gateway.errors import read_json
 from gateway.identity.authn import identify
-from gateway.identity.common import actor_of, command_id, json, new_id, now, signed_in_user
+from gateway.identity.common import (
+    actor_of,
+    command_id,
+    json,
+    new_id,
+    now,
+    signed_in_user,
+    signs_in_elsewhere,
+)
 from gateway.identity.ldap import BIND_SECRET, config_from, ldap_authenticate, ldap_entry_exists
 from gateway.identity.passwords import verify_password
 from gateway.identity.service import Identity, identity
@@ -37,7 +45,6 @@ from gateway.state import Principal
 from projections.identity_queries import UserRow, find_user_by_name, get_user
 from schemas.errors import Conflict, InvalidInput, Unauthorized
 from schemas.identity import (
-    SIGNS_IN_ELSEWHERE,
     BindRole,
     LoginMethod,
     ProvisionUser,
@@ -118,7 +125,7 @@ async def _local(ident: Identity, workspace_id: str, body: LoginRequest) -> User
         user is not None
         and user.usable
         and user.has_password
-        and user.source not in SIGNS_IN_ELSEWHERE
+        and not signs_in_elsewhere(user, ident.settings)
     ):
         stored = await ident.vault.get(workspace_id, user.user_id, PASSWORD)
     ok = await verify_password(body.password.get_secret_value(), stored)

@@ -350,15 +350,18 @@ async def test_an_account_renamed_onto_a_subject_is_not_that_subjects(
         assert status == 303
         status, users, _ = await svc.request("GET", "/v1/admin/users", key)
         (olga,) = users["items"]
-        status, body, _ = await svc.request(
-            "PATCH", f"/v1/admin/users/{olga['id']}", key, json={"user_name": "max"}
-        )
-        assert status == 200, body
+        # Renamed onto max's subject, olga's account (her sessions, her keys) would receive
+        # max's roles at max's next sign-in: a user with write on users could rename herself.
+        for change in ({"user_name": "max"}, {"external_id": "max"}):
+            status, body, _ = await svc.request(
+                "PATCH", f"/v1/admin/users/{olga['id']}", key, json=change
+            )
+            assert (status, body["error"]["code"]) == (409, "external_account"), body
         rid, relay = await flow.start()
         status, body, _ = await flow.post(flow.response(rid, user="max"), relay)
-        assert status == 401 and "another subject" in body, body
+        assert status == 303, body  # max's own account
         status, after, _ = await svc.request("GET", f"/v1/admin/users/{olga['id']}", key)
-        assert after["roles"] == ["member"]  # not max's admin groups
+        assert after["user_name"] == "olga" and after["roles"] == ["member"]
 
 
 async def test_a_saml_sign_in_keeps_what_scim_provisioned(database_url: str, keys: Keys) -> None:
@@ -393,6 +396,23 @@ async def test_a_saml_sign_in_keeps_what_scim_provisioned(database_url: str, key
             assert after[field] == created[field], field
         status, users, _ = await svc.request("GET", "/v1/admin/users", key)
         assert [(u["user_name"], u["roles"]) for u in users["items"]] == [("sam", ["admin"])]
+
+        # With SAML on, an IdP's user signs in through it: a password set here (by whoever
+        # may manage the account while it has no roles yet) would outlive what the IdP says.
+        path = f"/v1/admin/users/{created['id']}/password"
+        status, body, _ = await svc.request("PUT", path, key, json={"password": "set-here-12345"})
+        assert (status, body["error"]["code"]) == (409, "external_account"), body
+        patch = {
+            "schemas": ["urn:ietf:params:scim:api:messages:2.0:PatchOp"],
+            "Operations": [{"op": "replace", "path": "password", "value": "from-the-idp-1"}],
+        }
+        status, body, _ = await svc.request(
+            "PATCH", f"/scim/v2/Users/{created['id']}", token, json=patch
+        )
+        assert status == 200, body  # the IdP's to set; never a way in while SAML is on
+        status, body, browser = await svc.login("sam", "from-the-idp-1")
+        await browser.close()
+        assert status == 401, body
 
 
 async def test_saml_disabled_is_501(database_url: str) -> None:
