@@ -104,6 +104,17 @@ async def get_user(db: Database, workspace_id: str, user_id: str) -> UserRow | N
     return None if row is None else _user(row)
 
 
+async def active_owners(db: Database, workspace_id: str) -> list[str]:
+    """The ids of the workspace's users who hold `owner` and may sign in."""
+    async with db.scoped(workspace_id) as conn:
+        rows = await conn.fetch(
+            "SELECT u.user_id FROM identity_users u JOIN identity_role_bindings b"
+            " ON b.workspace_id = u.workspace_id AND b.user_id = u.user_id"
+            " WHERE b.role = 'owner' AND u.active AND NOT u.deleted ORDER BY u.user_id"
+        )
+    return [str(r[0]) for r in rows]
+
+
 async def find_user_by_name(db: Database, workspace_id: str, user_name: str) -> UserRow | None:
     async with db.scoped(workspace_id) as conn:
         row = await conn.fetchrow(

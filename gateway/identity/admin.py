@@ -47,6 +47,7 @@ from gateway.identity.vault import INSTANCE, PASSWORD
 from gateway.state import AUTH, CURSORS, PROJECTIONS, RUNTIME, Principal
 from projections.identity_queries import (
     UserRow,
+    active_owners,
     find_oauth_client,
     get_user,
     list_audit,
@@ -300,6 +301,19 @@ async def check_grantable(
     _check_holds(principal, perms, "granting or removing these roles")
 
 
+async def keep_an_owner(ident: Identity, workspace_id: str, leaving: str) -> None:
+    """Refuse what would leave the workspace without an owner who can sign in: no one could
+    then grant `owner`, mint a writing workspace key or change instance settings, and only
+    `svc apikeys create` on the host would let anyone back in. (Read from the read model: two
+    owners removing each other at the same instant can still both succeed.)"""
+    if set(await active_owners(ident.db, workspace_id)) <= {leaving}:
+        raise Conflict(
+            f"user {leaving} is the workspace's last owner who can sign in; make another user "
+            "owner first",
+            code="last_owner",
+        )
+
+
 async def check_manageable(ident: Identity, principal: Principal, user: UserRow) -> None:
     """Changing, deactivating, deleting a user or setting their password needs every right the
     user holds (and owner for an owner): no one takes over an account stronger than theirs."""
@@ -438,6 +452,8 @@ async def delete_user(request: web.Request) -> web.Response:
     ident = identity(request)
     user = await live_user(ident, principal.workspace_id, request.match_info["id"])
     await check_manageable(ident, principal, user)
+    if "owner" in user.roles:
+        await keep_an_owner(ident, principal.workspace_id, user.user_id)
     await deprovision(ident, request, principal.workspace_id, user.user_id, command_id(request))
     return web.Response(status=204)
 
@@ -503,6 +519,8 @@ async def unbind_role(request: web.Request) -> web.Response:
     ident = identity(request)
     await check_grantable(ident, principal, (role,))
     user = await live_user(ident, principal.workspace_id, request.match_info["id"])
+    if role == "owner" and role in user.roles:
+        await keep_an_owner(ident, principal.workspace_id, user.user_id)
     await ident.ask(
         directory_key(principal.workspace_id),
         UnbindRole(

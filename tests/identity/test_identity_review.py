@@ -617,3 +617,25 @@ async def test_paging_integers_are_bounded_before_sql(database_url: str) -> None
         for path in ("/v1/admin/users?offset=1000000000",):
             status, body, _ = await svc.request("GET", path, key)
             assert status == 200, (path, body)
+
+
+async def test_the_last_owner_cannot_leave_the_workspace_without_one(database_url: str) -> None:
+    """The only owner unbinding `owner` from themselves, or deleting their own account, left
+    no one who could grant it again: only `svc apikeys create` on the host let anyone back."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        olive = await svc.create_user(key, "olive", PASSWORD, roles=["owner"])
+        status, body, browser = await svc.login("olive", PASSWORD)
+        assert status == 200, body
+        csrf = {"X-CSRF-Token": body["csrf_token"]}
+        async with browser:
+            own = f"/v1/admin/users/{olive['id']}"
+            for method, path in (("DELETE", f"{own}/roles/owner"), ("DELETE", own)):
+                status, err, _ = await svc.request(method, path, session=browser, headers=csrf)
+                assert (status, err["error"]["code"]) == (409, "last_owner"), (path, err)
+            # With another owner who can sign in, either goes through.
+            await svc.create_user(key, "oscar", PASSWORD, roles=["owner"])
+            status, user, _ = await svc.request(
+                "DELETE", f"{own}/roles/owner", session=browser, headers=csrf
+            )
+            assert status == 200 and "owner" not in user["roles"], user
