@@ -40,10 +40,11 @@ from gateway.identity.common import (
     user_view,
 )
 from gateway.identity.oauth import new_client_credentials, secret_hash
-from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password
+from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password, verify_password
 from gateway.identity.roles import allowed, require_access
 from gateway.identity.service import APPLY_TIMEOUT_S, Identity, identity
 from gateway.identity.vault import INSTANCE, PASSWORD
+from gateway.security import client_ip
 from gateway.state import AUTH, CURSORS, PROJECTIONS, RUNTIME, Principal
 from projections.identity_queries import (
     UserRow,
@@ -148,6 +149,9 @@ sign-in), nor `active`."""
 
 class PasswordBody(_Body):
     password: Password
+    # One's own change needs the password in force: a session cookie taken with its CSRF
+    # token could otherwise set a new one, and end the real user's sessions with it.
+    current_password: SecretStr | None = Field(default=None, max_length=MAX_LENGTH)
 
 
 class RoleBody(_Body):
@@ -458,6 +462,24 @@ async def delete_user(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+async def _check_current_password(
+    request: web.Request, ident: Identity, user: UserRow, given: SecretStr | None
+) -> None:
+    """The password in force, for one's own change: counted and limited as a login is (a
+    stolen session must not become a way to guess it)."""
+    if given is None:
+        raise InvalidInput(
+            "changing your own password needs current_password, the one in force now",
+            code="current_password_required",
+        )
+    attempt = await ident.throttle.reserve(user.workspace_id, user.user_name, client_ip(request))
+    stored = await ident.vault.get(user.workspace_id, user.user_id, PASSWORD)
+    if not await verify_password(given.get_secret_value(), stored):
+        await ident.throttle.failed(attempt)
+        raise Forbidden("current_password is not the password in force", code="wrong_password")
+    await ident.throttle.succeeded(attempt)
+
+
 async def put_password(request: web.Request) -> web.Response:
     user_id = request.match_info["id"]
     principal = await identify(request)
@@ -468,6 +490,8 @@ async def put_password(request: web.Request) -> web.Response:
     ident = identity(request)
     user = await live_user(ident, principal.workspace_id, user_id)
     await check_manageable(ident, principal, user)
+    if signed_in_user(principal) == user_id and user.has_password:
+        await _check_current_password(request, ident, user, body.current_password)
     if signs_in_elsewhere(user, ident.settings):
         raise Conflict(
             f"user {user_id} signs in through {user.source}, which keeps its password; "

@@ -83,9 +83,8 @@ async def test_write_on_users_alone_cannot_escalate(database_url: str) -> None:
             )
             assert status == 201, out
             # Its own password is its own business.
-            status, _ = await attempt(
-                "PUT", f"/v1/admin/users/{me}/password", {"password": "another good one"}
-            )
+            own_change = {"password": "another good one", "current_password": PASSWORD}
+            status, _ = await attempt("PUT", f"/v1/admin/users/{me}/password", own_change)
             assert status == 204
         # The admin password was not changed: the admin still signs in with the old one.
         status, _, b = await svc.login("chief", PASSWORD)
@@ -269,7 +268,7 @@ async def test_a_user_edits_their_own_profile_but_not_through_a_key(database_url
                 f"/v1/admin/users/{kb['id']}/password",
                 session=browser,
                 headers=csrf,
-                json={"password": "another good one"},
+                json={"password": "another good one", "current_password": PASSWORD},
             )
             assert status == 204, out
 
@@ -460,13 +459,19 @@ async def test_a_new_password_ends_the_users_other_sessions(database_url: str) -
         _, first, intruder = await svc.login("pia", PASSWORD)
         _, mine, own = await svc.login("pia", PASSWORD)
         async with intruder, own:
-            status, _, _ = await svc.request(
-                "PUT",
-                f"/v1/admin/users/{user['id']}/password",
-                session=own,
-                headers={"X-CSRF-Token": mine["csrf_token"]},
-                json={"password": "a fresh password"},
-            )
+            path = f"/v1/admin/users/{user['id']}/password"
+            csrf = {"X-CSRF-Token": mine["csrf_token"]}
+            # One's own change needs the password in force: a session taken (its cookie and
+            # CSRF token) must not set a new one and end the real user's sessions with it.
+            for given, refused in ((None, 400), ("a wrong guess", 403)):
+                change = {"password": "a fresh password", "current_password": given}
+                status, err, _ = await svc.request(
+                    "PUT", path, session=own, headers=csrf, json=change
+                )
+                assert status == refused, err
+            assert (await svc.request("GET", WHOAMI, session=intruder))[0] == 200
+            change = {"password": "a fresh password", "current_password": PASSWORD}
+            status, _, _ = await svc.request("PUT", path, session=own, headers=csrf, json=change)
             assert status == 204
             assert (await svc.request("GET", WHOAMI, session=own))[0] == 200
             status, err, _ = await svc.request("GET", WHOAMI, session=intruder)
@@ -639,3 +644,21 @@ async def test_the_last_owner_cannot_leave_the_workspace_without_one(database_ur
                 "DELETE", f"{own}/roles/owner", session=browser, headers=csrf
             )
             assert status == 200 and "owner" not in user["roles"], user
+
+
+async def test_guesses_of_the_current_password_count_as_failed_logins(database_url: str) -> None:
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        user = await svc.create_user(key, "gus", PASSWORD, roles=["member"])
+        _, body, browser = await svc.login("gus", PASSWORD)
+        async with browser:
+            path = f"/v1/admin/users/{user['id']}/password"
+            csrf = {"X-CSRF-Token": body["csrf_token"]}
+            statuses = []
+            for n in range(MAX_PER_ACCOUNT + 1):
+                change = {"password": "a fresh password", "current_password": f"guess-{n}"}
+                status, _, _ = await svc.request(
+                    "PUT", path, session=browser, headers=csrf, json=change
+                )
+                statuses.append(status)
+        assert statuses == [403] * MAX_PER_ACCOUNT + [429]
