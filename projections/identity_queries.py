@@ -110,7 +110,8 @@ async def active_owners(db: Database, workspace_id: str) -> list[str]:
         rows = await conn.fetch(
             "SELECT u.user_id FROM identity_users u JOIN identity_role_bindings b"
             " ON b.workspace_id = u.workspace_id AND b.user_id = u.user_id"
-            " WHERE b.role = 'owner' AND u.active AND NOT u.deleted ORDER BY u.user_id"
+            " WHERE b.role = 'owner' AND u.active IS NOT FALSE AND NOT u.deleted"
+            " ORDER BY u.user_id"
         )
     return [str(r[0]) for r in rows]
 

@@ -402,7 +402,10 @@ async def patch_user(request: web.Request) -> web.Response:
     user = await live_user(ident, principal.workspace_id, target)
     if not own_names_only:
         await check_manageable(ident, principal, user)
-    if user.source in DIRECTORY_SOURCES and changed & DIRECTORY_MATCHED:
+    if body.active is False and "owner" in user.roles:
+        await keep_an_owner(ident, principal.workspace_id, user.user_id)
+    renamed = {f for f in changed & DIRECTORY_MATCHED if getattr(body, f) != getattr(user, f)}
+    if user.source in DIRECTORY_SOURCES and renamed:
         # A sign-in through the directory finds the account by these and syncs its roles:
         # renamed onto another entry, the account (its keys, its sessions) would receive
         # that entry's roles, which no one who renamed it need hold.
@@ -472,7 +475,8 @@ async def _check_current_password(
             "changing your own password needs current_password, the one in force now",
             code="current_password_required",
         )
-    attempt = await ident.throttle.reserve(user.workspace_id, user.user_name, client_ip(request))
+    # Counted by the account's id, not its name: a rename must not start the count afresh.
+    attempt = await ident.throttle.reserve(user.workspace_id, user.user_id, client_ip(request))
     stored = await ident.vault.get(user.workspace_id, user.user_id, PASSWORD)
     if not await verify_password(given.get_secret_value(), stored):
         await ident.throttle.failed(attempt)
@@ -490,14 +494,16 @@ async def put_password(request: web.Request) -> web.Response:
     ident = identity(request)
     user = await live_user(ident, principal.workspace_id, user_id)
     await check_manageable(ident, principal, user)
-    if signed_in_user(principal) == user_id and user.has_password:
-        await _check_current_password(request, ident, user, body.current_password)
     if signs_in_elsewhere(user, ident.settings):
         raise Conflict(
             f"user {user_id} signs in through {user.source}, which keeps its password; "
             "change it there",
             code="external_account",
         )
+    if principal.user_id == user_id and user.has_password:
+        # Any credential of the user's own (a session, an OIDC token, a key the user issued
+        # themselves from a session): each would otherwise be a way around the check.
+        await _check_current_password(request, ident, user, body.current_password)
     await set_password(
         request, ident, principal.workspace_id, user_id, body.password.get_secret_value()
     )

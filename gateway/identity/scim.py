@@ -507,6 +507,17 @@ async def _save(
     """The profile first: a change refused (a name taken) must leave the password as it was.
     A new password ends the user's sessions, as the admin API's does; an account that signs
     in elsewhere (LDAP, SAML) takes none, as the admin API refuses it, and nothing changes."""
+    matched = (profile.user_name, profile.external_id) != (user.user_name, user.external_id)
+    if user.source in ("ldap", "saml") and matched:
+        # The account's sign-in finds it by these: renamed onto another entry or subject, it
+        # (its sessions, its keys) would receive that one's roles (the admin API refuses the
+        # same). SCIM's own accounts are the IdP's to rename.
+        raise ScimError(
+            400,
+            f"userName and externalId of user {user.user_id} are {user.source}'s: change them "
+            "there (nothing was changed)",
+            "mutability",
+        )
     if password is not None and user.source in SIGNS_IN_ELSEWHERE:
         raise ScimError(
             409,

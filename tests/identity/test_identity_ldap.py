@@ -322,6 +322,18 @@ async def test_directory_accounts_stay_their_entrys(database_url: str, slapd: Sl
                 "PATCH", f"/v1/admin/users/{carl}", key, json=change
             )
             assert (status, body["error"]["code"]) == (409, "external_account"), body
+        status, body, _ = await svc.request(  # the same names again change nothing
+            "PATCH", f"/v1/admin/users/{carl}", key, json={"user_name": "carl"}
+        )
+        assert status == 200, body
+        rename = {  # nor over SCIM
+            "schemas": ["urn:ietf:params:scim:api:messages:2.0:PatchOp"],
+            "Operations": [{"op": "replace", "path": "userName", "value": "bob"}],
+        }
+        status, body, _ = await svc.request(
+            "PATCH", f"/scim/v2/Users/{carl}", scim["token"], json=rename
+        )
+        assert (status, body.get("scimType")) == (400, "mutability"), body
         status, body, _ = await svc.request(  # the rest of the profile is still the admin's
             "PATCH", f"/v1/admin/users/{carl}", key, json={"display_name": "Carl C."}
         )

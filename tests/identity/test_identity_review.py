@@ -477,6 +477,14 @@ async def test_a_new_password_ends_the_users_other_sessions(database_url: str) -
             status, err, _ = await svc.request("GET", WHOAMI, session=intruder)
             assert status == 401 and err["error"]["code"] == "unauthorized"
             assert first["session_id"] != mine["session_id"]
+        # A key of the user's own (one an admin issued itself from a taken session, say) is
+        # the user too: no way around the password in force.
+        ada = await svc.create_user(key, "ada", PASSWORD, roles=["admin"])
+        own_key = await svc.issue_user_key(key, ada["id"], ["admin:write"])
+        change = {"password": "set-with-a-key-1"}
+        own_path = f"/v1/admin/users/{ada['id']}/password"
+        status, err, _ = await svc.request("PUT", own_path, own_key["key"], json=change)
+        assert (status, err["error"]["code"]) == (400, "current_password_required"), err
         # An admin's reset ends them all.
         _, _, again = await svc.login("pia", "a fresh password")
         async with again:
@@ -638,8 +646,15 @@ async def test_the_last_owner_cannot_leave_the_workspace_without_one(database_ur
             for method, path in (("DELETE", f"{own}/roles/owner"), ("DELETE", own)):
                 status, err, _ = await svc.request(method, path, session=browser, headers=csrf)
                 assert (status, err["error"]["code"]) == (409, "last_owner"), (path, err)
-            # With another owner who can sign in, either goes through.
-            await svc.create_user(key, "oscar", PASSWORD, roles=["owner"])
+            # Nor deactivated by another credential with an owner's rights.
+            status, err, _ = await svc.request("PATCH", own, key, json={"active": False})
+            assert (status, err["error"]["code"]) == (409, "last_owner"), err
+            # With another owner who can sign in (`active` null is one), either goes through.
+            oscar = await svc.create_user(key, "oscar", PASSWORD, roles=["owner"])
+            status, _, _ = await svc.request(
+                "PATCH", f"/v1/admin/users/{oscar['id']}", key, json={"active": None}
+            )
+            assert status == 200
             status, user, _ = await svc.request(
                 "DELETE", f"{own}/roles/owner", session=browser, headers=csrf
             )
