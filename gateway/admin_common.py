@@ -44,18 +44,18 @@ async def ask(request: web.Request, key: ActorKey, command: Command) -> Any:
     return await request.app[RUNTIME].ask(key, command)
 
 
+# Each read waits for the read models it reads, not for all: one stopped on an event it
+# cannot apply holds up only the reads that need it (docs/admin-api.md).
 CONVERSATION_MODELS = ("conversations", "messages", "turns")
-"""The read models the conversation reads draw on, together (the overview's)."""
+"""All three conversation read models: the overview's counts read each."""
 CONVERSATION_LIST_MODELS = ("conversations",)
+"""The conversation list."""
 MESSAGE_MODELS = ("conversations", "messages")
 """A conversation's messages, and its export: the conversation row, then its messages."""
 CONVERSATION_TURN_MODELS = ("conversations", "turns")
 """A conversation's turns: the conversation row, then its turns."""
 TURN_MODELS = ("turns",)
-"""Analytics, and the turns of the whole workspace.
-
-Each read waits for the read models it reads, not for all: one stopped on an event it
-cannot apply holds up only the reads that need it (docs/admin-api.md)."""
+"""Analytics, and the turns of the whole workspace."""
 
 
 async def wait_applied(

@@ -68,8 +68,9 @@ CATCH_UP_MIN_PAGE = 8
 CATCH_UP_MAX_PAGE = 1000
 CATCH_UP_PAGE_BYTES = 4 * 1024 * 1024
 """A catching-up feed reads history in pages of about this many bytes of frames (as many
-events as the last page's frames averaged, within the bounds above), and writes them in
-pieces of about CATCH_UP_WRITE_BYTES: its memory stays near these however large the events."""
+events as the last page's frames averaged, within the bounds above), each page also cut at
+this many bytes of the events' stored data, and writes them in pieces of about
+CATCH_UP_WRITE_BYTES: its memory stays near these however large the events."""
 CATCH_UP_WRITE_BYTES = 1024 * 1024
 
 

@@ -310,7 +310,8 @@ async def keep_an_owner(ident: Identity, workspace_id: str, leaving: str) -> Non
     then grant `owner`, mint a writing workspace key or change instance settings, and only
     `svc apikeys create` on the host would let anyone back in. (Read from the read model: two
     owners removing each other at the same instant can still both succeed.)"""
-    if set(await active_owners(ident.db, workspace_id)) <= {leaving}:
+    owners = set(await active_owners(ident.db, workspace_id))
+    if leaving in owners and owners <= {leaving}:
         raise Conflict(
             f"user {leaving} is the workspace's last owner who can sign in; make another user "
             "owner first",
@@ -475,8 +476,8 @@ async def _check_current_password(
             "changing your own password needs current_password, the one in force now",
             code="current_password_required",
         )
-    # Counted by the account's id, not its name: a rename must not start the count afresh.
-    attempt = await ident.throttle.reserve(user.workspace_id, user.user_id, client_ip(request))
+    # Under the account's login name, as a login is: the two share one limit.
+    attempt = await ident.throttle.reserve(user.workspace_id, user.user_name, client_ip(request))
     stored = await ident.vault.get(user.workspace_id, user.user_id, PASSWORD)
     if not await verify_password(given.get_secret_value(), stored):
         await ident.throttle.failed(attempt)

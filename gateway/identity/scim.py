@@ -506,7 +506,8 @@ async def _save(
 ) -> web.StreamResponse:
     """The profile first: a change refused (a name taken) must leave the password as it was.
     A new password ends the user's sessions, as the admin API's does; an account that signs
-    in elsewhere (LDAP, SAML) takes none, as the admin API refuses it, and nothing changes."""
+    in elsewhere (LDAP, SAML) takes none, and nothing changes. (The admin API also refuses a
+    password to SCIM's own accounts while SAML is on; the IdP may still send one here.)"""
     matched = (profile.user_name, profile.external_id) != (user.user_name, user.external_id)
     if user.source in ("ldap", "saml") and matched:
         # The account's sign-in finds it by these: renamed onto another entry or subject, it

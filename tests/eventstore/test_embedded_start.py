@@ -6,6 +6,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import asyncpg
@@ -80,6 +81,13 @@ def test_a_lock_file_naming_another_clusters_postgres_is_stale(tmp_path: Path) -
     for cwd, kept in ((elsewhere, False), (pgdata, True)):
         proc = subprocess.Popen([str(postgres), "60"], cwd=cwd)
         try:
+            # Popen may return before the kernel has renamed the child after the program it
+            # runs (with vfork the parent resumes mid-exec): until then it is still "python".
+            comm = Path(f"/proc/{proc.pid}/comm")
+            for _ in range(500):
+                if comm.read_text().strip() == "postgres":
+                    break
+                time.sleep(0.01)
             lock.write_text(f"{proc.pid}\n{pgdata}\n")
             embedded._forget_stale_postmaster(pgdata)
             assert lock.exists() == kept, cwd

@@ -677,3 +677,7 @@ async def test_guesses_of_the_current_password_count_as_failed_logins(database_u
                 )
                 statuses.append(status)
         assert statuses == [403] * MAX_PER_ACCOUNT + [429]
+        # The same limit as the account's logins: a guess here is a failed login there.
+        status, _, again = await svc.login("gus", PASSWORD)
+        await again.close()
+        assert status == 429

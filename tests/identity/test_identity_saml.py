@@ -339,7 +339,7 @@ async def test_saml_role_mapping_default_and_safe_relay_state(
         assert roles == {"olga": ["operator"], "max": ["member"]}
 
 
-async def test_an_account_renamed_onto_a_subject_is_not_that_subjects(
+async def test_an_account_is_not_renamed_onto_another_subject(
     database_url: str, keys: Keys
 ) -> None:
     async with running(settings_for(database_url, **saml_settings(database_url, keys))) as svc:
