@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from itertools import starmap
-from typing import Any
+from typing import Any, NamedTuple
 
 from eventstore.cursor import ORIGIN, LogPoint
 from eventstore.db import Connection
@@ -113,17 +113,38 @@ async def read_log(
     """
     if types is not None and not types:
         return []
-    args: tuple[object, ...] = (after.tx, after.position, limit)
-    if workspace_id is None:
-        if types is None:
-            rows = await conn.fetch(_READ_ALL, *args)
-        else:
-            rows = await conn.fetch(_READ_ALL_TYPES, *args, list(types))
-    elif types is None:
-        rows = await conn.fetch(_READ_WORKSPACE, *args, workspace_id)
-    else:
-        rows = await conn.fetch(_READ_WORKSPACE_TYPES, *args, workspace_id, list(types))
-    return rows_to_events(rows)
+    statement, args = _PAGE.pick(after, limit, workspace_id, types)
+    return rows_to_events(await conn.fetch(statement, *args))
+
+
+class _PageReads(NamedTuple):
+    """A page of the log in its four statements: the whole log or a workspace's, every type
+    or some. Their parameters: the point after, the limit, then the workspace and the types
+    where they have them (a cut page's byte budget last)."""
+
+    whole: str
+    whole_types: str
+    workspace: str
+    workspace_types: str
+
+    def pick(
+        self,
+        after: LogPoint,
+        limit: int,
+        workspace_id: str | None,
+        types: Sequence[str] | None,
+    ) -> tuple[str, tuple[object, ...]]:
+        args: tuple[object, ...] = (after.tx, after.position, limit)
+        if workspace_id is not None:
+            args += (workspace_id,)
+        if types is not None:
+            args += (list(types),)
+        if workspace_id is None:
+            return (self.whole if types is None else self.whole_types), args
+        return (self.workspace if types is None else self.workspace_types), args
+
+
+_PAGE = _PageReads(_READ_ALL, _READ_ALL_TYPES, _READ_WORKSPACE, _READ_WORKSPACE_TYPES)
 
 
 def _cut_by_bytes(read: str, order: str, budget: str) -> str:
@@ -151,10 +172,12 @@ ORDER BY {order}
 """
 
 
-_READ_ALL_CUT = _cut_by_bytes(_READ_ALL, "tx, position", "$4")
-_READ_ALL_TYPES_CUT = _cut_by_bytes(_READ_ALL_TYPES, "tx, position", "$5")
-_READ_WORKSPACE_CUT = _cut_by_bytes(_READ_WORKSPACE, "workspace_id, tx, position", "$5")
-_READ_WORKSPACE_TYPES_CUT = _cut_by_bytes(_READ_WORKSPACE_TYPES, "workspace_id, tx, position", "$6")
+_PAGE_CUT = _PageReads(
+    _cut_by_bytes(_READ_ALL, "tx, position", "$4"),
+    _cut_by_bytes(_READ_ALL_TYPES, "tx, position", "$5"),
+    _cut_by_bytes(_READ_WORKSPACE, "workspace_id, tx, position", "$5"),
+    _cut_by_bytes(_READ_WORKSPACE_TYPES, "workspace_id, tx, position", "$6"),
+)
 
 
 async def read_log_cut(
@@ -171,18 +194,8 @@ async def read_log_cut(
     one-megabyte messages held a gigabyte."""
     if types is not None and not types:
         return [], False
-    args: tuple[object, ...] = (after.tx, after.position, limit)
-    if workspace_id is None:
-        if types is None:
-            rows = await conn.fetch(_READ_ALL_CUT, *args, max_bytes)
-        else:
-            rows = await conn.fetch(_READ_ALL_TYPES_CUT, *args, list(types), max_bytes)
-    elif types is None:
-        rows = await conn.fetch(_READ_WORKSPACE_CUT, *args, workspace_id, max_bytes)
-    else:
-        rows = await conn.fetch(
-            _READ_WORKSPACE_TYPES_CUT, *args, workspace_id, list(types), max_bytes
-        )
+    statement, args = _PAGE_CUT.pick(after, limit, workspace_id, types)
+    rows = await conn.fetch(statement, *args, max_bytes)
     if not rows:
         return [], False
     width = len(_FIELDS)
