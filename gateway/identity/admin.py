@@ -30,6 +30,7 @@ from gateway.errors import read_json, read_query, refuse_body
 from gateway.identity.authn import acting, identify
 from gateway.identity.common import (
     DIRECTORY_MATCHED,
+    DIRECTORY_SOURCES,
     actor_of,
     command_id,
     json,
@@ -138,8 +139,6 @@ class UserPatch(_Body):
     active: bool | None = None
 
 
-DIRECTORY_SOURCES = frozenset({"ldap", "saml", "scim"})
-"""Accounts a directory sign-in claims by DIRECTORY_MATCHED (SAML claims SCIM's too)."""
 SELF_EDITABLE = frozenset({"display_name", "given_name", "family_name"})
 """What a signed-in user may change on their own account with no right on `users`: how their
 name is shown. Not `user_name`, `external_id` or `emails`, which sign-ins match accounts by
@@ -406,7 +405,7 @@ async def patch_user(request: web.Request) -> web.Response:
     if body.active is False and "owner" in user.roles:
         await keep_an_owner(ident, principal.workspace_id, user.user_id)
     renamed = {f for f in changed & DIRECTORY_MATCHED if getattr(body, f) != getattr(user, f)}
-    if user.source in DIRECTORY_SOURCES and renamed:
+    if user.source in DIRECTORY_SOURCES | {"scim"} and renamed:
         # A sign-in through the directory finds the account by these and syncs its roles:
         # renamed onto another entry, the account (its keys, its sessions) would receive
         # that entry's roles, which no one who renamed it need hold.

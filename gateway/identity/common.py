@@ -56,6 +56,9 @@ def signs_in_elsewhere(user: UserRow, settings: Settings) -> bool:
 
 DIRECTORY_MATCHED = frozenset({"user_name", "external_id"})
 """What a sign-in through a directory (LDAP, SAML) matches an account by."""
+DIRECTORY_SOURCES = frozenset({"ldap", "saml"})
+"""The accounts whose DIRECTORY_MATCHED fields are their directory's: no API renames them
+(a SAML sign-in also claims SCIM's accounts, which SCIM itself, the IdP, may rename)."""
 
 
 def signed_in_user(principal: Principal) -> str | None:

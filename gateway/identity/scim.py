@@ -37,7 +37,14 @@ from gateway.identity.admin import (
     revoke_sessions,
     set_password,
 )
-from gateway.identity.common import SCIM_ACTOR, actor_of, new_id, now, storable
+from gateway.identity.common import (
+    DIRECTORY_SOURCES,
+    SCIM_ACTOR,
+    actor_of,
+    new_id,
+    now,
+    storable,
+)
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
 from gateway.identity.service import Identity, identity
 from projections.identity_queries import UserRow, find_scim_token, get_user, list_users
@@ -509,7 +516,7 @@ async def _save(
     in elsewhere (LDAP, SAML) takes none, and nothing changes. (The admin API also refuses a
     password to SCIM's own accounts while SAML is on; the IdP may still send one here.)"""
     matched = (profile.user_name, profile.external_id) != (user.user_name, user.external_id)
-    if user.source in ("ldap", "saml") and matched:
+    if user.source in DIRECTORY_SOURCES and matched:
         # The account's sign-in finds it by these: renamed onto another entry or subject, it
         # (its sessions, its keys) would receive that one's roles (the admin API refuses the
         # same). SCIM's own accounts are the IdP's to rename.
