@@ -33,23 +33,19 @@ from schemas.conversation import (
 )
 from schemas.conversation import Role as ModelRole
 
-Role = Literal["system", "developer", "user", "assistant"]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
 """`developer` is OpenAI's newer name for `system` (the SDK's
 ChatCompletionDeveloperMessageParam): read as a system message from here on
-(`ChatMessageIn.model_role`), since not every model server knows the name."""
+(`ChatMessageIn.model_role`), since not every model server knows the name. `tool` is one of
+the spec's roles: a tool's output as text, which the model server is sent as a labelled user
+message (actors/models/openai_compat.py), since no tool call of this endpoint's precedes it."""
 _REFUSED_ROLES = {
-    # Tools are refused (ChatCompletionRequest.tools): a tool's result answers a tool call
-    # this endpoint never made, and forwarding it without its tool_call_id makes model
-    # servers refuse the whole request.
-    "tool": "role 'tool' (a tool call's result) is not supported: this endpoint runs no "
-    "client-defined tools; drop the tool messages and the assistant tool_calls they answer, "
-    "or put the result in a user message's text",
     "function": "role 'function' (the legacy function-calling result) is not supported: "
     "client-defined functions are not; send its text in a user message instead",
 }
 _NO_TOOL_CALLS = (
     "an assistant message with {field} is not supported: client-defined tools are not; send "
-    "the assistant's text only (drop {field} and the tool messages that answer it)"
+    "the assistant's text only (drop {field}; the tool messages answering it are read as text)"
 )
 
 
@@ -66,7 +62,8 @@ class ChatMessageIn(BaseModel):
     """A message of the request. `content` takes OpenAI's three forms: a string, an array of
     text parts (joined without a separator, as OpenAI-compatible gateways flatten them), or
     null on an assistant message. Other part types (images, audio, files) are refused, and
-    so is the history of tool use (tool messages, assistant tool_calls), tools being so."""
+    so are assistant tool_calls, client-defined tools being so; a `tool` message is taken as
+    text (its `tool_call_id`, answering a call the endpoint never made, is ignored)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 

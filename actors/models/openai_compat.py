@@ -489,10 +489,21 @@ def _seconds_until(http_date: str) -> float | None:
 
 
 def _message(message: ChatMessage) -> dict[str, str]:
+    if message.role == "tool":
+        return _tool_output_as_user_text(message)
     out = {"role": message.role, "content": message.content}
     if message.name:
         out["name"] = message.name
     return out
+
+
+def _tool_output_as_user_text(message: ChatMessage) -> dict[str, str]:
+    """A `tool` message answers an assistant's tool call; model servers refuse one without
+    the `tool_call_id` of a call in the history, and this endpoint makes no calls (client
+    tools are refused). Its text still belongs to the conversation: the model reads it as a
+    user message that says what it is."""
+    source = f"the tool {message.name}" if message.name else "a tool"
+    return {"role": "user", "content": f"Output of {source}:\n{message.content}"}
 
 
 async def _from_stream(

@@ -1122,20 +1122,13 @@ TOOL_CALL: Any = {"id": "call_1", "type": "function", "function": {"name": "f", 
             [{"role": "assistant", "content": None, "function_call": TOOL_CALL["function"]}],
             "messages.1.function_call: an assistant message with function_call",
         ),
-        (
-            [
-                {"role": "assistant", "content": "calling"},
-                {"role": "tool", "tool_call_id": "call_1", "content": "42"},
-            ],
-            "messages.2.role: role 'tool' (a tool call's result) is not supported",
-        ),
     ],
 )
-async def test_a_history_of_tool_use_is_refused_naming_the_message(
+async def test_assistant_tool_calls_are_refused_naming_the_message(
     chat: Chat, history: list[Any], named: str
 ) -> None:
-    """Tools are refused, so is their history: forwarded without its tool_call_id and
-    tool_calls, it made the model server refuse the request (a 502 and a failed turn)."""
+    """Client tools are refused, so are the calls an assistant made of them: forwarded
+    without them, the tool messages that answer them made the model server refuse."""
     messages: Any = [*HELLO, *history, {"role": "user", "content": "go on"}]
     resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": messages})
     error = (await resp.json())["error"]
@@ -1148,6 +1141,41 @@ async def test_a_history_of_tool_use_is_refused_naming_the_message(
     quiet += [{"role": "user", "content": "go on"}]
     ok = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": quiet})
     assert ok.status == 200, await ok.text()
+
+
+async def test_a_tool_message_reaches_the_model_as_labelled_user_text(chat: Chat) -> None:
+    """`tool` is one of the spec's roles. A model server refuses a tool message that answers
+    no call of the history (this endpoint makes none), so its text goes as a user message
+    saying what it is; the OpenAI SDK's form (with `tool_call_id`) is taken as well."""
+    messages: Any = [
+        *HELLO,
+        {"role": "assistant", "content": "let me compute"},
+        {"role": "tool", "name": "calc", "content": "42"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "[1, 2]"},
+        {"role": "user", "content": "so?"},
+    ]
+    raw = await chat.client().chat.completions.with_raw_response.create(
+        model=UPSTREAM_MODEL, messages=messages
+    )
+    assert raw.parse().choices[0].message.content
+    sent = chat.stub.bodies[-1]["messages"]
+    assert sent[2:4] == [
+        {"role": "user", "content": "Output of the tool calc:\n42"},
+        {"role": "user", "content": "Output of a tool:\n[1, 2]"},
+    ]
+    started = await chat.wait_for_event(
+        raw.headers["X-SVC-Conversation-Id"], "conversation.turn_started"
+    )
+    assert started.data["request_messages"] == 5
+
+
+async def test_a_tool_message_needs_its_text(chat: Chat) -> None:
+    messages: Any = [*HELLO, {"role": "tool", "tool_call_id": "call_1", "content": None}]
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": messages})
+    error = (await resp.json())["error"]
+    assert resp.status == 400, error
+    assert "a tool message needs content" in error["message"]
+    assert chat.stub.calls == 0
 
 
 @pytest.mark.parametrize("stream", [False, True])
