@@ -344,11 +344,19 @@ class IdentityProjector(Projector):
     async def _session_started(
         self, conn: Connection, rec: RecordedEvent, ev: SessionStarted
     ) -> None:
+        # A session recorded after its user's deactivation (a login that checked the user
+        # just before it) is revoked as it is stored, as the deactivation revoked the others:
+        # otherwise reactivating the user would bring it back to life.
         await conn.execute(
             """
             INSERT INTO identity_sessions (workspace_id, session_id, user_id, token_hash, method,
-                                           second_factor, created_at, expires_at)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                                           second_factor, created_at, expires_at, revoked_at,
+                                           revoke_reason)
+            SELECT $1, $2, $3, $4, $5, $6, $7::timestamptz, $8, CASE WHEN off THEN $7 END,
+                   CASE WHEN off THEN 'user deactivated' END
+            FROM (SELECT coalesce((SELECT u.active IS FALSE OR u.deleted FROM identity_users u
+                                   WHERE u.workspace_id = $1 AND u.user_id = $3), false) AS off
+                 ) AS user_state
             """,
             rec.workspace_id,
             ev.session_id,

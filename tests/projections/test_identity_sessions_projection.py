@@ -1,0 +1,70 @@
+"""The identity model's sessions follow their user's state whatever order the log gives."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from projection_events import append, at, key_hash
+
+from eventstore import Database, PostgresEventStore
+from projections import ProjectionRunner
+from projections.identity import IdentityProjector
+from projections.identity_queries import find_session
+from schemas.identity import SessionStarted, UserProfile, UserProvisioned, UserUpdated
+
+WS = "ws-sessions"
+
+
+def _profile(active: bool) -> UserProfile:
+    return UserProfile(user_name="ada", active=active)
+
+
+async def test_a_session_recorded_after_deactivation_stays_revoked_on_reactivation(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """A login that checked its user just before a deactivation commits after it: its
+    session must not come to life when the user is reactivated."""
+    stream = f"identity:{WS}"
+    user = UserProvisioned(
+        workspace_id=WS, user_id="u1", profile=_profile(True), source="local", at=at(0)
+    )
+    off = UserUpdated(workspace_id=WS, user_id="u1", profile=_profile(False), at=at(1))
+    session = SessionStarted(
+        workspace_id=WS,
+        session_id="s1",
+        user_id="u1",
+        token_hash=key_hash("late-session"),
+        method="password",
+        second_factor=False,
+        expires_at=at(1) + timedelta(days=3650),
+        at=at(2),
+    )
+    on = UserUpdated(workspace_id=WS, user_id="u1", profile=_profile(True), at=at(3))
+    await append(store, WS, stream, user, off)
+    await append(store, WS, f"session:{WS}:s1", session)
+    await append(store, WS, stream, on)
+    await ProjectionRunner(db, [IdentityProjector()]).catch_up()
+    row = await find_session(db, key_hash("late-session"))
+    assert row is not None and row.user_id == "u1"
+    assert row.revoked_at == at(2)
+
+
+async def test_a_session_of_an_active_user_is_live(store: PostgresEventStore, db: Database) -> None:
+    user = UserProvisioned(
+        workspace_id=WS, user_id="u2", profile=_profile(True), source="local", at=at(0)
+    )
+    session = SessionStarted(
+        workspace_id=WS,
+        session_id="s2",
+        user_id="u2",
+        token_hash=key_hash("live-session"),
+        method="password",
+        second_factor=False,
+        expires_at=at(1) + timedelta(days=3650),
+        at=at(1),
+    )
+    await append(store, WS, f"identity:{WS}", user)
+    await append(store, WS, f"session:{WS}:s2", session)
+    await ProjectionRunner(db, [IdentityProjector()]).catch_up()
+    row = await find_session(db, key_hash("live-session"))
+    assert row is not None and row.revoked_at is None
