@@ -739,8 +739,29 @@ def _configure_logging(settings: Settings | None, command: str) -> None:
     )
 
 
+def _not_utf8(argv: Sequence[str]) -> int | None:
+    """The position of the first argument that is not UTF-8 text (a byte the locale could not
+    decode arrives as a lone surrogate), or None. Refused before anything reads them: no
+    store can hold them, and the driver's refusal quotes the value, a secret's included."""
+    for position, arg in enumerate(argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            return position
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    bad = _not_utf8(given)
+    if bad is not None:
+        _out(
+            f"svc: error: argument {bad} is not UTF-8 text (not shown: it may be a secret); "
+            "write it in UTF-8",
+            sys.stderr,
+        )
+        return USAGE_ERROR
+    args = build_parser().parse_args(given)
     try:
         settings = Settings.from_environment()
         _configure_logging(settings, args.command)

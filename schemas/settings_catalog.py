@@ -247,6 +247,15 @@ def _check_storable(spec: SettingSpec, raw: str) -> None:
             f"invalid value for {spec.key}: a setting cannot hold a NUL character",
             code="invalid_setting_value",
         )
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        # A byte the locale could not decode (standard input, an argument): the driver's
+        # refusal would quote the value, a secret's included. Never quoted here.
+        raise InvalidInput(
+            f"invalid value for {spec.key}: not UTF-8 text; write the value in UTF-8",
+            code="invalid_setting_value",
+        ) from None
 
 
 def check_stored_length(spec: SettingSpec, raw: str) -> None:

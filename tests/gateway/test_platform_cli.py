@@ -530,3 +530,17 @@ def test_startup_problems_are_one_line_each(data_dir: Path) -> None:
         blocker.close()
     stored = svc(data_dir, "settings", "set", "SVC_GATEWAY_ADDR", ":9999")
     assert stored.returncode == 2 and "cannot be stored" in stored.stderr
+
+
+def test_an_argument_not_in_utf8_is_refused_unquoted(data_dir: Path) -> None:
+    """A byte the locale cannot decode reaches the command as a lone surrogate; the driver's
+    refusal quoted the value, a secret's included, after opening the database."""
+    for args in (
+        ("settings", "set", "SVC_NATIVE_API_KEY", "sk-SECRETVALUE\udcff"),
+        ("conversations", "replay", "c\udcff"),
+    ):
+        done = svc(data_dir, *args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert "is not UTF-8 text" in done.stderr, done.stderr
+        assert "SECRETVALUE" not in done.stdout + done.stderr
+    assert not (data_dir / "pgdata").exists()
