@@ -19,6 +19,19 @@ def _profile(active: bool) -> UserProfile:
     return UserProfile(user_name="ada", active=active)
 
 
+def _session(user_id: str, token: str, minutes: float) -> SessionStarted:
+    return SessionStarted(
+        workspace_id=WS,
+        session_id=f"s-{token}",
+        user_id=user_id,
+        token_hash=key_hash(token),
+        method="password",
+        second_factor=False,
+        expires_at=at(minutes) + timedelta(days=3650),
+        at=at(minutes),
+    )
+
+
 async def test_a_session_recorded_after_deactivation_stays_revoked_on_reactivation(
     store: PostgresEventStore, db: Database
 ) -> None:
@@ -29,19 +42,10 @@ async def test_a_session_recorded_after_deactivation_stays_revoked_on_reactivati
         workspace_id=WS, user_id="u1", profile=_profile(True), source="local", at=at(0)
     )
     off = UserUpdated(workspace_id=WS, user_id="u1", profile=_profile(False), at=at(1))
-    session = SessionStarted(
-        workspace_id=WS,
-        session_id="s1",
-        user_id="u1",
-        token_hash=key_hash("late-session"),
-        method="password",
-        second_factor=False,
-        expires_at=at(1) + timedelta(days=3650),
-        at=at(2),
-    )
+    session = _session("u1", "late-session", 2)
     on = UserUpdated(workspace_id=WS, user_id="u1", profile=_profile(True), at=at(3))
     await append(store, WS, stream, user, off)
-    await append(store, WS, f"session:{WS}:s1", session)
+    await append(store, WS, f"session:{WS}:late", session)
     await append(store, WS, stream, on)
     await ProjectionRunner(db, [IdentityProjector()]).catch_up()
     row = await find_session(db, key_hash("late-session"))
@@ -53,18 +57,9 @@ async def test_a_session_of_an_active_user_is_live(store: PostgresEventStore, db
     user = UserProvisioned(
         workspace_id=WS, user_id="u2", profile=_profile(True), source="local", at=at(0)
     )
-    session = SessionStarted(
-        workspace_id=WS,
-        session_id="s2",
-        user_id="u2",
-        token_hash=key_hash("live-session"),
-        method="password",
-        second_factor=False,
-        expires_at=at(1) + timedelta(days=3650),
-        at=at(1),
-    )
+    session = _session("u2", "live-session", 1)
     await append(store, WS, f"identity:{WS}", user)
-    await append(store, WS, f"session:{WS}:s2", session)
+    await append(store, WS, f"session:{WS}:live", session)
     await ProjectionRunner(db, [IdentityProjector()]).catch_up()
     row = await find_session(db, key_hash("live-session"))
     assert row is not None and row.revoked_at is None
