@@ -265,12 +265,17 @@ async def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:
 def _value_from_stdin(key: str) -> str:
     """A prompt that does not echo on a terminal, else standard input up to its end (one
     trailing newline dropped: `echo secret | svc settings set KEY`)."""
-    if sys.stdin.isatty():
-        try:
-            return getpass.getpass(f"{key}: ")
-        except EOFError:  # Ctrl-D at the prompt
-            raise InvalidInput(f"no value for {key} entered; nothing was stored") from None
-    value = sys.stdin.read()
+    try:
+        if sys.stdin.isatty():
+            try:
+                return getpass.getpass(f"{key}: ")
+            except EOFError:  # Ctrl-D at the prompt
+                raise InvalidInput(f"no value for {key} entered; nothing was stored") from None
+        value = sys.stdin.read()
+    except UnicodeDecodeError:  # a strict locale's refusal; never quoted (a secret's value)
+        raise InvalidInput(
+            f"invalid value for {key}: not UTF-8 text; write the value in UTF-8"
+        ) from None
     if not value:
         # Most likely a mistake (stdin redirected from nothing), not a wish to store a blank.
         raise InvalidInput(f"no value for {key} on standard input; to store a blank value pass ''")

@@ -48,6 +48,7 @@ from schemas.settings_catalog import (
     SettingSpec,
     SettingValue,
     check_stored_length,
+    check_stored_text,
     display_value,
     get_spec,
     parse,
@@ -440,6 +441,7 @@ def storable_value(key: str, raw: str) -> str:
     """`raw` as a stored value of `key` holds it (" 3 " is "3"), or InvalidInput naming
     what is wrong: checked before anything is opened or written."""
     spec = storable_spec(key)
+    check_stored_text(spec, raw)
     check_stored_length(spec, raw)
     return stored_text(spec, raw, parse(spec, raw))
 

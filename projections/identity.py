@@ -352,11 +352,12 @@ class IdentityProjector(Projector):
             INSERT INTO identity_sessions (workspace_id, session_id, user_id, token_hash, method,
                                            second_factor, created_at, expires_at, revoked_at,
                                            revoke_reason)
-            SELECT $1, $2, $3, $4, $5, $6, $7::timestamptz, $8, CASE WHEN off THEN $7 END,
-                   CASE WHEN off THEN 'user deactivated' END
-            FROM (SELECT coalesce((SELECT u.active IS FALSE OR u.deleted FROM identity_users u
-                                   WHERE u.workspace_id = $1 AND u.user_id = $3), false) AS off
-                 ) AS user_state
+            SELECT $1, $2, $3, $4, $5, $6, $7::timestamptz, $8,
+                   CASE WHEN u.deleted OR u.active IS FALSE THEN $7 END,
+                   CASE WHEN u.deleted THEN 'user deprovisioned'
+                        WHEN u.active IS FALSE THEN 'user deactivated' END
+            FROM (SELECT) AS one
+            LEFT JOIN identity_users u ON u.workspace_id = $1 AND u.user_id = $3
             """,
             rec.workspace_id,
             ev.session_id,

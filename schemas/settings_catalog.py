@@ -247,11 +247,16 @@ def _check_storable(spec: SettingSpec, raw: str) -> None:
             f"invalid value for {spec.key}: a setting cannot hold a NUL character",
             code="invalid_setting_value",
         )
+
+
+def check_stored_text(spec: SettingSpec, raw: str) -> None:
+    """A value to store is UTF-8 text: a byte the locale could not decode (standard input,
+    an argument) would reach the driver, whose refusal quotes the value, a secret's
+    included. Never quoted here. (The environment may hold such bytes, a Latin-1 path; it
+    is read, not stored.)"""
     try:
         raw.encode("utf-8")
     except UnicodeEncodeError:
-        # A byte the locale could not decode (standard input, an argument): the driver's
-        # refusal would quote the value, a secret's included. Never quoted here.
         raise InvalidInput(
             f"invalid value for {spec.key}: not UTF-8 text; write the value in UTF-8",
             code="invalid_setting_value",

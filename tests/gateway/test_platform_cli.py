@@ -543,4 +543,20 @@ def test_an_argument_not_in_utf8_is_refused_unquoted(data_dir: Path) -> None:
         assert done.returncode == 2, (args, done.stderr)
         assert "is not UTF-8 text" in done.stderr, done.stderr
         assert "SECRETVALUE" not in done.stdout + done.stderr
-    assert not (data_dir / "pgdata").exists()
+    assert not (data_dir / "svc" / "pgdata").exists()
+
+
+def test_a_value_on_stdin_not_in_utf8_is_refused_unquoted(data_dir: Path) -> None:
+    """Under a strict locale standard input is not decoded at all: said, not an internal
+    error, and the value not quoted."""
+    done = subprocess.run(
+        [*SVC, "settings", "set", "SVC_NATIVE_API_KEY"],
+        env=_env(data_dir, PYTHONIOENCODING="utf-8:strict"),
+        input=b"sk-SECRETVALUE\xff\n",
+        capture_output=True,
+        timeout=180,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    stderr = done.stderr.decode()
+    assert done.returncode == 2, stderr
+    assert "not UTF-8 text" in stderr and "SECRETVALUE" not in stderr + done.stdout.decode()

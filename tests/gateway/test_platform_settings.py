@@ -24,6 +24,7 @@ from gateway.settings import (
     Source,
     parse_listen_addr,
     read_env_file,
+    storable_value,
 )
 from gateway.state import DATABASE, RUNTIME, SETTINGS, SETTINGS_SERVICE
 from gateway.state import STORE as STORE_KEY
@@ -153,9 +154,9 @@ def test_validation_errors_say_what_is_expected() -> None:
     # What no setting can hold: named, before any shape is looked at.
     with pytest.raises(InvalidInput, match="for SVC_CSP: a setting cannot hold a NUL"):
         parse(get_spec("SVC_CSP"), "a\x00")
-    # A byte the locale could not decode: refused without quoting it (a secret's value).
+    # A byte the locale could not decode: not stored, and not quoted (a secret's value).
     with pytest.raises(InvalidInput, match="SVC_NATIVE_API_KEY: not UTF-8 text") as caught:
-        parse(get_spec("SVC_NATIVE_API_KEY"), "sk-SECRETVALUE\udcff")
+        storable_value("SVC_NATIVE_API_KEY", "sk-SECRETVALUE\udcff")
     assert "SECRETVALUE" not in str(caught.value)
     # The environment has no length bound (inline IdP metadata may be long); storing has.
     long_metadata = "<x>" + "m" * 200_000 + "</x>"

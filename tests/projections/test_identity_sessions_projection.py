@@ -10,7 +10,13 @@ from eventstore import Database, PostgresEventStore
 from projections import ProjectionRunner
 from projections.identity import IdentityProjector
 from projections.identity_queries import find_session
-from schemas.identity import SessionStarted, UserProfile, UserProvisioned, UserUpdated
+from schemas.identity import (
+    SessionStarted,
+    UserDeprovisioned,
+    UserProfile,
+    UserProvisioned,
+    UserUpdated,
+)
 
 WS = "ws-sessions"
 
@@ -63,3 +69,17 @@ async def test_a_session_of_an_active_user_is_live(store: PostgresEventStore, db
     await ProjectionRunner(db, [IdentityProjector()]).catch_up()
     row = await find_session(db, key_hash("live-session"))
     assert row is not None and row.revoked_at is None
+
+
+async def test_a_session_recorded_after_deprovisioning_is_stored_revoked(
+    store: PostgresEventStore, db: Database
+) -> None:
+    user = UserProvisioned(
+        workspace_id=WS, user_id="u3", profile=_profile(True), source="scim", at=at(0)
+    )
+    gone = UserDeprovisioned(workspace_id=WS, user_id="u3", at=at(1))
+    await append(store, WS, f"identity:{WS}", user, gone)
+    await append(store, WS, f"session:{WS}:gone", _session("u3", "gone-session", 2))
+    await ProjectionRunner(db, [IdentityProjector()]).catch_up()
+    row = await find_session(db, key_hash("gone-session"))
+    assert row is not None and row.revoked_at == at(2)
