@@ -46,7 +46,7 @@ from gateway.admin_keys import record
 from gateway.auth import KEY_MODELS, SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform, open_store
 from gateway.control_chars import json_visible, one_line
-from gateway.errors import validation_problems
+from gateway.errors import is_utf8, validation_problems
 from gateway.feed_frames import redact_model
 from gateway.log_levels import apply_log_level
 from gateway.settings import Settings, storable_spec, storable_value
@@ -748,12 +748,7 @@ def _not_utf8(argv: Sequence[str]) -> int | None:
     """The position of the first argument that is not UTF-8 text (a byte the locale could not
     decode arrives as a lone surrogate), or None. Refused before anything reads them: no
     store can hold them, and the driver's refusal quotes the value, a secret's included."""
-    for position, arg in enumerate(argv, start=1):
-        try:
-            arg.encode("utf-8")
-        except UnicodeEncodeError:
-            return position
-    return None
+    return next((position for position, arg in enumerate(argv, 1) if not is_utf8(arg)), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,6 +30,7 @@ from actors.runtime import ActorRuntime
 from actors.settings import KIND, SettingsBehaviour
 from eventstore.errors import StoreError
 from eventstore.records import RecordedEvent
+from gateway.errors import is_utf8
 from schemas.errors import InvalidInput
 from schemas.events import EVENTS
 from schemas.settings import (
@@ -48,7 +49,6 @@ from schemas.settings_catalog import (
     SettingSpec,
     SettingValue,
     check_stored_length,
-    check_stored_text,
     display_value,
     get_spec,
     parse,
@@ -441,7 +441,14 @@ def storable_value(key: str, raw: str) -> str:
     """`raw` as a stored value of `key` holds it (" 3 " is "3"), or InvalidInput naming
     what is wrong: checked before anything is opened or written."""
     spec = storable_spec(key)
-    check_stored_text(spec, raw)
+    if not is_utf8(raw):
+        # A byte the locale could not decode (standard input): the driver's refusal would
+        # quote the value, a secret's included. Never quoted here. (The environment may hold
+        # such bytes, a Latin-1 path: it is read, not stored.)
+        raise InvalidInput(
+            f"invalid value for {key}: not UTF-8 text; write the value in UTF-8",
+            code="invalid_setting_value",
+        )
     check_stored_length(spec, raw)
     return stored_text(spec, raw, parse(spec, raw))
 

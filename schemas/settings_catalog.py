@@ -249,20 +249,6 @@ def _check_storable(spec: SettingSpec, raw: str) -> None:
         )
 
 
-def check_stored_text(spec: SettingSpec, raw: str) -> None:
-    """A value to store is UTF-8 text: a byte the locale could not decode (standard input,
-    an argument) would reach the driver, whose refusal quotes the value, a secret's
-    included. Never quoted here. (The environment may hold such bytes, a Latin-1 path; it
-    is read, not stored.)"""
-    try:
-        raw.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInput(
-            f"invalid value for {spec.key}: not UTF-8 text; write the value in UTF-8",
-            code="invalid_setting_value",
-        ) from None
-
-
 def check_stored_length(spec: SettingSpec, raw: str) -> None:
     """A value to store, secret or not, within MAX_STORED_CHARS (checked before the vault
     write: a secret's value never passes through SettingText's bound)."""
