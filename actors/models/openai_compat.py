@@ -518,10 +518,10 @@ async def _from_stream(
     seen_data = False
     async for data in _sse_data(content):
         seen_data = True
-        if data == "[DONE]":
+        if data.strip() == "[DONE]":
             break
         chunk = _json_object(data)
-        if "error" in chunk:
+        if _is_error_chunk(chunk):
             raise UpstreamError(
                 f"model server failed mid-answer: {_scrub(_chunk_error(chunk), api_key)}",
                 code="upstream_interrupted",
@@ -608,21 +608,67 @@ async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[str]:
     unfinished when the stream ends was cut with the connection and is dropped, with its
     event (the SSE rule for an unfinished event); complete `data:` lines whose closing blank
     line never came are still an event, as some servers end their streams that way."""
+    lines = _SseLines()
     event = _SseEvent()
-    pending = b""
     async for chunk in content.iter_any():
-        pending += chunk
-        if b"\n" not in chunk:
-            if len(pending) > _MAX_EVENT_BYTES:
-                raise ValueError("stream line too long")
-            continue
-        *complete, pending = pending.split(b"\n")
-        for raw in complete:
+        for raw in lines.feed(chunk):
             data = event.take(raw)
             if data is not None:
                 yield data
-    if not pending and event.lines:
+    last, cut = lines.end()
+    for raw in last:
+        data = event.take(raw)
+        if data is not None:
+            yield data
+    if not cut and event.lines:
         yield event.take(b"") or ""
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+class _SseLines:
+    """An event stream's bytes split into lines at any of the three ends SSE allows (CRLF,
+    LF, a lone CR), past the byte order mark a stream may begin with."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._started = False
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines this chunk completes; a line still open stays pending."""
+        pending = self._pending + chunk
+        if not self._started:
+            if len(pending) < len(_BOM) and _BOM.startswith(pending):
+                self._pending = pending
+                return []
+            self._started = True
+            pending = pending.removeprefix(_BOM)
+        elif b"\n" not in chunk and b"\r" not in chunk:
+            if len(pending) > _MAX_EVENT_BYTES:
+                raise ValueError("stream line too long")
+            self._pending = pending
+            return []
+        # A CR ending the buffer may be the first half of a CRLF whose LF comes in the next
+        # read: it waits, or the LF would read as a blank line and end the event early.
+        held = b"\r" if pending.endswith(b"\r") else b""
+        if held:
+            pending = pending[:-1]
+        if b"\r" in pending:
+            pending = pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *complete, rest = pending.split(b"\n")
+        if len(rest) > _MAX_EVENT_BYTES:
+            raise ValueError("stream line too long")
+        self._pending = rest + held
+        return complete
+
+    def end(self) -> tuple[list[bytes], bool]:
+        """At the end of the stream: the line a lone CR ended last (if so), and whether a
+        line was left unfinished, cut with the connection."""
+        pending, self._pending = self._pending, b""
+        if pending.endswith(b"\r"):
+            return [pending[:-1]], False
+        return [], bool(pending) and self._started
 
 
 class _SseEvent:
@@ -635,8 +681,6 @@ class _SseEvent:
     def take(self, raw: bytes) -> str | None:
         """Take one line: a blank line ends an event (its data is returned), a `data:` line
         adds to it, anything else (comments, other fields) is skipped."""
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
         if not raw:
             if not self.lines:
                 return None
@@ -674,7 +718,16 @@ def _choices(chunk: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0]
 
 
+def _is_error_chunk(chunk: Mapping[str, Any]) -> bool:
+    """An error in place of a chunk: `{"error": {...}}` (OpenAI, newer vLLM), or an error
+    document itself, `{"object": "error", "message": ...}` (older vLLM and its kin). An
+    `"error": null` beside a chunk's choices is no error."""
+    return chunk.get("error") is not None or chunk.get("object") == "error"
+
+
 def _chunk_error(chunk: Mapping[str, Any]) -> str:
+    if chunk.get("object") == "error" and isinstance(chunk.get("message"), str):
+        return str(chunk["message"])
     error = chunk.get("error")
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         return str(error["message"])

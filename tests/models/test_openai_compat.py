@@ -650,3 +650,71 @@ async def test_a_retry_after_given_as_a_date_is_the_seconds_until_it() -> None:
     outcome, _ = await events_or_error_from(busy, retries=0)
     assert isinstance(outcome, UpstreamError) and outcome.retry_after_s is not None
     assert 60 < outcome.retry_after_s <= 90
+
+
+def answer_events(line_end: bytes) -> bytes:
+    """An answer of two deltas, "Hel" and "lo", then its finish and [DONE], with these line
+    ends."""
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]},
+    ]
+    events = [b"data: " + json.dumps(chunk).encode() for chunk in chunks] + [b"data: [DONE]"]
+    return b"".join(event + line_end + line_end for event in events)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(answer_events(b"\r"), id="lone-cr"),
+        pytest.param(answer_events(b"\r\n"), id="crlf"),
+        pytest.param(b"\xef\xbb\xbf" + answer_events(b"\n"), id="byte-order-mark"),
+        pytest.param(answer_events(b"\n").replace(b"[DONE]", b"[DONE] "), id="done-and-space"),
+    ],
+)
+async def test_every_framing_sse_allows_reads_as_the_answer(body: bytes) -> None:
+    """SSE ends lines with CRLF, LF or a lone CR, and a stream may open with a byte order
+    mark: each reads as the same answer, not as a stream too long or never finished."""
+    outcome, calls = await events_or_error_from(stream_then(body), retries=0)
+    assert not isinstance(outcome, UpstreamError), outcome
+    assert outcome[:2] == [TextDelta("Hel"), TextDelta("lo")] and calls == 1
+    assert isinstance(outcome[2], Finished) and outcome[2].finish_reason == "stop"
+
+
+def test_lines_split_across_reads_anywhere_read_as_one_stream() -> None:
+    """Whatever two reads a stream arrives in, even between the CR and LF of one line end or
+    inside the byte order mark, it splits into the lines of the whole."""
+    from actors.models.openai_compat import _SseLines
+
+    body = b"\xef\xbb\xbfdata: a\r\ndata: b\r\n\r\ndata: c\rdata: d\r\r: note\n\n"
+    expected = [b"data: a", b"data: b", b"", b"data: c", b"data: d", b"", b": note", b""]
+    for cut in range(len(body) + 1):
+        lines = _SseLines()
+        read = lines.feed(body[:cut]) + lines.feed(body[cut:])
+        last, unfinished = lines.end()
+        assert (read + last, unfinished) == (expected, False), cut
+
+
+async def test_an_error_document_in_the_stream_is_no_finished_answer() -> None:
+    """Older vLLM sends its error as the chunk itself, `{"object": "error", ...}`, then
+    [DONE]: the answer was cut, not finished with what came before."""
+    delta = {"choices": [{"index": 0, "delta": {"content": "hi"}}]}
+    error = {"object": "error", "message": "engine died", "type": "InternalServerError"}
+    answer = stream_then(
+        *(b"data: " + json.dumps(item).encode() + b"\n\n" for item in (delta, error)),
+        b"data: [DONE]\n\n",
+    )
+    outcome, _ = await events_or_error_from(answer)
+    assert isinstance(outcome, UpstreamError)
+    assert outcome.code == "upstream_interrupted" and "engine died" in outcome.message
+
+
+async def test_a_chunk_whose_error_is_null_is_an_answer() -> None:
+    chunk = {"error": None, "choices": [{"index": 0, "delta": {"content": "hi"}}]}
+    finish = {"error": None, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    answer = stream_then(
+        *(b"data: " + json.dumps(item).encode() + b"\n\n" for item in (chunk, finish))
+    )
+    outcome, _ = await events_or_error_from(answer)
+    assert not isinstance(outcome, UpstreamError), outcome
+    assert outcome[0] == TextDelta("hi") and isinstance(outcome[-1], Finished)
