@@ -26,6 +26,7 @@ from aiohttp.web_log import AccessLogger
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.control_chars import one_line
 from gateway.errors import (
     CLIENT_CLOSED,
     CLIENT_GONE,
@@ -139,7 +140,9 @@ class _AsLogged:
     """A request as the access log shows it: credentials in its URL and its Referer (a feed's
     `?access_token=`, a key pasted into a URL, a secret setting's value) redacted, and the
     client's address as the trusted proxies say (`gateway.security.client_ip`), not the
-    proxy's."""
+    proxy's. Everything the client wrote is shown on one line (`one_line`): the parser
+    refuses CR and LF in a header, not NEL or U+2028, which log viewers break lines at, nor
+    an ESC sequence for the terminal that tails the log."""
 
     def __init__(self, request: web.BaseRequest) -> None:
         self._request = request
@@ -150,23 +153,27 @@ class _AsLogged:
     @property
     def path_qs(self) -> str:
         # The raw, still percent-encoded form: a decoded path's %0A would start a forged line.
-        return self._redacted(self._request.raw_path)
+        return one_line(self._redacted(self._request.raw_path))
 
     @property
     def headers(self) -> Any:
         headers = self._request.headers
-        referer = headers.get("Referer")
-        if referer is None or (shown := self._redacted(referer)) == referer:
+        shown = [(name, value, self._header_shown(name, value)) for name, value in headers.items()]
+        if all(value is original for _, original, value in shown):
             return headers
-        copy = CIMultiDict(headers)
-        copy["Referer"] = shown
-        return CIMultiDictProxy(copy)
+        return CIMultiDictProxy(CIMultiDict((name, value) for name, _, value in shown))
+
+    def _header_shown(self, name: str, value: str) -> str:
+        """`value` itself when it shows as it is, so that the usual request costs no copy."""
+        shown = one_line(self._redacted(value) if name.lower() == "referer" else value)
+        return value if shown == value else shown
 
     @property
     def remote(self) -> str | None:
         request = self._request
         if isinstance(request, web.Request) and _settings_of(request) is not None:
-            return client_ip(request)
+            # From X-Forwarded-For behind a trusted proxy: the client's writing, not an address.
+            return one_line(client_ip(request))
         return request.remote  # refused by the parser before any application saw it
 
     def _redacted(self, url: str) -> str:

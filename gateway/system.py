@@ -60,11 +60,12 @@ _SECRET_TEXT = re.compile(
     r"|(?:(?<![A-Za-z0-9_\-])|(?<=%[0-9A-Fa-f]{2})|(?<=\\[nrt]))"
     r"eyJ[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]*+)"
 )
-# name=value with a secret's name (a cookie header a page logged, `svc_session=...`; a query
-# string's `access_token=...`): the value goes, the name stays to say what was there. Every
-# `name=` is looked at, inside other pairs' values too (`?next=/cb?access_token=...`).
-_NAME_EQ = re.compile(r"(?i)(?<![a-z0-9_.\-])([a-z0-9_.\-]++)=")
-_VALUE = re.compile(r"[^\s;&,\"']++")
+# name=value or name: value with a secret's name (a cookie header a page logged,
+# `svc_session=...`; a query string's `access_token=...`; a header, `X-Api-Key: ...`; JSON or
+# a repr, `"password": "..."`): the value goes, quoted or not, the name stays to say what was
+# there. Every name is looked at, inside other pairs' values too (`?next=/cb?access_token=`).
+_NAME_EQ = re.compile(r"(?i)(?<![a-z0-9_.\-])([a-z0-9_.\-]++)[\"']?+\s*+[=:]\s*+")
+_VALUE = re.compile(r"\"(?:[^\"\\]|\\.)*+\"|'(?:[^'\\]|\\.)*+'|[^\s;&,\"']++")
 _SECRET_PAIR_NAME = re.compile(r"(?i)session|csrf|token|secret|passw(?:or)?d|api[_\-]?key")
 _BASIC = re.compile(r"(?i)\bbasic\s+([A-Za-z0-9+/]{4,}={0,2})(?![A-Za-z0-9+/=])")
 _LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40}
@@ -262,7 +263,8 @@ def _without_secret_pairs(text: str) -> str:
             continue
         value = _VALUE.match(text, name.end())
         if value is not None:
-            kept += [text[done : name.end()], REDACTED]
+            quote = value.group(0)[0] if value.group(0)[0] in "\"'" else ""
+            kept += [text[done : name.end()], f"{quote}{REDACTED}{quote}"]
             done = value.end()
     kept.append(text[done:])
     return "".join(kept)
@@ -286,7 +288,7 @@ def _log_entry(entry: ClientLogEntry, ip: str, secrets: Sequence[str]) -> None:
     client_log.log(
         _LEVELS[entry.level],
         "client log from %s [%s]: %s %s",
-        ip,
+        one_line(ip),  # from X-Forwarded-For behind a trusted proxy: the client's writing
         one_line(redact(entry.source or "-", secrets)),
         one_line(redact(entry.message, secrets)),
         # orjson escapes C0 controls but writes C1 controls and U+2028/9 as they are.

@@ -364,6 +364,8 @@ def test_redaction_of_hostile_text_takes_one_pass() -> None:
         "a" * 60_000,
         "eyJ" * 20_000,
         "x" * 30_000 + "://" + "y" * 30_000,
+        'a:"' * 20_000,
+        'key"' * 15_000,
     ):
         assert system.redact(hostile, ()) == hostile  # nothing in them is a credential
     # What the patterns are for still goes.
@@ -385,6 +387,43 @@ def test_redaction_of_hostile_text_takes_one_pass() -> None:
         ("\\n" + jwt, "\\n[redacted]"),
     ):
         assert system.redact(text, ()) == shown, text
+
+
+def test_a_secret_named_in_json_a_repr_or_a_header_line_is_redacted() -> None:
+    """A page logs an object or a request's headers as often as a URL: `name: value` and
+    quoted values count as `name=value` does, and what is not a secret's stays."""
+    for text, shown in (
+        ('{"password": "hunter 2", "user": "ada"}', '{"password": "[redacted]", "user": "ada"}'),
+        ("{'api_key': 'sk-1', 'n': 1}", "{'api_key': '[redacted]', 'n': 1}"),
+        ('{"token":"a\\"b","x":1}', '{"token":"[redacted]","x":1}'),
+        ("X-Api-Key: abc123 sent", "X-Api-Key: [redacted] sent"),
+        ('csrf="q w"; theme=dark', 'csrf="[redacted]"; theme=dark'),
+        ("https://example.com/a?page=2", "https://example.com/a?page=2"),
+    ):
+        assert system.redact(text, ()) == shown, text
+    # Linear in the text, an unclosed quote or a name before each quote included.
+    for hostile in ('token:"' + "a" * 60_000, 'token:"\\' * 10_000):
+        assert system.redact(hostile, ()).startswith('token:"')
+
+
+async def test_the_client_log_shows_a_proxied_address_on_one_line(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Behind a trusted proxy the address is the client's X-Forwarded-For, its writing."""
+    settings = settings_for(database_url, SVC_TRUSTED_PROXIES="127.0.0.1/32")
+    async with running(settings) as svc:
+        forged = "203.0.113.9\u2028ERROR svc: forged"
+        entry = {"level": "info", "message": "hello"}
+        with caplog.at_level(logging.INFO, logger="svc.client"):
+            status, _, _ = await svc.request(
+                "POST",
+                "/v1/client-log",
+                json={"entries": [entry]},
+                headers={"X-Forwarded-For": forged},
+            )
+        assert status == 202
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "svc.client"]
+    assert len(line.splitlines()) == 1 and "203.0.113.9\\u2028ERROR" in line, line
 
 
 async def test_client_log_redacts_names_basic_credentials_and_stored_secrets(
@@ -596,3 +635,27 @@ async def test_the_access_log_keeps_an_encoded_path_on_one_line(
     lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
     logged = [line for line in lines if "/v1/x" in line]
     assert len(logged) == 1 and "\n" not in logged[0] and "%0A" in logged[0], logged
+
+
+async def test_the_access_log_shows_what_a_client_wrote_on_one_line(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The parser refuses CR and LF in a header, not NEL (U+0085) or U+2028, at which log
+    viewers and `str.splitlines` break lines; nor does a proxy's X-Forwarded-For hold only
+    addresses. Each is logged as an escape."""
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    forged = '1.2.3.4 - - "GET /admin HTTP/1.1" 200'
+    settings = settings_for(database_url, SVC_TRUSTED_PROXIES="127.0.0.1/32")
+    async with running(settings) as svc:
+        headers = {
+            "User-Agent": f"agent\u2028{forged}",
+            "Referer": f"https://example.com/\x85{forged}",
+            "X-Forwarded-For": f"203.0.113.9\u2029{forged}",
+        }
+        status, _, _ = await svc.request("GET", "/v1/time?probe=one-line", headers=headers)
+        assert status == 200
+    lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+    logged = [line for line in lines if "probe=one-line" in line]
+    assert len(logged) == 1 and len(logged[0].splitlines()) == 1, logged
+    assert logged[0].startswith("203.0.113.9\\u2029"), logged[0]
+    assert "agent\\u2028" in logged[0] and "example.com/\\x85" in logged[0], logged[0]
