@@ -22,6 +22,7 @@ import errno
 import getpass
 import json
 import logging
+import re
 import signal
 import socket
 import sys
@@ -73,7 +74,27 @@ Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:
         self.print_usage(sys.stderr)
-        self.exit(USAGE_ERROR, f"svc: error: {message}\n")
+        self.exit(USAGE_ERROR, f"svc: error: {_unquoted_extras(message)}\n")
+
+
+_UNRECOGNIZED = "unrecognized arguments: "
+_OPTION_LIKE = re.compile(r"--[a-z]{1,20}+(?:-[a-z]{1,20}+){0,3}+")
+
+
+def _unquoted_extras(message: str) -> str:
+    """argparse's message, without the arguments it did not recognise unless they read as a
+    mistyped option (`--jsn`): a value that starts with `-` is taken for an option, and
+    `svc settings set KEY -k3y...` would have the secret repeated on stderr."""
+    if not message.startswith(_UNRECOGNIZED):
+        return message
+    extras = message.removeprefix(_UNRECOGNIZED).split(" ")
+    if all(_OPTION_LIKE.fullmatch(extra) for extra in extras):
+        return message
+    return (
+        "an argument that starts with '-' is no option here (not repeated: it may be a "
+        "secret's value); put a value that starts with '-' after '--' "
+        "(svc settings set KEY -- -value), or give it on standard input"
+    )
 
 
 def _out(text: str = "", stream: TextIO | None = None) -> None:
@@ -265,6 +286,11 @@ async def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:
 def _value_from_stdin(key: str) -> str:
     """A prompt that does not echo on a terminal, else standard input up to its end (one
     trailing newline dropped: `echo secret | svc settings set KEY`)."""
+    if sys.stdin is None:  # started with its standard input closed (`<&-`, some services)
+        raise InvalidInput(
+            f"no value for {key} given and no standard input to read it from; give the value "
+            "as an argument, or pipe it in"
+        )
     try:
         if sys.stdin.isatty():
             try:

@@ -23,6 +23,8 @@ import aiohttp
 import pytest
 from platform_support import free_port, serving_url, wait_healthy
 
+from gateway.cli import build_parser
+
 SVC = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
 KEY = re.compile(r"svc_[A-Za-z0-9_\-]{40}")
 
@@ -544,6 +546,34 @@ def test_an_argument_not_in_utf8_is_refused_unquoted(data_dir: Path) -> None:
         assert "is not UTF-8 text" in done.stderr, done.stderr
         assert "SECRETVALUE" not in done.stdout + done.stderr
     assert not (data_dir / "svc" / "pgdata").exists()
+
+
+def test_a_value_taken_for_an_option_is_not_repeated(data_dir: Path) -> None:
+    """argparse takes a value that starts with `-` for an option and named it on stderr: a
+    key or password. The message says how to pass it instead; `--` does."""
+    done = svc(data_dir, "settings", "set", "SVC_NATIVE_API_KEY", "-SECRET-v4lue")
+    assert done.returncode == 2 and "SECRET" not in done.stdout + done.stderr, done.stderr
+    assert "svc settings set KEY -- -value" in done.stderr, done.stderr
+    # A mistyped option is still named.
+    done = svc(data_dir, "settings", "list", "--jsn")
+    assert done.returncode == 2 and "unrecognized arguments: --jsn" in done.stderr, done.stderr
+    assert not (data_dir / "svc" / "pgdata").exists()
+    args = build_parser().parse_args(["settings", "set", "SVC_NATIVE_API_KEY", "--", "-v4lue"])
+    assert args.value == "-v4lue"
+
+
+def test_set_with_standard_input_closed_says_where_the_value_goes(data_dir: Path) -> None:
+    """Started with fd 0 closed, Python has no sys.stdin at all: not an internal error."""
+    done = subprocess.run(
+        ["sh", "-c", 'exec "$@" <&-', "sh", *SVC, "settings", "set", "SVC_NATIVE_API_KEY"],
+        env=_env(data_dir),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 2, done.stderr
+    assert "no standard input to read it from" in done.stderr, done.stderr
 
 
 def test_a_value_on_stdin_not_in_utf8_is_refused_unquoted(data_dir: Path) -> None:
