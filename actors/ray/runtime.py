@@ -662,6 +662,10 @@ class RayRuntime:
             "get_if_exists": True,  # another gateway may be creating it at the same time
             "num_cpus": s.host_num_cpus,
             "max_restarts": -1,
+            # The router retries (same command id, bounded by retry_deadline_s). It also
+            # makes Ray refuse a call to a host it is restarting rather than queue it until
+            # the host is placed, which for a host with no room anywhere is never
+            # (tests/ray/test_cluster.py, `..._cannot_place_again_is_given_up`).
             "max_task_retries": 0,
             "max_concurrency": s.max_concurrency,
         }

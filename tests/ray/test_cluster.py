@@ -8,6 +8,7 @@ that failed is one a retry with the same command id completes (it is then record
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -30,7 +31,14 @@ from test_conversation_turns import run_turn
 
 from actors import ActorKey, CommandOutcome, ConversationBehaviour, TurnResult, conversation_key
 from actors.models.port import TextDelta
-from actors.ray import RayRuntime, RaySettings, WrongEpoch, cluster_scale, cluster_status
+from actors.ray import (
+    HostUnavailable,
+    RayRuntime,
+    RaySettings,
+    WrongEpoch,
+    cluster_scale,
+    cluster_status,
+)
 from actors.shards import NUM_SHARDS, shard_of
 from eventstore import PostgresEventStore
 from schemas.errors import Conflict, SvcError, Unavailable
@@ -487,3 +495,34 @@ async def test_the_retry_deadline_counts_from_the_failure_not_from_the_send(
     assert all(isinstance(a, CommandOutcome) for a in answers), answers
     amounts = sorted(e.data["amount"] for e in await store.read_stream(key.stream_id))
     assert amounts == [1, 2]  # each once, the killed run's retry included
+
+
+async def test_a_call_to_a_host_ray_cannot_place_again_is_given_up(
+    ray_cluster: Cluster, cluster_runtime: Any
+) -> None:
+    """The only host's node is lost and no node left has room for it, so no live host can
+    take its shards. A call and a stream each wait out the retry deadline, then are told
+    the host is unavailable, rather than waiting forever: hosts take no task retries, so Ray
+    refuses a call to a host it is restarting (ActorUnavailableError) instead of queueing
+    it until the host is placed, which here is never."""
+    node = ray_cluster.add_node(num_cpus=3, object_store_memory=80 * 1024 * 1024)
+    ray_cluster.wait_for_nodes()
+    try:
+        # More CPUs than the head node has: only the added node can hold the host.
+        runtime: RayRuntime = await cluster_runtime(
+            1, host_num_cpus=2.5, dead_after_s=2.0, retry_deadline_s=3.0
+        )
+        (key,) = counter_keys(1)
+        assert isinstance(await runtime.ask(key, add(1)), CommandOutcome)
+        (host,) = (await runtime.status())["hosts"]
+    finally:
+        ray_cluster.remove_node(node, allow_graceful=False)
+    # The host's process outlives its node's raylet for a moment: gone before the calls.
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(host["pid"], signal.SIGKILL)
+    async with asyncio.timeout(60):
+        with pytest.raises(HostUnavailable):
+            await runtime.ask(key, add(2))
+        with pytest.raises(HostUnavailable):
+            async for _ in runtime.stream(conversation_key(uuid.uuid4().hex), run_turn()):
+                pass
