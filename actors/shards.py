@@ -162,7 +162,7 @@ async def create_cluster(db: Database, cluster: str, hosts: int) -> int:
             "INSERT INTO actor_shards (cluster, shard, host, epoch) VALUES ($1, $2, $3, 1)",
             [(cluster, s, host_name(cluster, s % hosts)) for s in range(NUM_SHARDS)],
         )
-    await notify(db, cluster)
+        await _notify_on_commit(conn, cluster)
     return hosts
 
 
@@ -184,7 +184,7 @@ async def reset_cluster(db: Database, cluster: str, hosts: int) -> int:
             "SET host = excluded.host, epoch = actor_shards.epoch + 1, moved_at = now()",
             [(cluster, s, host_name(cluster, s % hosts)) for s in range(NUM_SHARDS)],
         )
-    await notify(db, cluster)
+        await _notify_on_commit(conn, cluster)
     return hosts
 
 
@@ -201,7 +201,7 @@ async def move_shards(
     db: Database, cluster: str, shards: Sequence[int], source: str, target: str
 ) -> dict[int, int]:
     """Give `shards` (still owned by `source`) to `target`, one epoch later each; returns the
-    new epochs of the shards that moved. Notifies routers after the commit."""
+    new epochs of the shards that moved. Routers are notified by the commit itself."""
     async with db.transaction() as conn:
         rows = await conn.fetch(
             "UPDATE actor_shards SET host = $4, epoch = epoch + 1, moved_at = now() "
@@ -212,13 +212,16 @@ async def move_shards(
             source,
             target,
         )
-    await notify(db, cluster)
+        await _notify_on_commit(conn, cluster)
     return {int(r["shard"]): int(r["epoch"]) for r in rows}
 
 
-async def notify(db: Database, cluster: str) -> None:
-    async with db.acquire() as conn:
-        await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, cluster)
+async def _notify_on_commit(conn: Connection, cluster: str) -> None:
+    """Tell the routers that the map changed, in the transaction that changes it: PostgreSQL
+    sends the notification when (and only if) the transaction commits. A notification sent
+    after the commit could fail on its own, and a move reported failed after it committed
+    had the old owner take its shards back (`RayRuntime._move` reopens them on failure)."""
+    await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, cluster)
 
 
 async def drop_cluster(db: Database, cluster: str) -> None:
