@@ -51,7 +51,8 @@ class AgentsProjector(Projector):
     async def _profile(self, conn: Connection, rec: RecordedEvent, ev: AgentProfileUpdated) -> None:
         await conn.execute(
             """
-            UPDATE agents SET name = $3, description = $4, system_prompt = $5, updated_at = $6
+            UPDATE agents SET name = $3, description = $4, system_prompt = $5,
+                              updated_at = greatest(updated_at, $6)
             WHERE workspace_id = $1 AND agent_id = $2
             """,
             rec.workspace_id,
@@ -65,7 +66,7 @@ class AgentsProjector(Projector):
     async def _model(self, conn: Connection, rec: RecordedEvent, ev: AgentModelChanged) -> None:
         await conn.execute(
             """
-            UPDATE agents SET model = $3, updated_at = $4
+            UPDATE agents SET model = $3, updated_at = greatest(updated_at, $4)
             WHERE workspace_id = $1 AND agent_id = $2
             """,
             rec.workspace_id,
@@ -79,7 +80,7 @@ class AgentsProjector(Projector):
     ) -> None:
         await conn.execute(
             """
-            UPDATE agents SET parameters = $3, updated_at = $4
+            UPDATE agents SET parameters = $3, updated_at = greatest(updated_at, $4)
             WHERE workspace_id = $1 AND agent_id = $2
             """,
             rec.workspace_id,
@@ -92,7 +93,7 @@ class AgentsProjector(Projector):
         await conn.execute(
             """
             UPDATE agents SET archived = true, archived_at = coalesce(archived_at, $3),
-                              updated_at = $3
+                              updated_at = greatest(updated_at, $3)
             WHERE workspace_id = $1 AND agent_id = $2
             """,
             rec.workspace_id,

@@ -52,7 +52,8 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)
 
 _UPDATE_USER = """
 UPDATE identity_users SET user_name = $3, display_name = $4, given_name = $5, family_name = $6,
-       emails = $7, external_id = $8, active = $9, name_key = $10, updated_at = $11,
+       emails = $7, external_id = $8, active = $9, name_key = $10,
+       updated_at = greatest(updated_at, $11),
        version = version + 1
 WHERE workspace_id = $1 AND user_id = $2
 """
@@ -166,7 +167,8 @@ class IdentityProjector(Projector):
     ) -> None:
         await conn.execute(
             """
-            UPDATE identity_users SET deleted = true, active = false, updated_at = $3,
+            UPDATE identity_users SET deleted = true, active = false,
+                   updated_at = greatest(updated_at, $3),
                    version = version + 1
             WHERE workspace_id = $1 AND user_id = $2
             """,
@@ -213,7 +215,7 @@ class IdentityProjector(Projector):
         self, conn: Connection, workspace_id: str, user_id: str, ev: RoleBound | RoleUnbound
     ) -> None:
         await conn.execute(
-            "UPDATE identity_users SET updated_at = $3, version = version + 1 "
+            "UPDATE identity_users SET updated_at = greatest(updated_at, $3), version = version + 1 "
             "WHERE workspace_id = $1 AND user_id = $2",
             workspace_id,
             user_id,

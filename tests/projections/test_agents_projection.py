@@ -84,3 +84,26 @@ async def test_a_workspace_sees_only_its_agents(store: PostgresEventStore, db: D
         # Hostile: no WHERE at all; row-level security still filters.
         rows = await conn.fetch("SELECT workspace_id FROM agents")
     assert {r["workspace_id"] for r in rows} == {B}
+
+
+async def test_updated_at_never_goes_back_with_a_clock_that_did(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """Events apply in commit order; their times are each writer's clock, which may step
+    back (NTP) or lag another host's: the last change's time is the latest one seen."""
+    stream = f"agent:{A}-9"
+    await append(store, A, stream, created(A, f"{A}-9", "cy"))
+    await append(store, A, stream, AgentModelChanged(agent_id=f"{A}-9", model="m2", at=at(5)))
+    for late in (
+        AgentModelChanged(agent_id=f"{A}-9", model="m3", at=at(2)),
+        AgentParametersChanged(agent_id=f"{A}-9", parameters=AgentParameters(), at=at(2)),
+        AgentProfileUpdated(
+            agent_id=f"{A}-9", name="cy", description="", system_prompt="", at=at(2)
+        ),
+        AgentArchived(agent_id=f"{A}-9", at=at(3)),
+    ):
+        await append(store, A, stream, late)
+    await ProjectionRunner(db, [AgentsProjector()]).catch_up()
+    agent = await agent_queries.get_agent(db, A, f"{A}-9")
+    assert agent is not None and agent.model == "m3" and agent.archived
+    assert agent.updated_at == at(5)

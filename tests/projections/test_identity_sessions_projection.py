@@ -1,4 +1,5 @@
-"""The identity model's sessions follow their user's state whatever order the log gives."""
+"""The identity model whatever order the log gives: sessions follow their user's state, and a
+user's change time never goes back."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from projection_events import append, at, key_hash
 from eventstore import Database, PostgresEventStore
 from projections import ProjectionRunner
 from projections.identity import IdentityProjector
-from projections.identity_queries import find_session
+from projections.identity_queries import find_session, get_user
 from schemas.identity import (
     SessionStarted,
     UserDeprovisioned,
@@ -83,3 +84,21 @@ async def test_a_session_recorded_after_deprovisioning_is_stored_revoked(
     await ProjectionRunner(db, [IdentityProjector()]).catch_up()
     row = await find_session(db, key_hash("gone-session"))
     assert row is not None and row.revoked_at == at(2)
+
+
+async def test_a_users_last_change_time_never_goes_back(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """SCIM clients sync by `meta.lastModified`: an update whose writer's clock lagged must
+    not move it back (events apply in commit order, not by their times)."""
+    stream = f"identity:{WS}"
+    user = UserProvisioned(
+        workspace_id=WS, user_id="u9", profile=_profile(True), source="scim", at=at(0)
+    )
+    update = UserUpdated(workspace_id=WS, user_id="u9", profile=_profile(True), at=at(5))
+    lagging = UserUpdated(workspace_id=WS, user_id="u9", profile=_profile(False), at=at(2))
+    await append(store, WS, stream, user, update, lagging)
+    await append(store, WS, stream, UserDeprovisioned(workspace_id=WS, user_id="u9", at=at(3)))
+    await ProjectionRunner(db, [IdentityProjector()]).catch_up()
+    row = await get_user(db, WS, "u9")
+    assert row is not None and not row.active and row.updated_at == at(5)
