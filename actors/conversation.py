@@ -47,6 +47,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from actors.behaviour import ActorContext, ActorKey, Behaviour, CommandOutcome
 from actors.errors import (
     INTERNAL_FAILURE_MESSAGE,
+    TURN_INTERRUPTED_MESSAGE,
     CommandInterrupted,
     RecordedTurnFailure,
     TurnCrashed,
@@ -783,6 +784,9 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         if (started.duplicate or not started.events) and not ours:
             yield await _recorded_result_now(ctx, command, started.events)
             return
+        # From here a stop that cuts the turn short records it as failed: the same key would
+        # return that failure.
+        ctx.interruption = CommandInterrupted(TURN_INTERRUPTED_MESSAGE)
         async for item in self._run_model(ctx, command, provider, budget_s):
             yield item
 

@@ -34,19 +34,29 @@ class RuntimeStopping(Unavailable):
 
 
 class CommandInterrupted(RuntimeStopping):
-    """The runtime stopped while this command ran and cancelled it at the stop deadline. A chat
-    turn is recorded as failed (`interrupted`), so the same Idempotency-Key returns that
-    failure: the client runs the turn again with a new key."""
+    """The runtime stopped while this command ran and cancelled it at the stop deadline.
+    Whether it took effect is not known to the caller: by default it is told to send it again
+    with the same Idempotency-Key, which returns the result if it was recorded and runs it
+    otherwise (a new key could run twice what did take effect: an agent created twice). A
+    chat turn says otherwise (`TURN_INTERRUPTED_MESSAGE`): it is recorded as failed."""
 
     default_code = "interrupted"
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(
             message
-            or "the service stopped while this request ran and interrupted it (a chat turn is "
-            "recorded as failed); send it again, to another instance or after the restart, "
-            "with a new Idempotency-Key (the same key returns the recorded failure)"
+            or "the service stopped while this request ran and cut it short; it may have "
+            "taken effect: send it again with the same Idempotency-Key, to another instance "
+            "or after the restart (it returns the result if there is one, else runs it); "
+            "without a key, check whether it took effect before sending it again"
         )
+
+
+TURN_INTERRUPTED_MESSAGE = (
+    "the service stopped while this chat turn ran and interrupted it (the turn is recorded as "
+    "failed); send it again, to another instance or after the restart, with a new "
+    "Idempotency-Key (the same key returns the recorded failure)"
+)
 
 
 class AnswerAbandoned(RuntimeStopping):

@@ -192,6 +192,10 @@ async def test_table_stop_counts_what_it_did_with_the_work_in_flight() -> None:
     with pytest.raises(CommandInterrupted) as interrupted:
         await cut.last()
     assert interrupted.value.code == "interrupted" and interrupted.value.http_status == 503
+    # Not a chat turn, which is recorded as failed: nothing says whether it took effect, so
+    # a new key could run it twice; the same key returns its result or runs it.
+    assert "same Idempotency-Key" in interrupted.value.message
+    assert "new Idempotency-Key" not in interrupted.value.message
     # The ray runtime raises it in a host process and again in the caller.
     copy = pickle.loads(pickle.dumps(interrupted.value))
     assert type(copy) is CommandInterrupted and copy.code == "interrupted"
