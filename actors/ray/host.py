@@ -150,18 +150,28 @@ class ActorHost:
         return await asyncio.shield(self._starting)
 
     async def _start(self) -> ActivationTable:
+        """Open the store and the table. A start that fails closes what it opened: the next
+        command starts again, and each failed start would otherwise keep its connections
+        until the database had none left to give."""
         spec = self._spec
         db = await Database.connect(spec.dsn, min_size=1, max_size=spec.store_pool_size)
         notifier = CommitNotifier(db)
-        await notifier.start()
-        self._store = PostgresEventStore(
+        store = PostgresEventStore(
             db, on_commit=notifier.committed, on_close=(notifier.stop, db.close)
         )
-        table = ActivationTable(self._store, list(self._factory()), **spec.table_options)
-        await table.start()
-        self._owned = await load_assignment(db, spec.cluster, spec.name)
-        self._node = ray.get_runtime_context().get_node_id()
-        self._table = table
+        table: ActivationTable | None = None
+        try:
+            await notifier.start()
+            table = ActivationTable(store, list(self._factory()), **spec.table_options)
+            await table.start()
+            self._owned = await load_assignment(db, spec.cluster, spec.name)
+            self._node = ray.get_runtime_context().get_node_id()
+        except BaseException:
+            if table is not None:
+                await table.stop(0.0)
+            await store.close()
+            raise
+        self._store, self._table = store, table
         self._refresher = asyncio.create_task(self._refresh_assignment())
         return table
 
