@@ -35,7 +35,7 @@ import logging
 import math
 import random
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -171,7 +171,7 @@ class OpenAICompatProvider:
     def payload(self, request: ModelRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model or request.model,
-            "messages": [_message(m) for m in request.messages],
+            "messages": _messages(request.messages),
             "stream": request.stream,
         }
         if request.stream:
@@ -486,6 +486,24 @@ def _seconds_until(http_date: str) -> float | None:
     if when.tzinfo is None:  # RFC 9110 dates are GMT; an obsolete form may not say so
         when = when.replace(tzinfo=datetime.UTC)
     return (when - datetime.datetime.now(datetime.UTC)).total_seconds()
+
+
+def _messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    """The messages as sent upstream. A tool's output, sent as user text, joins the user
+    message next to it: chat templates that insist on user and assistant taking turns
+    (Mistral's, Llama 2's) refuse two user messages in a row, which the client never sent."""
+    sent: list[dict[str, str]] = []
+    holds_tool_output = False
+    for message in messages:
+        item = _message(message)
+        is_tool = message.role == "tool"
+        if sent and (is_tool or holds_tool_output) and item["role"] == sent[-1]["role"] == "user":
+            sent[-1] = {**sent[-1], "content": f"{sent[-1]['content']}\n\n{item['content']}"}
+        else:
+            sent.append(item)
+            holds_tool_output = False
+        holds_tool_output = holds_tool_output or is_tool
+    return sent
 
 
 def _message(message: ChatMessage) -> dict[str, str]:

@@ -1146,27 +1146,34 @@ async def test_assistant_tool_calls_are_refused_naming_the_message(
 async def test_a_tool_message_reaches_the_model_as_labelled_user_text(chat: Chat) -> None:
     """`tool` is one of the spec's roles. A model server refuses a tool message that answers
     no call of the history (this endpoint makes none), so its text goes as a user message
-    saying what it is; the OpenAI SDK's form (with `tool_call_id`) is taken as well."""
+    saying what it is; the OpenAI SDK's form (with `tool_call_id`) is taken as well. It joins
+    the user message beside it: templates that want user and assistant to take turns refuse
+    two user messages in a row."""
     messages: Any = [
         *HELLO,
         {"role": "assistant", "content": "let me compute"},
         {"role": "tool", "name": "calc", "content": "42"},
         {"role": "tool", "tool_call_id": "call_1", "content": "[1, 2]"},
         {"role": "user", "content": "so?"},
+        {"role": "assistant", "content": "so 42"},
+        {"role": "user", "content": "and now?"},
+        {"role": "tool", "name": "calc", "content": "43"},
     ]
     raw = await chat.client().chat.completions.with_raw_response.create(
         model=UPSTREAM_MODEL, messages=messages
     )
     assert raw.parse().choices[0].message.content
     sent = chat.stub.bodies[-1]["messages"]
-    assert sent[2:4] == [
-        {"role": "user", "content": "Output of the tool calc:\n42"},
-        {"role": "user", "content": "Output of a tool:\n[1, 2]"},
-    ]
+    assert [m["role"] for m in sent] == ["user", "assistant"] * 2 + ["user"]
+    assert sent[2] == {
+        "role": "user",
+        "content": "Output of the tool calc:\n42\n\nOutput of a tool:\n[1, 2]\n\nso?",
+    }
+    assert sent[4] == {"role": "user", "content": "and now?\n\nOutput of the tool calc:\n43"}
     started = await chat.wait_for_event(
         raw.headers["X-SVC-Conversation-Id"], "conversation.turn_started"
     )
-    assert started.data["request_messages"] == 5
+    assert started.data["request_messages"] == 8
 
 
 async def test_a_tool_message_needs_its_text(chat: Chat) -> None:
