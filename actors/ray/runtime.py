@@ -253,6 +253,7 @@ class RayRuntime:
         self._watch = HostWatch(self._attempts, on_restart=self._send_config)
         self._config: Any = None
         self._configuring: set[asyncio.Task[None]] = set()
+        self._gathering_stats: asyncio.Future[dict[str, TableStats]] | None = None
         self._refresh = FreshReload(self._load_map)
         self._notified: set[asyncio.Future[None]] = set()
         self._moving = asyncio.Lock()
@@ -965,7 +966,18 @@ class RayRuntime:
         """The table counters of each host that answers within `_STATS_TIMEOUT_S`, by name.
 
         A host that is down, restarting or ended by another process (`svc cluster scale`)
-        is left out: a scrape must not wait for Ray to give up on it."""
+        is left out: a scrape must not wait for Ray to give up on it. Callers that come
+        while a round of questions is out share its answers: scrapes of /metrics (which
+        needs no key) ask each host once however many arrive together."""
+        if self._gathering_stats is None:
+            self._gathering_stats = asyncio.ensure_future(self._gather_host_stats())
+            self._gathering_stats.add_done_callback(self._host_stats_gathered)
+        return dict(await asyncio.shield(self._gathering_stats))
+
+    def _host_stats_gathered(self, _done: asyncio.Future[dict[str, TableStats]]) -> None:
+        self._gathering_stats = None
+
+    async def _gather_host_stats(self) -> dict[str, TableStats]:
         assert self._map is not None
         names = sorted(set(self._map.owners) | set(self._handles))
         answers = await asyncio.gather(

@@ -194,7 +194,11 @@ async def svc_cluster_status_json(
 
 
 async def test_routes_over_hosts_and_streams_in_order(
-    cluster_runtime: Any, store: PostgresEventStore, database_url: str, tmp_path: Path
+    cluster_runtime: Any,
+    store: PostgresEventStore,
+    database_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     runtime: RayRuntime = await cluster_runtime(3)
     status = await runtime.status()
@@ -236,6 +240,19 @@ async def test_routes_over_hosts_and_streams_in_order(
     deltas = [i.text for i in items if isinstance(i, TextDelta)]
     assert deltas == [f"d{i} " for i in range(25)] + [" #1"]
     assert isinstance(items[-1], TurnResult) and items[-1].content == "".join(deltas)
+
+    # Scrapes of /metrics that come together share one round of questions to the hosts.
+    asked: list[str] = []
+    ask_host = runtime._host_stats
+
+    async def counted(name: str) -> Any:
+        asked.append(name)
+        return await ask_host(name)
+
+    monkeypatch.setattr(runtime, "_host_stats", counted)
+    rounds = await asyncio.gather(*(runtime.host_stats() for _ in range(10)))
+    assert len(rounds[0]) == 3 and all(r == rounds[0] for r in rounds)
+    assert sorted(asked) == sorted(rounds[0])
 
 
 async def test_scale_out_and_in_under_load(
