@@ -777,6 +777,24 @@ def _not_utf8(argv: Sequence[str]) -> int | None:
     return next((position for position, arg in enumerate(argv, 1) if not is_utf8(arg)), None)
 
 
+def _note_a_new_database(command: str, settings: Settings) -> None:
+    """Say so when a command other than serve or migrate is about to start an embedded
+    database that does not exist yet. SVC_DATA_DIR's default is relative (./.svc): run from
+    another directory than the server's, `svc apikeys list` would start an empty database
+    and answer from it as if it were the server's."""
+    if command in ("serve", "migrate") or settings.database_url:
+        return
+    data_dir = settings.data_dir.resolve()
+    if (data_dir / "pgdata" / "PG_VERSION").exists():
+        return
+    _out(
+        f"svc: note: no database in {one_line(str(data_dir))} yet; this starts a new, empty "
+        "one. To reach the database of `svc serve`, run this where it runs or set "
+        "SVC_DATA_DIR to its data directory",
+        sys.stderr,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     bad = _not_utf8(given)
@@ -794,6 +812,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_args = getattr(args, "check", None)
         if check_args is not None:
             check_args(args)
+        _note_a_new_database(args.command, settings)
         command = args.run(args, settings)
         if args.command != "serve":  # serve takes the signals itself (_stop_signals)
             command = _until_signalled(command)

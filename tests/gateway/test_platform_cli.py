@@ -62,9 +62,13 @@ def test_apikeys_create_prints_only_the_key(data_dir: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert KEY.fullmatch(done.stdout.strip()), done.stdout
     assert done.stdout.count("\n") == 1
+    # The database it started is new: said on stderr (run from another directory than the
+    # server's, the relative default SVC_DATA_DIR names another, empty one).
+    assert f"no database in {(data_dir / 'svc').resolve()} yet" in done.stderr, done.stderr
 
     listed = svc(data_dir, "apikeys", "list")
     assert listed.returncode == 0 and done.stdout.strip()[:8] in listed.stdout
+    assert "no database in" not in listed.stderr, listed.stderr
 
 
 def test_migrate_names_what_it_applied_and_then_nothing(data_dir: Path) -> None:
