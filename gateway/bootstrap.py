@@ -46,7 +46,7 @@ from actors.shards import SHARD_MIGRATIONS
 from actors.table import ActivationTable
 from actors.workspace import KIND as WORKSPACE_KIND
 from actors.workspace import WorkspaceBehaviour
-from eventstore import OpenedStore, open_store_parts
+from eventstore import OpenedStore, StoreError, open_store_parts
 from eventstore.db import Database
 from eventstore.embedded import EmbeddedPostgres
 from eventstore.migrate import STORE_MIGRATIONS, MigrationSource
@@ -315,11 +315,33 @@ async def _identity_up_to_date(projections: ProjectionRunner) -> None:
     checked against it: one far behind (rebuilt from the log after a migration emptied it)
     would refuse every session and take users' keys for keys of no user."""
     log.info("bringing the identity read model up to date before serving")
+    catching_up = asyncio.ensure_future(projections.catch_up(names=[IdentityProjector.name]))
     try:
-        await projections.catch_up(names=[IdentityProjector.name])
+        while not (await asyncio.wait({catching_up}, timeout=CATCH_UP_PROGRESS_EVERY_S))[0]:
+            log.info("identity read model: %s", await _identity_lag(projections))
+        await catching_up
     except ProjectionFailed as exc:
         # Serving goes on, degraded, as it would with the projector stopped while running.
         log.error("identity read model stopped: %s", exc)
+    finally:
+        await cancel_and_wait(catching_up)
+
+
+CATCH_UP_PROGRESS_EVERY_S = 5.0
+"""How often a start that waits on the identity read model says how far behind it is: a
+read model rebuilt from a long log (after a migration emptied it) takes minutes."""
+
+
+async def _identity_lag(projections: ProjectionRunner) -> str:
+    try:
+        (status,) = [s for s in await projections.status() if s.name == IdentityProjector.name]
+    except StoreError as exc:
+        return f"still catching up (its lag unknown: {exc.message})"
+    more = "at least " if status.lag_at_least else ""
+    return (
+        f"still catching up, {more}{status.lag_events:,} events behind "
+        f"(the oldest {status.lag_seconds:,.0f} s old)"
+    )
 
 
 async def _watch_settings(store: PostgresEventStore, service: SettingsService) -> None:
