@@ -23,6 +23,7 @@ from eventstore.metrics import APPEND_SECONDS
 from eventstore.port import EventStore
 from eventstore.reads import EVENT_COLUMNS, log_head, read_log, rows_to_events
 from eventstore.records import AppendResult, NewEvent, RecordedEvent, Snapshot
+from schemas.text import is_utf8
 
 _MAX_INT8 = 2**63 - 1
 _MAX_VERSION = 2**31 - 1
@@ -207,16 +208,8 @@ def _check_id(name: str, value: str) -> None:
     PostgreSQL text cannot hold; one too long for its index)."""
     if len(value) > _MAX_ID_CHARS:
         raise InvalidAppend(f"the {name} is longer than {_MAX_ID_CHARS} characters")
-    if "\x00" in value or (not value.isascii() and not _encodable(value)):
+    if "\x00" in value or not is_utf8(value):
         raise InvalidAppend(f"the {name} holds a NUL or a lone surrogate, which cannot be stored")
-
-
-def _encodable(value: str) -> bool:
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 _AppendRow = tuple[bool, str, int, int, int, int]

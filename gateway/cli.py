@@ -47,7 +47,7 @@ from gateway.admin_keys import record
 from gateway.auth import KEY_MODELS, SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform, open_store
 from gateway.control_chars import json_visible, one_line
-from gateway.errors import is_utf8, validation_problems
+from gateway.errors import validation_problems
 from gateway.feed_frames import redact_model
 from gateway.log_levels import apply_log_level
 from gateway.settings import Settings, storable_spec, storable_value
@@ -58,6 +58,7 @@ from schemas.commands import service_command_id
 from schemas.conversation import RecoverAbandonedTurns, TurnFailed
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
 from schemas.settings_catalog import get_spec
+from schemas.text import is_utf8
 from schemas.workspace import IssueApiKey, RevokeApiKey
 
 log = logging.getLogger("svc")

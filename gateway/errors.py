@@ -31,6 +31,7 @@ from schemas.errors import (
     RequestTimeout,
     SvcError,
 )
+from schemas.text import is_utf8
 
 log = logging.getLogger(__name__)
 
@@ -241,18 +242,6 @@ def internal_error(request: web.BaseRequest, exc: BaseException) -> web.Response
 
 NUL = "\x00"
 _NUL_MESSAGE = "the NUL character (\\u0000) is not accepted in {where}"
-
-
-def is_utf8(text: str) -> bool:
-    """Whether `text` has a UTF-8 form. A lone surrogate has none: aiohttp keeps undecodable
-    header bytes as such, and a JSON `\\ud800` escape decodes to one."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def reject_nul_in_url(request: web.Request) -> None:

@@ -21,11 +21,12 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from yarl import URL
 
-from gateway.errors import error_body, is_utf8
+from gateway.errors import error_body
 from gateway.settings import Settings
 from gateway.state import SETTINGS
 from schemas.errors import Forbidden, InvalidInput, NotFound
 from schemas.settings_catalog import Network, parse_networks
+from schemas.text import is_utf8
 
 DEFAULT_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "

@@ -30,7 +30,6 @@ from actors.runtime import ActorRuntime
 from actors.settings import KIND, SettingsBehaviour
 from eventstore.errors import StoreError
 from eventstore.records import RecordedEvent
-from gateway.errors import is_utf8
 from schemas.errors import InvalidInput
 from schemas.events import EVENTS
 from schemas.settings import (
@@ -55,6 +54,7 @@ from schemas.settings_catalog import (
     parse_or_coerce,
     stored_text,
 )
+from schemas.text import is_utf8
 
 log = logging.getLogger(__name__)
 

@@ -215,8 +215,8 @@ class IdentityProjector(Projector):
         self, conn: Connection, workspace_id: str, user_id: str, ev: RoleBound | RoleUnbound
     ) -> None:
         await conn.execute(
-            "UPDATE identity_users SET updated_at = greatest(updated_at, $3), version = version + 1 "
-            "WHERE workspace_id = $1 AND user_id = $2",
+            "UPDATE identity_users SET updated_at = greatest(updated_at, $3), "
+            "version = version + 1 WHERE workspace_id = $1 AND user_id = $2",
             workspace_id,
             user_id,
             ev.at,

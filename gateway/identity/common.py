@@ -17,13 +17,14 @@ from aiohttp.web_protocol import RequestPayloadError
 from multidict import MultiDictProxy
 
 from gateway.auth import PRINCIPAL
-from gateway.errors import body_deadline, is_utf8, read_header, undecodable_body
+from gateway.errors import body_deadline, read_header, undecodable_body
 from gateway.settings import Settings
 from gateway.state import STORE, Principal
 from projections.identity_queries import UserRow
 from schemas.commands import client_command_id
 from schemas.errors import InvalidInput, PayloadTooLarge
 from schemas.identity import SIGNS_IN_ELSEWHERE
+from schemas.text import is_utf8
 
 SCIM_ACTOR: web.RequestKey[str] = web.RequestKey("svc_scim_actor", str)
 
