@@ -22,6 +22,7 @@ from typing import Literal
 
 from schemas.errors import InvalidInput
 from schemas.setting_rules import TEXT_RULES, TextRule
+from schemas.text import is_utf8
 
 SettingType = Literal["bool", "int", "text", "enum", "duration"]
 ApplyMode = Literal["R", "L", ""]
@@ -1609,4 +1610,25 @@ def display_value(spec: SettingSpec, raw: str | None) -> str:
     user and password (a model server reached with Basic authentication) are masked too."""
     if spec.secret:
         return MASK if raw else "unset"
-    return _USERINFO.sub(r"\1***@", raw) if raw and "://" in raw else raw or ""
+    shown = _USERINFO.sub(r"\1***@", raw) if raw and _holds_userinfo(raw) else raw or ""
+    return shown if is_utf8(shown) else _bytes_escaped(shown)
+
+
+def _holds_userinfo(raw: str) -> bool:
+    """A URL, or what reads as one without its `//` (`user:pw@host`, `https:/user:pw@host`:
+    text settings such as SVC_VECTORDB_URL take it as it is); an address (`ops@example.com`)
+    is not one, nor is text with spaces."""
+    if "://" in raw:
+        return True
+    before, at, _ = raw.rpartition("@")
+    return bool(at) and ":" in before and not any(c.isspace() for c in raw)
+
+
+def _bytes_escaped(text: str) -> str:
+    """`text` from the environment holding bytes the locale could not decode (Python keeps
+    them as lone surrogates, which no JSON answer can carry): each shown as `\\xNN`."""
+    try:
+        data = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
+        data = text.encode("utf-8", "backslashreplace")
+    return data.decode("utf-8", "backslashreplace")

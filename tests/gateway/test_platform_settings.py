@@ -223,6 +223,43 @@ SHAPED_TEXT_SETTINGS = {
 }
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("admin:s3cret@vdb.internal:6333", "***@vdb.internal:6333"),
+        ("https:/admin:s3cret@vdb.internal:6333", "https:/***@vdb.internal:6333"),
+        ("ops@example.com", "ops@example.com"),  # an address, no credentials
+        ("vdb.internal:6333", "vdb.internal:6333"),
+    ],
+)
+def test_credentials_in_a_url_without_its_slashes_are_not_shown(value: str, shown: str) -> None:
+    """Text settings holding a URL take it as written: `user:pw@host` is still a password
+    (docs/settings.md: masked wherever the value is shown)."""
+    assert parse(get_spec("SVC_VECTORDB_URL"), value) == value
+    assert display_value(get_spec("SVC_VECTORDB_URL"), value) == shown
+
+
+async def test_a_value_the_locale_could_not_decode_is_listed_escaped(database_url: str) -> None:
+    """The environment may hold bytes the locale cannot decode (Python keeps them as lone
+    surrogates): the listing made a 500 of them (JSON has no form for them). Each shows as
+    its `\\xNN`; a password beside them still does not show."""
+    undecodable = {
+        "SVC_ERRORTRACKER_ENVIRONMENT": "prod\udcffuction",
+        "SVC_VECTORDB_URL": "admin:s3cr\udce9t@vdb.internal:6333",
+    }
+    async with running(settings_for(database_url, **undecodable)) as svc:
+        key, _ = await svc.issue_key("default", ["admin:read"])
+        status, body, _ = await svc.request("GET", "/v1/admin/settings", key=key)
+        assert status == 200, body
+        shown = {item["key"]: item["value"] for item in body["settings"]}
+        assert shown["SVC_ERRORTRACKER_ENVIRONMENT"] == "prod\\xffuction"
+        assert shown["SVC_VECTORDB_URL"] == "***@vdb.internal:6333"
+        status, one, _ = await svc.request(
+            "GET", "/v1/admin/settings/SVC_ERRORTRACKER_ENVIRONMENT", key=key
+        )
+        assert status == 200 and one["running_value"] == "prod\\xffuction", one
+
+
 @pytest.mark.parametrize("password", ["UrlPassw0rdXYZ", "Url@Passw0rd"])
 def test_a_urls_credentials_are_never_shown(password: str) -> None:
     """A model server behind Basic authentication takes them in its URL: kept, not shown."""
