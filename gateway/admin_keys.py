@@ -51,9 +51,9 @@ from schemas.admin import (
     RevokedApiKey,
 )
 from schemas.commands import Command
-from schemas.errors import Conflict, Forbidden, SvcError
+from schemas.errors import Conflict, Forbidden, NotFound, SvcError
 from schemas.events import EVENTS
-from schemas.workspace import ApiKeyRevoked, IssueApiKey, RevokeApiKey
+from schemas.workspace import ID_MAX_CHARS, ApiKeyRevoked, IssueApiKey, RevokeApiKey
 
 PREFIX_LEN = 8
 
@@ -162,15 +162,29 @@ async def _check_owner_rule(principal: Principal, db: Database, key_id: str) -> 
         raise Forbidden("only an owner may revoke a key that holds owner power", code="owner_only")
 
 
+def _path_key_id(request: web.Request, workspace_id: str) -> str:
+    """The path's key id. One longer than any id is no key of the workspace: a 404, as for
+    any unknown id, not a 400 about the command's field (and not quoted: a key pasted where
+    its id goes is a secret)."""
+    key_id = request.match_info["key_id"]
+    if len(key_id) > ID_MAX_CHARS:
+        raise NotFound(
+            f"no API key of workspace {workspace_id} has that id (ids are at most "
+            f"{ID_MAX_CHARS} characters; GET /v1/admin/apikeys lists them)"
+        )
+    return key_id
+
+
 async def revoke_key(request: web.Request) -> web.Response:
     principal = await acting(request, WRITE)
     read_query(request, NoQuery)
     await refuse_body(request)
-    await _check_owner_rule(principal, request.app[DATABASE], request.match_info["key_id"])
+    key_id = _path_key_id(request, principal.workspace_id)
+    await _check_owner_rule(principal, request.app[DATABASE], key_id)
     command = RevokeApiKey(
         command_id=command_id(request),
         workspace_id=principal.workspace_id,
-        key_id=request.match_info["key_id"],
+        key_id=key_id,
         at=datetime.now(UTC),
         by=describe(principal),
     )

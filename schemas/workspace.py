@@ -20,7 +20,8 @@ from schemas.events import Event, event
 API_KEY_SCOPES: frozenset[str] = frozenset({"*", "admin:read", "admin:write", "mcp", "chat"})
 """Scopes an API key may carry. `chat` is the end-user ability to call /v1/chat/completions."""
 
-Id = Annotated[str, Field(min_length=1, max_length=200)]
+ID_MAX_CHARS = 200
+Id = Annotated[str, Field(min_length=1, max_length=ID_MAX_CHARS)]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 SettingKey = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Z][A-Z0-9_]*$")]
 KeyHash = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
