@@ -128,7 +128,11 @@ def _decide_revoke(state: WorkspaceState, c: RevokeApiKey) -> list[Event]:
     _require_exists(state, c)
     key = state.api_keys.get(c.key_id)
     if key is None:
-        raise NotFound(f"API key {c.key_id} does not exist in workspace {state.workspace_id}")
+        # The id is not quoted: a key pasted where its id goes is a secret.
+        raise NotFound(
+            f"no API key of workspace {state.workspace_id} has the id given (the key's id, "
+            "not the key itself: listed by GET /v1/admin/apikeys and `svc apikeys list`)"
+        )
     if key.revoked_at is not None:
         return []
     return [ApiKeyRevoked(workspace_id=state.workspace_id, key_id=c.key_id, at=c.at, by=c.by)]
