@@ -63,18 +63,19 @@ class Stream:
         )
 
     async def read_cut(
-        self, first: int, last: int, *, lookahead: int, budget: int
+        self, first: int, last: int, *, lookahead: int, budget: int, must_fit: bool = False
     ) -> tuple[list[RecordedEvent], int]:
         """Versions `first`..`last`, at most `lookahead` of them, ending early at `budget`
         bytes by the events' sizes, asked for first (the first event always is read, so a
-        reader moves on); with the bytes read."""
+        reader moves on, unless `must_fit`: a later read of a page, whose first event over
+        the budget ends the page); with the bytes read."""
         lookahead = min(lookahead, FOLD_PAGE)
         last = min(last, first + lookahead - 1)
         sizes = await self.store.stream_sizes(
             self.key.stream_id, first, last, workspace_id=self.workspace_id
         )
         end, _ = cut_page(sizes, lookahead, budget)
-        if end is None:
+        if end is None or (must_fit and sizes[0][1] > budget):
             return [], 0
         return await self.read(first, end), sum(size for v, size in sizes if v <= end)
 
@@ -82,11 +83,14 @@ class Stream:
         self, first: int, last: int, *, budget: int | None = None
     ) -> AsyncIterator[list[RecordedEvent]]:
         """Versions `first`..`last`, in reads of at most PAGE_BYTES and FOLD_PAGE events;
-        with `budget`, ending once that many bytes have been read."""
+        with `budget`, ending before the event that would take them past it (the first
+        event is read whatever its size, so that a reader moves on)."""
         lookahead, left = min(FIRST_LOOKAHEAD, FOLD_PAGE), budget
         while first <= last and (left is None or left > 0):
             cap = PAGE_BYTES if left is None else min(PAGE_BYTES, left)
-            page, size = await self.read_cut(first, last, lookahead=lookahead, budget=cap)
+            page, size = await self.read_cut(
+                first, last, lookahead=lookahead, budget=cap, must_fit=left != budget
+            )
             if not page:
                 return
             yield page

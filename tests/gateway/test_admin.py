@@ -411,6 +411,12 @@ async def test_event_history_reads_are_cut_by_the_events_stored_sizes(
     assert (await service.get_json(path, key, id=cid, state="true"))["state"] == whole["state"]
     body = await service.get_json(path, key, 400, id=cid, state="maybe")
     assert_error(body, "invalid_request")
+    # Only a page's first event may take it past PAGE_BYTES: a later read of the page
+    # whose first event does not fit ends the page there.
+    monkeypatch.setattr(gateway.admin_history, "FIRST_LOOKAHEAD", 1)
+    monkeypatch.setattr(gateway.admin_history, "PAGE_BYTES", sizes[0][1] + sizes[1][1] - 1)
+    page = await service.get_json(path, key, id=cid, state="false")
+    assert [e["version"] for e in page["events"]] == [1] and page["next_after_version"] == 1
 
 
 async def test_event_history_state_keeps_client_keys_that_sound_secret(service: Service) -> None:
