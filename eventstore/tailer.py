@@ -1,6 +1,6 @@
 """One log tailer per process, fanning the global log out in memory to every subscriber.
 
-ARCHITECTURE.md decision 4: the tailer reads the gap-free global log (reads.read_log, by
+ARCHITECTURE.md decision 4: the tailer reads the gap-free global log (reads.read_log_cut, by
 `(tx, position)` below the oldest running transaction) when a commit wakes it or when the
 fallback poll fires, and hands each batch to every live subscriber's bounded queue. A
 subscriber that starts behind reads history itself, with its own filters, then joins the live
@@ -22,7 +22,7 @@ from eventstore.db import Connection, Database
 from eventstore.errors import InvalidCursor, StoreError
 from eventstore.notify import CommitNotifier
 from eventstore.outage_log import OutageLog, doubling_backoff
-from eventstore.reads import log_head, point_issued, read_log, read_log_cut
+from eventstore.reads import log_head, point_issued, read_log_cut
 from eventstore.records import RecordedEvent
 from eventstore.tasks import cancel_and_wait, wait_set
 from schemas.errors import Unavailable
@@ -85,6 +85,11 @@ def _backoff(poll_interval_s: float, failures: int) -> float:
 HISTORY_PAGE_BYTES = 8 * 1024 * 1024
 """The most stored event data a page of history holds (its first event aside): a reader
 catching up holds a page whole."""
+
+LIVE_BATCH_BYTES = 4 * 1024 * 1024
+"""The most stored event data a live batch holds (its first event aside). A batch goes to
+every live feed of its workspaces at once, each writing it whole to its socket: after a
+stall, a thousand large messages read in one batch were a copy of that much per feed."""
 
 BatchListener = Callable[[Sequence[RecordedEvent]], None]
 """Called with each batch the tailer reads, in log order, before it reads the next one."""
@@ -319,10 +324,10 @@ class LogTailer:
 
     async def _read_to_head(self, conn: Connection) -> None:
         while True:
-            batch = await read_log(conn, self._live, self._batch_size, None, None)
+            batch, more = await read_log_cut(conn, self._live, self._batch_size, LIVE_BATCH_BYTES)
             if batch:
                 self._fan_out(batch)
-            if len(batch) < self._batch_size:
+            if not more:
                 self._head_reached_at = time.monotonic()
                 return
 

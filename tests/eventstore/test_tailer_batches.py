@@ -6,7 +6,9 @@ query by workspace and type."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import uuid
 from collections.abc import Sequence
 
 import pytest
@@ -20,8 +22,9 @@ from test_subscribe import (
     wait_until,
 )
 
+import eventstore.tailer
 from eventstore.cursor import ORIGIN
-from eventstore.records import RecordedEvent
+from eventstore.records import NewEvent, RecordedEvent
 from eventstore.tailer import FAILED_READ_BACKOFF_CAP_S, _backoff
 
 __all__ = ["stack"]
@@ -104,3 +107,25 @@ def test_the_wait_after_failed_reads_stays_capped_however_long_the_outage() -> N
     waits = [_backoff(0.075, n) for n in (1, 2, 5, 1024, 10**6)]
     assert waits[0] == 0.15 and waits[1] == 0.3
     assert waits[2:] == [FAILED_READ_BACKOFF_CAP_S] * 3
+
+
+async def test_a_live_batch_is_cut_by_the_bytes_of_its_events(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every live feed of a workspace writes a batch whole to its socket: a thousand large
+    messages read at once after a stall were that much again per feed. A batch holds at most
+    LIVE_BATCH_BYTES of stored data, its first event aside, and none is lost or repeated."""
+    monkeypatch.setattr(eventstore.tailer, "LIVE_BATCH_BYTES", 50_000, raising=False)
+    batches: list[list[RecordedEvent]] = []
+    stack.tailer.add_batch_listener(lambda batch: batches.append(list(batch)))
+    start = stack.tailer.live_point
+    # One transaction of 12 events of about 20 kB each (random, so stored uncompressed):
+    # one read would have taken them all.
+    blobs = [NewEvent("Blob", {"text": os.urandom(10_000).hex()}) for _ in range(12)]
+    await stack.store.append(
+        "big-1", blobs, expected_version=None, command_id=uuid.uuid4().hex, workspace_id="ws1"
+    )
+    await wait_until(lambda: sum(map(len, batches)) >= 12, "the tailer to read every event")
+    assert max(len(batch) for batch in batches) <= 3, [len(b) for b in batches]
+    expected = [e for e in await full_log(stack.store) if e.point > start]
+    assert_same_sequence([e for batch in batches for e in batch], expected)
