@@ -15,10 +15,12 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
+# No `Connection` header: aiohttp writes the one that is true of the connection (`close` to
+# a client that asked for it, or to HTTP/1.0, whose stream ends with the connection), and
+# one set here would override it.
 SSE_HEADERS: Mapping[str, str] = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache, no-transform",
-    "Connection": "keep-alive",
     "X-Accel-Buffering": "no",
 }
 

@@ -24,6 +24,7 @@ from test_admin_support import (
     start_service,
     uid,
 )
+from yarl import URL
 
 from eventstore.errors import StoreError, StoreUnavailable
 from eventstore.records import NewEvent, RecordedEvent
@@ -75,6 +76,33 @@ async def test_frames_carry_cursor_type_and_payload(service: Service) -> None:
     assert set(body) == {"type", "stream_id", "version", "data", "recorded_at", "cursor"}
     assert body["type"] == "test.ping" and body["version"] == 3
     assert body["stream_id"].startswith("test:") and body["data"]["n"] == 2
+
+
+@pytest.mark.parametrize(
+    ("request_line", "connection"),
+    [("HTTP/1.1\r\nConnection: close", "close"), ("HTTP/1.0", None)],
+)
+async def test_a_feed_says_the_connection_closes_when_it_will(
+    service: Service, request_line: str, connection: str | None
+) -> None:
+    """The feed said `Connection: keep-alive` whatever the client asked, to HTTP/1.0 too
+    (whose stream ends with the connection): a pooling proxy then reused a connection the
+    server was closing."""
+    key = await service.issue_key(uid("ws-"))
+    url = URL(service.url(EVENTS))
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    try:
+        writer.write(
+            f"GET {EVENTS} {request_line}\r\nHost: x\r\n"
+            f"Authorization: Bearer {key}\r\n\r\n".encode()
+        )
+        head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)).decode().lower()
+    finally:
+        writer.close()
+    assert head.startswith(("http/1.1 200", "http/1.0 200")), head
+    assert "connection: keep-alive" not in head, head
+    if connection is not None:
+        assert f"connection: {connection}" in head, head
 
 
 @pytest.mark.parametrize("how", ["last_event_id", "cursor"])
