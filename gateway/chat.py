@@ -52,6 +52,7 @@ from pydantic import ValidationError
 
 from actors.behaviour import ActorKey
 from actors.conversation import TurnResult, conversation_key
+from actors.errors import MailboxFull, RuntimeNotStarted, RuntimeStopping
 from actors.models.port import ModelProvider, TextDelta
 from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
@@ -300,9 +301,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # status: an upstream's 404 for the model comes after the turn started) and the
             # cursor that read-your-writes waits for.
             request[_FAILURE_CURSOR_KEY] = request.app[CURSORS].seal(exc.recorded_cursor)
-        elif exc.http_status < 500 and ids is not None and ids.new_conversation:
-            # A fresh conversation whose first turn the actor refused (no user message, say):
-            # nothing was recorded under the id, so the answer names none.
+        elif (
+            (exc.http_status < 500 or exc.code in _REFUSED_UNRUN)
+            and ids is not None
+            and ids.new_conversation
+        ):
+            # A fresh conversation whose first turn the actor refused (no user message, say),
+            # or that the runtime never ran (stopping, full): nothing was recorded under the
+            # id, so the answer names none.
             request.pop(_CONVERSATION_KEY, None)
         raise
     except ValidationError:
@@ -317,6 +323,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     finally:
         if turn is not None:
             TURN_DURATION.observe(time.perf_counter() - started)
+
+
+_REFUSED_UNRUN = frozenset(
+    {RuntimeStopping.default_code, RuntimeNotStarted.default_code, MailboxFull.default_code}
+)
+"""Codes of a 503 by which the runtime refused a command before any actor ran it (a turn
+that had started and was then cut short says `interrupted`, and is recorded)."""
 
 
 def _count_failed(turn: _Turn | None, code: str) -> None:

@@ -27,6 +27,7 @@ from yarl import URL
 
 from actors.behaviour import CommandOutcome
 from actors.conversation import TurnResult
+from actors.errors import RuntimeStopping
 from actors.models.openai_compat import OpenAICompatProvider
 from actors.models.port import TextDelta
 from actors.workspace import workspace_key
@@ -1174,6 +1175,33 @@ async def test_a_tool_message_reaches_the_model_as_labelled_user_text(chat: Chat
         raw.headers["X-SVC-Conversation-Id"], "conversation.turn_started"
     )
     assert started.data["request_messages"] == 8
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_turn_the_runtime_refused_unrun_names_no_conversation(
+    chat: Chat, stream: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused by a stopping runtime before any actor ran it: no conversation exists under
+    the id drawn for it, so the 503 names none (a client continuing it got a 404)."""
+    runtime = chat.service.app[RUNTIME]
+
+    async def refuse(*_: Any, **__: Any) -> Any:
+        raise RuntimeStopping()
+
+    async def refuse_stream(*_: Any, **__: Any) -> AsyncIterator[Any]:
+        raise RuntimeStopping()
+        yield  # an async generator, as the runtime's stream is
+
+    monkeypatch.setattr(runtime, "ask", refuse)
+    monkeypatch.setattr(runtime, "stream", refuse_stream)
+    body = {"model": UPSTREAM_MODEL, "messages": HELLO, "stream": stream}
+    resp = await chat.raw_post(body)
+    error = (await resp.json())["error"]
+    assert resp.status == 503 and error["code"] == "runtime_stopping", error
+    assert "X-SVC-Conversation-Id" not in resp.headers
+    # One the client named is still named: it is the client's.
+    resp = await chat.raw_post(body, **{"X-SVC-Conversation-Id": "c-named"})
+    assert resp.status == 503 and resp.headers["X-SVC-Conversation-Id"] == "c-named"
 
 
 async def test_a_tool_message_needs_its_text(chat: Chat) -> None:
