@@ -34,13 +34,14 @@ per streamed token cost more than the rest of relaying it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -57,12 +58,13 @@ from actors.models.port import ModelProvider, TextDelta
 from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
+from eventstore.tasks import cancel_and_wait
 from gateway.auth import CHAT_PATH, CHAT_SCOPE, MODELS_PATH, authenticate, require_scope
 from gateway.cursor_seal import CursorSeal
 from gateway.errors import client_gone, error_body, internal_failure, read_header, read_json
 from gateway.identity.common import first_attempt_ran
 from gateway.openapi import document
-from gateway.sse import open_sse, send_event
+from gateway.sse import open_sse, send_comment, send_event
 from gateway.state import CURSORS, DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
 from gateway.telemetry import record_turn, turn_span
 from gateway.ttl_cache import TtlCache
@@ -584,18 +586,49 @@ async def _stream(
     request: web.Request, runtime: ActorRuntime, turn: _Turn, include_usage: bool
 ) -> web.StreamResponse:
     items = aiter(runtime.stream(turn.key, turn.command))
+    first = asyncio.ensure_future(anext(items, None))
     try:
         # Failures before the first item (a foreign conversation, the upstream down before any
-        # text) still get their own HTTP status; after that, an SSE error frame.
-        first = await anext(items, None)
+        # text) within FIRST_ITEM_GRACE_S still get their own HTTP status; after that, an SSE
+        # error frame.
+        if (await asyncio.wait({first}, timeout=FIRST_ITEM_GRACE_S))[0]:
+            first.result()
         sender = _ChunkSender(request, await open_sse(request), turn, include_usage)
-        await _relay(sender, _prepend(first, items))
+        await _relay(sender, _after_first(first, items, sender))
     finally:
+        await cancel_and_wait(first)
         close = getattr(items, "aclose", None)
         if close is not None:
             await close()
     await sender.close()
     return sender.response
+
+
+FIRST_ITEM_GRACE_S = 5.0
+"""How long a stream waits for its first item before it answers 200: a failure within it
+keeps its own HTTP status. A reasoning model may think for minutes before its first word,
+and a proxy with an idle timeout (60 s is common) would answer 504 to a silent response,
+which the SDKs retry as a new turn, while the first one runs on."""
+
+STREAM_HEARTBEAT_S = 15.0
+"""The silence after which a stream still waiting for its first item sends an SSE comment
+(which clients skip), as the feeds do."""
+
+
+async def _after_first(
+    first: asyncio.Future[Any], rest: AsyncIterator[Any], sender: _ChunkSender
+) -> AsyncGenerator[Any, None]:
+    """The stream's items from `first` on, with heartbeats while `first` is awaited; its
+    failure raised here, where the relay makes it an error frame."""
+    while not (await asyncio.wait({first}, timeout=STREAM_HEARTBEAT_S))[0]:
+        await sender.heartbeat()
+        if sender.client_gone:
+            return
+    item = first.result()
+    if item is not None:
+        yield item
+    async for item in rest:
+        yield item
 
 
 async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None:
@@ -609,6 +642,8 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
                     return
             elif isinstance(item, TurnResult):
                 result = item
+        if sender.client_gone:  # while heartbeats waited for the first item
+            return
         if result is None:
             raise RuntimeError("conversation actor ended the stream without a TurnResult")
         record_turn(result)
@@ -632,13 +667,6 @@ async def _internal_stream_error(sender: _ChunkSender, exc: BaseException) -> No
     TURN_ERRORS.labels(hidden.code).inc()
     cursor = exc.recorded_cursor if isinstance(exc, SvcError) else None
     await sender.error(hidden.message, hidden.error_type, hidden.code, cursor=cursor)
-
-
-async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
-    if first is not None:
-        yield first
-    async for item in rest:
-        yield item
 
 
 class _ChunkSender:
@@ -684,10 +712,17 @@ class _ChunkSender:
         return orjson.dumps(chunk)
 
     async def _send(self, data: bytes, *, id: str | None = None) -> None:
+        await self._write(send_event(self.response, data, id=id))
+
+    async def heartbeat(self) -> None:
+        await self._write(send_comment(self.response))
+
+    async def _write(self, write: Coroutine[Any, Any, None]) -> None:
         if self.client_gone:
+            write.close()
             return
         try:
-            await send_event(self.response, data, id=id)
+            await write
         except ConnectionError:
             # Reset, broken pipe, or aiohttp's "Connection lost" when the client hangs up
             # while a write waits for its buffer to drain: all the client leaving.

@@ -25,6 +25,7 @@ from multidict import CIMultiDict
 from test_admin_support import GatewayTestServer, Service, SseReader, now, uid
 from yarl import URL
 
+import gateway.chat
 from actors.behaviour import CommandOutcome
 from actors.conversation import TurnResult
 from actors.errors import RuntimeStopping
@@ -1175,6 +1176,34 @@ async def test_a_tool_message_reaches_the_model_as_labelled_user_text(chat: Chat
         raw.headers["X-SVC-Conversation-Id"], "conversation.turn_started"
     )
     assert started.data["request_messages"] == 8
+
+
+async def test_a_stream_waiting_for_its_first_word_sends_heartbeats(
+    chat: Chat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reasoning model may think for minutes before its first word: a silent response
+    met a proxy's idle timeout (a 504 the SDKs retry as a new turn). Past a grace, the
+    stream answers 200 and sends SSE comments until the first delta; the SDK skips them."""
+    monkeypatch.setattr(gateway.chat, "FIRST_ITEM_GRACE_S", 0.05, raising=False)
+    monkeypatch.setattr(gateway.chat, "STREAM_HEARTBEAT_S", 0.05, raising=False)
+    chat.stub.delay_s = 0.6
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
+    assert resp.status == 200
+    body = await resp.text()
+    before_answer = body.split("data: ", 1)[0]
+    assert before_answer.count(": \n\n") >= 2, body[:200]
+    assert body.rstrip().endswith("data: [DONE]")
+    stream = await chat.client().chat.completions.create(
+        model=UPSTREAM_MODEL, messages=HELLO, stream=True
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text.startswith("tok0")
+    # A failure that comes after the grace is the stream's error frame.
+    chat.stub.faults.append(stub_upstream.Fault(400, "no such parameter"))
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
+    assert resp.status == 200
+    frames = [line for line in (await resp.text()).splitlines() if line.startswith("data: ")]
+    assert orjson.loads(frames[-1][6:])["error"]["code"] == "upstream_rejected", frames
 
 
 @pytest.mark.parametrize("stream", [False, True])
