@@ -497,16 +497,18 @@ def _with_agent(
                 "prompt takes one place"
             )
     defaults = agent.parameters
-    return messages, params.model_copy(
-        update={
-            "temperature": defaults.temperature
-            if params.temperature is None
-            else params.temperature,
-            "top_p": defaults.top_p if params.top_p is None else params.top_p,
-            "max_tokens": defaults.max_tokens if params.max_tokens is None else params.max_tokens,
-            "reasoning_effort": params.reasoning_effort or defaults.reasoning_effort,
-        }
-    )
+    reasoning_effort = params.reasoning_effort or defaults.reasoning_effort
+    update: dict[str, Any] = {
+        "temperature": defaults.temperature if params.temperature is None else params.temperature,
+        "top_p": defaults.top_p if params.top_p is None else params.top_p,
+        "reasoning_effort": reasoning_effort,
+    }
+    if params.max_tokens is None and defaults.max_tokens is not None:
+        # The agent's limit, under the name a reasoning model takes (an agent with a
+        # reasoning effort is meant for one): OpenAI's refuse `max_tokens`.
+        update["max_tokens"] = defaults.max_tokens
+        update["max_tokens_as"] = "max_completion_tokens" if reasoning_effort else None
+    return messages, params.model_copy(update=update)
 
 
 def _header_id(request: web.Request, name: str) -> str | None:

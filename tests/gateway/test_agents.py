@@ -13,7 +13,7 @@ import openai
 import orjson
 import pytest
 from test_admin_support import GatewayTestServer, Service, uid
-from test_chat import UPSTREAM_MODEL, Chat, stub_upstream
+from test_chat import HELLO, UPSTREAM_MODEL, Chat, stub_upstream
 
 import gateway.app
 import gateway.bootstrap
@@ -278,6 +278,19 @@ async def test_chat_with_an_agent_name_runs_the_agent(chat: Chat) -> None:
     recorded = await chat.service.app[STORE].read_stream(f"conversation:{conversation}")
     started = next(e for e in recorded if e.type == "conversation.turn_started")
     assert (started.data["agent"], started.data["model"]) == (agent["id"], UPSTREAM_MODEL)
+
+
+async def test_an_agents_token_limit_goes_under_the_name_its_model_takes(chat: Chat) -> None:
+    """With no limit in the request the agent's applies: sent as `max_completion_tokens`
+    when the agent sets a reasoning effort (OpenAI's reasoning models refuse `max_tokens`,
+    and every turn of such an agent failed), as `max_tokens` otherwise."""
+    reasoning = await create_agent(chat, parameters={"max_tokens": 3, "reasoning_effort": "high"})
+    plain = await create_agent(chat, parameters={"max_tokens": 3})
+    for agent in (reasoning, plain):
+        await chat.client().chat.completions.create(model=agent["name"], messages=HELLO)
+    sent_reasoning, sent_plain = chat.stub.bodies
+    assert sent_reasoning["max_completion_tokens"] == 3 and "max_tokens" not in sent_reasoning
+    assert sent_plain["max_tokens"] == 3 and "max_completion_tokens" not in sent_plain
 
 
 async def test_streamed_chat_with_an_agent_on_the_offline_model(chat: Chat) -> None:
