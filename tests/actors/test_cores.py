@@ -335,7 +335,7 @@ def test_api_keys_are_issued_by_hash_and_revoked_once() -> None:
     assert events == [ApiKeyRevoked(workspace_id=WS, key_id="k1", at=at(4))]
     assert state.api_keys["k1"].revoked_at == at(4)
     assert ws.decide(state, cmd(RevokeApiKey, 5, key_id="k1", at=at(5))) == []
-    with pytest.raises(NotFound, match="API key k9 does not exist"):
+    with pytest.raises(NotFound, match="no API key of workspace ws-1 has the id given"):
         ws.decide(state, cmd(RevokeApiKey, 6, key_id="k9", at=at(6)))
 
 
