@@ -256,7 +256,18 @@ class ScimListQuery(ScimReadQuery):
 
 
 def _projection(source: Any) -> tuple[list[str], list[str]]:
-    return _names(source.get("attributes")), _names(source.get("excludedAttributes"))
+    params = _message_keys(source)
+    return _names(params.get("attributes")), _names(params.get("excludedattributes"))
+
+
+def _message_keys(source: Any) -> dict[str, Any]:
+    """A query string's parameters or a SCIM message's members (a SearchRequest, a PatchOp,
+    an operation) by lower-cased name: RFC 7643 section 2.1 makes attribute names
+    case-insensitive, and a `Filter` read as no filter answered with every user."""
+    out: dict[str, Any] = {}
+    for key, value in source.items():
+        out.setdefault(str(key).lower(), value)  # a query's first value, as .get gives
+    return out
 
 
 def _lower_keys(data: dict[str, Any]) -> dict[str, Any]:
@@ -286,6 +297,9 @@ def _emails(value: Any) -> list[dict[str, Any]]:
         if isinstance(item.get("type"), str):
             entry["type"] = item["type"]
         out.append(entry)
+    if sum(1 for entry in out if entry["primary"]) > 1:
+        # RFC 7643 section 2.4: a primary value of true appears no more than once.
+        raise ScimError(400, "at most one email may be primary", "invalidValue")
     return out
 
 
@@ -359,10 +373,11 @@ async def _writable_user(ident: Identity, workspace_id: str, user_id: str) -> Us
 # --- users ------------------------------------------------------------------------------------
 
 
-def _integer(params: Any, name: str, default: int) -> int:
+def _integer(params: Any, name: str, default: int, *, shown: str | None = None) -> int:
     """A paging parameter: a query-string numeral or a JSON integer (orjson reads an integer
     beyond 64 bits as a float, so an integral float counts as one). Absent or null is the
-    default (RFC 7643 section 2.5: null means unassigned); anything else is a 400."""
+    default (RFC 7643 section 2.5: null means unassigned); anything else is a 400, naming
+    it as `shown` (its spelling in the RFC)."""
     raw = params.get(name)
     if raw is None:
         return default
@@ -375,7 +390,7 @@ def _integer(params: Any, name: str, default: int) -> int:
             return int(raw)
         except ValueError:
             pass
-    raise ScimError(400, f"{name} must be an integer", "invalidValue")
+    raise ScimError(400, f"{shown or name} must be an integer", "invalidValue")
 
 
 def _paging(params: Any) -> tuple[int, int]:
@@ -384,7 +399,8 @@ def _paging(params: Any) -> tuple[int, int]:
     results than count, so clients expect leniency. A startIndex past the end (up to
     MAX_START_INDEX) is an empty page with the true totalResults; count is at most MAX_COUNT.
     Both bounds keep OFFSET and LIMIT within PostgreSQL's bigint."""
-    start = _integer(params, "startIndex", 1)
+    params = _message_keys(params)
+    start = _integer(params, "startindex", 1, shown="startIndex")
     count = _integer(params, "count", DEFAULT_COUNT)
     return min(MAX_START_INDEX, max(1, start)), min(MAX_COUNT, max(0, count))
 
@@ -420,7 +436,7 @@ async def _search(
     request: web.Request, ident: Identity, ws: str, params: Any
 ) -> web.StreamResponse:
     start, count = _paging(params)
-    raw = str(params.get("filter") or "").strip()
+    raw = str(_message_keys(params).get("filter") or "").strip()
     if raw:
         users, total = await _filtered(ident, ws, raw, start, count)
     else:
@@ -597,6 +613,11 @@ def _apply_op(current: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
         raise ScimError(400, f"unsupported PATCH op {op.get('op')!r}", "invalidSyntax")
     if isinstance(path, str) and _read_only(path):
         raise ScimError(400, f"{path} is read-only", "mutability")
+    if kind != "remove" and "value" not in op:
+        # RFC 7644 3.5.2.1 and 3.5.2.3: add and replace carry a value. Read as null (which
+        # RFC 7643 2.5 makes unassigned, as a remove does), a replace of `active` without
+        # one, a client's mistake, re-enabled a deactivated user.
+        raise ScimError(400, f"a PATCH {kind} needs a value", "invalidValue")
     if kind == "remove":
         if not isinstance(path, str) or not path:
             raise ScimError(400, "remove needs a path", "noTarget")
@@ -613,24 +634,63 @@ def _apply_op(current: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
         if not fields:
             raise ScimError(400, f"unsupported PATCH path {path!r}", "invalidPath")
     elif isinstance(value, dict):
+        _refuse_unkept(value)
         fields = _profile_fields(value, partial=True)
     else:
         raise ScimError(
             400, "a PATCH operation without a path needs an object value", "invalidValue"
         )
     if kind == "add" and "emails" in fields:
-        fields["emails"] = list(current.get("emails") or []) + fields["emails"]
-        _check_email_count(len(fields["emails"]))
+        fields["emails"] = _added_emails(current.get("emails") or [], fields["emails"])
     return {**current, **fields}
+
+
+_KEPT = frozenset(
+    {
+        "username",
+        "displayname",
+        "externalid",
+        "active",
+        "emails",
+        "name",
+        "name.givenname",
+        "name.familyname",
+    }
+)
+_ECHOED = frozenset({"schemas", "id", "meta", "groups"})
+"""Members a client may send back as it read them: read-only or the message's own."""
+
+
+def _refuse_unkept(value: dict[str, Any]) -> None:
+    """A path-less add or replace naming an attribute this service does not keep: a 400, as
+    with a path, never a 200 that changed nothing. An extension's attributes (URN-named)
+    are left alone, as a POST leaves them."""
+    for key in value:
+        name = _attr_name(str(key))
+        if name not in _KEPT and name not in _ECHOED and not name.startswith("urn:"):
+            raise ScimError(400, f"unsupported PATCH attribute {key!r}", "invalidPath")
+
+
+def _added_emails(
+    current: list[dict[str, Any]], added: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`current` and `added`; an added primary email makes the others not primary (RFC 7644
+    section 3.5.2: the server sets primary to false for any other value)."""
+    if any(email.get("primary") for email in added):
+        current = [{**email, "primary": False} for email in current]
+    emails = [*current, *added]
+    _check_email_count(len(emails))
+    return emails
 
 
 async def patch_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
     user = await _writable_user(ident, ws, request.match_info["id"])
     data = await _json_object(request)
+    data = _message_keys(data)
     schemas = data.get("schemas")
     if not isinstance(schemas, list) or PATCH_SCHEMA not in schemas:
         raise ScimError(400, f"a PATCH body must use the {PATCH_SCHEMA} schema", "invalidSyntax")
-    ops = data.get("Operations")
+    ops = data.get("operations")
     if not isinstance(ops, list) or not ops:
         raise ScimError(400, "Operations must be a non-empty array", "invalidSyntax")
     if len(ops) > MAX_PATCH_OPERATIONS:
@@ -645,7 +705,7 @@ async def patch_handler(request: web.Request, ident: Identity, ws: str) -> web.S
     for op in ops:
         if not isinstance(op, dict):
             raise ScimError(400, "each operation must be an object", "invalidSyntax")
-        rest, new_password = _take_password(op)
+        rest, new_password = _take_password(_message_keys(op))
         password = new_password or password
         current = _apply_op(current, rest)
     profile = UserProfile.model_validate(current)

@@ -20,6 +20,7 @@ USER = "urn:ietf:params:scim:schemas:core:2.0:User"
 ERROR = "urn:ietf:params:scim:api:messages:2.0:Error"
 PATCH = "urn:ietf:params:scim:api:messages:2.0:PatchOp"
 LIST = "urn:ietf:params:scim:api:messages:2.0:ListResponse"
+SEARCH = "urn:ietf:params:scim:api:messages:2.0:SearchRequest"
 
 
 async def scim_token(svc: Running, key: str, action: str = "issue") -> Any:
@@ -613,3 +614,52 @@ async def test_filters_by_external_id_and_id_find_exactly_those_users(database_u
             "GET", "/scim/v2/Users", token, params={"filter": 'externalId eq "ext-1"'}
         )
         assert found["totalResults"] == 0 and found["Resources"] == []
+
+
+async def test_patch_and_search_read_members_in_any_case_and_keep_a_user_deactivated(
+    database_url: str,
+) -> None:
+    """Review findings, one service: a replace of `active` without a value (a client's
+    mistake; RFC 7644 requires one) was read as null and re-enabled a deactivated user;
+    `Value`, `Operations` or a SearchRequest's `Filter` in another case were not read (a
+    search then answered every user); an attribute this service does not keep in a
+    path-less replace answered 200; two primary emails stayed."""
+    async with running(settings_for(database_url)) as svc:
+        token = (await scim_token(svc, await svc.issue_key()))["token"]
+        user = await create_user(svc, token, "ann@example.com")
+        await create_user(svc, token, "bob@example.com")
+        path = f"/scim/v2/Users/{user['id']}"
+
+        async def patch(*ops: dict[str, Any], members: str = "Operations") -> tuple[int, Any]:
+            status, body, _ = await svc.request(
+                "PATCH", path, token, json={"schemas": [PATCH], members: list(ops)}
+            )
+            return status, body
+
+        assert (await patch({"OP": "Replace", "PATH": "active", "VALUE": False}))[0] == 200
+        for refused, scim_type in (
+            ({"op": "replace", "path": "active"}, "invalidValue"),
+            ({"op": "add", "path": "displayName"}, "invalidValue"),
+            ({"op": "replace", "value": {"nickName": "annie"}}, "invalidPath"),
+        ):
+            status, err = await patch(refused)
+            assert (status, err.get("scimType")) == (400, scim_type), (refused, err)
+        status, got, _ = await svc.request("GET", path, token)
+        assert got["active"] is False, got
+        assert (await patch({"op": "replace", "value": {"active": True}}, members="operations"))[
+            0
+        ] == 200
+
+        emails = [{"value": "a@example.com", "primary": True}]
+        assert (await patch({"op": "replace", "path": "emails", "value": emails}))[0] == 200
+        added = [{"value": "b@example.com", "primary": True}]
+        status, got = await patch({"op": "add", "path": "emails", "value": added})
+        assert status == 200 and [e["primary"] for e in got["emails"]] == [False, True], got
+        two = [{"value": "c@example.com", "primary": True}, {"value": "d@x.io", "primary": True}]
+        status, err = await patch({"op": "replace", "path": "emails", "value": two})
+        assert (status, err.get("scimType")) == (400, "invalidValue"), err
+
+        search = {"schemas": [SEARCH], "Filter": 'userName eq "bob@example.com"', "Count": 5}
+        status, found, _ = await svc.request("POST", "/scim/v2/Users/.search", token, json=search)
+        assert status == 200 and found["totalResults"] == 1, found
+        assert found["Resources"][0]["userName"] == "bob@example.com"
