@@ -707,7 +707,12 @@ def _recordable(text: str) -> str:
 def _failure_facts(exc: BaseException) -> tuple[str, str, bool]:
     """(error_code, message safe to show, retryable) for a failed turn."""
     if isinstance(exc, asyncio.CancelledError):
-        return "interrupted", "the service stopped while the turn was running", True
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():  # the runtime stopping its worker
+            return "interrupted", "the service stopped while the turn was running", True
+        # A cancelled operation the turn awaited (a future another task cancelled): a defect,
+        # which the table answers 500 (actors/table.py), and so does its record.
+        return "internal_error", INTERNAL_FAILURE_MESSAGE, False
     if isinstance(exc, SvcError) and not exc.internal:
         retryable = isinstance(exc, UpstreamError | UpstreamTimeout | Unavailable | RateLimited)
         return exc.code, exc.message, retryable

@@ -615,6 +615,28 @@ async def test_a_completion_the_store_never_takes_leaves_the_turn_failed(
     assert (failed.data["error_code"], failed.data["retryable"]) == ("store_unavailable", True)
 
 
+async def test_a_turn_cut_by_a_cancelled_operation_is_a_500_replayed_alike(
+    store: PostgresEventStore,
+) -> None:
+    """A CancelledError the turn met in something it awaited, not a stop of the runtime: the
+    table answers 500, and the record said `interrupted`, so the same key answered 503."""
+    provider = ScriptedProvider(fail_after=1, failure=cast(Any, asyncio.CancelledError()))
+    table = ActivationTable(store, [ConversationBehaviour([provider])])
+    await table.start()
+    try:
+        key, command = conversation_key(uuid.uuid4().hex), run_turn()
+        with pytest.raises(SvcError) as first:
+            await table.submit(key, command).last()
+        assert first.value.http_status == 500
+        failed = (await store.read_stream(key.stream_id))[-1]
+        assert failed.data["error_code"] == "internal_error", failed.data
+        with pytest.raises(RecordedTurnFailure) as replayed:
+            await table.submit(key, command).last()
+        assert replayed.value.http_status == 500
+    finally:
+        await table.stop()
+
+
 async def test_an_internal_failure_is_recorded_and_replayed_without_its_detail(
     store: PostgresEventStore,
 ) -> None:
