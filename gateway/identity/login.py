@@ -30,7 +30,7 @@ from gateway.identity.common import (
     signs_in_elsewhere,
 )
 from gateway.identity.ldap import BIND_SECRET, config_from, ldap_authenticate, ldap_entry_exists
-from gateway.identity.passwords import verify_password
+from gateway.identity.passwords import MAX_LENGTH, verify_password
 from gateway.identity.service import Identity, identity
 from gateway.identity.sessions import (
     NewSession,
@@ -43,7 +43,7 @@ from gateway.identity.vault import INSTANCE, PASSWORD, TOTP, TOTP_PENDING
 from gateway.security import client_ip
 from gateway.state import Principal
 from projections.identity_queries import UserRow, find_user_by_name, get_user
-from schemas.errors import Conflict, InvalidInput, Unauthorized
+from schemas.errors import Conflict, Forbidden, InvalidInput, Unauthorized
 from schemas.identity import (
     BindRole,
     LoginMethod,
@@ -84,6 +84,14 @@ class LoginRequest(BaseModel):
 class TotpCode(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     code: str = Field(min_length=6, max_length=12)
+
+
+class TotpEnrolmentRequest(BaseModel):
+    """The password the account signs in with: a session taken with its CSRF token must not
+    enrol a second factor of its own, which would lock the real user out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    current_password: SecretStr = Field(min_length=1, max_length=MAX_LENGTH)
 
 
 async def _record(
@@ -372,18 +380,57 @@ async def current(request: web.Request) -> web.Response:
 async def totp_enrol(request: web.Request) -> web.Response:
     principal = await identify(request)
     user_id = _user_of(principal)
+    body = await read_json(request, TotpEnrolmentRequest)
     ident = identity(request)
     user = await get_user(ident.db, principal.workspace_id, user_id)
     if user is None or not user.usable:
         raise Unauthorized("invalid or expired session: log in again")
     if user.totp_enrolled:
         raise Conflict("a TOTP second factor is already enrolled", code="totp_enrolled")
+    await _check_sign_in_password(request, ident, user, body.current_password)
     secret = new_secret()
     await ident.vault.put(user.workspace_id, user_id, TOTP_PENDING, secret)
     return json(
         {"secret": secret, "otpauth_uri": provisioning_uri(secret, user.user_name)},
         headers={"Cache-Control": "no-store"},
     )
+
+
+async def _check_sign_in_password(
+    request: web.Request, ident: Identity, user: UserRow, given: SecretStr
+) -> None:
+    """`given` is the password `user` signs in with (this service's, or the directory's for
+    an LDAP account), counted and limited as a login is: a stolen session must not become a
+    way to guess it. TOTP guards password sign-ins: an account that signs in through an
+    identity provider has none to give (its provider keeps its second factor)."""
+    directory = user.source == "ldap" and ident.settings.flag("SVC_LDAP_ENABLED")
+    if not directory and signs_in_elsewhere(user, ident.settings):
+        raise Conflict(
+            f"user {user.user_id} signs in through {user.source}, without a password here: "
+            "its identity provider keeps its second factor",
+            code="external_account",
+        )
+    if not directory and not user.has_password:
+        raise Conflict(
+            f"user {user.user_id} has no password to sign in with, which a TOTP second "
+            "factor guards; set one first (PUT /v1/admin/users/{id}/password)",
+            code="no_password",
+        )
+    attempt = await ident.throttle.reserve(user.workspace_id, user.user_name, client_ip(request))
+    password = given.get_secret_value()
+    if directory:
+        config = config_from(ident.settings, await ident.vault.get(INSTANCE, *BIND_SECRET) or "")
+        found = await ldap_authenticate(config, user.user_name, password)
+        matches = found is not None and same_entry(user.external_id, found.dn)
+    else:
+        stored = await ident.vault.get(user.workspace_id, user.user_id, PASSWORD)
+        matches = await verify_password(password, stored)
+    if not matches:
+        await ident.throttle.failed(attempt)
+        raise Forbidden(
+            "current_password is not the password you sign in with", code="wrong_password"
+        )
+    await ident.throttle.succeeded(attempt)
 
 
 async def totp_verify(request: web.Request) -> web.Response:

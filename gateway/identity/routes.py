@@ -45,9 +45,9 @@ ROUTE_DOCS: tuple[_Doc, ...] = (
     (
         "POST",
         f"{ADMIN}/auth/totp/enrol",
-        "Starts TOTP enrolment (secret shown once)",
+        "Starts TOTP enrolment (secret shown once); needs the password one signs in with",
         AUTH_TAG,
-        None,
+        login.TotpEnrolmentRequest,
         "bearer",
         200,
     ),

@@ -965,6 +965,7 @@ def body_bases(login_user: str, scim_user: str) -> dict[str, dict[str, Any]]:
             "workspace_id": "default",
             "totp_code": "123456",
         },
+        "POST /v1/admin/auth/totp/enrol": {"current_password": PASSWORD},
         "POST /v1/admin/auth/totp/verify": {"code": "123456"},
         "PUT /v1/admin/identity/secrets/{scope}/{name}": {"value": "s3cret"},
         "POST /v1/admin/oauth/clients": {"name": "probe-client", "scopes": ["chat"]},

@@ -24,6 +24,7 @@ from schemas.identity_api import SessionInfo
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
 PASSWORD = "correct horse battery staple"
+WRONG = {"current_password": "not the password at all"}
 
 
 def basic(client_id: str, secret: str) -> dict[str, str]:
@@ -129,10 +130,26 @@ async def test_totp_enrolment_and_login(database_url: str) -> None:
         async with browser:
             csrf = {"X-CSRF-Token": body["csrf_token"]}
             status, enrol, _ = await svc.request(
-                "POST", "/v1/admin/auth/totp/enrol", session=browser, headers=csrf
+                "POST",
+                "/v1/admin/auth/totp/enrol",
+                session=browser,
+                headers=csrf,
+                json={"current_password": PASSWORD},
             )
             assert status == 200 and enrol["otpauth_uri"].startswith("otpauth://totp/")
             secret = enrol["secret"]
+            # A session taken with its CSRF token, without the password, enrols nothing: it
+            # would have locked the real user out with its own authenticator.
+            for refused, code in (({}, "invalid_request"), (WRONG, "wrong_password")):
+                status, err, _ = await svc.request(
+                    "POST",
+                    "/v1/admin/auth/totp/enrol",
+                    session=browser,
+                    headers=csrf,
+                    json=refused,
+                )
+                assert (status, err["error"]["code"])[1] == code, err
+                assert status in (400, 403), err
             status, err, _ = await svc.request(
                 "POST",
                 "/v1/admin/auth/totp/verify",
@@ -290,7 +307,9 @@ async def enrolled_user(svc: Running, key: str, name: str) -> tuple[str, aiohttp
     status, body, browser = await svc.login(name, PASSWORD)
     assert status == 200, body
     browser.headers["X-CSRF-Token"] = body["csrf_token"]
-    status, enrol, _ = await svc.request("POST", "/v1/admin/auth/totp/enrol", session=browser)
+    status, enrol, _ = await svc.request(
+        "POST", "/v1/admin/auth/totp/enrol", session=browser, json={"current_password": PASSWORD}
+    )
     assert status == 200, enrol
     return enrol["secret"], browser
 
