@@ -38,6 +38,7 @@ from schemas.identity import (
     RecordPasswordSet,
     RecordTotpEnrolled,
     RegisterOAuthClient,
+    ResetTotp,
     RevokeOAuthClient,
     RevokeScimToken,
     RevokeSession,
@@ -50,6 +51,7 @@ from schemas.identity import (
     SessionStarted,
     StartSession,
     TotpEnrolled,
+    TotpReset,
     UnbindRole,
     UpdateUser,
     UserApiKeyLinked,
@@ -230,6 +232,12 @@ def _totp(state: DirectoryState, c: RecordTotpEnrolled) -> list[Event]:
     return [TotpEnrolled(by=c.by, workspace_id=state.workspace_id, user_id=c.user_id, at=c.at)]
 
 
+def _reset_totp(state: DirectoryState, c: ResetTotp) -> list[Event]:
+    if not state.live_user(c.user_id).totp:
+        return []
+    return [TotpReset(by=c.by, workspace_id=state.workspace_id, user_id=c.user_id, at=c.at)]
+
+
 def _issue_scim(state: DirectoryState, c: IssueScimToken) -> list[Event]:
     ws = state.workspace_id
     if state.scim_token_id is None:
@@ -302,6 +310,7 @@ _DIRECTORY_DECIDERS: dict[type[Command], Callable[[DirectoryState, Any], list[Ev
     DefineCustomRole: _define_role,
     RecordPasswordSet: _password,
     RecordTotpEnrolled: _totp,
+    ResetTotp: _reset_totp,
     LinkApiKey: _link_key,
     IssueScimToken: _issue_scim,
     RevokeScimToken: _revoke_scim,
@@ -336,6 +345,8 @@ def _evolve_directory(state: DirectoryState, e: Event) -> DirectoryState:
         return _with_user(state, e.user_id, api_keys=(*state.users[e.user_id].api_keys, e.key_id))
     if isinstance(e, TotpEnrolled):
         return _with_user(state, e.user_id, totp=True)
+    if isinstance(e, TotpReset):
+        return _with_user(state, e.user_id, totp=False)
     if isinstance(e, CustomRoleDefined):
         return state.model_copy(
             update={"custom_roles": {**state.custom_roles, e.role: e.permissions}}

@@ -32,6 +32,7 @@ from schemas.identity import (
     SessionRevoked,
     SessionStarted,
     TotpEnrolled,
+    TotpReset,
     UserApiKeyLinked,
     UserDeprovisioned,
     UserProfile,
@@ -110,6 +111,7 @@ class IdentityProjector(Projector):
             CustomRoleDefined: self._role_defined,
             PasswordSet: self._password,
             TotpEnrolled: self._totp,
+            TotpReset: self._totp,
             UserApiKeyLinked: self._key_linked,
             ScimTokenIssued: self._scim_issued,
             ScimTokenRotated: self._scim_rotated,
@@ -261,12 +263,14 @@ class IdentityProjector(Projector):
         )
         await self._audit(conn, rec, ev)
 
-    async def _totp(self, conn: Connection, rec: RecordedEvent, ev: TotpEnrolled) -> None:
+    async def _totp(
+        self, conn: Connection, rec: RecordedEvent, ev: TotpEnrolled | TotpReset
+    ) -> None:
         await conn.execute(
-            "UPDATE identity_users SET totp_enrolled = true "
-            "WHERE workspace_id = $1 AND user_id = $2",
+            "UPDATE identity_users SET totp_enrolled = $3 WHERE workspace_id = $1 AND user_id = $2",
             rec.workspace_id,
             ev.user_id,
+            isinstance(ev, TotpEnrolled),
         )
         await self._audit(conn, rec, ev)
 

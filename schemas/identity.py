@@ -202,6 +202,16 @@ class RecordTotpEnrolled(IdentityCommand):
     at: AwareDatetime
 
 
+class ResetTotp(IdentityCommand):
+    """An administrator's removal of a user's TOTP second factor (a lost authenticator, or
+    one an intruder enrolled): the user signs in with the password alone until enrolling
+    again. Nothing when none is enrolled."""
+
+    target_fields = ("user_id",)
+    user_id: Id
+    at: AwareDatetime
+
+
 class IssueScimToken(IdentityCommand):
     """Issue the workspace's SCIM token, replacing (rotating) any current one."""
 
@@ -336,6 +346,14 @@ class UserApiKeyLinked(IdentityEvent):
 @event
 class TotpEnrolled(IdentityEvent):
     type_name: ClassVar[str] = "identity.totp_enrolled"
+    workspace_id: Id
+    user_id: Id
+    at: AwareDatetime
+
+
+@event
+class TotpReset(IdentityEvent):
+    type_name: ClassVar[str] = "identity.totp_reset"
     workspace_id: Id
     user_id: Id
     at: AwareDatetime

@@ -44,7 +44,7 @@ from gateway.identity.oauth import new_client_credentials, secret_hash
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password, verify_password
 from gateway.identity.roles import allowed, require_access
 from gateway.identity.service import APPLY_TIMEOUT_S, Identity, identity
-from gateway.identity.vault import INSTANCE, PASSWORD
+from gateway.identity.vault import INSTANCE, PASSWORD, TOTP, TOTP_PENDING
 from gateway.security import client_ip
 from gateway.state import AUTH, CURSORS, PROJECTIONS, RUNTIME, Principal
 from projections.identity_queries import (
@@ -74,6 +74,7 @@ from schemas.identity import (
     ProvisionUser,
     RecordPasswordSet,
     RegisterOAuthClient,
+    ResetTotp,
     RevokeOAuthClient,
     RevokeScimToken,
     RevokeSession,
@@ -518,6 +519,32 @@ async def put_password(request: web.Request) -> web.Response:
         keep=principal.attributes.get("session_id"),
     )
     return web.Response(status=204)
+
+
+async def reset_totp(request: web.Request) -> web.Response:
+    """Remove a user's TOTP second factor (a lost authenticator, or one an intruder
+    enrolled); the user's sessions end with it, as after a password reset."""
+    principal = await acting(request, "users", "write")
+    read_query(request, NoQuery)
+    await refuse_body(request)
+    ident = identity(request)
+    ws = principal.workspace_id
+    user = await live_user(ident, ws, request.match_info["id"])
+    await check_manageable(ident, principal, user)
+    command = ResetTotp(
+        by=actor_of(request),
+        command_id=command_id(request),
+        workspace_id=ws,
+        user_id=user.user_id,
+        at=now(),
+    )
+    await ident.ask(directory_key(ws), command)
+    # After the event: should these fail, the user signs in without a code (the read model
+    # says none is enrolled), and a secret left behind is never asked for again.
+    for name in (TOTP, TOTP_PENDING):
+        await ident.vault.delete(ws, user.user_id, name)
+    await revoke_sessions(ident, ws, user.user_id, "second factor reset", actor_of(request))
+    return json(user_view(await live_user(ident, ws, user.user_id)))
 
 
 async def bind_role(request: web.Request) -> web.Response:

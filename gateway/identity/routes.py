@@ -83,6 +83,15 @@ ROUTE_DOCS: tuple[_Doc, ...] = (
         204,
     ),
     (
+        "DELETE",
+        f"{ADMIN}/users/{{id}}/totp",
+        "Removes a user's TOTP second factor and ends their sessions",
+        SECURITY_TAG,
+        None,
+        "bearer",
+        200,
+    ),
+    (
         "POST",
         f"{ADMIN}/users/{{id}}/roles",
         "Binds a role",
@@ -179,6 +188,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", f"{ADMIN}/users"): views.UserView,
     ("GET", f"{ADMIN}/users/{{id}}"): views.UserView,
     ("PATCH", f"{ADMIN}/users/{{id}}"): views.UserView,
+    ("DELETE", f"{ADMIN}/users/{{id}}/totp"): views.UserView,
     ("POST", f"{ADMIN}/users/{{id}}/roles"): views.UserView,
     ("DELETE", f"{ADMIN}/users/{{id}}/roles/{{role}}"): views.UserView,
     ("POST", f"{ADMIN}/users/{{id}}/apikeys"): views.IssuedUserKey,
@@ -210,6 +220,7 @@ IDEMPOTENT: frozenset[tuple[str, str]] = frozenset(
         ("POST", f"{ADMIN}/users"),
         ("PATCH", f"{ADMIN}/users/{{id}}"),
         ("DELETE", f"{ADMIN}/users/{{id}}"),
+        ("DELETE", f"{ADMIN}/users/{{id}}/totp"),
         ("POST", f"{ADMIN}/users/{{id}}/roles"),
         ("DELETE", f"{ADMIN}/users/{{id}}/roles/{{role}}"),
         ("POST", f"{ADMIN}/users/{{id}}/apikeys"),
@@ -313,6 +324,7 @@ def add_routes(app: web.Application) -> None:
     r.add_patch(f"{ADMIN}/users/{{id}}", admin.patch_user)
     r.add_delete(f"{ADMIN}/users/{{id}}", admin.delete_user)
     r.add_put(f"{ADMIN}/users/{{id}}/password", admin.put_password)
+    r.add_delete(f"{ADMIN}/users/{{id}}/totp", admin.reset_totp)
     r.add_post(f"{ADMIN}/users/{{id}}/roles", admin.bind_role)
     r.add_post(f"{ADMIN}/users/{{id}}/apikeys", admin.issue_user_key)
     r.add_delete(f"{ADMIN}/users/{{id}}/roles/{{role}}", admin.unbind_role)

@@ -368,3 +368,38 @@ def test_non_ascii_digits_match_no_step() -> None:
     secret = base64.b32encode(b"12345678901234567890").decode()
     for code in NOT_ASCII_DIGITS:
         assert matching_step(secret, code, 59) is None
+
+
+async def test_an_administrator_resets_a_users_second_factor(database_url: str) -> None:
+    """A lost authenticator, or one an intruder enrolled, locked the user out for good:
+    no path cleared it. An administrator removes it; the user's sessions end with it, and
+    the password alone signs in until the user enrols again."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        secret, browser = await enrolled_user(svc, key, "lena")
+        async with browser:
+            status, ok, _ = await svc.request(
+                "POST",
+                "/v1/admin/auth/totp/verify",
+                session=browser,
+                json={"code": now_code(secret)},
+            )
+            assert status == 200 and ok["totp_enrolled"] is True
+            status, users, _ = await svc.request("GET", "/v1/admin/users?user_name=lena", key)
+            (lena,) = users["items"]
+            assert lena["totp_enrolled"] is True
+            status, _, b = await svc.login("lena", PASSWORD)
+            await b.close()
+            assert status == 401  # the code is asked for
+
+            totp = f"/v1/admin/users/{lena['id']}/totp"
+            status, reset, _ = await svc.request("DELETE", totp, key)
+            assert status == 200 and reset["totp_enrolled"] is False, reset
+            status, _, _ = await svc.request("GET", "/v1/admin/auth/session", session=browser)
+            assert status == 401  # the user's sessions ended with it
+        status, body, b = await svc.login("lena", PASSWORD)
+        await b.close()
+        assert status == 200 and body["second_factor"] is False, body
+        # Again: nothing enrolled, nothing recorded, the same answer.
+        status, again, _ = await svc.request("DELETE", totp, key)
+        assert status == 200 and again["totp_enrolled"] is False

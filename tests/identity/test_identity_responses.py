@@ -91,6 +91,8 @@ async def test_every_documented_identity_body_is_what_the_route_answers(
             code = {"code": now_code(enrol["secret"])}
             await in_session("POST", f"{ADMIN}/auth/totp/verify", json=code)
             await in_session("POST", f"{ADMIN}/auth/logout")
+        reset = await call("DELETE", f"{one}/totp", f"{users}/{rita}/totp")
+        assert reset["totp_enrolled"] is False
 
         await call("GET", f"{ADMIN}/audit")
         assert (await call("GET", f"{ADMIN}/auth/session"))["auth"] == "api_key"
