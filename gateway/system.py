@@ -65,7 +65,12 @@ _SECRET_TEXT = re.compile(
 # a repr, `"password": "..."`): the value goes, quoted or not, the name stays to say what was
 # there. Every name is looked at, inside other pairs' values too (`?next=/cb?access_token=`).
 _NAME_EQ = re.compile(r"(?i)(?<![a-z0-9_.\-])([a-z0-9_.\-]++)[\"']?+\s*+[=:]\s*+")
-_VALUE = re.compile(r"\"(?:[^\"\\]|\\.)*+\"|'(?:[^'\\]|\\.)*+'|[^\s;&,\"']++")
+# A value as written after its name: quoted, or a run of characters, after the scheme word
+# of an Authorization-style value (`X-Auth-Token: Bearer abc`: the token, not the word).
+_VALUE = re.compile(
+    r"\"(?:[^\"\\]|\\.)*+\"|'(?:[^'\\]|\\.)*+'"
+    r"|(?i:(?:bearer|basic|token)\s++)?+[^\s;&,\"']++"
+)
 _SECRET_PAIR_NAME = re.compile(r"(?i)session|csrf|token|secret|passw(?:or)?d|api[_\-]?key")
 _BASIC = re.compile(r"(?i)\bbasic\s+([A-Za-z0-9+/]{4,}={0,2})(?![A-Za-z0-9+/=])")
 _LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40}

@@ -397,13 +397,17 @@ def test_a_secret_named_in_json_a_repr_or_a_header_line_is_redacted() -> None:
         ("{'api_key': 'sk-1', 'n': 1}", "{'api_key': '[redacted]', 'n': 1}"),
         ('{"token":"a\\"b","x":1}', '{"token":"[redacted]","x":1}'),
         ("X-Api-Key: abc123 sent", "X-Api-Key: [redacted] sent"),
+        # The token after the scheme word, not the word alone (the word then hid it from
+        # the bearer pattern, and the token stayed).
+        ("X-Auth-Token: Bearer abc123 sent", "X-Auth-Token: [redacted] sent"),
+        ("session_token: basic dXNlcjpwYXNz", "session_token: [redacted]"),
         ('csrf="q w"; theme=dark', 'csrf="[redacted]"; theme=dark'),
         ("https://example.com/a?page=2", "https://example.com/a?page=2"),
     ):
         assert system.redact(text, ()) == shown, text
     # Linear in the text, an unclosed quote or a name before each quote included.
-    for hostile in ('token:"' + "a" * 60_000, 'token:"\\' * 10_000):
-        assert system.redact(hostile, ()).startswith('token:"')
+    for hostile in ('token:"' + "a" * 60_000, 'token:"\\' * 10_000, "token: bearer " * 10_000):
+        assert system.redact(hostile, ()).startswith("token:")
 
 
 async def test_the_client_log_shows_a_proxied_address_on_one_line(
