@@ -34,6 +34,15 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
             log.error("background task %s failed: %r", task.get_name(), outcome)
 
 
+async def cancel_unless_done(task: asyncio.Task[Any]) -> None:
+    """Cancel `task` and wait for it if it still runs. One that already ended is its awaiter's
+    to read, which took its result or its error there: nothing is logged for it again."""
+    if not task.done():
+        await cancel_and_wait(task)
+    elif not task.cancelled():
+        task.exception()  # marked retrieved
+
+
 async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
     """Wait up to `timeout_s` for `event`: True if it is set, False when the time ran out.
     Built on `asyncio.timeout`, so a cancellation of the waiter is never lost (see above)."""

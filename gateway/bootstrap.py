@@ -52,7 +52,7 @@ from eventstore.embedded import EmbeddedPostgres
 from eventstore.migrate import STORE_MIGRATIONS, MigrationSource
 from eventstore.store import PostgresEventStore
 from eventstore.tailer import LogTailer, SubscriberTooSlow
-from eventstore.tasks import cancel_and_wait
+from eventstore.tasks import cancel_and_wait, cancel_unless_done
 from gateway.cursor_seal import KEY_BYTES, CursorSeal
 from gateway.identity.vault import INSTANCE, IdentityVault
 from gateway.log_levels import apply_log_level
@@ -324,7 +324,7 @@ async def _identity_up_to_date(projections: ProjectionRunner) -> None:
         # Serving goes on, degraded, as it would with the projector stopped while running.
         log.error("identity read model stopped: %s", exc)
     finally:
-        await cancel_and_wait(catching_up)
+        await cancel_unless_done(catching_up)
 
 
 CATCH_UP_PROGRESS_EVERY_S = 5.0

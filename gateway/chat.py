@@ -58,7 +58,7 @@ from actors.models.port import ModelProvider, TextDelta
 from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
-from eventstore.tasks import cancel_and_wait
+from eventstore.tasks import cancel_unless_done
 from gateway.auth import CHAT_PATH, CHAT_SCOPE, MODELS_PATH, authenticate, require_scope
 from gateway.cursor_seal import CursorSeal
 from gateway.errors import client_gone, error_body, internal_failure, read_header, read_json
@@ -304,7 +304,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # cursor that read-your-writes waits for.
             request[_FAILURE_CURSOR_KEY] = request.app[CURSORS].seal(exc.recorded_cursor)
         elif (
-            (exc.http_status < 500 or exc.code in _REFUSED_UNRUN)
+            (exc.http_status < 500 or _refused_unrun(exc))
             and ids is not None
             and ids.new_conversation
         ):
@@ -327,11 +327,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             TURN_DURATION.observe(time.perf_counter() - started)
 
 
-_REFUSED_UNRUN = frozenset(
-    {RuntimeStopping.default_code, RuntimeNotStarted.default_code, MailboxFull.default_code}
-)
-"""Codes of a 503 by which the runtime refused a command before any actor ran it (a turn
-that had started and was then cut short says `interrupted`, and is recorded)."""
+def _refused_unrun(exc: SvcError) -> bool:
+    """A 503 by which the runtime refused the command before any actor ran it. Not its
+    subclasses: a turn cut short once started (CommandInterrupted) is recorded, and one this
+    process stopped waiting for (AnswerAbandoned) runs on in its Ray host."""
+    return type(exc) in (RuntimeStopping, RuntimeNotStarted, MailboxFull)
 
 
 def _count_failed(turn: _Turn | None, code: str) -> None:
@@ -598,7 +598,7 @@ async def _stream(
         sender = _ChunkSender(request, await open_sse(request), turn, include_usage)
         await _relay(sender, _after_first(first, items, sender))
     finally:
-        await cancel_and_wait(first)
+        await cancel_unless_done(first)
         close = getattr(items, "aclose", None)
         if close is not None:
             await close()

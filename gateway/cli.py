@@ -79,23 +79,32 @@ class _Parser(argparse.ArgumentParser):
 
 
 _UNRECOGNIZED = "unrecognized arguments: "
+_IGNORED_EXPLICIT = "ignored explicit argument"
 _OPTION_LIKE = re.compile(r"--[a-z]{1,20}+(?:-[a-z]{1,20}+){0,3}+")
 
 
 def _unquoted_extras(message: str) -> str:
-    """argparse's message, without the arguments it did not recognise unless they read as a
-    mistyped option (`--jsn`): a value that starts with `-` is taken for an option, and
-    `svc settings set KEY -k3y...` would have the secret repeated on stderr."""
-    if not message.startswith(_UNRECOGNIZED):
-        return message
-    extras = message.removeprefix(_UNRECOGNIZED).split(" ")
-    if all(_OPTION_LIKE.fullmatch(extra) for extra in extras):
+    """argparse's message, unless it repeats an argument that may be a secret: a value that
+    starts with `-` is taken for an option, and `svc settings set KEY -k3y...` had the
+    secret on stderr."""
+    if not _quotes_a_value(message):
         return message
     return (
         "an argument that starts with '-' is no option here (not repeated: it may be a "
         "secret's value); put a value that starts with '-' after '--' "
         "(svc settings set KEY -- -value), or give it on standard input"
     )
+
+
+def _quotes_a_value(message: str) -> bool:
+    """Whether argparse's `message` repeats an argument other than a mistyped option
+    (`--jsn` stays named): the arguments it did not recognise, or what followed `-h`."""
+    if _IGNORED_EXPLICIT in message:  # `-hS3cret`: -h, then what followed it
+        return True
+    if not message.startswith(_UNRECOGNIZED):
+        return False
+    extras = message.removeprefix(_UNRECOGNIZED).split(" ")
+    return not all(_OPTION_LIKE.fullmatch(extra) for extra in extras)
 
 
 def _out(text: str = "", stream: TextIO | None = None) -> None:

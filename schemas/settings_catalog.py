@@ -1616,12 +1616,13 @@ def display_value(spec: SettingSpec, raw: str | None) -> str:
 
 def _holds_userinfo(raw: str) -> bool:
     """A URL, or what reads as one without its `//` (`user:pw@host`, `https:/user:pw@host`:
-    text settings such as SVC_VECTORDB_URL take it as it is); an address (`ops@example.com`)
-    is not one, nor is text with spaces."""
+    text settings such as SVC_VECTORDB_URL take it as it is, a password with a space
+    included); an address (`ops@example.com`) is not one. Text that only looks like one
+    (`a: b@c`) is masked too: a listing that hides too much costs less than a password."""
     if "://" in raw:
         return True
     before, at, _ = raw.rpartition("@")
-    return bool(at) and ":" in before and not any(c.isspace() for c in raw)
+    return bool(at) and ":" in before
 
 
 def _bytes_escaped(text: str) -> str:

@@ -501,8 +501,9 @@ def _messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
             sent[-1] = {**sent[-1], "content": f"{sent[-1]['content']}\n\n{item['content']}"}
         else:
             sent.append(item)
-            holds_tool_output = False
-        holds_tool_output = holds_tool_output or is_tool
+        # Only a tool's output draws the next user message in: two user messages of the
+        # client's own stay two, as sent.
+        holds_tool_output = is_tool
     return sent
 
 
@@ -662,7 +663,7 @@ class _SseLines:
                 return []
             self._started = True
             pending = pending.removeprefix(_BOM)
-        elif b"\n" not in chunk and b"\r" not in chunk:
+        elif b"\n" not in chunk and b"\r" not in chunk and not self._pending.endswith(b"\r"):
             if len(pending) > _MAX_EVENT_BYTES:
                 raise ValueError("stream line too long")
             self._pending = pending

@@ -28,7 +28,7 @@ from yarl import URL
 import gateway.chat
 from actors.behaviour import CommandOutcome
 from actors.conversation import TurnResult
-from actors.errors import RuntimeStopping
+from actors.errors import AnswerAbandoned, RuntimeStopping
 from actors.models.openai_compat import OpenAICompatProvider
 from actors.models.port import TextDelta
 from actors.workspace import workspace_key
@@ -1160,22 +1160,28 @@ async def test_a_tool_message_reaches_the_model_as_labelled_user_text(chat: Chat
         {"role": "assistant", "content": "so 42"},
         {"role": "user", "content": "and now?"},
         {"role": "tool", "name": "calc", "content": "43"},
+        {"role": "user", "content": "thanks"},
+        {"role": "user", "content": "bye"},
     ]
     raw = await chat.client().chat.completions.with_raw_response.create(
         model=UPSTREAM_MODEL, messages=messages
     )
     assert raw.parse().choices[0].message.content
     sent = chat.stub.bodies[-1]["messages"]
-    assert [m["role"] for m in sent] == ["user", "assistant"] * 2 + ["user"]
+    assert [m["role"] for m in sent] == ["user", "assistant"] * 2 + ["user"] * 2
     assert sent[2] == {
         "role": "user",
         "content": "Output of the tool calc:\n42\n\nOutput of a tool:\n[1, 2]\n\nso?",
     }
-    assert sent[4] == {"role": "user", "content": "and now?\n\nOutput of the tool calc:\n43"}
+    assert sent[4] == {
+        "role": "user",
+        "content": "and now?\n\nOutput of the tool calc:\n43\n\nthanks",
+    }
+    assert sent[5] == {"role": "user", "content": "bye"}  # two of the client's own stay two
     started = await chat.wait_for_event(
         raw.headers["X-SVC-Conversation-Id"], "conversation.turn_started"
     )
-    assert started.data["request_messages"] == 8
+    assert started.data["request_messages"] == 10
 
 
 async def test_a_stream_waiting_for_its_first_word_sends_heartbeats(
@@ -1208,10 +1214,11 @@ async def test_a_stream_waiting_for_its_first_word_sends_heartbeats(
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_turn_the_runtime_refused_unrun_names_no_conversation(
-    chat: Chat, stream: bool, monkeypatch: pytest.MonkeyPatch
+    chat: Chat, stream: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Refused by a stopping runtime before any actor ran it: no conversation exists under
-    the id drawn for it, so the 503 names none (a client continuing it got a 404)."""
+    the id drawn for it, so the 503 names none (a client continuing it got a 404). The
+    refusal is the answer, not also an ERROR line about a failed task."""
     runtime = chat.service.app[RUNTIME]
 
     async def refuse(*_: Any, **__: Any) -> Any:
@@ -1231,6 +1238,16 @@ async def test_a_turn_the_runtime_refused_unrun_names_no_conversation(
     # One the client named is still named: it is the client's.
     resp = await chat.raw_post(body, **{"X-SVC-Conversation-Id": "c-named"})
     assert resp.status == 503 and resp.headers["X-SVC-Conversation-Id"] == "c-named"
+
+    # A turn this process stopped waiting for runs on in its Ray host, and is recorded
+    # under the id: that 503 names it.
+    async def abandon(*_: Any, **__: Any) -> Any:
+        raise AnswerAbandoned()
+
+    monkeypatch.setattr(runtime, "ask", abandon)
+    resp = await chat.raw_post({**body, "stream": False})
+    assert resp.status == 503 and "X-SVC-Conversation-Id" in resp.headers
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 async def test_a_tool_message_needs_its_text(chat: Chat) -> None:

@@ -228,6 +228,7 @@ SHAPED_TEXT_SETTINGS = {
     [
         ("admin:s3cret@vdb.internal:6333", "***@vdb.internal:6333"),
         ("https:/admin:s3cret@vdb.internal:6333", "https:/***@vdb.internal:6333"),
+        ("admin:p w@vdb.internal:6333", "***@vdb.internal:6333"),
         ("ops@example.com", "ops@example.com"),  # an address, no credentials
         ("vdb.internal:6333", "vdb.internal:6333"),
     ],

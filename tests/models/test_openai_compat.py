@@ -693,6 +693,11 @@ def test_lines_split_across_reads_anywhere_read_as_one_stream() -> None:
         read = lines.feed(body[:cut]) + lines.feed(body[cut:])
         last, unfinished = lines.end()
         assert (read + last, unfinished) == (expected, False), cut
+    # A blank line ended by a lone CR, held for its LF, then a read with no line end: the
+    # event it ended stands; the unfinished line after it is cut.
+    lines = _SseLines()
+    read = lines.feed(b"data: a\r\r") + lines.feed(b"dat")
+    assert (read, lines.end()) == ([b"data: a", b""], ([], True))
 
 
 async def test_an_error_document_in_the_stream_is_no_finished_answer() -> None:
