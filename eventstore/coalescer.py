@@ -50,14 +50,22 @@ class Coalescer(Generic[Request, Result]):
         return await future
 
     async def wait_idle(self) -> None:
-        """Wait until every request submitted so far has been sent and answered."""
+        """Wait until every request submitted so far has been sent and answered. A waiter
+        cancelled (a shutdown step out of time) stops waiting; the sends go on, and their
+        callers get their answers (`asyncio.gather` would have cancelled them too)."""
         while self._drains:
-            await asyncio.gather(*self._drains, return_exceptions=True)
+            await asyncio.wait(set(self._drains))
 
     async def _drain(self) -> None:
         try:
             while batch := self._take_batch():
                 await self._send_batch(batch)
+        except asyncio.CancelledError:
+            if self._busy_lanes == 1:  # the last lane: nothing is left to send what waits
+                for _, future in self._pending:
+                    future.cancel()
+                self._pending.clear()
+            raise
         finally:
             self._busy_lanes -= 1
 

@@ -413,10 +413,15 @@ class PostgresEventStore:
         return self._db
 
     async def close(self) -> None:
-        await self._appends.wait_idle()
-        callbacks, self._on_close = self._on_close, []
-        for callback in callbacks:
-            await callback()
+        """Wait for the appends in flight, then stop what the store was opened with (the
+        notifier, the pool). A close that is cancelled waiting (a shutdown step out of time)
+        still stops them: the pool closes, within its own bound, under what is left."""
+        try:
+            await self._appends.wait_idle()
+        finally:
+            callbacks, self._on_close = self._on_close, []
+            for callback in callbacks:
+                await callback()
 
     async def append(
         self,

@@ -122,3 +122,45 @@ async def test_a_cancelled_send_cancels_its_callers_instead_of_leaving_them_wait
         drain.cancel()
     outcomes = await asyncio.wait_for(asyncio.gather(*callers, return_exceptions=True), 5)
     assert all(isinstance(o, asyncio.CancelledError) for o in outcomes)
+
+
+async def test_a_waiter_out_of_time_leaves_the_sends_and_the_queue_to_finish() -> None:
+    """A shutdown step out of time cancelled `wait_idle`, which took the sends in flight
+    with it (their callers got CancelledError though the append may have committed) and
+    left the queued ones with nothing to send them, for good."""
+    sent: list[list[int]] = []
+
+    async def slow(batch: list[int]) -> list[int]:
+        await asyncio.sleep(0.3)
+        sent.append(batch)
+        return batch
+
+    coalescer: Coalescer[int, int] = Coalescer(slow, lanes=1, max_batch=1)
+    first = asyncio.ensure_future(coalescer.submit(1))
+    second = asyncio.ensure_future(coalescer.submit(2))
+    await asyncio.sleep(0)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await coalescer.wait_idle()
+    async with asyncio.timeout(10):  # a bound on a hang, not a measurement
+        assert await asyncio.gather(first, second) == [1, 2]
+    assert sent == [[1], [2]]
+
+
+async def test_a_cancelled_last_lane_cancels_what_still_waits() -> None:
+    """Loop teardown cancels the drain: what it would have sent next is cancelled too, not
+    left for a caller to wait on forever."""
+
+    async def never(batch: list[int]) -> list[int]:
+        await asyncio.Event().wait()
+        return batch
+
+    coalescer: Coalescer[int, int] = Coalescer(never, lanes=1, max_batch=1)
+    first = asyncio.ensure_future(coalescer.submit(1))
+    second = asyncio.ensure_future(coalescer.submit(2))
+    await asyncio.sleep(0.05)  # the drain is sending the first
+    for drain in list(coalescer._drains):
+        drain.cancel()
+    async with asyncio.timeout(10):  # a bound on a hang, not a measurement
+        outcomes = await asyncio.gather(first, second, return_exceptions=True)
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
