@@ -38,8 +38,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from actors.behaviour import ActorKey
 from actors.conversation import ConversationState, conversation_key
+from actors.errors import ConflictRetriesExhausted
 from actors.shards import NUM_SHARDS
 from actors.workspace import workspace_key
+from eventstore.errors import ConcurrencyConflict
 from eventstore.records import Snapshot
 from gateway import bootstrap
 from gateway.admin_history import Stream, history_event, snapshot_of, state_at
@@ -68,6 +70,7 @@ FAILURE = 1
 KEY_APPLY_TIMEOUT_S = 10.0
 """How long a key command waits for the read models to apply it."""
 _BAD_INPUT = (InvalidInput, NotFound, Conflict, Forbidden)
+_BUSY = (ConflictRetriesExhausted, ConcurrencyConflict)
 
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 
@@ -391,11 +394,13 @@ async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
     )
     await ensure_workspace(platform.runtime, workspace)
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
+    # Shown this once, as soon as it is issued: whatever the wait below meets (a database
+    # outage, a signal), an issued key nobody saw would be a live credential no one holds.
+    _out(key)
     # Make the key usable at once, even before the server's projection loop sees it.
     applied = await platform.projections.wait_for(
         outcome.cursor, KEY_APPLY_TIMEOUT_S, names=KEY_MODELS
     )
-    _out(key)  # shown this once, applied or not: it is issued
     if not applied:
         _out(
             "svc: warning: the API key above is issued, but the read models have not applied "
@@ -509,7 +514,8 @@ async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
                 sys.stderr.write("\n")  # ends the bar's line, before any error message
             _out(f"rebuilt {args.name} from {count} events of its types")
             return 0
-        for status in await runner.status():
+        statuses = await runner.status()
+        for status in statuses:
             failure = (
                 f"\tSTOPPED: {one_line(status.failure.error)} (deploy the fix and restart, or "
                 f"`svc projections rebuild {status.name}`)"
@@ -521,7 +527,8 @@ async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
                 f"{status.name}\tlag={at_least}{status.lag_events} events "
                 f"({status.lag_seconds:.1f} s)\tcursor={status.cursor or '-'}{failure}"
             )
-    return 0
+    # A stopped projection is a fault a script checks for (`svc projections status || ...`).
+    return FAILURE if any(status.failure for status in statuses) else 0
 
 
 # --- conversations -------------------------------------------------------------------------
@@ -805,6 +812,15 @@ def _note_a_new_database(command: str, settings: Settings) -> None:
     )
 
 
+def exit_code(exc: SvcError) -> int:
+    """2 for a mistake in the command (bad input, no such thing, not allowed), which the
+    same command meets again; 1 for anything else. Other writers that kept a stream moving
+    (a conflict the retries did not outlast) pass: 1, though they are Conflicts."""
+    if isinstance(exc, _BAD_INPUT) and not isinstance(exc, _BUSY):
+        return USAGE_ERROR
+    return FAILURE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     bad = _not_utf8(given)
@@ -827,9 +843,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "serve":  # serve takes the signals itself (_stop_signals)
             command = _until_signalled(command)
         code: int = asyncio.run(command)
-    except _BAD_INPUT as exc:
-        _out(f"svc: error: {exc}", sys.stderr)  # str(): with any detail for the operator
-        return USAGE_ERROR
     except ValidationError as exc:
         # An argument out of the command's bounds (--rate-limit-rpm, --name, ...).
         problems = validation_problems(exc, whole="input")
@@ -837,7 +850,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     except SvcError as exc:
         _out(f"svc: error: {exc}", sys.stderr)  # str(): with any detail for the operator
-        return FAILURE
+        return exit_code(exc)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

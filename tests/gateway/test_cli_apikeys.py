@@ -12,6 +12,7 @@ import pytest
 from platform_support import settings_for, uid
 
 from actors.workspace import workspace_key
+from eventstore.errors import StoreUnavailable
 from eventstore.records import NewEvent
 from gateway import cli
 from gateway.auth import generate_key, hash_key
@@ -108,6 +109,25 @@ async def test_revoke_not_applied_by_the_read_models_warns_and_fails(
     out, err = capsys.readouterr()
     assert out.startswith("svc_") and len(out.split()) == 1
     assert "the API key above is issued, but the read models have not applied it" in err
+
+
+async def test_a_key_is_shown_even_when_the_wait_for_the_read_models_fails(
+    platform: Platform, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key was printed only after the read models applied it: a database outage during
+    that wait left an issued key (`*` scope, say) that nobody ever saw."""
+
+    async def outage(*_: object, **__: object) -> bool:
+        raise StoreUnavailable("the database went away")
+
+    monkeypatch.setattr(platform.projections, "wait_for", outage)
+    args = argparse.Namespace(
+        workspace=uid("ws-"), scopes="*", name=None, rate_limit_rpm=None, action="create"
+    )
+    with pytest.raises(StoreUnavailable):
+        await cli._apikeys_create(args, platform)
+    out = capsys.readouterr().out
+    assert out.startswith("svc_") and len(out.split()) == 1
 
 
 async def test_a_name_recorded_with_control_characters_lists_on_one_line(
