@@ -246,6 +246,10 @@ class LogTailer:
                 async for event in self._history(last, workspace_id, types):
                     yield event
                     last = event.point
+                if not self._running:
+                    # History stopped with the tailer, maybe short of the live point: the
+                    # queue's events may lie past events never read. End, as a stop does.
+                    return
                 if not sub.overflowed:
                     break
             sub.live = True

@@ -25,7 +25,7 @@ from test_subscribe import (
 import eventstore.tailer
 from eventstore.cursor import ORIGIN
 from eventstore.records import NewEvent, RecordedEvent
-from eventstore.tailer import FAILED_READ_BACKOFF_CAP_S, _backoff
+from eventstore.tailer import FAILED_READ_BACKOFF_CAP_S, LogTailer, _backoff
 
 __all__ = ["stack"]
 
@@ -129,3 +129,25 @@ async def test_a_live_batch_is_cut_by_the_bytes_of_its_events(
     assert max(len(batch) for batch in batches) <= 3, [len(b) for b in batches]
     expected = [e for e in await full_log(stack.store) if e.point > start]
     assert_same_sequence([e for batch in batches for e in batch], expected)
+
+
+async def test_a_subscriber_reading_history_as_the_tailer_stops_ends_without_a_gap(
+    stack: Stack,
+) -> None:
+    """Its history loop ended with the tailer, short of the live point, and it went live:
+    the queued events it yielded lay past events it never read, and a cursor saved from
+    them skipped those for good. It ends instead."""
+    tailer = LogTailer(stack.db, stack.notifier, history_page=2)
+    await tailer.start()
+    for n in range(6):
+        await append_one(stack.store, f"gap-{n}")
+    await wait_until(lambda: tailer.live_point == stack.tailer.live_point, "the head")
+    events = tailer.subscribe(None)
+    received = [await anext(events)]  # registered, the first history page read
+    for n in range(2):  # fanned out to the subscriber's queue, past its history
+        await append_one(stack.store, f"late-{n}")
+    await wait_until(lambda: tailer.live_point == stack.tailer.live_point, "the late events")
+    await tailer.stop()
+    received += [event async for event in events]
+    log = await full_log(stack.store)
+    assert [e.point for e in received] == [e.point for e in log[: len(received)]]
