@@ -1,4 +1,5 @@
-"""`svc projections status` in process: a stopped projection is a failure a script sees."""
+"""What the operator commands answer in process: exit codes a script can act on, and tables
+that say what they show."""
 
 from __future__ import annotations
 
@@ -54,3 +55,18 @@ def test_a_conflict_that_passes_exits_1_not_2(error: SvcError, code: int) -> Non
     """Exit 2 says the same command fails again; a write that lost to other writers'
     appends each time it was retried is worth running again (exit 1)."""
     assert cli.exit_code(error) == code
+
+
+def test_cluster_status_shows_each_hosts_state() -> None:
+    """A host that did not answer showed as a row of `None`s, alive as far as anyone could
+    tell from the table."""
+    status = {
+        "hosts": [
+            {"name": "svc-host-0", "state": "alive", "node": "n1", "pid": 41, "shards": 512},
+            {"name": "svc-host-1", "state": "unreachable (ActorDiedError)", "shards": 512},
+        ]
+    }
+    header, alive, dead = cli._status_table(status).splitlines()
+    assert header.split("\t")[:2] == ["host", "state"]
+    assert alive.split("\t")[:4] == ["svc-host-0", "alive", "n1", "41"]
+    assert dead.split("\t")[:4] == ["svc-host-1", "unreachable (ActorDiedError)", "-", "-"]
