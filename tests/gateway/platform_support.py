@@ -22,6 +22,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from actors.workspace import workspace_key
+from eventstore import PostgresEventStore
+from eventstore.records import NewEvent
 from gateway.app import RouteInstaller, create_app
 from gateway.auth import authenticate, generate_key, hash_key
 from gateway.bootstrap import ensure_workspace
@@ -40,6 +42,18 @@ BROKEN_STREAM = "/test/broken-stream"
 
 def uid(prefix: str = "") -> str:
     return prefix + uuid.uuid4().hex[:10]
+
+
+async def stop_the_api_keys_model(store: PostgresEventStore) -> None:
+    """Append an event the `api_keys` read model cannot apply (its data does not fit its
+    schema): that read model stops there, as on a poison event."""
+    await store.append(
+        uid("workspace:"),
+        [NewEvent("workspace.api_key_issued", {"workspace_id": "x"}, 1)],
+        expected_version=0,
+        command_id=uid("cmd-"),
+        workspace_id=uid("ws-"),
+    )
 
 
 def free_port() -> int:

@@ -9,11 +9,10 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from platform_support import settings_for, uid
+from platform_support import settings_for, stop_the_api_keys_model, uid
 
 from actors.workspace import workspace_key
 from eventstore.errors import StoreUnavailable
-from eventstore.records import NewEvent
 from gateway import cli
 from gateway.auth import generate_key, hash_key
 from gateway.bootstrap import Platform, ensure_workspace, open_platform
@@ -86,15 +85,7 @@ async def test_revoke_not_applied_by_the_read_models_warns_and_fails(
     monkeypatch.setattr(cli, "KEY_APPLY_TIMEOUT_S", 1.0)  # they never will, here
     ws = uid("ws-")
     key_id = await _issue(platform, ws, None)
-    # An event the api_keys read model cannot apply (its data does not match its schema)
-    # stops that read model: the one a revocation waits for.
-    await platform.store.append(
-        uid("workspace:"),
-        [NewEvent("workspace.api_key_issued", {"workspace_id": "x"}, 1)],
-        expected_version=0,
-        command_id=uid("cmd-"),
-        workspace_id=uid("ws-"),
-    )
+    await stop_the_api_keys_model(platform.store)  # the one a revocation waits for
     args = argparse.Namespace(workspace=ws, key_id=key_id)
     assert await cli._apikeys_revoke(args, platform) == cli.FAILURE
     out, err = capsys.readouterr()

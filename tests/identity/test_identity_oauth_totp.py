@@ -314,6 +314,14 @@ async def enrolled_user(svc: Running, key: str, name: str) -> tuple[str, aiohttp
     return enrol["secret"], browser
 
 
+async def confirm_enrolment(svc: Running, browser: aiohttp.ClientSession, secret: str) -> None:
+    """Verify the pending enrolment with the current code of `secret`."""
+    status, ok, _ = await svc.request(
+        "POST", "/v1/admin/auth/totp/verify", session=browser, json={"code": now_code(secret)}
+    )
+    assert status == 200 and ok["totp_enrolled"] is True
+
+
 NOT_ASCII_DIGITS = (
     "\u0661\u0662\u0663\u0664\u0665\u0666",
     "\uff11\uff12\uff13\uff14\uff15\uff16",
@@ -333,13 +341,7 @@ async def test_only_ascii_digits_are_totp_codes(database_url: str) -> None:
                 )
                 assert status == 400, err
                 assert err["error"]["code"] == "totp_mismatch"
-            status, ok, _ = await svc.request(
-                "POST",
-                "/v1/admin/auth/totp/verify",
-                session=browser,
-                json={"code": now_code(secret)},
-            )
-            assert status == 200 and ok["totp_enrolled"] is True
+            await confirm_enrolment(svc, browser, secret)
 
         # At login they are wrong codes: 401, recorded as failed logins, counted by the throttle.
         for code in NOT_ASCII_DIGITS:
@@ -378,13 +380,7 @@ async def test_an_administrator_resets_a_users_second_factor(database_url: str) 
         key = await svc.issue_key()
         secret, browser = await enrolled_user(svc, key, "lena")
         async with browser:
-            status, ok, _ = await svc.request(
-                "POST",
-                "/v1/admin/auth/totp/verify",
-                session=browser,
-                json={"code": now_code(secret)},
-            )
-            assert status == 200 and ok["totp_enrolled"] is True
+            await confirm_enrolment(svc, browser, secret)
             status, users, _ = await svc.request("GET", "/v1/admin/users?user_name=lena", key)
             (lena,) = users["items"]
             assert lena["totp_enrolled"] is True
