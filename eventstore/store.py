@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +26,8 @@ from eventstore.port import EventStore
 from eventstore.reads import EVENT_COLUMNS, log_head, read_log, rows_to_events
 from eventstore.records import AppendResult, NewEvent, RecordedEvent, Snapshot
 from schemas.text import is_utf8
+
+log = logging.getLogger(__name__)
 
 _MAX_INT8 = 2**63 - 1
 _MAX_VERSION = 2**31 - 1
@@ -412,12 +416,20 @@ class PostgresEventStore:
     def db(self) -> Database:
         return self._db
 
-    async def close(self) -> None:
-        """Wait for the appends in flight, then stop what the store was opened with (the
-        notifier, the pool). A close that is cancelled waiting (a shutdown step out of time)
-        still stops them: the pool closes, within its own bound, under what is left."""
+    async def close(self, appends_wait_s: float | None = None) -> None:
+        """Wait for the appends in flight (up to `appends_wait_s`, None: as long as they
+        take), then stop what the store was opened with (the notifier, the pool, which
+        closes within its own bound under an append still out). A close that is cancelled
+        while it waits (a shutdown step out of time) still stops them."""
         try:
-            await self._appends.wait_idle()
+            try:
+                async with asyncio.timeout(appends_wait_s):
+                    await self._appends.wait_idle()
+            except TimeoutError:
+                log.warning(
+                    "appends still in flight after %.0f s; closing the store under them",
+                    appends_wait_s,
+                )
         finally:
             callbacks, self._on_close = self._on_close, []
             for callback in callbacks:

@@ -24,6 +24,7 @@ the final log line of `svc serve` says.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -79,8 +80,10 @@ MIGRATIONS = (STORE_MIGRATIONS, PROJECTION_MIGRATIONS, GATEWAY_MIGRATIONS, SHARD
 """Every migration source, the store's first (open_store_parts applies it itself)."""
 PRUNE_EVERY_S = 300.0
 STORE_STOP_S = 25.0
-"""Closing the store stops the sampler, the tailer and the notifier, then the pool (which
-gives borrowed connections 10 s before terminating them)."""
+"""Closing the store waits for the appends in flight (STORE_APPENDS_WAIT_S), then stops the
+sampler, the tailer and the notifier, then the pool (which gives borrowed connections 10 s
+before terminating them): within this, whatever an append does."""
+STORE_APPENDS_WAIT_S = 10.0
 
 
 @dataclass
@@ -139,7 +142,8 @@ async def open_store(
     dsn = await _database_url(settings, stack)
     opened = await open_store_parts(dsn, migrations=MIGRATIONS[1:])
 
-    stack.push_async_callback(bounded, "event store", opened.store.close, STORE_STOP_S, report)
+    close = functools.partial(opened.store.close, appends_wait_s=STORE_APPENDS_WAIT_S)
+    stack.push_async_callback(bounded, "event store", close, STORE_STOP_S, report)
     return opened, dsn
 
 

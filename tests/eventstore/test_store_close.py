@@ -29,3 +29,24 @@ async def test_a_close_cancelled_waiting_for_appends_still_runs_its_callbacks(
         async with asyncio.timeout(0.05):
             await store.close()
     assert stopped == ["notifier"]
+
+
+async def test_a_close_gives_appends_its_own_bound_then_stops_under_them(
+    store_db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled only by its shutdown step's bound, the close then ran its callbacks past
+    that bound (the pool's own 10 s under a hung append): it bounds its wait itself."""
+    stopped: list[str] = []
+
+    async def stop_notifier() -> None:
+        stopped.append("notifier")
+
+    store = PostgresEventStore(store_db, on_close=(stop_notifier,))
+
+    async def an_append_that_hangs() -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(store._appends, "wait_idle", an_append_that_hangs)
+    async with asyncio.timeout(10):  # a bound on a hang, not a measurement
+        await store.close(appends_wait_s=0.05)
+    assert stopped == ["notifier"]

@@ -146,7 +146,8 @@ async def test_a_subscriber_reading_history_as_the_tailer_stops_ends_without_a_g
     received = [await anext(events)]  # registered, the first history page read
     for n in range(2):  # fanned out to the subscriber's queue, past its history
         await append_one(stack.store, f"late-{n}")
-    await wait_until(lambda: tailer.live_point == stack.tailer.live_point, "the late events")
+    late = (await full_log(stack.store))[-1].point
+    await wait_until(lambda: tailer.live_point == late, "the tailer to read the late events")
     await tailer.stop()
     received += [event async for event in events]
     log = await full_log(stack.store)
