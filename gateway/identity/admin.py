@@ -40,12 +40,12 @@ from gateway.identity.common import (
     signs_in_elsewhere,
     user_view,
 )
+from gateway.identity.login import check_password_as_a_login, local_password_matches
 from gateway.identity.oauth import new_client_credentials, secret_hash
-from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password, verify_password
+from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password
 from gateway.identity.roles import allowed, require_access
 from gateway.identity.service import APPLY_TIMEOUT_S, Identity, identity
 from gateway.identity.vault import INSTANCE, PASSWORD, TOTP, TOTP_PENDING
-from gateway.security import client_ip
 from gateway.state import AUTH, CURSORS, PROJECTIONS, RUNTIME, Principal
 from projections.identity_queries import (
     UserRow,
@@ -476,13 +476,7 @@ async def _check_current_password(
             "changing your own password needs current_password, the one in force now",
             code="current_password_required",
         )
-    # Under the account's login name, as a login is: the two share one limit.
-    attempt = await ident.throttle.reserve(user.workspace_id, user.user_name, client_ip(request))
-    stored = await ident.vault.get(user.workspace_id, user.user_id, PASSWORD)
-    if not await verify_password(given.get_secret_value(), stored):
-        await ident.throttle.failed(attempt)
-        raise Forbidden("current_password is not the password in force", code="wrong_password")
-    await ident.throttle.succeeded(attempt)
+    await check_password_as_a_login(request, ident, user, given, local_password_matches)
 
 
 async def put_password(request: web.Request) -> web.Response:

@@ -11,6 +11,7 @@ says `totp_enrolment_required: true` (the UI prompts them to enrol; they are not
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -416,20 +417,34 @@ async def _check_sign_in_password(
             "factor guards; set one first (PUT /v1/admin/users/{id}/password)",
             code="no_password",
         )
+    matches = _directory_password_matches if directory else local_password_matches
+    await check_password_as_a_login(request, ident, user, given, matches)
+
+
+PasswordCheck = Callable[[Identity, UserRow, str], Awaitable[bool]]
+
+
+async def local_password_matches(ident: Identity, user: UserRow, password: str) -> bool:
+    stored = await ident.vault.get(user.workspace_id, user.user_id, PASSWORD)
+    return await verify_password(password, stored)
+
+
+async def _directory_password_matches(ident: Identity, user: UserRow, password: str) -> bool:
+    config = config_from(ident.settings, await ident.vault.get(INSTANCE, *BIND_SECRET) or "")
+    found = await ldap_authenticate(config, user.user_name, password)
+    return found is not None and same_entry(user.external_id, found.dn)
+
+
+async def check_password_as_a_login(
+    request: web.Request, ident: Identity, user: UserRow, given: SecretStr, matches: PasswordCheck
+) -> None:
+    """`given` is `user`'s password (by `matches`), counted and limited under the account's
+    login name as a login is, the two sharing one limit: a stolen session must not become a
+    way to guess it. 403 `wrong_password` when it is not."""
     attempt = await ident.throttle.reserve(user.workspace_id, user.user_name, client_ip(request))
-    password = given.get_secret_value()
-    if directory:
-        config = config_from(ident.settings, await ident.vault.get(INSTANCE, *BIND_SECRET) or "")
-        found = await ldap_authenticate(config, user.user_name, password)
-        matches = found is not None and same_entry(user.external_id, found.dn)
-    else:
-        stored = await ident.vault.get(user.workspace_id, user.user_id, PASSWORD)
-        matches = await verify_password(password, stored)
-    if not matches:
+    if not await matches(ident, user, given.get_secret_value()):
         await ident.throttle.failed(attempt)
-        raise Forbidden(
-            "current_password is not the password you sign in with", code="wrong_password"
-        )
+        raise Forbidden("current_password is not the password in force", code="wrong_password")
     await ident.throttle.succeeded(attempt)
 
 
