@@ -41,6 +41,7 @@ from actors.conversation import ConversationState, conversation_key
 from actors.errors import ConflictRetriesExhausted
 from actors.shards import NUM_SHARDS
 from actors.workspace import workspace_key
+from eventstore.embedded import EmbeddedPostgres
 from eventstore.errors import ConcurrencyConflict
 from eventstore.records import Snapshot
 from gateway import bootstrap
@@ -807,7 +808,7 @@ def _note_a_new_database(command: str, settings: Settings) -> None:
     if command in ("serve", "migrate") or settings.database_url:
         return
     data_dir = settings.data_dir.resolve()
-    if (data_dir / "pgdata" / "PG_VERSION").exists():
+    if (EmbeddedPostgres(data_dir).pgdata / "PG_VERSION").exists():
         return
     _out(
         f"svc: note: no database in {one_line(str(data_dir))} yet; this starts a new, empty "
