@@ -596,7 +596,11 @@ async def _stream(
         if (await asyncio.wait({first}, timeout=FIRST_ITEM_GRACE_S))[0]:
             first.result()
         sender = _ChunkSender(request, await open_sse(request), turn, include_usage)
-        await _relay(sender, _after_first(first, items, sender))
+        keep_alive = asyncio.create_task(sender.keep_alive())
+        try:
+            await _relay(sender, _from_first(first, items))
+        finally:
+            await cancel_unless_done(keep_alive)
     finally:
         await cancel_unless_done(first)
         close = getattr(items, "aclose", None)
@@ -613,20 +617,17 @@ and a proxy with an idle timeout (60 s is common) would answer 504 to a silent r
 which the SDKs retry as a new turn, while the first one runs on."""
 
 STREAM_HEARTBEAT_S = 15.0
-"""The silence after which a stream still waiting for its first item sends an SSE comment
-(which clients skip), as the feeds do."""
+"""The silence after which a stream sends an SSE comment (which clients skip), as the feeds
+do: while it waits for its first item, and when the model pauses mid-answer (a tool call
+being composed, an upstream stall), either of which can outlast a proxy's idle timeout."""
 
 
-async def _after_first(
-    first: asyncio.Future[Any], rest: AsyncIterator[Any], sender: _ChunkSender
+async def _from_first(
+    first: asyncio.Future[Any], rest: AsyncIterator[Any]
 ) -> AsyncGenerator[Any, None]:
-    """The stream's items from `first` on, with heartbeats while `first` is awaited; its
-    failure raised here, where the relay makes it an error frame."""
-    while not (await asyncio.wait({first}, timeout=STREAM_HEARTBEAT_S))[0]:
-        await sender.heartbeat()
-        if sender.client_gone:
-            return
-    item = first.result()
+    """The stream's items from `first` on; its failure raised here, where the relay makes it
+    an error frame."""
+    item = await first
     if item is not None:
         yield item
     async for item in rest:
@@ -644,7 +645,7 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
                     return
             elif isinstance(item, TurnResult):
                 result = item
-        if sender.client_gone:  # while heartbeats waited for the first item
+        if sender.client_gone:  # a heartbeat found it gone
             return
         if result is None:
             raise RuntimeError("conversation actor ended the stream without a TurnResult")
@@ -689,6 +690,7 @@ class _ChunkSender:
         self._sent_role = False
         self._streamed: list[str] = []  # the text sent, to check against the recorded answer
         self.client_gone = False
+        self._last_write = asyncio.get_running_loop().time()
 
     def _chunk(
         self,
@@ -716,13 +718,23 @@ class _ChunkSender:
     async def _send(self, data: bytes, *, id: str | None = None) -> None:
         await self._write(send_event(self.response, data, id=id))
 
-    async def heartbeat(self) -> None:
-        await self._write(send_comment(self.response))
+    async def keep_alive(self) -> None:
+        """Sends a heartbeat after every STREAM_HEARTBEAT_S without a write, until the
+        client goes away (or the task is cancelled, when the stream ends). aiohttp writes each
+        frame whole, so a heartbeat cannot split a chunk written beside it."""
+        loop = asyncio.get_running_loop()
+        while not self.client_gone:
+            silent_s = loop.time() - self._last_write
+            if silent_s >= STREAM_HEARTBEAT_S:
+                await self._write(send_comment(self.response))
+            else:
+                await asyncio.sleep(STREAM_HEARTBEAT_S - silent_s)
 
     async def _write(self, write: Coroutine[Any, Any, None]) -> None:
         if self.client_gone:
             write.close()
             return
+        self._last_write = asyncio.get_running_loop().time()
         try:
             await write
         except ConnectionError:

@@ -1212,6 +1212,25 @@ async def test_a_stream_waiting_for_its_first_word_sends_heartbeats(
     assert orjson.loads(frames[-1][6:])["error"]["code"] == "upstream_rejected", frames
 
 
+async def test_a_stream_the_model_pauses_in_sends_heartbeats(
+    chat: Chat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model may pause mid-answer as long as before its first word (composing a tool
+    call, an upstream stall): the heartbeats go on between deltas too."""
+    monkeypatch.setattr(gateway.chat, "STREAM_HEARTBEAT_S", 0.05, raising=False)
+    chat.stub.chunk_delay_s = 0.3
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
+    assert resp.status == 200
+    body = await resp.text()
+    after_first_delta = body.split("data: ", 2)[2]
+    assert ": \n\n" in after_first_delta.split("data: [DONE]")[0], body[:400]
+    stream = await chat.client().chat.completions.create(
+        model=UPSTREAM_MODEL, messages=HELLO, stream=True
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text.startswith("tok0")
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_turn_the_runtime_refused_unrun_names_no_conversation(
     chat: Chat, stream: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
