@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -30,7 +31,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from gateway.auth import authorization_header
+from gateway.auth import SCOPES, authorization_header
 from gateway.errors import count_error
 from gateway.identity.common import Form, read_form
 from gateway.identity.service import Identity, identity
@@ -92,7 +93,9 @@ async def verify_access_token(ident: Identity, token: str) -> Principal:
     client = await find_oauth_client(ident.db, str(claims["sub"]))
     if client is None or client.revoked_at is not None:
         raise Unauthorized("invalid access token: the client is no longer registered")
-    granted = set(str(claims.get("scope", "")).split()) & set(client.scopes)
+    # The client's scopes now, not when the token was issued: a narrowed client's tokens
+    # narrow with it.
+    granted = {s for s in str(claims.get("scope", "")).split() if _covers(client.scopes, s)}
     return Principal(
         workspace_id=client.workspace_id,
         scopes=frozenset(granted),
@@ -173,12 +176,22 @@ async def _form(request: web.Request) -> Form:
         raise OAuthError(exc.http_status, "invalid_request", exc.message) from None
 
 
+def _covers(held: Sequence[str], scope: str) -> bool:
+    """Whether a client holding `held` may have `scope` in a token: `*` stands for every
+    scope there is, as on an API key."""
+    return scope in held or ("*" in held and scope in SCOPES)
+
+
 async def _client_credentials(request: web.Request, form: Form) -> tuple[str, str, bool]:
     basic = _basic_credentials(request)
-    in_body = form.get("client_id") is not None or form.get("client_secret") is not None
-    if basic is not None and in_body:
-        raise OAuthError(400, "invalid_request", "use one client authentication method only")
     if basic is not None:
+        # RFC 6749 3.2.1: an authenticated client may still name itself in the body; only a
+        # second secret is a second authentication method. An empty parameter is an absent
+        # one (3.2).
+        if form.get("client_secret"):
+            raise OAuthError(400, "invalid_request", "use one client authentication method only")
+        if form.get("client_id") not in (None, "", basic[0]):
+            raise OAuthError(400, "invalid_request", "client_id is not the client authenticated")
         return basic[0], basic[1], True
     client_id, secret = form.get("client_id"), form.get("client_secret")
     if not isinstance(client_id, str) or not isinstance(secret, str):
@@ -216,10 +229,9 @@ async def _issue(request: web.Request) -> dict[str, Any]:
     requested = form.get("scope")
     scopes = set(client.scopes)
     if isinstance(requested, str) and requested.strip():
-        wanted = set(requested.split())
-        if not wanted <= scopes:
+        scopes = set(requested.split())
+        if not all(_covers(client.scopes, scope) for scope in scopes):
             raise OAuthError(400, "invalid_scope", "scope exceeds what the client may request")
-        scopes = wanted
     now = int(time.time())
     claims = {
         "iss": OAUTH_ISSUER,

@@ -122,6 +122,55 @@ async def test_client_credentials_grant(database_url: str) -> None:
         assert (await svc.request("GET", WHOAMI, access))[0] == 401
 
 
+async def test_a_client_with_every_scope_gets_a_narrower_token(database_url: str) -> None:
+    """`*` stands for every scope, on a client as on a key: a token asking for `chat` alone
+    is that client's to have, and carries `chat` alone."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        body = {"name": "all", "scopes": ["*"]}
+        status, client, _ = await svc.request("POST", "/v1/admin/oauth/clients", key, json=body)
+        assert status == 201, client
+        auth = basic(client["client_id"], client["client_secret"])
+        form = {"grant_type": "client_credentials", "scope": "chat admin:read"}
+        status, token, _ = await svc.request("POST", "/v1/oauth/token", data=form, headers=auth)
+        assert status == 200 and token["scope"] == "admin:read chat", token
+        status, who, _ = await svc.request("GET", WHOAMI, token["access_token"])
+        assert status == 200 and who["scopes"] == ["admin:read", "chat"], who
+        write = GUARDED.format(domain="users")
+        assert (await svc.request("POST", write, token["access_token"]))[0] == 403
+        form = {"grant_type": "client_credentials", "scope": "chat telepathy"}
+        status, err, _ = await svc.request("POST", "/v1/oauth/token", data=form, headers=auth)
+        assert status == 400 and err["error"] == "invalid_scope"
+
+
+async def test_a_client_authenticated_by_basic_may_name_itself_in_the_body(
+    database_url: str,
+) -> None:
+    """RFC 6749 3.2.1: only a second secret is a second authentication method."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        body = {"name": "ci", "scopes": ["chat"]}
+        status, client, _ = await svc.request("POST", "/v1/admin/oauth/clients", key, json=body)
+        cid, secret = client["client_id"], client["client_secret"]
+        for named in (cid, ""):
+            form = {"grant_type": "client_credentials", "client_id": named}
+            status, token, _ = await svc.request(
+                "POST", "/v1/oauth/token", data=form, headers=basic(cid, secret)
+            )
+            assert status == 200, token
+        refused = (
+            ({"client_id": "someone-else"}, "is not the client authenticated"),
+            ({"client_secret": secret}, "one client authentication method"),
+        )
+        for extra, says in refused:
+            form = {"grant_type": "client_credentials", **extra}
+            status, err, _ = await svc.request(
+                "POST", "/v1/oauth/token", data=form, headers=basic(cid, secret)
+            )
+            assert status == 400 and err["error"] == "invalid_request", err
+            assert says in err["error_description"] and secret not in str(err)
+
+
 async def test_totp_enrolment_and_login(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         key = await svc.issue_key()
