@@ -357,48 +357,52 @@ def _decide_recover(state: ConversationState, c: RecoverAbandonedTurns) -> list[
     return events
 
 
-START_RETRY_WAITS_S = (0.05, 0.2, 0.5)
-"""Waits before sending a turn's start again after the store lost it (see `_start`)."""
-START_RETRY_DEADLINE_S = 2.0
-"""No try of the start begins this long after the first: a store that stays away is the
-client's 503, not a wait of minutes, well inside the turn's margin (TURN_MARGIN_S). So a
+RESEND_WAITS_S = (0.05, 0.2, 0.5)
+"""Waits before sending a turn's start or answer again after the store lost it (see
+`_resent_while_lost`)."""
+RESEND_DEADLINE_S = 2.0
+"""No try of a resent append begins this long after the first: a store that stays away is
+the client's 503, not a wait of minutes, well inside the turn's margin (TURN_MARGIN_S). So a
 driver timeout, which comes after the statement timeout and more (a server not answering
 at all), is not tried again."""
 
 
-async def _start(
-    ctx: ActorContext[ConversationState], stamped: RunTurn
-) -> tuple[CommandOutcome, bool]:
-    """Record the turn's start (user message, TurnStarted) and say whether the turn is this
-    call's to run. A lost connection leaves the append's outcome unknown: its commit may
-    have landed with the answer lost. Left so, the turn would read as running, answer its
-    key's retries 409 `turn_in_progress` and end `turn_abandoned`, with no model ever
-    called. So the same command (same id: the ledger makes it safe) is sent again, a few
-    times within START_RETRY_DEADLINE_S; when the start turns out recorded, and it is this
-    call's own (the `at` it was stamped with, not a concurrent retry's on another process),
-    the turn goes on. A statement the database aborted (a timeout, a deadlock) was rolled
-    back, its outcome known: no try again, the client's 503 at once."""
-    deadline = asyncio.get_running_loop().time() + START_RETRY_DEADLINE_S
-    for wait_s in (*START_RETRY_WAITS_S, None):
+async def _resent_while_lost(
+    ctx: ActorContext[ConversationState], command: Command, what: str
+) -> CommandOutcome:
+    """`command` executed; sent again (same id: the ledger makes it safe) a few times within
+    RESEND_DEADLINE_S while the store loses it. A lost connection leaves an append's outcome
+    unknown: its commit may have landed with the answer lost, and a try again either writes
+    it or finds it written. A statement the database aborted (a timeout, a deadlock) was
+    rolled back, its outcome known: no try again."""
+    deadline = asyncio.get_running_loop().time() + RESEND_DEADLINE_S
+    for wait_s in (*RESEND_WAITS_S, None):
         try:
-            started = await ctx.execute(stamped)
+            return await ctx.execute(command)
         except StatementAborted:
             raise
         except StoreUnavailable:
             now = asyncio.get_running_loop().time()
             if wait_s is None or now + wait_s > deadline:
                 raise
-            log.warning(
-                "%s: the store lost turn %s's start; sending it again",
-                ctx.key.stream_id,
-                stamped.turn_id,
-            )
+            log.warning("%s: the store lost %s; sending it again", ctx.key.stream_id, what)
             await asyncio.sleep(wait_s)
-            continue
-        # Whatever the outcome says (a duplicate, or nothing to do on a state the last try
-        # caught up to), a running turn stamped with this call's own start is its to run.
-        return started, _started_by(ctx.state, stamped)
     raise AssertionError("unreachable: the last try returns or raises")
+
+
+async def _start(
+    ctx: ActorContext[ConversationState], stamped: RunTurn
+) -> tuple[CommandOutcome, bool]:
+    """Record the turn's start (user message, TurnStarted) and say whether the turn is this
+    call's to run. Left unrecorded by a lost connection, the turn would read as running,
+    answer its key's retries 409 `turn_in_progress` and end `turn_abandoned`, with no model
+    ever called: so it is resent while lost. When the start turns out recorded, and it is
+    this call's own (the `at` it was stamped with, not a concurrent retry's on another
+    process), the turn goes on."""
+    started = await _resent_while_lost(ctx, stamped, f"turn {stamped.turn_id}'s start")
+    # Whatever the outcome says (a duplicate, or nothing to do on a state the last try
+    # caught up to), a running turn stamped with this call's own start is its to run.
+    return started, _started_by(ctx.state, stamped)
 
 
 def _started_by(state: ConversationState, stamped: RunTurn) -> bool:
@@ -871,9 +875,15 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             # Inside the try: a completion the store refuses or never confirms (an outage, a
             # stop's deadline) must leave the turn failed, not running until it expires.
             # Should it have committed after all, the failure is refused as a conflict.
-            outcome = await ctx.execute(complete)
+            what = f"turn {command.turn_id}'s answer"
+            outcome = await _resent_while_lost(ctx, complete, what)
         except (Exception, asyncio.CancelledError) as exc:
             cursor = await self._record_failure(ctx, command, exc, _elapsed_ms(began))
+            if isinstance(exc, Exception) and _answer_recorded(ctx.state, command.turn_id):
+                # The answer committed and only its confirmation was lost: it is the
+                # answer, paid for and recorded; a failure would have the client ask again.
+                yield await _recorded_result_now(ctx, command)
+                return
             if cursor is not None and isinstance(exc, Exception) and not isinstance(exc, SvcError):
                 raise TurnCrashed.of(exc, cursor) from exc
             raise

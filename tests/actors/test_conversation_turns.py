@@ -430,7 +430,7 @@ async def _last_event_of_a_failed_turn(
 
 
 class _CompletionOutage:
-    """The store, except that the first append of a turn's completion fails as an outage
+    """The store, except that every append of a turn's completion fails as an outage
     would (StoreUnavailable, or `failure`) without writing anything."""
 
     def __init__(self, store: PostgresEventStore, failure: SvcError | None = None) -> None:
@@ -442,7 +442,7 @@ class _CompletionOutage:
         return getattr(self._store, name)
 
     async def append(self, stream_id: str, events: Sequence[NewEvent], **kw: Any) -> Any:
-        if not self.refused and any(e.type == COMPLETED for e in events):
+        if any(e.type == COMPLETED for e in events):
             self.refused += 1
             raise self.failure
         return await self._store.append(stream_id, events, **kw)
@@ -452,9 +452,9 @@ STARTED = "conversation.turn_started"
 
 
 class _StartOutage:
-    """The store, except that the first `failures` appends of a turn's start fail as an
-    outage would: with `landed`, after the real append committed (the answer was lost on
-    its way back), else before writing anything."""
+    """The store, except that the first `failures` appends of a turn's start (of its
+    answer, with `of=COMPLETED`) fail as an outage would: with `landed`, after the real
+    append committed (the answer was lost on its way back), else before writing anything."""
 
     def __init__(
         self,
@@ -464,8 +464,10 @@ class _StartOutage:
         failures: int = 1,
         failure: StoreUnavailable | None = None,
         delay_s: float = 0.0,
+        of: str = STARTED,
     ) -> None:
         self._store = store
+        self.of = of
         self.landed = landed
         self.failures = failures
         self.failure = failure or StoreUnavailable("the connection was lost")
@@ -476,7 +478,7 @@ class _StartOutage:
         return getattr(self._store, name)
 
     async def append(self, stream_id: str, events: Sequence[NewEvent], **kw: Any) -> Any:
-        if not any(e.type == STARTED for e in events):
+        if not any(e.type == self.of for e in events):
             return await self._store.append(stream_id, events, **kw)
         self.attempts += 1
         if self.attempts > self.failures:
@@ -510,6 +512,27 @@ async def test_a_turn_whose_start_the_store_failed_is_sent_again_and_runs_once(
         again = await table.submit(conversation_key(cid), command).last()
         assert isinstance(again, TurnResult) and again.duplicate and provider.calls == 1
         assert (again.message_id, again.content) == (result.message_id, result.content)
+    finally:
+        await table.stop()
+
+
+@pytest.mark.parametrize(("landed", "failures"), [(True, 1), (False, 1), (True, 100)])
+async def test_an_answer_whose_record_the_store_lost_is_answered_not_failed(
+    store: PostgresEventStore, landed: bool, failures: int
+) -> None:
+    """The answer's append failed with its outcome unknown. Sent again, it is written, or
+    found written; and an answer found committed when every try failed is still the
+    answer. A 503 for it would have the client (the SDKs, on their own) ask and pay again."""
+    outage = _StartOutage(store, landed=landed, failures=failures, of=COMPLETED)
+    provider = ScriptedProvider()
+    table = ActivationTable(cast(Any, outage), [ConversationBehaviour([provider])])
+    await table.start()
+    try:
+        cid = uuid.uuid4().hex
+        result = await table.submit(conversation_key(cid), run_turn()).last()
+        assert isinstance(result, TurnResult) and result.content and provider.calls == 1
+        types = await types_of(store, cid)
+        assert types.count(COMPLETED) == 1 and "conversation.turn_failed" not in types
     finally:
         await table.stop()
 
@@ -567,7 +590,7 @@ async def test_no_try_of_the_start_begins_past_its_deadline(
 ) -> None:
     """Slow failures (a driver timeout arrives after the statement timeout and more) are
     not tried again past the deadline: the client's 503 comes without further waits."""
-    monkeypatch.setattr(conversation_module, "START_RETRY_DEADLINE_S", 0.5)
+    monkeypatch.setattr(conversation_module, "RESEND_DEADLINE_S", 0.5)
     outage = _StartOutage(store, landed=False, failures=100, delay_s=0.4)
     provider = ScriptedProvider()
     table = ActivationTable(cast(Any, outage), [ConversationBehaviour([provider])])
@@ -604,13 +627,14 @@ async def test_a_start_another_process_recorded_meanwhile_is_not_run_twice(
 async def test_a_completion_the_store_never_takes_leaves_the_turn_failed(
     store: PostgresEventStore,
 ) -> None:
-    """The model answered but recording the answer failed: the turn is recorded as failed
-    at once (retryable), not left running until its expiry makes it `turn_abandoned`."""
+    """The model answered but recording the answer failed, sent again while the store
+    lost it: the turn is recorded as failed then (retryable), not left running until its
+    expiry makes it `turn_abandoned`."""
     outage = _CompletionOutage(store)
     failed = await _last_event_of_a_failed_turn(
         store, ActivationTable(cast(Any, outage), [ConversationBehaviour([ScriptedProvider()])])
     )
-    assert outage.refused == 1
+    assert outage.refused == 1 + len(conversation_module.RESEND_WAITS_S)
     assert failed.type == "conversation.turn_failed"
     assert (failed.data["error_code"], failed.data["retryable"]) == ("store_unavailable", True)
 
