@@ -470,15 +470,17 @@ class RayRuntime:
                     except StopAsyncIteration:
                         return
                     answer = await part
-                    if isinstance(answer, list):
-                        for item in answer:
-                            yield item
-                        continue
-                    self._raise_unless_retryable(answer)
-                    problem = f"shard {shard} moved away from {host}"
-                    break
+                    if not isinstance(answer, list):
+                        break
+                    for item in answer:
+                        yield item
             except _HOST_ERRORS as exc:
                 problem = self._unavailable(host, exc)
+            else:
+                # Outside the try: the command's own failure, rebuilt, may be a ValueError,
+                # which is also among the errors of a host that went away.
+                self._raise_unless_retryable(answer)
+                problem = f"shard {shard} moved away from {host}"
             attempt += 1
             deadline = await self._before_retry(attempt, deadline, problem, host)
 

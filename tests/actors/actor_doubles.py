@@ -78,6 +78,8 @@ class CounterBehaviour(Behaviour[CounterState]):
             raise InvalidInput(f"a counter does not handle {type(command).__name__}")
         if command.amount == 0:
             raise InvalidInput("adding 0 changes nothing")
+        if command.amount < 0:
+            raise ValueError(f"a counter cannot take {command.amount}")  # a defect, not a 4xx
         return [CounterAdded(amount=command.amount, note=command.note)]
 
     def evolve(self, state: CounterState, e: Event) -> CounterState:

@@ -92,6 +92,21 @@ async def test_domain_error_reaches_caller_and_records_nothing(
     assert (await view(runtime, k)).version == 0
 
 
+async def test_a_commands_own_error_reaches_caller_whether_asked_or_streamed(
+    runtime: RuntimeUnderTest, store: PostgresEventStore
+) -> None:
+    """A defect of the command's (a plain ValueError), not of the runtime: no runtime may
+    take it for a host gone away and run the command again."""
+    k = key()
+    with pytest.raises(ValueError, match="cannot take -1"):
+        await runtime.ask(k, add(-1))
+    with pytest.raises(ValueError, match="cannot take -2"):
+        async for _ in runtime.stream(k, add(-2)):
+            pass
+    assert await store.read_stream(k.stream_id) == []
+    assert getattr(runtime, "retries", 0) == 0
+
+
 async def test_commands_to_one_actor_run_in_order(
     runtime: RuntimeUnderTest, store: PostgresEventStore
 ) -> None:
