@@ -41,7 +41,9 @@ def user_name_key(user_name: str) -> str:
 Text = Annotated[str, Field(max_length=500)]
 Hash = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Prefix = Annotated[str, Field(min_length=1, max_length=12)]
-RoleName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_.-]*$")]
+ROLE_NAME_PATTERN = r"^[a-z][a-z0-9_.-]*$"
+MAX_ROLE_NAME = 64
+RoleName = Annotated[str, Field(min_length=1, max_length=MAX_ROLE_NAME, pattern=ROLE_NAME_PATTERN)]
 Access = Literal["read", "write"]
 UserSource = Literal["local", "scim", "ldap", "saml", "oidc"]
 SIGNS_IN_ELSEWHERE: frozenset[str] = frozenset({"ldap", "saml", "oidc"})

@@ -5,6 +5,7 @@ would stop the service, break a header or fail only at the next sign-in is refus
 
 from __future__ import annotations
 
+import re
 import zoneinfo
 from collections.abc import Callable
 from typing import Literal
@@ -13,11 +14,13 @@ from urllib.parse import urlsplit
 import orjson
 from yarl import URL
 
+from schemas.identity import MAX_ROLE_NAME, ROLE_NAME_PATTERN
 from schemas.workspace import RESERVED_WORKSPACE_ID
 
 TextRule = Literal[
     "header_value",
-    "string_map",
+    "role_map",
+    "role_name",
     "ldap_user_filter",
     "timezone",
     "workspace_id",
@@ -43,14 +46,21 @@ def _header_value(raw: str) -> bool:
     return not any((ord(ch) < 0x20 and ch != "\t") or ord(ch) == 0x7F for ch in raw)
 
 
-def _string_map(raw: str) -> bool:
+def _role_name(raw: str) -> bool:
+    return len(raw) <= MAX_ROLE_NAME and re.fullmatch(ROLE_NAME_PATTERN, raw) is not None
+
+
+def _role_map(raw: str) -> bool:
+    """A map to role names: a name no role can have would fail every sign-in it maps."""
     if not raw.strip():
         return True
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return False
-    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+    return isinstance(value, dict) and all(
+        isinstance(v, str) and _role_name(v) for v in value.values()
+    )
 
 
 def _ldap_user_filter(raw: str) -> bool:
@@ -131,7 +141,14 @@ def _llm_provider(raw: str) -> bool:
 
 TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
     "header_value": (_header_value, "text without control characters (no line breaks)"),
-    "string_map": (_string_map, 'blank or a JSON object of strings, e.g. {"ops": "admin"}'),
+    "role_map": (
+        _role_map,
+        'blank or a JSON object of role names (lower case: a-z, 0-9, _ . -), e.g. {"ops": "admin"}',
+    ),
+    "role_name": (
+        lambda raw: not raw.strip() or _role_name(raw.strip()),
+        "blank or a role name (lower case: a-z, 0-9, _ . -), e.g. member",
+    ),
     "ldap_user_filter": (
         _ldap_user_filter,
         "blank or a parenthesised LDAP filter containing %s for the login, e.g. (uid=%s)",

@@ -1453,6 +1453,17 @@ _SECRET_KEYS = frozenset(
     }
 )
 
+_BEARER_KEYS = (
+    "SVC_NATIVE_API_KEY",
+    "SVC_CLOUDSTT_API_KEY",
+    "SVC_STT_API_KEY",
+    "SVC_TTS_API_KEY",
+    "SVC_VIDEO_API_KEY",
+    "SVC_MEMORY_TOKEN",
+    "SVC_VECTORDB_API_KEY",
+    "SVC_NATIVE_COMPAT_KEY",
+)
+
 _NOT_STORABLE = "read before the settings stream can be: set it in the environment or env file"
 _BUILD_TIME = "read when the server is built, before the settings stream is open: set it in the environment or env file"
 _VENDOR_DEFAULT = (
@@ -1501,12 +1512,17 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
         "compatible); any other value is refused",
     },
     "SVC_CSP": {"rule": "header_value"},
+    # Sent as a bearer token, or compared with one: a line break (a key file's last one)
+    # would fail every request that carries it, told as a broken model server.
+    **{key: {"rule": "header_value"} for key in _BEARER_KEYS},
     "SVC_CORS_ORIGINS": {"rule": "origins"},
     "SVC_WEBUI_ORIGIN": {"rule": "origin"},
     "SVC_RAY_ADDRESS": {"rule": "ray_address"},
     **{key: {"rule": "http_url"} for key in _HTTP_URL_KEYS},
-    "SVC_LDAP_ROLE_MAPPINGS": {"rule": "string_map"},
-    "SVC_SAML_ROLE_MAPPINGS": {"rule": "string_map"},
+    "SVC_LDAP_ROLE_MAPPINGS": {"rule": "role_map"},
+    "SVC_SAML_ROLE_MAPPINGS": {"rule": "role_map"},
+    "SVC_LDAP_DEFAULT_ROLE": {"rule": "role_name"},
+    "SVC_SAML_DEFAULT_ROLE": {"rule": "role_name"},
     "SVC_LDAP_USER_FILTER": {"rule": "ldap_user_filter"},
     "SVC_TIMEZONE": {"rule": "timezone"},
     "SVC_DEFAULT_WORKSPACE_ID": {"rule": "workspace_id"},

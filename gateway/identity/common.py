@@ -7,6 +7,7 @@ must stay free of import cycles: who is calling (`acting`) lives in authn.py.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -194,3 +195,16 @@ def _form_problem(exc: Exception) -> str:
     if isinstance(exc, BadHttpMessage):
         return "invalid multipart part headers"
     return "invalid encoding or multipart structure"
+
+
+def first_mapped_role(
+    mappings: dict[str, str], held: set[str], default: str, fold: Callable[[str], str] = str
+) -> str | None:
+    """The role of the first entry of `mappings` (in the order the setting lists them) whose
+    name, folded by `fold`, is `held`; else `default`, blank meaning none. A directory or an
+    IdP sends a user's groups in no set order, and the role must not change with that order
+    from one sign-in to the next."""
+    for name, role in mappings.items():
+        if role and fold(name) in held:
+            return role
+    return default or None

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from gateway.identity.common import first_mapped_role
 from gateway.settings import Settings
 from schemas.errors import InvalidInput
 
@@ -114,15 +115,10 @@ def _bare_cn(dn: str) -> str | None:
 
 
 def map_role(groups: tuple[str, ...], mappings: dict[str, str], default: str) -> str | None:
-    lowered = {k.lower(): v for k, v in mappings.items()}
-    for group in groups:
-        role = lowered.get(group.lower())
-        cn = _bare_cn(group)
-        if role is None and cn is not None:
-            role = lowered.get(cn.lower())
-        if role:
-            return role
-    return default or None
+    """Groups match by DN or by bare CN, either case-insensitively."""
+    held = {group.lower() for group in groups}
+    held |= {cn.lower() for group in groups if (cn := _bare_cn(group)) is not None}
+    return first_mapped_role(mappings, held, default, str.lower)
 
 
 def _first(entry: Any, attr: str) -> str | None:

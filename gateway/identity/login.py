@@ -44,7 +44,7 @@ from gateway.identity.vault import INSTANCE, PASSWORD, TOTP, TOTP_PENDING
 from gateway.security import client_ip
 from gateway.state import Principal
 from projections.identity_queries import UserRow, find_user_by_name, get_user
-from schemas.errors import Conflict, Forbidden, InvalidInput, Unauthorized
+from schemas.errors import Conflict, Forbidden, InvalidInput, Unauthorized, Unavailable
 from schemas.identity import (
     BindRole,
     LoginMethod,
@@ -152,15 +152,6 @@ async def sync_external_user(
     client provisioned keeps the profile that client gave it (its `externalId` above all,
     by which the client finds it again): the sign-in brings the roles only."""
     at = now()
-    emails = ({"value": found.email, "primary": True},) if found.email else ()
-    profile = UserProfile.model_validate(
-        {
-            "user_name": existing.user_name if existing else found.login,
-            "display_name": found.display_name,
-            "emails": emails,
-            "external_id": found.external_id,
-        }
-    )
     key = directory_key(workspace_id)
     roles = (found.role,) if found.role else ()
 
@@ -173,25 +164,71 @@ async def sync_external_user(
             "at": at,
         }
 
+    profile = _synced_profile(found, existing)
     if existing is None:
         user_id = new_id("usr_")
         provision = ProvisionUser(
             **stamp(), user_id=user_id, profile=profile, source=found.source, roles=roles
         )
-        await ident.ask(key, provision)
+        await _with_mapped_roles(found, ident.ask(key, provision))
     else:
         user_id = existing.user_id
-        if existing.source != "scim":
-            await ident.ask(key, UpdateUser(**stamp(), user_id=user_id, profile=profile))
+        # The mapped role is bound before any other is taken away: a role the workspace does
+        # not have must not leave the user stripped of the ones it held.
+        for role in roles:
+            bind = BindRole(**stamp(), user_id=user_id, role=role)
+            await _with_mapped_roles(found, ident.ask(key, bind))
         for role in existing.roles:
             if role not in roles:
                 await ident.ask(key, UnbindRole(**stamp(), user_id=user_id, role=role))
-        for role in roles:
-            await ident.ask(key, BindRole(**stamp(), user_id=user_id, role=role))
+        if existing.source != "scim":
+            await ident.ask(key, UpdateUser(**stamp(), user_id=user_id, profile=profile))
     user = await get_user(ident.db, workspace_id, user_id)
     if user is None:
         raise Unauthorized(BAD_CREDENTIALS)
     return user
+
+
+def _synced_profile(found: ExternalUser, existing: UserRow | None) -> UserProfile:
+    """The profile a sign-in leaves: the display name, address and entry the directory (or
+    IdP) vouches for, over what the account holds besides. The given and family names its
+    user set stay, and so do the addresses an administrator added, after the directory's own
+    (the primary one); what the directory sends nothing for is left as it is."""
+    profile: dict[str, Any] = {"user_name": found.login, "external_id": found.external_id}
+    if existing is not None:
+        profile |= {
+            "user_name": existing.user_name,
+            "display_name": existing.display_name,
+            "given_name": existing.given_name,
+            "family_name": existing.family_name,
+            "emails": existing.emails,
+        }
+    if found.display_name:
+        profile["display_name"] = found.display_name
+    if found.email:
+        others = [
+            {**email, "primary": False}
+            for email in profile.get("emails", ())
+            if str(email["value"]).casefold() != found.email.casefold()
+        ]
+        profile["emails"] = [{"value": found.email, "primary": True}, *others]
+    return UserProfile.model_validate(profile)
+
+
+async def _with_mapped_roles(found: ExternalUser, asked: Awaitable[Any]) -> None:
+    """`asked`, with a refusal of the mapped role told as the configuration problem it is:
+    the sign-in itself was right, and only the instance's owner can fix it."""
+    try:
+        await asked
+    except InvalidInput as exc:
+        if exc.code != "unknown_role":
+            raise
+        prefix = f"SVC_{found.source.upper()}"
+        raise Unavailable(
+            f"{prefix}_ROLE_MAPPINGS or {prefix}_DEFAULT_ROLE names the role {found.role!r}, "
+            "which this workspace does not have: create the role, or correct the setting",
+            code=f"{found.source}_not_configured",
+        ) from None
 
 
 def same_entry(recorded: str | None, presented: str) -> bool:

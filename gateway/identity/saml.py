@@ -51,7 +51,7 @@ from aiohttp import web
 from defusedxml import ElementTree  # type: ignore[import-untyped]
 from pydantic import BaseModel, Field
 
-from gateway.identity.common import read_form
+from gateway.identity.common import first_mapped_role, read_form
 from gateway.identity.login import ExternalUser, same_entry, start_session, sync_external_user
 from gateway.identity.service import Identity, identity
 from gateway.identity.sessions import set_session_cookies
@@ -355,10 +355,7 @@ def _recipient_ok(assertion: Any, acs_url: str) -> bool:
 
 
 def map_role(values: list[str], mappings: dict[str, str], default: str) -> str | None:
-    for value in values:
-        if value in mappings:
-            return mappings[value]
-    return default or None
+    return first_mapped_role(mappings, set(values), default)
 
 
 async def _verified(

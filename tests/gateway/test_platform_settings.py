@@ -179,8 +179,17 @@ SHAPED_TEXT_SETTINGS = {
         ("default-src 'self'\r\nSet-Cookie: a=1", "x\ny", "a\x7f"),
         ("", "default-src 'self'"),
     ),
-    "SVC_LDAP_ROLE_MAPPINGS": (("not json", "[1, 2]", '{"ops": 1}'), ("", '{"cn=ops": "admin"}')),
-    "SVC_SAML_ROLE_MAPPINGS": (("[1,2]", "{"), ('{"admins": "admin"}',)),
+    # Values name roles: a name no role can have would fail every sign-in it maps.
+    "SVC_LDAP_ROLE_MAPPINGS": (
+        ("not json", "[1, 2]", '{"ops": 1}', '{"ops": "Admin"}', '{"ops": ""}'),
+        ("", '{"cn=ops": "admin"}', '{"a": "kb.editor", "b": "x_1-2"}'),
+    ),
+    "SVC_SAML_ROLE_MAPPINGS": (("[1,2]", "{", '{"a": "admin "}'), ('{"admins": "admin"}',)),
+    "SVC_LDAP_DEFAULT_ROLE": (("Member", "two words", "r" * 65), ("", "member", " member ")),
+    "SVC_SAML_DEFAULT_ROLE": (("-x",), ("", "kb.editor")),
+    # Bearer tokens: a line break (a key file's last one) breaks every request carrying one.
+    "SVC_NATIVE_API_KEY": (("sk-x\n", "sk-x\r", "a\tb\x7f"), ("", "sk-x")),
+    "SVC_NATIVE_COMPAT_KEY": (("k\r\n",), ("compat-key",)),
     "SVC_LDAP_USER_FILTER": (("(uid=foo)", "uid=%s"), ("", "(&(objectClass=person)(uid=%s))")),
     "SVC_TIMEZONE": (("Not/AZone", "../etc/passwd", "Europe"), ("UTC", "utc", "Europe/Paris")),
     "SVC_DEFAULT_WORKSPACE_ID": (

@@ -21,6 +21,8 @@ from identity_support import GUARDED, WHOAMI, running, settings_for
 from self_signed import key_and_cert
 
 from gateway.identity.ldap import ldap3  # imported there with pyasn1's warnings silenced
+from gateway.identity.ldap import map_role as ldap_map_role
+from gateway.identity.saml import map_role as saml_map_role
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning"),
@@ -276,6 +278,59 @@ async def test_ldap_logins_and_group_mapping(database_url: str, slapd: Slapd) ->
             if status == 401:
                 assert body["error"]["code"] == "unauthorized"
             assert password not in str(body) or not password
+
+
+async def test_a_sign_in_keeps_what_the_directory_does_not_say(
+    database_url: str, slapd: Slapd
+) -> None:
+    """The directory vouches for a display name, an address and the role its groups map to;
+    the given name a user set and an address an administrator added stay. A mapping to a
+    role the workspace does not have is the instance's problem (503, naming the settings),
+    and takes away none of the roles the user held."""
+    settings = ldap_settings(database_url, slapd.url)
+    async with running(settings_for(database_url, **settings)) as svc:
+        key = await svc.issue_key()
+        path = "/v1/admin/identity/secrets/ldap/bind_password"
+        assert (await svc.request("PUT", path, key, json={"value": READER_PW}))[0] == 204
+        status, body, browser = await svc.login("alice", "alice-password")
+        await browser.close()
+        assert status == 200, body
+        alice = body["user"]["id"]
+        extra = [{"value": "alice@example.test", "primary": True}, {"value": "a@home.test"}]
+        patch = {"given_name": "Alicia", "emails": extra}
+        status, out, _ = await svc.request("PATCH", f"/v1/admin/users/{alice}", key, json=patch)
+        assert status == 200, out
+        status, body, browser = await svc.login("alice", "alice-password")
+        await browser.close()
+        assert status == 200 and body["user"]["roles"] == ["admin"], body
+        status, user, _ = await svc.request("GET", f"/v1/admin/users/{alice}", key)
+        assert (user["given_name"], user["display_name"]) == ("Alicia", "Alice Admin"), user
+        assert [(e["value"], e["primary"]) for e in user["emails"]] == [
+            ("alice@example.test", True),
+            ("a@home.test", False),
+        ]
+
+    mappings = orjson.dumps({f"cn=svc-admins,ou=groups,{BASE}": "ghost"}).decode()
+    async with running(
+        settings_for(database_url, **{**settings, "SVC_LDAP_ROLE_MAPPINGS": mappings})
+    ) as svc:
+        status, body, browser = await svc.login("alice", "alice-password")
+        await browser.close()
+        assert status == 503 and body["error"]["code"] == "ldap_not_configured", body
+        assert "SVC_LDAP_ROLE_MAPPINGS" in body["error"]["message"]
+        status, user, _ = await svc.request("GET", f"/v1/admin/users/{alice}", key)
+        assert status == 200 and user["roles"] == ["admin"], user
+
+
+def test_the_first_mapping_a_user_s_groups_name_decides_in_any_group_order() -> None:
+    mappings = {"ops": "operator", "cn=admins,ou=groups,dc=x": "admin"}
+    groups = ("cn=admins,ou=groups,dc=x", "cn=ops,ou=groups,dc=x")
+    assert ldap_map_role(groups, mappings, "") == "operator"
+    assert ldap_map_role(groups[::-1], mappings, "") == "operator"
+    assert ldap_map_role(("CN=Admins,OU=Groups,DC=x",), mappings, "member") == "admin"
+    assert ldap_map_role(("cn=other,dc=x",), mappings, "member") == "member"
+    assert saml_map_role(["b", "a"], {"a": "admin", "b": "member"}, "") == "admin"
+    assert saml_map_role(["a", "b"], {"b": "member", "a": "admin"}, "") == "member"
 
 
 async def test_directory_accounts_stay_their_entrys(database_url: str, slapd: Slapd) -> None:
