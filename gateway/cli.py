@@ -277,11 +277,11 @@ def check_settings_args(args: argparse.Namespace) -> None:
     as it cannot inside the loop) and valid. A mistake is told without opening a database."""
     if args.action in ("get", "set", "unset"):
         get_spec(args.key)
+    if args.action in ("set", "unset"):
+        storable_spec(args.key)  # before a secret is asked for that could not be kept
     if args.action == "set":
         raw = args.value if args.value is not None else _value_from_stdin(args.key)
         args.value = storable_value(args.key, raw)
-    elif args.action == "unset":
-        storable_spec(args.key)
 
 
 async def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -94,10 +95,16 @@ def read_env_file(path: Path) -> dict[str, str]:
             continue
         text = text.removeprefix("export ").strip()
         key, sep, value = text.partition("=")
-        if not sep or not key.strip():
-            raise InvalidInput(f"{path}:{number}: expected KEY=VALUE")
+        if not sep or _ENV_NAME.fullmatch(key.strip()) is None:
+            # Not quoted back: the line may be a secret with a space where `=` should be.
+            raise InvalidInput(
+                f"{path}:{number}: expected KEY=VALUE, KEY a variable name (letters, digits and _)"
+            )
         out[key.strip()] = _unquote(value.strip())
     return out
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _unquote(value: str) -> str:

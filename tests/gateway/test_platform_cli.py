@@ -187,6 +187,18 @@ def test_a_bad_setting_is_told_before_any_database_is_opened(data_dir: Path) -> 
     ):
         done = svc(data_dir, *args, SVC_DATABASE_URL=closed)
         assert done.returncode == 2 and told in done.stderr, (args, done.stderr)
+    # A key that cannot be stored is told before its value is asked for (a password typed
+    # for nothing): standard input is not read, so it is not found empty either.
+    done = subprocess.run(
+        [*SVC, "settings", "set", "SVC_DATABASE_URL"],
+        env=_env(data_dir, SVC_DATABASE_URL=closed),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "SVC_DATABASE_URL cannot be stored" in done.stderr, done.stderr
 
 
 def test_a_malformed_database_url_is_refused_without_its_password(data_dir: Path) -> None:

@@ -108,6 +108,19 @@ def test_env_file_is_found_in_the_data_dir(tmp_path: Path) -> None:
     assert s.text("SVC_LLM_TOP_P") == "0.5"
 
 
+def test_an_env_file_line_with_no_variable_name_is_refused_unquoted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A space where `=` should be made the whole line a key, logged as an unknown
+    setting, password and all, and the setting was dropped."""
+    env = tmp_path / "svc.env"
+    env.write_text("SVC_LOCALE=en\nSVC_DATABASE_URL postgres://svc:Hunter2pw@db/svc?a=b\n")
+    with pytest.raises(InvalidInput) as caught:
+        read_env_file(env)
+    assert f"{env}:2: expected KEY=VALUE" in caught.value.message
+    assert "Hunter2" not in caught.value.message + caplog.text
+
+
 def test_an_env_file_that_cannot_be_read_is_named_with_what_to_check() -> None:
     # A file this process may open but not read (mode 000 stops no root user, this does).
     with pytest.raises(InvalidInput) as caught:
