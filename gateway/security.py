@@ -74,8 +74,15 @@ def address_group(address: str) -> str:
 
 
 def _trusted(address: str | None, networks: Iterable[Network]) -> bool:
+    """Whether `address` is in `networks`; an IPv4-mapped IPv6 address (a dual-stack
+    socket's, or a proxy's hop written so) as the IPv4 address it is, too."""
     ip = _ip(address)
-    return ip is not None and any(ip in net for net in networks)
+    if ip is None:
+        return False
+    forms = [ip]
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        forms.append(ip.ipv4_mapped)
+    return any(form in net for form in forms for net in networks)
 
 
 def _proxies(settings: Settings) -> tuple[Network, ...]:
@@ -131,9 +138,16 @@ def _is_secure(request: web.Request, settings: Settings) -> bool:
     return False
 
 
-def _is_loopback(request: web.Request) -> bool:
+def _is_loopback(request: web.Request, settings: Settings) -> bool:
+    """Whether the client is on this host. A trusted proxy here that says how it was reached
+    (X-Forwarded-Proto) but not from where (no X-Forwarded-For) forwards a client from
+    anywhere: not taken for a local one."""
     ip = _ip(client_ip(request))
-    return ip is not None and ip.is_loopback
+    if ip is None or not ip.is_loopback:
+        return False
+    headers = request.headers
+    named_no_client = "X-Forwarded-Proto" in headers and "X-Forwarded-For" not in headers
+    return not (named_no_client and _trusted(request.remote, _proxies(settings)))
 
 
 _warned_of_local_proxy = False
@@ -161,7 +175,7 @@ def _enforce_https(request: web.Request, settings: Settings) -> web.Response | N
     Anything else over plain HTTP is refused (a body may already be on its way)."""
     if not settings.flag("SVC_REQUIRE_SECURE") or _is_secure(request, settings):
         return None
-    if _is_loopback(request):
+    if _is_loopback(request, settings):
         _warn_of_an_untrusted_local_proxy(request, settings)
         return None
     if request.path in PROBE_PATHS:

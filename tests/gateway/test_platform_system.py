@@ -565,6 +565,15 @@ async def test_require_secure_behind_a_trusted_proxy(database_url: str) -> None:
             "GET", "/v1/ping", headers=two_lines, allow_redirects=False
         )
         assert status == 308
+        # A proxy on this host that says how it was reached and not from where: its client
+        # may be anywhere, not taken for a local one.
+        scheme_only = {"X-Forwarded-Proto": "http"}
+        status, body, _ = await svc.request("POST", "/v1/client-log", headers=scheme_only, json={})
+        assert status == 403 and body["error"]["code"] == "https_required"
+        status, _, _ = await svc.request(
+            "GET", "/v1/ping", headers={"X-Forwarded-Proto": "https"}, allow_redirects=False
+        )
+        assert status == 200
 
 
 async def test_https_redirect_goes_to_the_public_url(database_url: str) -> None:
@@ -616,6 +625,10 @@ async def test_the_access_log_hides_query_credentials_and_shows_the_proxied_clie
             lines_sent = CIMultiDict([("X-Forwarded-For", "127.0.0.1")])
             lines_sent.add("X-Forwarded-For", proxied)
             await svc.request("GET", f"/v1/time?hop={proxied}", headers=lines_sent)
+        # A trusted proxy's hop written as an IPv4-mapped address (a dual-stack socket's) is
+        # that proxy still, not the client.
+        mapped = {"X-Forwarded-For": "198.51.100.9, ::ffff:127.0.0.1"}
+        await svc.request("GET", "/v1/time?hop=mapped", headers=mapped)
     lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
     feed = [line for line in lines if "/v1/events/stream" in line]
     assert len(feed) == 1 and key not in feed[0], feed
@@ -623,7 +636,8 @@ async def test_the_access_log_hides_query_credentials_and_shows_the_proxied_clie
     assert feed[0].startswith("203.0.113.9 "), feed[0]
     assert any("GET /healthz?probe=1 " in line for line in lines), lines
     hops = sorted(line.split(" ")[0] for line in lines if "/v1/time?hop=" in line)
-    assert hops == ["198.51.100.7", "198.51.100.7", "2001:db8::7", "2001:db8::8"], hops
+    expected = ["198.51.100.7", "198.51.100.7", "198.51.100.9", "2001:db8::7", "2001:db8::8"]
+    assert hops == expected, hops
 
 
 async def test_the_access_log_keeps_an_encoded_path_on_one_line(
