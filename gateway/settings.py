@@ -548,6 +548,10 @@ class SettingsService:
     async def _unset(self, spec: SettingSpec, key: str) -> SettingChangeResult:
         await self._refresh()
         if key not in self._stored:
+            if spec.secret:
+                # An unset recorded before its values were deleted (the delete failed, or
+                # the ask timed out and the command went on): this retry deletes them.
+                await self._vault.delete(key)
             shown = display_value(spec, self._settings.resolve(key).raw)
             return SettingChangeResult(
                 key=key,

@@ -592,6 +592,33 @@ async def test_a_secret_whose_change_was_not_recorded_keeps_its_value(
         assert (await service.stored_values())["SVC_INBOUND_SECRET"] == "third-value"
 
 
+async def test_an_unset_tried_again_deletes_what_its_first_try_left(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unset was recorded, and the delete of the secret's values failed: the retry,
+    which finds nothing stored to unset, still deletes them ("unsetting really deletes")."""
+    async with running(settings_for(database_url)) as svc:
+        service = svc.app[SETTINGS_SERVICE]
+        await service.set("SVC_INBOUND_SECRET", "first-value")
+        vault = service._vault
+        real_delete = vault.delete
+
+        async def fail(key: str) -> None:
+            raise StoreUnavailable("the database went away")
+
+        monkeypatch.setattr(vault, "delete", fail)
+        with pytest.raises(StoreUnavailable):
+            await service.unset("SVC_INBOUND_SECRET")
+        monkeypatch.setattr(vault, "delete", real_delete)
+        count = "SELECT count(*) FROM instance_secrets WHERE key = 'SVC_INBOUND_SECRET'"
+        async with svc.app[DATABASE].acquire() as conn:
+            assert await conn.fetchval(count) == 1
+        result = await service.unset("SVC_INBOUND_SECRET")
+        assert "nothing stored to unset" in result.message
+        async with svc.app[DATABASE].acquire() as conn:
+            assert await conn.fetchval(count) == 0
+
+
 async def test_stored_r_settings_apply_at_the_next_start(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         await svc.app[SETTINGS_SERVICE].set("SVC_LLM_RETRIES", "6")
