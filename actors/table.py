@@ -407,12 +407,17 @@ class ActivationTable:
                 slot.activation.start_empty()
             else:
                 await slot.activation.load()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this worker is being stopped
+            # One the load met in something it awaited: as in `_run`, ending the worker
+            # with the slot registered would leave its mailbox waiting for good.
+            cut = SvcError(f"{key} could not be loaded: a cancelled operation cut it short")
+            self._drop_unloaded(key, slot, cut)
+            return
         except Exception as exc:
-            # An actor that cannot load takes no commands; the next submit activates afresh.
-            if self._active.get(key) is slot:
-                del self._active[key]
-            while slot.mailbox:
-                self._take(slot).reply.fail(exc)
+            self._drop_unloaded(key, slot, exc)
             return
         finally:
             slot.busy = False
@@ -438,6 +443,13 @@ class ActivationTable:
             await slot.activation.save_snapshot()
         except Exception:
             log.exception("snapshot of %s on passivation failed", key)
+
+    def _drop_unloaded(self, key: ActorKey, slot: _Slot, exc: BaseException) -> None:
+        """An actor that cannot load takes no commands; the next submit activates afresh."""
+        if self._active.get(key) is slot:
+            del self._active[key]
+        while slot.mailbox:
+            self._take(slot).reply.fail(exc)
 
     async def _run(self, slot: _Slot, envelope: _Envelope) -> None:
         reply = slot.running = envelope.reply

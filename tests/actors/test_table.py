@@ -7,7 +7,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import pytest
 from actor_doubles import COUNTER, AddToCounter, CounterBehaviour, CounterState, ScriptedProvider
@@ -36,7 +36,7 @@ from actors.conversation import RECENT_TURNS
 from actors.errors import RecordedTurnFailure, TurnCrashed
 from eventstore import PostgresEventStore
 from eventstore.errors import StatementAborted, StoreUnavailable
-from eventstore.records import RecordedEvent, Snapshot
+from eventstore.records import NewEvent, RecordedEvent, Snapshot
 from schemas.commands import Command
 from schemas.conversation import Message, RenameConversation, RunTurn
 from schemas.errors import Conflict, InvalidInput, SvcError, UpstreamError
@@ -263,6 +263,51 @@ async def test_a_stray_cancellation_fails_one_command_not_the_actor(
         async with asyncio.timeout(10):  # the worker lives on: the next command runs
             outcome = await table.submit(key, add()).last()
         assert isinstance(outcome, CommandOutcome)
+    finally:
+        await table.stop()
+
+
+class _FirstLoadCancelled:
+    """The store, except that the first snapshot load awaits a future another task cancels."""
+
+    def __init__(self, store: PostgresEventStore) -> None:
+        self._store = store
+        self.first = True
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def load_snapshot(self, stream_id: str) -> Any:
+        if self.first:
+            self.first = False
+            doomed = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(doomed.cancel)
+            await doomed
+        return await self._store.load_snapshot(stream_id)
+
+
+async def test_a_stray_cancellation_of_a_load_fails_its_commands_not_the_key(
+    store: PostgresEventStore,
+) -> None:
+    """Ended by it, the worker left the actor registered with no one to run its mailbox:
+    that command and every later one for the key waited for good."""
+    table = ActivationTable(cast(Any, _FirstLoadCancelled(store)), [CounterBehaviour()])
+    await table.start()
+    key = ActorKey(COUNTER, uuid.uuid4().hex)
+    await store.append(
+        key.stream_id,
+        [NewEvent("test.counter_added", {"amount": 1, "note": ""})],
+        expected_version=0,
+        command_id=uuid.uuid4().hex,
+        workspace_id=WS,
+    )
+    try:
+        async with asyncio.timeout(10):
+            with pytest.raises(SvcError, match="could not be loaded"):
+                await table.submit(key, add()).last()
+            outcome = await table.submit(key, add()).last()
+        assert isinstance(outcome, CommandOutcome) and outcome.last_version == 2
+        assert table.stats().queued == 0
     finally:
         await table.stop()
 
