@@ -26,6 +26,7 @@ TextRule = Literal[
     "workspace_id",
     "llm_provider",
     "http_url",
+    "own_url",
     "origin",
     "origins",
     "ray_address",
@@ -109,6 +110,13 @@ def _http_url(raw: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
+def _own_url(raw: str) -> bool:
+    """An address of this service: clients are sent to it (redirects, SAML metadata), so a
+    user and password in it would be handed to anyone who asks."""
+    text = raw.strip()
+    return _http_url(text) and (not text or urlsplit(text).netloc.rpartition("@")[1] == "")
+
+
 def _origin(text: str) -> bool:
     """`https://app.example.com[:port]`: what a browser sends as Origin. Not `*` (which
     would allow every site with credentials) nor `null` (sent by sandboxed frames and
@@ -166,6 +174,11 @@ TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
     "http_url": (
         _http_url,
         "blank or an absolute http:// or https:// URL with a host, e.g. https://svc.example.com",
+    ),
+    "own_url": (
+        _own_url,
+        "blank or an absolute http:// or https:// URL with a host and no user or password, "
+        "e.g. https://svc.example.com",
     ),
     "origin": (
         lambda raw: not raw.strip() or _origin(raw.strip()),

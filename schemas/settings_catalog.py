@@ -1490,6 +1490,8 @@ _HTTP_URL_KEYS = (
     "SVC_SAML_ROOT_URL",
 )
 """Settings holding the HTTP(S) URL of a server or of this service."""
+_OWN_URL_KEYS = ("SVC_PUBLIC_URL", "CHATBOT_PUBLIC_URL", "SVC_SAML_ROOT_URL")
+"""Of these, the addresses of this service, which it hands to clients."""
 
 # Refinements the tables state in prose: choices, bounds, bool dialects, notes on ambiguities.
 _REFINEMENTS: dict[str, dict[str, object]] = {
@@ -1519,6 +1521,7 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_WEBUI_ORIGIN": {"rule": "origin"},
     "SVC_RAY_ADDRESS": {"rule": "ray_address"},
     **{key: {"rule": "http_url"} for key in _HTTP_URL_KEYS},
+    **{key: {"rule": "own_url"} for key in _OWN_URL_KEYS},
     "SVC_LDAP_ROLE_MAPPINGS": {"rule": "role_map"},
     "SVC_SAML_ROLE_MAPPINGS": {"rule": "role_map"},
     "SVC_LDAP_DEFAULT_ROLE": {"rule": "role_name"},

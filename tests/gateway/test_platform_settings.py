@@ -211,8 +211,12 @@ SHAPED_TEXT_SETTINGS = {
     ),
     "SVC_NATIVE_COMPAT_WORKSPACE": (("w" * 201,), ("", "compat-ws")),
     "SVC_PUBLIC_URL": (
-        # The last: urlsplit takes it, yarl (which reads it) does not.
-        ("https://host:99999", "not a url", "ftp://files", "https://", "x\ny", "https://a\\b"),
+        (
+            *("https://host:99999", "not a url", "ftp://files", "https://", "x\ny"),
+            "https://a\\b",  # urlsplit takes it, yarl (which reads it) does not
+            # Handed to clients (redirects, SAML metadata): no user and password in it.
+            *("https://staging:s3cret@svc.example.com", "https://@svc.example.com"),
+        ),
         ("", "https://svc.example.com", "http://127.0.0.1:8780/", "http://[::1]:8080"),
     ),
     "SVC_LLM_GATEWAY_URL": (
