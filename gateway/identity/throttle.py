@@ -16,10 +16,11 @@ count. An IPv6 client counts by its /64, which one host usually holds whole.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from datetime import datetime
 
-from eventstore.db import Database
+from eventstore.db import Connection, Database
 from gateway.security import address_group
 from schemas.errors import RateLimited
 from schemas.identity import user_name_key
@@ -43,6 +44,13 @@ UPDATE rate_limit_windows SET count = count - 1
 WHERE key_id = $1 AND window_start = $2 AND count > 0
 """
 _CLEAR = "DELETE FROM rate_limit_windows WHERE key_id = $1"
+_WINDOWS = """
+SELECT count, extract(epoch FROM window_start + make_interval(mins => $2) - now())::float8
+FROM rate_limit_windows
+WHERE key_id = $1 AND window_start > now() - make_interval(mins => $2) AND count > 0
+ORDER BY window_start
+"""
+"""The counted windows of a key, oldest first, with the seconds until each stops counting."""
 
 
 def account_key(workspace_id: str, user_name: str) -> str:
@@ -52,6 +60,20 @@ def account_key(workspace_id: str, user_name: str) -> str:
 
 def address_key(address: str) -> str:
     return f"login-fail:ip:{address_group(address)}"
+
+
+async def _until_under(conn: Connection, key: str, limit: int) -> float:
+    """Seconds until `key`'s counted attempts leave room for one more (0: they do now). Its
+    windows stop counting oldest first, each WINDOW_MINUTES after it began."""
+    windows = await conn.fetch(_WINDOWS, key, WINDOW_MINUTES)
+    counted = sum(count for count, _ in windows)
+    wait_s = 0.0
+    for count, left_s in windows:
+        if counted < limit:
+            break
+        counted -= count
+        wait_s = left_s
+    return float(math.ceil(wait_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +103,14 @@ class LoginThrottle:
             if over:
                 await conn.execute(_UNDO, account, account_window)
                 await conn.execute(_UNDO, by_address, address_window)
+                wait_s = max(
+                    await _until_under(conn, account, MAX_PER_ACCOUNT),
+                    await _until_under(conn, by_address, MAX_PER_ADDRESS),
+                )
         if over:
             raise RateLimited(
                 "too many failed logins; try again in a few minutes",
-                retry_after_s=60.0,
+                retry_after_s=max(1.0, wait_s),
                 code="login_rate_limited",
             )
         return Reservation(account, by_address, account_window, address_window)

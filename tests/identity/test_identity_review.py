@@ -17,8 +17,11 @@ from gateway.identity.roles import scopes_for, within_rights
 from gateway.identity.routes import IDEMPOTENT, ROUTE_DOCS, SCIM_DOCS, TOKEN_ROUTE
 from gateway.identity.saml import safe_next
 from gateway.identity.scim import PREFIX as SCIM_PREFIX
+from gateway.identity.service import IDENTITY
 from gateway.identity.throttle import MAX_PER_ACCOUNT, account_key, address_key
 from gateway.openapi import build_document
+from gateway.state import DATABASE
+from schemas.errors import RateLimited
 from schemas.identity import BUILTIN_ROLES
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
@@ -291,6 +294,26 @@ async def test_parallel_and_reworded_guesses_share_the_account_limit(database_ur
         status, _, browser = await svc.login("carla", PASSWORD)
         await browser.close()
         assert status == 429
+
+
+async def test_a_locked_out_login_is_told_when_it_may_try_again(database_url: str) -> None:
+    """Failures count for two minutes from their minute's start: `Retry-After` is when
+    enough of them stop counting, not a fixed minute a retry would be refused at again."""
+    async with running(settings_for(database_url)) as svc:
+        throttle = svc.app[IDENTITY].throttle
+        account = account_key("default", "dana")
+        windows = ((100, MAX_PER_ACCOUNT - 2), (30, 2))  # (seconds ago, failures)
+        async with svc.app[DATABASE].acquire() as conn:
+            for ago_s, count in windows:
+                await conn.execute(
+                    "INSERT INTO rate_limit_windows (key_id, window_start, count) "
+                    "VALUES ($1, now() - make_interval(secs => $2), $3)",
+                    *(account, float(ago_s), count),
+                )
+        with pytest.raises(RateLimited) as refused:
+            await throttle.reserve("default", "dana", "203.0.113.5")
+        # The older window stops counting 20 s from now, leaving room for one more.
+        assert 15 <= refused.value.retry_after_s <= 21, refused.value.retry_after_s
 
 
 async def test_user_names_are_one_name_by_one_key_everywhere(database_url: str) -> None:
