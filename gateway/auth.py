@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
+from gateway.errors import BEARER_CHALLENGE
 from gateway.ratelimit import RateDecision, RateLimiter
 from gateway.settings import Settings
 from gateway.state import AUTH, SETTINGS, Principal
@@ -77,6 +78,25 @@ def generate_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(30)
 
 
+class InvalidCredential(Unauthorized):
+    """A bearer credential was sent and is not (or no longer) good: RFC 6750 section 3's
+    `invalid_token`, which tells a client to get a new one rather than to send one."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.headers = {"WWW-Authenticate": f'{BEARER_CHALLENGE}, error="invalid_token"'}
+
+
+class MissingScope(Forbidden):
+    """RFC 6750 section 3's `insufficient_scope`, naming the scope that would do."""
+
+    def __init__(self, scope: str, message: str | None = None) -> None:
+        message = message or f"this API key lacks the {scope} scope"
+        super().__init__(message, code="insufficient_scope")
+        challenge = f'{BEARER_CHALLENGE}, error="insufficient_scope", scope="{scope}"'
+        self.headers = {"WWW-Authenticate": challenge}
+
+
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
@@ -125,9 +145,9 @@ def _check_usable(record: KeyRecord) -> None:
     # A revocation holds from its record on, whatever time it names: it is stamped by the
     # clock of the process that revoked, which may run ahead of this one.
     if record.revoked_at is not None:
-        raise Unauthorized("invalid API key: it has been revoked")
+        raise InvalidCredential("invalid API key: it has been revoked")
     if record.expires_at is not None and record.expires_at <= datetime.now(UTC):
-        raise Unauthorized("invalid API key: it has expired")
+        raise InvalidCredential("invalid API key: it has expired")
 
 
 class Authenticator:
@@ -163,7 +183,7 @@ class Authenticator:
     async def _key_principal(self, request: web.Request, token: str) -> Principal:
         record = await self._keys.find(hash_key(token))
         if record is None:
-            raise Unauthorized("invalid API key")
+            raise InvalidCredential("invalid API key")
         _check_usable(record)
         if on_compatible_endpoint(request.path) and not self._settings.flag(
             "SVC_PERSONAL_API_KEYS"
@@ -211,7 +231,7 @@ def require_scope(principal: Principal, scope: str) -> None:
         return
     if scope == "mcp":
         raise Unauthorized("this endpoint needs an API key with the mcp scope")
-    raise Forbidden(f"this API key lacks the {scope} scope", code="insufficient_scope")
+    raise MissingScope(scope)
 
 
 def require_instance_admin(principal: Principal, request: web.Request, what: str) -> None:

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
-from gateway.auth import PRINCIPAL, authorization_header
+from gateway.auth import PRINCIPAL, InvalidCredential, authorization_header
 from gateway.identity.common import storable
 from gateway.identity.oauth import is_oauth_token, verify_access_token
 from gateway.identity.oidc import OidcConfig, OidcIdentity, OidcVerifier, looks_like_jwt
@@ -90,7 +90,7 @@ def _check_usable_claims(found: OidcIdentity) -> None:
     or a lone surrogate (JSON allows both): even a token the IdP validly signed is refused
     with 401 when they carry one, before any query."""
     if not all(storable(v) for v in (found.subject, found.tenant or "")):
-        raise Unauthorized("invalid token: its claims are not usable (NUL or invalid Unicode)")
+        raise InvalidCredential("invalid token: its claims are not usable (NUL or invalid Unicode)")
 
 
 async def oidc_principal(ident: Identity, verifier: OidcVerifier, token: str) -> Principal:
@@ -99,7 +99,7 @@ async def oidc_principal(ident: Identity, verifier: OidcVerifier, token: str) ->
     workspace = found.tenant or ident.settings.default_workspace_id
     user = await find_user_by_subject(ident.db, workspace, found.subject)
     if user is None or not user.usable:
-        raise Unauthorized("invalid token: the subject is not an active user of the workspace")
+        raise InvalidCredential("invalid token: the subject is not an active user of the workspace")
     return await user_principal(ident, user, {"auth": "oidc"})
 
 
@@ -117,7 +117,7 @@ async def key_principal(request: web.Request, ident: Identity) -> Principal:
         ident.unowned_keys.add(key_id)
         return principal
     if owner.blocked:
-        raise Unauthorized("invalid API key: it has been revoked")
+        raise InvalidCredential("invalid API key: it has been revoked")
     rights = scopes_for(await role_permissions(ident.db, principal.workspace_id, owner.roles))
     # The key acts as its user: the owner rule and every other check that looks at who the
     # user is (their roles, the accounts stronger than theirs) apply to it as to a session.

@@ -31,7 +31,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from gateway.auth import SCOPES, authorization_header
+from gateway.auth import SCOPES, InvalidCredential, authorization_header
 from gateway.errors import count_error
 from gateway.identity.common import Form, read_form
 from gateway.identity.service import Identity, identity
@@ -87,12 +87,12 @@ async def verify_access_token(ident: Identity, token: str) -> Principal:
             options={"require": ["exp", "iat", "sub", "iss", "aud"]},
         )
     except jwt.ExpiredSignatureError:
-        raise Unauthorized("invalid access token: expired") from None
+        raise InvalidCredential("invalid access token: expired") from None
     except jwt.PyJWTError:
-        raise Unauthorized("invalid access token") from None
+        raise InvalidCredential("invalid access token") from None
     client = await find_oauth_client(ident.db, str(claims["sub"]))
     if client is None or client.revoked_at is not None:
-        raise Unauthorized("invalid access token: the client is no longer registered")
+        raise InvalidCredential("invalid access token: the client is no longer registered")
     # The client's scopes now, not when the token was issued: a narrowed client's tokens
     # narrow with it.
     granted = {s for s in str(claims.get("scope", "")).split() if _covers(client.scopes, s)}

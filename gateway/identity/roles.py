@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gateway.auth import MissingScope
 from gateway.state import Principal
-from schemas.errors import Forbidden
 from schemas.identity import DOMAINS, Access
 from schemas.workspace import API_KEY_SCOPES
 
@@ -63,7 +63,7 @@ def require_access(principal: Principal, domain: str, access: Access) -> None:
     if domain not in DOMAINS:
         raise ValueError(f"unknown resource domain {domain!r}")
     if not allowed(principal, domain, access):
-        raise Forbidden(_refusal(principal, domain, access), code="insufficient_scope")
+        raise MissingScope(f"admin:{access}", _refusal(principal, domain, access))
 
 
 def _refusal(principal: Principal, domain: str, access: Access) -> str:

@@ -37,9 +37,10 @@ async def test_missing_invalid_and_revoked_keys_are_401(database_url: str) -> No
         status, body, headers = await svc.request("GET", WHOAMI)
         assert status == 401 and body["error"]["code"] == "unauthorized"
         assert headers["WWW-Authenticate"] == 'Bearer realm="svc"'  # the scheme that would do
+        # RFC 6750 section 3: a key sent and not good is an invalid token (get a new one).
         status, body, headers = await svc.request("GET", WHOAMI, key=generate_key())
         assert status == 401 and body["error"]["code"] == "unauthorized"
-        assert headers["WWW-Authenticate"] == 'Bearer realm="svc"'
+        assert headers["WWW-Authenticate"] == 'Bearer realm="svc", error="invalid_token"'
         status, body, _ = await svc.request("GET", WHOAMI, headers={"Authorization": "Basic x"})
         assert status == 401
 
@@ -49,16 +50,19 @@ async def test_missing_invalid_and_revoked_keys_are_401(database_url: str) -> No
         assert status == 200 and body == {"workspace_id": ws, "scopes": ["chat"]}
         await revoke_key(svc.app, ws, key_id)
         await asyncio.sleep(2.1)  # the lookup cache's TTL (gateway.auth.CACHE_TTL_S)
-        status, body, _ = await svc.request("GET", WHOAMI, key=key)
+        status, body, headers = await svc.request("GET", WHOAMI, key=key)
         assert status == 401 and "revoked" in body["error"]["message"]
+        assert 'error="invalid_token"' in headers["WWW-Authenticate"]
 
 
 async def test_insufficient_scope_is_403(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         key, _ = await svc.issue_key(uid("ws-"), ["chat"])
-        status, body, _ = await svc.request("GET", "/v1/admin/settings", key=key)
+        status, body, headers = await svc.request("GET", "/v1/admin/settings", key=key)
         assert status == 403
         assert body["error"]["type"] == "permission_error"
+        challenge = 'Bearer realm="svc", error="insufficient_scope", scope="admin:read"'
+        assert headers["WWW-Authenticate"] == challenge
 
 
 async def test_static_compatible_key_maps_to_its_workspace(database_url: str) -> None:
