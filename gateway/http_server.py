@@ -45,7 +45,8 @@ _RawHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 MALFORMED_REQUEST = (
     "malformed HTTP request: the request line, a header or the chunked body could not be "
-    "parsed (a request or header line may be at most 8,190 bytes); the connection is closed"
+    "parsed (a request or header line may be at most 8,190 bytes, and a request may carry at "
+    "most 128 header lines); the connection is closed"
 )
 
 UNSUPPORTED_ENCODING = (

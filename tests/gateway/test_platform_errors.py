@@ -207,6 +207,11 @@ async def test_requests_the_http_parser_refuses_get_the_envelope(
             + secret.encode()
             + b"\x01\r\n\r\n"
         ),
+        "too many header lines": (
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+            + b"".join(b"X-A-%d: %s\r\n" % (i, secret.encode()) for i in range(130))
+            + b"\r\n"
+        ),
         "bad chunk size": (
             b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
             b"zz\r\n" + secret.encode() + b"\r\n0\r\n\r\n"
