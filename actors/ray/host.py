@@ -354,10 +354,11 @@ class ActorHost:
 
     # --- shard hand-over ----------------------------------------------------------------
 
-    async def release(self, shards: list[int], deadline_s: float) -> int:
+    async def release(self, shards: list[int], deadline_s: float) -> list[int]:
         """Stop accepting `shards`, wait (to the deadline) for their commands in progress,
-        then snapshot and passivate their actors. Returns the commands still running at the
-        deadline (0 normally); the store's version fence covers those."""
+        then snapshot and passivate their actors. Returns the shards whose commands still
+        run at the deadline (none normally): they stay held, and their working actors stay
+        listed, for a later release to wait on or a `reopen` to give back."""
         table = await self._ensure()
         self._releasing.hold(shards, deadline_s + RELEASE_HOLD_GRACE_S)
         loop = asyncio.get_running_loop()
@@ -373,7 +374,7 @@ class ActorHost:
             working = {k for k in held - gone if table.is_active(k)}
             if working:
                 self._keys.setdefault(shard, set()).update(working)
-        return self._busy(shards)
+        return [shard for shard in shards if self._in_flight.get(shard, 0)]
 
     def _busy(self, shards: Iterable[int]) -> int:
         return sum(self._in_flight.get(s, 0) for s in shards)

@@ -79,6 +79,9 @@ SCALE_ROUNDS = 3
 """Rebalancing passes of one `scale`: a source still running commands at its release
 deadline keeps its shards for the next pass (and the supervisor's, after these)."""
 _CONFIGURE_TIMEOUT_S = 10.0
+MOVE_GRACE_S = 1.0
+"""How long a release waits for every shard of a batch to be idle before those that are
+move without the ones still at work (see `_move`)."""
 _NAME_RELEASE_S = 10.0
 _LOOKUP_AGAIN_S = 0.5
 """A host name Ray did not know is not looked up again sooner (each lookup blocks the loop
@@ -804,7 +807,7 @@ class RayRuntime:
         current = await load_map(self._db, self._settings.cluster)
         if current is None:
             return 0
-        load = await self._shard_load(current, hosts)
+        load = await self._shard_load(current, live)
         moves = plan_moves(current.owners, hosts, load)
         batches: dict[tuple[str, str], list[int]] = {}
         for move in moves:
@@ -817,7 +820,7 @@ class RayRuntime:
         await self._refresh()
         return moved
 
-    async def _shard_load(self, current: ShardMap, hosts: Sequence[str]) -> dict[int, float]:
+    async def _shard_load(self, current: ShardMap, live: Sequence[str]) -> dict[int, float]:
         load: dict[int, float] = {}
 
         async def one(name: str) -> None:
@@ -826,7 +829,9 @@ class RayRuntime:
             except _HOST_ERRORS_OR_TIMEOUT:
                 return
 
-        await asyncio.gather(*(one(h) for h in set(current.owners) if h in hosts))
+        # Every owner that answers, a host being scaled in too: its shards move in any case,
+        # and the load puts the busy ones last.
+        await asyncio.gather(*(one(h) for h in set(current.owners) if h in live))
         return load
 
     async def _move(self, source: str, target: str, shards: list[int], live: Sequence[str]) -> int:
@@ -834,36 +839,68 @@ class RayRuntime:
 
         1. `source.release`: it refuses new commands of the shards (WrongEpoch, so routers
            retry), waits for those in progress, snapshots and passivates their actors. A dead
-           source is skipped: nothing runs there.
+           source is skipped: nothing runs there. The wait is short at first (MOVE_GRACE_S):
+           the shards idle by then move at once, and only those still at work (a long turn)
+           wait on, to the release deadline, rather than hold the whole batch that long.
         2. The epochs move in PostgreSQL (one transaction) and routers are notified: from
            here the old epoch is refused everywhere and the new one is accepted by `target`.
         3. `target.adopt` and `source.forget` tell both hosts at once; a host that misses it
            learns from the map when the next command with the new epoch arrives (or within
            its periodic reload).
+
+        A shard still at work at the deadline is given back to `source` (`reopen`): moving
+        it would run the same actors in two processes, as the routers would send the
+        commands still running there again, to the new owner. A later pass moves it.
         """
+        if source not in live:
+            return await self._hand_over(source, target, shards, source_live=False)
+        deadline_s = self._settings.release_deadline_s
+        grace_s = min(deadline_s, MOVE_GRACE_S)
+        busy = await self._release(source, shards, grace_s)
+        if busy is None:
+            return 0
+        idle = [shard for shard in shards if shard not in busy]
+        moved = await self._hand_over(source, target, idle, source_live=True)
+        if not busy:
+            return moved
+        still = await self._release(source, busy, deadline_s - grace_s)
+        if still is None:
+            return moved
+        if still:
+            log.info("%s still runs commands of %d shards; moving them later", source, len(still))
+            await self._tell(source, "reopen", still)
+        done = [shard for shard in busy if shard not in still]
+        return moved + await self._hand_over(source, target, done, source_live=True)
+
+    async def _release(self, source: str, shards: list[int], wait_s: float) -> list[int] | None:
+        """The shards of `shards` whose commands still run on `source` after it waited up to
+        `wait_s`; None (the shards given back) when it did not answer."""
+        try:
+            call = self._handle(source).release.remote(shards, wait_s)
+            busy = await answer_within(wait_s + 10.0, call)
+        except _HOST_ERRORS_OR_TIMEOUT as exc:
+            log.warning("%s did not release shards (%s); trying later", source, exc)
+            await self._tell(source, "reopen", shards)
+            return None
+        if isinstance(busy, int):  # a host of a release before this one: a count
+            return list(shards) if busy else []
+        return list(busy)
+
+    async def _hand_over(
+        self, source: str, target: str, shards: list[int], *, source_live: bool
+    ) -> int:
+        """Steps 2 and 3 of `_move` for shards `source` released (or, dead, cannot run)."""
         assert self._db is not None
-        d = self._settings.release_deadline_s
-        if source in live:
-            try:
-                busy = await answer_within(d + 10.0, self._handle(source).release.remote(shards, d))
-            except _HOST_ERRORS_OR_TIMEOUT as exc:
-                log.warning("%s did not release shards (%s); trying later", source, exc)
-                await self._tell(source, "reopen", shards)
-                return 0
-            if busy:
-                # Moving now would run the same actors in two processes: the routers would
-                # send the commands still running there again, to the new owner.
-                log.info("%s still runs %d commands of the shards; moving them later", source, busy)
-                await self._tell(source, "reopen", shards)
-                return 0
+        if not shards:
+            return 0
         try:
             epochs = await move_shards(self._db, self._settings.cluster, shards, source, target)
         except BaseException:
-            if source in live:
+            if source_live:
                 await self._tell(source, "reopen", shards)
             raise
         await self._tell(target, "adopt", epochs)
-        if source in live:
+        if source_live:
             await self._tell(source, "forget", shards, epochs)
         return len(epochs)
 

@@ -345,6 +345,41 @@ async def test_a_host_still_busy_after_every_pass_is_kept_and_said_so(
     assert types.count("conversation.assistant_message_completed") == 1, types
 
 
+async def test_a_long_turn_holds_only_its_own_shard_of_a_move(
+    cluster_runtime: Any, store: PostgresEventStore
+) -> None:
+    """A batch of shards moves without the one still at work: the others' commands are
+    answered from their new host while the long turn finishes on the old one, where the
+    whole batch used to wait for it (up to the release deadline, past the routers' retry
+    deadline: 503s). The busy shard follows once its turn is done."""
+    runtime: RayRuntime = await cluster_runtime(
+        2,
+        delta_delay_s=0.3,
+        release_deadline_s=20.0,
+        move_batch=NUM_SHARDS,
+        supervise_every_s=3600.0,
+    )
+    surplus = f"{runtime.cluster}-host-1"
+    long_key = conversation_on(runtime, surplus)
+    turn = asyncio.create_task(runtime.ask(long_key, run_turn()))  # 25 deltas: about 7.5 s
+    await until_busy(runtime, "the long turn")
+    scaling = asyncio.create_task(runtime.scale(1))
+    assert runtime.shard_map is not None
+    other = next(
+        k
+        for k in counter_keys(4 * NUM_SHARDS)
+        if runtime.shard_map.route(shard_of(k))[0] == surplus and shard_of(k) != shard_of(long_key)
+    )
+    await asyncio.sleep(0.2)  # the release has begun
+    assert isinstance(await runtime.ask(other, add(1)), CommandOutcome)
+    assert not turn.done(), "the other shard's command waited for the long turn"
+    assert isinstance(await turn, TurnResult)
+    result = await scaling
+    assert result["removed"] == [surplus] and result["kept"] == [], result
+    types = [r.type for r in await store.read_stream(long_key.stream_id)]
+    assert types.count("conversation.assistant_message_completed") == 1, types
+
+
 async def test_host_kill_and_node_loss_under_load(
     ray_cluster: Cluster, cluster_runtime: Any, store: PostgresEventStore
 ) -> None:

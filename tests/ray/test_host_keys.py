@@ -65,5 +65,5 @@ async def test_a_release_keeps_the_keys_of_actors_still_at_work() -> None:
         return table
 
     host._ensure = ensure  # type: ignore[method-assign]
-    assert await host.release([5], 0.01) == 1
+    assert await host.release([5], 0.01) == [5]
     assert host._keys[5] == {working}
