@@ -234,6 +234,26 @@ def _lock_key(cluster: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+async def claim_cluster(db: Database, cluster: str, *, private: bool) -> Connection | None:
+    """A connection of its own holding this process's use of `cluster` until it is closed
+    (a session advisory lock; the server lets go of it when the process dies): shared by
+    gateways routing over one Ray, exclusive to one whose Ray is its own. Host names are the
+    same in every Ray (`<cluster>-host-<i>`), so two private Rays on one map would each run
+    one shard's actors, and each would lay the map out again at its start. None when another
+    process holds the cluster against this use."""
+    key = _lock_key(f"use:{cluster}")
+    conn = await db.connect_dedicated()
+    take = "pg_try_advisory_lock" if private else "pg_try_advisory_lock_shared"
+    try:
+        if await conn.fetchval(f"SELECT {take}($1)", key):
+            return conn
+    except BaseException:
+        conn.terminate()
+        raise
+    conn.terminate()
+    return None
+
+
 @asynccontextmanager
 async def cluster_lock(db: Database, cluster: str, *, wait_s: float) -> AsyncIterator[bool]:
     """A session advisory lock serialising map changes of one cluster across gateways (a

@@ -5,6 +5,7 @@ See docs/ray.md. Importing this package imports Ray; `actors` itself never does.
 
 from actors.ray.host import ActorHost, BehaviourFactory, BehaviourSource, HostSpec
 from actors.ray.runtime import (
+    ClusterInUse,
     HostUnavailable,
     RayRuntime,
     RaySettings,
@@ -18,6 +19,7 @@ __all__ = [
     "ActorHost",
     "BehaviourFactory",
     "BehaviourSource",
+    "ClusterInUse",
     "HostSpec",
     "HostStatus",
     "HostUnavailable",

@@ -50,6 +50,7 @@ from actors.shards import (
     NUM_SHARDS,
     SHARD_MIGRATIONS,
     ShardMap,
+    claim_cluster,
     cluster_lock,
     create_cluster,
     desired_hosts,
@@ -91,6 +92,12 @@ _PROBE_TIMEOUT_S = 3.0
 
 class HostUnavailable(Unavailable):
     default_code = "actor_host_unavailable"
+
+
+class ClusterInUse(Unavailable):
+    """The cluster cannot be routed by this process as configured (see `claim_cluster`)."""
+
+    default_code = "actor_cluster_in_use"
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +257,8 @@ class RayRuntime:
         self._missing_at: dict[str, float] = {}
         self._ready_at: dict[str, float] = {}
         self._listener: Connection | None = None
+        self._claimed: Connection | None = None
+        """Holds this router's use of the cluster (`claim_cluster`) while it runs."""
         self._supervisor: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._attempts = Attempts()
@@ -293,6 +302,7 @@ class RayRuntime:
             return
         s = self._settings
         db = await self._connect()
+        await self._claim(db)
         async with cluster_lock(db, s.cluster, wait_s=60.0) as locked:
             if not locked:
                 raise HostUnavailable(f"the shard map of {s.cluster} stays locked")
@@ -305,6 +315,24 @@ class RayRuntime:
                 count = await create_cluster(db, s.cluster, wanted)
             await self._ensure_hosts(range(count), all_ready=False)
         await self._open()
+
+    async def _claim(self, db: Database) -> None:
+        """Hold the cluster for as long as this router runs (see `claim_cluster`), or undo
+        the start so far and say what to change."""
+        cluster = self._settings.cluster
+        self._claimed = await claim_cluster(db, cluster, private=self._started_ray)
+        if self._claimed is not None:
+            return
+        await db.close()
+        self._db = None
+        if self._started_ray:
+            ray.shutdown()
+        raise ClusterInUse(
+            f"the actor cluster {cluster!r} of this database is in use by another gateway, "
+            "and a gateway that starts a Ray of its own (SVC_RAY_ADDRESS blank) needs its "
+            "cluster to itself: give this gateway a cluster of its own (SVC_RAY_CLUSTER), or "
+            "point every gateway at one Ray (SVC_RAY_ADDRESS)"
+        )
 
     async def attach(self) -> None:
         """Route to an existing cluster without creating or supervising anything (for
@@ -360,6 +388,9 @@ class RayRuntime:
         if self._listener is not None:
             self._listener.terminate()
             self._listener = None
+        if self._claimed is not None:
+            self._claimed.terminate()
+            self._claimed = None
         await self._refresh.close()
         if owns_hosts:
             # A private Ray (started here) ends with this process: no host is created under

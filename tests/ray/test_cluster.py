@@ -32,6 +32,7 @@ from test_conversation_turns import run_turn
 from actors import ActorKey, CommandOutcome, ConversationBehaviour, TurnResult, conversation_key
 from actors.models.port import TextDelta
 from actors.ray import (
+    ClusterInUse,
     HostUnavailable,
     RayRuntime,
     RaySettings,
@@ -39,8 +40,9 @@ from actors.ray import (
     cluster_scale,
     cluster_status,
 )
-from actors.shards import NUM_SHARDS, shard_of
+from actors.shards import NUM_SHARDS, claim_cluster, shard_of
 from eventstore import PostgresEventStore
+from eventstore.db import Database
 from schemas.errors import Conflict, SvcError, Unavailable
 
 from actor_doubles import ScriptedProvider  # isort: skip
@@ -378,6 +380,37 @@ async def test_a_long_turn_holds_only_its_own_shard_of_a_move(
     assert result["removed"] == [surplus] and result["kept"] == [], result
     types = [r.type for r in await store.read_stream(long_key.stream_id)]
     assert types.count("conversation.assistant_message_completed") == 1, types
+
+
+async def test_a_cluster_a_private_ray_runs_is_no_one_elses(
+    cluster_runtime: Any, database_url: str
+) -> None:
+    """Host names are alike in every Ray: two gateways each starting a Ray of its own on one
+    map would each run a shard's actors, and lay the map out again at every start. Routers
+    over one Ray share a cluster; one with a Ray of its own has it to itself."""
+    db = await Database.connect(database_url, min_size=1, max_size=2)
+    cluster = f"t{uuid.uuid4().hex[:10]}"
+    try:
+        shared = [await claim_cluster(db, cluster, private=False) for _ in range(2)]
+        assert all(conn is not None for conn in shared)
+        assert await claim_cluster(db, cluster, private=True) is None
+        for conn in shared:
+            assert conn is not None
+            conn.terminate()
+        private = await claim_cluster(db, cluster, private=True)
+        assert private is not None
+        assert await claim_cluster(db, cluster, private=False) is None
+        assert await claim_cluster(db, cluster, private=True) is None
+        elsewhere = await claim_cluster(db, f"{cluster}-b", private=True)
+        assert elsewhere is not None
+        elsewhere.terminate()
+        with pytest.raises(ClusterInUse, match="SVC_RAY_CLUSTER"):
+            await cluster_runtime(1, cluster=cluster)
+        private.terminate()
+        runtime: RayRuntime = await cluster_runtime(1, cluster=cluster)
+        assert isinstance(await runtime.ask(counter_keys(1)[0], add(1)), CommandOutcome)
+    finally:
+        await db.close()
 
 
 async def test_host_kill_and_node_loss_under_load(
