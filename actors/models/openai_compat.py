@@ -491,20 +491,38 @@ def _seconds_until(http_date: str) -> float | None:
 def _messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
     """The messages as sent upstream. A tool's output, sent as user text, joins the user
     message next to it: chat templates that insist on user and assistant taking turns
-    (Mistral's, Llama 2's) refuse two user messages in a row, which the client never sent."""
+    (Mistral's, Llama 2's) refuse two user messages in a row, which the client never sent.
+    Not when that would put two speakers' words under one `name`: those stay apart."""
     sent: list[dict[str, str]] = []
+    voices: list[set[str | None]] = []  # whose words each message holds (a tool's: nobody's)
     holds_tool_output = False
     for message in messages:
         item = _message(message)
         is_tool = message.role == "tool"
-        if sent and (is_tool or holds_tool_output) and item["role"] == sent[-1]["role"] == "user":
-            sent[-1] = {**sent[-1], "content": f"{sent[-1]['content']}\n\n{item['content']}"}
+        voice: set[str | None] = set() if is_tool else {message.name}
+        if (
+            sent
+            and (is_tool or holds_tool_output)
+            and item["role"] == sent[-1]["role"] == "user"
+            and len(voices[-1] | voice) <= 1
+        ):
+            voices[-1] |= voice
+            sent[-1] = _joined(sent[-1], item, voices[-1])
         else:
             sent.append(item)
+            voices.append(voice)
         # Only a tool's output draws the next user message in: two user messages of the
         # client's own stay two, as sent.
         holds_tool_output = is_tool
     return sent
+
+
+def _joined(first: dict[str, str], then: dict[str, str], voices: set[str | None]) -> dict[str, str]:
+    joined = {"role": "user", "content": f"{first['content']}\n\n{then['content']}"}
+    name = next(iter(voices), None)
+    if name:
+        joined["name"] = name
+    return joined
 
 
 def _message(message: ChatMessage) -> dict[str, str]:

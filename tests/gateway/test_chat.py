@@ -1269,6 +1269,27 @@ async def test_a_turn_the_runtime_refused_unrun_names_no_conversation(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
+async def test_tool_output_joins_no_two_speakers_under_one_name(chat: Chat) -> None:
+    """Tool output joins the user message beside it, and takes that user's `name`; two
+    users' words are not put under one name, which would tell the model bob said alice's."""
+    messages: Any = [
+        {"role": "user", "content": "Q", "name": "alice"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "out"},
+        {"role": "user", "content": "next", "name": "bob"},
+        {"role": "assistant", "content": "A"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "more"},
+        {"role": "user", "content": "and", "name": "carol"},
+    ]
+    await chat.client().chat.completions.create(model=UPSTREAM_MODEL, messages=messages)
+    sent = chat.stub.bodies[-1]["messages"]
+    assert sent == [
+        {"role": "user", "content": "Q\n\nOutput of a tool:\nout", "name": "alice"},
+        {"role": "user", "content": "next", "name": "bob"},
+        {"role": "assistant", "content": "A"},
+        {"role": "user", "content": "Output of a tool:\nmore\n\nand", "name": "carol"},
+    ], sent
+
+
 async def test_a_tool_message_needs_its_text(chat: Chat) -> None:
     messages: Any = [*HELLO, {"role": "tool", "tool_call_id": "call_1", "content": None}]
     resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": messages})
