@@ -420,12 +420,32 @@ def replay_settings(events: Iterable[RecordedEvent]) -> SettingsState:
 
 
 async def read_stored_settings(store: _StreamReader, vault: SecretVault) -> dict[str, str]:
-    """The stored layer: the settings stream's values, secrets filled from the vault."""
-    events = await store.read_stream(
-        f"{KIND}:{SETTINGS_STREAM_ID}", workspace_id=INSTANCE_WORKSPACE_ID
-    )
-    state = replay_settings(events)
-    secrets = await vault.all()
+    """The stored layer: the settings stream's values, secrets filled from the vault.
+
+    The stream and the vault are two reads: a set in between (its new row written, its
+    event recorded, the row the first read named pruned) leaves a secret's named version
+    missing from the vault read. The two are read again then, a few times at most; a
+    version still missing (its row deleted by hand) is said, by key, and the key unset."""
+    for _ in range(STORED_READ_TRIES):
+        events = await store.read_stream(
+            f"{KIND}:{SETTINGS_STREAM_ID}", workspace_id=INSTANCE_WORKSPACE_ID
+        )
+        state = replay_settings(events)
+        secrets = await vault.all()
+        missing = [
+            key
+            for key, stored in state.values.items()
+            if stored.secret and (stored.secret_version or "") not in secrets.get(key, {})
+        ]
+        if not missing:
+            break
+    for key in missing:
+        log.warning(
+            "the stored value of %s is missing from the secrets table; set it again "
+            "(svc settings set %s)",
+            key,
+            key,
+        )
     out: dict[str, str] = {}
     for key, stored in state.values.items():
         # A secret's value is the vault row of the version its newest event names.
@@ -434,6 +454,9 @@ async def read_stored_settings(store: _StreamReader, vault: SecretVault) -> dict
         if value is not None and key in CATALOG:
             out[key] = value
     return out
+
+
+STORED_READ_TRIES = 3
 
 
 def storable_spec(key: str) -> SettingSpec:

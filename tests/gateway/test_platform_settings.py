@@ -8,7 +8,7 @@ import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from platform_support import running, settings_for
@@ -24,6 +24,7 @@ from gateway.settings import (
     Source,
     parse_listen_addr,
     read_env_file,
+    read_stored_settings,
     storable_value,
 )
 from gateway.state import DATABASE, RUNTIME, SETTINGS, SETTINGS_SERVICE
@@ -621,6 +622,37 @@ async def test_an_unset_tried_again_deletes_what_its_first_try_left(
         assert "nothing stored to unset" in result.message
         async with svc.app[DATABASE].acquire() as conn:
             assert await conn.fetchval(count) == 0
+
+
+class _SetBetweenTheReads:
+    """The vault, except that a set of `key` lands (row, event, the old row pruned) just
+    before its first full read: after the stream was read, as at a start racing a set."""
+
+    def __init__(self, svc: Any, key: str) -> None:
+        self._svc, self._key = svc, key
+        self._vault = DatabaseVault(svc.app[DATABASE], prune_after_s=0)
+        self.reads = 0
+
+    async def all(self) -> dict[str, dict[str, str]]:
+        self.reads += 1
+        if self.reads == 1:
+            await self._svc.app[SETTINGS_SERVICE].set(self._key, "second-value")
+            events = await self._svc.app[STORE_KEY].read_stream("settings:instance")
+            await self._vault.prune(self._key, events[-1].data["secret_version"])
+        return await self._vault.all()
+
+
+async def test_a_start_racing_a_secret_set_still_reads_the_secret(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = "SVC_INBOUND_SECRET"
+    async with running(settings_for(database_url)) as svc:
+        service = svc.app[SETTINGS_SERVICE]
+        await service.set(key, "first-value")
+        vault = _SetBetweenTheReads(svc, key)
+        stored = await read_stored_settings(svc.app[STORE_KEY], cast(Any, vault))
+        assert stored[key] == "second-value" and vault.reads == 2
+    assert "missing from the secrets table" not in caplog.text
 
 
 async def test_stored_r_settings_apply_at_the_next_start(database_url: str) -> None:
