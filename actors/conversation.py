@@ -789,7 +789,11 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         provider = self.provider_for(command.model)
         budget_s = self._budget_now()
         stamped = self._stamped(command, budget_s)
-        started, ours = await _start(ctx, stamped)
+        try:
+            started, ours = await _start(ctx, stamped)
+        except asyncio.CancelledError as exc:
+            await self._fail_if_started(ctx, stamped, exc)
+            raise
         if (started.duplicate or not started.events) and not ours:
             yield await _recorded_result_now(ctx, command, started.events)
             return
@@ -798,6 +802,21 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         ctx.interruption = CommandInterrupted(TURN_INTERRUPTED_MESSAGE)
         async for item in self._run_model(ctx, command, provider, budget_s):
             yield item
+
+    async def _fail_if_started(
+        self, ctx: ActorContext[ConversationState], stamped: RunTurn, exc: BaseException
+    ) -> None:
+        """A stop that cut the start short may have done so after it committed (its answer
+        on the way, or a resend's wait): left so, the turn reads as running, its key answers
+        409 until the turn is abandoned, and the model is never called. It is recorded as
+        failed, as a turn a stop cuts short later is, and its caller told so."""
+        try:
+            await ctx.refresh()
+        except Exception:
+            return  # the store is away: the next command records the turn as abandoned
+        if _started_by(ctx.state, stamped):
+            await self._record_failure(ctx, stamped, exc, 0)
+            ctx.interruption = CommandInterrupted(TURN_INTERRUPTED_MESSAGE)
 
     def _stamped(self, command: RunTurn, budget_s: float | None) -> RunTurn:
         """The turn as it starts: stamped with its start (it may have waited behind another

@@ -22,7 +22,7 @@ from actors import (
     conversation_key,
 )
 from actors import conversation as conversation_module
-from actors.errors import TurnCrashed
+from actors.errors import TURN_INTERRUPTED_MESSAGE, TurnCrashed
 from actors.models.port import TextDelta
 from eventstore import PostgresEventStore
 from eventstore.errors import StatementAborted, StoreError, StoreUnavailable
@@ -340,6 +340,46 @@ async def test_stop_past_the_deadline_records_the_interrupted_turn(
         "interrupted",
         True,
     )
+
+
+class _StartThatHangs:
+    """The store, but a turn's start never answers once it committed (a connection that
+    stalls on the way back)."""
+
+    def __init__(self, store: PostgresEventStore) -> None:
+        self._store = store
+        self.committed = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def append(self, stream_id: str, events: Sequence[NewEvent], **kw: Any) -> Any:
+        result = await self._store.append(stream_id, events, **kw)
+        if any(e.type == STARTED for e in events):
+            self.committed.set()
+            await asyncio.Event().wait()
+        return result
+
+
+async def test_a_stop_that_cuts_a_committed_start_short_records_the_turn_failed(
+    store: PostgresEventStore,
+) -> None:
+    """Left running, the turn's key answered 409 until it was abandoned, with no model call,
+    and its caller was told a same-key retry returns the result or runs it."""
+    hanging = _StartThatHangs(store)
+    provider = ScriptedProvider()
+    runtime = LocalRuntime(ActivationTable(cast(Any, hanging), [ConversationBehaviour([provider])]))
+    await runtime.start()
+    cid = uuid.uuid4().hex
+    asking = asyncio.create_task(runtime.ask(conversation_key(cid), run_turn()))
+    await hanging.committed.wait()
+    await runtime.stop(deadline_s=0.05)
+    with pytest.raises(RuntimeStopping) as told:
+        await asking
+    assert told.value.message == TURN_INTERRUPTED_MESSAGE
+    failed = (await store.read_stream(conversation_key(cid).stream_id))[-1]
+    assert failed.type == "conversation.turn_failed", failed
+    assert failed.data["error_code"] == "interrupted" and provider.calls == 0
 
 
 class SnapshotsThatHang:
