@@ -48,6 +48,7 @@ from schemas.settings_catalog import (
     SPEC_TOTAL,
     SettingSpec,
     SettingValue,
+    check_given,
     check_stored_length,
     display_value,
     get_spec,
@@ -136,6 +137,7 @@ def _known_layer(values: Mapping[str, str], source: Source) -> dict[str, str]:
             continue
         try:
             parse_or_coerce(spec, raw)
+            check_given(spec, raw)
         except InvalidInput as exc:
             raise InvalidInput(f"{exc.message} (from the {source.value})", code=exc.code) from None
         out[key] = raw
@@ -480,7 +482,9 @@ def storable_value(key: str, raw: str) -> str:
             code="invalid_setting_value",
         )
     check_stored_length(spec, raw)
-    return stored_text(spec, raw, parse(spec, raw))
+    value = parse(spec, raw)
+    check_given(spec, raw)
+    return stored_text(spec, raw, value)
 
 
 class SettingsService:

@@ -19,6 +19,7 @@ from schemas.workspace import RESERVED_WORKSPACE_ID
 
 TextRule = Literal[
     "header_value",
+    "string_map",
     "role_map",
     "role_name",
     "ldap_user_filter",
@@ -51,17 +52,23 @@ def _role_name(raw: str) -> bool:
     return len(raw) <= MAX_ROLE_NAME and re.fullmatch(ROLE_NAME_PATTERN, raw) is not None
 
 
-def _role_map(raw: str) -> bool:
-    """A map to role names: a name no role can have would fail every sign-in it maps."""
+def _string_map(raw: str) -> bool:
     if not raw.strip():
         return True
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return False
-    return isinstance(value, dict) and all(
-        isinstance(v, str) and _role_name(v) for v in value.values()
-    )
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+
+
+def _role_map(raw: str) -> bool:
+    """A map to role names, or to "" (no role): a name no role can have would fail every
+    sign-in it maps."""
+    if not _string_map(raw):
+        return False
+    roles = orjson.loads(raw).values() if raw.strip() else ()
+    return all(not role or _role_name(role) for role in roles)
 
 
 def _ldap_user_filter(raw: str) -> bool:
@@ -149,9 +156,11 @@ def _llm_provider(raw: str) -> bool:
 
 TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
     "header_value": (_header_value, "text without control characters (no line breaks)"),
+    "string_map": (_string_map, 'blank or a JSON object of strings, e.g. {"ops": "admin"}'),
     "role_map": (
         _role_map,
-        'blank or a JSON object of role names (lower case: a-z, 0-9, _ . -), e.g. {"ops": "admin"}',
+        'blank or a JSON object of role names (lower case: a-z, 0-9, _ . -; "" for none), '
+        'e.g. {"ops": "admin"}',
     ),
     "role_name": (
         lambda raw: not raw.strip() or _role_name(raw.strip()),

@@ -61,6 +61,11 @@ class SettingSpec:
     """Text holding a comma list of IP networks (CIDR) or addresses; blank = none."""
     rule: TextRule | None = None
     """A shape the text must have (schemas/setting_rules.py)."""
+    new_rule: TextRule | None = None
+    """A shape a value must have when it is given (set, or read from the environment), on
+    top of `rule`. Not asked of a stored value loaded at start: one stored before the check
+    existed still applies, its problems told where it is used, rather than be dropped for
+    the default (for a role mapping: every directory user's roles taken away)."""
     coerce_invalid_to: str | None = None
     from_env: bool = True
     storable: bool = True
@@ -85,8 +90,9 @@ class SettingSpec:
             return f"blank or a number from {lo} to {hi}"
         if self.networks:
             return "blank or a comma list of IP addresses or CIDR networks, e.g. 10.0.0.0/8,::1"
-        if self.rule is not None:
-            return TEXT_RULES[self.rule][1]
+        rule = self.new_rule or self.rule
+        if rule is not None:
+            return TEXT_RULES[rule][1]
         return "text"
 
 
@@ -258,6 +264,13 @@ def check_stored_length(spec: SettingSpec, raw: str) -> None:
             f"invalid value for {spec.key}: at most {MAX_STORED_CHARS:,} characters",
             code="invalid_setting_value",
         )
+
+
+def check_given(spec: SettingSpec, raw: str) -> None:
+    """`raw`, a value being given (set, or read from the environment), has the shape of
+    `spec.new_rule` too, or InvalidInput saying what is expected."""
+    if spec.new_rule is not None and not TEXT_RULES[spec.new_rule][0](raw):
+        raise _invalid(spec, raw)
 
 
 def parse_or_coerce(spec: SettingSpec, raw: str) -> SettingValue:
@@ -1522,10 +1535,10 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_RAY_ADDRESS": {"rule": "ray_address"},
     **{key: {"rule": "http_url"} for key in _HTTP_URL_KEYS},
     **{key: {"rule": "own_url"} for key in _OWN_URL_KEYS},
-    "SVC_LDAP_ROLE_MAPPINGS": {"rule": "role_map"},
-    "SVC_SAML_ROLE_MAPPINGS": {"rule": "role_map"},
-    "SVC_LDAP_DEFAULT_ROLE": {"rule": "role_name"},
-    "SVC_SAML_DEFAULT_ROLE": {"rule": "role_name"},
+    "SVC_LDAP_ROLE_MAPPINGS": {"rule": "string_map", "new_rule": "role_map"},
+    "SVC_SAML_ROLE_MAPPINGS": {"rule": "string_map", "new_rule": "role_map"},
+    "SVC_LDAP_DEFAULT_ROLE": {"new_rule": "role_name"},
+    "SVC_SAML_DEFAULT_ROLE": {"new_rule": "role_name"},
     "SVC_LDAP_USER_FILTER": {"rule": "ldap_user_filter"},
     "SVC_TIMEZONE": {"rule": "timezone"},
     "SVC_DEFAULT_WORKSPACE_ID": {"rule": "workspace_id"},

@@ -11,6 +11,7 @@ says `totp_enrolment_required: true` (the UI prompts them to enrol; they are not
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -46,6 +47,7 @@ from gateway.state import Principal
 from projections.identity_queries import UserRow, find_user_by_name, get_user
 from schemas.errors import Conflict, Forbidden, InvalidInput, Unauthorized, Unavailable
 from schemas.identity import (
+    ROLE_NAME_PATTERN,
     BindRole,
     LoginMethod,
     ProvisionUser,
@@ -154,6 +156,10 @@ async def sync_external_user(
     at = now()
     key = directory_key(workspace_id)
     roles = (found.role,) if found.role else ()
+    if found.role and re.fullmatch(ROLE_NAME_PATTERN, found.role) is None:
+        # A mapping stored before role names were checked when set (schemas/settings_catalog
+        # `new_rule`): no role has that name.
+        raise _mapping_problem(found)
 
     def stamp() -> dict[str, Any]:
         """The fields every command of this sync shares; each command's own are typed."""
@@ -223,12 +229,16 @@ async def _with_mapped_roles(found: ExternalUser, asked: Awaitable[Any]) -> None
     except InvalidInput as exc:
         if exc.code != "unknown_role":
             raise
-        prefix = f"SVC_{found.source.upper()}"
-        raise Unavailable(
-            f"{prefix}_ROLE_MAPPINGS or {prefix}_DEFAULT_ROLE names the role {found.role!r}, "
-            "which this workspace does not have: create the role, or correct the setting",
-            code=f"{found.source}_not_configured",
-        ) from None
+        raise _mapping_problem(found) from None
+
+
+def _mapping_problem(found: ExternalUser) -> Unavailable:
+    prefix = f"SVC_{found.source.upper()}"
+    return Unavailable(
+        f"{prefix}_ROLE_MAPPINGS or {prefix}_DEFAULT_ROLE names the role {found.role!r}, "
+        "which this workspace does not have: create the role, or correct the setting",
+        code=f"{found.source}_not_configured",
+    )
 
 
 def same_entry(recorded: str | None, presented: str) -> bool:

@@ -30,7 +30,15 @@ from gateway.settings import (
 from gateway.state import DATABASE, RUNTIME, SETTINGS, SETTINGS_SERVICE
 from gateway.state import STORE as STORE_KEY
 from schemas.errors import InvalidInput
-from schemas.settings_catalog import CATALOG, MASK, SPEC_TOTAL, display_value, get_spec, parse
+from schemas.settings_catalog import (
+    CATALOG,
+    MASK,
+    SPEC_TOTAL,
+    check_given,
+    display_value,
+    get_spec,
+    parse,
+)
 
 SECRET = "s3cr3t-value-never-shown"
 SPEC_FILE = Path(__file__).resolve().parents[3] / "shared" / "spec" / "service-spec.md"
@@ -195,8 +203,8 @@ SHAPED_TEXT_SETTINGS = {
     ),
     # Values name roles: a name no role can have would fail every sign-in it maps.
     "SVC_LDAP_ROLE_MAPPINGS": (
-        ("not json", "[1, 2]", '{"ops": 1}', '{"ops": "Admin"}', '{"ops": ""}'),
-        ("", '{"cn=ops": "admin"}', '{"a": "kb.editor", "b": "x_1-2"}'),
+        ("not json", "[1, 2]", '{"ops": 1}', '{"ops": "Admin"}', '{"ops": "two words"}'),
+        ("", '{"cn=ops": "admin"}', '{"a": "kb.editor", "b": "x_1-2", "c": ""}'),
     ),
     "SVC_SAML_ROLE_MAPPINGS": (("[1,2]", "{", '{"a": "admin "}'), ('{"admins": "admin"}',)),
     "SVC_LDAP_DEFAULT_ROLE": (("Member", "two words", "r" * 65), ("", "member", " member ")),
@@ -318,9 +326,23 @@ def test_text_settings_with_a_shape_refuse_values_that_would_fail_later(key: str
     for value in refused:
         with pytest.raises(InvalidInput, match=f"for {key}: expected") as caught:
             parse(spec, value)
+            check_given(spec, value)
         assert "text" != spec.expected(), caught.value.message
     for value in taken:
         assert parse(spec, value) == value
+        check_given(spec, value)
+
+
+def test_a_role_mapping_stored_before_role_names_were_checked_still_applies() -> None:
+    """Dropped for the default, it would take every directory user's mapped role away at
+    the next sign-in; the sign-in tells the name no role can have instead (503)."""
+    legacy = '{"cn=admins": "admin", "cn=contractors": "Contractor"}'
+    s = Settings(stored={"SVC_LDAP_ROLE_MAPPINGS": legacy})
+    assert s.text("SVC_LDAP_ROLE_MAPPINGS") == legacy
+    with pytest.raises(InvalidInput, match="SVC_LDAP_ROLE_MAPPINGS: expected"):
+        Settings(environment={"SVC_LDAP_ROLE_MAPPINGS": legacy})
+    with pytest.raises(InvalidInput, match="role names"):
+        storable_value("SVC_LDAP_ROLE_MAPPINGS", legacy)
 
 
 def test_a_stored_value_that_is_no_longer_valid_is_skipped_with_a_warning(

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -22,7 +23,9 @@ from self_signed import key_and_cert
 
 from gateway.identity.ldap import ldap3  # imported there with pyasn1's warnings silenced
 from gateway.identity.ldap import map_role as ldap_map_role
+from gateway.identity.login import ExternalUser, sync_external_user
 from gateway.identity.saml import map_role as saml_map_role
+from schemas.errors import Unavailable
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning"),
@@ -320,6 +323,16 @@ async def test_a_sign_in_keeps_what_the_directory_does_not_say(
         assert "SVC_LDAP_ROLE_MAPPINGS" in body["error"]["message"]
         status, user, _ = await svc.request("GET", f"/v1/admin/users/{alice}", key)
         assert status == 200 and user["roles"] == ["admin"], user
+
+
+async def test_a_mapped_role_no_role_can_have_is_the_instances_problem() -> None:
+    """A mapping stored before role names were checked when set still applies: a sign-in
+    it maps to such a name is refused as a configuration problem, before anything changes."""
+    found = ExternalUser("ldap", "alice", "uid=alice", None, None, role="Contractor")
+    with pytest.raises(Unavailable) as refused:
+        await sync_external_user(cast(Any, None), "default", found, None)
+    assert refused.value.code == "ldap_not_configured"
+    assert "SVC_LDAP_ROLE_MAPPINGS" in refused.value.message
 
 
 def test_the_first_mapping_a_user_s_groups_name_decides_in_any_group_order() -> None:
