@@ -139,15 +139,15 @@ def _is_secure(request: web.Request, settings: Settings) -> bool:
 
 
 def _is_loopback(request: web.Request, settings: Settings) -> bool:
-    """Whether the client is on this host. A trusted proxy here that says how it was reached
-    (X-Forwarded-Proto) but not from where (no X-Forwarded-For) forwards a client from
-    anywhere: not taken for a local one."""
+    """Whether the client is on this host. A request a trusted proxy forwarded saying how it
+    was reached (X-Forwarded-Proto) is not: the proxy is the way in from anywhere, and
+    which client it names, if it names one at all, a proxy that does not append to
+    X-Forwarded-For leaves to the client to write. Local tools reach the gateway's own port."""
     ip = _ip(client_ip(request))
     if ip is None or not ip.is_loopback:
         return False
-    headers = request.headers
-    named_no_client = "X-Forwarded-Proto" in headers and "X-Forwarded-For" not in headers
-    return not (named_no_client and _trusted(request.remote, _proxies(settings)))
+    proxied = "X-Forwarded-Proto" in request.headers
+    return not (proxied and _trusted(request.remote, _proxies(settings)))
 
 
 _warned_of_local_proxy = False

@@ -198,8 +198,8 @@ async def sync_external_user(
 def _synced_profile(found: ExternalUser, existing: UserRow | None) -> UserProfile:
     """The profile a sign-in leaves: the display name, address and entry the directory (or
     IdP) vouches for, over what the account holds besides. The given and family names its
-    user set stay, and so do the addresses an administrator added, after the directory's own
-    (the primary one); what the directory sends nothing for is left as it is."""
+    user set stay, and so do the other addresses an administrator added, after the
+    directory's own (the primary one); what the directory sends nothing for is left as it is."""
     profile: dict[str, Any] = {"user_name": found.login, "external_id": found.external_id}
     if existing is not None:
         profile |= {
@@ -212,10 +212,12 @@ def _synced_profile(found: ExternalUser, existing: UserRow | None) -> UserProfil
     if found.display_name:
         profile["display_name"] = found.display_name
     if found.email:
+        # The directory's address is the primary one: it replaces the primary before it (the
+        # directory's old address, when it changed), and the others stay.
         others = [
-            {**email, "primary": False}
+            email
             for email in profile.get("emails", ())
-            if str(email["value"]).casefold() != found.email.casefold()
+            if not email.get("primary") and str(email["value"]).casefold() != found.email.casefold()
         ]
         profile["emails"] = [{"value": found.email, "primary": True}, *others]
     return UserProfile.model_validate(profile)

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import jwt
 
-from schemas.errors import Unauthorized
+from gateway.auth import InvalidCredential
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class JwksCache:
         if found is None and kid is None and len(self._keys) == 1:
             found = next(iter(self._keys.values()))
         if found is None:
-            raise Unauthorized("invalid token: signing key not found", code="unauthorized")
+            raise InvalidCredential("invalid token: signing key not found")
         return found
 
     def _spend(self, now: float) -> bool:
@@ -134,23 +134,23 @@ class OidcVerifier:
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
-            raise Unauthorized("invalid token: malformed JWT") from None
+            raise InvalidCredential("invalid token: malformed JWT") from None
         alg = header.get("alg")
         if not isinstance(alg, str) or alg.startswith(_SYMMETRIC) or alg.lower() == "none":
-            raise Unauthorized("invalid token: algorithm not allowed")
+            raise InvalidCredential("invalid token: algorithm not allowed")
         kid = header.get("kid")
         jwk = await self._cache.key(kid if isinstance(kid, str) else None)
         if jwk.algorithm_name != alg:
-            raise Unauthorized("invalid token: algorithm does not match the signing key")
+            raise InvalidCredential("invalid token: algorithm does not match the signing key")
         claims = self._decode(token, jwk)
         sub = claims.get("sub")
         if not isinstance(sub, str) or not sub:
-            raise Unauthorized("invalid token: no subject")
+            raise InvalidCredential("invalid token: no subject")
         tenant: str | None = None
         if self._config.tenant_claim:
             raw = claims.get(self._config.tenant_claim)
             if not isinstance(raw, str) or not raw:
-                raise Unauthorized("invalid token: the tenant claim is missing")
+                raise InvalidCredential("invalid token: the tenant claim is missing")
             tenant = raw
         return OidcIdentity(sub, tenant, claims)
 
@@ -170,15 +170,15 @@ class OidcVerifier:
                 },
             )
         except jwt.ExpiredSignatureError:
-            raise Unauthorized("invalid token: expired") from None
+            raise InvalidCredential("invalid token: expired") from None
         except jwt.InvalidAudienceError:
-            raise Unauthorized("invalid token: wrong audience") from None
+            raise InvalidCredential("invalid token: wrong audience") from None
         except jwt.InvalidIssuerError:
-            raise Unauthorized("invalid token: wrong issuer") from None
+            raise InvalidCredential("invalid token: wrong issuer") from None
         except jwt.MissingRequiredClaimError as exc:
-            raise Unauthorized(f"invalid token: missing claim {exc.claim}") from None
+            raise InvalidCredential(f"invalid token: missing claim {exc.claim}") from None
         except jwt.PyJWTError:
-            raise Unauthorized("invalid token: signature or claims rejected") from None
+            raise InvalidCredential("invalid token: signature or claims rejected") from None
         return claims
 
 

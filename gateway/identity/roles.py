@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 from gateway.auth import MissingScope
 from gateway.state import Principal
+from schemas.errors import Forbidden
 from schemas.identity import DOMAINS, Access
 from schemas.workspace import API_KEY_SCOPES
 
@@ -63,7 +64,11 @@ def require_access(principal: Principal, domain: str, access: Access) -> None:
     if domain not in DOMAINS:
         raise ValueError(f"unknown resource domain {domain!r}")
     if not allowed(principal, domain, access):
-        raise MissingScope(f"admin:{access}", _refusal(principal, domain, access))
+        refusal = _refusal(principal, domain, access)
+        if principal.user_id is not None:
+            # A user's rights come from roles: no token scope would do, so none is named.
+            raise Forbidden(refusal, code="insufficient_scope")
+        raise MissingScope(f"admin:{access}", refusal)
 
 
 def _refusal(principal: Principal, domain: str, access: Access) -> str:

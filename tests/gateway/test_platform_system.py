@@ -567,9 +567,11 @@ async def test_require_secure_behind_a_trusted_proxy(database_url: str) -> None:
         assert status == 308
         # A proxy on this host that says how it was reached and not from where: its client
         # may be anywhere, not taken for a local one.
-        scheme_only = {"X-Forwarded-Proto": "http"}
-        status, body, _ = await svc.request("POST", "/v1/client-log", headers=scheme_only, json={})
-        assert status == 403 and body["error"]["code"] == "https_required"
+        local = {"X-Forwarded-For": "127.0.0.1"}
+        # Nor one it names only as the client wrote it (a proxy that does not append).
+        for proxied in ({"X-Forwarded-Proto": "http"}, {"X-Forwarded-Proto": "http", **local}):
+            status, body, _ = await svc.request("POST", "/v1/client-log", headers=proxied, json={})
+            assert status == 403 and body["error"]["code"] == "https_required", proxied
         status, _, _ = await svc.request(
             "GET", "/v1/ping", headers={"X-Forwarded-Proto": "https"}, allow_redirects=False
         )

@@ -157,10 +157,12 @@ async def test_oidc_tokens_and_hostile_cases(database_url: str) -> None:
                 "no tenant claim": sign(claims(ws=None)),
             }
             for case, token in hostile.items():
-                status, body, _ = await svc.request("GET", WHOAMI, token)
+                status, body, headers = await svc.request("GET", WHOAMI, token)
                 assert status == 401, case
                 assert body["error"]["code"] == "unauthorized", case
                 assert token not in json.dumps(body), case
+                # RFC 6750: a token sent and not good; the client gets a new one.
+                assert 'error="invalid_token"' in headers["WWW-Authenticate"], case
 
             # Unknown kids refresh the key set at a bounded rate, not once per token.
             before = idp.fetches
