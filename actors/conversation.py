@@ -876,6 +876,7 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         parts: list[str] = []
         length = 0
         finished: Finished | None = None
+        complete: CompleteTurn | None = None
         try:
             # Without a reader for the deltas (an ask), the upstream is asked for one completion.
             async for item in provider.stream(_request(command, ctx.streaming, budget_s)):
@@ -898,26 +899,26 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             outcome = await _resent_while_lost(ctx, complete, what)
         except (Exception, asyncio.CancelledError) as exc:
             cursor = await self._record_failure(ctx, command, exc, _elapsed_ms(began))
-            if isinstance(exc, Exception) and _answer_recorded(ctx.state, command.turn_id):
+            if (
+                isinstance(exc, Exception)
+                and complete is not None
+                and finished is not None
+                and _answer_recorded(ctx.state, command.turn_id)
+            ):
                 # The answer committed and only its confirmation was lost: it is the
                 # answer, paid for and recorded; a failure would have the client ask again.
-                yield await _recorded_result_now(ctx, command)
+                # Sent once more, it is found in the ledger, with its cursor.
+                try:
+                    outcome = await ctx.execute(complete)
+                except SvcError:  # the ledger unreadable now: the record, without a cursor
+                    yield await _recorded_result_now(ctx, command)
+                    return
+                yield _turn_result(ctx, command, complete, finished, outcome)
                 return
             if cursor is not None and isinstance(exc, Exception) and not isinstance(exc, SvcError):
                 raise TurnCrashed.of(exc, cursor) from exc
             raise
-        yield TurnResult(
-            conversation_id=ctx.key.id,
-            turn_id=command.turn_id,
-            message_id=complete.message_id,
-            model=command.model,
-            content=complete.content,
-            finish_reason=complete.finish_reason,
-            usage=finished.usage,
-            duration_ms=duration_ms,
-            cursor=outcome.cursor,
-            duplicate=outcome.duplicate,
-        )
+        yield _turn_result(ctx, command, complete, finished, outcome)
 
     def _completion(
         self, command: RunTurn, content: str, finished: Finished, duration_ms: int
@@ -981,14 +982,15 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             recorded = await ctx.execute(fail)
         except Exception:
             if _answer_recorded(ctx.state, command.turn_id):
-                # A stop cut the turn short after its answer committed (in the append that
-                # went on without its caller, or in the snapshot after it): the answer
-                # stands, and the same Idempotency-Key returns it.
-                log.warning(
-                    "turn %s was interrupted after its answer was recorded", command.turn_id
-                )
-                ctx.interruption = CommandInterrupted(ANSWER_RECORDED_MESSAGE)
-                return None
+                if isinstance(exc, asyncio.CancelledError):
+                    # A stop cut the turn short after its answer committed (in the append
+                    # that went on without its caller, or in the snapshot after it): the
+                    # answer stands, and the same Idempotency-Key returns it.
+                    log.warning(
+                        "turn %s was interrupted after its answer was recorded", command.turn_id
+                    )
+                    ctx.interruption = CommandInterrupted(ANSWER_RECORDED_MESSAGE)
+                return None  # else the caller answers with it
             # The original error matters more to the caller; the turn stays "running" in the
             # log until the next command of this conversation records it as abandoned.
             log.exception("could not record the failure of turn %s", command.turn_id)
@@ -996,6 +998,27 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         if isinstance(exc, SvcError) and recorded.cursor:
             exc.recorded_cursor = recorded.cursor
         return recorded.cursor or None
+
+
+def _turn_result(
+    ctx: ActorContext[ConversationState],
+    command: RunTurn,
+    complete: CompleteTurn,
+    finished: Finished,
+    outcome: CommandOutcome,
+) -> TurnResult:
+    return TurnResult(
+        conversation_id=ctx.key.id,
+        turn_id=command.turn_id,
+        message_id=complete.message_id,
+        model=command.model,
+        content=complete.content,
+        finish_reason=complete.finish_reason,
+        usage=finished.usage,
+        duration_ms=complete.duration_ms,
+        cursor=outcome.cursor,
+        duplicate=outcome.duplicate,
+    )
 
 
 ANSWER_RECORDED_MESSAGE = (

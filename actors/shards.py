@@ -234,6 +234,11 @@ def _lock_key(cluster: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+CLAIM_KEEPALIVES = (
+    "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
+)
+
+
 async def claim_cluster(db: Database, cluster: str, *, private: bool) -> Connection | None:
     """A connection of its own holding this process's use of `cluster` until it is closed
     (a session advisory lock; the server lets go of it when the process dies): shared by
@@ -245,6 +250,9 @@ async def claim_cluster(db: Database, cluster: str, *, private: bool) -> Connect
     conn = await db.connect_dedicated()
     take = "pg_try_advisory_lock" if private else "pg_try_advisory_lock_shared"
     try:
+        # A machine that dies without closing its socket holds the lock until the server
+        # finds the connection dead: in seconds with these, not the system's two hours.
+        await conn.execute(CLAIM_KEEPALIVES)
         if await conn.fetchval(f"SELECT {take}($1)", key):
             return conn
     except BaseException:

@@ -302,7 +302,7 @@ class RayRuntime:
             return
         s = self._settings
         db = await self._connect()
-        await self._claim(db)
+        await self._claim(db, private=self._started_ray)
         async with cluster_lock(db, s.cluster, wait_s=60.0) as locked:
             if not locked:
                 raise HostUnavailable(f"the shard map of {s.cluster} stays locked")
@@ -316,11 +316,11 @@ class RayRuntime:
             await self._ensure_hosts(range(count), all_ready=False)
         await self._open()
 
-    async def _claim(self, db: Database) -> None:
+    async def _claim(self, db: Database, *, private: bool) -> None:
         """Hold the cluster for as long as this router runs (see `claim_cluster`), or undo
         the start so far and say what to change."""
         cluster = self._settings.cluster
-        self._claimed = await claim_cluster(db, cluster, private=self._started_ray)
+        self._claimed = await claim_cluster(db, cluster, private=private)
         if self._claimed is not None:
             return
         await db.close()
@@ -339,7 +339,10 @@ class RayRuntime:
         `svc cluster status|scale` from a separate process)."""
         if self._accepting:
             return
-        await self._connect()
+        db = await self._connect()
+        # Shared, whatever Ray this process joined: a cluster a gateway runs on a Ray of its
+        # own is not reachable from here, and scaling it would start hosts in another Ray.
+        await self._claim(db, private=False)
         self._supervise_hosts = False
         await self._open()
         if self._map is None:
@@ -388,9 +391,6 @@ class RayRuntime:
         if self._listener is not None:
             self._listener.terminate()
             self._listener = None
-        if self._claimed is not None:
-            self._claimed.terminate()
-            self._claimed = None
         await self._refresh.close()
         if owns_hosts:
             # A private Ray (started here) ends with this process: no host is created under
@@ -399,6 +399,9 @@ class RayRuntime:
             # ends them beside this one). On a shared cluster another router may create them.
             reused = not self._started_ray
             await self._stop_hosts(list(self._handles), deadline_s, names_reused=reused)
+        if self._claimed is not None:  # once its hosts are stopped, not before
+            self._claimed.terminate()
+            self._claimed = None
         if self._db is not None:
             await self._db.close()
             self._db = None
@@ -891,7 +894,12 @@ class RayRuntime:
         if busy is None:
             return 0
         idle = [shard for shard in shards if shard not in busy]
-        moved = await self._hand_over(source, target, idle, source_live=True)
+        try:
+            moved = await self._hand_over(source, target, idle, source_live=True)
+        except BaseException:
+            if busy:  # held meanwhile: given back with the idle ones
+                await self._tell(source, "reopen", busy)
+            raise
         if not busy:
             return moved
         still = await self._release(source, busy, deadline_s - grace_s)

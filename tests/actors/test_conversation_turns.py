@@ -571,6 +571,7 @@ async def test_an_answer_whose_record_the_store_lost_is_answered_not_failed(
         cid = uuid.uuid4().hex
         result = await table.submit(conversation_key(cid), run_turn()).last()
         assert isinstance(result, TurnResult) and result.content and provider.calls == 1
+        assert result.cursor  # read-your-writes, as for any answer this call recorded
         types = await types_of(store, cid)
         assert types.count(COMPLETED) == 1 and "conversation.turn_failed" not in types
     finally:

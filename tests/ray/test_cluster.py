@@ -383,7 +383,7 @@ async def test_a_long_turn_holds_only_its_own_shard_of_a_move(
 
 
 async def test_a_cluster_a_private_ray_runs_is_no_one_elses(
-    cluster_runtime: Any, database_url: str
+    ray_cluster: Cluster, cluster_runtime: Any, database_url: str
 ) -> None:
     """Host names are alike in every Ray: two gateways each starting a Ray of its own on one
     map would each run a shard's actors, and lay the map out again at every start. Routers
@@ -406,6 +406,12 @@ async def test_a_cluster_a_private_ray_runs_is_no_one_elses(
         elsewhere.terminate()
         with pytest.raises(ClusterInUse, match="SVC_RAY_CLUSTER"):
             await cluster_runtime(1, cluster=cluster)
+        # Nor does `svc cluster scale` from another process (it would start hosts in the
+        # Ray it joined, under the map's names).
+        elsewhere_settings = ray_settings(ray_cluster.address, cluster=cluster)
+        behaviours = fixed_behaviours([CounterBehaviour()])
+        with pytest.raises(ClusterInUse):
+            await cluster_scale(database_url, 2, behaviours, elsewhere_settings)
         private.terminate()
         runtime: RayRuntime = await cluster_runtime(1, cluster=cluster)
         assert isinstance(await runtime.ask(counter_keys(1)[0], add(1)), CommandOutcome)

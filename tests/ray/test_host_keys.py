@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from actors import ActorKey
+from actors.ray import RayRuntime, RaySettings
 from actors.ray.host import ActorHost, HostSpec
+from eventstore.errors import StoreUnavailable
 
 
 class _Table:
@@ -67,3 +71,27 @@ async def test_a_release_keeps_the_keys_of_actors_still_at_work() -> None:
     host._ensure = ensure  # type: ignore[method-assign]
     assert await host.release([5], 0.01) == [5]
     assert host._keys[5] == {working}
+
+
+async def test_a_move_that_fails_gives_the_busy_shards_back_too() -> None:
+    """The busy ones stayed held while the idle ones moved; a failed move reopened only the
+    idle ones, and the busy ones' commands were refused for a minute (503s past the
+    routers' retry deadline)."""
+    runtime = RayRuntime("postgresql://unused", list, RaySettings(address="auto"))
+    told: list[tuple[str, str, tuple[Any, ...]]] = []
+
+    async def release(source: str, shards: list[int], wait_s: float) -> list[int]:
+        return [shards[-1]]
+
+    async def hand_over(*_: Any, **__: Any) -> int:
+        raise StoreUnavailable("the database went away")
+
+    async def tell(name: str, method: str, *args: Any) -> None:
+        told.append((name, method, args))
+
+    runtime._release = release  # type: ignore[method-assign]
+    runtime._hand_over = hand_over  # type: ignore[method-assign]
+    runtime._tell = tell  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailable):
+        await runtime._move("host-a", "host-b", [3, 4], ["host-a"])
+    assert ("host-a", "reopen", ([4],)) in told
