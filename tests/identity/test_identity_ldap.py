@@ -251,6 +251,8 @@ async def test_ldap_logins_and_group_mapping(database_url: str, slapd: Slapd) ->
                     headers={"X-CSRF-Token": body["csrf_token"]},
                 )
                 assert (write[0] == 200) == (roles == ["admin"])
+                # Roles decide a user's rights: no token scope is named as what would do.
+                assert "WWW-Authenticate" not in write[2]
 
         status, users, _ = await svc.request("GET", "/v1/admin/users", key)
         alice = next(u for u in users["items"] if u["user_name"] == "alice")
