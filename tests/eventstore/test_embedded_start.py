@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import time
@@ -14,6 +17,8 @@ import pytest
 
 from eventstore import embedded
 from eventstore.embedded import EmbeddedPostgres, _set_aside_interrupted_init
+from gateway import bootstrap
+from gateway.settings import Settings
 
 
 async def _answers(url: str) -> bool:
@@ -95,3 +100,58 @@ def test_a_lock_file_naming_another_clusters_postgres_is_stale(tmp_path: Path) -
         finally:
             proc.kill()
             proc.wait()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+async def test_a_stop_stops_the_server_though_a_user_of_it_was_killed(tmp_path: Path) -> None:
+    """A `svc` command killed beside the server stays listed as a user: the wheel stops the
+    server only for its last user, so a clean stop left PostgreSQL running."""
+    server = EmbeddedPostgres(tmp_path / "svc")
+    assert await _answers(server.start())
+    users = server.pgdata / ".handle_pids.json"
+    users.write_text(json.dumps([*json.loads(users.read_text()), _dead_pid()]))
+    server.stop()
+    assert not (server.pgdata / "postmaster.pid").exists()
+
+
+async def test_an_unreadable_list_of_users_does_not_stop_every_start(tmp_path: Path) -> None:
+    """Written in place, a full disk or a kill midway left it empty, and every start after
+    failed on the wheel's JSON error."""
+    server = EmbeddedPostgres(tmp_path / "svc")
+    try:
+        assert await _answers(server.start())
+    finally:
+        server.stop()
+    (server.pgdata / ".handle_pids.json").write_text("")
+    again = EmbeddedPostgres(tmp_path / "svc")
+    try:
+        assert await _answers(again.start())
+    finally:
+        again.stop()
+
+
+async def test_a_server_that_died_under_the_process_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing brought it back before: every request was a 503 until the process restarted."""
+    monkeypatch.setattr(bootstrap, "EMBEDDED_CHECK_S", 0.1)
+    settings = Settings(environment={"SVC_DATA_DIR": str(tmp_path / "svc")})
+    async with bootstrap.database_url(settings) as url:
+        lock = tmp_path / "svc" / "pgdata" / "postmaster.pid"
+        first = int(lock.read_text().split("\n", 1)[0])
+        os.kill(first, signal.SIGKILL)
+        for _ in range(600):  # liveness bound: 60 s
+            try:
+                if await _answers(url):
+                    break
+            except (OSError, asyncpg.PostgresError):
+                pass
+            await asyncio.sleep(0.1)
+        assert await _answers(url)
+        assert int(lock.read_text().split("\n", 1)[0]) != first
+    assert not lock.exists()  # the server started again is the one the stop stops
