@@ -54,7 +54,7 @@ _SECRET_NAME = re.compile(r"(?i)(pass|secret|token|key|auth|cookie|session|crede
 # or cube (`token.` repeated through an 8 KB URL took minutes with nested runs).
 _SECRET_TEXT = re.compile(
     r"(?i)(svc_[A-Za-z0-9_\-]{16,}+|bearer\s++\S++"
-    r"|(?<![a-z])[a-z]++://[^\s/:@]++:[^\s/@]++@"
+    r"|(?<![a-z])[a-z]++://[^\s/:@]*+:[^\s/@]++@"  # the user may be empty: redis://:pw@
     # A JSON Web Token (an OIDC access or ID token): three base64url parts, the first JSON;
     # at a token's start, also after a percent-encoded byte or an escaped line break.
     r"|(?:(?<![A-Za-z0-9_\-])|(?<=%[0-9A-Fa-f]{2})|(?<=\\[nrt]))"
@@ -63,15 +63,25 @@ _SECRET_TEXT = re.compile(
 # name=value or name: value with a secret's name (a cookie header a page logged,
 # `svc_session=...`; a query string's `access_token=...`; a header, `X-Api-Key: ...`; JSON or
 # a repr, `"password": "..."`): the value goes, quoted or not, the name stays to say what was
-# there. Every name is looked at, inside other pairs' values too (`?next=/cb?access_token=`).
-_NAME_EQ = re.compile(r"(?i)(?<![a-z0-9_.\-])([a-z0-9_.\-]++)[\"']?+\s*+[=:]\s*+")
+# there. Every name is looked at, inside other pairs' values too (`?next=/cb?access_token=`),
+# percent-encoded ones as well (`?next=%2Fcb%3Faccess_token%3D...`, the name then read with
+# the encoded byte before it, `3Faccess_token`, which still says what it is).
+_NAME_EQ = re.compile(
+    r"(?i)(?<![a-z0-9_.\-])([a-z0-9_.\-]++)[\"']?+\s*+(?:[=:]|%3[ad])(?:\s|%20)*+"
+)
 # A value as written after its name: quoted, or a run of characters, after the scheme word
 # of an Authorization-style value (`X-Auth-Token: Bearer abc`: the token, not the word).
+# An unquoted value ends where the next pair begins, an encoded `&` (`%26`) too.
 _VALUE = re.compile(
     r"\"(?:[^\"\\]|\\.)*+\"|'(?:[^'\\]|\\.)*+'"
-    r"|(?i:(?:bearer|basic|token)\s++)?+[^\s;&,\"']++"
+    r"|((?i:(?:bearer|basic|token)(?:\s|%20)++)?+)(?:[^\s;&,\"'%]|%(?!26))++"
 )
-_SECRET_PAIR_NAME = re.compile(r"(?i)session|csrf|token|secret|passw(?:or)?d|api[_\-]?key")
+# The names a pair's value is a secret under. Short ones (`pass`, `pwd`, `auth`) only as
+# the whole name: inside a longer one they are other words (`passenger`, `author`).
+_SECRET_PAIR_NAME = re.compile(
+    r"(?i)session|csrf|token|secret|passw(?:or)?d|passphrase|api[_\-]?key|private[_\-]?key"
+    r"|authorization|credential|cookie|(?<![a-z])(?:pass|pwd|auth)$"
+)
 _BASIC = re.compile(r"(?i)\bbasic\s+([A-Za-z0-9+/]{4,}={0,2})(?![A-Za-z0-9+/=])")
 _LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40}
 
@@ -269,7 +279,8 @@ def _without_secret_pairs(text: str) -> str:
         value = _VALUE.match(text, name.end())
         if value is not None:
             quote = value.group(0)[0] if value.group(0)[0] in "\"'" else ""
-            kept += [text[done : name.end()], f"{quote}{REDACTED}{quote}"]
+            scheme = value.group(1) or ""  # the word before a token says what it was
+            kept += [text[done : name.end()], f"{quote}{scheme}{REDACTED}{quote}"]
             done = value.end()
     kept.append(text[done:])
     return "".join(kept)

@@ -400,14 +400,36 @@ def test_a_secret_named_in_json_a_repr_or_a_header_line_is_redacted() -> None:
         # The token after the scheme word, not the word alone (the word then hid it from
         # the bearer pattern, and the token stayed).
         ("X-Auth-Token: Bearer abc123 sent", "X-Auth-Token: [redacted] sent"),
-        ("session_token: basic dXNlcjpwYXNz", "session_token: [redacted]"),
+        ("session_token: basic dXNlcjpwYXNz", "session_token: basic [redacted]"),
         ('csrf="q w"; theme=dark', 'csrf="[redacted]"; theme=dark'),
         ("https://example.com/a?page=2", "https://example.com/a?page=2"),
+        # A nested pair as encodeURIComponent writes it, up to the next encoded pair.
+        (
+            "?next=%2Fcb%3Faccess_token%3Dopaque123%26lang%3Den",
+            "?next=%2Fcb%3Faccess_token%3D[redacted]%26lang%3Den",
+        ),
+        # The names a credential goes by in messages as in a context's keys.
+        ("Authorization: Token abc123", "Authorization: Token [redacted]"),
+        (
+            "authorization=xyz&pass=hunter2&pwd=p",
+            "authorization=[redacted]&pass=[redacted]&pwd=[redacted]",
+        ),
+        ("credential: s3 private_key=PK", "credential: [redacted] private_key=[redacted]"),
+        ("Cookie: _oauth2_proxy=abcd; theme=dark", "Cookie: [redacted]; theme=dark"),
+        ("passenger=bob author=alice", "passenger=bob author=alice"),
+        # A URL's password with no user before it.
+        ("redis://:s3cretPassw0rd@cache:6379", "[redacted]cache:6379"),
     ):
         assert system.redact(text, ()) == shown, text
     # Linear in the text, an unclosed quote or a name before each quote included.
-    for hostile in ('token:"' + "a" * 60_000, 'token:"\\' * 10_000, "token: bearer " * 10_000):
-        assert system.redact(hostile, ()).startswith("token:")
+    for hostile in (
+        'token:"' + "a" * 60_000,
+        'token:"\\' * 10_000,
+        "token: bearer " * 10_000,
+        "token%3D%20" * 10_000,
+        "token=%" * 20_000,
+    ):
+        assert system.redact(hostile, ()).startswith("token")
 
 
 async def test_the_client_log_shows_a_proxied_address_on_one_line(
