@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
@@ -29,10 +31,15 @@ from gateway.metrics import build_version
 from gateway.state import SETTINGS
 from schemas.errors import SvcError
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
 log = logging.getLogger(__name__)
 
 TRACER: web.AppKey[Tracer] = web.AppKey("svc_tracer")
 EXPORT_TIMEOUT_S = 5.0
+FLUSH_BOUND_S = 5.0
+"""The most a stop waits for the last spans to be exported."""
 UNMATCHED_ROUTE = "unmatched"
 
 
@@ -75,8 +82,28 @@ async def telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        # Flushes the last batch; the SDK blocks on its HTTP call, so not on the event loop.
-        await asyncio.to_thread(provider.shutdown)
+        await _flushed(provider)
+
+
+async def _flushed(provider: TracerProvider) -> None:
+    """Export what is left, for at most FLUSH_BOUND_S. The SDK exports every queued batch,
+    each with its own deadline, and waits up to 30 s: a collector that takes connections
+    and never answers held a stop that long, past an orchestrator's grace. The flush runs
+    in a daemon thread, which an exit does not wait for; spans it has not sent are dropped."""
+    done = threading.Event()
+
+    def flush() -> None:
+        try:
+            provider.shutdown()
+        finally:
+            done.set()
+
+    threading.Thread(target=flush, name="svc-otel-flush", daemon=True).start()
+    if not await asyncio.to_thread(done.wait, FLUSH_BOUND_S):
+        log.warning(
+            "telemetry: the last spans were not exported within %.0f s and are dropped",
+            FLUSH_BOUND_S,
+        )
 
 
 def _route(request: web.Request) -> str:

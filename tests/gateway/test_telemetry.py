@@ -4,10 +4,12 @@ child with its usage, nothing tenant-specific or secret, and nothing at all when
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -17,6 +19,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from platform_support import running, settings_for
 from stub_upstream import Fault, StubUpstream
 
+from gateway import telemetry
 from gateway.telemetry import TRACER, traces_url
 
 
@@ -144,3 +147,28 @@ async def test_no_endpoint_no_tracing(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         assert TRACER not in svc.app
         assert all(m.__name__ != "tracing_middleware" for m in svc.app.middlewares)
+
+
+async def test_a_collector_that_never_answers_holds_a_stop_a_bounded_time(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The SDK exports every queued batch at shutdown, each with its own deadline, and waits
+    up to 30 s: a stop outlasted an orchestrator's grace. The flush now has a bound."""
+    monkeypatch.setattr(telemetry, "FLUSH_BOUND_S", 0.5)
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept_and_say_nothing(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(accept_and_say_nothing, "127.0.0.1", 0)
+    endpoint = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with asyncio.timeout(20):  # liveness bound: the SDK's own wait is 30 s
+            async with running(settings_for(database_url, SVC_OTEL_ENDPOINT=endpoint)) as svc:
+                for _ in range(20):
+                    assert (await svc.request("GET", "/v1/ping"))[0] == 200
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+    assert "not exported within" in caplog.text
