@@ -1446,26 +1446,6 @@ _OPERATIONAL: tuple[SettingSpec, ...] = (
     ),
 )
 
-_SECRET_KEYS = frozenset(
-    {
-        "SVC_NATIVE_API_KEY",
-        "SVC_CLOUDSTT_API_KEY",
-        "SVC_STT_API_KEY",
-        "SVC_TTS_API_KEY",
-        "SVC_VIDEO_API_KEY",
-        "SVC_MEMORY_TOKEN",
-        "SVC_VECTORDB_API_KEY",
-        "SVC_INBOUND_SECRET",
-        "SVC_NATIVE_COMPAT_KEY",
-        "SVC_DB_QUERY_DSN",
-        "SVC_HTTP_AUTH_JSON",
-        "SVC_MCP_SERVERS",
-        "SVC_MEDIA_TOKEN_SECRET",
-        "SVC_ERRORTRACKER_DSN",
-        "SVC_DATABASE_URL",
-    }
-)
-
 _BEARER_KEYS = (
     "SVC_NATIVE_API_KEY",
     "SVC_CLOUDSTT_API_KEY",
@@ -1475,6 +1455,20 @@ _BEARER_KEYS = (
     "SVC_MEMORY_TOKEN",
     "SVC_VECTORDB_API_KEY",
     "SVC_NATIVE_COMPAT_KEY",
+)
+"""Secrets sent as a bearer token (or, the compatible key, compared with one)."""
+
+_SECRET_KEYS = frozenset(
+    {
+        *_BEARER_KEYS,
+        "SVC_INBOUND_SECRET",
+        "SVC_DB_QUERY_DSN",
+        "SVC_HTTP_AUTH_JSON",
+        "SVC_MCP_SERVERS",
+        "SVC_MEDIA_TOKEN_SECRET",
+        "SVC_ERRORTRACKER_DSN",
+        "SVC_DATABASE_URL",
+    }
 )
 
 _NOT_STORABLE = "read before the settings stream can be: set it in the environment or env file"

@@ -1184,6 +1184,14 @@ async def test_a_tool_message_reaches_the_model_as_labelled_user_text(chat: Chat
     assert started.data["request_messages"] == 10
 
 
+async def sdk_streamed_text(chat: Chat) -> str:
+    """The text of a streamed answer as the OpenAI SDK reads it."""
+    stream = await chat.client().chat.completions.create(
+        model=UPSTREAM_MODEL, messages=HELLO, stream=True
+    )
+    return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+
 async def test_a_stream_waiting_for_its_first_word_sends_heartbeats(
     chat: Chat, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1199,11 +1207,7 @@ async def test_a_stream_waiting_for_its_first_word_sends_heartbeats(
     before_answer = body.split("data: ", 1)[0]
     assert before_answer.count(": \n\n") >= 2, body[:200]
     assert body.rstrip().endswith("data: [DONE]")
-    stream = await chat.client().chat.completions.create(
-        model=UPSTREAM_MODEL, messages=HELLO, stream=True
-    )
-    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-    assert text.startswith("tok0")
+    assert (await sdk_streamed_text(chat)).startswith("tok0")  # the SDK skips heartbeats
     # A failure that comes after the grace is the stream's error frame.
     chat.stub.faults.append(stub_upstream.Fault(400, "no such parameter"))
     resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
@@ -1224,11 +1228,7 @@ async def test_a_stream_the_model_pauses_in_sends_heartbeats(
     body = await resp.text()
     after_first_delta = body.split("data: ", 2)[2]
     assert ": \n\n" in after_first_delta.split("data: [DONE]")[0], body[:400]
-    stream = await chat.client().chat.completions.create(
-        model=UPSTREAM_MODEL, messages=HELLO, stream=True
-    )
-    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-    assert text.startswith("tok0")
+    assert (await sdk_streamed_text(chat)).startswith("tok0")  # the SDK skips heartbeats
 
 
 @pytest.mark.parametrize("stream", [False, True])

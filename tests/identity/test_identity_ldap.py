@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import orjson
 import pytest
-from identity_support import GUARDED, WHOAMI, running, settings_for
+from identity_support import GUARDED, WHOAMI, Running, running, settings_for
 from self_signed import key_and_cert
 
 from gateway.identity.ldap import ldap3  # imported there with pyasn1's warnings silenced
@@ -225,16 +225,17 @@ def ldap_settings(database_url: str, url: str) -> dict[str, str]:
     }
 
 
+async def key_and_bind_password(svc: Running, password: str = READER_PW) -> str:
+    """An admin key of the default workspace, which has set the directory's bind password."""
+    key = await svc.issue_key()
+    path = "/v1/admin/identity/secrets/ldap/bind_password"
+    assert (await svc.request("PUT", path, key, json={"value": password}))[0] == 204
+    return key
+
+
 async def test_ldap_logins_and_group_mapping(database_url: str, slapd: Slapd) -> None:
     async with running(settings_for(database_url, **ldap_settings(database_url, slapd.url))) as svc:
-        key = await svc.issue_key()
-        status, _, _ = await svc.request(
-            "PUT",
-            "/v1/admin/identity/secrets/ldap/bind_password",
-            key,
-            json={"value": READER_PW},
-        )
-        assert status == 204
+        key = await key_and_bind_password(svc)
 
         expectations = {"alice": ["admin"], "bob": ["operator"], "carl": ["member"]}
         for login, roles in expectations.items():
@@ -294,9 +295,7 @@ async def test_a_sign_in_keeps_what_the_directory_does_not_say(
     and takes away none of the roles the user held."""
     settings = ldap_settings(database_url, slapd.url)
     async with running(settings_for(database_url, **settings)) as svc:
-        key = await svc.issue_key()
-        path = "/v1/admin/identity/secrets/ldap/bind_password"
-        assert (await svc.request("PUT", path, key, json={"value": READER_PW}))[0] == 204
+        key = await key_and_bind_password(svc)
         status, body, browser = await svc.login("alice", "alice-password")
         await browser.close()
         assert status == 200, body
@@ -355,9 +354,7 @@ async def test_directory_accounts_stay_their_entrys(database_url: str, slapd: Sl
     account is not renamed onto another entry's name, and a password kept here is neither
     set on a directory account nor accepted for one."""
     async with running(settings_for(database_url, **ldap_settings(database_url, slapd.url))) as svc:
-        key = await svc.issue_key()
-        path = "/v1/admin/identity/secrets/ldap/bind_password"
-        assert (await svc.request("PUT", path, key, json={"value": READER_PW}))[0] == 204
+        key = await key_and_bind_password(svc)
         for workspace in ("ws-elsewhere", "no-such-workspace"):
             status, body, browser = await svc.login(
                 "alice", "alice-password", workspace_id=workspace
@@ -432,9 +429,7 @@ async def test_an_entry_the_directory_moved_keeps_its_account(
     attrs = {"uid": login, "cn": "Dana Moved", "sn": "Moved", "userPassword": "dana-password"}
     assert root.add(f"uid={login},ou=people,{BASE}", ["inetOrgPerson"], attrs)
     async with running(settings_for(database_url, **ldap_settings(database_url, slapd.url))) as svc:
-        key = await svc.issue_key()
-        path = "/v1/admin/identity/secrets/ldap/bind_password"
-        assert (await svc.request("PUT", path, key, json={"value": READER_PW}))[0] == 204
+        key = await key_and_bind_password(svc)
         status, body, browser = await svc.login(login, "dana-password")
         await browser.close()
         assert status == 200, body
@@ -462,9 +457,7 @@ async def test_a_peer_that_is_no_directory_refuses_the_sign_in_without_a_500(
     url = f"ldap://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     try:
         async with running(settings_for(database_url, **ldap_settings(database_url, url))) as svc:
-            key = await svc.issue_key()
-            path = "/v1/admin/identity/secrets/ldap/bind_password"
-            assert (await svc.request("PUT", path, key, json={"value": READER_PW}))[0] == 204
+            await key_and_bind_password(svc)
             status, body, browser = await svc.login("yolanda", "some-password")
             await browser.close()
             assert status == 401, body
@@ -475,13 +468,7 @@ async def test_a_peer_that_is_no_directory_refuses_the_sign_in_without_a_500(
 
 async def test_ldap_refuses_when_the_service_bind_fails(database_url: str, slapd: Slapd) -> None:
     async with running(settings_for(database_url, **ldap_settings(database_url, slapd.url))) as svc:
-        key = await svc.issue_key()
-        await svc.request(
-            "PUT",
-            "/v1/admin/identity/secrets/ldap/bind_password",
-            key,
-            json={"value": "not-the-reader-password"},
-        )
+        await key_and_bind_password(svc, "not-the-reader-password")
         status, body, browser = await svc.login("alice", "alice-password")
         await browser.close()
         assert status == 401 and body["error"]["code"] == "unauthorized"
@@ -490,10 +477,7 @@ async def test_ldap_refuses_when_the_service_bind_fails(database_url: str, slapd
 async def test_ldap_off_means_no_directory(database_url: str, slapd: Slapd) -> None:
     env = ldap_settings(database_url, slapd.url) | {"SVC_LDAP_ENABLED": "0"}
     async with running(settings_for(database_url, **env)) as svc:
-        key = await svc.issue_key()
-        await svc.request(
-            "PUT", "/v1/admin/identity/secrets/ldap/bind_password", key, json={"value": READER_PW}
-        )
+        await key_and_bind_password(svc)
         status, _, browser = await svc.login("alice", "alice-password")
         await browser.close()
         assert status == 401
@@ -505,10 +489,7 @@ async def test_ldaps_checks_the_certificate_unless_told_not_to(
 ) -> None:
     env = ldap_settings(database_url, slapd.ldaps_url) | {"SVC_LDAP_SKIP_TLS_VERIFY": skip_verify}
     async with running(settings_for(database_url, **env)) as svc:
-        key = await svc.issue_key()
-        await svc.request(
-            "PUT", "/v1/admin/identity/secrets/ldap/bind_password", key, json={"value": READER_PW}
-        )
+        await key_and_bind_password(svc)
         status, body, browser = await svc.login("bob", "bob-password")
         await browser.close()
         assert status == expected, body
