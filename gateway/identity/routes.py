@@ -258,10 +258,14 @@ SCIM_DOCS: tuple[tuple[str, str, str], ...] = (
 
 
 def _extra_statuses(path: str) -> tuple[int, ...]:
+    """Beyond those of every route: a route open to all (auth "none") may still refuse the
+    credentials it is given (401) and meet the database down (503)."""
     if path.endswith("/auth/login"):
-        return (429,)  # the login throttle
+        return (401, 429, 503)  # bad credentials; the login throttle
+    if path == "/saml/acs":
+        return (401, 501, 503)  # a response refused; SVC_SAML_ENABLED off
     if path.startswith("/saml/"):
-        return (501,)  # SVC_SAML_ENABLED off
+        return (501, 503)
     return ()
 
 
@@ -293,7 +297,7 @@ def document_routes() -> None:
         auth="none",
         error=OAuthErrorBody,
         form_request=True,
-        extra_statuses=(401,),
+        extra_statuses=(401, 503),
     )
     for method, path, summary in SCIM_DOCS:
         document(

@@ -214,6 +214,9 @@ async def test_openapi_document_says_what_the_routes_really_answer(database_url:
                     assert "413" in op["responses"], (method, path)
                 if op.get("security") != []:
                     assert "503" in op["responses"], (method, path)
+        # Open to all, and still refusing the credentials given, and reading the database.
+        for path, method in (("/v1/admin/auth/login", "post"), ("/v1/oauth/token", "post")):
+            assert {"401", "503"} <= set(doc["paths"][path][method]["responses"]), path
         token = doc["paths"]["/v1/oauth/token"]["post"]
         assert "application/x-www-form-urlencoded" in token["requestBody"]["content"]
         for status in ("400", "401"):
