@@ -157,7 +157,10 @@ def _error_responses(doc: RouteDoc | None, comps: _Components) -> dict[str, Any]
         if doc is not None and doc.error is not None
         else {"$ref": _REF.format(model="ErrorEnvelope")}
     )
-    ref = {"content": {"application/json": {"schema": schema}}}
+    # An error of its own shape comes in the route's own media type (SCIM's errors are
+    # application/scim+json); the service's envelope is always application/json.
+    media = doc.content_type if doc is not None and doc.error is not None else "application/json"
+    ref = {"content": {media: {"schema": schema}}}
     statuses = {400: "invalid request", 404: "not found", 500: "internal error"}
     if doc is None or doc.auth != "none":
         statuses.update({401: "missing or invalid API key", 403: "insufficient scope"})
@@ -212,13 +215,16 @@ def _operation(method: str, path: str, doc: RouteDoc | None, comps: _Components)
         op["parameters"] = params
     if doc and doc.request:
         schema = comps.add(doc.request)
-        media = "application/x-www-form-urlencoded" if doc.form_request else "application/json"
+        media = "application/x-www-form-urlencoded" if doc.form_request else _json_media(doc)
         op["requestBody"] = {"required": True, "content": {media: {"schema": schema}}}
     ok: dict[str, Any] = {"description": "success"}
-    if doc and doc.response:
+    if doc and doc.response_status == 204:
+        pass  # no content
+    elif doc and doc.response:
         ok["content"] = {doc.content_type: {"schema": comps.add(doc.response)}}
     elif doc and doc.content_type != "application/json":
-        ok["content"] = {doc.content_type: {"schema": {"type": "string"}}}
+        kind = "object" if doc.content_type.endswith("json") else "string"
+        ok["content"] = {doc.content_type: {"schema": {"type": kind}}}
     for media in doc.other_content_types if doc else ():
         ok.setdefault("content", {})[media] = {"schema": {"type": "string"}}
     if doc and doc.response_headers:
@@ -242,6 +248,11 @@ def _operation(method: str, path: str, doc: RouteDoc | None, comps: _Components)
     else:
         op["security"] = []
     return op
+
+
+def _json_media(doc: RouteDoc) -> str:
+    """A JSON request body's media type: the route's own when it is a JSON one (SCIM's)."""
+    return doc.content_type if doc.content_type.endswith("json") else "application/json"
 
 
 def _app_routes(app: web.Application) -> list[tuple[str, str]]:

@@ -18,6 +18,13 @@ from gateway.identity.scim import ScimListQuery, ScimReadQuery, add_scim_routes
 from gateway.identity.service import identity_ctx
 from gateway.openapi import IDEMPOTENCY_KEY, document
 from schemas import identity_api as views
+from schemas.scim_api import (
+    ScimErrorBody,
+    ScimListResponse,
+    ScimPatchOp,
+    ScimSearchRequest,
+    ScimUser,
+)
 
 ADMIN = "/v1/admin"
 AUTH_TAG = "Auth & SSO"
@@ -257,6 +264,18 @@ SCIM_DOCS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+SCIM_BODIES: dict[tuple[str, str], tuple[type[BaseModel] | None, type[BaseModel] | None]] = {
+    ("GET", "/Users"): (None, ScimListResponse),
+    ("POST", "/Users"): (ScimUser, ScimUser),
+    ("POST", "/Users/.search"): (ScimSearchRequest, ScimListResponse),
+    ("POST", "/.search"): (ScimSearchRequest, ScimListResponse),
+    ("GET", "/Users/{id}"): (None, ScimUser),
+    ("PUT", "/Users/{id}"): (ScimUser, ScimUser),
+    ("PATCH", "/Users/{id}"): (ScimPatchOp, ScimUser),
+}
+"""(request, response) of the SCIM routes that have them, as RFC 7643 and 7644 shape them."""
+
+
 def _extra_statuses(path: str) -> tuple[int, ...]:
     """Beyond those of every route: a route open to all (auth "none") may still refuse the
     credentials it is given (401) and meet the database down (503)."""
@@ -300,16 +319,21 @@ def document_routes() -> None:
         extra_statuses=(401, 503),
     )
     for method, path, summary in SCIM_DOCS:
+        request, response = SCIM_BODIES.get((method, path), (None, None))
         document(
             method,
             SCIM_PREFIX + path,
             summary=summary,
             tag=SCIM_TAG,
+            request=request,
+            response=response,
             query=SCIM_QUERIES.get((method, path)),
             response_status=201
             if method == "POST" and path == "/Users"
             else (204 if method == "DELETE" else 200),
             content_type=SCIM_CONTENT_TYPE,
+            error=ScimErrorBody,
+            extra_statuses=(409,) if method in ("POST", "PUT", "PATCH") else (),
         )
 
 

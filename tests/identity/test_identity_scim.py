@@ -13,6 +13,7 @@ from identity_support import WHOAMI, Running, running, settings_for
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
 from gateway.identity.service import IDENTITY
 from gateway.state import DATABASE
+from schemas.scim_api import ScimErrorBody, ScimListResponse, ScimUser
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
@@ -663,3 +664,30 @@ async def test_patch_and_search_read_members_in_any_case_and_keep_a_user_deactiv
         status, found, _ = await svc.request("POST", "/scim/v2/Users/.search", token, json=search)
         assert status == 200 and found["totalResults"] == 1, found
         assert found["Resources"][0]["userName"] == "bob@example.com"
+
+
+async def test_the_openapi_document_describes_scim_as_it_answers(database_url: str) -> None:
+    """The document said SCIM's bodies were strings, its errors the service's envelope,
+    and its writes took no body: the explorer could send none of them."""
+    async with running(settings_for(database_url)) as svc:
+        token = (await scim_token(svc, await svc.issue_key()))["token"]
+        ScimUser.model_validate(await create_user(svc, token, "sam"))
+        status, refused, headers = await svc.request(
+            "POST", "/scim/v2/Users", token, json=scim_user("sam")
+        )
+        assert status == 409 and headers["Content-Type"].startswith("application/scim+json")
+        ScimErrorBody.model_validate(refused)
+        status, listed, _ = await svc.request("GET", "/scim/v2/Users", token)
+        assert status == 200
+        ScimListResponse.model_validate(listed)
+        _, doc, _ = await svc.request("GET", "/openapi.json")
+    users = doc["paths"]["/scim/v2/Users"]
+    scim = "application/scim+json"
+    assert users["post"]["requestBody"]["content"][scim]["schema"]["$ref"].endswith("/ScimUser")
+    conflict = users["post"]["responses"]["409"]["content"][scim]["schema"]
+    assert conflict["$ref"].endswith("/ScimErrorBody")
+    listing = users["get"]["responses"]["200"]["content"][scim]["schema"]
+    assert listing["$ref"].endswith("/ScimListResponse")
+    patch = doc["paths"]["/scim/v2/Users/{id}"]["patch"]["requestBody"]["content"][scim]
+    assert patch["schema"]["$ref"].endswith("/ScimPatchOp")
+    assert "content" not in doc["paths"]["/scim/v2/Users/{id}"]["delete"]["responses"]["204"]
