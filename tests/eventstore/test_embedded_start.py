@@ -9,6 +9,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -155,3 +156,25 @@ async def test_a_server_that_died_under_the_process_is_started_again(
         assert await _answers(url)
         assert int(lock.read_text().split("\n", 1)[0]) != first
     assert not lock.exists()  # the server started again is the one the stop stops
+
+
+def test_a_server_still_recovering_is_waited_for(tmp_path: Path) -> None:
+    """The wheel gives a start 10 s; crash recovery on a slow disk takes longer, and the
+    start failed with a message about an unreadable lock file, the server recovering on."""
+    lock = tmp_path / "postmaster.pid"
+
+    def write(status: str, pid: int = os.getpid()) -> None:
+        lines = [str(pid), str(tmp_path), str(int(time.time())), "", str(tmp_path), "", "0 0"]
+        lock.write_text("\n".join([*lines, status]) + "\n")
+
+    write("starting")
+    ready = threading.Timer(0.5, write, args=("ready",))
+    ready.start()
+    try:
+        assert embedded.wait_for_recovery(tmp_path, 30.0)
+    finally:
+        ready.cancel()
+    write("starting", _dead_pid())  # no server at all: nothing to wait for
+    assert not embedded.wait_for_recovery(tmp_path, 30.0)
+    write("starting")
+    assert not embedded.wait_for_recovery(tmp_path, 0.3)  # still starting at the bound
