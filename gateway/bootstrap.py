@@ -149,15 +149,17 @@ async def _keep_running(embedded: EmbeddedPostgres) -> None:
     wait_s = EMBEDDED_CHECK_S
     while True:
         await asyncio.sleep(wait_s)
-        if embedded.running():
-            wait_s = EMBEDDED_CHECK_S
-            continue
-        log.warning("the embedded PostgreSQL in %s stopped; starting it again", embedded.pgdata)
         try:
+            if embedded.running():
+                await asyncio.to_thread(embedded.stay_listed)
+                wait_s = EMBEDDED_CHECK_S
+                continue
+            log.warning("the embedded PostgreSQL in %s stopped; starting it again", embedded.pgdata)
             await asyncio.to_thread(embedded.revive)
-        except StoreUnavailable as exc:
+        except Exception as exc:  # a StoreUnavailable saying why, or its lock unreachable
             wait_s = min(EMBEDDED_RETRY_MAX_S, wait_s * 2)
-            log.error("%s; trying again in %.0f s", exc.message, wait_s)
+            reason = exc.message if isinstance(exc, StoreUnavailable) else repr(exc)
+            log.error("%s; trying again in %.0f s", reason, wait_s)
             continue
         log.info("the embedded PostgreSQL in %s runs again", embedded.pgdata)
         wait_s = EMBEDDED_CHECK_S

@@ -172,7 +172,15 @@ def _error_responses(doc: RouteDoc | None, comps: _Components) -> dict[str, Any]
         statuses[408] = _EXTRA_STATUSES[408]  # past gateway.errors.BODY_DEADLINE_S
     for status in doc.extra_statuses if doc else ():
         statuses.setdefault(status, _EXTRA_STATUSES.get(status, "error"))
-    return {str(s): {"description": d, **ref} for s, d in sorted(statuses.items())}
+    # A route's own error shape is its handler's refusals; a failure of the service (5xx)
+    # is the envelope whatever the route, as gateway.errors answers it.
+    envelope = {
+        "content": {"application/json": {"schema": {"$ref": _REF.format(model="ErrorEnvelope")}}}
+    }
+    return {
+        str(s): {"description": d, **(envelope if s >= 500 else ref)}
+        for s, d in sorted(statuses.items())
+    }
 
 
 def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:

@@ -71,11 +71,16 @@ _NAME_EQ = re.compile(
 )
 # A value as written after its name: quoted, or a run of characters, after the scheme word
 # of an Authorization-style value (`X-Auth-Token: Bearer abc`: the token, not the word).
-# An unquoted value ends where the next pair begins, an encoded `&` (`%26`) too.
-_VALUE = re.compile(
-    r"\"(?:[^\"\\]|\\.)*+\"|'(?:[^'\\]|\\.)*+'"
-    r"|((?i:(?:bearer|basic|token)(?:\s|%20)++)?+)(?:[^\s;&,\"'%]|%(?!26))++"
-)
+# An unquoted value ends where the next pair begins; after an encoded `=`, an encoded `&`
+# (`%26`) begins one too, while in a value written plainly it is the value's own byte.
+_QUOTED = r"\"(?:[^\"\\]|\\.)*+\"|'(?:[^'\\]|\\.)*+'"
+_SCHEME = r"((?i:(?:bearer|basic|token)(?:\s|%20)++)?+)"
+_VALUE = re.compile(_QUOTED + "|" + _SCHEME + r"[^\s;&,\"']++")
+_ENCODED_VALUE = re.compile(_QUOTED + "|" + _SCHEME + r"(?:[^\s;&,\"'%]|%(?!26))++")
+# A cookie header's value is every cookie to the end of its line: any of them may be a
+# session's, whatever its name.
+_COOKIE_LINE = re.compile(r"[^\r\n]++")
+_COOKIE_HEADER = re.compile(r"(?i)(?:set-)?cookie")
 # The names a pair's value is a secret under. Short ones (`pass`, `pwd`, `auth`) only as
 # the whole name: inside a longer one they are other words (`passenger`, `author`).
 _SECRET_PAIR_NAME = re.compile(
@@ -274,12 +279,22 @@ def _without_secret_pairs(text: str) -> str:
     kept: list[str] = []
     done = 0
     for name in _NAME_EQ.finditer(text):  # each search goes on right after the `=`
-        if name.start() < done or not _SECRET_PAIR_NAME.search(name.group(1)):
+        said = name.group(1)
+        encoded = text[name.start() - 1 : name.start()] == "%"
+        if encoded:
+            said = said[2:]  # `%3Fpwd`: the name after the encoded byte, `pwd`
+        if name.start() < done or not _SECRET_PAIR_NAME.search(said):
             continue
-        value = _VALUE.match(text, name.end())
+        quoted = text[name.end() : name.end() + 1] in ("'", '"')
+        if _COOKIE_HEADER.fullmatch(said) and ":" in name.group(0) and not quoted:
+            value = _COOKIE_LINE.match(text, name.end())
+        elif encoded or "%" in name.group(0):
+            value = _ENCODED_VALUE.match(text, name.end())
+        else:
+            value = _VALUE.match(text, name.end())
         if value is not None:
             quote = value.group(0)[0] if value.group(0)[0] in "\"'" else ""
-            scheme = value.group(1) or ""  # the word before a token says what it was
+            scheme = (value.group(1) if value.re.groups else None) or ""
             kept += [text[done : name.end()], f"{quote}{scheme}{REDACTED}{quote}"]
             done = value.end()
     kept.append(text[done:])

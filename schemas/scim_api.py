@@ -32,7 +32,9 @@ class ScimUser(_Scim):
 
     schemas: list[str]
     id: str | None = Field(default=None, description="assigned by the service; read-only")
-    user_name: str = Field(alias="userName")
+    user_name: str | None = Field(
+        default=None, alias="userName", description="required when one is written"
+    )
     external_id: str | None = Field(default=None, alias="externalId")
     name: ScimName | None = None
     display_name: str | None = Field(default=None, alias="displayName")
@@ -76,7 +78,8 @@ class ScimListResponse(_Scim):
 
 
 class ScimErrorBody(_Scim):
-    """An Error message (RFC 7644 section 3.12): every SCIM refusal, 4xx and 5xx alike."""
+    """An Error message (RFC 7644 section 3.12): every SCIM refusal (a 4xx); a failure of the
+    service itself (a 5xx) is the service's own envelope."""
 
     schemas: list[str]
     status: str = Field(description="the HTTP status, as a string")

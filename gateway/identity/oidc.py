@@ -26,6 +26,7 @@ import aiohttp
 import jwt
 
 from gateway.auth import InvalidCredential
+from schemas.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class JwksCache:
         self._budget = REFRESH_BURST
         self._budget_at = time.monotonic()
         self._lock = asyncio.Lock()
+        self._unreachable = False
+        """The last fetch of the key set failed."""
 
     async def key(self, kid: str | None) -> jwt.PyJWK:
         now = time.monotonic()
@@ -70,6 +73,13 @@ class JwksCache:
         found = self._keys.get(kid)
         if found is None and kid is None and len(self._keys) == 1:
             found = next(iter(self._keys.values()))
+        if found is None and self._unreachable:
+            # Not the token's fault: a good one would be thrown away on `invalid_token`.
+            raise Unavailable(
+                "the identity provider's signing keys (SVC_OIDC_JWKS_URL) could not be "
+                "fetched; retry shortly",
+                code="oidc_keys_unavailable",
+            )
         if found is None:
             raise InvalidCredential("invalid token: signing key not found")
         return found
@@ -94,6 +104,11 @@ class JwksCache:
             except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError) as exc:
                 # RecursionError: JSON nested past the parser's depth.
                 log.warning("OIDC: fetching the JWKS failed (%s)", type(exc).__name__)
+                # Unreachable, or not answering 200; a document that is no key set is the
+                # provider's answer, and a token it does not vouch for is refused.
+                self._unreachable = isinstance(exc, aiohttp.ClientError | TimeoutError)
+            else:
+                self._unreachable = False
 
     async def _fetch(self) -> dict[str | None, jwt.PyJWK]:
         timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)

@@ -65,8 +65,8 @@ def require_access(principal: Principal, domain: str, access: Access) -> None:
         raise ValueError(f"unknown resource domain {domain!r}")
     if not allowed(principal, domain, access):
         refusal = _refusal(principal, domain, access)
-        if principal.user_id is not None:
-            # A user's rights come from roles: no token scope would do, so none is named.
+        if principal.key_id is None:
+            # A session's (an OIDC token's) rights come from roles: no scope would do.
             raise Forbidden(refusal, code="insufficient_scope")
         raise MissingScope(f"admin:{access}", refusal)
 

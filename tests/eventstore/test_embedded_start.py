@@ -12,12 +12,14 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import asyncpg
 import pytest
 
 from eventstore import embedded
 from eventstore.embedded import EmbeddedPostgres, _set_aside_interrupted_init
+from eventstore.tasks import cancel_and_wait
 from gateway import bootstrap
 from gateway.settings import Settings
 
@@ -167,7 +169,7 @@ def test_a_server_still_recovering_is_waited_for(tmp_path: Path) -> None:
         lines = [str(pid), str(tmp_path), str(int(time.time())), "", str(tmp_path), "", "0 0"]
         lock.write_text("\n".join([*lines, status]) + "\n")
 
-    write("starting")
+    lock.write_text(f"{os.getpid()}\n")  # cut short as it is written: looked at again
     ready = threading.Timer(0.5, write, args=("ready",))
     ready.start()
     try:
@@ -178,3 +180,52 @@ def test_a_server_still_recovering_is_waited_for(tmp_path: Path) -> None:
     assert not embedded.wait_for_recovery(tmp_path, 30.0)
     write("starting")
     assert not embedded.wait_for_recovery(tmp_path, 0.3)  # still starting at the bound
+
+
+async def test_a_process_missing_from_the_list_of_users_is_put_back(tmp_path: Path) -> None:
+    """The list started afresh (cut short on disk) no longer names the server: the next
+    other `svc` to exit would take itself for the last user and stop the database under it."""
+    server = EmbeddedPostgres(tmp_path / "svc")
+    users = server.pgdata / ".handle_pids.json"
+    try:
+        assert await _answers(server.start())
+        users.write_text("[]")
+        server.stay_listed()
+        assert os.getpid() in json.loads(users.read_text())
+    finally:
+        server.stop()
+
+
+class _FlakyServer:
+    """An embedded server whose first look fails (its lock's directory gone), then dead."""
+
+    pgdata = Path("/nowhere")
+
+    def __init__(self) -> None:
+        self.looks = 0
+        self.revived = asyncio.Event()
+
+    def running(self) -> bool:
+        self.looks += 1
+        if self.looks == 1:
+            raise PermissionError("the lock file's directory is gone")
+        return self.revived.is_set()
+
+    def revive(self) -> None:
+        self.revived.set()
+
+    def stay_listed(self) -> None:
+        pass
+
+
+async def test_a_watch_that_fails_once_goes_on_watching(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any error ended the watch for good: the database died later, and stayed dead."""
+    monkeypatch.setattr(bootstrap, "EMBEDDED_CHECK_S", 0.01)
+    server = _FlakyServer()
+    watch = asyncio.create_task(bootstrap._keep_running(cast(Any, server)))
+    try:
+        async with asyncio.timeout(10):  # liveness bound
+            await server.revived.wait()
+    finally:
+        await cancel_and_wait(watch)
+    assert server.looks >= 2

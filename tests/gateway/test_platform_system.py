@@ -418,7 +418,12 @@ def test_a_secret_named_in_json_a_repr_or_a_header_line_is_redacted() -> None:
             "authorization=[redacted]&pass=[redacted]&pwd=[redacted]",
         ),
         ("credential: s3 private_key=PK", "credential: [redacted] private_key=[redacted]"),
-        ("Cookie: _oauth2_proxy=abcd; theme=dark", "Cookie: [redacted]; theme=dark"),
+        # Every cookie of a cookie header, to its line's end: any may be a session's.
+        ("Cookie: theme=dark; _oauth2_proxy=abcd; sid=s3\nnext", "Cookie: [redacted]\nnext"),
+        ('{"cookie": "x=1; y=2", "n": 1}', '{"cookie": "[redacted]", "n": 1}'),
+        # An encoded `&` is a plain value's own byte; after an encoded `=`, the next pair.
+        ("?password=hunter%262&x=1", "?password=[redacted]&x=1"),
+        ("?next=%2Fcb%3Fauth%3Dopaque%26a%3Db", "?next=%2Fcb%3Fauth%3D[redacted]%26a%3Db"),
         ("passenger=bob author=alice", "passenger=bob author=alice"),
         # A URL's password with no user before it.
         ("redis://:s3cretPassw0rd@cache:6379", "[redacted]cache:6379"),
@@ -433,6 +438,8 @@ def test_a_secret_named_in_json_a_repr_or_a_header_line_is_redacted() -> None:
         "token=%" * 20_000,
     ):
         assert system.redact(hostile, ()).startswith("token")
+    for hostile in ("%3Fpwd%3D" * 10_000, "cookie: " * 10_000):
+        assert system.REDACTED in system.redact(hostile, ())
 
 
 async def test_the_client_log_shows_a_proxied_address_on_one_line(

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import hmac
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -259,3 +260,24 @@ async def test_validly_signed_claims_postgresql_cannot_hold_are_401(database_url
                 assert status == 401, (case, body)
                 assert body["error"]["code"] == "unauthorized", case
                 assert "claims are not usable" in body["error"]["message"], case
+
+
+async def test_an_unreachable_key_set_is_a_503_not_an_invalid_token(database_url: str) -> None:
+    """A token no fetched key can check, the provider's keys unreachable: the token may be
+    good, and `invalid_token` would have the client throw it away."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there
+    settings = settings_for(
+        database_url,
+        SVC_OIDC_ISSUER=ISSUER,
+        SVC_OIDC_JWKS_URL=f"http://127.0.0.1:{port}/jwks",
+        SVC_OIDC_AUDIENCE=AUDIENCE,
+        SVC_OIDC_TENANT_CLAIM="ws",
+    )
+    async with running(settings) as svc:
+        token = jwt.encode(claims(), _rsa(), algorithm="RS256", headers={"kid": "k1"})
+        status, body, headers = await svc.request("GET", WHOAMI, token)
+        assert status == 503 and body["error"]["code"] == "oidc_keys_unavailable", body
+        assert "invalid_token" not in headers.get("WWW-Authenticate", "")

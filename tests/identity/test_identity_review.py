@@ -704,3 +704,17 @@ async def test_guesses_of_the_current_password_count_as_failed_logins(database_u
         status, _, again = await svc.login("gus", PASSWORD)
         await again.close()
         assert status == 429
+
+
+async def test_a_users_own_key_without_an_admin_scope_is_told_the_scope(
+    database_url: str,
+) -> None:
+    """A key is refused for its scopes, a user's own too: its 403 names the one that would
+    do (RFC 6750's insufficient_scope); a session's names none, roles deciding its rights."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        ada = await svc.create_user(key, "ada", PASSWORD, roles=["admin"])
+        own = (await svc.issue_user_key(key, ada["id"], ["chat"]))["key"]
+        status, _, headers = await svc.request("GET", "/v1/admin/users", own)
+        assert status == 403
+        assert 'error="insufficient_scope", scope="admin:read"' in headers["WWW-Authenticate"]

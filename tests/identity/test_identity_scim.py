@@ -691,3 +691,10 @@ async def test_the_openapi_document_describes_scim_as_it_answers(database_url: s
     patch = doc["paths"]["/scim/v2/Users/{id}"]["patch"]["requestBody"]["content"][scim]
     assert patch["schema"]["$ref"].endswith("/ScimPatchOp")
     assert "content" not in doc["paths"]["/scim/v2/Users/{id}"]["delete"]["responses"]["204"]
+    # A failure of the service itself is its envelope, whatever the route (SCIM re-raises
+    # it; the token endpoint's own shape is for its refusals).
+    token = doc["paths"]["/v1/oauth/token"]["post"]["responses"]
+    for responses in (users["post"]["responses"], token):
+        for status in ("500", "503"):
+            schema = responses[status]["content"]["application/json"]["schema"]
+            assert schema["$ref"].endswith("/ErrorEnvelope"), status
