@@ -1184,6 +1184,13 @@ async def test_a_tool_message_reaches_the_model_as_labelled_user_text(chat: Chat
     assert started.data["request_messages"] == 10
 
 
+async def streamed_body(chat: Chat) -> str:
+    """The raw SSE body of a streamed answer, which is a 200 whatever comes after the grace."""
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
+    assert resp.status == 200
+    return await resp.text()
+
+
 async def sdk_streamed_text(chat: Chat) -> str:
     """The text of a streamed answer as the OpenAI SDK reads it."""
     stream = await chat.client().chat.completions.create(
@@ -1201,18 +1208,15 @@ async def test_a_stream_waiting_for_its_first_word_sends_heartbeats(
     monkeypatch.setattr(gateway.chat, "FIRST_ITEM_GRACE_S", 0.05, raising=False)
     monkeypatch.setattr(gateway.chat, "STREAM_HEARTBEAT_S", 0.05, raising=False)
     chat.stub.delay_s = 0.6
-    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
-    assert resp.status == 200
-    body = await resp.text()
+    body = await streamed_body(chat)
     before_answer = body.split("data: ", 1)[0]
     assert before_answer.count(": \n\n") >= 2, body[:200]
     assert body.rstrip().endswith("data: [DONE]")
     assert (await sdk_streamed_text(chat)).startswith("tok0")  # the SDK skips heartbeats
     # A failure that comes after the grace is the stream's error frame.
     chat.stub.faults.append(stub_upstream.Fault(400, "no such parameter"))
-    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
-    assert resp.status == 200
-    frames = [line for line in (await resp.text()).splitlines() if line.startswith("data: ")]
+    body = await streamed_body(chat)
+    frames = [line for line in body.splitlines() if line.startswith("data: ")]
     assert orjson.loads(frames[-1][6:])["error"]["code"] == "upstream_rejected", frames
 
 
@@ -1223,9 +1227,7 @@ async def test_a_stream_the_model_pauses_in_sends_heartbeats(
     call, an upstream stall): the heartbeats go on between deltas too."""
     monkeypatch.setattr(gateway.chat, "STREAM_HEARTBEAT_S", 0.05, raising=False)
     chat.stub.chunk_delay_s = 0.3
-    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
-    assert resp.status == 200
-    body = await resp.text()
+    body = await streamed_body(chat)
     after_first_delta = body.split("data: ", 2)[2]
     assert ": \n\n" in after_first_delta.split("data: [DONE]")[0], body[:400]
     assert (await sdk_streamed_text(chat)).startswith("tok0")  # the SDK skips heartbeats
