@@ -63,8 +63,8 @@ def _string_map(raw: str) -> bool:
 
 
 def _role_map(raw: str) -> bool:
-    """A map to role names, or to "" (no role): a name no role can have would fail every
-    sign-in it maps."""
+    """A map to role names, or to "" (an entry that maps to nothing): a name no role can
+    have would fail every sign-in it maps."""
     if not _string_map(raw):
         return False
     roles = orjson.loads(raw).values() if raw.strip() else ()
@@ -159,7 +159,7 @@ TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
     "string_map": (_string_map, 'blank or a JSON object of strings, e.g. {"ops": "admin"}'),
     "role_map": (
         _role_map,
-        'blank or a JSON object of role names (lower case: a-z, 0-9, _ . -; "" for none), '
+        'blank or a JSON object of role names (lower case: a-z, 0-9, _ . -; "" maps nothing), '
         'e.g. {"ops": "admin"}',
     ),
     "role_name": (

@@ -65,7 +65,7 @@ def require_access(principal: Principal, domain: str, access: Access) -> None:
         raise ValueError(f"unknown resource domain {domain!r}")
     if not allowed(principal, domain, access):
         refusal = _refusal(principal, domain, access)
-        if principal.key_id is None:
+        if principal.key_id is None and principal.attributes.get("auth") != "oauth":
             # A session's (an OIDC token's) rights come from roles: no scope would do.
             raise Forbidden(refusal, code="insufficient_scope")
         raise MissingScope(f"admin:{access}", refusal)

@@ -137,7 +137,9 @@ async def test_a_client_with_every_scope_gets_a_narrower_token(database_url: str
         status, who, _ = await svc.request("GET", WHOAMI, token["access_token"])
         assert status == 200 and who["scopes"] == ["admin:read", "chat"], who
         write = GUARDED.format(domain="users")
-        assert (await svc.request("POST", write, token["access_token"]))[0] == 403
+        status, _, headers = await svc.request("POST", write, token["access_token"])
+        assert status == 403  # and the scope that would do is named (RFC 6750)
+        assert 'error="insufficient_scope", scope="admin:write"' in headers["WWW-Authenticate"]
         form = {"grant_type": "client_credentials", "scope": "chat telepathy"}
         status, err, _ = await svc.request("POST", "/v1/oauth/token", data=form, headers=auth)
         assert status == 400 and err["error"] == "invalid_scope"
