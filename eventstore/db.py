@@ -47,6 +47,8 @@ _UNAVAILABLE_STATES = frozenset({"25P03", "55P03"})
 # (55P03: the lock timeout). The rest of class 57 (shutdown, crash, cannot connect now,
 # database dropped), 08 and 25P03 end the session: the database, not the statement.
 _ABORTED_CLASSES = ("40",)
+_CREDENTIALS_REFUSED_CLASS = "28"
+"""Invalid authorization specification: the server refused the user or its password."""
 _ABORTED_STATES = frozenset({"57014", "55P03"})
 
 
@@ -101,6 +103,15 @@ def translate_errors() -> Iterator[None]:
     except asyncpg.PostgresError as exc:
         if is_aborted_state(_sqlstate(exc)):
             raise StatementAborted(f"{exc.sqlstate} {type(exc).__name__}: {exc}") from exc
+        if _sqlstate(exc)[:2] == _CREDENTIALS_REFUSED_CLASS:
+            # A new pooled connection after the password was rotated (or pg_hba changed)
+            # while the service ran: the database's state, and not a retry's to cure.
+            raise StoreUnavailable.with_detail(
+                "the database refused this service's user and password (changed since it "
+                "started?); check the database URL's credentials and that the user may "
+                "connect, then restart the service",
+                f"{type(exc).__name__}: {exc}",
+            ) from exc
         if is_unavailable_state(_sqlstate(exc)):
             raise StoreUnavailable.with_detail(
                 "the event store database is unavailable; retry shortly",

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -348,3 +349,31 @@ async def test_sslrootcert_system_verifies_against_the_system_roots(
     assert not isinstance(caught.value, StoreUnavailable)
     with pytest.raises(StoreError, match="needs sslmode=verify-full"):
         await Database.connect(url.replace("verify_full", "require"), max_size=1)
+
+
+async def test_credentials_refused_while_running_are_unavailable_and_say_what_to_check(
+    database_url: str,
+) -> None:
+    """Review finding: the user's password rotated (or its login taken away) while the
+    service ran, each request that opened a new pooled connection was a 500 with nothing to
+    act on; only startup said what was wrong."""
+    role = f"svc_locked_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw-{role}'")
+        parts = urlsplit(database_url)
+        host = parts.netloc.rsplit("@", 1)[-1]
+        url = urlunsplit(parts._replace(netloc=f"{role}:pw-{role}@{host}"))
+        db = await Database.connect(url, min_size=0)  # running, no connection open yet
+        try:
+            await admin.execute(f"ALTER ROLE {role} NOLOGIN")
+            with pytest.raises(StoreUnavailable) as caught:
+                async with db.acquire() as conn:
+                    await conn.fetchval("SELECT 1")
+            assert "refused this service's user and password" in caught.value.message
+            assert "pw-" not in str(caught.value)
+        finally:
+            await db.close()
+    finally:
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
