@@ -319,7 +319,7 @@ class ConversationHistory(_Wire):
 # -- api keys ---------------------------------------------------------------------------------
 
 
-def _printable_name(value: str) -> str:
+def printable_name(value: str) -> str:
     # Names are shown on one line in listings and terminals (svc apikeys list): a control
     # character (a line break, ESC, the C1 set) has no business in one.
     if any(unicodedata.category(c) == "Cc" for c in value):
@@ -332,7 +332,7 @@ ApiKeyName = Annotated[
     # The agents' rule (schemas/agent_admin.py): no leading or trailing whitespace, so a
     # name of spaces only is refused too.
     Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$"),
-    AfterValidator(_printable_name),
+    AfterValidator(printable_name),
 ]
 MAX_SCOPES = 16
 

@@ -9,12 +9,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from schemas.admin import AdminRead
+from schemas.admin import AdminRead, printable_name
 from schemas.agent import AgentParameters, Description, Id, SystemPrompt
 
-AgentName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")]
+AgentName = Annotated[
+    str,
+    Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$"),
+    # Listed on one line (GET /v1/models, the agents list), as key names are. Checked when
+    # given, not when read: an agent named before the rule still reads and answers.
+    AfterValidator(printable_name),
+]
 
 
 class _Wire(BaseModel):

@@ -239,6 +239,10 @@ async def test_scopes_and_validation(chat: Chat) -> None:
     assert status == 200
     status, error = await send(chat, "POST", AGENTS, {"name": " padded", "model": UPSTREAM_MODEL})
     assert status == 400, error
+    # Listed on one line (GET /v1/models), as key names are: no control characters.
+    for name in ("x\u001b[2J", "a\tb", "c\u0085d"):
+        status, error = await send(chat, "POST", AGENTS, {"name": name, "model": UPSTREAM_MODEL})
+        assert status == 400 and "control characters" in error["error"]["message"], error
     status, error = await send(chat, "PATCH", f"{AGENTS}/agt_missing", {"description": "x"})
     assert status == 404, error
     status, error = await send(chat, "GET", f"{AGENTS}/agt_missing")
