@@ -78,6 +78,7 @@ class EventStore(Protocol):
 
     async def load_snapshot(self, stream_id: str) -> Snapshot | None: ...
 
-    async def head(self) -> str:
-        """Cursor of the newest event visible to gap-free readers ("" for an empty log)."""
+    async def head(self, workspace_id: str | None = None) -> str:
+        """Cursor of the newest event visible to gap-free readers, of one workspace's events
+        if given ("" for an empty log)."""
         ...

@@ -98,6 +98,12 @@ SELECT tx, position FROM events WHERE {_VISIBLE}
 ORDER BY tx DESC, position DESC
 LIMIT 1
 """
+# One descent of `(workspace_id, tx, position)`, backwards from the workspace's end.
+_WORKSPACE_HEAD = f"""
+SELECT tx, position FROM events WHERE workspace_id = $1 AND {_VISIBLE}
+ORDER BY workspace_id DESC, tx DESC, position DESC
+LIMIT 1
+"""
 
 
 async def read_log(
@@ -219,7 +225,11 @@ async def point_issued(conn: Connection, point: LogPoint) -> bool:
     return bool(issued)
 
 
-async def log_head(conn: Connection) -> LogPoint:
-    """The newest point visible to gap-free readers; `ORIGIN` for an empty log."""
-    row = await conn.fetchrow(_HEAD)
+async def log_head(conn: Connection, workspace_id: str | None = None) -> LogPoint:
+    """The newest point visible to gap-free readers, of one workspace's events if given;
+    `ORIGIN` for an empty log."""
+    if workspace_id is None:
+        row = await conn.fetchrow(_HEAD)
+    else:
+        row = await conn.fetchrow(_WORKSPACE_HEAD, workspace_id)
     return ORIGIN if row is None else LogPoint(row[0], row[1])

@@ -574,9 +574,9 @@ class PostgresEventStore:
             row = await conn.fetchrow(_LOAD_SNAPSHOT, stream_id)
         return None if row is None else Snapshot(*row)
 
-    async def head(self) -> str:
+    async def head(self, workspace_id: str | None = None) -> str:
         async with self._db.acquire(stateless=True) as conn:
-            point = await log_head(conn)
+            point = await log_head(conn, workspace_id)
         return "" if point == ORIGIN else encode_cursor(point)
 
 

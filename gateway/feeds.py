@@ -29,6 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
+from eventstore.cursor import ORIGIN, encode_cursor
 from eventstore.records import RecordedEvent
 from gateway.auth import RECHECK, authenticate, require_scope
 from gateway.cursor_seal import open_issued
@@ -194,16 +195,20 @@ def requested_types(request: web.Request) -> list[str] | None:
     return names
 
 
-async def start_cursor(request: web.Request) -> str:
+async def start_cursor(request: web.Request, workspace_id: str) -> str:
     """Where the feed starts: the resume cursor; with none, the start of the workspace's log,
-    or its current head with `?start=latest`."""
+    or its current head with `?start=latest`: the workspace's newest event, never the
+    instance's, whose every move the first frame's id would tell (an event of the workspace
+    committed later has a later point than either, so the feed is the same)."""
     cursor = await resume_cursor(request)
     start = request.query.get("start", "").strip() or "earliest"
     if start not in ("earliest", "latest"):
         raise InvalidInput("start: use earliest or latest", code="invalid_start")
     if cursor or start == "earliest":
         return cursor
-    return await request.app[STORE].head()
+    # An empty workspace's head is the log's origin, said as a cursor all the same: an
+    # EventSource reconnecting from it misses nothing committed since.
+    return await request.app[STORE].head(workspace_id) or encode_cursor(ORIGIN)
 
 
 # -- serving ----------------------------------------------------------------------------------
@@ -244,7 +249,7 @@ def _handler(spec: FeedSpec) -> Callable[[web.Request], Any]:
     async def serve(request: web.Request) -> web.StreamResponse:
         principal = await _authorize(request, spec)
         check_feed_query(request)
-        cursor = await start_cursor(request)
+        cursor = await start_cursor(request, principal.workspace_id)
         types = requested_types(request)
         hub = request.app[FEED_HUB]
         hub.attach(request.app[TAILER])

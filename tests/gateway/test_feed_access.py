@@ -459,3 +459,35 @@ async def test_a_fresh_cursor_behind_a_running_transaction_is_accepted(service: 
     (frame,) = await reader.events(1)
     resp.close()
     assert frame.id == sentinel
+
+
+async def test_a_latest_start_tells_nothing_of_other_workspaces(service: Service) -> None:
+    """Review finding: `start=latest` began at the instance's newest event, whose sealed
+    cursor (the first frame's id) changed whenever any workspace wrote: a live signal of
+    other tenants' activity. It begins at the workspace's own newest event, which misses
+    none of the workspace's later events."""
+    ws, key = await new_workspace(service)
+
+    async def first_id(**params: str) -> str | None:
+        resp, reader = await open_feed(service, EVENTS, key, **params)
+        try:
+            frame = await reader.frame()
+        finally:
+            resp.close()
+        assert frame is not None
+        return frame.id
+
+    start = await first_id(start="latest")
+    assert start is not None
+    await service.issue_key(uid("ws-"))  # another workspace writes
+    assert await first_id(start="latest") == start
+    await service.issue_key(ws)  # this one writes
+    resp, reader = await open_feed(service, EVENTS, key, last_event_id=start)
+    try:
+        frame = await reader.frame()
+        while frame is not None and frame.event is None:  # the retry advice, heartbeats
+            frame = await reader.frame()
+    finally:
+        resp.close()
+    assert frame is not None and frame.event == "workspace.api_key_issued", frame
+    assert await first_id(start="latest") != start
