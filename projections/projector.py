@@ -16,6 +16,13 @@ from eventstore.records import RecordedEvent
 from schemas.events import EVENTS, Event
 
 E = TypeVar("E", bound=Event)
+
+
+def namespace_of(event_type: str) -> str:
+    """`identity` for `identity.user_updated`: event types are `<namespace>.<what happened>`."""
+    return event_type.partition(".")[0]
+
+
 Handler = Callable[[Connection, RecordedEvent, Any], Awaitable[None]]
 
 
@@ -25,7 +32,10 @@ class Projector(ABC):
     Subclasses set `name` (the checkpoint key, stable forever) and `tables` (every table its
     handlers write or read: a rebuild replays into copies of them), and map event classes to
     handlers in `handlers()`. Events of other types are passed over (the checkpoint still
-    moves past them).
+    moves past them), except a type this process does not know in a namespace the projector
+    reads (the `identity` of `identity.totp_reset`): a newer version wrote it, and it may be
+    the projector's, so the projector waits on it (EventFromNewerVersion) rather than pass
+    it for good.
 
     Handlers get the batch's connection or a stand-in for it (pipeline.Pipeline) that offers
     `execute`, `fetch`, `fetchrow` and `fetchval`: use only those, and `pipeline.fold`, which
@@ -49,14 +59,26 @@ class Projector(ABC):
     def event_types(self) -> frozenset[str]:
         return frozenset(self._handlers)
 
+    @property
+    def namespaces(self) -> frozenset[str]:
+        """The namespaces of the types it handles: `identity` for `identity.user_updated`."""
+        return frozenset(namespace_of(t) for t in self._handlers)
+
     def handles(self, event_type: str) -> bool:
-        return event_type in self._handlers
+        """Whether `apply` has anything to do with an event of this type: a handler, or the
+        type is unknown here in one of the projector's namespaces."""
+        return event_type in self._handlers or (
+            not EVENTS.knows(event_type) and namespace_of(event_type) in self.namespaces
+        )
 
     async def apply(self, conn: Connection, event: RecordedEvent) -> None:
         """Apply one event. It is decoded through the registry so upcasters run first and
-        handlers only ever see the current schema version."""
+        handlers only ever see the current schema version; an unknown type raises
+        EventFromNewerVersion there."""
         handler = self._handlers.get(event.type)
         if handler is None:
+            if self.handles(event.type):
+                EVENTS.decode(event.type, event.schema_version, event.data)
             return
         decoded = EVENTS.decode(event.type, event.schema_version, event.data)
         await handler(conn, event, decoded)

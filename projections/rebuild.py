@@ -74,6 +74,14 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def replayed_types(projector: Projector) -> list[str]:
+    """What a rebuild reads (`eventstore.reads.OF_TYPES`): the projector's types, and every
+    type of its namespaces, so that one this process does not know (a newer version's) stops
+    the rebuild rather than be left out of the copies for good. Only the projector's own
+    types are counted (the progress, the number replayed)."""
+    return [*sorted(projector.event_types), *(f"{ns}.*" for ns in sorted(projector.namespaces))]
+
+
 @dataclass
 class _Replay:
     """The copies' progress through the log: the events of the projector's types only."""
@@ -86,14 +94,14 @@ class _Replay:
 
     async def batch(self, conn: Connection) -> bool:
         """Apply the next batch to the copies; False once caught up with the visible log."""
-        types = sorted(self.projector.event_types)
+        types = replayed_types(self.projector)
         events, more = await read_log_cut(
             conn, self.point, self.batch_size, self.batch_bytes, types
         )
         if events:
             await self._apply(conn, events)
             self.point = events[-1].point
-            self.done += len(events)
+            self.done += sum(1 for e in events if e.type in self.projector.event_types)
         return more
 
     async def _apply(self, conn: Connection, events: list[RecordedEvent]) -> None:

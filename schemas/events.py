@@ -90,6 +90,9 @@ class EventRegistry:
     def known_types(self) -> list[str]:
         return sorted(self._types)
 
+    def knows(self, type_name: str) -> bool:
+        return type_name in self._types
+
     def encode(self, event: Event) -> tuple[str, int, dict[str, Any]]:
         cls = type(event)
         if self._types.get(cls.type_name) is not cls:
