@@ -14,6 +14,7 @@ from actors.behaviour import ActorKey
 from gateway.auth import authenticate
 from gateway.cursor_seal import open_issued
 from gateway.identity.roles import domain_for_path, require_access
+from gateway.projection_waits import not_applied_by
 from gateway.state import CURSORS, PROJECTIONS, RUNTIME, TAILER, Principal
 from schemas.commands import Command
 from schemas.errors import Unavailable
@@ -70,17 +71,8 @@ async def wait_applied(
 
 
 def not_applied(request: web.Request, names: Collection[str] | None, lagging: str) -> Unavailable:
-    """The error for a wait that `wait_applied` gave up: a stopped read model, which waiting
-    cannot cure, is named as such; otherwise `lagging` says what to retry."""
-    stopped = request.app[PROJECTIONS].stopped(names)
-    if stopped:
-        return Unavailable(
-            f"the read model(s) {', '.join(stopped)} stopped on an event they could not apply; "
-            "an operator should run `svc projections status` (docs/projections.md says how "
-            "to recover)",
-            code="projection_failed",
-        )
-    return Unavailable(lagging, code="projection_lagging")
+    """`not_applied_by` this app's runner, for a wait that `wait_applied` gave up."""
+    return not_applied_by(request.app[PROJECTIONS], names, lagging)
 
 
 def public_cursor(request: web.Request, cursor: str) -> str:
