@@ -21,6 +21,7 @@ from schemas.errors import Conflict, InvalidInput, NotFound
 from schemas.events import Event
 from schemas.identity import (
     BUILTIN_ROLES,
+    USER_CHANGED,
     Access,
     BindRole,
     CustomRoleDefined,
@@ -152,6 +153,14 @@ def _provision(state: DirectoryState, c: ProvisionUser) -> list[Event]:
 
 def _update(state: DirectoryState, c: UpdateUser) -> list[Event]:
     user = state.live_user(c.user_id)
+    if c.base is not None and c.base != user.profile:
+        # A read-modify-write that read before another change landed: writing its profile
+        # whole would undo that change (a deactivation brought back by a rename).
+        raise Conflict(
+            f"user {c.user_id} changed while this change was being made; read it again and "
+            "retry",
+            code=USER_CHANGED,
+        )
     if user_name_key(c.profile.user_name) != user_name_key(user.profile.user_name):
         # Only a new name is checked: two users recorded under names that one key now
         # takes as the same (before the key existed) may each still be updated.

@@ -149,6 +149,13 @@ class UpdateUser(IdentityCommand):
     user_id: Id
     profile: UserProfile
     at: AwareDatetime
+    base: UserProfile | None = None
+    """The profile `profile` was made from (read from the read model): when the user's is
+    another by now, the command is refused (`USER_CHANGED`) rather than undo that change."""
+
+
+USER_CHANGED = "user_changed"
+"""The code of an UpdateUser refused because its `base` is no longer the user's profile."""
 
 
 class DeprovisionUser(IdentityCommand):

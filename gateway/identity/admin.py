@@ -7,7 +7,8 @@ principal grants a role, defines one, or manages a user carrying rights it lacks
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -36,6 +37,7 @@ from gateway.identity.common import (
     json,
     new_id,
     now,
+    profile_of,
     signed_in_user,
     signs_in_elsewhere,
     user_view,
@@ -63,6 +65,7 @@ from schemas.admin import MAX_OFFSET, NoQuery
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound
 from schemas.identity import (
     BUILTIN_ROLES,
+    USER_CHANGED,
     Access,
     BindRole,
     DefineCustomRole,
@@ -88,6 +91,7 @@ from schemas.workspace import API_KEY_SCOPES, IssueApiKey, RevokeApiKey
 
 Password = Annotated[SecretStr, Field(min_length=MIN_LENGTH, max_length=MAX_LENGTH)]
 SCIM_TOKEN_PREFIX = "svc_scim_"
+T = TypeVar("T")
 
 
 class _Body(BaseModel):
@@ -184,20 +188,6 @@ class UserKeyBody(_Body):
 class OAuthClientBody(_Body):
     name: str = Field(min_length=1, max_length=200)
     scopes: tuple[str, ...] = Field(min_length=1, max_length=16)
-
-
-def profile_of(user: UserRow) -> UserProfile:
-    return UserProfile.model_validate(
-        {
-            "user_name": user.user_name,
-            "display_name": user.display_name,
-            "given_name": user.given_name,
-            "family_name": user.family_name,
-            "emails": user.emails,
-            "external_id": user.external_id,
-            "active": user.active,
-        }
-    )
 
 
 def refuse_repeat(outcome: CommandOutcome, issued: str, find_it: str) -> None:
@@ -400,40 +390,67 @@ async def patch_user(request: web.Request) -> web.Response:
             code="insufficient_scope",
         )
     ident = identity(request)
-    user = await live_user(ident, principal.workspace_id, target)
-    if not own_names_only:
-        await check_manageable(ident, principal, user)
-    if body.active is False and "owner" in user.roles:
-        await keep_an_owner(ident, principal.workspace_id, user.user_id)
-    renamed = {f for f in changed & DIRECTORY_MATCHED if getattr(body, f) != getattr(user, f)}
-    if user.source in DIRECTORY_SOURCES | {"scim"} and renamed:
-        # A sign-in through the directory finds the account by these and syncs its roles:
-        # renamed onto another entry, the account (its keys, its sessions) would receive
-        # that entry's roles, which no one who renamed it need hold.
-        raise Conflict(
-            f"user {user.user_id} is {user.source}'s: its user_name and external_id are "
-            "the directory's (change them there)",
-            code="external_account",
-        )
-    # Merged as plain data and validated whole: `model_copy(update=...)` would put the dumped
-    # emails (dicts) into the profile unvalidated, which pydantic then warns about on every
-    # dump. A field set to null is validated like any value (null user_name is a 400).
     changes = body.model_dump(exclude_unset=True)
-    profile = UserProfile.model_validate({**profile_of(user).model_dump(), **changes})
-    await ident.ask(
-        directory_key(principal.workspace_id),
-        UpdateUser(
-            by=actor_of(request),
-            command_id=command_id(request),
-            workspace_id=principal.workspace_id,
-            user_id=user.user_id,
-            profile=profile,
-            at=now(),
-        ),
-    )
-    if profile.active is False:
+
+    async def attempt() -> UserRow:
+        user = await live_user(ident, principal.workspace_id, target)
+        if not own_names_only:
+            await check_manageable(ident, principal, user)
+        if body.active is False and "owner" in user.roles:
+            await keep_an_owner(ident, principal.workspace_id, user.user_id)
+        renamed = {f for f in changed & DIRECTORY_MATCHED if getattr(body, f) != getattr(user, f)}
+        if user.source in DIRECTORY_SOURCES | {"scim"} and renamed:
+            # A sign-in through the directory finds the account by these and syncs its
+            # roles: renamed onto another entry, the account (its keys, its sessions) would
+            # receive that entry's roles, which no one who renamed it need hold.
+            raise Conflict(
+                f"user {user.user_id} is {user.source}'s: its user_name and external_id are "
+                "the directory's (change them there)",
+                code="external_account",
+            )
+        # Merged as plain data and validated whole: `model_copy(update=...)` would put the
+        # dumped emails (dicts) into the profile unvalidated, which pydantic then warns about
+        # on every dump. A field set to null is validated like any value (null user_name is
+        # a 400).
+        base = profile_of(user)
+        profile = UserProfile.model_validate({**base.model_dump(), **changes})
+        await ident.ask(
+            directory_key(principal.workspace_id),
+            UpdateUser(
+                by=actor_of(request),
+                command_id=command_id(request),
+                workspace_id=principal.workspace_id,
+                user_id=user.user_id,
+                profile=profile,
+                at=now(),
+                base=base,
+            ),
+        )
+        return user
+
+    user = await retried_if_changed(ident, attempt)
+    if body.active is False:
         await cut_off(request, ident, principal.workspace_id, user.user_id, "user deactivated")
     return json(user_view(await live_user(ident, principal.workspace_id, user.user_id)))
+
+
+USER_UPDATE_TRIES = 4
+"""How often a change to a user is made from a fresh read when another change to the user
+landed between its read and its write (UpdateUser.base); then 409 `user_changed`."""
+
+
+async def retried_if_changed(ident: Identity, attempt: Callable[[], Awaitable[T]]) -> T:
+    """`attempt` (read the user, decide, UpdateUser with its base), made again from the read
+    models once they show the change that refused it."""
+    tries = 1
+    while True:
+        try:
+            return await attempt()
+        except Conflict as exc:
+            if exc.code != USER_CHANGED or tries >= USER_UPDATE_TRIES:
+                raise
+        tries += 1
+        await ident.caught_up()
 
 
 async def deprovision(

@@ -24,7 +24,7 @@ from gateway.state import STORE, Principal
 from projections.identity_queries import UserRow
 from schemas.commands import client_command_id
 from schemas.errors import InvalidInput, PayloadTooLarge
-from schemas.identity import SIGNS_IN_ELSEWHERE
+from schemas.identity import SIGNS_IN_ELSEWHERE, UserProfile
 from schemas.text import is_utf8
 
 SCIM_ACTOR: web.RequestKey[str] = web.RequestKey("svc_scim_actor", str)
@@ -208,3 +208,19 @@ def first_mapped_role(
         if role and fold(name) in held:
             return role
     return default or None
+
+
+def profile_of(user: UserRow) -> UserProfile:
+    """The user's profile as the read model shows it: the `base` of an UpdateUser made from
+    it."""
+    return UserProfile.model_validate(
+        {
+            "user_name": user.user_name,
+            "display_name": user.display_name,
+            "given_name": user.given_name,
+            "family_name": user.family_name,
+            "emails": user.emails,
+            "external_id": user.external_id,
+            "active": user.active,
+        }
+    )

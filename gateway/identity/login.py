@@ -28,6 +28,7 @@ from gateway.identity.common import (
     json,
     new_id,
     now,
+    profile_of,
     signed_in_user,
     signs_in_elsewhere,
 )
@@ -188,7 +189,12 @@ async def sync_external_user(
             if role not in roles:
                 await ident.ask(key, UnbindRole(**stamp(), user_id=user_id, role=role))
         if existing.source != "scim":
-            await ident.ask(key, UpdateUser(**stamp(), user_id=user_id, profile=profile))
+            # Made from the read model's copy, as an admin's change is: one that landed since
+            # (a deactivation while the directory answered) refuses it, not undone by it.
+            update = UpdateUser(
+                **stamp(), user_id=user_id, profile=profile, base=profile_of(existing)
+            )
+            await ident.ask(key, update)
     user = await get_user(ident.db, workspace_id, user_id)
     if user is None:
         raise Unauthorized(BAD_CREDENTIALS)
@@ -203,6 +209,7 @@ def _synced_profile(found: ExternalUser, existing: UserRow | None) -> UserProfil
     profile: dict[str, Any] = {"user_name": found.login, "external_id": found.external_id}
     if existing is not None:
         profile |= {
+            "active": existing.active,
             "user_name": existing.user_name,
             "display_name": existing.display_name,
             "given_name": existing.given_name,

@@ -33,7 +33,7 @@ from gateway.errors import count_error, read_json, validation_problems
 from gateway.identity.admin import (
     cut_off,
     deprovision,
-    profile_of,
+    retried_if_changed,
     revoke_sessions,
     set_password,
 )
@@ -43,6 +43,7 @@ from gateway.identity.common import (
     actor_of,
     new_id,
     now,
+    profile_of,
     storable,
 )
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
@@ -104,7 +105,7 @@ def _error(status: int, detail: str, scim_type: str | None) -> web.Response:
 
 def _from_svc(exc: SvcError) -> web.Response:
     scim_type = None
-    if isinstance(exc, Conflict):
+    if isinstance(exc, Conflict) and exc.code == "uniqueness":
         scim_type = "uniqueness"
     elif isinstance(exc, InvalidInput):
         scim_type = "invalidValue"
@@ -211,22 +212,33 @@ def _names(raw: Any) -> list[str]:
 
 def project(res: dict[str, Any], attributes: list[str], excluded: list[str]) -> dict[str, Any]:
     """RFC 7644 section 3.9: `attributes` keeps only those (and the always-returned ones),
-    `excludedAttributes` drops those; both accept `parent.sub` names."""
+    `excludedAttributes` drops those; both accept `parent.sub` names, which apply to a
+    complex attribute and to each value of a multi-valued one (`emails.value`)."""
     if attributes:
         tops = {a.split(".", 1)[0] for a in attributes}
         out = {k: v for k, v in res.items() if k.lower() in _ALWAYS or k.lower() in tops}
         for k, v in list(out.items()):
             subs = {a.split(".", 1)[1] for a in attributes if a.startswith(k.lower() + ".")}
-            if subs and k.lower() not in attributes and isinstance(v, dict):
-                out[k] = {sk: sv for sk, sv in v.items() if sk.lower() in subs}
+            if subs and k.lower() not in attributes:
+                out[k] = _sub_attributes(v, subs, keep=True)
         return out
     out = {k: v for k, v in res.items() if k.lower() in _ALWAYS or k.lower() not in excluded}
     for name in excluded:
         top, _, sub = name.partition(".")
         for k, v in list(out.items()):
-            if sub and k.lower() == top and isinstance(v, dict):
-                out[k] = {sk: sv for sk, sv in v.items() if sk.lower() != sub}
+            if sub and k.lower() == top:
+                out[k] = _sub_attributes(v, {sub}, keep=False)
     return out
+
+
+def _sub_attributes(value: Any, names: set[str], *, keep: bool) -> Any:
+    """A complex value, or each value of a multi-valued attribute, with only the (lower-cased)
+    sub-attributes `names` (`keep`) or without them."""
+    if isinstance(value, dict):
+        return {k: v for k, v in value.items() if (k.lower() in names) == keep}
+    if isinstance(value, list):
+        return [_sub_attributes(item, names, keep=keep) for item in value]
+    return value
 
 
 class ScimReadQuery(BaseModel):
@@ -331,7 +343,8 @@ def _profile_fields(data: dict[str, Any], *, partial: bool = False) -> dict[str,
             raise ScimError(400, "name must be an object (givenName, familyName)", "invalidValue")
         name = _lower_keys(d["name"]) if isinstance(d["name"], dict) else {}
         for part, field in (("givenname", "given_name"), ("familyname", "family_name")):
-            if part in name or not partial:
+            # null is unassigned (RFC 7643 section 2.5): both parts go.
+            if part in name or not partial or d["name"] is None:
                 out[field] = name.get(part)
     for dotted, field in (("name.givenname", "given_name"), ("name.familyname", "family_name")):
         if dotted in d:
@@ -519,14 +532,43 @@ async def get_handler(request: web.Request, ident: Identity, ws: str) -> web.Str
     return scim_json(project(resource(request, user), attributes, excluded))
 
 
+Change = Callable[[UserRow], Awaitable[tuple[UserProfile, str | None]]]
+"""A PUT's or a PATCH's new profile (and password, if it sets one) for the user as read."""
+
+
 async def _save(
+    request: web.Request, ident: Identity, ws: str, change: Change
+) -> web.StreamResponse:
+    """Read the user, make its profile with `change` and write it: again from a fresh read
+    when another change to the user landed in between (two PATCHes at once: the later one,
+    written whole from its older read, undid a deactivation). Then the password, and a user
+    who ends up inactive is cut off, also when it already was (a retried deactivation whose
+    first try failed after its write must still revoke the user's keys)."""
+
+    async def attempt() -> tuple[UserProfile, str | None]:
+        user = await _writable_user(ident, ws, request.match_info["id"])
+        profile, password = await change(user)
+        await _write(request, ident, ws, user, profile, password)
+        return profile, password
+
+    profile, password = await retried_if_changed(ident, attempt)
+    user_id = request.match_info["id"]
+    if password is not None:
+        await set_password(request, ident, ws, user_id, password)
+        await revoke_sessions(ident, ws, user_id, "password changed", actor_of(request))
+    if profile.active is False:
+        await cut_off(request, ident, ws, user_id, "deactivated by SCIM")
+    return scim_json(resource(request, await _user(ident, ws, user_id)))
+
+
+async def _write(
     request: web.Request,
     ident: Identity,
     ws: str,
     user: UserRow,
     profile: UserProfile,
     password: str | None,
-) -> web.StreamResponse:
+) -> None:
     """The profile first: a change refused (a name taken) must leave the password as it was.
     A new password ends the user's sessions, as the admin API's does; an account that signs
     in elsewhere (LDAP, SAML) takes none, and nothing changes. (The admin API also refuses a
@@ -558,21 +600,22 @@ async def _save(
             user_id=user.user_id,
             profile=profile,
             at=now(),
+            base=profile_of(user),
         ),
     )
-    if password is not None:
-        await set_password(request, ident, ws, user.user_id, password)
-        await revoke_sessions(ident, ws, user.user_id, "password changed", actor_of(request))
-    if profile.active is False and user.active is not False:
-        await cut_off(request, ident, ws, user.user_id, "deactivated by SCIM")
-    return scim_json(resource(request, await _user(ident, ws, user.user_id)))
 
 
 async def put_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
-    user = await _writable_user(ident, ws, request.match_info["id"])
-    data = await _json_object(request)
-    profile = _full_profile(data)
-    return await _save(request, ident, ws, user, profile, _password_in(data))
+    async def change(user: UserRow) -> tuple[UserProfile, str | None]:
+        data = await _json_object(request)
+        profile = _full_profile(data)
+        if "active" not in _lower_keys(data):
+            # Not asserted (RFC 7644 section 3.5.1 lets the server keep it): a PUT of the
+            # other attributes must not bring a deactivated user back.
+            profile = profile.model_copy(update={"active": user.active})
+        return profile, _password_in(data)
+
+    return await _save(request, ident, ws, change)
 
 
 def _take_password(op: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -630,9 +673,9 @@ def _apply_op(current: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
             raise ScimError(400, "userName cannot be removed", "mutability")
         return {**current, **{k: ([] if k == "emails" else None) for k in fields}}
     if isinstance(path, str) and path:
-        fields = _profile_fields({path: value}, partial=True)
-        if not fields:
+        if _attr_name(path) not in _KEPT:
             raise ScimError(400, f"unsupported PATCH path {path!r}", "invalidPath")
+        fields = _profile_fields({path: value}, partial=True)
     elif isinstance(value, dict):
         _refuse_unkept(value)
         fields = _profile_fields(value, partial=True)
@@ -674,18 +717,43 @@ def _refuse_unkept(value: dict[str, Any]) -> None:
 def _added_emails(
     current: list[dict[str, Any]], added: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """`current` and `added`; an added primary email makes the others not primary (RFC 7644
-    section 3.5.2: the server sets primary to false for any other value)."""
-    if any(email.get("primary") for email in added):
-        current = [{**email, "primary": False} for email in current]
-    emails = [*current, *added]
+    """`current` and `added`. An added primary email makes the others not primary (RFC 7644
+    section 3.5.2: the server sets primary to false for any other value). An address the
+    user has already is that entry, given the added type, not a second entry (RFC 7644
+    section 3.5.2.1: a value already there is not added again): an IdP that sends its add
+    on every sync would otherwise grow the list until every PATCH is refused."""
+    demote = any(email.get("primary") for email in added)
+    emails = [{**email, "primary": False} if demote else dict(email) for email in current]
+    for new in added:
+        same = next((e for e in emails if _same_address(e, new)), None)
+        if same is None:
+            emails.append(new)
+        else:
+            same.update({**new, "primary": bool(new["primary"] or same.get("primary"))})
     _check_email_count(len(emails))
     return emails
 
 
+def _same_address(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    return str(one.get("value", "")).casefold() == str(other.get("value", "")).casefold()
+
+
 async def patch_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
-    user = await _writable_user(ident, ws, request.match_info["id"])
-    data = await _json_object(request)
+    async def change(user: UserRow) -> tuple[UserProfile, str | None]:
+        ops = _operations(await _json_object(request))
+        current = profile_of(user).model_dump(mode="json")
+        password: str | None = None
+        for op in ops:
+            rest, new_password = _take_password(_message_keys(op))
+            password = new_password or password
+            current = _apply_op(current, rest)
+        return UserProfile.model_validate(current), password
+
+    return await _save(request, ident, ws, change)
+
+
+def _operations(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """A PatchOp body's operations, each an object."""
     data = _message_keys(data)
     schemas = data.get("schemas")
     if not isinstance(schemas, list) or PATCH_SCHEMA not in schemas:
@@ -700,16 +768,9 @@ async def patch_handler(request: web.Request, ident: Identity, ws: str) -> web.S
             f"{len(ops):,}: send the change in several requests",
             "invalidValue",
         )
-    current = profile_of(user).model_dump(mode="json")
-    password: str | None = None
-    for op in ops:
-        if not isinstance(op, dict):
-            raise ScimError(400, "each operation must be an object", "invalidSyntax")
-        rest, new_password = _take_password(_message_keys(op))
-        password = new_password or password
-        current = _apply_op(current, rest)
-    profile = UserProfile.model_validate(current)
-    return await _save(request, ident, ws, user, profile, password)
+    if not all(isinstance(op, dict) for op in ops):
+        raise ScimError(400, "each operation must be an object", "invalidSyntax")
+    return ops
 
 
 async def delete_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
@@ -837,8 +898,17 @@ async def no_such_endpoint(request: web.Request, ident: Identity, ws: str) -> we
     raise ScimError(404, "no such SCIM endpoint")
 
 
-async def method_not_allowed(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
-    raise ScimError(405, f"{request.method} is not allowed on this endpoint")
+def _method_not_allowed(allowed: str) -> ScimHandler:
+    """A SCIM 405 with the `Allow` header RFC 9110 section 15.5.6 requires."""
+
+    async def refuse(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
+        response = _error(
+            405, f"{request.method} is not allowed on this endpoint; use {allowed}", None
+        )
+        response.headers["Allow"] = allowed
+        return response
+
+    return refuse
 
 
 _ROUTES: tuple[tuple[str, tuple[tuple[str, ScimHandler], ...]], ...] = (
@@ -869,5 +939,6 @@ def add_scim_routes(app: web.Application) -> None:
     for path, handlers in _ROUTES:
         for method, handler in handlers:
             r.add_route(method, PREFIX + path, scim_route(handler))
-        r.add_route("*", PREFIX + path, scim_route(method_not_allowed))
+        allowed = ", ".join(method for method, _ in handlers)
+        r.add_route("*", PREFIX + path, scim_route(_method_not_allowed(allowed)))
     r.add_route("*", f"{PREFIX}/{{tail:.*}}", scim_route(no_such_endpoint))

@@ -23,18 +23,20 @@ from actors.identity import DIRECTORY_KIND, identity_behaviours
 from actors.local import LocalRuntime
 from actors.runtime import ActorRuntime
 from actors.table import ActivationTable
+from eventstore.cursor import encode_cursor
 from eventstore.db import Database
+from eventstore.reads import log_head
 from eventstore.tasks import cancel_and_wait
 from gateway.identity.throttle import LoginThrottle
 from gateway.identity.totp import TotpVerifier
 from gateway.identity.vault import IdentityVault
+from gateway.projection_waits import not_applied_by
 from gateway.settings import Settings
 from gateway.state import DATABASE, PROJECTIONS, RUNTIME, SETTINGS, STORE
 from projections.identity import IdentityProjector
 from projections.identity_queries import prune_audit
 from projections.runner import ProjectionRunner
 from schemas.commands import Command
-from schemas.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +87,26 @@ class Identity:
         """Run `command` and wait until the identity read models show its events, so the
         caller's next lookup (a session, a role) already sees them."""
         outcome: CommandOutcome = await self.runtime.ask(key, command)
-        if outcome.cursor and not await self.projections.wait_for(
-            outcome.cursor, APPLY_TIMEOUT_S, names=[IdentityProjector.name]
-        ):
-            raise Unavailable(
-                "the identity read model did not catch up in time; retry shortly",
-                code="projection_lagging",
-            )
+        if outcome.cursor:
+            await self._applied(outcome.cursor)
         return outcome
+
+    async def caught_up(self) -> None:
+        """Wait until the identity read models show every event committed so far (the log's
+        head now), another caller's included."""
+        async with self.db.acquire(stateless=True) as conn:
+            head = await log_head(conn)
+        await self._applied(encode_cursor(head))
+
+    async def _applied(self, cursor: str) -> None:
+        names = [IdentityProjector.name]
+        if not await self.projections.wait_for(cursor, APPLY_TIMEOUT_S, names=names):
+            # Stopped on an event it cannot apply: said so, since retrying cannot help.
+            raise not_applied_by(
+                self.projections,
+                names,
+                "the identity read model did not catch up in time; retry shortly",
+            )
 
 
 IDENTITY: web.AppKey[Identity] = web.AppKey("svc_identity", Identity)

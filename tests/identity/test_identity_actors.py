@@ -84,6 +84,24 @@ def test_directory_lifecycle_and_replay() -> None:
     assert replayed == state
 
 
+def test_an_update_made_from_an_older_profile_is_refused_not_written_whole() -> None:
+    """A read-modify-write names the profile it read: written whole after a deactivation
+    that landed in between, it brought the user back."""
+    state = DirectoryBehaviour().initial_state(directory_key(WS))
+    state, _ = run(state, cmd(ProvisionUser, user_id="u1", profile=profile("Bo"), source="scim"))
+    read = state.users["u1"].profile
+    state, _ = run(state, cmd(UpdateUser, user_id="u1", profile=profile("Bo", active=False)))
+    renamed = profile("Bo", display_name="Bo B")
+    with pytest.raises(Conflict) as refused:
+        run(state, cmd(UpdateUser, user_id="u1", profile=renamed, base=read))
+    assert refused.value.code == "user_changed"
+    assert state.users["u1"].profile.active is False
+    fresh = state.users["u1"].profile
+    changed = fresh.model_copy(update={"display_name": "Bo B"})
+    state, events = run(state, cmd(UpdateUser, user_id="u1", profile=changed, base=fresh))
+    assert len(events) == 1 and state.users["u1"].profile.active is False
+
+
 def test_directory_refusals_and_idempotent_no_ops() -> None:
     state = DirectoryBehaviour().initial_state(directory_key(WS))
     state, _ = run(state, cmd(ProvisionUser, user_id="u1", profile=profile("Bo"), source="scim"))

@@ -3,16 +3,22 @@ pagination, discovery documents, SCIM error format, and deprovisioning that ends
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+from asyncio import Event
 from typing import Any
 
 import pytest
-from identity_support import WHOAMI, Running, running, settings_for
+from identity_support import WHOAMI, WS, Running, running, settings_for
 
+from eventstore.records import NewEvent
+from gateway.identity import admin, scim
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
 from gateway.identity.service import IDENTITY
-from gateway.state import DATABASE
+from gateway.state import DATABASE, STORE
+from projections.identity_queries import get_user
+from schemas.errors import Unavailable
 from schemas.scim_api import ScimErrorBody, ScimListResponse, ScimUser
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
@@ -560,9 +566,13 @@ async def test_a_huge_user_or_patch_is_refused_at_once_with_a_short_answer(
 
         user = await create_user(svc, token, "patched@example.com")
         path = f"/scim/v2/Users/{user['id']}"
-        add = {"op": "add", "path": "emails", "value": [{"value": "x@example.com"}]}
         for ops, told in ((1001, "at most 1,000 operations"), (101, "at most 100 emails")):
-            body = {"schemas": [PATCH], "Operations": [add] * ops}
+            # Each its own address: an address added again is the entry already there.
+            adds = [
+                {"op": "add", "path": "emails", "value": [{"value": f"x{n}@example.com"}]}
+                for n in range(ops)
+            ]
+            body = {"schemas": [PATCH], "Operations": adds}
             status, err, _ = await svc.request("PATCH", path, token, json=body)
             assert status == 400 and told in err["detail"], err
         # The admin API holds users to the same bound.
@@ -698,3 +708,173 @@ async def test_the_openapi_document_describes_scim_as_it_answers(database_url: s
         for status in ("500", "503"):
             schema = responses[status]["content"]["application/json"]["schema"]
             assert schema["$ref"].endswith("/ErrorEnvelope"), status
+
+
+def _ops(*ops: dict[str, Any]) -> dict[str, Any]:
+    return {"schemas": [PATCH], "Operations": list(ops)}
+
+
+def _held_after_first_read(module: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Event, Event]:
+    """`module.get_user` holding its first caller after the read until `go` is set: that
+    caller then writes from what it read before."""
+    real, read, go = module.get_user, Event(), Event()
+
+    async def held(*args: Any) -> Any:
+        row = await real(*args)
+        if not read.is_set():
+            read.set()
+            await go.wait()
+        return row
+
+    monkeypatch.setattr(module, "get_user", held)
+    return read, go
+
+
+async def test_a_change_made_from_an_older_read_does_not_undo_a_deactivation(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: a PATCH (SCIM's or the admin API's) read the user, another deactivated
+    it, and the first then wrote its whole profile: active again. The first is now made
+    again from a fresh read."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        token = (await scim_token(svc, key))["token"]
+        deactivate = _ops({"op": "replace", "path": "active", "value": False})
+        for writer, renamed in ((scim, "Rita by SCIM"), (admin, "Rita by admin")):
+            user = await create_user(svc, token, f"{writer.__name__}@example.com")
+            path = f"/scim/v2/Users/{user['id']}"
+            read, go = _held_after_first_read(writer, monkeypatch)
+            if writer is scim:
+                body = _ops({"op": "replace", "path": "displayName", "value": renamed})
+                sent = svc.request("PATCH", path, token, json=body)
+            else:
+                change = {"display_name": renamed}
+                sent = svc.request("PATCH", f"/v1/admin/users/{user['id']}", key, json=change)
+            renaming = asyncio.create_task(sent)
+            await asyncio.wait_for(read.wait(), 30)
+            status, body, _ = await svc.request("PATCH", path, token, json=deactivate)
+            assert status == 200 and body["active"] is False, body
+            go.set()
+            status, body, _ = await asyncio.wait_for(renaming, 30)
+            assert status == 200, body
+            status, got, _ = await svc.request("GET", path, token)
+            assert (got["active"], got["displayName"]) == (False, renamed), (writer, got)
+            monkeypatch.undo()
+
+        # A read that stays stale is given up on: 409, and not the name-taken scimType.
+        stale = await get_user(svc.app[DATABASE], WS, user["id"])
+        rename = _ops({"op": "replace", "path": "displayName", "value": "Rita again"})
+        assert (await svc.request("PATCH", path, token, json=rename))[0] == 200
+
+        async def always_stale(*args: Any) -> Any:
+            return stale
+
+        monkeypatch.setattr(scim, "get_user", always_stale)
+        rename = _ops({"op": "replace", "path": "displayName", "value": "Rita stale"})
+        status, err, _ = await svc.request("PATCH", path, token, json=rename)
+        assert status == 409 and "scimType" not in err, err
+        assert "changed while this change was being made" in err["detail"], err
+
+
+async def test_a_retried_deactivation_revokes_the_keys_its_first_try_did_not(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: the keys were revoked only when the read model still showed the
+    user active. A deactivation written, whose revocations then failed (a 503 the IdP
+    retries), left the user's keys live for good: a later reactivation brought them back."""
+    async with running(settings_for(database_url)) as svc:
+        admin_key = await svc.issue_key()
+        token = (await scim_token(svc, admin_key))["token"]
+        created = await create_user(svc, token, "kim@example.com")
+        personal = (await svc.issue_user_key(admin_key, created["id"], ["chat"]))["key"]
+        path = f"/scim/v2/Users/{created['id']}"
+        real_cut_off = admin.cut_off
+
+        async def failing_once(*args: Any) -> None:
+            monkeypatch.setattr(scim, "cut_off", real_cut_off)
+            raise Unavailable("the store is unavailable; retry", code="store_unavailable")
+
+        monkeypatch.setattr(scim, "cut_off", failing_once)
+        deactivate = _ops({"op": "replace", "path": "active", "value": False})
+        assert (await svc.request("PATCH", path, token, json=deactivate))[0] == 503
+        assert (await svc.request("PATCH", path, token, json=deactivate))[0] == 200
+        reactivate = _ops({"op": "replace", "path": "active", "value": True})
+        assert (await svc.request("PATCH", path, token, json=reactivate))[0] == 200
+        status, err, _ = await svc.request("GET", WHOAMI, personal)
+        assert status == 401, err
+
+
+async def test_patch_put_and_reads_follow_rfc_7644_in_the_details(database_url: str) -> None:
+    """Review findings: an add of an address the user has grew the list by a copy (an IdP
+    that re-sends it on every sync, until every PATCH is refused); null for `name` was
+    refused or ignored; a PUT without `active` reactivated a deactivated user;
+    `attributes=emails.value` returned whole emails; a 405 had no Allow header."""
+    async with running(settings_for(database_url)) as svc:
+        token = (await scim_token(svc, await svc.issue_key()))["token"]
+        user = await create_user(svc, token, "lou@example.com")
+        path = f"/scim/v2/Users/{user['id']}"
+
+        async def patch(*ops: dict[str, Any]) -> Any:
+            status, body, _ = await svc.request("PATCH", path, token, json=_ops(*ops))
+            assert status == 200, (ops, body)
+            return body
+
+        work = {"value": "lou@example.com", "type": "work", "primary": True}
+        for _ in range(2):
+            got = await patch({"op": "add", "path": "emails", "value": [work]})
+            assert got["emails"] == [work], got
+        got = await patch({"op": "add", "value": {"emails": [{"value": "LOU@example.com"}]}})
+        assert got["emails"] == [{**work, "value": "LOU@example.com"}], got
+        other = {"value": "l@x.io", "primary": True}
+        got = await patch({"op": "add", "path": "emails", "value": [other]})
+        assert [e["primary"] for e in got["emails"]] == [False, True], got
+
+        status, got, _ = await svc.request("GET", f"{path}?attributes=emails.value", token)
+        assert status == 200 and [set(e) for e in got["emails"]] == [{"value"}] * 2, got
+        status, got, _ = await svc.request("GET", f"{path}?excludedAttributes=emails.type", token)
+        assert status == 200 and all("type" not in e for e in got["emails"]), got
+
+        named = {"givenName": "Lou", "familyName": "Reed"}
+        for clear in (
+            {"op": "replace", "path": "name", "value": None},
+            {"op": "replace", "value": {"name": None}},
+        ):
+            assert (await patch({"op": "replace", "path": "name", "value": named}))["name"]
+            got = await patch(clear)
+            assert "name" not in got, (clear, got)
+
+        await patch({"op": "replace", "path": "active", "value": False})
+        status, put, _ = await svc.request(
+            "PUT", path, token, json=scim_user("lou@example.com", displayName="Lou")
+        )
+        assert status == 200 and put["active"] is False and put["displayName"] == "Lou", put
+        status, put, _ = await svc.request(
+            "PUT", path, token, json=scim_user("lou@example.com", active=True)
+        )
+        assert status == 200 and put["active"] is True, put
+
+        status, err, headers = await svc.request("DELETE", "/scim/v2/Users", token)
+        assert status == 405 and headers["Allow"] == "GET, POST", (err, headers)
+        assert "use GET, POST" in err["detail"], err
+
+
+async def test_a_stopped_identity_read_model_is_said_to_be_stopped_not_lagging(
+    database_url: str,
+) -> None:
+    """Review finding: an identity event the read model cannot apply stops it for every
+    workspace; each identity write then answered "lagging, retry shortly", which no retry
+    cures. It names the stopped read model and what to do, as the admin reads do."""
+    async with running(settings_for(database_url)) as svc:
+        token = (await scim_token(svc, await svc.issue_key()))["token"]
+        await svc.app[STORE].append(
+            "identity:elsewhere",
+            [NewEvent("identity.user_provisioned", {"workspace_id": "elsewhere"}, 1)],
+            expected_version=0,
+            command_id="cmd-poison",
+            workspace_id="elsewhere",
+        )
+        body = scim_user("sam@example.com")
+        status, err, _ = await svc.request("POST", "/scim/v2/Users", token, json=body)
+        assert status == 503 and err["error"]["code"] == "projection_failed", err
+        assert "identity" in err["error"]["message"], err
+        assert "svc projections status" in err["error"]["message"], err
