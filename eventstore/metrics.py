@@ -26,11 +26,14 @@ OLDEST_OPEN_TX_AGE = Gauge(
 )
 
 # Cluster-wide on purpose: the snapshot xmin that bounds gap-free readers is cluster-wide.
-# Only transactions that hold an xid (have written) hold readers back.
+# Only transactions that hold an xid (have written) hold readers back, and so does a prepared
+# (two-phase) one, which has no session in pg_stat_activity: an orphan left by another
+# application of the cluster freezes every feed while the gauge read 0.
 _OLDEST_OPEN_TX_AGE_SQL = """
-SELECT coalesce(extract(epoch FROM clock_timestamp() - min(xact_start)), 0)::float8
-FROM pg_stat_activity
-WHERE backend_xid IS NOT NULL
+SELECT coalesce(extract(epoch FROM clock_timestamp() - least(
+    (SELECT min(xact_start) FROM pg_stat_activity WHERE backend_xid IS NOT NULL),
+    (SELECT min(prepared) FROM pg_prepared_xacts)
+)), 0)::float8
 """
 
 

@@ -8,16 +8,21 @@ SVC_TEST_DATABASE_URL when set (see tests/conftest.py).
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 import random
+import tempfile
 import uuid
+from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from eventstore import reads
 from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Database
+from eventstore.embedded import EmbeddedPostgres
 from eventstore.errors import ConcurrencyConflict, InvalidAppend, InvalidCursor, StoreError
 from eventstore.metrics import OLDEST_OPEN_TX_AGE, OpenTxAgeSampler
 from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
@@ -598,6 +603,11 @@ class TestPostgresEventStore(EventStoreContract):
                 text = "\n".join(row[0] for row in plan)
                 assert f"Index Scan using {index} on events" in text, text
                 assert "Sort" not in text, text
+            # A workspace's newest event (a feed's start=latest): one descent of its index.
+            await conn.execute(f"PREPARE head AS {reads._WORKSPACE_HEAD}")
+            plan = await conn.fetch("EXPLAIN EXECUTE head('w3')")
+            text = "\n".join(row[0] for row in plan)
+            assert "Index Only Scan Backward using events_ws_tx_position" in text, text
 
     async def test_the_oldest_open_writing_transaction_is_measured(self, db: Database) -> None:
         sampler = OpenTxAgeSampler(db, interval_s=3600)
@@ -652,3 +662,33 @@ class TestPostgresEventStore(EventStoreContract):
     async def test_subscribe_without_a_tailer_says_so(self, store: PostgresEventStore) -> None:
         with pytest.raises(StoreError, match="tailer"):
             store.subscribe()
+
+
+async def test_a_prepared_transaction_is_measured_as_open() -> None:
+    """Review finding: a prepared (two-phase) transaction holds back every gap-free reader
+    but has no session in pg_stat_activity, so the gauge read 0 while the feeds froze."""
+    with tempfile.TemporaryDirectory(prefix="svc-2pc-") as tmp:
+        os.chmod(tmp, 0o755)  # the embedded server's own user must traverse it
+        server = EmbeddedPostgres(Path(tmp))
+        url = await asyncio.to_thread(server.start)
+        try:
+            conn = await asyncpg.connect(url)
+            await conn.execute("ALTER SYSTEM SET max_prepared_transactions = 2")
+            await conn.close()
+            await asyncio.to_thread(server.stop)
+            url = await asyncio.to_thread(server.start)
+            conn = await asyncpg.connect(url)
+            try:
+                await conn.execute("CREATE TABLE t (n int)")
+                await conn.execute("BEGIN; INSERT INTO t VALUES (1); PREPARE TRANSACTION 'x'")
+                await asyncio.sleep(0.2)
+                db = await Database.connect(url)
+                try:
+                    assert await OpenTxAgeSampler(db, interval_s=3600).sample() >= 0.2
+                finally:
+                    await db.close()
+                await conn.execute("ROLLBACK PREPARED 'x'")
+            finally:
+                await conn.close()
+        finally:
+            await asyncio.to_thread(server.stop)
