@@ -142,7 +142,11 @@ class EmbeddedPostgres:
                 self._server.ensure_postgres_running()
             except (subprocess.SubprocessError, OSError, AssertionError) as exc:
                 if wait_for_recovery(self.pgdata, RECOVERY_WAIT_S):
-                    return  # started, and ready after its crash recovery
+                    # Ready after its crash recovery. The wheel gave up before it noted the
+                    # new postmaster: looked up now, or `running()` would watch the dead one
+                    # (and start it "again") and a stop would leave the live one running.
+                    self._server.ensure_postgres_running()
+                    return
                 raise StoreUnavailable(
                     f"could not start the embedded PostgreSQL in {self.pgdata} again: "
                     f"{wheel_log.cause(exc)}; see {self.pgdata / 'log'}"

@@ -229,3 +229,41 @@ async def test_a_watch_that_fails_once_goes_on_watching(monkeypatch: pytest.Monk
     finally:
         await cancel_and_wait(watch)
     assert server.looks >= 2
+
+
+async def test_a_revive_that_outlasted_the_wheels_wait_follows_the_new_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: when the wheel gave up on a restart still recovering, revive waited
+    for the server and returned, but the handle still named the dead postmaster: the watch
+    took the live server for dead, and a stop skipped it."""
+    server = EmbeddedPostgres(tmp_path / "svc")
+    try:
+        assert await _answers(server.start())
+        lock = server.pgdata / "postmaster.pid"
+        os.kill(int(lock.read_text().split("\n", 1)[0]), signal.SIGKILL)
+        for _ in range(100):  # liveness bound: 10 s
+            if not server.running():
+                break
+            await asyncio.sleep(0.1)
+        assert not server.running()
+        wheel = server._server
+        real = wheel.ensure_postgres_running
+        tries: list[int] = []
+
+        def gives_up_once_started() -> None:
+            """The first try starts the server but gives up before noting it (pg_ctl's
+            wait ran out while the server recovered)."""
+            tries.append(1)
+            noted = wheel._postmaster_info
+            real()
+            if len(tries) == 1:
+                wheel._postmaster_info = noted
+                raise subprocess.TimeoutExpired("pg_ctl", 10)
+
+        monkeypatch.setattr(wheel, "ensure_postgres_running", gives_up_once_started)
+        await asyncio.to_thread(server.revive)
+        assert server.running()
+    finally:
+        server.stop()
+    assert not (server.pgdata / "postmaster.pid").exists()
