@@ -415,20 +415,6 @@ def _request_ids(request: web.Request, principal: Principal) -> _RequestIds:
     return _RequestIds(command_id, conversation_id, new_conversation, named_by_client)
 
 
-def _key_owner(principal: Principal) -> str:
-    """Whose Idempotency-Keys a request's is among: its user (through any of their keys or
-    sessions), else its API key, else its OAuth client, else the static compatibility key's
-    holders (one credential, so one owner)."""
-    if principal.user_id:
-        return f"user/{principal.user_id}"
-    if principal.key_id:
-        return f"key/{principal.key_id}"
-    client_id = principal.attributes.get("client_id")
-    if client_id:
-        return f"oauth/{client_id}"
-    return "static"
-
-
 def _keyed_command_id(principal: Principal, idempotency_key: str) -> str:
     """The RunTurn's command id for a client's Idempotency-Key. Keys are chosen by clients,
     so two principals of a workspace may pick the same one: the id (and the conversation,
@@ -436,7 +422,7 @@ def _keyed_command_id(principal: Principal, idempotency_key: str) -> str:
     gets the other's recorded answer or conversation, while a retry by the same owner lands
     on its first attempt. It lies in the service's namespace (`svc:`), which no client key
     of any endpoint can enter, so it cannot meet a raw key in the workspace's ledger."""
-    owner = hashlib.sha256(_key_owner(principal).encode()).hexdigest()[:24]
+    owner = hashlib.sha256(principal.owner().encode()).hexdigest()[:24]
     return service_command_id("chat", f"{owner}:{idempotency_key}")
 
 

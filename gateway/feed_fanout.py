@@ -39,7 +39,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -52,7 +54,7 @@ from eventstore.tasks import cancel_and_wait
 from gateway.cursor_seal import CursorSeal
 from gateway.errors import abort_connection, internal_failure
 from gateway.feed_frames import HEARTBEAT_FRAME, FrameCache, closing_frame
-from schemas.errors import SvcError, Unavailable
+from schemas.errors import RateLimited, SvcError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +238,12 @@ class FeedFanout:
         # keep other feeds, of any workspace, from catching up.
         self.catch_up_concurrency = 8
         self._catch_up_slots: asyncio.Semaphore | None = None
+        # Feeds one owner (a user, a key) may hold open on this process. Each holds a
+        # socket, and one catching up a page of history and a send buffer of megabytes:
+        # without a bound one member's script could open thousands and take the process's
+        # memory. A browser holds one per tab; a consumer a few.
+        self.max_feeds_per_owner = 32
+        self._by_owner: Counter[Hashable] = Counter()
         # A round waits this long for its checks; one still running then (a slow identity
         # provider, a busy pool) finishes on its own and its credential sits out later rounds
         # until it has, so one slow check never holds back every other feed's.
@@ -286,6 +294,26 @@ class FeedFanout:
         for conns in list(self._by_ws.values()):
             for conn in list(conns):
                 self._end(conn, "shutdown")
+
+    @contextmanager
+    def admitted(self, owner: Hashable) -> Iterator[None]:
+        """One of `owner`'s places while its feed is open; 429 `too_many_feeds` when every
+        one is taken (before the response starts, so the client gets the envelope)."""
+        if self._by_owner[owner] >= self.max_feeds_per_owner:
+            raise RateLimited(
+                f"{self.max_feeds_per_owner} feeds of this user or key are open on this "
+                "gateway already, the most it serves one owner at once; close one (each "
+                "browser tab or consumer holds one) and connect again",
+                code="too_many_feeds",
+                retry_after_s=self.tick_s,
+            )
+        self._by_owner[owner] += 1
+        try:
+            yield
+        finally:
+            self._by_owner[owner] -= 1
+            if not self._by_owner[owner]:
+                del self._by_owner[owner]
 
     # -- one connection ---------------------------------------------------------------------
 

@@ -259,18 +259,19 @@ def _handler(spec: FeedSpec) -> Callable[[web.Request], Any]:
             spec.selects,
             frozenset(types) if types is not None else None,
         )
-        resp = await open_sse(request)
-        # Also sends the headers: the fan-out writes below aiohttp's writer from here on. The
-        # frame's id is where the feed starts: an EventSource that reconnects before the
-        # first event it selects (hours, with a rare ?types=) resumes from there, where a
-        # `start=latest` feed would otherwise start again at the new head, skipping all
-        # that was committed between.
-        start_id = request.app[CURSORS].seal(cursor) if cursor else None
-        await send_retry(resp, RETRY_MS, id=start_id)
-        try:
-            await hub.serve(request, resp, feed_filter, credential(request, spec), cursor)
-        except (TimeoutError, ConnectionError):
-            log.debug("feed %s of workspace %s dropped", spec.name, principal.workspace_id)
+        with hub.admitted((principal.workspace_id, principal.owner())):
+            resp = await open_sse(request)
+            # Also sends the headers: the fan-out writes below aiohttp's writer from here on.
+            # The frame's id is where the feed starts: an EventSource that reconnects before
+            # the first event it selects (hours, with a rare ?types=) resumes from there,
+            # where a `start=latest` feed would otherwise start again at the new head,
+            # skipping all that was committed between.
+            start_id = request.app[CURSORS].seal(cursor) if cursor else None
+            await send_retry(resp, RETRY_MS, id=start_id)
+            try:
+                await hub.serve(request, resp, feed_filter, credential(request, spec), cursor)
+            except (TimeoutError, ConnectionError):
+                log.debug("feed %s of workspace %s dropped", spec.name, principal.workspace_id)
         return resp
 
     serve.__name__ = f"{spec.name}_feed"

@@ -47,3 +47,16 @@ class Principal:
 
     def allows(self, scope: str) -> bool:
         return "*" in self.scopes or scope in self.scopes
+
+    def owner(self) -> str:
+        """Who is behind the credential, within its workspace: its user (through any of
+        their keys or sessions), else its API key, else its OAuth client, else the static
+        compatibility key's holders (one credential, so one owner)."""
+        if self.user_id:
+            return f"user/{self.user_id}"
+        if self.key_id:
+            return f"key/{self.key_id}"
+        client_id = self.attributes.get("client_id")
+        if client_id:
+            return f"oauth/{client_id}"
+        return "static"

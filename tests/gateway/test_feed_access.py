@@ -491,3 +491,37 @@ async def test_a_latest_start_tells_nothing_of_other_workspaces(service: Service
         resp.close()
     assert frame is not None and frame.event == "workspace.api_key_issued", frame
     assert await first_id(start="latest") != start
+
+
+async def test_an_owner_holds_a_bounded_number_of_feeds(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: nothing bounded the feeds one member could hold open, each with its
+    socket, a page of history and a send buffer: a script could take the process's memory.
+    Past the bound a feed is a 429 before it starts; another owner is not held back, and a
+    place is free again once a feed closes."""
+    fast_sweeps(service, monkeypatch)
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "max_feeds_per_owner", 2)
+    _, admin = await new_workspace(service)
+    _, key = await new_key(service, admin, ["admin:read"])
+    opened = [await open_feed(service, EVENTS, key), await open_feed(service, WEB, key)]
+    try:
+        resp = await service.get(EVENTS, key)
+        body = await resp.json()
+        assert resp.status == 429 and body["error"]["code"] == "too_many_feeds", body
+        assert "close one" in body["error"]["message"] and resp.headers["Retry-After"]
+        other, _ = await open_feed(service, EVENTS, admin)  # another key: its own places
+        other.close()
+        opened.pop()[0].close()
+        for _ in range(100):  # liveness bound: 10 s for the close to be noticed
+            resp = await service.get(EVENTS, key)
+            if resp.status == 200:
+                break
+            await resp.release()
+            await asyncio.sleep(0.1)
+        assert resp.status == 200
+        resp.close()
+    finally:
+        for resp, _ in opened:
+            resp.close()
