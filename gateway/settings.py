@@ -14,6 +14,7 @@ a listing, an error message or a log line.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -634,9 +635,21 @@ def _change_result(spec: SettingSpec, settings: Settings, serving: bool) -> Sett
     shown = display_value(spec, raw)
     in_force = settings.raw(spec.key) == raw and (serving or spec.live)
     message = f"{spec.key} = {shown}; {'applied' if in_force else 'restart required'}"
+    if spec.key not in _acted_on():
+        # Said where the change is made, not only in docs/settings.md's Used column: an
+        # operator who turns a capability on must not wait for what this build lacks.
+        message += "; note: this build stores it but does not act on it yet (docs/settings.md)"
     return SettingChangeResult(
         key=spec.key, value=shown, applied=in_force, restart_required=not in_force, message=message
     )
+
+
+@functools.cache
+def _acted_on() -> frozenset[str]:
+    """The catalog keys this build's code reads (as docs/settings.md's Used column says)."""
+    from schemas.catalogue import keys_read_by_code
+
+    return keys_read_by_code()
 
 
 def view(settings: Settings, spec: SettingSpec) -> SettingView:

@@ -533,6 +533,10 @@ async def test_set_get_list_unset_through_the_actor(
 
         restart = await service.set("SVC_LLM_RETRIES", "5")
         assert restart.restart_required and "restart required" in restart.message
+        assert "does not act on it" not in restart.message
+        # A key of a capability this build lacks says so where it is set.
+        unbuilt = await service.set("SVC_MCP_PUBLISH", "1")
+        assert "this build stores it but does not act on it yet" in unbuilt.message
         assert settings.integer("SVC_LLM_RETRIES") == 3
         assert service.get("SVC_LLM_RETRIES").value == "5"
         assert "SVC_LLM_RETRIES" in settings.pending_restart()
