@@ -157,8 +157,7 @@ def _update(state: DirectoryState, c: UpdateUser) -> list[Event]:
         # A read-modify-write that read before another change landed: writing its profile
         # whole would undo that change (a deactivation brought back by a rename).
         raise Conflict(
-            f"user {c.user_id} changed while this change was being made; read it again and "
-            "retry",
+            f"user {c.user_id} changed while this change was being made; read it again and retry",
             code=USER_CHANGED,
         )
     if user_name_key(c.profile.user_name) != user_name_key(user.profile.user_name):

@@ -140,17 +140,22 @@ class EmbeddedPostgres:
             _forget_stale_postmaster(self.pgdata)
             try:
                 self._server.ensure_postgres_running()
+                return
             except (subprocess.SubprocessError, OSError, AssertionError) as exc:
-                if wait_for_recovery(self.pgdata, RECOVERY_WAIT_S):
-                    # Ready after its crash recovery. The wheel gave up before it noted the
-                    # new postmaster: looked up now, or `running()` would watch the dead one
-                    # (and start it "again") and a stop would leave the live one running.
+                failure: BaseException = exc
+            if wait_for_recovery(self.pgdata, RECOVERY_WAIT_S):
+                # Ready after its crash recovery. The wheel gave up before it noted the new
+                # postmaster: looked up now, or `running()` would watch the dead one (and
+                # start it "again") and a stop would leave the live one running.
+                try:
                     self._server.ensure_postgres_running()
                     return
-                raise StoreUnavailable(
-                    f"could not start the embedded PostgreSQL in {self.pgdata} again: "
-                    f"{wheel_log.cause(exc)}; see {self.pgdata / 'log'}"
-                ) from exc
+                except (subprocess.SubprocessError, OSError, AssertionError) as exc:
+                    failure = exc  # it went away again: said as any failed start
+            raise StoreUnavailable(
+                f"could not start the embedded PostgreSQL in {self.pgdata} again: "
+                f"{wheel_log.cause(failure)}; see {self.pgdata / 'log'}"
+            ) from failure
 
     def stop(self) -> None:
         with self._guard:

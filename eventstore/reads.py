@@ -59,10 +59,6 @@ def rows_to_events(rows: Iterable[Sequence[Any]]) -> list[RecordedEvent]:
 
 _VISIBLE = "tx < pg_snapshot_xmin(pg_current_snapshot())"
 
-# A type named, or any type of a namespace named as `<namespace>.*` (a projection's rebuild
-# reads the types of its namespaces it does not know: a newer version's, which stop it).
-OF_TYPES = "(type = ANY(${n}::text[]) OR split_part(type, '.', 1) || '.*' = ANY(${n}::text[]))"
-
 # The parameters are typed in SQL so the planner compares xid8 with xid8 and bigint with
 # bigint and keeps the `(tx, position)` / `(workspace_id, tx, position)` index range scans.
 _READ_ALL = f"""
@@ -73,7 +69,7 @@ LIMIT $3
 """
 _READ_ALL_TYPES = f"""
 SELECT {EVENT_COLUMNS} FROM events
-WHERE (tx, position) > ($1::xid8, $2::int8) AND {_VISIBLE} AND {OF_TYPES.format(n=4)}
+WHERE (tx, position) > ($1::xid8, $2::int8) AND {_VISIBLE} AND type = ANY($4::text[])
 ORDER BY tx, position
 LIMIT $3
 """
@@ -93,7 +89,7 @@ LIMIT $3
 """
 _READ_WORKSPACE_TYPES = f"""
 SELECT {EVENT_COLUMNS} FROM events
-WHERE {_IN_WORKSPACE} AND {OF_TYPES.format(n=5)}
+WHERE {_IN_WORKSPACE} AND type = ANY($5::text[])
 ORDER BY workspace_id, tx, position
 LIMIT $3
 """

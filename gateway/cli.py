@@ -489,9 +489,10 @@ async def cmd_apikeys(args: argparse.Namespace, settings: Settings) -> int:
 
 def _progress_bar(done: int, total: int, phase: str) -> None:
     width = 30
-    filled = width if total == 0 else int(width * done / max(total, 1))
+    filled = width if total == 0 and phase != "checking" else int(width * done / max(total, 1))
     bar = "#" * filled + "-" * (width - filled)
     step = {
+        "checking": ": checking the log for event types this version does not know",
         "replaying": "",
         "switching": ": switching the rebuilt rows in (one transaction; readers see the old rows)",
         "done": ": switched in",

@@ -36,12 +36,14 @@ from eventstore.records import RecordedEvent
 from projections.errors import ProjectionFailed, database_down, failure_reason
 from projections.pipeline import Pipeline
 from projections.projector import Projector
+from schemas.events import EVENTS
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, str], None]
 """`progress(done, total, phase)`: events replayed so far, how many there are to replay (done
 plus those left, counted again every `RECOUNT_EVERY_S` while the log grows), and the phase:
+`checking` (0 of 0: one pass over the log for event types this version does not know),
 `replaying`, then `switching` (the last events and the copies' rows into the live tables,
 one transaction as long as the tables are large), then `done`."""
 
@@ -74,12 +76,26 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def replayed_types(projector: Projector) -> list[str]:
-    """What a rebuild reads (`eventstore.reads.OF_TYPES`): the projector's types, and every
-    type of its namespaces, so that one this process does not know (a newer version's) stops
-    the rebuild rather than be left out of the copies for good. Only the projector's own
-    types are counted (the progress, the number replayed)."""
-    return [*sorted(projector.event_types), *(f"{ns}.*" for ns in sorted(projector.namespaces))]
+_UNKNOWN_TYPE = """
+SELECT type FROM events
+WHERE split_part(type, '.', 1) = ANY($1::text[]) AND type <> ALL($2::text[])
+LIMIT 1
+"""
+
+
+async def _refuse_unknown_types(conn: Connection, projector: Projector) -> None:
+    """A rebuild replays its projector's types: one of its namespaces that this process
+    does not know (a newer version wrote it, and it may be the projector's) would be left out
+    of the copies for good. Looked for once, before the replay (one pass over the log, as
+    the replay is; a newer version writing meanwhile is a mixed deployment, which
+    docs/operations.md rules out)."""
+    found = await conn.fetchval(_UNKNOWN_TYPE, sorted(projector.namespaces), EVENTS.known_types())
+    if found is not None:
+        raise ProjectionFailed(
+            f"the log holds events of type {found!r}, which this version of SVC does not "
+            f"know (a newer version wrote them) and which {projector.name} may read: run the "
+            "rebuild with the newest version; nothing was changed"
+        )
 
 
 @dataclass
@@ -94,14 +110,14 @@ class _Replay:
 
     async def batch(self, conn: Connection) -> bool:
         """Apply the next batch to the copies; False once caught up with the visible log."""
-        types = replayed_types(self.projector)
+        types = sorted(self.projector.event_types)
         events, more = await read_log_cut(
             conn, self.point, self.batch_size, self.batch_bytes, types
         )
         if events:
             await self._apply(conn, events)
             self.point = events[-1].point
-            self.done += sum(1 for e in events if e.type in self.projector.event_types)
+            self.done += len(events)
         return more
 
     async def _apply(self, conn: Connection, events: list[RecordedEvent]) -> None:
@@ -163,6 +179,8 @@ async def rebuild_beside(
             # An operator's job, watched by its progress: the pool's statement timeout, meant
             # for requests, would end the first count or the switch of a large log.
             await conn.execute("SET statement_timeout = 0")
+            _report(progress, 0, 0, "checking")
+            await _refuse_unknown_types(conn, projector)
             live = await _make_copies(conn, projector.tables)
             types = sorted(projector.event_types)
             counted, total = ORIGIN, 0

@@ -7,6 +7,7 @@ principal grants a role, defines one, or manages a user carrying rights it lacks
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -434,23 +435,26 @@ async def patch_user(request: web.Request) -> web.Response:
     return json(user_view(await live_user(ident, principal.workspace_id, user.user_id)))
 
 
-USER_UPDATE_TRIES = 4
-"""How often a change to a user is made from a fresh read when another change to the user
-landed between its read and its write (UpdateUser.base); then 409 `user_changed`."""
+USER_UPDATE_PAUSES_S = (0.05, 0.2, 0.5)
+"""The pauses before a change to a user is made again from a fresh read, when another change
+landed between its read and its write (UpdateUser.base); after the last try, 409
+`user_changed`. The read models show that change once they pass the log's head, which a
+transaction that took its id before the change's commit holds back (a projection batch, for
+tens of milliseconds): the pauses outlast that, where tries back to back read the same row."""
 
 
 async def retried_if_changed(ident: Identity, attempt: Callable[[], Awaitable[T]]) -> T:
     """`attempt` (read the user, decide, UpdateUser with its base), made again from the read
     models once they show the change that refused it."""
-    tries = 1
-    while True:
+    for pause_s in (*USER_UPDATE_PAUSES_S, None):
         try:
             return await attempt()
         except Conflict as exc:
-            if exc.code != USER_CHANGED or tries >= USER_UPDATE_TRIES:
+            if exc.code != USER_CHANGED or pause_s is None:
                 raise
-        tries += 1
+        await asyncio.sleep(pause_s)
         await ident.caught_up()
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 async def deprovision(

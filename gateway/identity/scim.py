@@ -609,9 +609,10 @@ async def put_handler(request: web.Request, ident: Identity, ws: str) -> web.Str
     async def change(user: UserRow) -> tuple[UserProfile, str | None]:
         data = await _json_object(request)
         profile = _full_profile(data)
-        if "active" not in _lower_keys(data):
-            # Not asserted (RFC 7644 section 3.5.1 lets the server keep it): a PUT of the
-            # other attributes must not bring a deactivated user back.
+        if _lower_keys(data).get("active") is None:
+            # Not asserted, absent or null (RFC 7643 section 2.5 makes them one; RFC 7644
+            # section 3.5.1 lets the server keep it): a PUT of the other attributes must
+            # not bring a deactivated user back.
             profile = profile.model_copy(update={"active": user.active})
         return profile, _password_in(data)
 

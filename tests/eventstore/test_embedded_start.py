@@ -19,6 +19,7 @@ import pytest
 
 from eventstore import embedded
 from eventstore.embedded import EmbeddedPostgres, _set_aside_interrupted_init
+from eventstore.errors import StoreUnavailable
 from eventstore.tasks import cancel_and_wait
 from gateway import bootstrap
 from gateway.settings import Settings
@@ -267,3 +268,21 @@ async def test_a_revive_that_outlasted_the_wheels_wait_follows_the_new_server(
     finally:
         server.stop()
     assert not (server.pgdata / "postmaster.pid").exists()
+
+
+def test_a_server_gone_again_after_its_recovery_is_told_as_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look at the server after its recovery may fail too (it went away again): told
+    as the failed start it is, not the wheel's raw exception."""
+
+    class GivesUp:
+        def ensure_postgres_running(self) -> None:
+            raise subprocess.TimeoutExpired("pg_ctl", 10)
+
+    server = EmbeddedPostgres(tmp_path / "svc")
+    server.pgdata.mkdir(parents=True)
+    server._server = GivesUp()
+    monkeypatch.setattr(embedded, "wait_for_recovery", lambda pgdata, wait_s: True)
+    with pytest.raises(StoreUnavailable, match="could not start the embedded PostgreSQL"):
+        server.revive()

@@ -848,6 +848,11 @@ async def test_patch_put_and_reads_follow_rfc_7644_in_the_details(database_url: 
             "PUT", path, token, json=scim_user("lou@example.com", displayName="Lou")
         )
         assert status == 200 and put["active"] is False and put["displayName"] == "Lou", put
+        # null is unassigned, as absent is (RFC 7643 section 2.5): kept too.
+        status, put, _ = await svc.request(
+            "PUT", path, token, json=scim_user("lou@example.com", active=None)
+        )
+        assert status == 200 and put["active"] is False, put
         status, put, _ = await svc.request(
             "PUT", path, token, json=scim_user("lou@example.com", active=True)
         )
