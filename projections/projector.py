@@ -7,6 +7,7 @@ transaction that also moves the projector's checkpoint.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
@@ -16,6 +17,15 @@ from eventstore.records import RecordedEvent
 from schemas.events import EVENTS, Event
 
 E = TypeVar("E", bound=Event)
+
+
+@functools.cache
+def _every_event_type_registered() -> None:
+    """Import every event module: whether a stored type is known (`handles`) must not depend
+    on which modules this process happened to import."""
+    from schemas.catalogue import load_all_event_modules
+
+    load_all_event_modules()
 
 
 def namespace_of(event_type: str) -> str:
@@ -47,6 +57,7 @@ class Projector(ABC):
     tables: ClassVar[tuple[str, ...]]
 
     def __init__(self) -> None:
+        _every_event_type_registered()
         self._handlers: dict[str, Handler] = {
             cls.type_name: handler for cls, handler in self.handlers().items()
         }
