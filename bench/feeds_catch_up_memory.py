@@ -124,7 +124,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=19082)
     args = parser.parse_args()
     data = Path(tempfile.mkdtemp(prefix="svc-bench-feedmem-"))
-    env = {**os.environ, "SVC_DATA_DIR": str(data), "SVC_GATEWAY_ADDR": f"127.0.0.1:{args.port}"}
+    env = {
+        **os.environ,
+        "SVC_DATA_DIR": str(data),
+        "SVC_GATEWAY_ADDR": f"127.0.0.1:{args.port}",
+        "SVC_FEEDS_PER_OWNER": "0",  # --feeds may open more than one owner's bound
+    }
     server = subprocess.Popen(
         [SVC, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

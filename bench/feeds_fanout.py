@@ -111,7 +111,14 @@ async def serve_gateway(database_url: str, out: Path) -> None:
         tailer_read.extend((event.cursor, now) for event in batch)
 
     with tempfile.TemporaryDirectory(prefix="svc-bench-data-") as data_dir:
-        settings = Settings({"SVC_DATABASE_URL": database_url, "SVC_DATA_DIR": data_dir})
+        # Every subscriber opens its feed with the one key: no bound on an owner's feeds.
+        settings = Settings(
+            {
+                "SVC_DATABASE_URL": database_url,
+                "SVC_DATA_DIR": data_dir,
+                "SVC_FEEDS_PER_OWNER": "0",
+            }
+        )
         app = create_app(settings)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await runner.setup()

@@ -238,11 +238,6 @@ class FeedFanout:
         # keep other feeds, of any workspace, from catching up.
         self.catch_up_concurrency = 8
         self._catch_up_slots: asyncio.Semaphore | None = None
-        # Feeds one owner (a user, a key) may hold open on this process. Each holds a
-        # socket, and one catching up a page of history and a send buffer of megabytes:
-        # without a bound one member's script could open thousands and take the process's
-        # memory. A browser holds one per tab; a consumer a few.
-        self.max_feeds_per_owner = 32
         self._by_owner: Counter[Hashable] = Counter()
         # A round waits this long for its checks; one still running then (a slow identity
         # provider, a busy pool) finishes on its own and its credential sits out later rounds
@@ -296,13 +291,16 @@ class FeedFanout:
                 self._end(conn, "shutdown")
 
     @contextmanager
-    def admitted(self, owner: Hashable) -> Iterator[None]:
-        """One of `owner`'s places while its feed is open; 429 `too_many_feeds` when every
-        one is taken (before the response starts, so the client gets the envelope)."""
-        if self._by_owner[owner] >= self.max_feeds_per_owner:
+    def admitted(self, owner: Hashable, most: int) -> Iterator[None]:
+        """One of `owner`'s `most` places (0: no bound) while its feed is open; 429
+        `too_many_feeds` when every one is taken (before the response starts, so the client
+        gets the envelope). Each feed holds a socket, and one catching up a page of history
+        and a send buffer of megabytes: without a bound one member's script could open
+        thousands and take the process's memory."""
+        if most and self._by_owner[owner] >= most:
             raise RateLimited(
-                f"{self.max_feeds_per_owner} feeds of this user or key are open on this "
-                "gateway already, the most it serves one owner at once; close one (each "
+                f"{most} feeds of this user or key are open on this gateway already, the "
+                "most it serves one owner at once (SVC_FEEDS_PER_OWNER); close one (each "
                 "browser tab or consumer holds one) and connect again",
                 code="too_many_feeds",
                 retry_after_s=self.tick_s,

@@ -45,7 +45,7 @@ from gateway.feed_frames import (
 from gateway.identity.roles import require_access
 from gateway.openapi import document
 from gateway.sse import open_sse, send_retry
-from gateway.state import AUTH, CURSORS, STORE, TAILER, Principal
+from gateway.state import AUTH, CURSORS, SETTINGS, STORE, TAILER, Principal
 from schemas.admin import FeedEvent, FeedQuery
 from schemas.errors import InvalidInput
 
@@ -259,7 +259,8 @@ def _handler(spec: FeedSpec) -> Callable[[web.Request], Any]:
             spec.selects,
             frozenset(types) if types is not None else None,
         )
-        with hub.admitted((principal.workspace_id, principal.owner())):
+        most = request.app[SETTINGS].integer("SVC_FEEDS_PER_OWNER")
+        with hub.admitted((principal.workspace_id, principal.owner()), most):
             resp = await open_sse(request)
             # Also sends the headers: the fan-out writes below aiohttp's writer from here on.
             # The frame's id is where the feed starts: an EventSource that reconnects before

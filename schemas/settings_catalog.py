@@ -1437,6 +1437,16 @@ _OPERATIONAL: tuple[SettingSpec, ...] = (
         "seconds in-flight turns get to finish on shutdown before they are failed",
     ),
     _s(
+        "SVC_FEEDS_PER_OWNER",
+        _OPS,
+        "int",
+        "32",
+        "L",
+        "most SSE event feeds one owner (a user, else a key) holds open at once on one gateway "
+        "process; the next gets 429 too_many_feeds; 0 = no bound (a backend that opens one "
+        "feed per client under a single key)",
+    ),
+    _s(
         "SVC_MAX_BODY_BYTES",
         _OPS,
         "int",
@@ -1585,6 +1595,7 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     # A century: further back than that is before any timestamp PostgreSQL computes from it.
     "SVC_AUDIT_RETENTION_DAYS": {"min_value": 0.0, "max_value": 36500.0},
     "SVC_MAX_BODY_BYTES": {"min_value": 1024.0, "storable": False, "note": _BUILD_TIME},
+    "SVC_FEEDS_PER_OWNER": {"min_value": 0.0, "max_value": 1_000_000.0},
     "SVC_SHUTDOWN_GRACE_SEC": {"storable": False, "note": _BUILD_TIME},
     "SVC_DATABASE_URL": {"storable": False, "note": _NOT_STORABLE},
     "SVC_GATEWAY_ADDR": {

@@ -14,7 +14,7 @@ from test_admin_support import Frame, Service, SseReader, now, open_feed, servic
 from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
 from gateway import feeds
 from gateway.auth import RECHECK
-from gateway.state import DATABASE, STORE
+from gateway.state import DATABASE, SETTINGS_SERVICE, STORE
 
 __all__ = ["service"]
 
@@ -501,8 +501,7 @@ async def test_an_owner_holds_a_bounded_number_of_feeds(
     Past the bound a feed is a 429 before it starts; another owner is not held back, and a
     place is free again once a feed closes."""
     fast_sweeps(service, monkeypatch)
-    hub = service.app[feeds.FEED_HUB]
-    monkeypatch.setattr(hub, "max_feeds_per_owner", 2)
+    await service.app[SETTINGS_SERVICE].set("SVC_FEEDS_PER_OWNER", "2")  # a live setting
     _, admin = await new_workspace(service)
     _, key = await new_key(service, admin, ["admin:read"])
     opened = [await open_feed(service, EVENTS, key), await open_feed(service, WEB, key)]
@@ -522,6 +521,8 @@ async def test_an_owner_holds_a_bounded_number_of_feeds(
             await asyncio.sleep(0.1)
         assert resp.status == 200
         resp.close()
+        await service.app[SETTINGS_SERVICE].set("SVC_FEEDS_PER_OWNER", "0")  # no bound
+        opened += [await open_feed(service, EVENTS, key) for _ in range(3)]
     finally:
         for resp, _ in opened:
             resp.close()
