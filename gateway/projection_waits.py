@@ -11,8 +11,12 @@ from schemas.errors import Unavailable
 def not_applied_by(
     runner: ProjectionRunner, names: Collection[str] | None, lagging: str
 ) -> Unavailable:
-    """The error for a wait on `runner` that gave up: a stopped read model, which waiting
-    cannot cure, is named as such; otherwise `lagging` says what to retry."""
+    """The error for a wait on `runner` that gave up: a stopped read model, or one waiting on
+    an event a newer version wrote, which waiting cannot cure, is named as such; otherwise
+    `lagging` says what to retry."""
+    newer = runner.waiting_on_newer(names)
+    if newer is not None:
+        return newer  # 503 event_from_newer_version: "upgrade this process"
     stopped = runner.stopped(names)
     if stopped:
         return Unavailable(

@@ -792,8 +792,10 @@ class ProjectionRunner:
         """Wait until the read models have applied `cursor` (read-your-writes).
 
         True once every selected projector's checkpoint is at or past it; False on timeout or
-        when one of them is stopped on a poison event (see `status()`). When the runner is not
-        started, the caller's task does the catching up itself.
+        when one of them is stopped on a poison event (see `status()`) or waits on an event a
+        newer version wrote (`waiting_on_newer`). When the runner is not started, the
+        caller's task does the catching up itself (and that wait raises
+        EventFromNewerVersion).
         """
         target = decode_cursor(cursor)
         slots = self._select(names)
@@ -806,7 +808,14 @@ class ProjectionRunner:
             return True
 
         def settled() -> bool:
-            return all(s.point >= target or s.failure is not None for s in slots)
+            # Reached, or not to be reached by waiting: stopped on a poison event, or waiting
+            # on a newer version's event (`not_applied_by` tells the caller which).
+            return all(
+                s.point >= target
+                or s.failure is not None
+                or (s.aborts is not None and s.aborts.newer is not None)
+                for s in slots
+            )
 
         self._readers_waiting += 1
         self._hurry.set()
@@ -823,6 +832,16 @@ class ProjectionRunner:
     def stopped(self, names: Collection[str] | None = None) -> list[str]:
         """The selected projectors this process knows to be stopped on a poison event."""
         return [s.name for s in self._select(names) if s.failure is not None]
+
+    def waiting_on_newer(
+        self, names: Collection[str] | None = None
+    ) -> EventFromNewerVersion | None:
+        """Why one of the selected projectors waits, when it waits on an event a newer
+        version of SVC wrote (only upgrading this process lets it on)."""
+        for slot in self._select(names):
+            if slot.aborts is not None and slot.aborts.newer is not None:
+                return slot.aborts.newer
+        return None
 
     def retry(self, name: str) -> None:
         """Clear a projector's poison-event stop so it tries that event again."""
