@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from actors.behaviour import CommandOutcome
 from actors.identity import directory_key, session_key
@@ -143,14 +143,6 @@ class UserPatch(_Body):
     emails: Emails | None = None
     external_id: str | None = Field(default=None, max_length=500)
     active: bool | None = None
-
-    @model_validator(mode="after")
-    def _active_is_stated(self) -> UserPatch:
-        # Stored as null it would mean enabled: a client clearing a field it does not know
-        # (`"active": null`) brought a deactivated user back.
-        if "active" in self.model_fields_set and self.active is None:
-            raise ValueError("active must be true or false")
-        return self
 
 
 SELF_EDITABLE = frozenset({"display_name", "given_name", "family_name"})

@@ -548,11 +548,6 @@ async def _save(
     async def attempt() -> tuple[UserProfile, str | None]:
         user = await _writable_user(ident, ws, request.match_info["id"])
         profile, password = await change(user)
-        if profile.active is None:
-            # Unassigned (null, or a PATCH's remove; RFC 7643 section 2.5), which a user
-            # row reads as enabled: kept as it is, as a PUT that leaves it out keeps it, or
-            # a null would bring a deactivated user back.
-            profile = profile.model_copy(update={"active": user.active})
         await _write(request, ident, ws, user, profile, password)
         return profile, password
 
