@@ -61,6 +61,7 @@ class Projector(ABC):
         self._handlers: dict[str, Handler] = {
             cls.type_name: handler for cls, handler in self.handlers().items()
         }
+        self._namespaces = frozenset(namespace_of(t) for t in self._handlers)
 
     @abstractmethod
     def handlers(self) -> dict[type[Event], Handler]:
@@ -73,13 +74,13 @@ class Projector(ABC):
     @property
     def namespaces(self) -> frozenset[str]:
         """The namespaces of the types it handles: `identity` for `identity.user_updated`."""
-        return frozenset(namespace_of(t) for t in self._handlers)
+        return self._namespaces
 
     def handles(self, event_type: str) -> bool:
         """Whether `apply` has anything to do with an event of this type: a handler, or the
         type is unknown here in one of the projector's namespaces."""
         return event_type in self._handlers or (
-            not EVENTS.knows(event_type) and namespace_of(event_type) in self.namespaces
+            not EVENTS.knows(event_type) and namespace_of(event_type) in self._namespaces
         )
 
     async def apply(self, conn: Connection, event: RecordedEvent) -> None:

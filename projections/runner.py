@@ -224,6 +224,11 @@ class _Slot:
     def backing_off(self, now: float) -> bool:
         return self.aborts is not None and now < self.aborts.retry_at
 
+    @property
+    def newer(self) -> EventFromNewerVersion | None:
+        """The newer version's event it waits on, if that is why it waits."""
+        return None if self.aborts is None else self.aborts.newer
+
     def moved_to(self, point: LogPoint) -> None:
         self.point = point
         if self.aborts is not None and point >= self.aborts.point:
@@ -767,8 +772,8 @@ class ProjectionRunner:
             consumed = await self._step(slots, wait=True)
             await self._notify_progress()
             for slot in slots:  # a wait this call cannot end: the caller is told
-                if slot.aborts is not None and slot.aborts.newer is not None:
-                    raise slot.aborts.newer
+                if slot.newer is not None:
+                    raise slot.newer
             behind = [s for s in slots if s.failure is None and s.point < target]
             if consumed is not None and not behind:
                 break
@@ -811,10 +816,7 @@ class ProjectionRunner:
             # Reached, or not to be reached by waiting: stopped on a poison event, or waiting
             # on a newer version's event (`not_applied_by` tells the caller which).
             return all(
-                s.point >= target
-                or s.failure is not None
-                or (s.aborts is not None and s.aborts.newer is not None)
-                for s in slots
+                s.point >= target or s.failure is not None or s.newer is not None for s in slots
             )
 
         self._readers_waiting += 1
@@ -839,8 +841,8 @@ class ProjectionRunner:
         """Why one of the selected projectors waits, when it waits on an event a newer
         version of SVC wrote (only upgrading this process lets it on)."""
         for slot in self._select(names):
-            if slot.aborts is not None and slot.aborts.newer is not None:
-                return slot.aborts.newer
+            if slot.newer is not None:
+                return slot.newer
         return None
 
     def retry(self, name: str) -> None:
