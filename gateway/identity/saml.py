@@ -198,7 +198,21 @@ def _sweep_orphaned_key_dirs() -> None:
         log.info("removed the SAML key directory of ended process %d", pid)
 
 
+def _xmlsec1() -> str:
+    """pysaml2 checks every signature by running xmlsec1; without it each sign-in would fail
+    deep inside pysaml2, so its absence is said up front, as configuration to fix."""
+    found = shutil.which("xmlsec1")
+    if found is None:
+        raise Unavailable(
+            "SAML needs the xmlsec1 program, which is not on the gateway's PATH; install it"
+            " (Debian and Ubuntu: apt-get install xmlsec1) and try again",
+            code="saml_not_configured",
+        )
+    return found
+
+
 def _build(settings: SamlSettings, sp_key: str, fingerprint: str) -> ServiceProvider:
+    xmlsec_binary = _xmlsec1()
     pysaml2 = _pysaml2()
     _sweep_orphaned_key_dirs()
     files = tempfile.TemporaryDirectory(prefix=f"{_KEY_DIR_PREFIX}{os.getpid()}-")
@@ -211,7 +225,7 @@ def _build(settings: SamlSettings, sp_key: str, fingerprint: str) -> ServiceProv
     config.load(
         {
             "entityid": settings.entity_id,
-            "xmlsec_binary": shutil.which("xmlsec1") or "/usr/bin/xmlsec1",
+            "xmlsec_binary": xmlsec_binary,
             "key_file": str(key_path),
             "cert_file": str(cert_path),
             "metadata": {"inline": [settings.idp_metadata]},

@@ -421,6 +421,29 @@ async def test_saml_disabled_is_501(database_url: str) -> None:
         assert status == 501 and body["error"]["code"] == "feature_disabled"
 
 
+async def test_saml_without_xmlsec1_is_503_saying_what_to_install(
+    database_url: str, keys: Keys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pysaml2 checks signatures with the xmlsec1 program; a gateway without it says so on
+    every SAML route, as configuration to fix, instead of failing inside pysaml2 (a 500)."""
+    async with running(settings_for(database_url, **saml_settings(database_url, keys))) as svc:
+        key = await svc.issue_key()
+        status, _, _ = await svc.request(
+            "PUT", "/v1/admin/identity/secrets/saml/sp_key", key, json={"value": keys.sp_key}
+        )
+        assert status == 204
+        monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no xmlsec1 on it
+        for method, path, form in (
+            ("GET", "/saml/metadata", None),
+            ("GET", "/saml/login?next=/", None),
+            ("POST", "/saml/acs", {"SAMLResponse": "PHNhbWw+", "RelayState": "/"}),
+        ):
+            status, body, _ = await svc.request(method, path, data=form)
+            assert status == 503, (path, body)
+            assert body["error"]["code"] == "saml_not_configured", path
+            assert "apt-get install xmlsec1" in body["error"]["message"], path
+
+
 def _part(headers: bytes, value: bytes = b"PHNhbWw+") -> bytes:
     return b"--b\r\n" + headers + b"\r\n\r\n" + value + b"\r\n--b--\r\n"
 
