@@ -171,7 +171,9 @@ async def open_store(
     """The store with its notifier and tailer, closed by `stack`; and the database URL.
     A close that overruns its deadline is noted in `report`."""
     dsn = await _database_url(settings, stack)
-    opened = await open_store_parts(dsn, migrations=MIGRATIONS[1:])
+    opened = await open_store_parts(
+        dsn, migrations=MIGRATIONS[1:], max_size=settings.integer("SVC_DB_POOL_SIZE")
+    )
 
     close = functools.partial(opened.store.close, appends_wait_s=STORE_APPENDS_WAIT_S)
     stack.push_async_callback(bounded, "event store", close, STORE_STOP_S, report)
@@ -274,6 +276,7 @@ def ray_settings(settings: Settings) -> RaySettings:
         address=settings.text("SVC_RAY_ADDRESS").strip(),  # as its rule reads it
         cluster=settings.text("SVC_RAY_CLUSTER") or "svc",
         hosts=settings.integer("SVC_ACTOR_HOSTS") or None,
+        store_pool_size=settings.integer("SVC_ACTOR_HOST_POOL_SIZE"),
         table_options=_table_options(settings),
     )
 

@@ -1403,6 +1403,24 @@ _OPERATIONAL: tuple[SettingSpec, ...] = (
         "0 = one per CPU the Ray cluster reports (at least 1)",
     ),
     _s(
+        "SVC_ACTOR_HOST_POOL_SIZE",
+        _OPS,
+        "int",
+        "10",
+        "R",
+        "most database connections each Ray actor host holds (its appends and snapshots); "
+        "hosts started before a change keep theirs",
+    ),
+    _s(
+        "SVC_DB_POOL_SIZE",
+        _OPS,
+        "int",
+        "20",
+        "R",
+        "most database connections this gateway process holds (with the local runtime, its "
+        "actors' appends too); PostgreSQL's max_connections must cover every process's pool",
+    ),
+    _s(
         "SVC_DEFAULT_WORKSPACE_ID",
         _OPS,
         "text",
@@ -1592,6 +1610,16 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_ACTOR_IDLE_SEC": {"min_value": 1.0},
     "SVC_ACTOR_MAX_ACTIVE": {"min_value": 1.0},
     "SVC_ACTOR_HOSTS": {"min_value": 0.0, "max_value": 1024.0},
+    # The commit listener holds one connection for good; below 4 the tailer, the projections
+    # and the appends would queue behind each other for the rest.
+    "SVC_DB_POOL_SIZE": {
+        "min_value": 4.0,
+        "max_value": 1000.0,
+        "storable": False,
+        "note": "sizes the pool the stored settings are read through: set it in the "
+        "environment or env file",
+    },
+    "SVC_ACTOR_HOST_POOL_SIZE": {"min_value": 1.0, "max_value": 1000.0},
     # A century: further back than that is before any timestamp PostgreSQL computes from it.
     "SVC_AUDIT_RETENTION_DAYS": {"min_value": 0.0, "max_value": 36500.0},
     "SVC_MAX_BODY_BYTES": {"min_value": 1024.0, "storable": False, "note": _BUILD_TIME},

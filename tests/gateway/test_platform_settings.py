@@ -490,6 +490,12 @@ def test_the_ray_address_is_read_as_its_rule_reads_it() -> None:
     assert ray_settings(Settings(stored={"SVC_RAY_ADDRESS": " auto "})).address == "auto"
 
 
+def test_each_ray_host_pool_is_as_large_as_its_setting() -> None:
+    assert ray_settings(Settings()).store_pool_size == 10
+    stored = Settings(stored={"SVC_ACTOR_HOST_POOL_SIZE": "6"})
+    assert ray_settings(stored).store_pool_size == 6
+
+
 def test_durations_and_listen_addresses() -> None:
     assert Settings().duration("SVC_MEMORY_CONTEXT_TIMEOUT") == 3.0
     assert (

@@ -23,7 +23,7 @@ from eventstore.db import Database, PoolStats
 from gateway import openapi, security, system
 from gateway.state import SETTINGS_SERVICE, TAILER
 from gateway.system import ReadinessProbe
-from schemas.errors import RateLimited
+from schemas.errors import InvalidInput, RateLimited
 
 
 async def test_health_ping_time(database_url: str) -> None:
@@ -118,6 +118,16 @@ async def test_healthz_is_503_once_the_log_tailer_has_died(database_url: str) ->
         status, body, _ = await svc.request("GET", "/healthz")
         assert (status, body["error"]["code"]) == (503, "tailer_stopped")
         assert (await svc.request("GET", "/readyz"))[0] == 200
+
+
+async def test_the_database_pool_is_as_large_as_its_setting(database_url: str) -> None:
+    """SVC_DB_POOL_SIZE sizes the gateway's pool (what the pool alert's runbook tells an
+    operator to raise); a value below the floor is refused when the settings are read."""
+    async with running(settings_for(database_url, SVC_DB_POOL_SIZE="7")) as svc:
+        _, text, _ = await svc.request("GET", "/metrics")
+    assert re.search(r'^svc_db_pool_connections\{state="max"\} 7\.0$', text, re.M), text
+    with pytest.raises(InvalidInput, match=r"SVC_DB_POOL_SIZE: expected an integer from 4"):
+        settings_for(database_url, SVC_DB_POOL_SIZE="3")
 
 
 async def test_metrics_have_no_tenant_or_request_labels(database_url: str) -> None:
