@@ -612,12 +612,15 @@ async def check_xid_horizon(db: Database) -> None:
         newest = await conn.fetchval(_NEWEST_TX)
         next_xid = await conn.fetchval(_NEXT_XID)
     if newest is not None and newest >= next_xid:
+        past = newest + 1
         raise StoreError(
             f"the event store's newest transaction id ({newest}) is ahead of this database "
             f"cluster's transaction counter ({next_xid}), as after restoring a logical dump "
             "into a new cluster. New events would be invisible to log readers. Restore from a "
-            "physical backup instead, or advance the cluster's xid counter past it "
-            "(pg_resetwal --next-transaction-id with the server stopped), then start again."
+            "physical backup instead, or (an expert step, on a copy first; see "
+            "docs/operations.md) advance the cluster's counter past it with the server "
+            f"stopped: pg_resetwal --epoch={past >> 32} "
+            f"--next-transaction-id={max(past & 0xFFFFFFFF, 3)}, then start again."
         )
 
 

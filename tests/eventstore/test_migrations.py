@@ -209,8 +209,10 @@ async def test_a_store_restored_into_a_new_cluster_is_refused(db: Database) -> N
     async with db.acquire() as conn:
         # As if written by an older cluster that had consumed far more transaction ids.
         await conn.execute("UPDATE events SET tx = '100000000000'::xid8")
-    with pytest.raises(StoreError, match="logical dump"):
+    with pytest.raises(StoreError, match="logical dump") as refused:
         await check_xid_horizon(db)
+    # The 64-bit id split as pg_resetwal takes it: 23 * 2**32 + 1215752192 = 100000000000.
+    assert "pg_resetwal --epoch=23 --next-transaction-id=1215752193" in str(refused.value)
 
 
 async def test_open_store_migrates_wires_the_tailer_and_closes(database_url: str) -> None:
