@@ -8,6 +8,7 @@ migrations at the same time waits, then sees the row and skips the file.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ import asyncpg
 
 from eventstore.db import NO_COMMAND_TIMEOUT_S, Connection, Database
 from eventstore.errors import StoreError
+
+log = logging.getLogger(__name__)
 
 _FILE_NAME = re.compile(r"^(\d{4})_([A-Za-z0-9_]+)\.sql$")
 
@@ -125,6 +128,7 @@ async def _apply_locked(db: Database, migration: Migration) -> bool:
         )
         if done:
             return False
+        log.info("applying migration %s", migration.label)
         await conn.execute(migration.sql, timeout=NO_COMMAND_TIMEOUT_S)
         await conn.execute(
             "INSERT INTO schema_migrations (namespace, version, name) VALUES ($1, $2, $3)",
@@ -147,10 +151,26 @@ async def apply_migrations(db: Database, sources: Sequence[MigrationSource]) -> 
     applied: list[str] = []
     for source in sources:
         for migration in source.migrations():
-            if await _apply_one(db, migration):
-                applied.append(migration.label)
+            try:
+                if await _apply_one(db, migration):
+                    applied.append(migration.label)
+            except Exception:
+                log.error(
+                    "migration %s failed and was rolled back; %s; fix the cause and run the "
+                    "migrations again (`svc migrate`): they go on from %s",
+                    migration.label,
+                    _applied_before(applied),
+                    migration.label,
+                )
+                raise
     await _ensure_reader_membership(db)
     return applied
+
+
+def _applied_before(applied: Sequence[str]) -> str:
+    if not applied:
+        return "none was applied before it in this run"
+    return f"the {len(applied)} applied before it in this run stay applied: {', '.join(applied)}"
 
 
 async def _ensure_reader_membership(db: Database) -> None:

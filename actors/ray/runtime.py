@@ -44,7 +44,7 @@ from actors.ray.watch import (
     HostWatch,
     answer_within,
 )
-from actors.ray.wire import Failure, HostStatus, Ok, WrongEpoch
+from actors.ray.wire import Failure, HostStatus, Ok, WrongEpoch, ray_failure_summary
 from actors.shards import (
     NOTIFY_CHANNEL,
     NUM_SHARDS,
@@ -1169,11 +1169,12 @@ async def cluster_status(
     each host. Creates nothing; raises HostUnavailable if the cluster has no map yet.
     `behaviours` is only used if hosts must be created (scale), as in `RayRuntime`."""
     runtime = RayRuntime(dsn, behaviours, dataclasses.replace(settings, stop_hosts=False))
-    await runtime.attach()
-    try:
-        return await runtime.status()
-    finally:
-        await runtime.stop()
+    with _ray_failures_said_plainly("svc cluster status"):
+        await runtime.attach()
+        try:
+            return await runtime.status()
+        finally:
+            await runtime.stop()
 
 
 async def cluster_scale(
@@ -1181,11 +1182,25 @@ async def cluster_scale(
 ) -> dict[str, Any]:
     """For `svc cluster scale N`: as `RayRuntime.scale`, from a separate process."""
     runtime = RayRuntime(dsn, behaviours, dataclasses.replace(settings, stop_hosts=False))
-    await runtime.attach()
+    with _ray_failures_said_plainly(f"svc cluster scale {hosts}"):
+        await runtime.attach()
+        try:
+            return await runtime.scale(hosts)
+        finally:
+            await runtime.stop()
+
+
+@contextmanager
+def _ray_failures_said_plainly(command: str) -> Iterator[None]:
+    """A failure Ray raises (a host that died or raised) as one line an operator can act on;
+    its str() is a whole remote traceback, which the command line would print as it is."""
     try:
-        return await runtime.scale(hosts)
-    finally:
-        await runtime.stop()
+        yield
+    except ray.exceptions.RayError as exc:
+        raise HostUnavailable(
+            f"the Ray cluster failed `{command}`: {ray_failure_summary(exc)}; the hosts' own "
+            "logs (`ray logs`, or the Ray dashboard) hold the whole traceback"
+        ) from None
 
 
 __all__ = [

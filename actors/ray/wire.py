@@ -57,6 +57,22 @@ def pack_error(error: BaseException) -> Failure:
     return Failure(type(error), str(error), {})
 
 
+def ray_failure_summary(error: BaseException) -> str:
+    """One line for a failure Ray raised, whose str() is a whole traceback: the host's own
+    exception where Ray carries it (a RayTaskError's `cause`), else the last line of Ray's
+    text, the `SomeError: message` line its tracebacks end with."""
+    cause = getattr(error, "cause", None)
+    shown = cause if isinstance(cause, BaseException) and cause is not error else error
+    lines = [_printable(line.strip()) for line in str(shown).splitlines() if line.strip()]
+    if shown is cause:
+        return f"{type(cause).__name__}: {' '.join(lines)}"[:400]
+    return (lines[-1] if lines else type(error).__name__)[:400]
+
+
+def _printable(text: str) -> str:
+    return "".join(ch if ch.isprintable() else " " for ch in text)
+
+
 def _picklable(value: Any) -> bool:
     try:
         pickle.dumps(value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -165,6 +166,34 @@ async def test_sources_apply_in_order_and_a_failing_migration_leaves_no_trace(
         assert await conn.fetchval("SELECT to_regclass('gadgets')") is not None
     assert (bad.namespace, 2, "broken") not in await recorded(db)
     assert (bad.namespace, 1, "fine") in await recorded(db)
+
+
+async def test_a_failed_migration_names_itself_and_what_was_applied_before_it(
+    db: Database,
+    tmp_path: Path,
+    make_source: type[MigrationSource],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`svc migrate` shows each migration as it starts; one that fails is named, with those
+    this run applied before it (they stay: each runs in its own transaction)."""
+    source = write_package(
+        tmp_path,
+        {
+            "0001_a.sql": "CREATE TABLE mig_a (x int);",
+            "0002_b.sql": "CREATE TABLE mig_b (x int);",
+            "0003_again.sql": "CREATE TABLE mig_a (x int);",
+        },
+    )
+    ns = source.namespace
+    with caplog.at_level(logging.INFO, logger="eventstore.migrate"), pytest.raises(StoreError):
+        await apply_migrations(db, [source])
+    said = [r.getMessage() for r in caplog.records if r.name == "eventstore.migrate"]
+    assert said[:3] == [f"applying migration {ns}/000{n}" for n in ("1_a", "2_b", "3_again")]
+    assert said[3].startswith(f"migration {ns}/0003_again failed and was rolled back; ")
+    assert (
+        f"the 2 applied before it in this run stay applied: {ns}/0001_a, {ns}/0002_b" in (said[3])
+    )
+    assert [version for space, version, _ in await recorded(db) if space == ns] == [1, 2]
 
 
 async def test_a_version_defined_twice_is_refused(

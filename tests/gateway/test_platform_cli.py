@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import platform
 import re
@@ -76,6 +77,8 @@ def test_migrate_names_what_it_applied_and_then_nothing(data_dir: Path) -> None:
     assert first.returncode == 0, first.stderr
     applied = [line for line in first.stdout.splitlines() if line.startswith("applied ")]
     assert "applied eventstore/0001_event_store" in applied, first.stdout
+    # Progress as it goes (stderr): each migration as it starts.
+    assert "applying migration eventstore/0001_event_store" in first.stderr, first.stderr
     assert any(line.startswith("applied projections/") for line in applied), first.stdout
     again = svc(data_dir, "migrate")
     assert again.returncode == 0, again.stderr
@@ -227,8 +230,15 @@ def test_settings_commands_mask_secrets(data_dir: Path) -> None:
 
 def test_a_value_with_a_line_break_cannot_forge_a_line_of_a_listing(data_dir: Path) -> None:
     forged = "SVC_NATIVE_API_KEY=sk-live-LOOKS-REAL\tenvironment\tR\tLLM"
-    done = svc(data_dir, "settings", "set", "SVC_AGENT_DEBATE_PROMPT", f"x\n{forged}")
+    # With a CSI (C1) sequence and a line separator, which JSON leaves as they are.
+    value = f"x\n{forged}\u009b31m\u2028"
+    done = svc(data_dir, "settings", "set", "SVC_AGENT_DEBATE_PROMPT", value)
     assert done.returncode == 0, done.stderr
+    as_json = svc(data_dir, "settings", "list", "--json").stdout
+    assert "\u009b" not in as_json and "\u2028" not in as_json
+    assert "\\u009b31m\\u2028" in as_json
+    stored = {i["key"]: i["value"] for i in json.loads(as_json)["settings"]}
+    assert stored["SVC_AGENT_DEBATE_PROMPT"] == value
     listed = svc(data_dir, "settings", "list").stdout.splitlines()
     assert not [line for line in listed if line.startswith("SVC_NATIVE_API_KEY=sk-")]
     assert "SVC_AGENT_DEBATE_PROMPT=x\\nSVC_NATIVE_API_KEY=sk-live" in "\n".join(listed)
@@ -292,7 +302,9 @@ async def _run(data_dir: Path, *args: str) -> tuple[int, str, str]:
     return proc.returncode or 0, out.decode(), err.decode()
 
 
-async def _serve(data_dir: Path, log_path: Path) -> tuple[asyncio.subprocess.Process, str]:
+async def _serve(
+    data_dir: Path, log_path: Path, **extra: str
+) -> tuple[asyncio.subprocess.Process, str]:
     """`svc serve` in its own process on a free port, answering /healthz (killed if it
     never does), and its base URL."""
     with log_path.open("ab") as log_file:
@@ -300,7 +312,7 @@ async def _serve(data_dir: Path, log_path: Path) -> tuple[asyncio.subprocess.Pro
         server = await asyncio.create_subprocess_exec(
             *SVC,
             "serve",
-            env=_env(data_dir, SVC_GATEWAY_ADDR="127.0.0.1:0"),
+            env=_env(data_dir, SVC_GATEWAY_ADDR="127.0.0.1:0", **extra),
             stdout=log_file,
             stderr=log_file,
         )
@@ -366,7 +378,8 @@ async def test_a_signal_while_starting_stops_it_without_ever_listening(data_dir:
 
 async def test_key_created_while_the_server_runs_works_at_once(data_dir: Path) -> None:
     log_path = data_dir / "serve.log"
-    server, base = await _serve(data_dir, log_path)
+    # At WARNING too the log names the port a port-0 start took (it hid that INFO line).
+    server, base = await _serve(data_dir, log_path, SVC_LOG_LEVEL="warning")
     try:
         code, out, err = await _run(
             data_dir, "apikeys", "create", "--scopes", "*", "--workspace", "w2"
@@ -429,8 +442,36 @@ async def _replay_and_rebuild(data_dir: Path, conversation: str) -> None:
     assert code == 2 and f"no conversation {conversation} in workspace elsewhere" in err
     code, out, err = await _run(data_dir, "projections", "rebuild", "messages")
     assert code == 0 and out.startswith("rebuilt messages from ") and "events" in err
+    # Not a terminal: plain lines a log file keeps readable, no bar redrawn in place.
+    assert "\r" not in err and "\x1b" not in err, err
+    assert "rebuild: " in err and err.rstrip().endswith(": switched in"), err
     code, out, _ = await _run(data_dir, "projections", "status")
     assert code == 0 and "messages" in out
+
+
+def test_an_internal_error_is_one_line_and_says_how_to_see_its_traceback() -> None:
+    crash = (
+        "import sys\n"
+        "from gateway import cli\n"
+        "async def crashing(args, settings):\n"
+        "    raise RuntimeError('first\\nsecond')\n"
+        "cli.cmd_migrate = crashing\n"
+        "sys.exit(cli.main(['migrate']))\n"
+    )
+    for level in ("info", "debug"):
+        env = {**os.environ, "SVC_LOG_LEVEL": level}
+        done = subprocess.run(
+            [sys.executable, "-c", crash], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 1, done.stderr
+        said = "svc: internal error: RuntimeError: first\\nsecond"
+        if level == "info":
+            assert (
+                done.stderr == f"{said}; run it again with SVC_LOG_LEVEL=debug for the traceback\n"
+            )
+        else:  # asked for: the traceback, logged before the line
+            assert "Traceback (most recent call last)" in done.stderr, done.stderr
+            assert done.stderr.endswith(f"{said}\n"), done.stderr
 
 
 def test_help_is_stable() -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pickle
+import traceback
 
 import pytest
 
 from actors.errors import RuntimeStopping, UnknownActorKind
+from actors.ray.runtime import HostUnavailable, _ray_failures_said_plainly
 from actors.ray.wire import pack_error
 from schemas.errors import InvalidInput, RateLimited, SvcError
 
@@ -32,6 +34,34 @@ def test_svc_errors_keep_class_message_code_and_attributes() -> None:
 def test_other_errors_keep_their_class_when_they_can() -> None:
     back = _round_trip(KeyError("k"))
     assert isinstance(back, KeyError)
+
+
+def test_a_failure_ray_raises_is_told_in_one_line() -> None:
+    """`svc cluster` printed the str() of Ray's errors, which is a whole remote traceback."""
+    from ray.exceptions import RayActorError, RayTaskError
+
+    try:
+        raise ValueError("the shard map\nis gone")
+    except ValueError as exc:
+        task_error = RayTaskError("Host.status", traceback.format_exc(), exc)
+    actor_error = RayActorError(
+        error_msg='The actor died in its creation task.\n  File "host.py", line 3, in ready\n'
+        "StoreError: relation actor_shards does not exist"
+    )
+    told = {
+        "task": (task_error, "ValueError: the shard map is gone"),
+        "task as its cause's class": (task_error.as_instanceof_cause(), "ValueError: the"),
+        "actor": (actor_error, "StoreError: relation actor_shards does not exist"),
+    }
+    for case, (error, expected) in told.items():
+        with pytest.raises(HostUnavailable) as said:
+            with _ray_failures_said_plainly("svc cluster status"):
+                raise error
+        message = said.value.message
+        assert "\n" not in message and "\x1b" not in message, (case, message)
+        assert "File " not in message, (case, message)
+        assert message.startswith("the Ray cluster failed `svc cluster status`: "), case
+        assert expected in message, (case, message)
 
 
 def test_a_ray_client_url_is_refused_before_joining() -> None:
