@@ -572,13 +572,18 @@ async def test_the_retry_deadline_counts_from_the_failure_not_from_the_send(
     """A command that waited in its actor's mailbox longer than the retry deadline, behind a
     long one, and then lost its host, was answered 503 after one attempt: the deadline had
     run out before anything failed. A retry (same command id) then finds the restarted host."""
-    runtime: RayRuntime = await cluster_runtime(1, retry_deadline_s=5.0)
+    # The deadline must outlast Ray's restart of the killed host, which took more than 5 s
+    # on a loaded 2-core machine.
+    deadline_s = 10.0
+    runtime: RayRuntime = await cluster_runtime(1, retry_deadline_s=deadline_s)
     (key,) = counter_keys(1)
-    slow = AddToCounter(command_id=uuid.uuid4().hex, workspace_id=WS, amount=1, delay_s=6.0)
+    slow = AddToCounter(
+        command_id=uuid.uuid4().hex, workspace_id=WS, amount=1, delay_s=deadline_s + 1
+    )
     running = asyncio.create_task(runtime.ask(key, slow))
     await until_busy(runtime, "the slow command")
     queued = asyncio.create_task(runtime.ask(key, add(2)))
-    await asyncio.sleep(5.5)  # queued past the deadline, still behind the slow command
+    await asyncio.sleep(deadline_s + 0.5)  # queued past the deadline, behind the slow command
     (host,) = (await runtime.status())["hosts"]
     os.kill(host["pid"], signal.SIGKILL)
     async with asyncio.timeout(90):
