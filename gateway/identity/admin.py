@@ -7,8 +7,6 @@ principal grants a role, defines one, or manages a user carrying rights it lacks
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
@@ -39,6 +37,7 @@ from gateway.identity.common import (
     new_id,
     now,
     profile_of,
+    retried_if_changed,
     signed_in_user,
     signs_in_elsewhere,
     user_view,
@@ -66,7 +65,6 @@ from schemas.admin import MAX_OFFSET, NoQuery
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound
 from schemas.identity import (
     BUILTIN_ROLES,
-    USER_CHANGED,
     Access,
     BindRole,
     DefineCustomRole,
@@ -433,28 +431,6 @@ async def patch_user(request: web.Request) -> web.Response:
     if body.active is False:
         await cut_off(request, ident, principal.workspace_id, user.user_id, "user deactivated")
     return json(user_view(await live_user(ident, principal.workspace_id, user.user_id)))
-
-
-USER_UPDATE_PAUSES_S = (0.05, 0.2, 0.5)
-"""The pauses before a change to a user is made again from a fresh read, when another change
-landed between its read and its write (UpdateUser.base); after the last try, 409
-`user_changed`. The read models show that change once they pass the log's head, which a
-transaction that took its id before the change's commit holds back (a projection batch, for
-tens of milliseconds): the pauses outlast that, where tries back to back read the same row."""
-
-
-async def retried_if_changed(ident: Identity, attempt: Callable[[], Awaitable[T]]) -> T:
-    """`attempt` (read the user, decide, UpdateUser with its base), made again from the read
-    models once they show the change that refused it."""
-    for pause_s in (*USER_UPDATE_PAUSES_S, None):
-        try:
-            return await attempt()
-        except Conflict as exc:
-            if exc.code != USER_CHANGED or pause_s is None:
-                raise
-        await asyncio.sleep(pause_s)
-        await ident.caught_up()
-    raise AssertionError("unreachable: the last try returns or raises")
 
 
 async def deprovision(

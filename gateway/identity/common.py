@@ -6,10 +6,11 @@ must stay free of import cycles: who is calling (`acting`) lives in authn.py.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from aiohttp import web
@@ -23,11 +24,15 @@ from gateway.settings import Settings
 from gateway.state import STORE, Principal
 from projections.identity_queries import UserRow
 from schemas.commands import client_command_id
-from schemas.errors import InvalidInput, PayloadTooLarge
-from schemas.identity import SIGNS_IN_ELSEWHERE, UserProfile
+from schemas.errors import Conflict, InvalidInput, PayloadTooLarge
+from schemas.identity import SIGNS_IN_ELSEWHERE, USER_CHANGED, UserProfile
 from schemas.text import is_utf8
 
+if TYPE_CHECKING:
+    from gateway.identity.service import Identity
+
 SCIM_ACTOR: web.RequestKey[str] = web.RequestKey("svc_scim_actor", str)
+T = TypeVar("T")
 
 
 def describe(principal: Principal) -> str:
@@ -224,3 +229,25 @@ def profile_of(user: UserRow) -> UserProfile:
             "active": user.active,
         }
     )
+
+
+USER_UPDATE_PAUSES_S = (0.05, 0.2, 0.5)
+"""The pauses before a change to a user is made again from a fresh read, when another change
+landed between its read and its write (UpdateUser.base); after the last try, 409
+`user_changed`. The read models show that change once they pass the log's head, which a
+transaction that took its id before the change's commit holds back (a projection batch, for
+tens of milliseconds): the pauses outlast that, where tries back to back read the same row."""
+
+
+async def retried_if_changed(ident: Identity, attempt: Callable[[], Awaitable[T]]) -> T:
+    """`attempt` (read the user, decide, UpdateUser with its base), made again from the read
+    models once they show the change that refused it."""
+    for pause_s in (*USER_UPDATE_PAUSES_S, None):
+        try:
+            return await attempt()
+        except Conflict as exc:
+            if exc.code != USER_CHANGED or pause_s is None:
+                raise
+        await asyncio.sleep(pause_s)
+        await ident.caught_up()
+    raise AssertionError("unreachable: the last try returns or raises")

@@ -29,6 +29,7 @@ from gateway.identity.common import (
     new_id,
     now,
     profile_of,
+    retried_if_changed,
     signed_in_user,
     signs_in_elsewhere,
 )
@@ -190,11 +191,23 @@ async def sync_external_user(
                 await ident.ask(key, UnbindRole(**stamp(), user_id=user_id, role=role))
         if existing.source != "scim":
             # Made from the read model's copy, as an admin's change is: one that landed since
-            # (a deactivation while the directory answered) refuses it, not undone by it.
-            update = UpdateUser(
-                **stamp(), user_id=user_id, profile=profile, base=profile_of(existing)
-            )
-            await ident.ask(key, update)
+            # (a deactivation while the directory answered) refuses it, not undone by it, and
+            # the sign-in's own change is made again over it.
+            first_read: UserRow | None = existing
+
+            async def update() -> None:
+                nonlocal first_read
+                current = first_read or await get_user(ident.db, workspace_id, user_id)
+                first_read = None  # a try after a refusal reads the user again
+                if current is None:  # deprovisioned meanwhile
+                    raise Unauthorized(BAD_CREDENTIALS)
+                synced = _synced_profile(found, current)
+                base = profile_of(current)
+                await ident.ask(
+                    key, UpdateUser(**stamp(), user_id=user_id, profile=synced, base=base)
+                )
+
+            await retried_if_changed(ident, update)
     user = await get_user(ident.db, workspace_id, user_id)
     if user is None:
         raise Unauthorized(BAD_CREDENTIALS)

@@ -33,7 +33,6 @@ from gateway.errors import count_error, read_json, validation_problems
 from gateway.identity.admin import (
     cut_off,
     deprovision,
-    retried_if_changed,
     revoke_sessions,
     set_password,
 )
@@ -44,6 +43,7 @@ from gateway.identity.common import (
     new_id,
     now,
     profile_of,
+    retried_if_changed,
     storable,
 )
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH

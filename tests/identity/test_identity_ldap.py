@@ -12,7 +12,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,6 +25,7 @@ from gateway.identity.ldap import ldap3  # imported there with pyasn1's warnings
 from gateway.identity.ldap import map_role as ldap_map_role
 from gateway.identity.login import ExternalUser, sync_external_user
 from gateway.identity.saml import map_role as saml_map_role
+from gateway.identity.service import IDENTITY
 from schemas.errors import Unavailable
 
 pytestmark = [
@@ -336,6 +337,28 @@ async def test_a_mapped_role_no_role_can_have_is_the_instances_problem() -> None
         await sync_external_user(cast(Any, None), "default", found, None)
     assert refused.value.code == "ldap_not_configured"
     assert "SVC_LDAP_ROLE_MAPPINGS" in refused.value.message
+
+
+async def test_a_sign_in_racing_an_admin_change_makes_its_own_over_it(database_url: str) -> None:
+    """The sync is made from the account as read when the sign-in began; an admin's change
+    that landed since refuses it (`user_changed`), and the sign-in then makes its own change
+    again from a fresh read instead of failing: both changes stay."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key("default")
+        ident = svc.app[IDENTITY]
+        found = ExternalUser("ldap", "rita", "uid=rita,dc=x", "Rita", "rita@example.test", None)
+        read_at_the_start = await sync_external_user(ident, "default", found, None)
+        status, body, _ = await svc.request(
+            "PATCH",
+            f"/v1/admin/users/{read_at_the_start.user_id}",
+            key,
+            json={"given_name": "Margarita"},
+        )
+        assert status == 200, body
+        moved = replace(found, display_name="Rita R.", email="rr@example.test")
+        user = await sync_external_user(ident, "default", moved, read_at_the_start)
+    assert (user.given_name, user.display_name) == ("Margarita", "Rita R.")
+    assert user.emails[0] == {"value": "rr@example.test", "primary": True}
 
 
 def test_the_first_mapping_a_user_s_groups_name_decides_in_any_group_order() -> None:
