@@ -24,11 +24,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from aiohttp import web
 
 from eventstore.db import Database
-from gateway import admin, admin_agents, chat, feeds, identity, settings_api, system, telemetry
+from gateway import admin, admin_agents, chat, feeds, settings_api, system, telemetry
 from gateway.auth import IDENTIFY, Authenticator, KeyLookup, KeyRecord, add_rate_limit_headers
 from gateway.bootstrap import open_platform
 from gateway.errors import error_middleware, note_response_started
 from gateway.feeds import FEED_HUB
+from gateway.identity import routes as identity_routes
 from gateway.identity.authn import identify
 from gateway.security import add_security_headers, security_middleware
 from gateway.settings import Settings
@@ -60,7 +61,7 @@ ROUTES: tuple[RouteInstaller, ...] = (
     feeds.add_routes,
     admin.add_routes,
     admin_agents.add_routes,
-    identity.add_routes,  # after the platform's cleanup_ctx: it needs the store and runtime
+    identity_routes.add_routes,  # after the platform's cleanup_ctx: it needs the store and runtime
 )
 
 

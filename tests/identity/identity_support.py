@@ -1,4 +1,4 @@
-"""The whole service (gateway.app.create_app plus gateway.identity.add_routes) on a real
+"""The whole service (gateway.app.create_app plus gateway.identity.routes.add_routes) on a real
 loopback TCP site over the test's PostgreSQL, with helpers to bootstrap keys and users."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from actors.workspace import workspace_key
 from gateway.app import create_app
 from gateway.auth import generate_key, hash_key
 from gateway.bootstrap import ensure_workspace
-from gateway.identity import add_routes
 from gateway.identity.authn import identify
 from gateway.identity.roles import require_access
+from gateway.identity.routes import add_routes
 from gateway.settings import Settings
 from gateway.state import PROJECTIONS, RUNTIME
 from schemas.workspace import IssueApiKey
