@@ -156,8 +156,8 @@ async def apply_migrations(db: Database, sources: Sequence[MigrationSource]) -> 
                     applied.append(migration.label)
             except Exception:
                 log.error(
-                    "migration %s failed and was rolled back; %s; fix the cause and run the "
-                    "migrations again (`svc migrate`): they go on from %s",
+                    "migration %s failed and is not recorded as applied; %s; fix the cause and "
+                    "run the migrations again (`svc migrate`): they go on from %s",
                     migration.label,
                     _applied_before(applied),
                     migration.label,

@@ -1409,7 +1409,8 @@ _OPERATIONAL: tuple[SettingSpec, ...] = (
         "10",
         "R",
         "most database connections each Ray actor host holds (its appends and snapshots); "
-        "hosts started before a change keep theirs",
+        "hosts keep the size they started with, Ray's restarts of them included: restart the "
+        "gateways, then the Ray pods",
     ),
     _s(
         "SVC_DB_POOL_SIZE",
@@ -1610,16 +1611,19 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_ACTOR_IDLE_SEC": {"min_value": 1.0},
     "SVC_ACTOR_MAX_ACTIVE": {"min_value": 1.0},
     "SVC_ACTOR_HOSTS": {"min_value": 0.0, "max_value": 1024.0},
-    # The commit listener holds one connection for good; below 4 the tailer, the projections
-    # and the appends would queue behind each other for the rest.
+    # The commit listener and the log tailer hold one connection each for good; below 6 the
+    # projections' parallel catch-up and the appends would wait on each other past the
+    # pool's acquire timeout for the rest.
     "SVC_DB_POOL_SIZE": {
-        "min_value": 4.0,
+        "min_value": 6.0,
         "max_value": 1000.0,
         "storable": False,
         "note": "sizes the pool the stored settings are read through: set it in the "
         "environment or env file",
     },
-    "SVC_ACTOR_HOST_POOL_SIZE": {"min_value": 1.0, "max_value": 1000.0},
+    # A host's commit listener holds one connection for good; its shard map, appends and
+    # snapshots need the others.
+    "SVC_ACTOR_HOST_POOL_SIZE": {"min_value": 3.0, "max_value": 1000.0},
     # A century: further back than that is before any timestamp PostgreSQL computes from it.
     "SVC_AUDIT_RETENTION_DAYS": {"min_value": 0.0, "max_value": 36500.0},
     "SVC_MAX_BODY_BYTES": {"min_value": 1024.0, "storable": False, "note": _BUILD_TIME},

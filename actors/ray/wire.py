@@ -59,18 +59,25 @@ def pack_error(error: BaseException) -> Failure:
 
 def ray_failure_summary(error: BaseException) -> str:
     """One line for a failure Ray raised, whose str() is a whole traceback: the host's own
-    exception where Ray carries it (a RayTaskError's `cause`), else the last line of Ray's
-    text, the `SomeError: message` line its tracebacks end with."""
+    exception where Ray carries it (a RayTaskError's `cause`; a nested remote call's, its
+    own cause in turn), else the last line of Ray's text, the `SomeError: message` line its
+    tracebacks end with."""
     cause = getattr(error, "cause", None)
-    shown = cause if isinstance(cause, BaseException) and cause is not error else error
-    lines = [_printable(line.strip()) for line in str(shown).splitlines() if line.strip()]
-    if shown is cause:
-        return f"{type(cause).__name__}: {' '.join(lines)}"[:400]
+    if isinstance(cause, BaseException) and cause is not error:
+        if hasattr(cause, "cause"):
+            return ray_failure_summary(cause)
+        return f"{type(cause).__name__}: {' '.join(_lines(cause))}"[:400]
+    lines = _lines(error)
     return (lines[-1] if lines else type(error).__name__)[:400]
 
 
-def _printable(text: str) -> str:
-    return "".join(ch if ch.isprintable() else " " for ch in text)
+def _lines(error: BaseException) -> list[str]:
+    """The non-blank lines of `error`'s text, control characters made spaces."""
+    printable = (
+        "".join(c if c.isprintable() else " " for c in line.strip())
+        for line in str(error).splitlines()
+    )
+    return [line for line in printable if line]
 
 
 def _picklable(value: Any) -> bool:

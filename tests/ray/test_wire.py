@@ -48,8 +48,13 @@ def test_a_failure_ray_raises_is_told_in_one_line() -> None:
         error_msg='The actor died in its creation task.\n  File "host.py", line 3, in ready\n'
         "StoreError: relation actor_shards does not exist"
     )
+    try:
+        raise task_error
+    except RayTaskError:
+        nested = RayTaskError("Router.call", traceback.format_exc(), task_error)
     told = {
         "task": (task_error, "ValueError: the shard map is gone"),
+        "a nested call's": (nested, "ValueError: the shard map is gone"),
         "task as its cause's class": (task_error.as_instanceof_cause(), "ValueError: the"),
         "actor": (actor_error, "StoreError: relation actor_shards does not exist"),
     }
