@@ -2,7 +2,8 @@
 
 With the setting blank nothing is installed: no middleware, no provider, no thread. With it set,
 every HTTP request is a server span named `METHOD route`, where the route is the pattern
-(`/v1/admin/users/{id}`), so ids in paths never become span names; a chat turn is a child span
+(`/v1/admin/users/{id}`), so ids in paths never become span names, and the child of the
+caller's span when the request carries a W3C `traceparent`; a chat turn is a child span
 with its token usage and finish reason. Spans carry no workspace, key, user, query string,
 header or message text: only the method, the route, the status and the timing; a failure is
 recorded by its error code or exception type (`error.type`), never its message or traceback.
@@ -24,7 +25,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from actors.conversation import TurnResult
 from gateway.metrics import build_version
@@ -41,6 +44,7 @@ EXPORT_TIMEOUT_S = 5.0
 FLUSH_BOUND_S = 5.0
 """The most a stop waits for the last spans to be exported."""
 UNMATCHED_ROUTE = "unmatched"
+_W3C_TRACE_CONTEXT = TraceContextTextMapPropagator()
 
 
 def otel_endpoint(app: web.Application) -> str:
@@ -119,7 +123,11 @@ async def tracing_middleware(request: web.Request, handler: Handler) -> web.Stre
         return await handler(request)
     route = _route(request)
     attributes = {"http.request.method": request.method, "http.route": route}
-    with _span(tracer, f"{request.method} {route}", SpanKind.SERVER, attributes) as span:
+    # A caller's W3C `traceparent` makes this span a child of the caller's, so a trace runs
+    # through the service; a malformed one is ignored (a new trace starts).
+    caller = _W3C_TRACE_CONTEXT.extract(request.headers)
+    name = f"{request.method} {route}"
+    with _span(tracer, name, SpanKind.SERVER, attributes, parent=caller) as span:
         response = await handler(request)
         span.set_attribute("http.response.status_code", response.status)
         if response.status >= 500:
@@ -144,13 +152,18 @@ def turn_span(request: web.Request, streamed: bool) -> Iterator[Span | None]:
 
 @contextlib.contextmanager
 def _span(
-    tracer: Tracer, name: str, kind: SpanKind, attributes: Mapping[str, str | bool]
+    tracer: Tracer,
+    name: str,
+    kind: SpanKind,
+    attributes: Mapping[str, str | bool],
+    parent: Context | None = None,
 ) -> Iterator[Span]:
     """A span that records a failure by its type or error code only: the SDK's own exception
     event would carry the message and traceback, which can hold an upstream's error text,
     database detail or a key an upstream echoed back."""
     with tracer.start_as_current_span(
         name,
+        context=parent,
         kind=kind,
         attributes=attributes,
         record_exception=False,

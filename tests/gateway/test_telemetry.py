@@ -22,6 +22,9 @@ from stub_upstream import Fault, StubUpstream
 from gateway import telemetry
 from gateway.telemetry import TRACER, traces_url
 
+CALLER_TRACE, CALLER_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+CALLER_TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+
 
 class Collector:
     """The OTLP/HTTP traces endpoint of a collector: every span it receives, decoded."""
@@ -88,6 +91,10 @@ async def test_requests_and_turns_are_exported_as_spans(database_url: str) -> No
             assert status == 400  # an unknown query parameter, refused
             status, _, _ = await svc.request("GET", "/no/such/path")
             assert status == 404
+            for traceparent in (CALLER_TRACEPARENT, "00-not-a-trace-01"):
+                headers = {"traceparent": traceparent}
+                status, _, _ = await svc.request("GET", "/v1/models", key, headers=headers)
+                assert status == 200
         # Leaving `running` closed the app, which flushed the last batch to the collector.
 
     assert collector.resources and collector.resources[0]["service.name"] == "svc"
@@ -106,6 +113,11 @@ async def test_requests_and_turns_are_exported_as_spans(database_url: str) -> No
     (user_span,) = by_name["GET /v1/admin/users/{id}"]
     assert _attributes(user_span.attributes)["http.response.status_code"] == 400
     assert _attributes(by_name["GET unmatched"][0].attributes)["http.response.status_code"] == 404
+    # A caller's traceparent makes the request span its child; a malformed one starts anew.
+    continued, fresh = by_name["GET /v1/models"]
+    assert (continued.trace_id.hex(), continued.parent_span_id.hex()) == (CALLER_TRACE, CALLER_SPAN)
+    assert fresh.trace_id.hex() != CALLER_TRACE and not fresh.parent_span_id
+    assert request_span.trace_id.hex() != CALLER_TRACE and not request_span.parent_span_id
 
     everything = repr([(s.name, _attributes(s.attributes)) for s in collector.spans])
     for private in (ws, key, secret_text, "u-hidden-id", "query-secret"):
