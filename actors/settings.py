@@ -51,6 +51,7 @@ def _decide_set(state: SettingsState, command: SetSetting) -> list[Event]:
             secret=spec.secret,
             at=command.at,
             secret_version=command.secret_version,
+            by=command.by,
         )
     ]
 
@@ -59,7 +60,7 @@ def _decide_unset(state: SettingsState, command: UnsetSetting) -> list[Event]:
     get_spec(command.key)
     if command.key not in state.values:
         return []
-    return [SettingUnset(key=command.key, at=command.at)]
+    return [SettingUnset(key=command.key, at=command.at, by=command.by)]
 
 
 class SettingsBehaviour(Behaviour[SettingsState]):
@@ -84,6 +85,7 @@ class SettingsBehaviour(Behaviour[SettingsState]):
                 secret=event.secret,
                 at=event.at,
                 secret_version=event.secret_version,
+                by=event.by,
             )
         elif isinstance(event, SettingUnset):
             values.pop(event.key, None)

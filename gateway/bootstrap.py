@@ -460,6 +460,7 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
         shutdown = Shutdown(runtime, settings.shutdown_grace_s, report)
         stack.push_async_callback(shutdown.stop_runtime)
         service = SettingsService(settings, runtime, store, vault, serving=background)
+        await service.refresh()  # who set each stored value, and when, for the listings
         settings.on_live_change(_apply_live(settings, providers, runtime))
         for workspace in _initial_workspaces(settings):
             await ensure_workspace(runtime, workspace)

@@ -299,11 +299,20 @@ async def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:
     async with open_platform(settings, background=False) as platform:
         service = platform.settings_service
         if args.action == "set":
-            result = await service.set(args.key, args.value)
+            result = await service.set(args.key, args.value, _cli_author())
         else:
-            result = await service.unset(args.key)
+            result = await service.unset(args.key, _cli_author())
     _out(result.message)
     return 0
+
+
+def _cli_author() -> str:
+    """Who changes a setting from the command line, as recorded: the operating-system user
+    (the database's own user is the same for every operator)."""
+    try:
+        return f"cli:{getpass.getuser()}"[:300]
+    except (KeyError, OSError):  # no name for the uid (a container's arbitrary user)
+        return "cli"
 
 
 def _value_from_stdin(key: str) -> str:
@@ -342,6 +351,7 @@ def _value_from_stdin(key: str) -> str:
 async def _settings_show(args: argparse.Namespace, settings: Settings) -> int:
     async with open_platform(settings, background=False) as platform:
         service = platform.settings_service
+        await service.refresh()  # who set each stored value, and when
         if args.action == "get":
             item = service.get(args.key)
             value = one_line(str(item.value))

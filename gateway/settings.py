@@ -42,6 +42,7 @@ from schemas.settings import (
     SettingList,
     SettingsState,
     SettingView,
+    StoredSetting,
     UnsetSetting,
 )
 from schemas.settings_catalog import (
@@ -423,7 +424,21 @@ def replay_settings(events: Iterable[RecordedEvent]) -> SettingsState:
 
 
 async def read_stored_settings(store: _StreamReader, vault: SecretVault) -> dict[str, str]:
-    """The stored layer: the settings stream's values, secrets filled from the vault.
+    """The stored layer: the settings stream's values, secrets filled from the vault."""
+    return (await read_stored_layer(store, vault)).values
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLayer:
+    values: dict[str, str]
+    """Each stored key's value, a secret's from the vault."""
+    changes: dict[str, StoredSetting]
+    """Each stored key's last change as the stream records it (when, by whom)."""
+
+
+async def read_stored_layer(store: _StreamReader, vault: SecretVault) -> StoredLayer:
+    """The stored layer: the settings stream's values, secrets filled from the vault, with
+    when and by whom each was set.
 
     The stream and the vault are two reads: a set in between (its new row written, its
     event recorded, the row the first read named pruned) leaves a secret's named version
@@ -456,7 +471,7 @@ async def read_stored_settings(store: _StreamReader, vault: SecretVault) -> dict
         value = secrets.get(key, {}).get(version) if stored.secret else stored.value
         if value is not None and key in CATALOG:
             out[key] = value
-    return out
+    return StoredLayer(out, {key: state.values[key] for key in out})
 
 
 STORED_READ_TRIES = 3
@@ -509,6 +524,7 @@ class SettingsService:
         self._store = store
         self._vault = vault
         self._stored: dict[str, str] = dict(settings.stored_layer())
+        self._changes: dict[str, StoredSetting] = {}
         # A refresh reads the stored layer, then applies it: a set committed between the two
         # was undone by the stale read until the next refresh. One change at a time.
         self._changing = asyncio.Lock()
@@ -518,7 +534,10 @@ class SettingsService:
         return self._settings
 
     async def stored_values(self) -> dict[str, str]:
-        return await read_stored_settings(self._store, self._vault)
+        """The stored layer's values; who set each, and when, is kept for the listings."""
+        layer = await read_stored_layer(self._store, self._vault)
+        self._changes = layer.changes
+        return layer.values
 
     async def load(self) -> None:
         """At startup: apply every stored value."""
@@ -540,13 +559,16 @@ class SettingsService:
             self._settings.apply_stored(key, fresh.get(key))
         return changed
 
-    async def set(self, key: str, raw: str) -> SettingChangeResult:
+    async def set(self, key: str, raw: str, by: str | None = None) -> SettingChangeResult:
+        """`by`: who sets it, recorded with the change (`key:<id>`, `user:<id>`, `cli:...`)."""
         raw = storable_value(key, raw)
         spec = get_spec(key)
         async with self._changing, self._secret_changing(spec):
-            return await self._set(spec, key, raw)
+            return await self._set(spec, key, raw, by)
 
-    async def _set(self, spec: SettingSpec, key: str, raw: str) -> SettingChangeResult:
+    async def _set(
+        self, spec: SettingSpec, key: str, raw: str, by: str | None
+    ) -> SettingChangeResult:
         # A secret's value is written first, under a version of its own that the event then
         # names: if the event is never recorded, the version in force stays in force.
         version = uuid.uuid4().hex if spec.secret else None
@@ -560,20 +582,24 @@ class SettingsService:
             secret=spec.secret,
             secret_version=version,
             at=datetime.now(UTC),
+            by=by,
         )
         await self._runtime.ask(settings_actor_key(), command)
         if version is not None:
             await self._prune(key, version)
         self._stored[key] = raw
+        self._changes[key] = StoredSetting(
+            value=command.value, secret=spec.secret, at=command.at, by=by
+        )
         self._settings.apply_stored(key, raw)
         return _change_result(spec, self._settings, self._serving)
 
-    async def unset(self, key: str) -> SettingChangeResult:
+    async def unset(self, key: str, by: str | None = None) -> SettingChangeResult:
         spec = storable_spec(key)
         async with self._changing, self._secret_changing(spec):
-            return await self._unset(spec, key)
+            return await self._unset(spec, key, by)
 
-    async def _unset(self, spec: SettingSpec, key: str) -> SettingChangeResult:
+    async def _unset(self, spec: SettingSpec, key: str, by: str | None) -> SettingChangeResult:
         await self._refresh()
         if key not in self._stored:
             if spec.secret:
@@ -593,11 +619,13 @@ class SettingsService:
             workspace_id=INSTANCE_WORKSPACE_ID,
             key=key,
             at=datetime.now(UTC),
+            by=by,
         )
         await self._runtime.ask(settings_actor_key(), command)
         if spec.secret:
             await self._vault.delete(key)
         self._stored.pop(key, None)
+        self._changes.pop(key, None)
         self._settings.apply_stored(key, None)
         return _change_result(spec, self._settings, self._serving)
 
@@ -615,13 +643,16 @@ class SettingsService:
             log.warning("could not delete the older values of %s: %s", key, exc.message)
 
     def get(self, key: str) -> SettingView:
-        return view(self._settings, get_spec(key))
+        return self._view(get_spec(key))
 
     def list(self) -> SettingList:
         return SettingList(
-            settings=[view(self._settings, spec) for spec in CATALOG.values()],
+            settings=[self._view(spec) for spec in CATALOG.values()],
             catalog_total_stated=SPEC_TOTAL,
         )
+
+    def _view(self, spec: SettingSpec) -> SettingView:
+        return view(self._settings, spec, self._changes.get(spec.key))
 
 
 def _command_id() -> str:
@@ -652,8 +683,10 @@ def _acted_on() -> frozenset[str]:
     return keys_read_by_code()
 
 
-def view(settings: Settings, spec: SettingSpec) -> SettingView:
+def view(settings: Settings, spec: SettingSpec, change: StoredSetting | None = None) -> SettingView:
+    """`change`: the stored value's last change, shown while the stored value is in force."""
     resolved = settings.resolve(spec.key)
+    shown = change if resolved.source is Source.STORED else None
     running = settings.raw(spec.key)
     return SettingView(
         key=spec.key,
@@ -669,4 +702,6 @@ def view(settings: Settings, spec: SettingSpec) -> SettingView:
         choices=list(spec.choices),
         effect=spec.effect,
         note=spec.note,
+        changed_at=shown.at if shown else None,
+        changed_by=shown.by if shown else None,
     )

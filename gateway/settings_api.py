@@ -12,15 +12,17 @@ from pydantic import BaseModel
 
 from gateway.auth import authenticate, holds_owner_power, require_instance_admin
 from gateway.errors import read_json, read_query, refuse_body
+from gateway.identity.common import describe
 from gateway.identity.roles import domain_for_path, require_access
 from gateway.openapi import document
-from gateway.state import SETTINGS_SERVICE
+from gateway.state import SETTINGS_SERVICE, Principal
 from schemas.admin import NoQuery
 from schemas.errors import Forbidden
 from schemas.settings import SetSettingRequest, SettingChangeResult, SettingList, SettingView
 
 
-async def _admin(request: web.Request, scope: str) -> None:
+async def _admin(request: web.Request, scope: str) -> Principal:
+    """The caller, allowed `scope` on instance settings."""
     principal = await authenticate(request)
     read_query(request, NoQuery)  # none of these routes takes a parameter
     # Keys pass by their admin:read/admin:write scopes; users by read/write on `settings`.
@@ -33,6 +35,7 @@ async def _admin(request: web.Request, scope: str) -> None:
         raise Forbidden(
             "changing instance settings is an owner's (or a key of no user's)", code="owner_only"
         )
+    return principal
 
 
 def _json(model: BaseModel) -> web.Response:
@@ -50,16 +53,17 @@ async def get_setting(request: web.Request) -> web.Response:
 
 
 async def put_setting(request: web.Request) -> web.Response:
-    await _admin(request, "admin:write")
+    principal = await _admin(request, "admin:write")
     body = await read_json(request, SetSettingRequest)
     service = request.app[SETTINGS_SERVICE]
-    return _json(await service.set(request.match_info["key"], body.value))
+    return _json(await service.set(request.match_info["key"], body.value, describe(principal)))
 
 
 async def delete_setting(request: web.Request) -> web.Response:
-    await _admin(request, "admin:write")
+    principal = await _admin(request, "admin:write")
     await refuse_body(request)
-    return _json(await request.app[SETTINGS_SERVICE].unset(request.match_info["key"]))
+    service = request.app[SETTINGS_SERVICE]
+    return _json(await service.unset(request.match_info["key"], describe(principal)))
 
 
 def add_routes(app: web.Application) -> None:

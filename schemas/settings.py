@@ -27,6 +27,10 @@ SettingKey = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Z]
 SettingText = Annotated[str, Field(max_length=100_000)]
 
 
+Author = Annotated[str, Field(min_length=1, max_length=300)]
+"""Who changed a setting, as the audit log names a principal (`key:<id>`, `user:<id>`) or
+`cli:<operating-system user>`; None in events recorded before authors were."""
+
 SecretVersion = Annotated[str, Field(min_length=1, max_length=100)]
 """Names the vault row holding a secret's value (gateway/secrets.py); None in events recorded
 before versions existed, whose value is the row of version ''."""
@@ -48,6 +52,7 @@ class SetSetting(Command):
     secret: bool = False
     secret_version: SecretVersion | None = None
     at: AwareDatetime
+    by: Author | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -59,6 +64,7 @@ class UnsetSetting(Command):
     target_fields = ("key",)
     key: SettingKey
     at: AwareDatetime
+    by: Author | None = None
 
 
 @event
@@ -69,6 +75,7 @@ class SettingChanged(Event):
     secret: bool
     at: AwareDatetime
     secret_version: SecretVersion | None = None
+    by: Author | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -81,6 +88,7 @@ class SettingUnset(Event):
     type_name: ClassVar[str] = "settings.unset"
     key: SettingKey
     at: AwareDatetime
+    by: Author | None = None
 
 
 class StoredSetting(BaseModel):
@@ -91,6 +99,7 @@ class StoredSetting(BaseModel):
     secret: bool
     at: AwareDatetime
     secret_version: str | None = None
+    by: str | None = None
 
 
 class SettingsState(BaseModel):
@@ -120,6 +129,14 @@ class SettingView(BaseModel):
     choices: list[str] = Field(default_factory=list)
     effect: str
     note: str = ""
+    changed_at: AwareDatetime | None = Field(
+        default=None, description="when the stored value was set; null unless source is stored"
+    )
+    changed_by: str | None = Field(
+        default=None,
+        description="who set the stored value (`key:<id>`, `user:<id>`, `cli:<os user>`); null "
+        "unless source is stored, or for a value stored before authors were recorded",
+    )
 
 
 class SettingList(BaseModel):

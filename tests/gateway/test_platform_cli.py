@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import getpass
 import json
 import os
 import platform
@@ -224,6 +225,11 @@ def test_settings_commands_mask_secrets(data_dir: Path) -> None:
     listed = svc(data_dir, "settings", "list", "--json")
     assert listed.returncode == 0 and secret not in listed.stdout
     assert '"SVC_INBOUND_SECRET"' in listed.stdout
+    # Recorded with the change: who set it from the command line (the system user), and when.
+    (shown,) = [
+        s for s in json.loads(listed.stdout)["settings"] if s["key"] == "SVC_INBOUND_SECRET"
+    ]
+    assert shown["changed_by"] == f"cli:{getpass.getuser()}" and shown["changed_at"], shown
     got = svc(data_dir, "settings", "get", "SVC_INBOUND_SECRET")
     assert got.stdout.startswith("SVC_INBOUND_SECRET=********")
 

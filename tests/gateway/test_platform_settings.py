@@ -689,14 +689,17 @@ async def test_a_start_racing_a_secret_set_still_reads_the_secret(
 
 async def test_stored_r_settings_apply_at_the_next_start(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
-        await svc.app[SETTINGS_SERVICE].set("SVC_LLM_RETRIES", "6")
+        await svc.app[SETTINGS_SERVICE].set("SVC_LLM_RETRIES", "6", by="cli:ops")
     async with running(settings_for(database_url)) as svc:
         assert svc.app[SETTINGS].integer("SVC_LLM_RETRIES") == 6
+        # Who set it, and when, as recorded with the change: known from the start.
+        shown = svc.app[SETTINGS_SERVICE].get("SVC_LLM_RETRIES")
+        assert shown.changed_by == "cli:ops" and shown.changed_at is not None
 
 
 async def test_admin_settings_endpoints(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
-        key, _ = await svc.issue_key("default", ["admin:read", "admin:write"])
+        key, key_id = await svc.issue_key("default", ["admin:read", "admin:write"])
         status, body, _ = await svc.request(
             "PUT", "/v1/admin/settings/SVC_NATIVE_COMPAT_KEY", key=key, json={"value": SECRET}
         )
@@ -716,8 +719,20 @@ async def test_admin_settings_endpoints(database_url: str) -> None:
             "",
             True,
         )
+        assert body["changed_by"] == f"key:{key_id}" and body["changed_at"], body
         status, body, _ = await svc.request("GET", "/v1/admin/settings/SVC_LOG_LEVEL", key=key)
         assert body["restart_pending"] is False and body["running_value"] == body["value"]
+        assert body["changed_by"] is None and body["changed_at"] is None  # never stored
+        status, body, _ = await svc.request("DELETE", "/v1/admin/settings/SVC_LLM_MODEL", key=key)
+        assert status == 200, body
+        status, body, _ = await svc.request("GET", "/v1/admin/settings/SVC_LLM_MODEL", key=key)
+        assert body["changed_by"] is None and body["changed_at"] is None  # unset
+        events = await svc.app[STORE_KEY].read_stream("settings:instance")
+        authors = [(e.type, e.data["key"], e.data.get("by")) for e in events[-2:]]
+        assert authors == [
+            ("settings.changed", "SVC_LLM_MODEL", f"key:{key_id}"),
+            ("settings.unset", "SVC_LLM_MODEL", f"key:{key_id}"),
+        ]
         status, body, _ = await svc.request(
             "PUT", "/v1/admin/settings/SVC_NOPE", key=key, json={"value": "1"}
         )
@@ -734,13 +749,15 @@ async def test_live_change_reaches_another_gateway_on_the_same_database(
         running(settings_for(database_url)) as first,
         running(settings_for(database_url)) as second,
     ):
-        await first.app[SETTINGS_SERVICE].set("SVC_TRUSTED_PROXIES", "10.0.0.0/8")
+        await first.app[SETTINGS_SERVICE].set("SVC_TRUSTED_PROXIES", "10.0.0.0/8", "user:u-1")
         other = second.app[SETTINGS]
         for _ in range(100):
             if other.text("SVC_TRUSTED_PROXIES") == "10.0.0.0/8":
                 break
             await asyncio.sleep(0.05)
         assert other.text("SVC_TRUSTED_PROXIES") == "10.0.0.0/8"
+        # The other gateway's listing names who set it too.
+        assert second.app[SETTINGS_SERVICE].get("SVC_TRUSTED_PROXIES").changed_by == "user:u-1"
 
 
 async def test_an_unset_racing_another_process_s_set_of_a_secret_keeps_the_set(
