@@ -1059,6 +1059,7 @@ def _request(command: RunTurn, streaming: bool, budget_s: float | None) -> Model
         verbosity=params.verbosity,
         stream=streaming,
         call_timeout_s=budget_s,
+        traceparent=command.traceparent,
     )
 
 

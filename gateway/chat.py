@@ -42,7 +42,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,7 +66,7 @@ from gateway.identity.common import first_attempt_ran
 from gateway.openapi import document
 from gateway.sse import open_sse, send_comment, send_event
 from gateway.state import CURSORS, DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
-from gateway.telemetry import record_turn, turn_span
+from gateway.telemetry import current_traceparent, record_turn, turn_span
 from gateway.ttl_cache import TtlCache
 from projections import agent_queries
 from projections.agent_queries import Agent
@@ -275,6 +275,11 @@ class _Turn:
     model: str
     created: int
 
+    def traced(self, traceparent: str | None) -> _Turn:
+        """This turn, its model call carrying `traceparent` (the turn span's)."""
+        command = self.command.model_copy(update={"traceparent": traceparent})
+        return replace(self, command=command)
+
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
@@ -288,7 +293,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         agent = await _model_or_recorded(request, principal, ids, body.model)
         turn = _build_turn(ids, principal, body, agent)
         runtime = request.app[RUNTIME]
-        with turn_span(request, body.stream):
+        with turn_span(request, body.stream) as span:
+            if span is not None:
+                turn = turn.traced(current_traceparent())
             if body.stream:
                 return await _stream(request, runtime, turn, body.include_usage)
             return await _complete(runtime, turn, request.app[CURSORS])

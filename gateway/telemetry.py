@@ -181,6 +181,13 @@ def _error_type(exc: BaseException) -> str:
     return exc.code if isinstance(exc, SvcError) else type(exc).__name__
 
 
+def current_traceparent() -> str | None:
+    """The W3C `traceparent` of the current span (the turn's), or None when tracing is off."""
+    carrier: dict[str, str] = {}
+    _W3C_TRACE_CONTEXT.inject(carrier)
+    return carrier.get("traceparent")
+
+
 def record_turn(result: TurnResult) -> None:
     """Usage and finish reason on the current turn span (a no-op when tracing is off)."""
     span = get_current_span()

@@ -166,6 +166,11 @@ class RunTurn(Command):
     # Stamped with `at` by the conversation's handler as the turn starts (TurnStarted).
     expires_at: AwareDatetime | None = None
     never_expires: bool = False
+    traceparent: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+    )
+    """The W3C trace context of the gateway's span of this turn, sent to the model server
+    (not recorded: a turn's events are the same with tracing on or off)."""
 
     def held_chars(self) -> int:
         return sum(len(m.content) for m in self.messages)

@@ -201,11 +201,14 @@ class OpenAICompatProvider:
         budget = self._call_timeout_s if request.call_timeout_s is None else request.call_timeout_s
         deadline = loop.time() + budget if budget > 0 else None
         body = self.payload(request)
+        headers = _JSON_BODY
+        if request.traceparent:  # the turn's trace continues at the model server
+            headers = {**_JSON_BODY, "traceparent": request.traceparent}
         attempt = 0
         while True:
             yielded = False
             try:
-                attempt_events = self._attempt(body, request.messages, deadline)
+                attempt_events = self._attempt(body, headers, request.messages, deadline)
                 async with contextlib.aclosing(attempt_events) as events:
                     async for item in events:
                         yielded = True
@@ -252,6 +255,7 @@ class OpenAICompatProvider:
     async def _attempt(
         self,
         body: dict[str, Any],
+        headers: Mapping[str, str],
         messages: tuple[ChatMessage, ...],
         deadline: float | None,
     ) -> AsyncGenerator[ModelEvent, None]:
@@ -261,7 +265,7 @@ class OpenAICompatProvider:
         timeout = aiohttp.ClientTimeout(total=remaining)
         try:
             request = self._client().post(
-                self._url, data=orjson.dumps(body), headers=_JSON_BODY, timeout=timeout
+                self._url, data=orjson.dumps(body), headers=headers, timeout=timeout
             )
             async with request as resp:
                 if resp.status != 200:

@@ -40,6 +40,9 @@ class ModelRequest:
     call_timeout_s: float | None = None
     """The call's time budget (0: none), the one its turn recorded its expiry by; None: the
     provider's own (`SVC_LLM_CALL_TIMEOUT_S` when it was built or last reconfigured)."""
+    traceparent: str | None = None
+    """The W3C trace context of the turn (when the gateway traces): a provider that calls a
+    server sends it, so the server's spans join the turn's trace."""
 
 
 @dataclass(frozen=True, slots=True)

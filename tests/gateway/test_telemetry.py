@@ -148,6 +148,9 @@ async def test_a_failed_turn_is_recorded_by_its_code_without_its_message(
         await stub.stop()
 
     (turn,) = [span for span in collector.spans if span.name == "chat turn"]
+    # The model server was told the turn's trace context: its spans join the turn's trace.
+    sent = {h.get("traceparent", "")[:52] for h in stub.headers}  # version, trace id, span id
+    assert sent == {f"00-{turn.trace_id.hex()}-{turn.span_id.hex()}"}, stub.headers
     assert turn.status.code == turn.status.STATUS_CODE_ERROR
     assert _attributes(turn.attributes)["error.type"] == "upstream_rejected"
     assert list(turn.events) == []  # no exception event: it would carry message and traceback

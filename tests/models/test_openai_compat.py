@@ -71,6 +71,7 @@ async def test_streams_each_chunk_as_a_delta_then_usage(stub: Any) -> None:
     assert body["model"] == "stub-model"
     assert body["messages"][1] == {"role": "user", "content": "hello there"}
     assert stub.headers[0]["Authorization"] == f"Bearer {API_KEY}"
+    assert "traceparent" not in {name.lower() for name in stub.headers[0]}  # not traced
 
 
 async def test_a_200_that_is_no_stream_is_not_retried(stub: Any) -> None:
