@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import hmac
 import logging
 import re
 import time
@@ -24,12 +25,13 @@ from actors.local import LocalRuntime
 from actors.table import TableStats
 from eventstore.db import Database, PoolStats
 from gateway import openapi
+from gateway.auth import authorization_header
 from gateway.control_chars import json_visible, one_line
 from gateway.errors import read_json
 from gateway.metrics import GatewayCollector, build_version, render
 from gateway.security import address_group, client_ip
 from gateway.state import DATABASE, RUNTIME, SETTINGS, TAILER
-from schemas.errors import PayloadTooLarge, RateLimited, Unavailable
+from schemas.errors import PayloadTooLarge, RateLimited, Unauthorized, Unavailable
 from schemas.system import (
     ClientLogAccepted,
     ClientLogBatch,
@@ -341,11 +343,26 @@ async def ingest_client_log(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    _metrics_allowed(request)
     await request.app[READINESS].check(request.app.get(DATABASE))
     runtime = request.app.get(RUNTIME)
     hosts = {} if runtime is None else await runtime.host_stats()
     body = render(request.app[METRICS_REGISTRY], hosts)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _metrics_allowed(request: web.Request) -> None:
+    """With SVC_METRICS_TOKEN set, only a scraper sending it as its bearer token reads the
+    metrics (compared in constant time); blank, /metrics is open, as Prometheus expects."""
+    expected = request.app[SETTINGS].text("SVC_METRICS_TOKEN")
+    if not expected:
+        return
+    scheme, _, token = authorization_header(request).partition(" ")
+    given = token.strip().encode() if scheme.lower() == "bearer" else b""
+    if not hmac.compare_digest(given, expected.encode()):
+        raise Unauthorized(
+            "/metrics needs the scraper's token: send Authorization: Bearer <SVC_METRICS_TOKEN>"
+        )
 
 
 async def openapi_json(request: web.Request) -> web.Response:
@@ -427,10 +444,12 @@ def _document_routes() -> None:
     doc(
         "GET",
         "/metrics",
-        summary="Prometheus text metrics (non-sensitive series only)",
+        summary="Prometheus text metrics (non-sensitive series only); with SVC_METRICS_TOKEN "
+        "set, only for a bearer of that token",
         tag="System",
         auth="none",
         content_type="text/plain",
+        extra_statuses=(401,),
     )
     doc("GET", "/openapi.json", summary="This OpenAPI 3.1 document", tag="System", auth="none")
     doc(

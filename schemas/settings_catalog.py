@@ -1456,6 +1456,15 @@ _OPERATIONAL: tuple[SettingSpec, ...] = (
         "seconds in-flight turns get to finish on shutdown before they are failed",
     ),
     _s(
+        "SVC_METRICS_TOKEN",
+        _OPS,
+        "text",
+        "",
+        "L",
+        "bearer token /metrics then requires (Prometheus: authorization credentials); blank = "
+        "/metrics answers whoever reaches it",
+    ),
+    _s(
         "SVC_FEEDS_PER_OWNER",
         _OPS,
         "int",
@@ -1484,8 +1493,9 @@ _BEARER_KEYS = (
     "SVC_MEMORY_TOKEN",
     "SVC_VECTORDB_API_KEY",
     "SVC_NATIVE_COMPAT_KEY",
+    "SVC_METRICS_TOKEN",
 )
-"""Secrets sent as a bearer token (or, the compatible key, compared with one)."""
+"""Secrets sent as a bearer token (or, like the compatible key, compared with one)."""
 
 _SECRET_KEYS = frozenset(
     {

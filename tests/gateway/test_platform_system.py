@@ -130,6 +130,23 @@ async def test_the_database_pool_is_as_large_as_its_setting(database_url: str) -
         settings_for(database_url, SVC_DB_POOL_SIZE="5")
 
 
+async def test_metrics_can_require_a_scrapers_token(database_url: str) -> None:
+    token = "scrape-token-8f2e1c"
+    async with running(settings_for(database_url, SVC_METRICS_TOKEN=token)) as svc:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token}):
+            status, body, answered = await svc.request("GET", "/metrics", headers=headers)
+            assert status == 401, (headers, body)
+            assert body["error"]["code"] == "unauthorized" and "SVC_METRICS_TOKEN" in str(body)
+            assert token not in str(body) and "WWW-Authenticate" in answered
+        status, text, _ = await svc.request(
+            "GET", "/metrics", headers={"Authorization": f"Bearer {token}"}
+        )
+        assert status == 200 and "svc_build_info{" in text
+        # Live: unset, /metrics is open again, as Prometheus expects by default.
+        await svc.app[SETTINGS_SERVICE].set("SVC_METRICS_TOKEN", "")
+        assert (await svc.request("GET", "/metrics"))[0] == 200
+
+
 async def test_metrics_have_no_tenant_or_request_labels(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         ws = uid("tenant-")
