@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -55,8 +54,8 @@ from eventstore.migrate import STORE_MIGRATIONS, MigrationSource
 from eventstore.store import PostgresEventStore
 from eventstore.tailer import LogTailer, SubscriberTooSlow
 from eventstore.tasks import cancel_and_wait, cancel_unless_done
-from gateway.cursor_seal import KEY_BYTES, CursorSeal
-from gateway.identity.vault import INSTANCE, IdentityVault
+from gateway.cursor_keys import load_cursor_seal
+from gateway.cursor_seal import CursorSeal
 from gateway.log_levels import apply_log_level
 from gateway.ratelimit import RateLimiter
 from gateway.secrets import DatabaseVault
@@ -337,15 +336,6 @@ async def _flush_and_stop(
         reason = exc.message if isinstance(exc, SvcError) else type(exc).__name__
         report.projections_behind = f"not caught up: {reason}"
     await runner.stop()
-
-
-async def load_cursor_seal(db: Database) -> CursorSeal:
-    """The deployment's cursor seal. Its key is made once, by whichever process first asks,
-    and kept with the instance's other secrets: never in the log, never in a response."""
-    stored = await IdentityVault(db).get_or_create(
-        INSTANCE, "cursors", "seal_key", secrets.token_hex(KEY_BYTES)
-    )
-    return CursorSeal(bytes.fromhex(stored))
 
 
 async def _identity_up_to_date(projections: ProjectionRunner) -> None:

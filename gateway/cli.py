@@ -8,6 +8,7 @@
     svc projections status | rebuild NAME
     svc conversations replay ID [--at-version N] [--workspace ID]
     svc conversations abandon ID [--turn TURN_ID ...] [--workspace ID]
+    svc cursors rotate-key
 
 Every command but `serve` opens the same database as the server (the embedded one is shared
 per data directory), so it works while the server runs. `apikeys create` prints the key alone
@@ -50,6 +51,7 @@ from gateway.admin_keys import record
 from gateway.auth import KEY_MODELS, SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform, open_store
 from gateway.control_chars import json_visible, one_line
+from gateway.cursor_keys import rotate_cursor_key
 from gateway.errors import validation_problems
 from gateway.feed_frames import redact_model
 from gateway.log_levels import apply_log_level
@@ -672,6 +674,20 @@ async def _replay(args: argparse.Namespace, stream: Stream, state_of: _StateAt, 
     return 0
 
 
+# --- cursors --------------------------------------------------------------------------------
+
+
+async def cmd_cursors(args: argparse.Namespace, settings: Settings) -> int:
+    async with AsyncExitStack() as stack:
+        opened, _ = await open_store(settings, stack)
+        await rotate_cursor_key(opened.store.db)
+    _out(
+        "rotated the cursor key: restart every gateway to seal with the new one. Cursors "
+        "sealed with the key before it still open; those of any older key are now refused"
+    )
+    return 0
+
+
 # --- cluster (ray runtime) -----------------------------------------------------------------
 
 
@@ -738,6 +754,12 @@ def build_parser() -> argparse.ArgumentParser:
     _projections_parser(sub)
     _conversations_parser(sub)
     _cluster_parser(sub)
+    cursors = sub.add_parser("cursors", help="the key that seals clients' cursors")
+    cursors.set_defaults(run=cmd_cursors)
+    acts = cursors.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    acts.add_parser(
+        "rotate-key", help="a new key from each process's next start; the old one still opens"
+    )
     return parser
 
 

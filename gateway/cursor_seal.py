@@ -15,6 +15,10 @@ event has one id for every reader, in every process), and no one without the key
 or choose the point inside. The tag makes a cursor edited or made up fail to open (but for
 a 1 in 65,536 chance, and then it opens to a point no one can steer to), and keeps a cursor
 of one kind from being taken for the other.
+
+A rotation (`svc cursors rotate-key`, gateway/cursor_keys.py) keeps the key before it: a
+cursor sealed under that one still opens, so clients holding cursors resume across it; new
+cursors are sealed under the new key, and the same event then has a new id.
 """
 
 from __future__ import annotations
@@ -62,14 +66,11 @@ class CursorSeal:
     """Seals and opens the cursors of one deployment. Thread-safe; a few microseconds a
     cursor."""
 
-    def __init__(self, key: bytes) -> None:
-        if len(key) != KEY_BYTES:
-            raise ValueError(f"a cursor key is {KEY_BYTES} bytes")
-        # ECB over a single block is the block cipher itself: the permutation wanted here,
-        # not a mode for messages (there is never a second block to leak patterns across).
-        cipher = Cipher(algorithms.AES(key), modes.ECB())
-        self._encrypt = cipher.encryptor()
-        self._decrypt = cipher.decryptor()
+    def __init__(self, key: bytes, previous: bytes | None = None) -> None:
+        """`previous`: the key before the last rotation, whose cursors still open."""
+        ciphers = [_cipher(key)] + ([] if previous is None else [_cipher(previous)])
+        self._encrypt = ciphers[0].encryptor()
+        self._decrypts = [cipher.decryptor() for cipher in ciphers]
         self._lock = threading.Lock()  # a context's `update` is not safe across threads
 
     # -- the log's cursors ------------------------------------------------------------------
@@ -128,11 +129,21 @@ class CursorSeal:
         if len(sealed) != _BLOCK or _spelling(sealed) != body:
             raise InvalidCursor(refusal)
         with self._lock:
-            block = self._decrypt.update(sealed)
-        if block[:2] != tag:
+            blocks = [decrypt.update(sealed) for decrypt in self._decrypts]
+        # The current key first; the tag tells whose a cursor is (but for 1 in 65,536).
+        block = next((b for b in blocks if b[:2] == tag), None)
+        if block is None:
             raise InvalidCursor(refusal)
         first = int.from_bytes(block[2 : 2 + _NUMBER_BYTES], "big")
         return first, int.from_bytes(block[2 + _NUMBER_BYTES :], "big")
+
+
+def _cipher(key: bytes) -> Cipher[modes.ECB]:
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"a cursor key is {KEY_BYTES} bytes")
+    # ECB over a single block is the block cipher itself: the permutation wanted here, not a
+    # mode for messages (there is never a second block to leak patterns across).
+    return Cipher(algorithms.AES(key), modes.ECB())
 
 
 async def open_issued(cursors: CursorSeal, tailer: LogTailer, public: str, source: str) -> str:

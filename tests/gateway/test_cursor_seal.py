@@ -14,7 +14,8 @@ from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Database
 from eventstore.errors import InvalidCursor
 from eventstore.migrate import apply_migrations
-from gateway.bootstrap import MIGRATIONS, load_cursor_seal
+from gateway.bootstrap import MIGRATIONS
+from gateway.cursor_keys import load_cursor_seal, rotate_cursor_key
 from gateway.cursor_seal import MAX_NUMBER, CursorSeal
 
 KEY = bytes(range(16))
@@ -107,6 +108,18 @@ def test_a_cursor_of_another_deployment_is_refused() -> None:
             ours.open(theirs.seal_point(point))
 
 
+def test_the_key_before_a_rotation_still_opens_its_cursors() -> None:
+    before, rotated = CursorSeal(KEY), CursorSeal(OTHER_KEY, previous=KEY)
+    for point in POINTS:
+        held = before.seal_point(point)  # a cursor a client holds across the rotation
+        assert decode_cursor(rotated.open(held)) == point
+        assert rotated.seal_point(point) == CursorSeal(OTHER_KEY).seal_point(point) != held
+    audit = before.seal_audit(4_242)
+    assert rotated.open_audit(audit) == 4_242
+    with pytest.raises(InvalidCursor):  # a key two rotations back: refused
+        CursorSeal(bytes(16), previous=OTHER_KEY).open(before.seal_point(POINTS[0]))
+
+
 def test_the_plain_form_of_earlier_builds_is_refused_with_what_to_do() -> None:
     """Accepting it would let anyone probe positions at will (a cursor ahead of the log is
     refused, one behind it is not), which is the leak sealing closes."""
@@ -158,3 +171,20 @@ async def test_every_process_loads_the_same_key_and_the_first_makes_it(
             "SELECT has_table_privilege('svc_reader', 'identity_secrets', 'SELECT')"
         )
     assert readable is False  # the tenant-scoped role never sees the key
+
+
+async def test_a_rotation_seals_anew_and_keeps_the_key_before_it(store_db: Database) -> None:
+    await apply_migrations(store_db, list(MIGRATIONS))
+    point = LogPoint(77, 88)
+    first = await load_cursor_seal(store_db)
+    held = first.seal_point(point)
+    await asyncio.gather(rotate_cursor_key(store_db), rotate_cursor_key(store_db))
+    # Two at once are two in a row: the key before them is now two back, its cursors refused.
+    twice = await load_cursor_seal(store_db)
+    with pytest.raises(InvalidCursor):
+        twice.open(held)
+    held = twice.seal_point(point)
+    await rotate_cursor_key(store_db)
+    once = await load_cursor_seal(store_db)
+    assert decode_cursor(once.open(held)) == point  # one rotation back: still opens
+    assert once.seal_point(point) != held

@@ -85,6 +85,9 @@ def test_migrate_names_what_it_applied_and_then_nothing(data_dir: Path) -> None:
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith("migrations up to date ("), again.stdout
     assert "applied" not in again.stdout
+    rotated = svc(data_dir, "cursors", "rotate-key")
+    assert rotated.returncode == 0, rotated.stderr
+    assert rotated.stdout.startswith("rotated the cursor key: restart every gateway")
 
 
 def test_commands_of_a_ray_deployment_do_not_start_ray(data_dir: Path) -> None:
@@ -483,7 +486,16 @@ def test_an_internal_error_is_one_line_and_says_how_to_see_its_traceback() -> No
 def test_help_is_stable() -> None:
     done = subprocess.run([*SVC, "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
-    for command in ("serve", "migrate", "settings", "apikeys", "projections", "conversations"):
+    commands = (
+        "serve",
+        "migrate",
+        "settings",
+        "apikeys",
+        "projections",
+        "conversations",
+        "cursors",
+    )
+    for command in commands:
         assert command in done.stdout
 
 

@@ -1,0 +1,53 @@
+"""The deployment's cursor keys, kept with the instance's other secrets (`identity_secrets`):
+never in the log, never in a response.
+
+`seal_key` seals every cursor; `seal_key_previous`, the key before the last rotation, still
+opens the cursors it sealed (gateway/cursor_seal.py). Each process reads both when it starts,
+so a rotation takes effect as the processes restart; until every one has, some seal under
+the old key, which every process still opens.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from eventstore.db import Database
+from gateway.cursor_seal import KEY_BYTES, CursorSeal
+from gateway.identity.vault import INSTANCE, IdentityVault
+
+_SUBJECT = "cursors"
+_CURRENT = "seal_key"
+_PREVIOUS = "seal_key_previous"
+
+_LOCK_CURRENT = """
+SELECT value FROM identity_secrets WHERE workspace_id = $1 AND subject = $2 AND kind = $3
+FOR UPDATE
+"""
+_PUT = """
+INSERT INTO identity_secrets (workspace_id, subject, kind, value) VALUES ($1, $2, $3, $4)
+ON CONFLICT (workspace_id, subject, kind) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
+"""
+
+
+def _new_key() -> str:
+    return secrets.token_hex(KEY_BYTES)
+
+
+async def load_cursor_seal(db: Database) -> CursorSeal:
+    """The deployment's cursor seal. Its key is made once, by whichever process first asks."""
+    vault = IdentityVault(db)
+    current = await vault.get_or_create(INSTANCE, _SUBJECT, _CURRENT, _new_key())
+    previous = await vault.get(INSTANCE, _SUBJECT, _PREVIOUS)
+    return CursorSeal(bytes.fromhex(current), bytes.fromhex(previous) if previous else None)
+
+
+async def rotate_cursor_key(db: Database) -> None:
+    """A new key seals from each process's next start; the current one becomes the previous,
+    whose cursors still open, and the one before it is dropped: its cursors are refused.
+    One transaction, the current key's row locked: two rotations at once are one after the
+    other, never a key lost between them."""
+    async with db.transaction() as conn:
+        current = await conn.fetchval(_LOCK_CURRENT, INSTANCE, _SUBJECT, _CURRENT)
+        if current is not None:
+            await conn.execute(_PUT, INSTANCE, _SUBJECT, _PREVIOUS, current)
+        await conn.execute(_PUT, INSTANCE, _SUBJECT, _CURRENT, _new_key())
