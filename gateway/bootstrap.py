@@ -450,8 +450,10 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
         shutdown = Shutdown(runtime, settings.shutdown_grace_s, report)
         stack.push_async_callback(shutdown.stop_runtime)
         service = SettingsService(settings, runtime, store, vault, serving=background)
-        await service.refresh()  # who set each stored value, and when, for the listings
         settings.on_live_change(_apply_live(settings, providers, runtime))
+        # Who set each stored value, and when, for the listings; after the listener above,
+        # so a live change another process made since the settings were loaded is applied.
+        await service.refresh()
         for workspace in _initial_workspaces(settings):
             await ensure_workspace(runtime, workspace)
         limiter = RateLimiter(store.db)

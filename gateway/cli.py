@@ -312,9 +312,11 @@ def _cli_author() -> str:
     """Who changes a setting from the command line, as recorded: the operating-system user
     (the database's own user is the same for every operator)."""
     try:
-        return f"cli:{getpass.getuser()}"[:300]
+        user = getpass.getuser()
     except (KeyError, OSError):  # no name for the uid (a container's arbitrary user)
         return "cli"
+    # LOGNAME and USER are taken as set: a name that is no UTF-8 text cannot be recorded.
+    return f"cli:{user}"[:300] if is_utf8(user) and user.isprintable() else "cli"
 
 
 def _value_from_stdin(key: str) -> str:

@@ -4,7 +4,8 @@ never in the log, never in a response.
 `seal_key` seals every cursor; `seal_key_previous`, the key before the last rotation, still
 opens the cursors it sealed (gateway/cursor_seal.py). Each process reads both when it starts,
 so a rotation takes effect as the processes restart; until every one has, some seal under
-the old key, which every process still opens.
+the old key, which every process still opens, and one not yet restarted reads the keys again
+when a cursor opens under none of its own.
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ from __future__ import annotations
 import secrets
 
 from eventstore.db import Database
-from gateway.cursor_seal import KEY_BYTES, CursorSeal
+from gateway.cursor_seal import KEY_BYTES, CursorSeal, Keys
 from gateway.identity.vault import INSTANCE, IdentityVault
 
 _SUBJECT = "cursors"
 _CURRENT = "seal_key"
 _PREVIOUS = "seal_key_previous"
 
+_MAKE_CURRENT = """
+INSERT INTO identity_secrets (workspace_id, subject, kind, value) VALUES ($1, $2, $3, $4)
+ON CONFLICT (workspace_id, subject, kind) DO NOTHING
+"""
 _LOCK_CURRENT = """
 SELECT value FROM identity_secrets WHERE workspace_id = $1 AND subject = $2 AND kind = $3
 FOR UPDATE
@@ -34,11 +39,17 @@ def _new_key() -> str:
 
 
 async def load_cursor_seal(db: Database) -> CursorSeal:
-    """The deployment's cursor seal. Its key is made once, by whichever process first asks."""
-    vault = IdentityVault(db)
-    current = await vault.get_or_create(INSTANCE, _SUBJECT, _CURRENT, _new_key())
-    previous = await vault.get(INSTANCE, _SUBJECT, _PREVIOUS)
-    return CursorSeal(bytes.fromhex(current), bytes.fromhex(previous) if previous else None)
+    """The deployment's cursor seal. Its key is made once, by whichever process first asks;
+    the seal reads the keys again when a cursor opens under none (a rotation since)."""
+
+    async def keys() -> Keys:
+        vault = IdentityVault(db)
+        current = await vault.get_or_create(INSTANCE, _SUBJECT, _CURRENT, _new_key())
+        previous = await vault.get(INSTANCE, _SUBJECT, _PREVIOUS)
+        return bytes.fromhex(current), bytes.fromhex(previous) if previous else None
+
+    current, previous = await keys()
+    return CursorSeal(current, previous, reload=keys)
 
 
 async def rotate_cursor_key(db: Database) -> None:
@@ -47,7 +58,9 @@ async def rotate_cursor_key(db: Database) -> None:
     One transaction, the current key's row locked: two rotations at once are one after the
     other, never a key lost between them."""
     async with db.transaction() as conn:
+        # Made first if no process has yet: a row to lock, so a start making it meanwhile
+        # cannot have its key overwritten unkept.
+        await conn.execute(_MAKE_CURRENT, INSTANCE, _SUBJECT, _CURRENT, _new_key())
         current = await conn.fetchval(_LOCK_CURRENT, INSTANCE, _SUBJECT, _CURRENT)
-        if current is not None:
-            await conn.execute(_PUT, INSTANCE, _SUBJECT, _PREVIOUS, current)
+        await conn.execute(_PUT, INSTANCE, _SUBJECT, _PREVIOUS, current)
         await conn.execute(_PUT, INSTANCE, _SUBJECT, _CURRENT, _new_key())

@@ -18,7 +18,12 @@ of one kind from being taken for the other.
 
 A rotation (`svc cursors rotate-key`, gateway/cursor_keys.py) keeps the key before it: a
 cursor sealed under that one still opens, so clients holding cursors resume across it; new
-cursors are sealed under the new key, and the same event then has a new id.
+cursors are sealed under the new key, and the same event then has a new id. With two keys a
+cursor may open under both (the tag matches under the wrong key for 1 in 65,536 cursors):
+every opening whose tag matches is a candidate, and the log's check of what it issued
+(`open_issued`) picks the one it issued; a cursor made up is then taken for 2 in 65,536.
+A process not yet restarted after a rotation meets cursors sealed under the new key by one
+that was: it reads the keys again (`reload`, at most every RELOAD_EVERY_S) before refusing.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from __future__ import annotations
 import base64
 import binascii
 import threading
+import time
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -46,6 +53,11 @@ _LOG_PREFIX: Final = "c2"
 _AUDIT_PREFIX: Final = "a2"
 _PLAIN_LOG_PREFIX: Final = "c1"  # the unsealed form of earlier builds
 _BODY_CHARS = 22  # 16 bytes in url-safe base64 without padding
+RELOAD_EVERY_S = 5.0
+"""How often at most a cursor no key opens makes the process read the keys again."""
+
+Keys = tuple[bytes, bytes | None]
+"""The current key and the one before the last rotation (None before any)."""
 
 _NOT_ISSUED = (
     "malformed cursor: pass it back exactly as this service returned it (an SSE id or a "
@@ -66,12 +78,41 @@ class CursorSeal:
     """Seals and opens the cursors of one deployment. Thread-safe; a few microseconds a
     cursor."""
 
-    def __init__(self, key: bytes, previous: bytes | None = None) -> None:
-        """`previous`: the key before the last rotation, whose cursors still open."""
-        ciphers = [_cipher(key)] + ([] if previous is None else [_cipher(previous)])
-        self._encrypt = ciphers[0].encryptor()
-        self._decrypts = [cipher.decryptor() for cipher in ciphers]
+    def __init__(
+        self,
+        key: bytes,
+        previous: bytes | None = None,
+        reload: Callable[[], Awaitable[Keys]] | None = None,
+    ) -> None:
+        """`previous`: the key before the last rotation, whose cursors still open. `reload`:
+        reads the deployment's keys as they are now."""
         self._lock = threading.Lock()  # a context's `update` is not safe across threads
+        self._use((key, previous))
+        self._reload = reload
+        self._reloaded_at: float | None = None
+
+    def _use(self, keys: Keys) -> None:
+        key, previous = keys
+        ciphers = [_cipher(key)] + ([] if previous is None else [_cipher(previous)])
+        with self._lock:
+            self._keys = keys
+            self._encrypt = ciphers[0].encryptor()
+            self._decrypts = [cipher.decryptor() for cipher in ciphers]
+
+    async def reloaded(self) -> bool:
+        """Whether reading the keys again found others (a rotation since this process
+        started); at most once every RELOAD_EVERY_S."""
+        now = time.monotonic()
+        if self._reload is None:
+            return False
+        if self._reloaded_at is not None and now - self._reloaded_at < RELOAD_EVERY_S:
+            return False
+        self._reloaded_at = now
+        keys = await self._reload()
+        if keys == self._keys:
+            return False
+        self._use(keys)
+        return True
 
     # -- the log's cursors ------------------------------------------------------------------
 
@@ -87,13 +128,19 @@ class CursorSeal:
 
     def open(self, public: str) -> str:
         """A client's cursor as the internal one; "" for none. InvalidCursor (a 400) for a
-        cursor this deployment did not issue."""
+        cursor this deployment did not issue. With two keys, the first of `openings`."""
+        return self.openings(public)[0]
+
+    def openings(self, public: str) -> list[str]:
+        """Every internal cursor `public` opens to, under the current key first."""
         if not public:
-            return ""
+            return [""]
         if public.startswith(_PLAIN_LOG_PREFIX):
             raise InvalidCursor(_OLD_FORM)
-        point = LogPoint(*self._open(_LOG_PREFIX, _LOG_TAG, public, _NOT_ISSUED))
-        return "" if point == ORIGIN else encode_cursor(point)
+        points = (
+            LogPoint(*pair) for pair in self._open(_LOG_PREFIX, _LOG_TAG, public, _NOT_ISSUED)
+        )
+        return ["" if point == ORIGIN else encode_cursor(point) for point in points]
 
     # -- the audit log's page cursors -------------------------------------------------------
 
@@ -101,10 +148,11 @@ class CursorSeal:
         return _AUDIT_PREFIX + self._seal(_AUDIT_TAG, 0, position)
 
     def open_audit(self, public: str) -> int:
-        zero, position = self._open(_AUDIT_PREFIX, _AUDIT_TAG, public, _NOT_ISSUED_AUDIT)
-        if zero != 0:
+        pairs = self._open(_AUDIT_PREFIX, _AUDIT_TAG, public, _NOT_ISSUED_AUDIT)
+        positions = [position for zero, position in pairs if zero == 0]
+        if not positions:
             raise InvalidCursor(_NOT_ISSUED_AUDIT)
-        return position
+        return positions[0]
 
     # -- the block --------------------------------------------------------------------------
 
@@ -116,7 +164,7 @@ class CursorSeal:
             sealed = self._encrypt.update(block)
         return _spelling(sealed)
 
-    def _open(self, prefix: str, tag: bytes, public: str, refusal: str) -> tuple[int, int]:
+    def _open(self, prefix: str, tag: bytes, public: str, refusal: str) -> list[tuple[int, int]]:
         body = public[len(prefix) :]
         if not public.startswith(prefix) or len(body) != _BODY_CHARS:
             raise InvalidCursor(refusal)
@@ -131,11 +179,17 @@ class CursorSeal:
         with self._lock:
             blocks = [decrypt.update(sealed) for decrypt in self._decrypts]
         # The current key first; the tag tells whose a cursor is (but for 1 in 65,536).
-        block = next((b for b in blocks if b[:2] == tag), None)
-        if block is None:
+        pairs = [
+            (
+                int.from_bytes(block[2 : 2 + _NUMBER_BYTES], "big"),
+                int.from_bytes(block[2 + _NUMBER_BYTES :], "big"),
+            )
+            for block in blocks
+            if block[:2] == tag
+        ]
+        if not pairs:
             raise InvalidCursor(refusal)
-        first = int.from_bytes(block[2 : 2 + _NUMBER_BYTES], "big")
-        return first, int.from_bytes(block[2 + _NUMBER_BYTES :], "big")
+        return pairs
 
 
 def _cipher(key: bytes) -> Cipher[modes.ECB]:
@@ -151,11 +205,28 @@ async def open_issued(cursors: CursorSeal, tailer: LogTailer, public: str, sourc
     `source`, the input it came in) unless this deployment sealed it and its log issued it:
     waiting for the events after a point never issued would never end."""
     try:
-        cursor = cursors.open(public)
-        await tailer.issued_cursor(cursor)
+        return await _issued(cursors, tailer, public)
     except InvalidCursor as exc:
+        try:
+            if await cursors.reloaded():  # sealed under a key this process has not read
+                return await _issued(cursors, tailer, public)
+        except InvalidCursor:
+            pass
         raise InvalidCursor(f"{source}: {exc.message}") from None
-    return cursor
+
+
+async def _issued(cursors: CursorSeal, tailer: LogTailer, public: str) -> str:
+    """The opening of `public` the log issued; InvalidCursor, the first's refusal, if none."""
+    refusal: InvalidCursor | None = None
+    for cursor in cursors.openings(public):
+        try:
+            await tailer.issued_cursor(cursor)
+        except InvalidCursor as exc:
+            refusal = refusal or exc
+            continue
+        return cursor
+    assert refusal is not None  # openings() gives at least one, or raises
+    raise refusal
 
 
 def _spelling(sealed: bytes) -> str:

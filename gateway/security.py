@@ -44,7 +44,8 @@ EXPOSED_HEADERS = (
     "X-RateLimit-Remaining, X-RateLimit-Reset, x-should-retry"
 )
 # Orchestrators probe these, and Prometheus scrapes the last, over plain HTTP from the node
-# or the pod network, not from loopback. None carries a secret or a tenant's data.
+# or the pod network, not from loopback. None carries a secret or a tenant's data (but for
+# /metrics once SVC_METRICS_TOKEN is set, which is then no exception).
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 CLIENT_IP: web.RequestKey[str] = web.RequestKey("svc_client_ip", str)
 
@@ -178,6 +179,14 @@ def _enforce_https(request: web.Request, settings: Settings) -> web.Response | N
     if _is_loopback(request, settings):
         _warn_of_an_untrusted_local_proxy(request, settings)
         return None
+    if request.path == "/metrics" and settings.text("SVC_METRICS_TOKEN"):
+        # Its bearer token would cross the network in clear: refused, not redirected (a
+        # scraper following the redirect would send it once more).
+        raise Forbidden(
+            "plain HTTP is not accepted for /metrics while SVC_METRICS_TOKEN is set: the "
+            "token would cross the network in clear; scrape it over HTTPS",
+            code="https_required",
+        )
     if request.path in PROBE_PATHS:
         return None
     if request.method not in ("GET", "HEAD"):

@@ -584,13 +584,14 @@ class SettingsService:
             at=datetime.now(UTC),
             by=by,
         )
-        await self._runtime.ask(settings_actor_key(), command)
+        outcome = await self._runtime.ask(settings_actor_key(), command)
         if version is not None:
             await self._prune(key, version)
         self._stored[key] = raw
-        self._changes[key] = StoredSetting(
-            value=command.value, secret=spec.secret, at=command.at, by=by
-        )
+        if outcome.events:  # a set to the value stored records nothing: its author stays
+            self._changes[key] = StoredSetting(
+                value=command.value, secret=spec.secret, at=command.at, by=by
+            )
         self._settings.apply_stored(key, raw)
         return _change_result(spec, self._settings, self._serving)
 

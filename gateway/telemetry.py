@@ -75,10 +75,13 @@ async def telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
     url = traces_url(otel_endpoint(app))
     resource = Resource.create({"service.name": "svc", "service.version": build_version()})
-    provider = TracerProvider(resource=resource)
+    # Every request is traced: the SDK's default would follow the caller's sampled flag, and
+    # any client could switch the tracing of its own requests off with a `traceparent`.
+    provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
     exporter = OTLPSpanExporter(endpoint=url, timeout=EXPORT_TIMEOUT_S)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     app[TRACER] = provider.get_tracer("svc.gateway", build_version())

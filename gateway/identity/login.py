@@ -199,7 +199,7 @@ async def sync_external_user(
                 nonlocal first_read
                 current = first_read or await get_user(ident.db, workspace_id, user_id)
                 first_read = None  # a try after a refusal reads the user again
-                if current is None:  # deprovisioned meanwhile
+                if current is None or current.deleted:  # deprovisioned meanwhile
                     raise Unauthorized(BAD_CREDENTIALS)
                 synced = _synced_profile(found, current)
                 base = profile_of(current)
@@ -302,7 +302,9 @@ async def _ldap(ident: Identity, workspace_id: str, body: LoginRequest) -> UserR
         email=found.email,
         role=found.role,
     )
-    return await sync_external_user(ident, workspace_id, external, existing)
+    user = await sync_external_user(ident, workspace_id, external, existing)
+    # Deactivated or deprovisioned while the directory answered: no session.
+    return user if user.usable else None
 
 
 async def start_session(

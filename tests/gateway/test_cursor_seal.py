@@ -9,6 +9,7 @@ import itertools
 import string
 
 import pytest
+from platform_support import running, settings_for
 
 from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Database
@@ -17,6 +18,7 @@ from eventstore.migrate import apply_migrations
 from gateway.bootstrap import MIGRATIONS
 from gateway.cursor_keys import load_cursor_seal, rotate_cursor_key
 from gateway.cursor_seal import MAX_NUMBER, CursorSeal
+from gateway.state import CURSORS, DATABASE, STORE
 
 KEY = bytes(range(16))
 OTHER_KEY = bytes(range(16, 32))
@@ -120,6 +122,19 @@ def test_the_key_before_a_rotation_still_opens_its_cursors() -> None:
         CursorSeal(bytes(16), previous=OTHER_KEY).open(before.seal_point(POINTS[0]))
 
 
+def test_a_cursor_that_opens_under_both_keys_is_tried_as_both() -> None:
+    """1 in 65,536 cursors of the previous key also pass the tag check under the current
+    one, always the same ones: each opening is a candidate, so the log's check of what it
+    issued can take the right one, where the first match alone refused them for good."""
+    before, rotated = CursorSeal(KEY), CursorSeal(OTHER_KEY, previous=KEY)
+    for position in itertools.count():  # about 65,536 points until one, a fixed search
+        held = before.seal_point(LogPoint(1, position))
+        openings = rotated.openings(held)
+        if len(openings) == 2:
+            break
+    assert openings[1] == encode_cursor(LogPoint(1, position)) != openings[0]
+
+
 def test_the_plain_form_of_earlier_builds_is_refused_with_what_to_do() -> None:
     """Accepting it would let anyone probe positions at will (a cursor ahead of the log is
     refused, one behind it is not), which is the leak sealing closes."""
@@ -188,3 +203,26 @@ async def test_a_rotation_seals_anew_and_keeps_the_key_before_it(store_db: Datab
     once = await load_cursor_seal(store_db)
     assert decode_cursor(once.open(held)) == point  # one rotation back: still opens
     assert once.seal_point(point) != held
+
+
+async def test_a_gateway_not_restarted_after_a_rotation_opens_the_new_key_s_cursors(
+    database_url: str,
+) -> None:
+    """A client moves from a gateway restarted after a rotation (sealing under the new key)
+    to one not yet restarted: that one reads the keys again rather than refuse the cursor.
+    The cursor it held from before the rotation opens on both."""
+    async with running(settings_for(database_url)) as svc:
+        key, _ = await svc.issue_key("ws-rotation", ("admin:read",))
+        head = await svc.app[STORE].head()
+        held = svc.app[CURSORS].seal(head)
+        await rotate_cursor_key(svc.app[DATABASE])
+        restarted = await load_cursor_seal(svc.app[DATABASE])  # as the next start loads it
+        sealed_anew = restarted.seal(head)
+        assert held and sealed_anew != held
+        for cursor in (sealed_anew, held):
+            status, body, _ = await svc.request(
+                "GET", "/v1/admin/conversations", key, params={"min_cursor": cursor}
+            )
+            assert status == 200, (cursor, body)
+        # This gateway now seals under the new key too.
+        assert svc.app[CURSORS].seal(head) == sealed_anew

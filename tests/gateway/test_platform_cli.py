@@ -25,6 +25,7 @@ import aiohttp
 import pytest
 from platform_support import free_port, serving_url, wait_healthy
 
+from gateway import cli
 from gateway.cli import build_parser
 
 SVC = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
@@ -481,6 +482,18 @@ def test_an_internal_error_is_one_line_and_says_how_to_see_its_traceback() -> No
         else:  # asked for: the traceback, logged before the line
             assert "Traceback (most recent call last)" in done.stderr, done.stderr
             assert done.stderr.endswith(f"{said}\n"), done.stderr
+
+
+def test_a_setting_s_author_is_the_system_user_when_it_can_be_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOGNAME", "ops-anna")
+    assert cli._cli_author() == "cli:ops-anna"
+    # A name the environment holds as bytes no locale decodes, or with a control character:
+    # no author to record, and no reason to refuse the change.
+    for unusable in ("ops-\udcff", "ops\nforged"):
+        monkeypatch.setenv("LOGNAME", unusable)
+        assert cli._cli_author() == "cli"
 
 
 def test_help_is_stable() -> None:

@@ -750,6 +750,9 @@ async def test_live_change_reaches_another_gateway_on_the_same_database(
         running(settings_for(database_url)) as second,
     ):
         await first.app[SETTINGS_SERVICE].set("SVC_TRUSTED_PROXIES", "10.0.0.0/8", "user:u-1")
+        # The same value again records nothing, so the author shown stays the first.
+        await first.app[SETTINGS_SERVICE].set("SVC_TRUSTED_PROXIES", "10.0.0.0/8", "user:u-2")
+        assert first.app[SETTINGS_SERVICE].get("SVC_TRUSTED_PROXIES").changed_by == "user:u-1"
         other = second.app[SETTINGS]
         for _ in range(100):
             if other.text("SVC_TRUSTED_PROXIES") == "10.0.0.0/8":

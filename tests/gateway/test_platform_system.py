@@ -606,6 +606,15 @@ async def test_require_secure_behind_a_trusted_proxy(database_url: str) -> None:
         for probe in ("/healthz", "/readyz", "/metrics"):
             status, _, _ = await svc.request("GET", probe, headers=remote, allow_redirects=False)
             assert status in (200, 503), probe
+        # But not /metrics once it takes a token, which plain HTTP would carry in clear.
+        await svc.app[SETTINGS_SERVICE].set("SVC_METRICS_TOKEN", "scrape-token-5d1")
+        scrape = {**remote, "Authorization": "Bearer scrape-token-5d1"}
+        status, body, _ = await svc.request(
+            "GET", "/metrics", headers=scrape, allow_redirects=False
+        )
+        assert status == 403 and body["error"]["code"] == "https_required", body
+        secure = {**scrape, "X-Forwarded-Proto": "https"}
+        assert (await svc.request("GET", "/metrics", headers=secure))[0] == 200
         status, body, _ = await svc.request("POST", "/v1/client-log", headers=remote, json={})
         assert status == 403 and body["error"]["type"] == "permission_error"
         # The proxy in front appends the scheme it was reached by: the rightmost value is its

@@ -91,7 +91,8 @@ async def test_requests_and_turns_are_exported_as_spans(database_url: str) -> No
             assert status == 400  # an unknown query parameter, refused
             status, _, _ = await svc.request("GET", "/no/such/path")
             assert status == 404
-            for traceparent in (CALLER_TRACEPARENT, "00-not-a-trace-01"):
+            not_sampled = CALLER_TRACEPARENT[:-2] + "00"  # the caller's flag: not recorded
+            for traceparent in (CALLER_TRACEPARENT, "00-not-a-trace-01", not_sampled):
                 headers = {"traceparent": traceparent}
                 status, _, _ = await svc.request("GET", "/v1/models", key, headers=headers)
                 assert status == 200
@@ -114,8 +115,10 @@ async def test_requests_and_turns_are_exported_as_spans(database_url: str) -> No
     assert _attributes(user_span.attributes)["http.response.status_code"] == 400
     assert _attributes(by_name["GET unmatched"][0].attributes)["http.response.status_code"] == 404
     # A caller's traceparent makes the request span its child; a malformed one starts anew.
-    continued, fresh = by_name["GET /v1/models"]
+    continued, fresh, unsampled = by_name["GET /v1/models"]
     assert (continued.trace_id.hex(), continued.parent_span_id.hex()) == (CALLER_TRACE, CALLER_SPAN)
+    # A caller cannot switch the tracing of its requests off: traced all the same.
+    assert unsampled.trace_id.hex() == CALLER_TRACE
     assert fresh.trace_id.hex() != CALLER_TRACE and not fresh.parent_span_id
     assert request_span.trace_id.hex() != CALLER_TRACE and not request_span.parent_span_id
 

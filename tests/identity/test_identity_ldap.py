@@ -21,6 +21,7 @@ import pytest
 from identity_support import GUARDED, WHOAMI, Running, running, settings_for
 from self_signed import key_and_cert
 
+from gateway.identity import login as login_module
 from gateway.identity.ldap import ldap3  # imported there with pyasn1's warnings silenced
 from gateway.identity.ldap import map_role as ldap_map_role
 from gateway.identity.login import ExternalUser, sync_external_user
@@ -359,6 +360,35 @@ async def test_a_sign_in_racing_an_admin_change_makes_its_own_over_it(database_u
         user = await sync_external_user(ident, "default", moved, read_at_the_start)
     assert (user.given_name, user.display_name) == ("Margarita", "Rita R.")
     assert user.emails[0] == {"value": "rr@example.test", "primary": True}
+
+
+async def test_a_sign_in_racing_a_deactivation_starts_no_session(
+    database_url: str, slapd: Slapd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The account was read active as the sign-in began; an admin deactivated it while the
+    directory answered. The sync, refused and made again from a fresh read, keeps it
+    inactive, and the sign-in then fails as for a deactivated account: no session."""
+    async with running(settings_for(database_url, **ldap_settings(database_url, slapd.url))) as svc:
+        key = await key_and_bind_password(svc)
+        status, body, browser = await svc.login("carl", "carl-password")
+        await browser.close()
+        assert status == 200, body
+        user_id = body["user"]["id"]
+        as_read = await login_module.find_user_by_name(svc.app[IDENTITY].db, "default", "carl")
+        status, body, _ = await svc.request(
+            "PATCH", f"/v1/admin/users/{user_id}", key, json={"active": False}
+        )
+        assert status == 200, body
+
+        async def read_before_the_deactivation(*_: Any) -> Any:
+            return as_read
+
+        monkeypatch.setattr(login_module, "find_user_by_name", read_before_the_deactivation)
+        status, body, browser = await svc.login("carl", "carl-password")
+        await browser.close()
+        assert status == 401, body
+        status, user, _ = await svc.request("GET", f"/v1/admin/users/{user_id}", key)
+        assert user["active"] is False
 
 
 def test_the_first_mapping_a_user_s_groups_name_decides_in_any_group_order() -> None:
