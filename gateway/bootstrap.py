@@ -376,21 +376,29 @@ async def _watch_settings(store: PostgresEventStore, service: SettingsService) -
     """Apply changes made by other processes (the CLI, another gateway) as they commit."""
     types = [SettingChanged.type_name, SettingUnset.type_name]
     after: str | None = None
+    stale = True  # until a refresh has succeeded since the last failure
     while True:
         try:
             if after is None:
                 after = await store.head()
+            if stale:
                 await service.refresh()
+                stale = False
             async for event in store.subscribe(
                 after, workspace_id=INSTANCE_WORKSPACE_ID, types=types
             ):
-                after = event.cursor
+                # A refresh that fails (the database away for a moment) is made again before
+                # the next subscription: the start's first one too, which was not retried.
+                stale = True
                 changed = await service.refresh()
+                stale = False
+                after = event.cursor
                 if changed:
                     log.info("settings changed: %s", ", ".join(changed))
             return
         except SubscriberTooSlow as exc:
             after = exc.last_cursor or after
+            stale = True  # whatever the subscription dropped, a whole re-read covers
         except Exception as exc:
             log.warning("settings watcher: %s; retrying", exc)
             await asyncio.sleep(1.0)

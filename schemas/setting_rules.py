@@ -19,6 +19,7 @@ from schemas.workspace import RESERVED_WORKSPACE_ID
 
 TextRule = Literal[
     "header_value",
+    "compared_token",
     "string_map",
     "role_map",
     "role_name",
@@ -46,6 +47,12 @@ MAX_WORKSPACE_ID = 200
 def _header_value(raw: str) -> bool:
     # A control character (CR and LF above all) would end or split the header line.
     return not any((ord(ch) < 0x20 and ch != "\t") or ord(ch) == 0x7F for ch in raw)
+
+
+def _compared_token(raw: str) -> bool:
+    # A caller's token arrives stripped (header values are): one kept with a space at either
+    # end, or made of spaces only, would never match and lock every caller out.
+    return _header_value(raw) and raw == raw.strip()
 
 
 def _role_name(raw: str) -> bool:
@@ -156,6 +163,11 @@ def _llm_provider(raw: str) -> bool:
 
 TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
     "header_value": (_header_value, "text without control characters (no line breaks)"),
+    "compared_token": (
+        _compared_token,
+        "a token without control characters or spaces at either end (a caller's is compared "
+        "without them)",
+    ),
     "string_map": (_string_map, 'blank or a JSON object of strings, e.g. {"ops": "admin"}'),
     "role_map": (
         _role_map,

@@ -1563,6 +1563,11 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     # Sent as a bearer token, or compared with one: a line break (a key file's last one)
     # would fail every request that carries it, told as a broken model server.
     **{key: {"rule": "header_value"} for key in _BEARER_KEYS},
+    # Compared with what a caller sends: a value stored before this rule keeps loading.
+    **{
+        key: {"rule": "header_value", "new_rule": "compared_token"}
+        for key in ("SVC_METRICS_TOKEN", "SVC_NATIVE_COMPAT_KEY")
+    },
     "SVC_CORS_ORIGINS": {"rule": "origins"},
     "SVC_WEBUI_ORIGIN": {"rule": "origin"},
     "SVC_RAY_ADDRESS": {"rule": "ray_address"},

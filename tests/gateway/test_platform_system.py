@@ -142,6 +142,10 @@ async def test_metrics_can_require_a_scrapers_token(database_url: str) -> None:
             "GET", "/metrics", headers={"Authorization": f"Bearer {token}"}
         )
         assert status == 200 and "svc_build_info{" in text
+        # A token with a space at an end could never match what a scraper sends (stripped).
+        for unmatchable in ("scrape-token ", " "):
+            with pytest.raises(InvalidInput, match="spaces at either end"):
+                await svc.app[SETTINGS_SERVICE].set("SVC_METRICS_TOKEN", unmatchable)
         # Live: unset, /metrics is open again, as Prometheus expects by default.
         await svc.app[SETTINGS_SERVICE].set("SVC_METRICS_TOKEN", "")
         assert (await svc.request("GET", "/metrics"))[0] == 200
