@@ -79,6 +79,11 @@ class ActorContext(Protocol[S_co]):
         a state keeps only a reference to (a long answer), read again when asked for."""
         ...
 
+    async def earlier_run(self, command: Command) -> CommandOutcome | None:
+        """What `command`'s id did when it ran before, by the ledger (None if it never
+        ran); Conflict `idempotency_key_reused` when it ran for another request."""
+        ...
+
     async def refresh(self) -> bool:
         """Apply what other writers appended to the stream since this state (another
         process hosting the same actor); True when there was anything. For an answer given

@@ -313,6 +313,16 @@ class Activation(Generic[S]):
         except StoreError:
             return False
 
+    async def earlier_run(self, command: Command) -> CommandOutcome | None:
+        """What `command`'s id did when it ran before, by the store's ledger (None if it
+        never ran); Conflict `idempotency_key_reused` when it ran for another request. For a
+        handler that must refuse a command (its model no longer served) unless it is a retry
+        of one that ran."""
+        if self._store is None:
+            return None
+        result = await self._store.processed(command.command_id, command.workspace_id)
+        return None if result is None else await self._duplicate(command, result)
+
     async def _duplicate(self, command: Command, result: AppendResult) -> CommandOutcome:
         # The processed-commands ledger said this command id already ran: nothing was written.
         # The first run's events are in the store; catch up so the state includes them, and

@@ -786,7 +786,16 @@ class ConversationBehaviour(Behaviour[ConversationState]):
         if command.command_id in ctx.state.turn_by_command:
             yield await _recorded_result_now(ctx, command)
             return
-        provider = self.provider_for(command.model)
+        try:
+            provider = self.provider_for(command.model)
+        except NotFound:
+            # A retried key whose model is no longer served: its first run answers (or the
+            # key's misuse is told, 409), not the model's absence.
+            earlier = await ctx.earlier_run(command)
+            if earlier is None:
+                raise
+            yield await _recorded_result_now(ctx, command, earlier.events)
+            return
         budget_s = self._budget_now()
         stamped = self._stamped(command, budget_s)
         try:

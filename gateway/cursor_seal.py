@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -38,8 +39,10 @@ from typing import Final
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from eventstore.cursor import ORIGIN, LogPoint, decode_cursor, encode_cursor
-from eventstore.errors import InvalidCursor
+from eventstore.errors import InvalidCursor, StoreError
 from eventstore.tailer import LogTailer
+
+log = logging.getLogger(__name__)
 
 KEY_BYTES = 16
 _BLOCK = 16
@@ -108,7 +111,11 @@ class CursorSeal:
         if self._reloaded_at is not None and now - self._reloaded_at < RELOAD_EVERY_S:
             return False
         self._reloaded_at = now
-        keys = await self._reload()
+        try:
+            keys = await self._reload()
+        except StoreError as exc:  # the cursor is refused as it would be without a reload
+            log.warning("could not read the cursor keys again: %s", exc.message)
+            return False
         if keys == self._keys:
             return False
         self._use(keys)

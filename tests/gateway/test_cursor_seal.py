@@ -13,7 +13,7 @@ from platform_support import running, settings_for
 
 from eventstore.cursor import LogPoint, decode_cursor, encode_cursor
 from eventstore.db import Database
-from eventstore.errors import InvalidCursor
+from eventstore.errors import InvalidCursor, StoreUnavailable
 from eventstore.migrate import apply_migrations
 from gateway.bootstrap import MIGRATIONS
 from gateway.cursor_keys import load_cursor_seal, rotate_cursor_key
@@ -226,3 +226,19 @@ async def test_a_gateway_not_restarted_after_a_rotation_opens_the_new_key_s_curs
             assert status == 200, (cursor, body)
         # This gateway now seals under the new key too.
         assert svc.app[CURSORS].seal(head) == sealed_anew
+
+
+async def test_keys_that_cannot_be_read_again_leave_the_cursor_refused_not_a_503() -> None:
+    """A cursor no key opens makes the seal read the keys again; with the database away,
+    the cursor is refused as it would have been (a 400 the client can act on)."""
+    reads = 0
+
+    async def away() -> tuple[bytes, bytes | None]:
+        nonlocal reads
+        reads += 1
+        raise StoreUnavailable("the database is away")
+
+    seal = CursorSeal(KEY, reload=away)
+    assert await seal.reloaded() is False
+    assert await seal.reloaded() is False  # and not read again within RELOAD_EVERY_S
+    assert reads == 1
