@@ -172,9 +172,9 @@ async def sync_external_user(
             "at": at,
         }
 
-    profile = _synced_profile(found, existing)
     if existing is None:
         user_id = new_id("usr_")
+        profile = _synced_profile(found, None)
         provision = ProvisionUser(
             **stamp(), user_id=user_id, profile=profile, source=found.source, roles=roles
         )
