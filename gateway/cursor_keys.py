@@ -20,19 +20,6 @@ _SUBJECT = "cursors"
 _CURRENT = "seal_key"
 _PREVIOUS = "seal_key_previous"
 
-_MAKE_CURRENT = """
-INSERT INTO identity_secrets (workspace_id, subject, kind, value) VALUES ($1, $2, $3, $4)
-ON CONFLICT (workspace_id, subject, kind) DO NOTHING
-"""
-_LOCK_CURRENT = """
-SELECT value FROM identity_secrets WHERE workspace_id = $1 AND subject = $2 AND kind = $3
-FOR UPDATE
-"""
-_PUT = """
-INSERT INTO identity_secrets (workspace_id, subject, kind, value) VALUES ($1, $2, $3, $4)
-ON CONFLICT (workspace_id, subject, kind) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
-"""
-
 
 def _new_key() -> str:
     return secrets.token_hex(KEY_BYTES)
@@ -54,13 +41,5 @@ async def load_cursor_seal(db: Database) -> CursorSeal:
 
 async def rotate_cursor_key(db: Database) -> None:
     """A new key seals from each process's next start; the current one becomes the previous,
-    whose cursors still open, and the one before it is dropped: its cursors are refused.
-    One transaction, the current key's row locked: two rotations at once are one after the
-    other, never a key lost between them."""
-    async with db.transaction() as conn:
-        # Made first if no process has yet: a row to lock, so a start making it meanwhile
-        # cannot have its key overwritten unkept.
-        await conn.execute(_MAKE_CURRENT, INSTANCE, _SUBJECT, _CURRENT, _new_key())
-        current = await conn.fetchval(_LOCK_CURRENT, INSTANCE, _SUBJECT, _CURRENT)
-        await conn.execute(_PUT, INSTANCE, _SUBJECT, _PREVIOUS, current)
-        await conn.execute(_PUT, INSTANCE, _SUBJECT, _CURRENT, _new_key())
+    whose cursors still open, and the one before it is dropped: its cursors are refused."""
+    await IdentityVault(db).rotate(INSTANCE, _SUBJECT, _CURRENT, _PREVIOUS, _new_key)

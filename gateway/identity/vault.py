@@ -6,6 +6,8 @@ read here and nowhere else; they are never logged, returned by an endpoint or pu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from eventstore.db import Database
 
 INSTANCE = "*"
@@ -24,6 +26,7 @@ ON CONFLICT (workspace_id, subject, kind) DO NOTHING
 _GET = """
 SELECT value FROM identity_secrets WHERE workspace_id = $1 AND subject = $2 AND kind = $3
 """
+_LOCK = _GET.rstrip() + " FOR UPDATE"
 _DELETE = "DELETE FROM identity_secrets WHERE workspace_id = $1 AND subject = $2 AND kind = $3"
 
 
@@ -46,6 +49,19 @@ class IdentityVault:
             await conn.execute(_PUT_ONCE, workspace_id, subject, kind, value)
             stored = await conn.fetchval(_GET, workspace_id, subject, kind)
         return str(stored)
+
+    async def rotate(
+        self, workspace_id: str, subject: str, kind: str, previous: str, fresh: Callable[[], str]
+    ) -> None:
+        """A `fresh()` value for `kind`, whose value until now becomes `previous` (the one
+        before is dropped). One transaction, the row locked: two rotations at once are one
+        after the other. A row none made yet is made first, so there is one to lock, and a
+        `get_or_create` racing the rotation cannot have its value overwritten unkept."""
+        async with self._db.transaction() as conn:
+            await conn.execute(_PUT_ONCE, workspace_id, subject, kind, fresh())
+            current = await conn.fetchval(_LOCK, workspace_id, subject, kind)
+            await conn.execute(_PUT, workspace_id, subject, previous, current)
+            await conn.execute(_PUT, workspace_id, subject, kind, fresh())
 
     async def delete(self, workspace_id: str, subject: str, kind: str) -> None:
         async with self._db.acquire() as conn:
