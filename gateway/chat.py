@@ -59,7 +59,14 @@ from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
 from eventstore.db import Database
 from eventstore.tasks import cancel_unless_done
-from gateway.auth import CHAT_PATH, CHAT_SCOPE, MODELS_PATH, authenticate, require_scope
+from gateway.auth import (
+    CHAT_PATH,
+    CHAT_SCOPE,
+    MODELS_PATH,
+    PRINCIPAL,
+    authenticate,
+    require_scope,
+)
 from gateway.cursor_seal import CursorSeal
 from gateway.errors import client_gone, error_body, internal_failure, read_header, read_json
 from gateway.identity.common import first_attempt_ran
@@ -319,6 +326,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # or that the runtime never ran (stopping, full): nothing was recorded under the
             # id, so the answer names none.
             request.pop(_CONVERSATION_KEY, None)
+        elif _refused_unrun(exc) and ids is not None and not ids.named_by_client:
+            await _forget_unstarted_keyed(request, ids)
         raise
     except ValidationError:
         _count_failed(turn, "invalid_request")  # a 400, as gateway/errors.py maps it
@@ -339,6 +348,20 @@ def _refused_unrun(exc: SvcError) -> bool:
     subclasses: a turn cut short once started (CommandInterrupted) is recorded, and one this
     process stopped waiting for (AnswerAbandoned) runs on in its Ray host."""
     return type(exc) in (RuntimeStopping, RuntimeNotStarted, MailboxFull)
+
+
+async def _forget_unstarted_keyed(request: web.Request, ids: _RequestIds) -> None:
+    """A keyed request's conversation id comes from its key: the conversation exists only if
+    an earlier attempt ran. The runtime refused this one unrun, so name the id only then.
+    When the ledger cannot say (the database away too), name none: a retry with the key
+    gets the id either way."""
+    principal = request.get(PRINCIPAL)
+    named = False
+    if principal is not None:
+        with contextlib.suppress(SvcError):
+            named = await first_attempt_ran(request, principal.workspace_id, ids.command_id)
+    if not named:
+        request.pop(_CONVERSATION_KEY, None)
 
 
 def _count_failed(turn: _Turn | None, code: str) -> None:

@@ -1260,6 +1260,21 @@ async def test_a_turn_the_runtime_refused_unrun_names_no_conversation(
     resp = await chat.raw_post(body, **{"X-SVC-Conversation-Id": "c-named"})
     assert resp.status == 503 and resp.headers["X-SVC-Conversation-Id"] == "c-named"
 
+    # A keyed request's id comes from its key: a first attempt refused unrun names none,
+    # and a retry of one that ran names the conversation that attempt recorded.
+    keyed = {"Idempotency-Key": f"refused-{stream}"}
+    resp = await chat.raw_post(body, **keyed)
+    assert resp.status == 503 and "X-SVC-Conversation-Id" not in resp.headers
+    monkeypatch.undo()
+    ran = await chat.raw_post(body, **keyed)
+    assert ran.status == 200, await ran.text()
+    await ran.read()
+    monkeypatch.setattr(runtime, "ask", refuse)
+    monkeypatch.setattr(runtime, "stream", refuse_stream)
+    resp = await chat.raw_post(body, **keyed)
+    assert resp.status == 503, await resp.text()
+    assert resp.headers["X-SVC-Conversation-Id"] == ran.headers["X-SVC-Conversation-Id"]
+
     # A turn this process stopped waiting for runs on in its Ray host, and is recorded
     # under the id: that 503 names it.
     async def abandon(*_: Any, **__: Any) -> Any:
