@@ -225,8 +225,9 @@ async def _execute(request: web.Request, agent_id: str, command: Command) -> Com
         raise not_applied(
             request,
             AGENT_MODELS,
-            f"agent {agent_id} was changed but the read models did not apply it in time; "
-            f"read it with min_cursor={public_cursor(request, outcome.cursor)}",
+            "the read models did not apply it in time",
+            recorded=f"agent {agent_id} was changed (read it with "
+            f"min_cursor={public_cursor(request, outcome.cursor)})",
         )
     forget_agents(request.app, command.workspace_id)  # this process serves the change at once
     return outcome

@@ -70,9 +70,15 @@ async def wait_applied(
     return reached
 
 
-def not_applied(request: web.Request, names: Collection[str] | None, lagging: str) -> Unavailable:
+def not_applied(
+    request: web.Request,
+    names: Collection[str] | None,
+    lagging: str,
+    *,
+    recorded: str | None = None,
+) -> Unavailable:
     """`not_applied_by` this app's runner, for a wait that `wait_applied` gave up."""
-    return not_applied_by(request.app[PROJECTIONS], names, lagging)
+    return not_applied_by(request.app[PROJECTIONS], names, lagging, recorded=recorded)
 
 
 def public_cursor(request: web.Request, cursor: str) -> str:

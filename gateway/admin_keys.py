@@ -208,8 +208,9 @@ async def revoke_key(request: web.Request) -> web.Response:
         raise not_applied(
             request,
             KEY_MODELS,
-            f"API key {command.key_id} is revoked, but the read models have not applied it "
-            "yet, so it may still authenticate for a moment; repeat the request to confirm",
+            "they have not yet; repeat the request to confirm",
+            recorded=f"API key {command.key_id} is revoked, but it may still authenticate "
+            "until the read models apply the revocation",
         )
     return ok(
         RevokedApiKey(

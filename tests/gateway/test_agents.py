@@ -20,10 +20,11 @@ import gateway.bootstrap
 from gateway import admin_agents
 from gateway.app import create_app
 from gateway.settings import Settings
-from gateway.state import STORE
+from gateway.state import PROJECTIONS, STORE
 from projections import default_projectors
 from projections.agents import AgentsProjector
 from projections.projector import Projector
+from schemas.events import EventFromNewerVersion
 
 AGENTS = "/v1/admin/agents"
 PROMPT = "You are Ada, the support agent of ACME. Answer in one line."
@@ -159,6 +160,33 @@ async def test_a_retried_create_answers_with_the_first_agent(chat: Chat) -> None
     assert first[1]["id"] == second[1]["id"]
     status, listed = await send(chat, "GET", AGENTS)
     assert status == 200 and len(listed["agents"]) == 1
+
+
+async def test_a_create_its_read_model_cannot_apply_still_says_it_was_recorded(
+    chat: Chat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agents read model waits on an event a newer version wrote (after a rollback): the
+    create is recorded all the same, so the 503 says so first, then what to do, and tells
+    the SDKs not to retry it (a retry without a key would create a second agent)."""
+    runner = chat.service.app[PROJECTIONS]
+    newer = EventFromNewerVersion("agent.future", "schema version 9, this code knows 1")
+    monkeypatch.setattr(runner, "waiting_on_newer", lambda names=None: newer)
+
+    async def given_up(*_: Any, **__: Any) -> bool:
+        return False
+
+    monkeypatch.setattr(admin_agents, "wait_applied", given_up)
+    body = {"name": uid("ada-"), "model": UPSTREAM_MODEL}
+    resp = await chat.service.http.post(
+        chat.service.url(AGENTS), headers=chat.service.auth(chat.key), json=body
+    )
+    error = orjson.loads(await resp.read())["error"]
+    assert resp.status == 503 and error["code"] == "event_from_newer_version", error
+    assert error["message"].startswith("agent agt_") and "was changed" in error["message"]
+    assert "upgrade this process" in error["message"], error
+    assert resp.headers["x-should-retry"] == "false"
+    # Each answer is its own error: the runner's is not raised, so its traceback stays empty.
+    assert newer.__traceback__ is None
 
 
 async def test_a_retried_update_answers_with_the_first_result(chat: Chat) -> None:
