@@ -502,17 +502,21 @@ class RayRuntime:
             try:
                 parts = self._handle(host).stream.remote(shard, epoch, key, command)
                 while True:
-                    try:
-                        part = await self._calls.until_abandoned(parts.__anext__())
-                    except StopAsyncIteration:
+                    # Abandoned as an ask's answer is (a host restarted, its shard moved):
+                    # a host cut off but alive is never failed by Ray, and a lost node's
+                    # calls fail only after Ray's own timeouts.
+                    next_part = self._attempts.step(host, shard, _next_part(parts))
+                    answer = await self._calls.until_abandoned(next_part)
+                    if answer is _END_OF_STREAM:
                         return
-                    answer = await part
                     if not isinstance(answer, list):
                         break
                     for item in answer:
                         yield item
             except _HOST_ERRORS as exc:
                 problem = self._unavailable(host, exc)
+            except HostRestarted:
+                problem = f"host {host} was restarted, or shard {shard} moved away from it"
             else:
                 # Outside the try: the command's own failure, rebuilt, may be a ValueError,
                 # which is also among the errors of a host that went away.
@@ -1111,6 +1115,19 @@ class RayRuntime:
             "commands_per_s": st.commands_per_s,
             "in_flight": st.in_flight,
         }
+
+
+_END_OF_STREAM = object()
+
+
+async def _next_part(parts: Any) -> Any:
+    """The next part of the host's stream `parts` (a Ray generator of object refs), fetched;
+    `_END_OF_STREAM` after the last."""
+    try:
+        ref = await parts.__anext__()
+    except StopAsyncIteration:
+        return _END_OF_STREAM
+    return await ref
 
 
 def _nodes() -> list[dict[str, Any]]:

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import ray.exceptions
+
+T = TypeVar("T")
 
 # Raised by Ray when the host process is dead, restarting or unreachable, or (ValueError) when
 # a named host does not exist (yet): nothing a retry against the current map can't fix.
@@ -61,7 +63,12 @@ class Attempts:
     async def answer(self, host: str, shard: int, ref: Any) -> Any:
         """Await the attempt `ref`; HostRestarted if `abandon(host)` or `abandon(shard)` is
         called meanwhile (a lost node: Ray fails calls to it only after its own timeouts)."""
-        call: asyncio.Future[Any] = ref.as_future(_internal=True)
+        return await self.step(host, shard, ref.as_future(_internal=True))
+
+    async def step(self, host: str, shard: int, step: Awaitable[T]) -> T:
+        """Await `step` of an attempt (an answer, or a stream's next part), abandoned as
+        `answer` is."""
+        call: asyncio.Future[T] = asyncio.ensure_future(step)
         tracked = (self._by_key[host], self._by_key[shard])
         for attempts in tracked:
             attempts.add(call)

@@ -593,6 +593,30 @@ async def test_the_retry_deadline_counts_from_the_failure_not_from_the_send(
     assert amounts == [1, 2]  # each once, the killed run's retry included
 
 
+async def test_a_stream_to_a_host_that_stops_answering_goes_on_elsewhere(
+    cluster_runtime: Any, store: PostgresEventStore
+) -> None:
+    """A host cut off but alive (its process stopped here, as a partition would leave it):
+    Ray fails no call to it. Its shards move to a live host and the attempts routed there
+    are abandoned and sent again; a stream's were not, and waited for as long as the host
+    stayed silent, where an ask went on within seconds."""
+    runtime: RayRuntime = await cluster_runtime(2, dead_after_s=2.0)
+    victim = f"{runtime.cluster}-host-1"
+    (pid,) = [h["pid"] for h in (await runtime.status())["hosts"] if h["name"] == victim]
+    key = conversation_on(runtime, victim)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        async with asyncio.timeout(30):
+            items = [item async for item in runtime.stream(key, run_turn())]
+        assert isinstance(items[-1], TurnResult), items[-1]
+        assert runtime.shard_map is not None
+        assert runtime.shard_map.route(shard_of(key))[0] != victim
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    types = [r.type for r in await store.read_stream(key.stream_id)]
+    assert types.count("conversation.assistant_message_completed") == 1, types
+
+
 async def test_a_call_to_a_host_ray_cannot_place_again_is_given_up(
     ray_cluster: Cluster, cluster_runtime: Any
 ) -> None:
