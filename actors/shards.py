@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from actors.behaviour import ActorKey
-from eventstore.db import Connection, Database
+from eventstore.db import Connection, Database, translate_errors
 from eventstore.migrate import MigrationSource
 
 NUM_SHARDS = 1024
@@ -250,11 +250,12 @@ async def claim_cluster(db: Database, cluster: str, *, private: bool) -> Connect
     conn = await db.connect_dedicated()
     take = "pg_try_advisory_lock" if private else "pg_try_advisory_lock_shared"
     try:
-        # A machine that dies without closing its socket holds the lock until the server
-        # finds the connection dead: in seconds with these, not the system's two hours.
-        await conn.execute(CLAIM_KEEPALIVES)
-        if await conn.fetchval(f"SELECT {take}($1)", key):
-            return conn
+        with translate_errors():
+            # A machine that dies without closing its socket holds the lock until the server
+            # finds the connection dead: in seconds with these, not the system's two hours.
+            await conn.execute(CLAIM_KEEPALIVES)
+            if await conn.fetchval(f"SELECT {take}($1)", key):
+                return conn
     except BaseException:
         conn.terminate()
         raise

@@ -346,12 +346,14 @@ class Database:
         server_settings: dict[str, str],
         connect_timeout_s: float,
         acquire_timeout_s: float,
+        command_timeout_s: float | None = None,
     ) -> None:
         self._pool = pool
         self._dsn = dsn
         self._server_settings = server_settings
         self._connect_timeout_s = connect_timeout_s
         self._acquire_timeout_s = acquire_timeout_s
+        self._command_timeout_s = command_timeout_s
 
     @classmethod
     async def connect(
@@ -405,16 +407,23 @@ class Database:
             server_settings=settings,
             connect_timeout_s=connect_timeout_s,
             acquire_timeout_s=acquire_timeout_s,
+            command_timeout_s=_command_timeout_s(statement_timeout_ms),
         )
 
-    async def connect_dedicated(self) -> Connection:
+    async def connect_dedicated(self, *, bounded: bool = True) -> Connection:
         """A connection outside the pool with the pool's settings and codecs, for a
-        long-lived use such as LISTEN. The caller closes it."""
+        long-lived use such as LISTEN. The caller closes it, and runs its statements under
+        `translate_errors`.
+
+        `bounded`: each statement waits for its answer no longer than the pool's do (a
+        server cut off without a reset would otherwise hold the caller for ever); a caller
+        that lifts `statement_timeout` for a long job passes False."""
         with translate_errors():
             conn = await asyncpg.connect(
                 self._dsn,
                 **_tls_options(self._dsn),
                 timeout=self._connect_timeout_s,
+                command_timeout=self._command_timeout_s if bounded else None,
                 server_settings=self._server_settings,
             )
             try:
@@ -440,11 +449,34 @@ class Database:
         """Borrow a connection. `stateless=True` promises the body leaves no session state
         (no SET, LISTEN, open cursor or session-level advisory lock): when it finishes without
         an error the pool skips its reset query on release, saving a round trip."""
+        lent = False
         with translate_errors():
-            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
-                yield conn
-                if stateless:
-                    _skip_reset(conn)
+            try:
+                async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+                    lent = True
+                    yield conn
+                    if stateless:
+                        _skip_reset(conn)
+            except TimeoutError as exc:
+                if lent or not self._exhausted():
+                    raise  # the body's, or a new connection's: the database timed out
+                raise self._no_free_connection() from exc
+
+    def _exhausted(self) -> bool:
+        stats = self.pool_stats()
+        return stats.size >= stats.max and stats.idle == 0
+
+    def _no_free_connection(self) -> StoreUnavailable:
+        """A wait for a connection that timed out with every one lent: the database is fine,
+        the pool is too small for the load or its borrowers are slow. Said so, lest the
+        operator go looking for a database that is down."""
+        return StoreUnavailable.with_detail(
+            "the event store is busy: no database connection was free in time; retry shortly",
+            f"all {self.pool_stats().max} connections of the pool stayed in use for "
+            f"{self._acquire_timeout_s:g} s: look for slow statements, or raise the pool "
+            "size (SVC_DB_POOL_SIZE for a gateway, SVC_ACTOR_HOST_POOL_SIZE for a Ray host; "
+            "docs/operations.md, the SvcDbPoolExhausted alert)",
+        )
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:

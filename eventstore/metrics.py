@@ -9,6 +9,7 @@ from prometheus_client import Gauge, Histogram
 
 from eventstore.db import Connection, Database
 from eventstore.errors import StoreError
+from eventstore.outage_log import OutageLog
 from eventstore.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,15 @@ class OpenTxAgeSampler:
         return age
 
     async def _run(self) -> None:
+        # While the database is away: a warning, then one a minute, and a line when it is back.
+        outage = OutageLog(log, "sampling the oldest open transaction")
         while True:
             try:
                 await self.sample()
             except StoreError as exc:
-                log.warning("could not sample the oldest open transaction: %s", exc.message)
+                outage.failed(exc)
+            else:
+                outage.succeeded()
             await asyncio.sleep(self._interval_s)
 
     def start(self) -> None:

@@ -172,7 +172,7 @@ async def rebuild_beside(
     # A session of its own, closed at the end: its temporary tables never reach a pooled
     # connection, and no statement it runs was prepared while `pg_temp` held no copy (a
     # plan cached then would go on writing to the live table of the same name).
-    conn = await db.connect_dedicated()
+    conn = await db.connect_dedicated(bounded=False)
     try:
         # Every statement below, driver errors included, leaves as the store's own errors.
         with translate_errors():

@@ -64,7 +64,7 @@ from actors.shards import (
     shard_of,
 )
 from actors.table import StopSummary, TableStats
-from eventstore.db import Connection, Database
+from eventstore.db import Connection, Database, translate_errors
 from eventstore.migrate import STORE_MIGRATIONS, apply_migrations
 from eventstore.tasks import cancel_and_wait
 from schemas.commands import Command
@@ -358,8 +358,14 @@ class RayRuntime:
     async def _open(self) -> None:
         assert self._db is not None
         await self._refresh()
-        self._listener = await self._db.connect_dedicated()
-        await self._listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
+        listener = await self._db.connect_dedicated()
+        try:
+            with translate_errors():
+                await listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
+        except BaseException:
+            listener.terminate()
+            raise
+        self._listener = listener
         if self._supervise_hosts:
             self._supervisor = asyncio.create_task(self._supervise(), name="ray-supervisor")
         self._watcher = asyncio.create_task(self._watch_hosts(), name="ray-host-watch")

@@ -287,6 +287,41 @@ async def test_a_server_that_stops_answering_is_unavailable_after_the_statement_
         await db.close()
 
 
+async def test_a_pool_with_every_connection_lent_says_so(database_url: str) -> None:
+    """A wait for a connection that times out with all of them in use is no database down:
+    the detail says the pool is full and names its setting, not "check that PostgreSQL is
+    running". A body's own timeout is the database's still."""
+    db = await Database.connect(database_url, min_size=1, max_size=1, acquire_timeout_s=0.2)
+    try:
+        async with db.acquire():
+            with pytest.raises(StoreUnavailable, match="no database connection was free") as e:
+                async with db.acquire():
+                    pass
+        assert "SVC_DB_POOL_SIZE" in e.value.detail and "PostgreSQL is running" not in str(e.value)
+        with pytest.raises(StoreUnavailable, match="timed out"):
+            async with db.acquire():
+                raise TimeoutError
+    finally:
+        await db.close()
+
+
+async def test_a_dedicated_connection_is_bounded_as_the_pools_are(database_url: str) -> None:
+    """A connection of its own (the Ray router's cluster claim, its LISTEN) had no client
+    bound: a server frozen or cut off without a reset held its caller for ever."""
+    db = await Database.connect(database_url, min_size=1, max_size=1, statement_timeout_ms=200)
+    conn = await db.connect_dedicated()
+    backend = conn.get_server_pid()
+    os.kill(backend, signal.SIGSTOP)
+    try:
+        async with asyncio.timeout(RECOVERY_S):
+            with pytest.raises(StoreUnavailable, match="timed out"), translate_errors():
+                await conn.fetchval("SELECT 1")
+    finally:
+        os.kill(backend, signal.SIGCONT)
+        conn.terminate()
+        await db.close()
+
+
 @pytest.mark.parametrize(
     ("query", "named"),
     [
