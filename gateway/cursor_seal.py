@@ -125,12 +125,12 @@ class CursorSeal:
 
     def seal(self, cursor: str) -> str:
         """An internal cursor (`AppendResult.cursor`, a record's) in its public form; the
-        empty cursor, the start of the log, stays empty."""
+        empty cursor ("none") stays empty. The log's origin spelled as a point (the head of
+        an empty workspace) is sealed like any point: a feed's frame that names it must
+        carry an id, since an empty `id:` clears an EventSource's last event id."""
         return self.seal_point(decode_cursor(cursor)) if cursor else ""
 
     def seal_point(self, point: LogPoint) -> str:
-        if point == ORIGIN:
-            return ""
         return _LOG_PREFIX + self._seal(_LOG_TAG, point.tx, point.position)
 
     def open(self, public: str) -> str:

@@ -150,7 +150,7 @@ def check_feed_query(request: web.Request) -> None:
             raise InvalidInput(f"query parameter {name} is given more than once; give it once")
 
 
-async def resume_cursor(request: web.Request) -> str:
+async def resume_cursor(request: web.Request) -> str | None:
     """`Last-Event-ID` (sent by a reconnecting EventSource) wins over `?lastEventId=` (a
     polyfill's reconnection), which wins over `?cursor=`. Validated
     here, before the stream starts, so a malformed cursor is a plain 400 envelope, and so is
@@ -164,9 +164,12 @@ async def resume_cursor(request: web.Request) -> str:
     # Blank is absent, as an empty value is anywhere in the API: `?lastEventId=%20` must not
     # win over a good ?cursor= and start the feed at the beginning of the log.
     stripped = ((name, (value or "").strip()) for name, value in candidates)
-    source, given = next(((name, value) for name, value in stripped if value), ("cursor", ""))
+    found = next(((name, value) for name, value in stripped if value), None)
+    if found is None:
+        return None
     # A refusal names its input: an EventSource resends a Last-Event-ID the page never sees,
     # which then silently wins over a good ?cursor=.
+    source, given = found
     return await open_issued(request.app[CURSORS], request.app[TAILER], given, source)
 
 
@@ -204,8 +207,10 @@ async def start_cursor(request: web.Request, workspace_id: str) -> str:
     start = request.query.get("start", "").strip() or "earliest"
     if start not in ("earliest", "latest"):
         raise InvalidInput("start: use earliest or latest", code="invalid_start")
-    if cursor or start == "earliest":
-        return cursor
+    if cursor is not None or start == "earliest":
+        # A cursor given wins over `start`, the origin's included: a `start=latest` feed of
+        # an empty workspace resumes from it, not from the head of its reconnection.
+        return cursor or ""
     # An empty workspace's head is the log's origin, said as a cursor all the same: an
     # EventSource reconnecting from it misses nothing committed since.
     return await request.app[STORE].head(workspace_id) or encode_cursor(ORIGIN)

@@ -41,10 +41,15 @@ def test_a_sealed_cursor_opens_to_the_point_it_was_made_from() -> None:
         assert CursorSeal(KEY).seal_point(point) == public  # deterministic: any process
 
 
-def test_the_start_of_the_log_is_the_empty_cursor_both_ways() -> None:
+def test_no_cursor_stays_none_and_the_origin_as_a_point_is_sealed() -> None:
+    """The empty cursor (none given) stays empty both ways. The origin spelled as a point
+    (an empty workspace's head) is sealed, since a feed frame that names it must carry an
+    id, and opens to the start of the log."""
     seal = CursorSeal(KEY)
-    assert seal.seal("") == "" == seal.seal_point(LogPoint(0, 0))
-    assert seal.open("") == ""
+    assert seal.seal("") == "" and seal.open("") == ""
+    origin = seal.seal_point(LogPoint(0, 0))
+    assert origin.startswith("c2") and seal.seal(encode_cursor(LogPoint(0, 0))) == origin
+    assert seal.open(origin) == ""
 
 
 def test_neighbouring_points_look_unrelated() -> None:

@@ -342,6 +342,35 @@ async def test_the_first_frame_names_where_the_feed_starts(service: Service) -> 
     assert first is not None and first.retry == 3000 and first.id is None
 
 
+async def test_a_latest_feed_of_a_workspace_with_no_event_yet_names_its_start(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head of a workspace with no event visible yet is the log's origin: its first
+    frame went out with an empty id, which clears an EventSource's last event id, so the
+    reconnection started again at the new head and skipped what was committed between."""
+    ws = uid("ws-")
+    key = await service.issue_key(ws)
+    store = service.app[STORE]
+
+    async def no_event_yet(workspace_id: str | None = None) -> str:
+        return ""
+
+    monkeypatch.setattr(store, "head", no_event_yet)
+    resp, reader = await open_feed(service, EVENTS, key, start="latest", types="test.rare")
+    first = await reader.frame()
+    resp.close()
+    monkeypatch.undo()
+    assert first is not None and first.retry == 3000 and first.id, first
+    missed = await service.append_pings(ws, 1, kind="test.rare")
+    resp, reader = await open_feed(
+        service, EVENTS, key, last_event_id=first.id, start="latest", types="test.rare"
+    )
+    await reader.frame()
+    (frame,) = await reader.events(1)
+    resp.close()
+    assert (frame.id, frame.event) == (missed, "test.rare")
+
+
 async def test_web_stream_carries_conversation_events_only(service: Service) -> None:
     ws = uid("ws-")
     key = await service.issue_key(ws)
