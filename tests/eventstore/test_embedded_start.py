@@ -195,6 +195,10 @@ async def test_a_process_missing_from_the_list_of_users_is_put_back(tmp_path: Pa
         assert os.getpid() in json.loads(users.read_text())
     finally:
         server.stop()
+    # One that runs after the stop (a thread the stop did not wait for) lists nobody again:
+    # the server would outlive its last user.
+    server.stay_listed()
+    assert not users.exists() or os.getpid() not in json.loads(users.read_text())
 
 
 class _FlakyServer:
