@@ -27,6 +27,7 @@ from actors.ray.wire import Failure, HostStatus, Ok, WrongEpoch, pack_error
 from actors.shards import load_assignment
 from actors.table import ActivationTable, Reply, TableStats
 from eventstore.db import Database
+from eventstore.errors import StoreError
 from eventstore.notify import CommitNotifier
 from eventstore.store import PostgresEventStore
 from eventstore.tasks import wait_set
@@ -395,8 +396,17 @@ class ActorHost:
                 self._owned.pop(shard, None)
             self._releasing.discard(shard)
 
-    def reopen(self, shards: list[int]) -> None:
-        """A move that failed after `release`: take the shards' commands again."""
+    async def reopen(self, shards: list[int]) -> None:
+        """A move that failed after `release`: take the shards' commands again. The move may
+        have landed all the same (its commit's answer lost with the connection): the
+        assignment is read first, so a shard that moved is not taken back under its old
+        epoch, which routers with a stale map still send."""
+        try:
+            await self._reload_assignment()
+        except StoreError as exc:  # the map as last read: the shards' epochs unchanged
+            log.warning(
+                "%s could not read its assignment before reopening: %s", self._spec.name, exc
+            )
         self._releasing.let_go(shards)
 
     def shard_load(self) -> dict[int, float]:

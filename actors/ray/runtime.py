@@ -931,6 +931,11 @@ class RayRuntime:
             log.warning("%s did not release shards (%s); trying later", source, exc)
             await self._tell(source, "reopen", shards)
             return None
+        except asyncio.CancelledError:
+            # This router stopping, or a scale interrupted: the source would refuse the
+            # shards until its hold ran out (a minute), and no one else would move them.
+            await self._tell(source, "reopen", shards)
+            raise
         if isinstance(busy, int):  # a host of a release before this one: a count
             return list(shards) if busy else []
         return list(busy)

@@ -29,6 +29,7 @@ from ray.cluster_utils import Cluster
 from ray_support import fixed_behaviours, ray_settings
 from test_conversation_turns import run_turn
 
+import actors.ray.runtime
 from actors import ActorKey, CommandOutcome, ConversationBehaviour, TurnResult, conversation_key
 from actors.models.port import TextDelta
 from actors.ray import (
@@ -40,9 +41,11 @@ from actors.ray import (
     cluster_scale,
     cluster_status,
 )
-from actors.shards import NUM_SHARDS, claim_cluster, shard_of
+from actors.ray.runtime import MOVE_GRACE_S
+from actors.shards import NUM_SHARDS, claim_cluster, load_map, shard_of
 from eventstore import PostgresEventStore
 from eventstore.db import Database
+from eventstore.errors import StoreUnavailable
 from schemas.errors import Conflict, SvcError, Unavailable
 
 from actor_doubles import ScriptedProvider  # isort: skip
@@ -382,6 +385,35 @@ async def test_a_long_turn_holds_only_its_own_shard_of_a_move(
     assert types.count("conversation.assistant_message_completed") == 1, types
 
 
+async def test_a_scale_cancelled_while_a_shard_is_held_gives_it_back(
+    cluster_runtime: Any,
+) -> None:
+    """A scale cancelled (the router stopping, `svc cluster scale` interrupted) while the
+    source held a busy shard for its release left it held: the source refused its commands
+    until the hold ran out, past the routers' retry deadline. The shard is given back."""
+    runtime: RayRuntime = await cluster_runtime(
+        2,
+        delta_delay_s=0.3,
+        release_deadline_s=20.0,
+        move_batch=NUM_SHARDS,
+        supervise_every_s=3600.0,
+    )
+    surplus = f"{runtime.cluster}-host-1"
+    long_key = conversation_on(runtime, surplus)
+    neighbour = next(k for k in counter_keys(8 * NUM_SHARDS) if shard_of(k) == shard_of(long_key))
+    turn = asyncio.create_task(runtime.ask(long_key, run_turn()))  # 25 deltas: about 7.5 s
+    await until_busy(runtime, "the long turn")
+    scaling = asyncio.create_task(runtime.scale(1))
+    await asyncio.sleep(MOVE_GRACE_S + 0.5)  # the idle shards moved; the busy one is held
+    scaling.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await scaling
+    async with asyncio.timeout(3.0):
+        assert isinstance(await runtime.ask(neighbour, add(1)), CommandOutcome)
+    assert not turn.done(), "answered only once the long turn had ended"
+    assert isinstance(await turn, TurnResult)
+
+
 async def test_a_cluster_a_private_ray_runs_is_no_one_elses(
     ray_cluster: Cluster, cluster_runtime: Any, database_url: str
 ) -> None:
@@ -615,6 +647,38 @@ async def test_a_stream_to_a_host_that_stops_answering_goes_on_elsewhere(
         os.kill(pid, signal.SIGCONT)
     types = [r.type for r in await store.read_stream(key.stream_id)]
     assert types.count("conversation.assistant_message_completed") == 1, types
+
+
+async def test_a_move_whose_commit_answer_is_lost_is_not_taken_back_under_the_old_epoch(
+    cluster_runtime: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The move committed but its answer was lost (the connection dropped at COMMIT): the
+    router took it for failed and reopened the shards on the old owner, which then ran the
+    commands of routers still on the old map while the new owner ran them too. The old
+    owner reads its assignment before reopening: the moved shards stay refused there."""
+    runtime: RayRuntime = await cluster_runtime(1)
+    assert runtime.shard_map is not None
+    before = runtime.shard_map
+    moved_for_real = actors.ray.runtime.move_shards
+
+    async def answer_lost(*args: Any) -> dict[int, int]:
+        await moved_for_real(*args)
+        raise StoreUnavailable("the event store connection is unusable; retry shortly")
+
+    monkeypatch.setattr(actors.ray.runtime, "move_shards", answer_lost)
+    with pytest.raises(StoreUnavailable):
+        await runtime.scale(2)
+    monkeypatch.undo()
+    current = await load_map(runtime._db, runtime.cluster)  # type: ignore[arg-type]
+    assert current is not None
+    old_owner = f"{runtime.cluster}-host-0"
+    moved = {s for s in range(NUM_SHARDS) if current.route(s)[0] != old_owner}
+    assert moved, "the move did not land"
+    key = next(k for k in counter_keys(5000) if shard_of(k) in moved)
+    shard = shard_of(key)
+    stale = runtime._handle(old_owner).ask.remote(shard, before.route(shard)[1], key, add(1))
+    answer = await stale
+    assert isinstance(answer, WrongEpoch), answer
 
 
 async def test_a_call_to_a_host_ray_cannot_place_again_is_given_up(
