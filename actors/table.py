@@ -472,20 +472,30 @@ class ActivationTable:
             log.error(
                 "command of %s failed on a cancelled operation", slot.activation.key, exc_info=exc
             )
-            reply.fail(
+            self._settle(
+                reply,
                 SvcError(
                     f"a command of {slot.activation.key} was cut short by a cancelled operation"
-                )
+                ),
             )
-            self._failed += 1
         except Exception as exc:
-            reply.fail(exc)
-            self._failed += 1
+            self._settle(reply, exc)
         else:
-            reply.close()
-            self._processed += 1
+            self._settle(reply, None)
         finally:
             slot.running = None
+
+    def _settle(self, reply: Reply, error: BaseException | None) -> None:
+        """End `reply` as the command ended, and count the command: once. One given up on at
+        a stop (`_interrupt`) was answered and counted failed then, whatever it does after."""
+        if reply.finished:
+            return
+        if error is None:
+            reply.close()
+            self._processed += 1
+        else:
+            reply.fail(error)
+            self._failed += 1
 
     # --- passivation --------------------------------------------------------------------
 

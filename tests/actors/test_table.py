@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -419,6 +420,36 @@ async def test_stop_fails_a_command_that_cannot_finish_recording_its_interruptio
     assert summary.interrupted == 1
     with pytest.raises(CommandInterrupted):
         await reply.last()
+
+
+class _EndsAfterItsInterruption(CounterBehaviour):
+    """A command that shrugs off both cancellations of a stop and then ends normally: a
+    store that answered after all, late."""
+
+    async def handle(self, ctx: Any, command: Command) -> AsyncIterator[Any]:
+        for _ in range(2):
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(60)
+        yield None
+
+
+async def test_a_command_given_up_on_at_a_stop_is_counted_once(
+    store: PostgresEventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted failed when its caller was told it was interrupted, and not processed too
+    when it ended after all (the metrics showed one command twice)."""
+    monkeypatch.setattr(table_module, "INTERRUPT_RECORD_S", 0.2)
+    table = ActivationTable(store, [_EndsAfterItsInterruption()])
+    await table.start()
+    reply = table.submit(ActorKey(COUNTER, uuid.uuid4().hex), add(1))
+    await until_running(table)
+    summary = await table.stop(deadline_s=0.1)
+    assert summary.interrupted == 1
+    with pytest.raises(CommandInterrupted):
+        await reply.last()
+    await asyncio.sleep(0.1)  # its handler has ended by now
+    stats = table.stats()
+    assert (stats.commands_failed, stats.commands_processed) == (1, 0), stats
 
 
 def test_a_failure_no_one_reads_is_logged_with_a_traceback_only_if_internal(
