@@ -16,7 +16,6 @@ from aiohttp import web
 
 from actors.behaviour import CommandOutcome
 from actors.workspace import workspace_key
-from eventstore.db import Database
 from gateway.admin_common import (
     READ,
     WRITE,
@@ -40,6 +39,7 @@ from gateway.errors import read_json, read_query, refuse_body
 from gateway.identity.common import command_id, describe
 from gateway.state import AUTH, DATABASE, STORE, Principal
 from projections import queries
+from projections.identity import IdentityProjector
 from projections.identity_queries import key_owner
 from schemas.admin import (
     ApiKeyCreate,
@@ -144,12 +144,25 @@ async def list_keys(request: web.Request) -> web.Response:
     )
 
 
-async def _check_owner_rule(principal: Principal, db: Database, key_id: str) -> None:
+async def _check_owner_rule(request: web.Request, principal: Principal, key_id: str) -> None:
     """Revoking a key that holds owner power (an owner's, or one of no user that may write,
-    the bootstrap key among them) is an owner's business, as issuing one is."""
+    the bootstrap key among them) is an owner's business, as issuing one is.
+
+    The key and its owner are read from the read models, which must first have applied the
+    workspace's log: one not yet there (a key just issued, its owner's link behind a
+    lagging identity read model) would be judged a key of no user, and the rule would fail
+    open. When they cannot catch up, the revoke is refused (503), not let through."""
     if holds_owner_power(principal):
         return
     ws = principal.workspace_id
+    head = await request.app[STORE].head(ws)
+    if head and not await wait_applied(request, head, OWNER_RULE_MODELS):
+        raise not_applied(
+            request,
+            OWNER_RULE_MODELS,
+            "whose key this is cannot be told until the read models catch up; retry shortly",
+        )
+    db = request.app[DATABASE]
     key = await queries.get_api_key(db, ws, key_id)
     if key is None:
         return  # the workspace actor answers for an unknown key
@@ -160,6 +173,10 @@ async def _check_owner_rule(principal: Principal, db: Database, key_id: str) -> 
         owner_power = writes_as_owner(key.scopes)
     if owner_power:
         raise Forbidden("only an owner may revoke a key that holds owner power", code="owner_only")
+
+
+OWNER_RULE_MODELS = (*KEY_MODELS, IdentityProjector.name)
+"""The read models the owner rule reads a key's owner from."""
 
 
 def _path_key_id(request: web.Request, workspace_id: str) -> str:
@@ -180,7 +197,7 @@ async def revoke_key(request: web.Request) -> web.Response:
     read_query(request, NoQuery)
     await refuse_body(request)
     key_id = _path_key_id(request, principal.workspace_id)
-    await _check_owner_rule(principal, request.app[DATABASE], key_id)
+    await _check_owner_rule(request, principal, key_id)
     command = RevokeApiKey(
         command_id=command_id(request),
         workspace_id=principal.workspace_id,

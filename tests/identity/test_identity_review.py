@@ -10,9 +10,12 @@ import time
 import uuid
 from typing import Any
 
+import asyncpg
 import pytest
 from identity_support import WHOAMI, running, settings_for
 
+import gateway.admin_common
+import gateway.identity.service
 from gateway.identity.roles import scopes_for, within_rights
 from gateway.identity.routes import IDEMPOTENT, ROUTE_DOCS, SCIM_DOCS, TOKEN_ROUTE
 from gateway.identity.saml import safe_next
@@ -116,6 +119,53 @@ async def test_write_on_users_alone_cannot_escalate(database_url: str) -> None:
                 json={"password": "a new password"},
             )
             assert status == 204
+
+
+async def test_the_owner_rule_on_revoke_waits_for_whose_key_it_is(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An owner's key whose link to the owner the identity read model has not applied yet
+    was judged a key of no user by its scopes (chat: no owner power), so an admin who is no
+    owner could revoke it. The rule now waits for the read models, and refuses (503) when
+    they do not catch up, rather than let the revoke through."""
+    monkeypatch.setattr(gateway.admin_common, "READ_YOUR_WRITES_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(gateway.identity.service, "APPLY_TIMEOUT_S", 0.5)
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        owner = await svc.create_user(key, "boss", PASSWORD, roles=["owner"])
+        await svc.create_user(key, "eve", PASSWORD, roles=["admin"])
+        status, body, browser = await svc.login("eve", PASSWORD)
+        assert status == 200, body
+        csrf = {"X-CSRF-Token": body["csrf_token"]}
+        holder = await asyncpg.connect(database_url)
+        async with browser:
+            try:
+                lock = holder.transaction()
+                await lock.start()
+                # The identity projector waits on this; the keys' read model does not.
+                await holder.execute("LOCK TABLE identity_user_api_keys IN EXCLUSIVE MODE")
+                status, err, _ = await svc.request(
+                    "POST",
+                    f"/v1/admin/users/{owner['id']}/apikeys",
+                    key,
+                    json={"name": "boss-chat", "scopes": ["chat"]},
+                )
+                assert status == 503 and err["error"]["message"].startswith(
+                    "the change is recorded"
+                ), err
+                _, listed, _ = await svc.request("GET", "/v1/admin/apikeys", key)
+                (issued,) = [k["id"] for k in listed["api_keys"] if k["name"] == "boss-chat"]
+                revoke = f"/v1/admin/apikeys/{issued}/revoke"
+                status, err, _ = await svc.request("POST", revoke, session=browser, headers=csrf)
+                assert status == 503 and "cannot be told" in err["error"]["message"], err
+                await lock.rollback()
+            finally:
+                await holder.close()
+            status, err, _ = await svc.request("POST", revoke, session=browser, headers=csrf)
+            assert status == 403 and err["error"]["code"] == "owner_only", err
+        _, listed, _ = await svc.request("GET", "/v1/admin/apikeys", key)
+        (kept,) = [k for k in listed["api_keys"] if k["id"] == issued]
+        assert kept["revoked_at"] is None, kept
 
 
 async def test_an_admin_cannot_reach_owner_power_through_a_credential(database_url: str) -> None:
