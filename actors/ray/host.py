@@ -401,6 +401,9 @@ class ActorHost:
         have landed all the same (its commit's answer lost with the connection): the
         assignment is read first, so a shard that moved is not taken back under its old
         epoch, which routers with a stale map still send."""
+        if self._store is None:  # a process started since the release: it holds nothing
+            self._releasing.let_go(shards)
+            return
         try:
             await self._reload_assignment()
         except StoreError as exc:  # the map as last read: the shards' epochs unchanged

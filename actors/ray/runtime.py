@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 import signal
 import socket
@@ -511,8 +512,14 @@ class RayRuntime:
                     # Abandoned as an ask's answer is (a host restarted, its shard moved):
                     # a host cut off but alive is never failed by Ray, and a lost node's
                     # calls fail only after Ray's own timeouts.
-                    next_part = self._attempts.step(host, shard, _next_part(parts))
-                    answer = await self._calls.until_abandoned(next_part)
+                    fetch = _next_part(parts)
+                    try:
+                        answer = await self._calls.until_abandoned(
+                            self._attempts.step(host, shard, fetch)
+                        )
+                    finally:
+                        if inspect.getcoroutinestate(fetch) == inspect.CORO_CREATED:
+                            fetch.close()  # given up before it started: not left unawaited
                     if answer is _END_OF_STREAM:
                         return
                     if not isinstance(answer, list):

@@ -88,9 +88,9 @@ class Identity:
         caller's next lookup (a session, a role) already sees them."""
         outcome: CommandOutcome = await self.runtime.ask(key, command)
         if outcome.cursor:
-            # The change is recorded: an answer that gives up waiting says so, lest the
-            # caller make it again.
-            await self._applied(outcome.cursor, recorded="the change is recorded")
+            # Not `recorded=`: an identity change is often one step of several (a
+            # deactivation then cuts off sessions and keys), which a retry completes.
+            await self._applied(outcome.cursor)
         return outcome
 
     async def caught_up(self) -> None:
@@ -100,16 +100,14 @@ class Identity:
             head = await log_head(conn)
         await self._applied(encode_cursor(head))
 
-    async def _applied(self, cursor: str, *, recorded: str | None = None) -> None:
+    async def _applied(self, cursor: str) -> None:
         names = [IdentityProjector.name]
         if not await self.projections.wait_for(cursor, APPLY_TIMEOUT_S, names=names):
             # Stopped on an event it cannot apply: said so, since retrying cannot help.
             raise not_applied_by(
                 self.projections,
                 names,
-                "the identity read model did not catch up in time; "
-                + ("read it again shortly" if recorded else "retry shortly"),
-                recorded=recorded,
+                "the identity read model did not catch up in time; retry shortly",
             )
 
 

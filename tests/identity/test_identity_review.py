@@ -150,9 +150,7 @@ async def test_the_owner_rule_on_revoke_waits_for_whose_key_it_is(
                     key,
                     json={"name": "boss-chat", "scopes": ["chat"]},
                 )
-                assert status == 503 and err["error"]["message"].startswith(
-                    "the change is recorded"
-                ), err
+                assert status == 503, err
                 _, listed, _ = await svc.request("GET", "/v1/admin/apikeys", key)
                 (issued,) = [k["id"] for k in listed["api_keys"] if k["name"] == "boss-chat"]
                 revoke = f"/v1/admin/apikeys/{issued}/revoke"
