@@ -412,7 +412,12 @@ async def test_stop_fails_a_command_that_cannot_finish_recording_its_interruptio
     store: PostgresEventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(table_module, "INTERRUPT_RECORD_S", 0.2)
-    table = ActivationTable(store, [_StalledOnTheWayOut()])
+    await interrupted_at_stop(ActivationTable(store, [_StalledOnTheWayOut()]))
+
+
+async def interrupted_at_stop(table: ActivationTable) -> None:
+    """Run one command on `table` and stop it past its deadline: the caller is told the
+    command was interrupted."""
     await table.start()
     reply = table.submit(ActorKey(COUNTER, uuid.uuid4().hex), add(1))
     await until_running(table)
@@ -440,13 +445,7 @@ async def test_a_command_given_up_on_at_a_stop_is_counted_once(
     when it ended after all (the metrics showed one command twice)."""
     monkeypatch.setattr(table_module, "INTERRUPT_RECORD_S", 0.2)
     table = ActivationTable(store, [_EndsAfterItsInterruption()])
-    await table.start()
-    reply = table.submit(ActorKey(COUNTER, uuid.uuid4().hex), add(1))
-    await until_running(table)
-    summary = await table.stop(deadline_s=0.1)
-    assert summary.interrupted == 1
-    with pytest.raises(CommandInterrupted):
-        await reply.last()
+    await interrupted_at_stop(table)
     await asyncio.sleep(0.1)  # its handler has ended by now
     stats = table.stats()
     assert (stats.commands_failed, stats.commands_processed) == (1, 0), stats

@@ -350,13 +350,9 @@ async def test_a_host_still_busy_after_every_pass_is_kept_and_said_so(
     assert types.count("conversation.assistant_message_completed") == 1, types
 
 
-async def test_a_long_turn_holds_only_its_own_shard_of_a_move(
-    cluster_runtime: Any, store: PostgresEventStore
-) -> None:
-    """A batch of shards moves without the one still at work: the others' commands are
-    answered from their new host while the long turn finishes on the old one, where the
-    whole batch used to wait for it (up to the release deadline, past the routers' retry
-    deadline: 503s). The busy shard follows once its turn is done."""
+async def long_turn_setting(cluster_runtime: Any) -> tuple[RayRuntime, str, ActorKey]:
+    """Two hosts whose turns take about 7.5 s, moved all at once, with no supervisor moving
+    shards on its own; the surplus host and a conversation it owns."""
     runtime: RayRuntime = await cluster_runtime(
         2,
         delta_delay_s=0.3,
@@ -365,7 +361,17 @@ async def test_a_long_turn_holds_only_its_own_shard_of_a_move(
         supervise_every_s=3600.0,
     )
     surplus = f"{runtime.cluster}-host-1"
-    long_key = conversation_on(runtime, surplus)
+    return runtime, surplus, conversation_on(runtime, surplus)
+
+
+async def test_a_long_turn_holds_only_its_own_shard_of_a_move(
+    cluster_runtime: Any, store: PostgresEventStore
+) -> None:
+    """A batch of shards moves without the one still at work: the others' commands are
+    answered from their new host while the long turn finishes on the old one, where the
+    whole batch used to wait for it (up to the release deadline, past the routers' retry
+    deadline: 503s). The busy shard follows once its turn is done."""
+    runtime, surplus, long_key = await long_turn_setting(cluster_runtime)
     turn = asyncio.create_task(runtime.ask(long_key, run_turn()))  # 25 deltas: about 7.5 s
     await until_busy(runtime, "the long turn")
     scaling = asyncio.create_task(runtime.scale(1))
@@ -391,15 +397,7 @@ async def test_a_scale_cancelled_while_a_shard_is_held_gives_it_back(
     """A scale cancelled (the router stopping, `svc cluster scale` interrupted) while the
     source held a busy shard for its release left it held: the source refused its commands
     until the hold ran out, past the routers' retry deadline. The shard is given back."""
-    runtime: RayRuntime = await cluster_runtime(
-        2,
-        delta_delay_s=0.3,
-        release_deadline_s=20.0,
-        move_batch=NUM_SHARDS,
-        supervise_every_s=3600.0,
-    )
-    surplus = f"{runtime.cluster}-host-1"
-    long_key = conversation_on(runtime, surplus)
+    runtime, _surplus, long_key = await long_turn_setting(cluster_runtime)
     neighbour = next(k for k in counter_keys(8 * NUM_SHARDS) if shard_of(k) == shard_of(long_key))
     turn = asyncio.create_task(runtime.ask(long_key, run_turn()))  # 25 deltas: about 7.5 s
     await until_busy(runtime, "the long turn")
