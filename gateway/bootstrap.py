@@ -67,6 +67,7 @@ from projections.errors import ProjectionFailed
 from projections.identity import IdentityProjector
 from schemas.commands import service_command_id
 from schemas.errors import Conflict, SvcError
+from schemas.events import EventFromNewerVersion
 from schemas.settings import INSTANCE_WORKSPACE_ID, SettingChanged, SettingUnset
 from schemas.workspace import CreateWorkspace
 
@@ -351,6 +352,10 @@ async def _identity_up_to_date(projections: ProjectionRunner) -> None:
     except ProjectionFailed as exc:
         # Serving goes on, degraded, as it would with the projector stopped while running.
         log.error("identity read model stopped: %s", exc)
+    except EventFromNewerVersion as exc:
+        # A rollback or a mixed deploy: the model stays where it is, as it would in a
+        # running process, and credentials recorded before that event still work.
+        log.error("identity read model waits on an event a newer version wrote: %s", exc)
     finally:
         await cancel_unless_done(catching_up)
 
