@@ -1581,7 +1581,7 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_TIMEZONE": {"rule": "timezone"},
     "SVC_DEFAULT_WORKSPACE_ID": {"rule": "workspace_id"},
     "SVC_NATIVE_COMPAT_WORKSPACE": {"rule": "workspace_id"},
-    "SVC_OTEL_ENDPOINT": {"storable": False, "note": _BUILD_TIME},
+    "SVC_OTEL_ENDPOINT": {"storable": False, "note": _BUILD_TIME, "rule": "http_url"},
     "SVC_TOOL_SEARCH": {"default": "0", "note": "the spec's default column says false"},
     "SVC_SUBSCRIPTION_REASONING_EFFORT": {
         "choices": ("none", "low", "medium", "high", "xhigh"),

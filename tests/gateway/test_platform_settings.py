@@ -228,6 +228,12 @@ SHAPED_TEXT_SETTINGS = {
         ),
         ("", "https://svc.example.com", "http://127.0.0.1:8780/", "http://[::1]:8080"),
     ),
+    # Review finding: read only when the service starts, a bad port made `svc serve` fail
+    # with "internal error" instead of naming the setting.
+    "SVC_OTEL_ENDPOINT": (
+        ("http://otel:43180x", "otel:4318", "grpc://otel:4317"),
+        ("", "http://otel:4318", "https://collector.example.com/v1/traces"),
+    ),
     "SVC_LLM_GATEWAY_URL": (
         ("localhost:8000/v1", "http://h:-1"),
         ("http://llm:8000/v1", "https://llm/v1?release=a@b", "https://u:Pw0rd@llm/v1"),
