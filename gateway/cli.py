@@ -23,6 +23,7 @@ import errno
 import getpass
 import json
 import logging
+import os
 import re
 import signal
 import socket
@@ -242,19 +243,26 @@ def _taken(*signals: signal.Signals) -> list[signal.Signals]:
 
 
 async def _until_signalled(command: Awaitable[int]) -> int:
-    """Run a short command; SIGTERM or SIGHUP (a `timeout`, a CI job cancelled, a closed
-    session) cancels it, so that its clean-up runs (the embedded database let go) before
-    the process exits with 128 + the signal's number. SIGINT is asyncio.run's own."""
+    """Run a short command; SIGTERM, SIGINT or SIGHUP (a `timeout`, Ctrl-C, a CI job
+    cancelled, a closed session) cancels it, so that its clean-up runs (the embedded
+    database let go) before the process exits with 128 + the signal's number. SIGINT is
+    taken from asyncio.run, whose second Ctrl-C raised KeyboardInterrupt in the middle of
+    the clean-up and left the embedded database running."""
     task = asyncio.ensure_future(command)
     loop = asyncio.get_running_loop()
     received: list[int] = []
 
     def cancel(sig: int) -> None:
         received.append(sig)
-        if len(received) == 1:  # a second signal must not cut the clean-up short
+        if len(received) == 1:
             task.cancel()
+        else:  # a second signal must not cut the clean-up short
+            _out(
+                "svc: already stopping: it lets go of the database first; SIGKILL ends it now",
+                sys.stderr,
+            )
 
-    taken = _taken(signal.SIGTERM, signal.SIGHUP)
+    taken = _taken(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     for sig in taken:
         loop.add_signal_handler(sig, cancel, sig)
     try:
@@ -282,7 +290,7 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 # --- settings ------------------------------------------------------------------------------
 
 
-def check_settings_args(args: argparse.Namespace) -> None:
+def check_settings_args(args: argparse.Namespace, settings: Settings) -> None:
     """Before the event loop and the platform start: the key is known and storable, and a
     value to set is read (from standard input when not given: Ctrl-C there stops at once,
     as it cannot inside the loop) and valid. A mistake is told without opening a database."""
@@ -321,7 +329,7 @@ def _cli_author() -> str:
 
 def _value_from_stdin(key: str) -> str:
     """A prompt that does not echo on a terminal, else standard input up to its end (one
-    trailing newline dropped: `echo secret | svc settings set KEY`)."""
+    trailing line end, `\n` or `\r\n`, dropped: `echo secret | svc settings set KEY`)."""
     if sys.stdin is None:  # started with its standard input closed (`<&-`, some services)
         raise InvalidInput(
             f"no value for {key} given and no standard input to read it from; give the value "
@@ -343,7 +351,9 @@ def _value_from_stdin(key: str) -> str:
     if not value:
         # Most likely a mistake (stdin redirected from nothing), not a wish to store a blank.
         raise InvalidInput(f"no value for {key} on standard input; to store a blank value pass ''")
-    value = value[:-1] if value.endswith("\n") else value
+    # The line's end, whichever system wrote the file: a `\r` kept from CRLF would be part
+    # of a password or a URL that no one typed.
+    value = value.removesuffix("\n").removesuffix("\r") if value.endswith("\n") else value
     if len(value) > MAX_STORED_CHARS:
         raise InvalidInput(
             f"invalid value for {key}: standard input holds more than the "
@@ -410,28 +420,31 @@ def _key_name(raw: str | None) -> str:
         ) from None
 
 
-async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
-    scopes = _scopes(args.scopes)
-    workspace = args.workspace or platform.settings.default_workspace_id
-    key = generate_key()
-    # Built (and so validated) before the workspace is created: bad arguments change nothing.
-    command = IssueApiKey(
+def _issue_command(args: argparse.Namespace, workspace: str, key: str) -> IssueApiKey:
+    return IssueApiKey(
         command_id=f"cli-{uuid.uuid4()}",
         workspace_id=workspace,
         key_id="key_" + uuid.uuid4().hex,
         name=_key_name(args.name),
         key_hash=hash_key(key),
         prefix=key[:8],
-        scopes=scopes,
+        scopes=_scopes(args.scopes),
         rate_limit_rpm=args.rate_limit_rpm,
         at=datetime.now(UTC),
         by="cli",
     )
+
+
+async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
+    workspace = args.workspace or platform.settings.default_workspace_id
+    key = generate_key()
+    command = _issue_command(args, workspace, key)
     await ensure_workspace(platform.runtime, workspace)
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
     # Shown this once, as soon as it is issued: whatever the wait below meets (a database
     # outage, a signal), an issued key nobody saw would be a live credential no one holds.
-    _out(key)
+    if not _printed(key):
+        return await _revoke_unseen(platform, command)
     # Make the key usable at once, even before the server's projection loop sees it.
     applied = await platform.projections.wait_for(
         outcome.cursor, KEY_APPLY_TIMEOUT_S, names=KEY_MODELS
@@ -445,6 +458,43 @@ async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
         )
         return FAILURE
     return 0
+
+
+def _printed(text: str) -> bool:
+    """Whether `text` reached standard output: False for a closed pipe or a full disk, after
+    which standard output is pointed at /dev/null (the exit's own flush would fail again)."""
+    try:
+        _out(text)
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return False
+    return True
+
+
+async def _revoke_unseen(platform: Platform, issued: IssueApiKey) -> int:
+    """A key that could not be printed is held by no one: revoked at once, so that no live
+    credential is left behind, and the caller told to issue another."""
+    unseen = "the new API key could not be written to standard output, so no one holds it"
+    revoke = RevokeApiKey(
+        command_id=f"cli-{uuid.uuid4()}",
+        workspace_id=issued.workspace_id,
+        key_id=issued.key_id,
+        at=datetime.now(UTC),
+        by="cli",
+    )
+    try:
+        await platform.runtime.ask(workspace_key(issued.workspace_id), revoke)
+    except SvcError as exc:
+        _out(
+            f"svc: error: {unseen}, and revoking it failed ({exc.message}): run `svc apikeys "
+            f"revoke {issued.key_id} --workspace {issued.workspace_id}`",
+            sys.stderr,
+        )
+        return FAILURE
+    _out(f"svc: error: {unseen}; it was revoked ({issued.key_id}): issue another", sys.stderr)
+    return FAILURE
 
 
 async def _apikeys_list(args: argparse.Namespace, platform: Platform) -> int:
@@ -505,11 +555,17 @@ async def _apikeys_revoke(args: argparse.Namespace, platform: Platform) -> int:
     return 0
 
 
-def check_apikeys_args(args: argparse.Namespace) -> None:
+def check_apikeys_args(args: argparse.Namespace, settings: Settings) -> None:
     """Before anything is opened: bad arguments change nothing and need no database."""
     if args.action == "create":
-        _scopes(args.scopes)
-        _key_name(args.name)
+        if sys.stdout is None:  # started with fd 1 closed (`>&-`): the key would go nowhere
+            raise InvalidInput(
+                "no standard output to print the new key to; run it with stdout open "
+                "(redirect it to a file to keep the key)"
+            )
+        # Every bound of the command (the rate, the workspace id's form) is checked here,
+        # before a database is opened or created.
+        _issue_command(args, args.workspace or settings.default_workspace_id, generate_key())
 
 
 async def cmd_apikeys(args: argparse.Namespace, settings: Settings) -> int:
@@ -936,7 +992,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _configure_logging(settings, args.command)
         check_args = getattr(args, "check", None)
         if check_args is not None:
-            check_args(args)
+            check_args(args, settings)
         _note_a_new_database(args.command, settings)
         command = args.run(args, settings)
         if args.command != "serve":  # serve takes the signals itself (_stop_signals)

@@ -296,6 +296,12 @@ def test_settings_set_reads_the_value_from_stdin_when_omitted(data_dir: Path) ->
             refused.stderr
         )
         assert "store" not in refused.stderr and text not in refused.stderr
+    # A file written on Windows ends its line with CRLF: the `\r` is the line's, not the
+    # value's (review finding: kept, it made this URL refused and a secret unusable).
+    done = set_from_stdin("SVC_PUBLIC_URL", "https://svc.example.com\r\n")
+    assert done.returncode == 0, done.stderr
+    shown = svc(data_dir, "settings", "get", "SVC_PUBLIC_URL").stdout
+    assert shown.startswith("SVC_PUBLIC_URL=https://svc.example.com  ("), shown
     # `unset` takes no value and reads nothing.
     done = svc(data_dir, "settings", "unset", "SVC_LLM_RETRIES")
     assert done.returncode == 0, done.stderr
@@ -663,6 +669,48 @@ def test_set_with_standard_input_closed_says_where_the_value_goes(data_dir: Path
     )
     assert done.returncode == 2, done.stderr
     assert "no standard input to read it from" in done.stderr, done.stderr
+
+
+def test_apikeys_create_without_stdout_is_refused_before_anything_opens(data_dir: Path) -> None:
+    """Review finding: started with fd 1 closed, the key was issued, printed nowhere, and
+    the command exited 0; a bound of the command was checked only after the database
+    (here a new one) was started."""
+    done = subprocess.run(
+        ["sh", "-c", 'exec "$@" >&-', "sh", *SVC, "apikeys", "create", "--scopes", "chat"],
+        env=_env(data_dir),
+        stderr=PIPE,
+        text=True,
+        timeout=180,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 2, done.stderr
+    assert "no standard output to print the new key to" in done.stderr, done.stderr
+    done = svc(data_dir, "apikeys", "create", "--scopes", "chat", "--rate-limit-rpm", "9999999")
+    assert done.returncode == 2 and "rate_limit_rpm" in done.stderr, done.stderr
+    assert not (data_dir / "svc").exists()
+
+
+def test_a_key_that_could_not_be_printed_is_revoked(data_dir: Path) -> None:
+    """Standard output a pipe no one reads any more: the key reached no one, so it is
+    revoked at once rather than left live, and the command fails saying so."""
+    proc = subprocess.Popen(
+        [*SVC, "apikeys", "create", "--scopes", "chat", "--name", "unseen"],
+        env=_env(data_dir),
+        stdout=PIPE,
+        stderr=PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 1, err
+    assert "could not be written to standard output" in err and "it was revoked" in err, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    listed = svc(data_dir, "apikeys", "list")
+    (line,) = [row for row in listed.stdout.splitlines() if row.endswith("\tunseen")]
+    assert "\trevoked\t" in line, listed.stdout
+    assert line.split("\t")[0] in err
 
 
 def test_a_value_on_stdin_not_in_utf8_is_refused_unquoted(data_dir: Path) -> None:
