@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
-from schemas.errors import InvalidInput
+from schemas.errors import InvalidInput, NotFound
 from schemas.setting_rules import TEXT_RULES, TextRule
 from schemas.text import is_utf8
 
@@ -1678,7 +1678,10 @@ SPEC_TOTAL = 138
 """The total the spec states for its catalog; it lists fewer (see module docstring)."""
 
 
-class UnknownSetting(InvalidInput):
+class UnknownSetting(NotFound):
+    """No such key in the catalog: 404 on /v1/admin/settings/{key}, whatever the method (the
+    catalog is fixed, so PUT creates nothing new either); exit 2 in the CLI."""
+
     default_code = "unknown_setting"
 
 

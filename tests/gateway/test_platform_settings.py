@@ -29,7 +29,7 @@ from gateway.settings import (
 )
 from gateway.state import DATABASE, RUNTIME, SETTINGS, SETTINGS_SERVICE
 from gateway.state import STORE as STORE_KEY
-from schemas.errors import InvalidInput
+from schemas.errors import InvalidInput, NotFound
 from schemas.settings_catalog import (
     CATALOG,
     MASK,
@@ -162,7 +162,7 @@ def test_a_blank_data_dir_is_the_default_not_the_current_directory() -> None:
 
 
 def test_validation_errors_say_what_is_expected() -> None:
-    with pytest.raises(InvalidInput, match=r"unknown setting SVC_NOPE; see `svc settings list`"):
+    with pytest.raises(NotFound, match=r"unknown setting SVC_NOPE; see `svc settings list`"):
         get_spec("SVC_NOPE")
     with pytest.raises(InvalidInput, match="expected an integer"):
         parse(get_spec("SVC_LLM_RETRIES"), "three")
@@ -576,7 +576,7 @@ async def test_set_get_list_unset_through_the_actor(
         listing = service.list().model_dump_json()
         assert SECRET not in listing
 
-        with pytest.raises(InvalidInput, match="unknown setting"):
+        with pytest.raises(NotFound, match="unknown setting"):
             await service.set("SVC_NOPE", "1")
         with pytest.raises(InvalidInput, match="expected"):
             await service.set("SVC_LLM_CALL_TIMEOUT_S", "soon")
@@ -739,10 +739,14 @@ async def test_admin_settings_endpoints(database_url: str) -> None:
             ("settings.changed", "SVC_LLM_MODEL", f"key:{key_id}"),
             ("settings.unset", "SVC_LLM_MODEL", f"key:{key_id}"),
         ]
-        status, body, _ = await svc.request(
-            "PUT", "/v1/admin/settings/SVC_NOPE", key=key, json={"value": "1"}
-        )
-        assert status == 400 and "svc settings list" in body["error"]["message"]
+        # No such setting: 404 whatever the method (review finding: a GET was a 400).
+        for method, body_sent in (("GET", None), ("PUT", {"value": "1"}), ("DELETE", None)):
+            status, body, _ = await svc.request(
+                method, "/v1/admin/settings/SVC_NOPE", key=key, json=body_sent
+            )
+            assert status == 404, (method, body)
+            assert body["error"]["code"] == "unknown_setting", body
+            assert "svc settings list" in body["error"]["message"]
         other, _ = await svc.issue_key("tenant-x", ["*"])
         status, _, _ = await svc.request("GET", "/v1/admin/settings", key=other)
         assert status == 403
