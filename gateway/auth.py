@@ -221,7 +221,16 @@ async def authenticate(request: web.Request) -> Principal:
     if identify is None or _IDENTIFYING in request:
         return await request.app[AUTH].authenticate(request)
     request[_IDENTIFYING] = True
-    principal = await identify(request)
+    try:
+        principal = await identify(request)
+    except BaseException:
+        # The platform's check, run inside the resolver, caches the key's own principal
+        # before the resolver's checks refuse it (a key of a deactivated user): nothing of a
+        # refused check may stay for a later call on this request to find.
+        request.pop(PRINCIPAL, None)
+        raise
+    finally:
+        del request[_IDENTIFYING]
     request[PRINCIPAL] = principal
     return principal
 

@@ -158,7 +158,11 @@ async def identify(request: web.Request) -> Principal:
     """The acting principal (resolved once per request)."""
     if PRINCIPAL in request:
         return request[PRINCIPAL]
-    principal = await _resolve(request)
+    try:
+        principal = await _resolve(request)
+    except BaseException:
+        request.pop(PRINCIPAL, None)  # the key's own, cached by the platform's check
+        raise
     request[PRINCIPAL] = principal
     return principal
 

@@ -8,9 +8,12 @@ import logging
 import re
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 from urllib.parse import quote, quote_plus
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 from platform_support import (
     WHOAMI,
     Running,
@@ -21,7 +24,18 @@ from platform_support import (
     uid,
 )
 
-from gateway.auth import KEY_PREFIX, KeyCache, KeyRecord, _check_usable, generate_key
+from gateway.auth import (
+    IDENTIFY,
+    KEY_PREFIX,
+    PRINCIPAL,
+    InvalidCredential,
+    KeyCache,
+    KeyRecord,
+    _check_usable,
+    authenticate,
+    generate_key,
+)
+from gateway.state import AUTH, Principal
 from schemas.errors import Unauthorized
 
 
@@ -223,3 +237,29 @@ async def test_a_lookup_in_flight_when_its_key_is_forgotten_is_not_cached() -> N
     release.set()
     assert (await stale).revoked_at is None  # the caller that asked before gets what it read
     assert (await cache.find("hash-a")).revoked_at is not None  # type: ignore[union-attr]
+
+
+async def test_a_refused_identity_check_leaves_no_principal_behind() -> None:
+    """Review finding: the platform's key check, run inside the identity resolver, cached
+    the key's own principal on the request before the resolver refused it (a key of a
+    deactivated user). A second call on that request then skipped the resolver and got the
+    cached principal, with the key's full scopes."""
+    key_principal = Principal(workspace_id="ws", scopes=frozenset({"*"}), key_id="key_1")
+
+    class PlatformCheck:
+        async def authenticate(self, request: web.Request) -> Principal:
+            request[PRINCIPAL] = key_principal
+            return key_principal
+
+    async def refusing_resolver(request: web.Request) -> Principal:
+        await request.app[AUTH].authenticate(request)
+        raise InvalidCredential("invalid API key: it has been revoked")
+
+    app = web.Application()
+    app[AUTH] = cast(Any, PlatformCheck())
+    app[IDENTIFY] = refusing_resolver
+    request = make_mocked_request("GET", "/v1/models", app=app)
+    for _ in range(2):
+        with pytest.raises(InvalidCredential, match="revoked"):
+            await authenticate(request)
+    assert PRINCIPAL not in request
