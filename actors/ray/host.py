@@ -12,6 +12,7 @@ it answers `WrongEpoch` and runs nothing (see actors/shards.py for why).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -75,6 +76,9 @@ def resolve_factory(source: BehaviourSource) -> BehaviourFactory:
     return source
 
 
+REOPEN_READ_PAUSES_S = (0.2, 0.5, 1.0, 2.0)
+"""The pauses between the reads of the assignment a reopen tries before it gives up and
+leaves its shards held: a database blip must not keep them refused for a whole hold."""
 RELEASE_HOLD_GRACE_S = 60.0
 """How long past its deadline a release keeps refusing its shards' commands with nothing
 more heard: the mover follows a release at once with `forget` (moved) or `reopen` (not);
@@ -234,6 +238,17 @@ class ActorHost:
             if time.monotonic() - self._reloaded_at < 0.02 and self._reload is not None:
                 return
             self._reload = asyncio.create_task(self._load_assignment())
+        await asyncio.shield(self._reload)
+
+    async def _fresh_assignment(self) -> None:
+        """A read of the assignment that starts now. `_reload_assignment` may join a read
+        already under way, or skip one just done, either of which can predate a move the
+        caller must see; reads under way are waited out first, so that none of them,
+        finishing after this one, puts its older map back."""
+        while self._reload is not None and not self._reload.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._reload)
+        self._reload = asyncio.create_task(self._load_assignment())
         await asyncio.shield(self._reload)
 
     async def _load_assignment(self) -> None:
@@ -404,12 +419,23 @@ class ActorHost:
         if self._store is None:  # a process started since the release: it holds nothing
             self._releasing.let_go(shards)
             return
-        try:
-            await self._reload_assignment()
-        except StoreError as exc:  # the map as last read: the shards' epochs unchanged
-            log.warning(
-                "%s could not read its assignment before reopening: %s", self._spec.name, exc
-            )
+        for pause in (*REOPEN_READ_PAUSES_S, None):
+            try:
+                await self._fresh_assignment()
+                break
+            except StoreError as exc:
+                if pause is None:
+                    # The map as last read may predate the move: the shards stay held,
+                    # refused here until the hold expires (see RELEASE_HOLD_GRACE_S).
+                    log.warning(
+                        "%s could not read its assignment before reopening shards %s; they "
+                        "stay held until their hold expires: %s",
+                        self._spec.name,
+                        shards,
+                        exc,
+                    )
+                    return
+                await asyncio.sleep(pause)
         self._releasing.let_go(shards)
 
     def shard_load(self) -> dict[int, float]:

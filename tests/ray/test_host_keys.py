@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
+import actors.ray.host
 from actors import ActorKey
 from actors.ray import RayRuntime, RaySettings
 from actors.ray.host import ActorHost, HostSpec
+from actors.ray.wire import WrongEpoch
 from eventstore.errors import StoreUnavailable
 
 
@@ -95,3 +99,59 @@ async def test_a_move_that_fails_gives_the_busy_shards_back_too() -> None:
     with pytest.raises(StoreUnavailable):
         await runtime._move("host-a", "host-b", [3, 4], ["host-a"])
     assert ("host-a", "reopen", ([4],)) in told
+
+
+class _Assignments:
+    """load_assignment as a database would answer it: `maps` in order, each read taking
+    `delay_s`; a None in `maps` is a read that fails."""
+
+    def __init__(self, maps: list[dict[int, int] | None], delay_s: float = 0.0) -> None:
+        self.maps, self.delay_s, self.reads = maps, delay_s, 0
+
+    async def __call__(self, *_: Any) -> dict[int, int]:
+        answer = self.maps[min(self.reads, len(self.maps) - 1)]
+        self.reads += 1
+        await asyncio.sleep(self.delay_s)
+        if answer is None:
+            raise StoreUnavailable("the event store is unreachable")
+        return answer
+
+
+def _host_holding(shard: int, epoch: int) -> ActorHost:
+    host = ActorHost(HostSpec("svc", "svc-host-0", "postgresql://unused", behaviours=list))
+    host._store = cast(Any, SimpleNamespace(db=None))
+    host._owned = {shard: epoch}
+    host._releasing.hold([shard], 60.0)
+    return host
+
+
+async def test_a_reopen_reads_the_assignment_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding: reopen joined a read already under way (or skipped one just done),
+    which could predate the move's commit; the shard, moved after all, was then taken back
+    under its old epoch. The read in flight is waited out and a new one made."""
+    host = _host_holding(5, 1)
+    before_the_move, after_it = {5: 1}, {}
+    reads = _Assignments([before_the_move, after_it], delay_s=0.05)
+    monkeypatch.setattr(actors.ray.host, "load_assignment", reads)
+    under_way = asyncio.create_task(host._reload_assignment())  # began before the commit
+    await asyncio.sleep(0)
+    await host.reopen([5])
+    await under_way
+    assert reads.reads == 2 and 5 not in host.owned()
+    assert isinstance(await host._admit(5, 1), WrongEpoch)
+
+
+async def test_a_reopen_that_cannot_read_the_assignment_keeps_its_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The map as last read may predate the move: with no fresh read the shards stay held
+    (refused here) rather than taken again; a blip shorter than the retries changes nothing."""
+    monkeypatch.setattr(actors.ray.host, "REOPEN_READ_PAUSES_S", (0.01, 0.01))
+    host = _host_holding(5, 1)
+    monkeypatch.setattr(actors.ray.host, "load_assignment", _Assignments([None]))
+    await host.reopen([5])
+    assert 5 in host._releasing
+    blip = _Assignments([None, {5: 1}])
+    monkeypatch.setattr(actors.ray.host, "load_assignment", blip)
+    await host.reopen([5])
+    assert blip.reads == 2 and 5 not in host._releasing and host.owned() == {5: 1}
