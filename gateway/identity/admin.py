@@ -7,6 +7,7 @@ principal grants a role, defines one, or manages a user carrying rights it lacks
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
@@ -62,7 +63,7 @@ from projections.identity_queries import (
     user_session_ids,
 )
 from schemas.admin import MAX_OFFSET, NoQuery
-from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound
+from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
 from schemas.identity import (
     BUILTIN_ROLES,
     Access,
@@ -91,6 +92,8 @@ from schemas.workspace import API_KEY_SCOPES, IssueApiKey, RevokeApiKey
 Password = Annotated[SecretStr, Field(min_length=MIN_LENGTH, max_length=MAX_LENGTH)]
 SCIM_TOKEN_PREFIX = "svc_scim_"
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class _Body(BaseModel):
@@ -620,22 +623,43 @@ async def issue_user_key(request: web.Request) -> web.Response:
     refuse_repeat(outcome, "a key", "GET /v1/admin/apikeys lists it (its name and prefix)")
     if outcome.cursor:
         await request.app[PROJECTIONS].wait_for(outcome.cursor, APPLY_TIMEOUT_S, names=KEY_MODELS)
-    await ident.ask(
-        directory_key(ws),
-        LinkApiKey(
-            by=actor_of(request),
-            command_id=new_id("link-"),
-            workspace_id=ws,
-            user_id=user.user_id,
-            key_id=key_id,
-            at=now(),
-        ),
+    link = LinkApiKey(
+        by=actor_of(request),
+        command_id=new_id("link-"),
+        workspace_id=ws,
+        user_id=user.user_id,
+        key_id=key_id,
+        at=now(),
     )
+    try:
+        await ident.ask(directory_key(ws), link)
+    except Exception:
+        await _revoke_unshown(request, ws, key_id)
+        raise
     return json(
         {"key": key, "key_id": key_id, "user_id": user.user_id, "scopes": list(issue.scopes)},
         status=201,
         headers={"Cache-Control": "no-store"},
     )
+
+
+async def _revoke_unshown(request: web.Request, workspace_id: str, key_id: str) -> None:
+    """A user's key whose link to the user failed (the database away, the user deactivated
+    meanwhile) is never shown, so no one holds it; left live, it would stay a key of no
+    user, which the user's deactivation would not revoke. Best effort: a revocation that
+    fails too is logged, and the caller's error stands."""
+    revoke = RevokeApiKey(
+        command_id=new_id("rk-"), workspace_id=workspace_id, key_id=key_id, at=now()
+    )
+    try:
+        outcome = await request.app[RUNTIME].ask(workspace_key(workspace_id), revoke)
+        if outcome.cursor:
+            await request.app[PROJECTIONS].wait_for(
+                outcome.cursor, APPLY_TIMEOUT_S, names=KEY_MODELS
+            )
+    except SvcError as exc:
+        log.warning("the unshown key %s could not be revoked: %s", key_id, exc.message)
+    request.app[AUTH].forget_key(key_id)
 
 
 async def list_roles(request: web.Request) -> web.Response:

@@ -10,6 +10,12 @@ from typing import Any
 import pytest
 from identity_support import Running, running, settings_for, uid
 
+from actors.behaviour import ActorKey, CommandOutcome
+from eventstore.errors import StoreUnavailable
+from gateway.identity.service import IDENTITY
+from schemas.commands import Command
+from schemas.identity import LinkApiKey
+
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
 ADMIN = "/v1/admin"
@@ -99,3 +105,35 @@ async def test_a_retried_user_key_is_refused_and_the_user_can_still_be_removed(
             json={"model": "svc-offline", "messages": [{"role": "user", "content": "hi"}]},
         )
         assert status == 401  # revoked with its user
+
+
+async def test_a_user_key_whose_link_fails_is_revoked_not_left_to_no_user(
+    database_url: str,
+) -> None:
+    """Review finding: the key was issued, then its link to the user failed (the database
+    away a moment, the user deactivated meanwhile): the answer was an error, so no one held
+    the key, yet it stayed live as a key of no user, one the user's deactivation would not
+    revoke. It is now revoked with the failed answer."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        _, user, _ = await svc.request(
+            "POST", f"{ADMIN}/users", key, json={"user_name": uid("kim-")}
+        )
+        ident = svc.app[IDENTITY]
+        ask = ident.ask
+
+        async def link_fails(actor: ActorKey, command: Command) -> CommandOutcome:
+            if isinstance(command, LinkApiKey):
+                raise StoreUnavailable("the event store is unreachable")
+            return await ask(actor, command)
+
+        ident.ask = link_fails  # type: ignore[method-assign]
+        body = {"name": "unlinked", "scopes": ["chat"]}
+        status, err, _ = await svc.request(
+            "POST", f"{ADMIN}/users/{user['id']}/apikeys", key, json=body
+        )
+        assert status == 503, err
+        ident.ask = ask  # type: ignore[method-assign]
+        status, listed, _ = await svc.request("GET", f"{ADMIN}/apikeys", key)
+        (unlinked,) = [k for k in listed["api_keys"] if k["name"] == "unlinked"]
+        assert unlinked["revoked_at"] is not None, unlinked
