@@ -59,7 +59,7 @@ from gateway.cursor_seal import CursorSeal
 from gateway.log_levels import apply_log_level
 from gateway.ratelimit import RateLimiter
 from gateway.secrets import DatabaseVault
-from gateway.settings import Settings, SettingsService, read_stored_settings
+from gateway.settings import Settings, SettingsService, read_stored_layer
 from gateway.shutdown import PROJECTION_FLUSH_S, Shutdown, ShutdownReport, bounded
 from gateway.turn_sweep import SWEEP_EVERY_S, AbandonedTurnSweep, call_budget_s
 from projections import PROJECTION_MIGRATIONS, ProjectionRunner, default_projectors
@@ -116,6 +116,8 @@ def model_config(settings: Settings) -> ModelConfig:
             settings.text("SVC_LLM_TOP_P"), low=0.0, high=1.0, key="SVC_LLM_TOP_P"
         ),
         api_key=settings.text("SVC_NATIVE_API_KEY") or None,
+        started_at=settings.stored_version_at_start,
+        read_at=settings.stored_version,
     )
 
 
@@ -184,7 +186,8 @@ async def load_stored_settings(settings: Settings, store: PostgresEventStore) ->
     """Put the stored settings in force over the environment's (decision 7's precedence);
     returns the vault their secret values are read from."""
     vault = DatabaseVault(store.db)
-    settings.load_stored(await read_stored_settings(store, vault))
+    layer = await read_stored_layer(store, vault)
+    settings.load_stored(layer.values, layer.version)
     return vault
 
 
@@ -223,7 +226,9 @@ class HostBehaviours:
         return behaviours(self._providers, lambda: self.config.call_timeout_s)
 
     def reconfigure(self, config: ModelConfig) -> None:
-        if config == self.config:
+        config = self.config.newest(config)
+        if config.same_values(self.config):
+            self.config = config
             return
         if self._providers is None:
             self.config = config  # not built yet: built from the new settings

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import getpass
 import json
@@ -466,9 +467,10 @@ def _printed(text: str) -> bool:
     try:
         _out(text)
     except OSError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        with contextlib.suppress(OSError, ValueError):  # a stream with no descriptor
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
         return False
     return True
 

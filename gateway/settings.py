@@ -189,6 +189,11 @@ class Settings:
         }
         self._running: dict[str, str] = {}
         self._listeners: list[Callable[[str], None]] = []
+        self.stored_version_at_start = 0
+        """The settings stream's version when the stored layer was loaded: the restart
+        settings in force are those of that version."""
+        self.stored_version = 0
+        """The settings stream's version this process has applied up to (the live ones)."""
         self.env_file_path = env_file_path
         self.load_stored(stored or {})
 
@@ -200,22 +205,24 @@ class Settings:
         file_values = read_env_file(path) if path is not None else {}
         return cls(env, file_values, env_file_path=path)
 
-    def load_stored(self, stored: Mapping[str, str]) -> None:
+    def load_stored(self, stored: Mapping[str, str], version: int = 0) -> None:
         """Set the stored layer at startup: every stored value applies, R and L alike, except
         one that is no longer valid (stored before its key's check existed): that one is
         skipped with a warning, so it can neither stop the service nor lock out the `svc`
         commands that would unset it."""
         layer = {k: v for k, v in stored.items() if k in CATALOG and _usable(CATALOG[k], v)}
         self._layers[Source.STORED] = layer
+        self.stored_version_at_start = self.stored_version = version
         self._running = {key: self.resolve(key).raw for key in CATALOG}
         self._parsed: dict[str, SettingValue] = {}
         self._secrets: tuple[str, ...] | None = None
 
-    def apply_stored(self, key: str, raw: str | None) -> bool:
-        """Record a stored change; apply it now when the key is live. True when applied.
-        A value no longer valid is skipped as at startup (`load_stored`): the next layer
-        applies."""
+    def apply_stored(self, key: str, raw: str | None, version: int) -> bool:
+        """Record a stored change, read at the settings stream's `version`; apply it now when
+        the key is live. True when applied. A value no longer valid is skipped as at startup
+        (`load_stored`): the next layer applies."""
         spec = get_spec(key)
+        self.stored_version = max(self.stored_version, version)
         layer = self._layers[Source.STORED]
         if raw is None or not _usable(spec, raw):
             layer.pop(key, None)
@@ -434,6 +441,8 @@ class StoredLayer:
     """Each stored key's value, a secret's from the vault."""
     changes: dict[str, StoredSetting]
     """Each stored key's last change as the stream records it (when, by whom)."""
+    version: int
+    """The settings stream's version it was read at (0: no setting ever stored)."""
 
 
 async def read_stored_layer(store: _StreamReader, vault: SecretVault) -> StoredLayer:
@@ -471,7 +480,8 @@ async def read_stored_layer(store: _StreamReader, vault: SecretVault) -> StoredL
         value = secrets.get(key, {}).get(version) if stored.secret else stored.value
         if value is not None and key in CATALOG:
             out[key] = value
-    return StoredLayer(out, {key: state.values[key] for key in out})
+    read_at = events[-1].version if events else 0
+    return StoredLayer(out, {key: state.values[key] for key in out}, read_at)
 
 
 STORED_READ_TRIES = 3
@@ -535,14 +545,18 @@ class SettingsService:
 
     async def stored_values(self) -> dict[str, str]:
         """The stored layer's values; who set each, and when, is kept for the listings."""
+        return (await self._read_layer()).values
+
+    async def _read_layer(self) -> StoredLayer:
         layer = await read_stored_layer(self._store, self._vault)
         self._changes = layer.changes
-        return layer.values
+        return layer
 
     async def load(self) -> None:
         """At startup: apply every stored value."""
-        self._stored = await self.stored_values()
-        self._settings.load_stored(self._stored)
+        layer = await self._read_layer()
+        self._stored = layer.values
+        self._settings.load_stored(self._stored, layer.version)
 
     async def refresh(self) -> list[str]:
         """Re-read the stored layer (after a change by another process); returns changed keys."""
@@ -550,13 +564,14 @@ class SettingsService:
             return await self._refresh()
 
     async def _refresh(self) -> list[str]:
-        fresh = await self.stored_values()
+        layer = await self._read_layer()
+        fresh = layer.values
         changed = sorted(
             k for k in set(fresh) | set(self._stored) if fresh.get(k) != self._stored.get(k)
         )
         self._stored = fresh
         for key in changed:
-            self._settings.apply_stored(key, fresh.get(key))
+            self._settings.apply_stored(key, fresh.get(key), layer.version)
         return changed
 
     async def set(self, key: str, raw: str, by: str | None = None) -> SettingChangeResult:
@@ -592,7 +607,7 @@ class SettingsService:
             self._changes[key] = StoredSetting(
                 value=command.value, secret=spec.secret, at=command.at, by=by
             )
-        self._settings.apply_stored(key, raw)
+        self._settings.apply_stored(key, raw, outcome.last_version)
         return _change_result(spec, self._settings, self._serving)
 
     async def unset(self, key: str, by: str | None = None) -> SettingChangeResult:
@@ -622,12 +637,12 @@ class SettingsService:
             at=datetime.now(UTC),
             by=by,
         )
-        await self._runtime.ask(settings_actor_key(), command)
+        outcome = await self._runtime.ask(settings_actor_key(), command)
         if spec.secret:
             await self._vault.delete(key)
         self._stored.pop(key, None)
         self._changes.pop(key, None)
-        self._settings.apply_stored(key, None)
+        self._settings.apply_stored(key, None, outcome.last_version)
         return _change_result(spec, self._settings, self._serving)
 
     def _secret_changing(self, spec: SettingSpec) -> AbstractAsyncContextManager[None]:

@@ -16,7 +16,7 @@ The offline model stays reachable as `svc-offline` whatever upstream is configur
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from actors.models.offline import OfflineProvider
@@ -36,6 +36,33 @@ class ModelConfig:
     temperature: float | None = None
     top_p: float | None = None
     api_key: str | None = field(default=None, repr=False)
+    started_at: int = 0
+    """The version of the stored settings its sender started with: every value but the live
+    ones (LIVE_FIELDS) is a restart setting, read at that version (and from the sender's
+    environment)."""
+    read_at: int = 0
+    """The version of the stored settings its live values were read at."""
+
+    def newest(self, sent: ModelConfig) -> ModelConfig:
+        """What a Ray host holding this config keeps when `sent` arrives. Every gateway sends
+        its own, and gateways restarted at different times hold different restart values: a
+        gateway not restarted since a key changed must not put its old key back on hosts
+        that a restarted one gave the new one. Each part comes from the sender that read
+        the newer stored settings (the later sender on a tie)."""
+        restart = sent if sent.started_at >= self.started_at else self
+        live = sent if sent.read_at >= self.read_at else self
+        return replace(
+            restart, read_at=live.read_at, **{name: getattr(live, name) for name in LIVE_FIELDS}
+        )
+
+    def same_values(self, other: ModelConfig) -> bool:
+        """Equal but for the versions they were read at: nothing to rebuild."""
+        return replace(self, started_at=0, read_at=0) == replace(other, started_at=0, read_at=0)
+
+
+LIVE_FIELDS = ("call_timeout_s", "temperature", "top_p")
+"""The values a gateway applies without a restart (SVC_LLM_CALL_TIMEOUT_S, _TEMPERATURE,
+_TOP_P)."""
 
 
 @runtime_checkable

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -66,3 +67,36 @@ async def test_settings_that_cannot_be_built_change_nothing(
         factory.reconfigure(ModelConfig(provider="nope"))
     assert factory.config == before and closes == []
     assert factory._providers is not None and factory._providers.serves("first")
+
+
+async def test_a_gateway_not_restarted_does_not_put_its_old_restart_values_back(
+    closes: list[tuple[list[str], float]],
+) -> None:
+    """Review finding: every gateway sends its whole model config to every host, on a live
+    change and whenever it sees a host restart. A gateway not restarted since the upstream
+    key changed (stored at version 5) still runs with the old key; sent last, it put that
+    key back on the hosts a restarted gateway had given the new one. Each part now comes
+    from the sender that read the newer stored settings."""
+    restarted = ModelConfig(model="m", api_key="sk-new", started_at=5, read_at=5)
+    factory = HostBehaviours(restarted)
+    factory()
+    stale = ModelConfig(model="m", api_key="sk-old", temperature=0.2, started_at=3, read_at=7)
+    factory.reconfigure(stale)  # a live change (temperature, at version 7) from that gateway
+    assert factory.config.api_key == "sk-new" and factory.config.started_at == 5
+    assert factory.config.temperature == 0.2 and factory.config.read_at == 7
+    factory.reconfigure(replace(stale, temperature=None, read_at=6))  # an older read
+    assert factory.config.temperature == 0.2
+    # Equal versions: the later sender wins, as before (two gateways' environments differ).
+    factory.reconfigure(replace(restarted, model="other", read_at=7))
+    assert factory.config.model == "other"
+
+
+async def test_the_same_values_read_at_another_version_rebuild_nothing(
+    closes: list[tuple[list[str], float]],
+) -> None:
+    factory = HostBehaviours(ModelConfig(model="m", started_at=1, read_at=1))
+    factory()
+    built = factory._providers
+    factory.reconfigure(ModelConfig(model="m", started_at=2, read_at=4))
+    assert factory._providers is built and closes == []
+    assert (factory.config.started_at, factory.config.read_at) == (2, 4)

@@ -14,7 +14,7 @@ import pytest
 from platform_support import running, settings_for
 
 from eventstore.errors import StoreUnavailable
-from gateway.bootstrap import ray_settings
+from gateway.bootstrap import HostBehaviours, model_config, ray_settings
 from gateway.log_levels import PROJECT_LOGGERS, QUIET_LOGGERS, apply_log_level
 from gateway.secrets import DatabaseVault
 from gateway.security import allowed_origins
@@ -22,6 +22,7 @@ from gateway.settings import (
     Settings,
     SettingsService,
     Source,
+    StoredLayer,
     parse_listen_addr,
     read_env_file,
     read_stored_settings,
@@ -375,10 +376,10 @@ def test_a_stored_value_no_longer_valid_stays_skipped_when_it_changes_live(
     again, so readers of a live key never meet a value that fails to parse."""
     s = Settings(stored={"SVC_TRUSTED_PROXIES": "not-a-network"})
     assert s.text("SVC_TRUSTED_PROXIES") == ""
-    s.apply_stored("SVC_TRUSTED_PROXIES", "not-a-network")
+    s.apply_stored("SVC_TRUSTED_PROXIES", "not-a-network", 1)
     assert s.text("SVC_TRUSTED_PROXIES") == ""
     assert s.resolve("SVC_TRUSTED_PROXIES").source is Source.DEFAULT
-    assert s.apply_stored("SVC_TRUSTED_PROXIES", "10.0.0.0/8")
+    assert s.apply_stored("SVC_TRUSTED_PROXIES", "10.0.0.0/8", 2)
     assert s.text("SVC_TRUSTED_PROXIES") == "10.0.0.0/8"
     assert caplog.text.count("ignoring the stored value of SVC_TRUSTED_PROXIES") == 2
 
@@ -773,6 +774,30 @@ async def test_live_change_reaches_another_gateway_on_the_same_database(
         assert second.app[SETTINGS_SERVICE].get("SVC_TRUSTED_PROXIES").changed_by == "user:u-1"
 
 
+async def test_model_settings_say_which_stored_settings_they_were_read_at(
+    database_url: str,
+) -> None:
+    """What each gateway sends the Ray hosts (gateway/bootstrap.py `model_config`): a
+    gateway not restarted since the upstream key changed reads the live changes made since
+    (`read_at`) but holds the key of its start (`started_at`), so a host given the new key
+    by a gateway started later keeps it (tests/gateway/test_host_behaviours.py)."""
+    async with running(settings_for(database_url)) as first:
+        before = model_config(first.app[SETTINGS])
+        service = first.app[SETTINGS_SERVICE]
+        await service.set("SVC_NATIVE_API_KEY", "sk-new-key-1")  # a restart setting
+        await service.set("SVC_LLM_TEMPERATURE", "0.3")  # a live one
+        events = await first.app[STORE_KEY].read_stream("settings:instance")
+        stale = model_config(first.app[SETTINGS])
+        assert stale.api_key == before.api_key and stale.temperature == 0.3
+        assert (stale.started_at, stale.read_at) == (before.started_at, events[-1].version)
+        async with running(settings_for(database_url)) as second:
+            fresh = model_config(second.app[SETTINGS])
+    assert fresh.api_key == "sk-new-key-1" and fresh.started_at == events[-1].version
+    host = HostBehaviours(fresh)
+    host.reconfigure(stale)
+    assert host.config.api_key == "sk-new-key-1" and host.config.temperature == 0.3
+
+
 async def test_an_unset_racing_another_process_s_set_of_a_secret_keeps_the_set(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -848,16 +873,16 @@ async def test_a_refresh_under_way_does_not_undo_a_set(
     it: a set committed in between was undone by that stale read."""
     async with running(settings_for(database_url)) as svc:
         service = svc.app[SETTINGS_SERVICE]
-        read = service.stored_values
+        read = service._read_layer
         has_read, set_done = asyncio.Event(), asyncio.Event()
 
-        async def read_before_the_set() -> dict[str, str]:
-            values = await read()
+        async def read_before_the_set() -> StoredLayer:
+            layer = await read()
             has_read.set()
             await set_done.wait()  # the set below commits meanwhile
-            return values
+            return layer
 
-        monkeypatch.setattr(service, "stored_values", read_before_the_set)
+        monkeypatch.setattr(service, "_read_layer", read_before_the_set)
         refreshing = asyncio.create_task(service.refresh())
         async with asyncio.timeout(10):
             await has_read.wait()
