@@ -127,11 +127,15 @@ async def find_user_by_name(db: Database, workspace_id: str, user_name: str) -> 
 
 
 async def find_user_by_subject(db: Database, workspace_id: str, subject: str) -> UserRow | None:
-    """The live user an external identity (OIDC `sub`) names: by external id, else user name."""
+    """The live user an external identity (OIDC `sub`) names: the one whose external id it
+    is, else one linked to no external id whose user name is exactly it. A user linked to
+    another subject is never matched by name, and names are compared as typed, not folded
+    (`ADA`, or `ada` in full-width letters, are other subjects at the IdP)."""
     async with db.scoped(workspace_id) as conn:
         row = await conn.fetchrow(
             f"SELECT {_USER_COLUMNS} FROM identity_users u "
-            "WHERE NOT u.deleted AND (u.external_id = $1 OR u.name_key = $2) "
+            "WHERE NOT u.deleted AND (u.external_id = $1 OR (coalesce(u.external_id, '') = '' "
+            "AND u.name_key = $2 AND u.user_name = $1)) "
             "ORDER BY (u.external_id = $1) DESC NULLS LAST, u.created_at, u.user_id LIMIT 1",
             subject,
             user_name_key(subject),

@@ -121,6 +121,11 @@ async def test_oidc_tokens_and_hostile_cases(database_url: str) -> None:
             )
             assert status == 201
 
+            status, grace, _ = await svc.request(
+                "POST", "/v1/admin/users", api_key, json={"user_name": "grace"}
+            )
+            assert status == 201
+
             def sign(payload: dict[str, Any], kid: str = "k1", key: Any = key1) -> str:
                 return jwt.encode(payload, key, algorithm="RS256", headers={"kid": kid})
 
@@ -128,6 +133,9 @@ async def test_oidc_tokens_and_hostile_cases(database_url: str) -> None:
             status, who, _ = await svc.request("GET", WHOAMI, good)
             assert status == 200, who
             assert who["auth"] == "oidc" and who["user_id"] == ada["id"]
+            # A user linked to no external id is matched by the exact user name.
+            status, who, _ = await svc.request("GET", WHOAMI, sign(claims(sub="grace")))
+            assert status == 200 and who["user_id"] == grace["id"], who
             status, info, _ = await svc.request("GET", "/v1/admin/auth/session", good)
             assert status == 200 and SessionInfo.model_validate(info).auth == "oidc"
             # The token carries the user's role bindings: operator writes conversations but
@@ -155,6 +163,12 @@ async def test_oidc_tokens_and_hostile_cases(database_url: str) -> None:
                 "right kid, other key": sign(claims(), key=_rsa()),
                 "unknown tenant": sign(claims(ws="other-workspace")),
                 "unknown subject": sign(claims(sub="sub-nobody")),
+                # Review finding: the user name matched too, folded, even for a user linked
+                # to another subject: other subjects at the IdP took ada's account.
+                "another subject named as the user": sign(claims(sub="ada")),
+                "the user's name in capitals": sign(claims(sub="ADA")),
+                "the user's name in full width": sign(claims(sub="\uff41\uff44\uff41")),
+                "an unlinked user's name folded": sign(claims(sub="GRACE")),
                 "no tenant claim": sign(claims(ws=None)),
             }
             for case, token in hostile.items():
