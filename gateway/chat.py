@@ -707,6 +707,8 @@ class _ChunkSender:
         self._streamed: list[str] = []  # the text sent, to check against the recorded answer
         self.client_gone = False
         self._last_write = asyncio.get_running_loop().time()
+        self._writing = 0  # writes under way (waiting for the client to take the bytes)
+        self._heartbeats_over = False
 
     def _chunk(
         self,
@@ -732,16 +734,24 @@ class _ChunkSender:
         return orjson.dumps(chunk)
 
     async def _send(self, data: bytes, *, id: str | None = None) -> None:
+        if id is not None:
+            # The OpenAI SDKs keep an event's id and then take every blank line for an event:
+            # a heartbeat after this frame would reach them as an empty event, not JSON.
+            self._heartbeats_over = True
         await self._write(send_event(self.response, data, id=id))
 
     async def keep_alive(self) -> None:
         """Sends a heartbeat after every STREAM_HEARTBEAT_S without a write, until the
-        client goes away (or the task is cancelled, when the stream ends). aiohttp writes each
-        frame whole, so a heartbeat cannot split a chunk written beside it."""
+        client goes away, the closing frames begin (the first with an `id:`), or the task is
+        cancelled when the stream ends. A write still waiting for a slow client counts as
+        activity: its bytes are on their way. aiohttp writes each frame whole, so a heartbeat
+        cannot split a chunk written beside it."""
         loop = asyncio.get_running_loop()
-        while not self.client_gone:
+        while not self.client_gone and not self._heartbeats_over:
             silent_s = loop.time() - self._last_write
-            if silent_s >= STREAM_HEARTBEAT_S:
+            if self._writing:
+                await asyncio.sleep(STREAM_HEARTBEAT_S / 4)
+            elif silent_s >= STREAM_HEARTBEAT_S:
                 await self._write(send_comment(self.response))
             else:
                 await asyncio.sleep(STREAM_HEARTBEAT_S - silent_s)
@@ -750,13 +760,18 @@ class _ChunkSender:
         if self.client_gone:
             write.close()
             return
-        self._last_write = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        self._last_write = loop.time()
+        self._writing += 1
         try:
             await write
         except ConnectionError:
             # Reset, broken pipe, or aiohttp's "Connection lost" when the client hangs up
             # while a write waits for its buffer to drain: all the client leaving.
             self._gone()
+        finally:
+            self._writing -= 1
+            self._last_write = loop.time()
 
     def _gone(self) -> None:
         self.client_gone = True
