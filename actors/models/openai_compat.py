@@ -330,7 +330,7 @@ async def _read_capped(content: aiohttp.StreamReader) -> bytes:
 
 def _json_body(body: bytes) -> object:
     try:
-        return orjson.loads(body)
+        return _lenient_json(body)
     except ValueError:
         raise UpstreamError(
             "model server answered application/json that is not JSON", code="upstream_bad_response"
@@ -393,11 +393,28 @@ async def _raise_for_status(
     raise UpstreamError(f"model server answered HTTP {status}: {message}", code=code)
 
 
+_ERROR_BODY_BYTES = 8192
+"""The most of an error body read: an OpenAI error object is far smaller."""
+
+
+async def _head(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body's first `limit` bytes, or all of it when shorter. One `read(n)` returns what
+    has arrived so far, which may be part of an error object sent in two TCP segments or
+    two chunks: its code (`insufficient_quota`, `context_length_exceeded`) was then lost."""
+    head = bytearray()
+    while len(head) < limit:
+        part = await content.read(limit - len(head))
+        if not part:
+            break
+        head += part
+    return bytes(head)
+
+
 async def _error_message(resp: aiohttp.ClientResponse) -> tuple[str, str | None]:
     """The upstream's error message and, in the OpenAI shape, its error code (its `type`
     when it has no code: OpenAI's quota refusals have said `insufficient_quota` in both)."""
     try:
-        text = (await resp.content.read(8192)).decode("utf-8", "replace")
+        text = (await _head(resp.content, _ERROR_BODY_BYTES)).decode("utf-8", "replace")
     except TimeoutError:
         # The call's budget ran out while the refusal was being read: that is the call's
         # timeout (ErrCallTimeout), not the refusal, whatever the status said.
@@ -405,7 +422,7 @@ async def _error_message(resp: aiohttp.ClientResponse) -> tuple[str, str | None]
     except aiohttp.ClientError:
         return resp.reason or "no message", None
     with contextlib.suppress(ValueError):
-        data = json.loads(text)
+        data = _lenient_json(text)
         if isinstance(data, dict):
             error = data.get("error", data)
             if isinstance(error, dict) and isinstance(error.get("message"), str):
@@ -738,9 +755,27 @@ class _SseEvent:
         return None
 
 
+def _lenient_json(data: str | bytes) -> Any:
+    """JSON as a model server may send it. orjson refuses a lone surrogate escape (`\ud83d`,
+    an emoji cut in half by a server slicing strings), which JSON allows: that text is read
+    with the standard parser instead and each lone surrogate becomes `?` (no UTF-8 form, so
+    no event or response could carry it). ValueError when it is not JSON, however deeply
+    nested (the standard parser raises RecursionError there)."""
+    try:
+        return orjson.loads(data)
+    except ValueError:
+        if b"\\u" not in (data.encode() if isinstance(data, str) else data):
+            raise
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    return orjson.loads(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace"))
+
+
 def _json_object(data: str) -> dict[str, Any]:
     try:
-        value = orjson.loads(data)
+        value = _lenient_json(data)
     except ValueError:
         raise UpstreamError(
             "model server sent a stream chunk that is not JSON", code="upstream_bad_stream"

@@ -724,3 +724,40 @@ async def test_a_chunk_whose_error_is_null_is_an_answer() -> None:
     outcome, _ = await events_or_error_from(answer)
     assert not isinstance(outcome, UpstreamError), outcome
     assert outcome[0] == TextDelta("hi") and isinstance(outcome[-1], Finished)
+
+
+async def test_an_error_body_sent_in_two_parts_is_read_whole() -> None:
+    """Review finding: one read returned what had arrived, part of the error object, so
+    its code was lost and a refusal for want of credit was retried as a transient 429."""
+    from aiohttp import web
+
+    async def in_two_parts(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=429, headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"error": {"message": "You exceeded your current quota", ')
+        await asyncio.sleep(0.1)
+        await response.write(b'"type": "insufficient_quota", "code": "insufficient_quota"}}')
+        return response
+
+    outcome, calls = await events_or_error_from(in_two_parts, retries=2)
+    assert isinstance(outcome, UpstreamError), outcome
+    assert (outcome.code, calls) == ("upstream_quota_exceeded", 1), outcome.message
+
+
+async def test_an_error_body_nested_past_the_parsers_depth_is_the_servers_error() -> None:
+    """Review finding: the standard parser's RecursionError escaped as an internal error."""
+    body = "[" * 5000 + '"\\u0041"' + "]" * 5000
+    error = await refusal_from(500, text=body, content_type="application/json")
+    assert error.http_status == 502, error
+
+
+async def test_a_delta_escaping_half_an_emoji_is_made_well_formed() -> None:
+    """Review finding: orjson refuses a lone surrogate escape, which JSON allows; a server
+    slicing strings sent one, and the whole turn failed as a stream that is not JSON."""
+    chunk = {"choices": [{"index": 0, "delta": {"content": "cut \\ud83d"}}]}
+    raw = json.dumps(chunk).replace("\\\\ud83d", "\\ud83d").encode()
+    end = {"choices": [{"index": 0, "delta": {"content": " here"}, "finish_reason": "stop"}]}
+    answer = stream_then(b"data: " + raw + b"\n\n", b"data: " + json.dumps(end).encode() + b"\n\n")
+    outcome, _ = await events_or_error_from(answer)
+    assert not isinstance(outcome, UpstreamError), outcome
+    assert outcome[:2] == [TextDelta("cut ?"), TextDelta(" here")]
