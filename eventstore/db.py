@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import ssl
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -354,6 +355,7 @@ class Database:
         self._connect_timeout_s = connect_timeout_s
         self._acquire_timeout_s = acquire_timeout_s
         self._command_timeout_s = command_timeout_s
+        self._answered_at = time.monotonic()
 
     @classmethod
     async def connect(
@@ -455,12 +457,18 @@ class Database:
                 async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
                     lent = True
                     yield conn
+                    self._answered_at = time.monotonic()
                     if stateless:
                         _skip_reset(conn)
             except TimeoutError as exc:
                 if lent or not self._exhausted():
                     raise  # the body's, or a new connection's: the database timed out
                 raise self._no_free_connection() from exc
+
+    def answered_within(self, seconds: float) -> bool:
+        """Whether a borrower's work ended without error in the last `seconds`: a pool whose
+        every connection is lent is busy while they do, stuck when none has for a while."""
+        return time.monotonic() - self._answered_at <= seconds
 
     def _exhausted(self) -> bool:
         stats = self.pool_stats()

@@ -93,6 +93,11 @@ _BASIC = re.compile(r"(?i)\bbasic\s+([A-Za-z0-9+/]{4,}={0,2})(?![A-Za-z0-9+/=])"
 _LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40}
 
 
+BUSY_TRUSTED_S = 10.0
+"""How recently a pooled connection's work must have ended for a probe that found every
+connection lent to count the process as busy, not stuck on a frozen database."""
+
+
 class ReadinessProbe:
     """Asks the database with a short timeout; no state but the last answer, so it recovers
     by itself as soon as the database answers again."""
@@ -128,10 +133,16 @@ class ReadinessProbe:
                     conn.terminate()
                     raise
         except (TimeoutError, Exception) as exc:
-            if isinstance(exc, TimeoutError) and _saturated(db.pool_stats()):
-                # Every pooled connection is at work: the database answers, this process is
-                # busy. Not ready would take every busy replica out of the Service at once,
-                # turning load into an outage; its requests wait for a connection instead.
+            if (
+                isinstance(exc, TimeoutError)
+                and _saturated(db.pool_stats())
+                and db.answered_within(BUSY_TRUSTED_S)
+            ):
+                # Every pooled connection is at work and their work still ends: the database
+                # answers, this process is busy. Not ready would take every busy replica out
+                # of the Service at once, turning load into an outage; its requests wait for
+                # a connection instead. When none has ended for BUSY_TRUSTED_S, the connections
+                # are stuck on a database that froze: not ready.
                 self.ready, self.reason = True, "busy"
                 return True
             self.ready, self.reason = False, _reason(exc)

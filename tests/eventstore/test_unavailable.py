@@ -4,6 +4,7 @@ error, and the same Database recovers by itself when PostgreSQL comes back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import ssl
@@ -412,3 +413,18 @@ async def test_credentials_refused_while_running_are_unavailable_and_say_what_to
     finally:
         await admin.execute(f"DROP ROLE IF EXISTS {role}")
         await admin.close()
+
+
+async def test_the_pool_notes_when_a_borrowers_work_last_ended(store_db: Database) -> None:
+    """What the readiness probe (gateway/system.py) reads to tell a busy pool from one
+    whose every connection is stuck on a frozen database."""
+    store_db._answered_at -= 100  # nothing ended for a while
+    assert not store_db.answered_within(10)
+    with contextlib.suppress(RuntimeError):
+        async with store_db.acquire() as conn:
+            await conn.fetchval("SELECT 1")
+            raise RuntimeError("a borrower's work that failed is no answer")
+    assert not store_db.answered_within(10)
+    async with store_db.acquire() as conn:
+        await conn.fetchval("SELECT 1")
+    assert store_db.answered_within(10)

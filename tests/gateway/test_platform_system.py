@@ -22,7 +22,7 @@ from yarl import URL
 from eventstore.db import Database, PoolStats
 from gateway import openapi, security, system
 from gateway.state import SETTINGS_SERVICE, TAILER
-from gateway.system import ReadinessProbe
+from gateway.system import BUSY_TRUSTED_S, ReadinessProbe
 from schemas.errors import InvalidInput, RateLimited
 
 
@@ -77,12 +77,16 @@ async def test_readyz_is_503_while_the_database_is_down_and_recovers(
 class _PoolOf:
     """A database whose every connection stays borrowed (`size` open of `max`)."""
 
-    def __init__(self, size: int, max_size: int) -> None:
+    def __init__(self, size: int, max_size: int, *, last_answer_s: float = 0.0) -> None:
         self.stats = PoolStats(size=size, idle=0, max=max_size)
         self.borrowed = 0
+        self.last_answer_s = last_answer_s  # how long ago a borrower's work last ended
 
     def pool_stats(self) -> PoolStats:
         return self.stats
+
+    def answered_within(self, seconds: float) -> bool:
+        return self.last_answer_s <= seconds
 
     @contextlib.asynccontextmanager
     async def acquire(self, *, stateless: bool = False) -> AsyncIterator[Any]:
@@ -96,6 +100,11 @@ async def test_readiness_under_a_saturated_pool_is_busy_not_unavailable() -> Non
     together, load became an outage. A pool that cannot open more is busy, not down."""
     probe = ReadinessProbe(timeout_s=0.05)
     assert await probe.check(cast(Database, _PoolOf(20, 20))) and probe.reason == "busy"
+    # Review finding: all lent and none of their work ending for a while is a database that
+    # froze (a storage stall), not load: the replica said ready for as long as it lasted.
+    frozen = _PoolOf(20, 20, last_answer_s=BUSY_TRUSTED_S + 1)
+    assert not await probe.check(cast(Database, frozen))
+    assert probe.reason == "the database did not answer in time"
     # A pool with room that still gets no connection in time: the database does not answer.
     assert not await probe.check(cast(Database, _PoolOf(3, 20)))
     assert probe.reason == "the database did not answer in time"
