@@ -443,6 +443,9 @@ class StoredLayer:
     """Each stored key's last change as the stream records it (when, by whom)."""
     version: int
     """The settings stream's version it was read at (0: no setting ever stored)."""
+    recorded: frozenset[str]
+    """Every key the stream holds a value of, `values` or not (a secret whose vault row is
+    missing, a value no longer valid): what an unset has to record the end of."""
 
 
 async def read_stored_layer(store: _StreamReader, vault: SecretVault) -> StoredLayer:
@@ -481,7 +484,8 @@ async def read_stored_layer(store: _StreamReader, vault: SecretVault) -> StoredL
         if value is not None and key in CATALOG:
             out[key] = value
     read_at = events[-1].version if events else 0
-    return StoredLayer(out, {key: state.values[key] for key in out}, read_at)
+    changes = {key: state.values[key] for key in out}
+    return StoredLayer(out, changes, read_at, frozenset(state.values))
 
 
 STORED_READ_TRIES = 3
@@ -535,6 +539,7 @@ class SettingsService:
         self._vault = vault
         self._stored: dict[str, str] = dict(settings.stored_layer())
         self._changes: dict[str, StoredSetting] = {}
+        self._recorded: frozenset[str] = frozenset(self._stored)
         # A refresh reads the stored layer, then applies it: a set committed between the two
         # was undone by the stale read until the next refresh. One change at a time.
         self._changing = asyncio.Lock()
@@ -550,6 +555,7 @@ class SettingsService:
     async def _read_layer(self) -> StoredLayer:
         layer = await read_stored_layer(self._store, self._vault)
         self._changes = layer.changes
+        self._recorded = layer.recorded
         return layer
 
     async def load(self) -> None:
@@ -617,7 +623,10 @@ class SettingsService:
 
     async def _unset(self, spec: SettingSpec, key: str, by: str | None) -> SettingChangeResult:
         await self._refresh()
-        if key not in self._stored:
+        # The stream, not the values in force, says whether there is something to unset: a
+        # secret whose vault row went missing is in force nowhere, yet stays stored (and
+        # warned of at every start) until an unset is recorded.
+        if key not in self._recorded:
             if spec.secret:
                 # An unset recorded before its values were deleted (the delete failed, or
                 # the ask timed out and the command went on): this retry deletes them.
