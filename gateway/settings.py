@@ -18,6 +18,7 @@ import functools
 import logging
 import os
 import re
+import shlex
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -695,6 +696,15 @@ def _change_result(spec: SettingSpec, settings: Settings, serving: bool) -> Sett
         # Said where the change is made, not only in docs/settings.md's Used column: an
         # operator who turns a capability on must not wait for what this build lacks.
         message += "; note: this build stores it but does not act on it yet (docs/settings.md)"
+    if spec.key == "SVC_DEFAULT_WORKSPACE_ID" and not in_force:
+        # The instance's settings and SSO secrets are managed from the default workspace
+        # (gateway/auth.py require_instance_admin): after the restart, this admin's keys no
+        # longer reach them, and the new workspace has none yet.
+        workspace = shlex.quote(shown)
+        message += (
+            f"; note: after the restart, instance settings are managed by admins of {shown!r}: "
+            f"issue one a key first (svc apikeys create --scopes '*' --workspace {workspace})"
+        )
     return SettingChangeResult(
         key=spec.key, value=shown, applied=in_force, restart_required=not in_force, message=message
     )

@@ -636,6 +636,19 @@ async def test_a_secret_whose_change_was_not_recorded_keeps_its_value(
         assert (await service.stored_values())["SVC_INBOUND_SECRET"] == "third-value"
 
 
+async def test_moving_the_default_workspace_says_who_manages_the_instance_next(
+    database_url: str,
+) -> None:
+    """Review finding: set through the API, it locked its admin out of the settings API
+    after the restart (instance settings belong to the default workspace's admins) and
+    the new workspace had no key; the answer now says so, and how to issue one."""
+    async with running(settings_for(database_url)) as svc:
+        result = await svc.app[SETTINGS_SERVICE].set("SVC_DEFAULT_WORKSPACE_ID", "ops team")
+    assert result.restart_required
+    assert "instance settings are managed by admins of 'ops team'" in result.message
+    assert "svc apikeys create --scopes '*' --workspace 'ops team'" in result.message
+
+
 async def test_a_secret_whose_vault_row_went_missing_can_be_unset(
     database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
