@@ -11,6 +11,7 @@ says `totp_enrolment_required: true` (the UI prompts them to enrol; they are not
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -47,7 +48,15 @@ from gateway.identity.vault import INSTANCE, PASSWORD, TOTP, TOTP_PENDING
 from gateway.security import client_ip
 from gateway.state import Principal
 from projections.identity_queries import UserRow, find_user_by_name, get_user
-from schemas.errors import Conflict, Forbidden, InvalidInput, Unauthorized, Unavailable
+from projections.queries import get_workspace
+from schemas.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    SvcError,
+    Unauthorized,
+    Unavailable,
+)
 from schemas.identity import (
     ROLE_NAME_PATTERN,
     BindRole,
@@ -62,6 +71,8 @@ from schemas.identity import (
     UserProfile,
     user_name_key,
 )
+
+log = logging.getLogger(__name__)
 
 BAD_CREDENTIALS = "invalid user name or password"
 
@@ -120,6 +131,36 @@ async def _record(
         at=now(),
     )
     await ident.ask(audit_key(workspace_id), command)
+
+
+async def _refused(
+    request: web.Request,
+    ident: Identity,
+    workspace_id: str,
+    typed: str,
+    user: UserRow | None,
+    method: LoginMethod,
+    exc: SvcError,
+) -> None:
+    """Audit a sign-in that did not end in a session (the attempt stays counted by the
+    throttle): a wrong credential, and any other refusal too (a directory sign-in whose
+    account sync failed: the directory had taken the password). A workspace that does not
+    exist gets no record: a body naming made-up ones would grow the log for nothing."""
+    default = ident.settings.default_workspace_id
+    if workspace_id != default and await get_workspace(ident.db, workspace_id) is None:
+        return
+    if isinstance(exc, Unauthorized):
+        reason = "bad_credentials" if user is None else "bad_second_factor"
+    else:
+        reason = f"sign_in_failed: {exc.code}"[:100]
+    name = typed if user else await _typed_name(ident, workspace_id, typed)
+    try:
+        user_id = user.user_id if user else None
+        await _record(request, ident, workspace_id, name, user_id, method, reason)
+    except SvcError as failure:
+        if isinstance(exc, Unauthorized):
+            raise  # as before: a refusal is answered only once it is on record
+        log.warning("a refused sign-in could not be recorded: %s", failure.message)
 
 
 async def _typed_name(ident: Identity, workspace_id: str, typed: str) -> str:
@@ -374,28 +415,24 @@ async def login(request: web.Request) -> web.Response:
     address = client_ip(request)
     attempt = await ident.throttle.reserve(workspace_id, body.username, address)
     method: LoginMethod = "password"
-    user = await _local(ident, workspace_id, body)
-    if (
-        user is None
-        and ident.settings.flag("SVC_LDAP_ENABLED")
-        and workspace_id == ident.settings.default_workspace_id
-    ):
-        # The directory is the instance's, and its users belong to the default workspace,
-        # as SAML's do: a body naming another workspace signs in with a local password only.
-        # The audit names the method that was tried last: the directory only when it was.
-        user = await _ldap(ident, workspace_id, body)
-        method = "ldap"
+    user: UserRow | None = None
     try:
+        user = await _local(ident, workspace_id, body)
+        if (
+            user is None
+            and ident.settings.flag("SVC_LDAP_ENABLED")
+            and workspace_id == ident.settings.default_workspace_id
+        ):
+            # The directory is the instance's, and its users belong to the default workspace,
+            # as SAML's do: a body naming another workspace signs in with a local password
+            # only. The audit names the method tried last: the directory only when it was.
+            method = "ldap"
+            user = await _ldap(ident, workspace_id, body)
         if user is None:
             raise Unauthorized(BAD_CREDENTIALS)
         second = await _second_factor(ident, user, body.totp_code)
-    except Unauthorized as exc:
-        await ident.throttle.failed(attempt)
-        reason = "bad_credentials" if user is None else "bad_second_factor"
-        typed = body.username if user else await _typed_name(ident, workspace_id, body.username)
-        await _record(
-            request, ident, workspace_id, typed, user.user_id if user else None, method, reason
-        )
+    except SvcError as exc:
+        await _refused(request, ident, workspace_id, body.username, user, method, exc)
         raise exc from None
     await ident.throttle.succeeded(attempt)
     session, payload = await start_session(request, ident, user, method, second)

@@ -328,6 +328,14 @@ async def test_a_sign_in_keeps_what_the_directory_does_not_say(
         assert "SVC_LDAP_ROLE_MAPPINGS" in body["error"]["message"]
         status, user, _ = await svc.request("GET", f"/v1/admin/users/{alice}", key)
         assert status == 200 and user["roles"] == ["admin"], user
+        # Review finding: a sign-in the directory had accepted but that failed after (the
+        # account's sync) left no trace in the audit log.
+        status, audit, _ = await svc.request(
+            "GET", "/v1/admin/audit?action=identity.login_failed", key
+        )
+        assert status == 200, audit
+        reasons = [i["detail"]["reason"] for i in audit["items"] if i["user_name"] == "alice"]
+        assert reasons == ["sign_in_failed: ldap_not_configured"], audit["items"]
 
 
 async def test_a_mapped_role_no_role_can_have_is_the_instances_problem() -> None:

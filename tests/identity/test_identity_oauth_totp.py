@@ -15,10 +15,12 @@ import orjson
 import pytest
 from identity_support import GUARDED, WHOAMI, Running, running, settings_for
 
+from actors.identity import audit_key
 from gateway.identity.service import IDENTITY
 from gateway.identity.throttle import MAX_PER_ACCOUNT
 from gateway.identity.totp import TotpVerifier, matching_step, new_secret, now_code
 from gateway.metrics import HTTP_ERRORS
+from gateway.state import STORE
 from schemas.identity_api import SessionInfo
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
@@ -415,6 +417,25 @@ async def test_only_ascii_digits_are_totp_codes(database_url: str) -> None:
         )
         await b.close()
         assert status == 429 and err["error"]["code"] == "login_rate_limited"
+
+
+async def test_a_failed_sign_in_to_a_workspace_that_does_not_exist_is_not_recorded(
+    database_url: str,
+) -> None:
+    """Review finding: each failed sign-in naming a made-up workspace started an audit
+    actor and recorded an event under it, so anyone could grow the log with new ids."""
+    async with running(settings_for(database_url)) as svc:
+        for made_up in ("nowhere-1", "nowhere-2"):
+            status, err, browser = await svc.login("x", PASSWORD, workspace_id=made_up)
+            await browser.close()
+            assert status == 401 and err["error"]["code"] == "unauthorized", err
+            stream = audit_key(made_up).stream_id
+            assert await svc.app[STORE].read_stream(stream, workspace_id=made_up) == []
+        status, err, browser = await svc.login("x", PASSWORD)  # the default workspace: kept
+        await browser.close()
+        assert status == 401
+        events = await svc.app[STORE].read_stream(audit_key("default").stream_id)
+        assert [e.type for e in events][-1:] == ["identity.login_failed"]
 
 
 def test_non_ascii_digits_match_no_step() -> None:
