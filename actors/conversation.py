@@ -142,6 +142,8 @@ class TurnRecord(BaseModel):
     error_code: str | None = None
     error_message: str | None = None
     retryable: bool = False
+    # TurnStarted.body_digest: what a retry under the turn's Idempotency-Key must match.
+    body_digest: str | None = None
 
 
 class ConversationState(BaseModel):
@@ -280,6 +282,7 @@ def _decide_run(state: ConversationState, c: RunTurn) -> list[Event]:
             agent=c.agent,
             expires_at=c.expires_at,
             never_expires=c.never_expires,
+            body_digest=c.body_digest,
         )
     )
     return events
@@ -546,6 +549,7 @@ def _evolve(state: ConversationState, event: Event) -> ConversationState:
             started_at=event.at,
             expires_at=event.expires_at,
             never_expires=event.never_expires,
+            body_digest=event.body_digest,
         )
         by_command = dict(state.turn_by_command)
         by_command[event.command_id] = event.turn_id
@@ -669,6 +673,7 @@ def recorded_result(
             code="idempotency_key_reused",
         )
     turn = state.turns[turn_id]
+    _check_same_body(state, turn, command)
     if turn.status == "running":
         raise Conflict(
             f"turn {turn_id} of conversation {state.conversation_id} is still in progress; "
@@ -692,6 +697,21 @@ def recorded_result(
         duration_ms=turn.duration_ms or 0,
         cursor=None,
         duplicate=True,
+    )
+
+
+def _check_same_body(state: ConversationState, turn: TurnRecord, command: Command) -> None:
+    """A key names one request: the same key with other messages, another model or other
+    parameters is another request, refused rather than answered with this turn. Either side
+    without a digest (a turn recorded before they were kept) is not compared."""
+    retried = getattr(command, "body_digest", None)
+    if turn.body_digest is None or retried is None or retried == turn.body_digest:
+        return
+    raise Conflict(
+        f"this Idempotency-Key was used for turn {turn.turn_id} of conversation "
+        f"{state.conversation_id}, a request with other messages, model or parameters; send a "
+        "new Idempotency-Key for a different request",
+        code="idempotency_key_reused",
     )
 
 

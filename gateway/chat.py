@@ -416,6 +416,8 @@ class _RequestIds:
     """The conversation id was drawn at random here: no stream can exist for it yet."""
     named_by_client: bool
     """The client sent the conversation id: the turn continues that conversation or fails."""
+    keyed: bool
+    """An Idempotency-Key names the turn: a retry under it must be the same request."""
 
 
 def _request_ids(request: web.Request, principal: Principal) -> _RequestIds:
@@ -442,7 +444,21 @@ def _request_ids(request: web.Request, principal: Principal) -> _RequestIds:
             else str(uuid.uuid4())
         )
     request[_CONVERSATION_KEY] = conversation_id
-    return _RequestIds(command_id, conversation_id, new_conversation, named_by_client)
+    keyed = idempotency_key is not None
+    return _RequestIds(command_id, conversation_id, new_conversation, named_by_client, keyed)
+
+
+def _body_digest(model: str, messages: tuple[Message, ...], params: TurnParams) -> str:
+    """What a retry under an Idempotency-Key must repeat: the model as asked (an agent's
+    name, not what it resolves to, which may change between attempts), the messages and the
+    parameters, as the client sent them. `stream` is not part of it: a request retried as a
+    stream is the same request."""
+    sent = {
+        "model": model,
+        "messages": [m.model_dump(mode="json") for m in messages],
+        "params": params.model_dump(mode="json"),
+    }
+    return hashlib.sha256(orjson.dumps(sent, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
 def _keyed_command_id(principal: Principal, idempotency_key: str) -> str:
@@ -477,6 +493,7 @@ def _build_turn(
         reasoning_effort=body.reasoning_effort,
         verbosity=body.verbosity,
     )
+    digest = _body_digest(body.model, messages, params) if ids.keyed else None
     if agent is not None:
         messages, params = _with_agent(agent, messages, params)
     command = RunTurn(
@@ -491,6 +508,7 @@ def _build_turn(
         params=params,
         agent=None if agent is None else agent.agent_id,
         at=now,
+        body_digest=digest,
     )
     return _Turn(
         key=conversation_key(conversation_id),

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from schemas.commands import Command
-from schemas.events import Event, event
+from schemas.events import EVENTS, Event, event
 
 MAX_TITLE = 200
 MAX_TAGS = 32
@@ -171,6 +171,10 @@ class RunTurn(Command):
     )
     """The W3C trace context of the gateway's span of this turn, sent to the model server
     (not recorded: a turn's events are the same with tracing on or off)."""
+    body_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    """A digest of the client's request as sent (its model, messages and parameters), set
+    when an Idempotency-Key names the turn: a retry under that key must be the same request
+    (recorded with TurnStarted; another one is refused, never given this turn's answer)."""
 
     def held_chars(self) -> int:
         return sum(len(m.content) for m in self.messages)
@@ -273,6 +277,7 @@ class TurnStarted(Event):
     (ARCHITECTURE decision 2)."""
 
     type_name: ClassVar[str] = "conversation.turn_started"
+    schema_version: ClassVar[int] = 2
     conversation_id: Id
     turn_id: Id
     command_id: Id
@@ -290,6 +295,16 @@ class TurnStarted(Event):
     expires_at: AwareDatetime | None = None
     # True when the turn's call had no time limit: no age makes it abandoned.
     never_expires: bool = False
+    # RunTurn.body_digest of the request that started it (version 2 on; None before, and for
+    # a request without an Idempotency-Key).
+    body_digest: str | None = None
+
+
+@EVENTS.upcaster(TurnStarted.type_name, 1)
+def _turn_started_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 added `body_digest`: a turn recorded before has none (nothing to compare a
+    retry with), which its default says."""
+    return data
 
 
 @event

@@ -178,6 +178,32 @@ async def test_retried_turn_returns_the_first_answer_without_a_model_call(
     ]
 
 
+async def test_a_retry_must_be_the_request_its_key_first_named(
+    make_runtime: MakeRuntime, runtime: RuntimeUnderTest, store: PostgresEventStore
+) -> None:
+    """The digest of the client's request rides with the turn (TurnStarted version 2): the
+    same key with another request is refused, with the same one answered from the record,
+    in a fresh activation too. A turn recorded before digests were (version 1, none) is
+    answered to any retry, as it was."""
+    cid = uuid.uuid4().hex
+    first = run_turn(command_id="key-a").model_copy(update={"body_digest": "a" * 32})
+    assert isinstance(await runtime.ask(conversation_key(cid), first), TurnResult)
+    other = await make_runtime([ConversationBehaviour([ScriptedProvider()])])
+    for host in (runtime, other):
+        again = run_turn(command_id="key-a").model_copy(update={"body_digest": "a" * 32})
+        assert (await host.ask(conversation_key(cid), again)).duplicate
+        another = run_turn(command_id="key-a").model_copy(update={"body_digest": "b" * 32})
+        with pytest.raises(Conflict) as refused:
+            await host.ask(conversation_key(cid), another)
+        assert refused.value.code == "idempotency_key_reused"
+
+    recorded = await store.read_stream(conversation_key(cid).stream_id)
+    started = next(r for r in recorded if r.type == "conversation.turn_started")
+    assert started.schema_version == 2 and started.data["body_digest"] == "a" * 32
+    old = {k: v for k, v in started.data.items() if k != "body_digest"}
+    assert EVENTS.decode(started.type, 1, old).body_digest is None  # type: ignore[attr-defined]
+
+
 async def test_abandoned_stream_still_records_the_turn(
     make_runtime: MakeRuntime, store: PostgresEventStore
 ) -> None:

@@ -856,16 +856,32 @@ async def test_an_empty_or_doubled_id_header_is_a_bad_request(chat: Chat) -> Non
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_a_replay_names_the_model_that_gave_the_recorded_answer(
+async def test_a_key_reused_for_another_request_is_refused_not_answered(
     chat: Chat, stream: bool
 ) -> None:
+    """Review finding: the key alone named the turn, so a request reusing it with another
+    model or other messages (a client whose counter-based keys restarted, two apps behind
+    one static key) got the first request's answer with a 200. It is now 409
+    `idempotency_key_reused`; the same request again, as a stream or not, still gets the
+    recorded answer, and the model is called once."""
     key = {"Idempotency-Key": uid("idem-")}
     first = await chat.client().chat.completions.create(
         model=UPSTREAM_MODEL, messages=HELLO, extra_headers=key
     )
     assert first.model == UPSTREAM_MODEL
+    other_messages = [{"role": "user", "content": "something else"}]
+    for model, messages, extra in (
+        (OFFLINE, HELLO, {}),
+        (UPSTREAM_MODEL, other_messages, {}),
+        (UPSTREAM_MODEL, HELLO, {"temperature": 0.1}),
+    ):
+        with pytest.raises(openai.ConflictError) as refused:
+            await chat.client().chat.completions.create(
+                model=model, messages=messages, extra_headers=key, stream=stream, **extra
+            )
+        assert refused.value.code == "idempotency_key_reused", refused.value
     again = await chat.client().chat.completions.create(
-        model=OFFLINE, messages=HELLO, extra_headers=key, stream=stream
+        model=UPSTREAM_MODEL, messages=HELLO, extra_headers=key, stream=stream
     )
     if isinstance(again, openai.AsyncStream):
         chunks = [c async for c in again]
