@@ -228,6 +228,14 @@ def _link_key(state: DirectoryState, c: LinkApiKey) -> list[Event]:
     user = state.live_user(c.user_id)
     if c.key_id in user.api_keys:
         return []
+    if user.profile.active is False:
+        # The deactivation revoked the keys linked before it; one linked now would be
+        # skipped by it and come back to life with a reactivation, unlike every other
+        # credential of the user (the caller revokes the key it could not link).
+        raise Conflict(
+            f"user {c.user_id} is deactivated: no key can be issued on the account",
+            code="user_inactive",
+        )
     return [
         UserApiKeyLinked(
             by=c.by, workspace_id=state.workspace_id, user_id=c.user_id, key_id=c.key_id, at=c.at

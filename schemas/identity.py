@@ -137,6 +137,10 @@ class IdentityEvent(Event):
 
 
 class ProvisionUser(IdentityCommand):
+    # The user id is drawn per attempt: what the request asked for names it. A key reused
+    # for another user (another name, other roles) is refused, not answered with the first
+    # user, on whom a retry may set a password.
+    target_fields = ("profile", "source", "roles")
     user_id: Id
     profile: UserProfile
     source: UserSource

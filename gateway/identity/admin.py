@@ -360,8 +360,12 @@ async def create_user(request: web.Request) -> web.Response:
         first = (e.user_id for e in outcome.events if isinstance(e, UserProvisioned))
         user_id = next(first, user_id)
     user = await live_user(ident, ws, user_id)
-    # A retry sets the password only where its first attempt did not get that far.
+    # A retry sets the password only where its first attempt did not get that far, and only
+    # on an account this principal may manage (the retry may come from another principal
+    # with the key, and the account may have been made an owner since).
     if body.password is not None and not (outcome.duplicate and user.has_password):
+        if outcome.duplicate:
+            await check_manageable(ident, principal, user)
         await set_password(request, ident, ws, user_id, body.password.get_secret_value())
         user = await live_user(ident, ws, user_id)
     return json(user_view(user), status=201)
@@ -431,9 +435,12 @@ async def patch_user(request: web.Request) -> web.Response:
         return user
 
     user = await retried_if_changed(ident, attempt)
-    if body.active is False:
-        await cut_off(request, ident, principal.workspace_id, user.user_id, "user deactivated")
-    return json(user_view(await live_user(ident, principal.workspace_id, user.user_id)))
+    ws = principal.workspace_id
+    if body.active is False and not (await live_user(ident, ws, user.user_id)).usable:
+        # Judged by the user as they are now, not by the body: a retried deactivation that
+        # finds the user reactivated since must not revoke the credentials issued after.
+        await cut_off(request, ident, ws, user.user_id, "user deactivated")
+    return json(user_view(await live_user(ident, ws, user.user_id)))
 
 
 async def deprovision(
@@ -607,6 +614,11 @@ async def issue_user_key(request: web.Request) -> web.Response:
             code="owner_only",
         )
     await check_manageable(ident, principal, user)
+    if not user.usable:
+        raise Conflict(
+            f"user {user.user_id} is deactivated: no key can be issued on the account",
+            code="user_inactive",
+        )
     key, key_id = generate_key(), new_id("key_")
     issue = IssueApiKey(
         command_id=command_id(request),

@@ -23,6 +23,7 @@ from schemas.identity import (
     DefineCustomRole,
     DeprovisionUser,
     IssueScimToken,
+    LinkApiKey,
     ProvisionUser,
     RecordLogin,
     RevokeScimToken,
@@ -194,3 +195,19 @@ def test_users_recorded_under_names_one_key_now_joins_can_still_be_updated() -> 
     assert len(events) == 1
     with pytest.raises(Conflict):
         run(state, cmd(UpdateUser, user_id="u2", profile=profile("BOSS")))
+
+
+def test_no_key_is_linked_to_a_deactivated_user() -> None:
+    """Review finding: a key linked while (or after) the user was deactivated escaped the
+    deactivation's revocations and came back to life with a reactivation."""
+    state, _ = run(
+        DirectoryBehaviour().initial_state(directory_key(WS)),
+        cmd(ProvisionUser, user_id="u1", profile=profile("ada"), source="local"),
+    )
+    state, linked = run(state, cmd(LinkApiKey, user_id="u1", key_id="key_1"))
+    assert len(linked) == 1
+    state, _ = run(state, cmd(UpdateUser, user_id="u1", profile=profile("ada", active=False)))
+    with pytest.raises(Conflict) as refused:
+        run(state, cmd(LinkApiKey, user_id="u1", key_id="key_2"))
+    assert refused.value.code == "user_inactive"
+    assert run(state, cmd(LinkApiKey, user_id="u1", key_id="key_1"))[1] == []  # a retry

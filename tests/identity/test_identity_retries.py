@@ -137,3 +137,66 @@ async def test_a_user_key_whose_link_fails_is_revoked_not_left_to_no_user(
         status, listed, _ = await svc.request("GET", f"{ADMIN}/apikeys", key)
         (unlinked,) = [k for k in listed["api_keys"] if k["name"] == "unlinked"]
         assert unlinked["revoked_at"] is not None, unlinked
+
+
+async def test_a_key_reused_to_create_another_user_is_refused(database_url: str) -> None:
+    """Review finding: the key alone named the creation, so a request reusing it for another
+    user got the first user back (201) and set its own password on that account when it had
+    none, past the checks that guard who may manage whom."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        headers = {"Idempotency-Key": uid("create-")}
+        first = {"user_name": uid("ceo-")}
+        status, ceo, _ = await svc.request(
+            "POST", f"{ADMIN}/users", key, json=first, headers=headers
+        )
+        assert status == 201 and not ceo["has_password"], ceo
+        other = {"user_name": uid("x-"), "password": PASSWORD}
+        status, err, _ = await svc.request(
+            "POST", f"{ADMIN}/users", key, json=other, headers=headers
+        )
+        assert status == 409 and err["error"]["code"] == "idempotency_key_reused", err
+        status, again, _ = await svc.request("GET", f"{ADMIN}/users/{ceo['id']}", key)
+        assert status == 200 and not again["has_password"], again
+        # The same request again is still its retry.
+        status, retried, _ = await svc.request(
+            "POST", f"{ADMIN}/users", key, json=first, headers=headers
+        )
+        assert status == 201 and retried["id"] == ceo["id"], retried
+
+
+async def test_a_retried_deactivation_spares_what_a_reactivation_issued_since(
+    database_url: str,
+) -> None:
+    """Review finding: the cut-off followed the body (`active: false`), not the user: a
+    deactivation retried after the user was reactivated revoked the keys issued since."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        _, user, _ = await svc.request(
+            "POST", f"{ADMIN}/users", key, json={"user_name": uid("kai-")}
+        )
+        path = f"{ADMIN}/users/{user['id']}"
+        deactivate = {"Idempotency-Key": uid("off-")}
+        status, _, _ = await svc.request(
+            "PATCH", path, key, json={"active": False}, headers=deactivate
+        )
+        assert status == 200
+        status, _, _ = await svc.request("PATCH", path, key, json={"active": True})
+        assert status == 200
+        status, issued, _ = await svc.request(
+            "POST", f"{path}/apikeys", key, json={"name": "new", "scopes": ["chat"]}
+        )
+        assert status == 201, issued
+        status, body, _ = await svc.request(
+            "PATCH", path, key, json={"active": False}, headers=deactivate
+        )
+        assert status == 200 and body["active"] is True, body  # the retry: nothing new
+        status, _, _ = await svc.request("GET", "/v1/models", issued["key"])
+        assert status == 200  # the key issued after the reactivation still works
+        # A deactivated account gets no new key at all.
+        status, _, _ = await svc.request("PATCH", path, key, json={"active": False})
+        assert status == 200
+        status, err, _ = await svc.request(
+            "POST", f"{path}/apikeys", key, json={"name": "late", "scopes": ["chat"]}
+        )
+        assert status == 409 and err["error"]["code"] == "user_inactive", err
