@@ -657,16 +657,22 @@ def test_a_value_taken_for_an_option_is_not_repeated(data_dir: Path) -> None:
     assert args.value == "-v4lue"
 
 
-def test_set_with_standard_input_closed_says_where_the_value_goes(data_dir: Path) -> None:
-    """Started with fd 0 closed, Python has no sys.stdin at all: not an internal error."""
-    done = subprocess.run(
-        ["sh", "-c", 'exec "$@" <&-', "sh", *SVC, "settings", "set", "SVC_NATIVE_API_KEY"],
+def _with_closed(descriptor: str, data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`svc args` started with a standard descriptor closed (`<&-`, `>&-`), as some service
+    managers start it; its stderr captured."""
+    return subprocess.run(
+        ["sh", "-c", f'exec "$@" {descriptor}', "sh", *SVC, *args],
         env=_env(data_dir),
-        capture_output=True,
+        stderr=PIPE,
         text=True,
         timeout=180,
         cwd=Path(__file__).resolve().parents[2],
     )
+
+
+def test_set_with_standard_input_closed_says_where_the_value_goes(data_dir: Path) -> None:
+    """Started with fd 0 closed, Python has no sys.stdin at all: not an internal error."""
+    done = _with_closed("<&-", data_dir, "settings", "set", "SVC_NATIVE_API_KEY")
     assert done.returncode == 2, done.stderr
     assert "no standard input to read it from" in done.stderr, done.stderr
 
@@ -675,14 +681,7 @@ def test_apikeys_create_without_stdout_is_refused_before_anything_opens(data_dir
     """Review finding: started with fd 1 closed, the key was issued, printed nowhere, and
     the command exited 0; a bound of the command was checked only after the database
     (here a new one) was started."""
-    done = subprocess.run(
-        ["sh", "-c", 'exec "$@" >&-', "sh", *SVC, "apikeys", "create", "--scopes", "chat"],
-        env=_env(data_dir),
-        stderr=PIPE,
-        text=True,
-        timeout=180,
-        cwd=Path(__file__).resolve().parents[2],
-    )
+    done = _with_closed(">&-", data_dir, "apikeys", "create", "--scopes", "chat")
     assert done.returncode == 2, done.stderr
     assert "no standard output to print the new key to" in done.stderr, done.stderr
     done = svc(data_dir, "apikeys", "create", "--scopes", "chat", "--rate-limit-rpm", "9999999")
