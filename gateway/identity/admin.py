@@ -34,6 +34,7 @@ from gateway.identity.common import (
     DIRECTORY_SOURCES,
     actor_of,
     command_id,
+    idempotency_key,
     json,
     new_id,
     now,
@@ -465,7 +466,14 @@ async def delete_user(request: web.Request) -> web.Response:
     read_query(request, NoQuery)
     await refuse_body(request)
     ident = identity(request)
-    user = await live_user(ident, principal.workspace_id, request.match_info["id"])
+    ws = principal.workspace_id
+    gone = await get_user(ident.db, ws, request.match_info["id"])
+    if gone is not None and gone.deleted and idempotency_key(request) is not None:
+        # A retried delete whose deprovisioning was recorded, its cut-off perhaps not (a
+        # revocation that failed): finish that, and answer as the first attempt would have.
+        await cut_off(request, ident, ws, gone.user_id, "user deprovisioned")
+        return web.Response(status=204)
+    user = await live_user(ident, ws, request.match_info["id"])
     await check_manageable(ident, principal, user)
     if "owner" in user.roles:
         await keep_an_owner(ident, principal.workspace_id, user.user_id)

@@ -13,8 +13,10 @@ from identity_support import Running, running, settings_for, uid
 from actors.behaviour import ActorKey, CommandOutcome
 from eventstore.errors import StoreUnavailable
 from gateway.identity.service import IDENTITY
+from gateway.state import RUNTIME
 from schemas.commands import Command
 from schemas.identity import LinkApiKey
+from schemas.workspace import RevokeApiKey
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
@@ -200,3 +202,40 @@ async def test_a_retried_deactivation_spares_what_a_reactivation_issued_since(
             "POST", f"{path}/apikeys", key, json={"name": "late", "scopes": ["chat"]}
         )
         assert status == 409 and err["error"]["code"] == "user_inactive", err
+
+
+async def test_a_retried_delete_finishes_revoking_the_users_keys(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: a delete that recorded the deprovisioning and then failed to revoke
+    a key (503) answered its retry 404 (the user is gone), and the key stayed listed live."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        _, user, _ = await svc.request(
+            "POST", f"{ADMIN}/users", key, json={"user_name": uid("lea-")}
+        )
+        path = f"{ADMIN}/users/{user['id']}"
+        status, issued, _ = await svc.request(
+            "POST", f"{path}/apikeys", key, json={"name": "lea-key", "scopes": ["chat"]}
+        )
+        assert status == 201, issued
+        runtime = svc.app[RUNTIME]
+        ask = runtime.ask
+
+        async def revocations_fail(actor: ActorKey, command: Command, **kw: Any) -> Any:
+            if isinstance(command, RevokeApiKey):
+                raise StoreUnavailable("the event store is unreachable")
+            return await ask(actor, command, **kw)
+
+        monkeypatch.setattr(runtime, "ask", revocations_fail)
+        headers = {"Idempotency-Key": uid("delete-")}
+        status, _, _ = await svc.request("DELETE", path, key, headers=headers)
+        assert status == 503
+        monkeypatch.undo()
+        status, _, _ = await svc.request("DELETE", path, key, headers=headers)
+        assert status == 204
+        _, listed, _ = await svc.request("GET", f"{ADMIN}/apikeys", key)
+        (lea,) = [k for k in listed["api_keys"] if k["name"] == "lea-key"]
+        assert lea["revoked_at"] is not None, lea
+        status, _, _ = await svc.request("DELETE", path, key)  # no key: no such user
+        assert status == 404
