@@ -139,9 +139,8 @@ def _service_connection(server: ldap3.Server, config: LdapConfig) -> ldap3.Conne
     )
 
 
-def _authenticate_sync(config: LdapConfig, login: str, password: str) -> LdapUser | None:
-    server = _server(config)
-    search = _service_connection(server, config)
+def _find_sync(config: LdapConfig, login: str) -> LdapUser | None:
+    search = _service_connection(_server(config), config)
     try:
         if not search.bind():
             log.warning("LDAP: the search bind was refused (%s)", search.result.get("description"))
@@ -155,14 +154,6 @@ def _authenticate_sync(config: LdapConfig, login: str, password: str) -> LdapUse
     if len(entries) != 1:
         return None
     entry = entries[0]
-    user_conn = ldap3.Connection(
-        server, user=entry.entry_dn, password=password, receive_timeout=TIMEOUT_S
-    )
-    try:
-        if not user_conn.bind():
-            return None
-    finally:
-        user_conn.unbind()
     groups: tuple[str, ...] = ()
     if config.group_attr and config.group_attr in entry:
         groups = tuple(str(g) for g in entry[config.group_attr].values)
@@ -174,6 +165,14 @@ def _authenticate_sync(config: LdapConfig, login: str, password: str) -> LdapUse
         display_name=_first(entry, "cn"),
         email=_first(entry, "mail"),
     )
+
+
+def _binds_sync(config: LdapConfig, dn: str, password: str) -> bool:
+    conn = ldap3.Connection(_server(config), user=dn, password=password, receive_timeout=TIMEOUT_S)
+    try:
+        return bool(conn.bind())
+    finally:
+        conn.unbind()
 
 
 def _entry_exists_sync(config: LdapConfig, dn: str) -> bool:
@@ -198,12 +197,35 @@ async def ldap_entry_exists(config: LdapConfig, dn: str) -> bool | None:
         return None
 
 
-async def ldap_authenticate(config: LdapConfig, login: str, password: str) -> LdapUser | None:
-    """The directory entry for `login` when `password` binds as it; None otherwise."""
-    if not login or not password or not config.url or not config.base_dn:
+async def ldap_find(config: LdapConfig, login: str) -> LdapUser | None:
+    """The one directory entry `login` names (by the user filter, as the service account
+    sees it); None when there is none, more than one, or the directory could not say."""
+    if not login or not config.url or not config.base_dn:
         return None
     try:
-        return await asyncio.to_thread(_authenticate_sync, config, login, password)
+        return await asyncio.to_thread(_find_sync, config, login)
+    except _DIRECTORY_FAILURES as exc:
+        log.warning("LDAP: user search failed (%s)", type(exc).__name__)
+        return None
+
+
+async def ldap_password_binds(config: LdapConfig, entry: LdapUser, password: str) -> bool:
+    """Whether `password` binds as `entry`. An empty one never does: many servers take an
+    empty password as an unauthenticated bind, and let it succeed."""
+    if not password:
+        return False
+    try:
+        return await asyncio.to_thread(_binds_sync, config, entry.dn, password)
     except _DIRECTORY_FAILURES as exc:
         log.warning("LDAP: login check failed (%s)", type(exc).__name__)
+        return False
+
+
+async def ldap_authenticate(config: LdapConfig, login: str, password: str) -> LdapUser | None:
+    """The directory entry for `login` when `password` binds as it; None otherwise."""
+    if not password:
         return None
+    found = await ldap_find(config, login)
+    if found is None or not await ldap_password_binds(config, found, password):
+        return None
+    return found

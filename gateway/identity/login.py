@@ -34,7 +34,14 @@ from gateway.identity.common import (
     signed_in_user,
     signs_in_elsewhere,
 )
-from gateway.identity.ldap import BIND_SECRET, config_from, ldap_authenticate, ldap_entry_exists
+from gateway.identity.ldap import (
+    BIND_SECRET,
+    config_from,
+    ldap_authenticate,
+    ldap_entry_exists,
+    ldap_find,
+    ldap_password_binds,
+)
 from gateway.identity.passwords import MAX_LENGTH, verify_password
 from gateway.identity.service import Identity, identity
 from gateway.identity.sessions import (
@@ -43,6 +50,7 @@ from gateway.identity.sessions import (
     new_session,
     set_session_cookies,
 )
+from gateway.identity.throttle import Reservation
 from gateway.identity.totp import new_secret, provisioning_uri
 from gateway.identity.vault import INSTANCE, PASSWORD, TOTP, TOTP_PENDING
 from gateway.security import client_ip
@@ -53,6 +61,7 @@ from schemas.errors import (
     Conflict,
     Forbidden,
     InvalidInput,
+    RateLimited,
     SvcError,
     Unauthorized,
     Unavailable,
@@ -311,16 +320,24 @@ def same_entry(recorded: str | None, presented: str) -> bool:
     return recorded is None or recorded.casefold() == presented.casefold()
 
 
-async def _ldap(ident: Identity, workspace_id: str, body: LoginRequest) -> UserRow | None:
-    if not ident.settings.flag("SVC_LDAP_ENABLED"):
+async def _ldap(
+    ident: Identity, workspace_id: str, body: LoginRequest, attempt: Reservation
+) -> UserRow | None:
+    password = body.password.get_secret_value()
+    if not ident.settings.flag("SVC_LDAP_ENABLED") or not password:
         return None
     existing = await find_user_by_name(ident.db, workspace_id, body.username)
     if existing is not None and (existing.source != "ldap" or not existing.usable):
         return None
     secret = await ident.vault.get(INSTANCE, *BIND_SECRET) or ""
     config = config_from(ident.settings, secret)
-    found = await ldap_authenticate(config, body.username, body.password.get_secret_value())
+    found = await ldap_find(config, body.username)
     if found is None:
+        return None
+    # The guess is the bind: counted first under the entry's own name, which every other
+    # name the filter matches (an address, an alias) reaches too.
+    await ident.throttle.count_also(attempt, workspace_id, found.login)
+    if not await ldap_password_binds(config, found, password):
         return None
     if existing is None or user_name_key(existing.user_name) != user_name_key(found.login):
         # The directory matched the entry under a name other than the one typed (spaces it
@@ -427,12 +444,15 @@ async def login(request: web.Request) -> web.Response:
             # as SAML's do: a body naming another workspace signs in with a local password
             # only. The audit names the method tried last: the directory only when it was.
             method = "ldap"
-            user = await _ldap(ident, workspace_id, body)
+            user = await _ldap(ident, workspace_id, body, attempt)
         if user is None:
             raise Unauthorized(BAD_CREDENTIALS)
         second = await _second_factor(ident, user, body.totp_code)
     except SvcError as exc:
-        await _refused(request, ident, workspace_id, body.username, user, method, exc)
+        # Refused by the throttle, the attempt was given back: no record, as for one refused
+        # before it began (a guesser at the limit would flood the log).
+        if not isinstance(exc, RateLimited):
+            await _refused(request, ident, workspace_id, body.username, user, method, exc)
         raise exc from None
     await ident.throttle.succeeded(attempt)
     session, payload = await start_session(request, ident, user, method, second)

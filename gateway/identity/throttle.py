@@ -10,14 +10,17 @@ in effect only failures count.
 
 The account key is the login normalised the way directories compare it (case, surrounding and
 repeated spaces, Unicode compatibility forms): `Alice`, ` alice ` and its full-width form share one
-count. An IPv6 client counts by its /64, which one host usually holds whole.
+count. A directory whose user filter matches more than one attribute (`uid` or `mail`) reaches
+one entry under several names; once the search has named the entry, the attempt is counted
+under the entry's own login too (`count_also`), so every name of an account shares its limit.
+An IPv6 client counts by its /64, which one host usually holds whole.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from eventstore.db import Connection, Database
@@ -78,12 +81,14 @@ async def _until_under(conn: Connection, key: str, limit: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """One counted login attempt: the keys it was counted under and the windows it went to."""
+    """One counted login attempt: the keys it was counted under and the windows it went to.
+    `also` holds the further account keys `count_also` added, in the order counted."""
 
     account: str
     address: str
     account_window: datetime
     address_window: datetime
+    also: list[tuple[str, datetime]] = field(default_factory=list)
 
 
 class LoginThrottle:
@@ -108,12 +113,27 @@ class LoginThrottle:
                     await _until_under(conn, by_address, MAX_PER_ADDRESS),
                 )
         if over:
-            raise RateLimited(
-                "too many failed logins; try again in a few minutes",
-                retry_after_s=max(1.0, wait_s),
-                code="login_rate_limited",
-            )
+            raise _too_many(wait_s)
         return Reservation(account, by_address, account_window, address_window)
+
+    async def count_also(self, attempt: Reservation, workspace_id: str, user_name: str) -> None:
+        """Count `attempt` under `user_name`'s account as well (nothing more when that is the
+        key it was reserved under). Over that account's limit the attempt is refused with 429
+        and given back everywhere it was counted."""
+        key = account_key(workspace_id, user_name)
+        if key == attempt.account or any(key == counted for counted, _ in attempt.also):
+            return
+        async with self._db.acquire() as conn, conn.transaction():
+            window = await conn.fetchval(_HIT, key)
+            over = await conn.fetchval(_COUNT, key, WINDOW_MINUTES) > MAX_PER_ACCOUNT
+            if over:
+                counted = [(key, window), *_counted(attempt)]
+                for each_key, each_window in counted:
+                    await conn.execute(_UNDO, each_key, each_window)
+                wait_s = await _until_under(conn, key, MAX_PER_ACCOUNT)
+        if over:
+            raise _too_many(wait_s)
+        attempt.also.append((key, window))
 
     async def failed(self, reservation: Reservation) -> None:
         """The attempt failed: it stays counted (nothing to do; kept for the reader)."""
@@ -122,5 +142,22 @@ class LoginThrottle:
         """The attempt succeeded: the account's failures are forgiven and the address gets
         this attempt back."""
         async with self._db.acquire() as conn:
-            await conn.execute(_CLEAR, reservation.account)
+            for account in (reservation.account, *(key for key, _ in reservation.also)):
+                await conn.execute(_CLEAR, account)
             await conn.execute(_UNDO, reservation.address, reservation.address_window)
+
+
+def _counted(attempt: Reservation) -> list[tuple[str, datetime]]:
+    return [
+        (attempt.account, attempt.account_window),
+        (attempt.address, attempt.address_window),
+        *attempt.also,
+    ]
+
+
+def _too_many(wait_s: float) -> RateLimited:
+    return RateLimited(
+        "too many failed logins; try again in a few minutes",
+        retry_after_s=max(1.0, wait_s),
+        code="login_rate_limited",
+    )

@@ -27,6 +27,7 @@ from gateway.identity.ldap import map_role as ldap_map_role
 from gateway.identity.login import ExternalUser, sync_external_user
 from gateway.identity.saml import map_role as saml_map_role
 from gateway.identity.service import IDENTITY
+from gateway.identity.throttle import MAX_PER_ACCOUNT
 from schemas.errors import Unavailable
 
 pytestmark = [
@@ -533,6 +534,40 @@ async def test_ldap_refuses_when_the_service_bind_fails(database_url: str, slapd
         status, body, browser = await svc.login("alice", "alice-password")
         await browser.close()
         assert status == 401 and body["error"]["code"] == "unauthorized"
+
+
+async def test_every_name_a_filter_matches_shares_the_entrys_limit(
+    database_url: str, slapd: Slapd
+) -> None:
+    """Review finding: with a filter on `uid` or `mail`, failures counted per typed name
+    only, so each name of an entry had its own five guesses at the one password."""
+    settings = ldap_settings(database_url, slapd.url) | {
+        "SVC_LDAP_USER_FILTER": "(&(objectClass=inetOrgPerson)(|(uid=%s)(mail=%s)))"
+    }
+    async with running(settings_for(database_url, **settings)) as svc:
+        await key_and_bind_password(svc)
+        for _ in range(MAX_PER_ACCOUNT - 1):
+            status, _, browser = await svc.login("alice", "wrong-password")
+            await browser.close()
+            assert status == 401
+        # The address names the entry; its success forgives the entry's failures too.
+        status, _, browser = await svc.login("alice@example.test", "alice-password")
+        await browser.close()
+        assert status == 200
+        for _ in range(MAX_PER_ACCOUNT):
+            status, _, browser = await svc.login("alice", "wrong-password")
+            await browser.close()
+            assert status == 401
+        for password in ("wrong-password", "alice-password"):
+            status, body, browser = await svc.login("alice@example.test", password)
+            await browser.close()
+            assert status == 429 and body["error"]["code"] == "login_rate_limited", body
+        # Refused by the throttle, the attempts were given back, and not recorded.
+        status, audit, _ = await svc.request(
+            "GET", "/v1/admin/audit?action=identity.login_failed", await svc.issue_key()
+        )
+        assert status == 200
+        assert len(audit["items"]) == 2 * MAX_PER_ACCOUNT - 1, audit["items"]
 
 
 async def test_ldap_off_means_no_directory(database_url: str, slapd: Slapd) -> None:
