@@ -269,6 +269,17 @@ async def cut_off(
     await revoke_user_keys(request, workspace_id, user_id)
 
 
+async def finish_cut_off_before_reactivating(
+    request: web.Request, ident: Identity, user: UserRow, active_after: bool | None
+) -> None:
+    """A deactivation is recorded first and cut off after; a cut-off that failed (a 503)
+    leaves the user's keys and sessions refused only while the user stays inactive. While
+    inactive, a user is issued no key and starts no session, so all they hold then is the
+    deactivation's to end: a reactivation ends it first, and is not recorded if it cannot."""
+    if user.active is False and not user.deleted and active_after is not False:
+        await cut_off(request, ident, user.workspace_id, user.user_id, "user deactivated")
+
+
 def _check_owner_rights(principal: Principal, roles: tuple[str, ...] | list[str]) -> None:
     if "owner" in roles and not holds_owner_power(principal):
         raise Forbidden(
@@ -421,6 +432,7 @@ async def patch_user(request: web.Request) -> web.Response:
         # a 400).
         base = profile_of(user)
         profile = UserProfile.model_validate({**base.model_dump(), **changes})
+        await finish_cut_off_before_reactivating(request, ident, user, profile.active)
         await ident.ask(
             directory_key(principal.workspace_id),
             UpdateUser(
@@ -439,7 +451,8 @@ async def patch_user(request: web.Request) -> web.Response:
     ws = principal.workspace_id
     if body.active is False and not (await live_user(ident, ws, user.user_id)).usable:
         # Judged by the user as they are now, not by the body: a retried deactivation that
-        # finds the user reactivated since must not revoke the credentials issued after.
+        # finds the user reactivated since must not revoke the credentials issued after
+        # (the reactivation finished this deactivation's cut-off before it was recorded).
         await cut_off(request, ident, ws, user.user_id, "user deactivated")
     return json(user_view(await live_user(ident, ws, user.user_id)))
 
@@ -468,7 +481,7 @@ async def delete_user(request: web.Request) -> web.Response:
     ident = identity(request)
     ws = principal.workspace_id
     gone = await get_user(ident.db, ws, request.match_info["id"])
-    if gone is not None and gone.deleted and idempotency_key(request) is not None:
+    if gone is not None and gone.deleted and await _deleted_by_this_key(request, ident, gone):
         # A retried delete whose deprovisioning was recorded, its cut-off perhaps not (a
         # revocation that failed): finish that, and answer as the first attempt would have.
         await cut_off(request, ident, ws, gone.user_id, "user deprovisioned")
@@ -479,6 +492,26 @@ async def delete_user(request: web.Request) -> web.Response:
         await keep_an_owner(ident, principal.workspace_id, user.user_id)
     await deprovision(ident, request, principal.workspace_id, user.user_id, command_id(request))
     return web.Response(status=204)
+
+
+async def _deleted_by_this_key(request: web.Request, ident: Identity, gone: UserRow) -> bool:
+    """Whether this request's Idempotency-Key is the one that deleted `gone`. Only the ledger
+    knows: the command sent again is answered from its first run when it was this deletion,
+    refused (409 `idempotency_key_reused`) when the key ran another request, and records
+    nothing when the key never ran, the user being gone already."""
+    if idempotency_key(request) is None:
+        return False
+    outcome = await ident.ask(
+        directory_key(gone.workspace_id),
+        DeprovisionUser(
+            by=actor_of(request),
+            command_id=command_id(request),
+            workspace_id=gone.workspace_id,
+            user_id=gone.user_id,
+            at=now(),
+        ),
+    )
+    return outcome.duplicate
 
 
 async def _check_current_password(

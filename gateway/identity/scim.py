@@ -33,6 +33,7 @@ from gateway.errors import count_error, read_json, validation_problems
 from gateway.identity.admin import (
     cut_off,
     deprovision,
+    finish_cut_off_before_reactivating,
     revoke_sessions,
     set_password,
 )
@@ -548,6 +549,7 @@ async def _save(
     async def attempt() -> tuple[UserProfile, str | None]:
         user = await _writable_user(ident, ws, request.match_info["id"])
         profile, password = await change(user)
+        await finish_cut_off_before_reactivating(request, ident, user, profile.active)
         await _write(request, ident, ws, user, profile, password)
         return profile, password
 

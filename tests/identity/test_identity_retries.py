@@ -12,9 +12,11 @@ from identity_support import Running, running, settings_for, uid
 
 from actors.behaviour import ActorKey, CommandOutcome
 from eventstore.errors import StoreUnavailable
+from gateway.identity import admin
 from gateway.identity.service import IDENTITY
 from gateway.state import RUNTIME
 from schemas.commands import Command
+from schemas.errors import Unavailable
 from schemas.identity import LinkApiKey
 from schemas.workspace import RevokeApiKey
 
@@ -239,3 +241,56 @@ async def test_a_retried_delete_finishes_revoking_the_users_keys(
         assert lea["revoked_at"] is not None, lea
         status, _, _ = await svc.request("DELETE", path, key)  # no key: no such user
         assert status == 404
+
+
+async def test_only_the_key_that_deleted_a_user_deletes_them_again(database_url: str) -> None:
+    """Review finding: any Idempotency-Key made the delete of a deleted user a 204, one
+    never used as well as one used for another request."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        paths = []
+        for name in ("ann-", "ben-"):
+            _, user, _ = await svc.request(
+                "POST", f"{ADMIN}/users", key, json={"user_name": uid(name)}
+            )
+            paths.append(f"{ADMIN}/users/{user['id']}")
+        ann, ben = paths
+        deleted_ann, deleted_ben = ({"Idempotency-Key": uid("delete-")} for _ in paths)
+        assert (await svc.request("DELETE", ann, key, headers=deleted_ann))[0] == 204
+        assert (await svc.request("DELETE", ben, key, headers=deleted_ben))[0] == 204
+        fresh = {"Idempotency-Key": uid("delete-")}
+        status, err, _ = await svc.request("DELETE", ann, key, headers=fresh)
+        assert status == 404 and err["error"]["code"] == "not_found", err
+        status, err, _ = await svc.request("DELETE", ann, key, headers=deleted_ben)
+        assert status == 409 and err["error"]["code"] == "idempotency_key_reused", err
+        assert (await svc.request("DELETE", ann, key, headers=deleted_ann))[0] == 204
+
+
+async def test_a_reactivation_ends_what_a_failed_deactivation_left_live(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: a deactivation recorded whose cut-off then failed (503) left the
+    user's keys refused only while inactive; a reactivation, or a retry that found the
+    user reactivated, brought them back to life."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        _, user, _ = await svc.request(
+            "POST", f"{ADMIN}/users", key, json={"user_name": uid("lea-")}
+        )
+        personal = (await svc.issue_user_key(key, user["id"], ["chat"]))["key"]
+        real_cut_off = admin.cut_off
+
+        async def failing_once(*args: Any) -> None:
+            monkeypatch.setattr(admin, "cut_off", real_cut_off)
+            raise Unavailable("the store is unavailable; retry", code="store_unavailable")
+
+        monkeypatch.setattr(admin, "cut_off", failing_once)
+        path = f"{ADMIN}/users/{user['id']}"
+        status, _, _ = await svc.request("PATCH", path, key, json={"active": False})
+        assert status == 503
+        status, _, _ = await svc.request("GET", "/v1/models", personal)
+        assert status == 401  # refused while the user is inactive
+        status, body, _ = await svc.request("PATCH", path, key, json={"active": True})
+        assert status == 200 and body["active"] is True, body
+        status, _, _ = await svc.request("GET", "/v1/models", personal)
+        assert status == 401  # and after: the reactivation finished the cut-off

@@ -803,6 +803,14 @@ async def test_a_retried_deactivation_revokes_the_keys_its_first_try_did_not(
         status, err, _ = await svc.request("GET", WHOAMI, personal)
         assert status == 401, err
 
+        # Not retried at all: the reactivation itself ends what the deactivation left live.
+        second = (await svc.issue_user_key(admin_key, created["id"], ["chat"]))["key"]
+        monkeypatch.setattr(scim, "cut_off", failing_once)
+        assert (await svc.request("PATCH", path, token, json=deactivate))[0] == 503
+        assert (await svc.request("PATCH", path, token, json=reactivate))[0] == 200
+        status, err, _ = await svc.request("GET", WHOAMI, second)
+        assert status == 401, err
+
 
 async def test_patch_put_and_reads_follow_rfc_7644_in_the_details(database_url: str) -> None:
     """Review findings: an add of an address the user has grew the list by a copy (an IdP
