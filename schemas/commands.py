@@ -72,8 +72,10 @@ class Command(BaseModel):
     holds many things (the workspace's keys, its users' roles). A command id the ledger holds
     is a retry only when its first run was a command of the same type with equal target
     fields (ActorContext compares `request_digest`); anything else reused an Idempotency-Key
-    for another request. The rest of a request may differ: its first result stands, as for
-    a chat turn."""
+    for another request. Fields left out may differ between a request and its retry: the
+    first result stands. A command names as targets whatever makes it another request (a
+    user's creation: its profile and roles; a chat turn digests its model, messages and
+    sampling parameters)."""
 
     def held_chars(self) -> int:
         """About how many characters of text the command carries (a chat turn's messages):

@@ -644,9 +644,20 @@ async def test_moving_the_default_workspace_says_who_manages_the_instance_next(
     the new workspace had no key; the answer now says so, and how to issue one."""
     async with running(settings_for(database_url)) as svc:
         result = await svc.app[SETTINGS_SERVICE].set("SVC_DEFAULT_WORKSPACE_ID", "ops team")
+        # From the command line, which serves nothing: said only of a value that moves it.
+        store = svc.app[STORE_KEY]
+        cli = SettingsService(
+            Settings({"SVC_DATABASE_URL": database_url}),
+            svc.app[RUNTIME],
+            store,
+            DatabaseVault(store.db),
+            serving=False,
+        )
+        kept = await cli.set("SVC_DEFAULT_WORKSPACE_ID", "default")
     assert result.restart_required
     assert "instance settings are managed by admins of 'ops team'" in result.message
     assert "svc apikeys create --scopes '*' --workspace 'ops team'" in result.message
+    assert "note" not in kept.message, kept.message
 
 
 async def test_a_secret_whose_vault_row_went_missing_can_be_unset(
