@@ -757,10 +757,10 @@ class ProjectionRunner:
     ) -> None:
         """Apply the log up to `until` (a cursor; default: the log's head now) in this task.
 
-        Raises `ProjectionFailed` if a projector stops on a poison event first (the others
-        still reach `until`). A cursor that is not yet visible (an older transaction still
-        open) is waited for by polling; bound the wait with `asyncio.timeout` or use
-        `wait_for`.
+        Raises `ProjectionFailed` if a projector stops on a poison event before `until` (the
+        others still reach it); a stop after `until` is left for the next caller to meet. A
+        cursor that is not yet visible (an older transaction still open) is waited for by
+        polling; bound the wait with `asyncio.timeout` or use `wait_for`.
         """
         target = decode_cursor(until) if until else await self._head()
         slots = self._select(names)
@@ -780,7 +780,8 @@ class ProjectionRunner:
             if consumed == 0:
                 await asyncio.sleep(self._poll_interval_s)
         for slot in slots:
-            if slot.failure is not None:
+            # A stop past `until` is no reason to fail this wait: what it asked for is applied.
+            if slot.failure is not None and slot.point < target:
                 raise ProjectionFailed(
                     f"projection {slot.name} is stopped at "
                     f"{slot.failure.cursor}: {slot.failure.error}"

@@ -207,6 +207,10 @@ async def test_poison_event_stops_the_projector_where_it_is(
     )
     assert "title" in failure.error
     assert "\n" not in failure.error  # a validation error's many lines, made one
+    # A write before the stop is applied: a wait for it (the CLI's, runner not started) is
+    # over, though the projector stopped after it.
+    await runner.catch_up(good.cursor)
+    assert await runner.wait_for(good.cursor, PATIENCE_S)
     # Everything before the poison event is applied and checkpointed; nothing after it.
     assert status["conversations"].cursor == good.cursor
     assert status["conversations"].lag_events == 2
