@@ -234,8 +234,19 @@ async def test_an_export_is_written_a_page_at_a_time(
     _, key, cid = await chatty_workspace(service)
     whole = await service.get_json("/v1/admin/conversations/messages", key, id=cid)
     monkeypatch.setattr(gateway.admin_conversations, "MESSAGE_PAGE_BYTES", page_bytes)
+    read = gateway.admin_conversations.queries.get_message_page
+    pages: list[int] = []
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        page = await read(*args, **kwargs)
+        pages.append(len(page.messages))
+        return page
+
+    monkeypatch.setattr(gateway.admin_conversations.queries, "get_message_page", counted)
     path = "/v1/admin/conversations/export"
     body = orjson.loads(await (await service.get(path, key, conversation_id=cid)).read())
+    # A page holds at least one message, the limit notwithstanding.
+    assert pages == ([1, 1, 1, 1] if page_bytes == 5 else [4]), pages
     assert set(body) == {"conversation", "messages", "exported_at"}
     assert body["conversation"]["id"] == cid and body["conversation"]["message_count"] == 4
     assert body["messages"] == whole["messages"]
