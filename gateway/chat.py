@@ -73,7 +73,7 @@ from gateway.identity.common import first_attempt_ran
 from gateway.openapi import document
 from gateway.sse import open_sse, send_comment, send_event
 from gateway.state import CURSORS, DATABASE, MODEL_PROVIDERS, RUNTIME, Principal
-from gateway.telemetry import current_traceparent, record_turn, turn_span
+from gateway.telemetry import current_traceparent, record_failure, record_turn, turn_span
 from gateway.ttl_cache import TtlCache
 from projections import agent_queries
 from projections.agent_queries import Agent
@@ -686,6 +686,7 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
         record_turn(result)
         await sender.finish(result)
     except SvcError as exc:
+        record_failure(exc)
         if exc.internal:
             # An internal failure: its message may carry database detail, so the client gets
             # only the id, as from gateway.errors.internal_error.
@@ -694,6 +695,7 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
             TURN_ERRORS.labels(exc.code).inc()
             await sender.error(exc.message, exc.error_type, exc.code, cursor=exc.recorded_cursor)
     except Exception as exc:
+        record_failure(exc)
         await _internal_stream_error(sender, exc)
     finally:
         await items.aclose()

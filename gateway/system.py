@@ -68,14 +68,17 @@ _SECRET_TEXT = re.compile(
 # there. Every name is looked at, inside other pairs' values too (`?next=/cb?access_token=`),
 # percent-encoded ones as well (`?next=%2Fcb%3Faccess_token%3D...`, the name then read with
 # the encoded byte before it, `3Faccess_token`, which still says what it is).
+# A name may close a bracket (`user[password]=`, `password[]=`, encoded as `qs` and Rails
+# write them) or an escaped quote (JSON logged as a string: `{\"token\":\"...\"}`).
 _NAME_EQ = re.compile(
-    r"(?i)(?<![a-z0-9_.\-])([a-z0-9_.\-]++)[\"']?+\s*+(?:[=:]|%3[ad])(?:\s|%20)*+"
+    r"(?i)(?<![a-z0-9_.\-])([a-z0-9_.\-]++)(?:\]|%5d)?+(?:\[\]|%5b%5d)?+\\?+[\"']?+\s*+"
+    r"(?:[=:]|%3[ad])(?:\s|%20)*+"
 )
 # A value as written after its name: quoted, or a run of characters, after the scheme word
 # of an Authorization-style value (`X-Auth-Token: Bearer abc`: the token, not the word).
 # An unquoted value ends where the next pair begins; after an encoded `=`, an encoded `&`
 # (`%26`) begins one too, while in a value written plainly it is the value's own byte.
-_QUOTED = r"\"(?:[^\"\\]|\\.)*+\"|'(?:[^'\\]|\\.)*+'"
+_QUOTED = r"\"(?:[^\"\\]|\\.)*+\"|'(?:[^'\\]|\\.)*+'|\\\"(?:[^\"\\]|\\[^\"])*+\\\""
 _SCHEME = r"((?i:(?:bearer|basic|token)(?:\s|%20)++)?+)"
 _VALUE = re.compile(_QUOTED + "|" + _SCHEME + r"[^\s;&,\"']++")
 _ENCODED_VALUE = re.compile(_QUOTED + "|" + _SCHEME + r"(?:[^\s;&,\"'%]|%(?!26))++")
@@ -306,12 +309,20 @@ def _without_secret_pairs(text: str) -> str:
         else:
             value = _VALUE.match(text, name.end())
         if value is not None:
-            quote = value.group(0)[0] if value.group(0)[0] in "\"'" else ""
+            quote = _quote_of(value.group(0))
             scheme = (value.group(1) if value.re.groups else None) or ""
             kept += [text[done : name.end()], f"{quote}{scheme}{REDACTED}{quote}"]
             done = value.end()
     kept.append(text[done:])
     return "".join(kept)
+
+
+def _quote_of(value: str) -> str:
+    """The quote a value was written in (an escaped one, `\\"`, inside JSON logged as a
+    string), to write the redacted value in; empty for a bare one."""
+    if value.startswith('\\"'):
+        return '\\"'
+    return value[0] if value[0] in "\"'" else ""
 
 
 def _basic_credentials(match: re.Match[str]) -> str:

@@ -127,8 +127,10 @@ async def tracing_middleware(request: web.Request, handler: Handler) -> web.Stre
     route = _route(request)
     attributes = {"http.request.method": request.method, "http.route": route}
     # A caller's W3C `traceparent` makes this span a child of the caller's, so a trace runs
-    # through the service; a malformed one is ignored (a new trace starts).
-    caller = _W3C_TRACE_CONTEXT.extract(request.headers)
+    # through the service; a malformed one is ignored (a new trace starts). Its `tracestate`
+    # is not taken: the SDK would export that text, the caller's choice, on every span.
+    parent = request.headers.get("traceparent")
+    caller = _W3C_TRACE_CONTEXT.extract({} if parent is None else {"traceparent": parent})
     name = f"{request.method} {route}"
     with _span(tracer, name, SpanKind.SERVER, attributes, parent=caller) as span:
         response = await handler(request)
@@ -175,13 +177,21 @@ def _span(
         try:
             yield span
         except BaseException as exc:
-            span.set_status(Status(StatusCode.ERROR))
-            span.set_attribute("error.type", _error_type(exc))
+            _mark_failed(span, exc)
             raise
 
 
-def _error_type(exc: BaseException) -> str:
-    return exc.code if isinstance(exc, SvcError) else type(exc).__name__
+def _mark_failed(span: Span, exc: BaseException) -> None:
+    span.set_status(Status(StatusCode.ERROR))
+    span.set_attribute("error.type", exc.code if isinstance(exc, SvcError) else type(exc).__name__)
+
+
+def record_failure(exc: BaseException) -> None:
+    """A failure the handler answered itself (a stream's error frame, once its 200 went out)
+    on the current span, by its code or type as a raised one is (a no-op when tracing is off)."""
+    span = get_current_span()
+    if span.is_recording():
+        _mark_failed(span, exc)
 
 
 def current_traceparent() -> str | None:

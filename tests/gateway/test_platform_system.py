@@ -467,6 +467,19 @@ def test_a_secret_named_in_json_a_repr_or_a_header_line_is_redacted() -> None:
         ("passenger=bob author=alice", "passenger=bob author=alice"),
         # A URL's password with no user before it.
         ("redis://:s3cretPassw0rd@cache:6379", "[redacted]cache:6379"),
+        # Names inside brackets, plain and encoded as `qs` and Rails write nested fields,
+        # and JSON logged as a string (review finding: all passed unredacted).
+        ("/login?user[password]=hunter2&x=1", "/login?user[password]=[redacted]&x=1"),
+        ("user%5Bpassword%5D=hunter2&x=1", "user%5Bpassword%5D=[redacted]&x=1"),
+        (
+            "creds[api_key]=abc&password[]=a&b=1",
+            "creds[api_key]=[redacted]&password[]=[redacted]&b=1",
+        ),
+        (
+            '{\\"access_token\\":\\"abc123\\",\\"n\\":1}',
+            '{\\"access_token\\":\\"[redacted]\\",\\"n\\":1}',
+        ),
+        ("a[b]=c&page=2", "a[b]=c&page=2"),
     ):
         assert system.redact(text, ()) == shown, text
     # Linear in the text, an unclosed quote or a name before each quote included.

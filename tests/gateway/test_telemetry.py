@@ -93,7 +93,7 @@ async def test_requests_and_turns_are_exported_as_spans(database_url: str) -> No
             assert status == 404
             not_sampled = CALLER_TRACEPARENT[:-2] + "00"  # the caller's flag: not recorded
             for traceparent in (CALLER_TRACEPARENT, "00-not-a-trace-01", not_sampled):
-                headers = {"traceparent": traceparent}
+                headers = {"traceparent": traceparent, "tracestate": "leak=caller-chosen-text"}
                 status, _, _ = await svc.request("GET", "/v1/models", key, headers=headers)
                 assert status == 200
         # Leaving `running` closed the app, which flushed the last batch to the collector.
@@ -117,6 +117,7 @@ async def test_requests_and_turns_are_exported_as_spans(database_url: str) -> No
     # A caller's traceparent makes the request span its child; a malformed one starts anew.
     continued, fresh, unsampled = by_name["GET /v1/models"]
     assert (continued.trace_id.hex(), continued.parent_span_id.hex()) == (CALLER_TRACE, CALLER_SPAN)
+    assert all(not span.trace_state for span in collector.spans)  # the caller's text: not kept
     # A caller cannot switch the tracing of its requests off: traced all the same.
     assert unsampled.trace_id.hex() == CALLER_TRACE
     assert fresh.trace_id.hex() != CALLER_TRACE and not fresh.parent_span_id
@@ -159,6 +160,39 @@ async def test_a_failed_turn_is_recorded_by_its_code_without_its_message(
     assert list(turn.events) == []  # no exception event: it would carry message and traceback
     everything = repr(collector.spans)
     assert "sk-pro" not in everything and "context window" not in everything
+
+
+async def test_a_stream_that_fails_after_its_first_chunk_is_a_failed_span(
+    database_url: str,
+) -> None:
+    """Review finding: once a stream's 200 is out, its failure is an error frame the handler
+    writes itself; the turn's span closed as a success, while the metrics counted a failure."""
+    collector, stub = Collector(), await StubUpstream().start()
+    stub.drop_after = 2
+    try:
+        async with collector.running() as endpoint:
+            settings = settings_for(
+                database_url,
+                SVC_OTEL_ENDPOINT=endpoint,
+                SVC_LLM_GATEWAY_URL=stub.base_url,
+                SVC_LLM_MODEL="upstream-model",
+            )
+            async with running(settings) as svc:
+                key, _ = await svc.issue_key("ws-otel-stream")
+                chat = {
+                    "model": "upstream-model",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "stream": True,
+                }
+                status, text, _ = await svc.request("POST", "/v1/chat/completions", key, json=chat)
+                assert status == 200 and "upstream_interrupted" in text, text
+    finally:
+        await stub.stop()
+
+    (turn,) = [span for span in collector.spans if span.name == "chat turn"]
+    assert turn.status.code == turn.status.STATUS_CODE_ERROR
+    assert _attributes(turn.attributes)["error.type"] == "upstream_interrupted"
+    assert list(turn.events) == []
 
 
 async def test_no_endpoint_no_tracing(database_url: str) -> None:
