@@ -61,5 +61,7 @@ async def hash_password(password: str) -> str:
 
 async def verify_password(password: str, stored: str | None) -> bool:
     """Constant work whether or not the account exists: an unknown user costs one scrypt too."""
-    ok = await asyncio.to_thread(verify_password_sync, password, stored or _dummy_hash())
+    # The dummy is made in the worker too: its first use is a scrypt, which on the loop
+    # would stall every request of the process.
+    ok = await asyncio.to_thread(lambda: verify_password_sync(password, stored or _dummy_hash()))
     return ok and stored is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from identity_support import GUARDED, WHOAMI, Running, running, settings_for, uid
 
+from actors.identity import session_key
 from eventstore.store import PostgresEventStore
 from gateway.state import DATABASE, STORE
 from projections.identity_queries import user_session_ids
@@ -369,5 +370,18 @@ async def test_a_password_change_revokes_only_the_sessions_that_still_sign_in(
                 live[:2],
             )
         assert await user_session_ids(db, workspace, user["id"]) == live[2:]
+        path = f"/v1/admin/users/{user['id']}/password"
+        status, _, _ = await svc.request("PUT", path, key, json={"password": "second password 2"})
+        assert status == 204
+        store = svc.app[STORE]
+        revoked = [
+            [e.type for e in await store.read_stream(session_key(sid).stream_id)].count(
+                "identity.session_revoked"
+            )
+            for sid in live
+        ]
+        assert revoked == [0, 0, 1], revoked  # the live one only; the run-out ones untouched
+        status, _, _ = await svc.request("GET", WHOAMI, session=sessions[2])
+        assert status == 401
         for browser in sessions:
             await browser.close()
