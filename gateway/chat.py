@@ -650,6 +650,11 @@ keeps its own HTTP status. A reasoning model may think for minutes before its fi
 and a proxy with an idle timeout (60 s is common) would answer 504 to a silent response,
 which the SDKs retry as a new turn, while the first one runs on."""
 
+STREAM_WRITE_TIMEOUT_S = 30.0
+"""How long one write may wait for the client to take bytes from a full socket buffer. A
+client reading slowly but steadily never waits that long (a chunk is small; the write waits
+only while the buffer is over its high-water mark); one that stopped reading is cut off."""
+
 STREAM_HEARTBEAT_S = 15.0
 """The silence after which a stream sends an SSE comment (which clients skip), as the feeds
 do: while it waits for its first item, and when the model pauses mid-answer (a tool call
@@ -784,14 +789,27 @@ class _ChunkSender:
         self._last_write = loop.time()
         self._writing += 1
         try:
-            await write
+            async with asyncio.timeout(STREAM_WRITE_TIMEOUT_S):
+                await write
         except ConnectionError:
             # Reset, broken pipe, or aiohttp's "Connection lost" when the client hangs up
             # while a write waits for its buffer to drain: all the client leaving.
             self._gone()
+        except TimeoutError:
+            self._stalled()
         finally:
             self._writing -= 1
             self._last_write = loop.time()
+
+    def _stalled(self) -> None:
+        """The client took none of a full socket buffer for STREAM_WRITE_TIMEOUT_S: cut off,
+        as the feeds cut a stalled reader, so it holds neither this handler nor the answer's
+        undelivered text. The turn goes on and is recorded, as for a client that left."""
+        log.info("chat client took nothing for %g s; its stream is cut off", STREAM_WRITE_TIMEOUT_S)
+        transport = self._request.transport
+        if transport is not None:
+            transport.abort()
+        self._gone()
 
     def _gone(self) -> None:
         self.client_gone = True
@@ -848,9 +866,4 @@ class _ChunkSender:
         return self._request.app[CURSORS].seal(cursor) if cursor else None
 
     async def close(self) -> None:
-        if self.client_gone:
-            return
-        try:
-            await self.response.write_eof()
-        except ConnectionError:
-            self._gone()
+        await self._write(self.response.write_eof())

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import openai
 import orjson
 import pytest
@@ -1491,6 +1492,48 @@ async def test_a_client_that_stops_reading_then_leaves_is_a_hang_up_not_an_error
     assert "chat stream failed" not in caplog.text
 
 
+async def test_a_client_that_stops_reading_and_stays_is_cut_off(
+    chat: Chat, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: a write waiting for a client that neither reads nor leaves waited
+    for ever, holding the handler and the answer's undelivered text. Now the stream is cut
+    off, as a feed's stalled reader is, and the turn is recorded all the same."""
+    caplog.set_level(logging.INFO, logger="gateway.chat")
+    monkeypatch.setattr(gateway.chat, "STREAM_WRITE_TIMEOUT_S", 0.5)
+    chat.stub.tokens = 20_000
+    body = orjson.dumps({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
+    host, port = chat.service.server.host, chat.service.server.port
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {chat.key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    await writer.drain()
+    headers = []
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        headers.append(line.decode())
+    assert " 200 " in headers[0]
+    (conversation_id,) = [
+        h.split(":", 1)[1].strip() for h in headers if h.lower().startswith("x-svc-conversation-id")
+    ]
+    try:
+        async with asyncio.timeout(30):
+            while True:  # cut off (its socket aborted) by the gateway: the client stays
+                if "its stream is cut off" in caplog.text:
+                    break
+                await asyncio.sleep(0.05)
+            while True:  # the turn runs on without a reader, and is recorded
+                events = await chat.events(conversation_id)
+                if any(e.type == COMPLETED for e in events):
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        writer.close()
+
+
 async def turn_errors(chat: Chat, code: str) -> float:
     text = await (await chat.service.http.get(chat.service.url("/metrics"))).text()
     found = re.search(rf'^svc_turn_errors_total\{{code="{code}"\}} (\S+)$', text, re.M)
@@ -1547,18 +1590,36 @@ async def test_turn_metrics_count_turns_not_refused_requests(chat: Chat) -> None
     assert await turn_errors(chat, "unauthorized") == 0
 
 
-async def test_cursor_header_gives_read_your_writes(chat: Chat) -> None:
-    raw = await chat.client().chat.completions.with_raw_response.create(
-        model=OFFLINE, messages=[{"role": "user", "content": "remember the walrus"}]
-    )
-    answer = raw.parse().choices[0].message.content or ""
+async def test_cursor_header_gives_read_your_writes(chat: Chat, database_url: str) -> None:
+    """The read models are held back (their batch waits on a lock) until the read with the
+    answer's cursor has begun: only that wait can show it the answer. (Review finding: the
+    admin key, issued after the turn and waited for, had let them catch up already.)"""
     admin = await chat.issue_key(chat.workspace, scopes=("*",))
-    body = await chat.service.get_json(
-        "/v1/admin/conversations/messages",
-        admin,
-        id=raw.headers["X-SVC-Conversation-Id"],
-        min_cursor=raw.headers["X-SVC-Cursor"],
-    )
+    holder = await asyncpg.connect(database_url)
+    try:
+        hold = holder.transaction()
+        await hold.start()
+        await holder.execute("LOCK TABLE messages IN EXCLUSIVE MODE")  # reads still pass
+        raw = await chat.client().chat.completions.with_raw_response.create(
+            model=OFFLINE, messages=[{"role": "user", "content": "remember the walrus"}]
+        )
+        answer = raw.parse().choices[0].message.content or ""
+        path, conversation = (
+            "/v1/admin/conversations/messages",
+            raw.headers["X-SVC-Conversation-Id"],
+        )
+        unwaited = await chat.service.get(path, admin, id=conversation)
+        assert answer[:40] not in await unwaited.text()  # not applied yet
+        waited = asyncio.create_task(
+            chat.service.get_json(
+                path, admin, id=conversation, min_cursor=raw.headers["X-SVC-Cursor"]
+            )
+        )
+        await asyncio.sleep(0.3)
+        await hold.rollback()
+        body = await waited
+    finally:
+        await holder.close()
     text = orjson.dumps(body).decode()
     assert "remember the walrus" in text
     assert answer[:40] in text
