@@ -462,16 +462,21 @@ async def deprovision(
 ) -> None:
     """`command`: the command id (the admin API's Idempotency-Key; SCIM's own)."""
     await ident.ask(
-        directory_key(workspace_id),
-        DeprovisionUser(
-            by=actor_of(request),
-            command_id=command,
-            workspace_id=workspace_id,
-            user_id=user_id,
-            at=now(),
-        ),
+        directory_key(workspace_id), _deprovision(request, workspace_id, user_id, command)
     )
     await cut_off(request, ident, workspace_id, user_id, "user deprovisioned")
+
+
+def _deprovision(
+    request: web.Request, workspace_id: str, user_id: str, command: str
+) -> DeprovisionUser:
+    return DeprovisionUser(
+        by=actor_of(request),
+        command_id=command,
+        workspace_id=workspace_id,
+        user_id=user_id,
+        at=now(),
+    )
 
 
 async def delete_user(request: web.Request) -> web.Response:
@@ -501,17 +506,8 @@ async def _deleted_by_this_key(request: web.Request, ident: Identity, gone: User
     nothing when the key never ran, the user being gone already."""
     if idempotency_key(request) is None:
         return False
-    outcome = await ident.ask(
-        directory_key(gone.workspace_id),
-        DeprovisionUser(
-            by=actor_of(request),
-            command_id=command_id(request),
-            workspace_id=gone.workspace_id,
-            user_id=gone.user_id,
-            at=now(),
-        ),
-    )
-    return outcome.duplicate
+    again = _deprovision(request, gone.workspace_id, gone.user_id, command_id(request))
+    return (await ident.ask(directory_key(gone.workspace_id), again)).duplicate
 
 
 async def _check_current_password(

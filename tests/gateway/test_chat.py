@@ -1459,15 +1459,9 @@ async def test_a_json_client_that_leaves_mid_turn_is_a_hang_up_and_the_turn_is_r
     assert left == retried == 1, answered
 
 
-async def test_a_client_that_stops_reading_then_leaves_is_a_hang_up_not_an_error(
-    chat: Chat, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A client with a tiny receive window that never reads: the gateway's writes back up
-    until one waits for the socket to drain, then the client closes. That is the client
-    leaving (499, the turn recorded), not an internal error."""
-    caplog.set_level(logging.INFO, logger="gateway.chat")
-    chat.stub.tokens = 20_000  # megabytes of chunks: far more than the socket buffers hold
-    errors_before = await turn_errors(chat, "internal_error")
+async def _stream_never_read(chat: Chat) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A streamed turn sent from a socket with a tiny receive window, which the caller does
+    not read: the gateway's writes soon wait for it to drain."""
     body = orjson.dumps({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
     host, port = chat.service.server.host, chat.service.server.port
     reader, writer = await asyncio.open_connection(host, port)
@@ -1479,6 +1473,19 @@ async def test_a_client_that_stops_reading_then_leaves_is_a_hang_up_not_an_error
     )
     writer.write(head.encode() + body)
     await writer.drain()
+    return reader, writer
+
+
+async def test_a_client_that_stops_reading_then_leaves_is_a_hang_up_not_an_error(
+    chat: Chat, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client with a tiny receive window that never reads: the gateway's writes back up
+    until one waits for the socket to drain, then the client closes. That is the client
+    leaving (499, the turn recorded), not an internal error."""
+    caplog.set_level(logging.INFO, logger="gateway.chat")
+    chat.stub.tokens = 20_000  # megabytes of chunks: far more than the socket buffers hold
+    errors_before = await turn_errors(chat, "internal_error")
+    reader, writer = await _stream_never_read(chat)
     status_line = await reader.readline()
     assert b" 200 " in status_line
     await asyncio.sleep(1.0)  # the gateway's writer is now paused on a full socket
@@ -1501,17 +1508,7 @@ async def test_a_client_that_stops_reading_and_stays_is_cut_off(
     caplog.set_level(logging.INFO, logger="gateway.chat")
     monkeypatch.setattr(gateway.chat, "STREAM_WRITE_TIMEOUT_S", 0.5)
     chat.stub.tokens = 20_000
-    body = orjson.dumps({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
-    host, port = chat.service.server.host, chat.service.server.port
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
-        f"Authorization: Bearer {chat.key}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    writer.write(head.encode() + body)
-    await writer.drain()
+    reader, writer = await _stream_never_read(chat)
     headers = []
     while (line := await reader.readline()) not in (b"\r\n", b""):
         headers.append(line.decode())

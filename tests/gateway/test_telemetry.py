@@ -128,13 +128,16 @@ async def test_requests_and_turns_are_exported_as_spans(database_url: str) -> No
         assert private not in everything, private
 
 
-async def test_a_failed_turn_is_recorded_by_its_code_without_its_message(
-    database_url: str,
-) -> None:
-    """An upstream's error text can echo a credential: the span gets the error code only."""
-    collector, stub = Collector(), await StubUpstream().start()
-    upstream_text = "context window exceeded for key sk-pro****wxyz"
-    stub.faults.append(Fault(400, upstream_text))
+async def _traced_upstream_turn(
+    database_url: str, stub: StubUpstream, workspace: str, *, stream: bool
+) -> tuple[Collector, int, Any]:
+    """One chat turn against `stub`, traced to a collector: the spans, status and body."""
+    collector = Collector()
+    chat = {
+        "model": "upstream-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+    }
     try:
         async with collector.running() as endpoint:
             settings = settings_for(
@@ -144,12 +147,24 @@ async def test_a_failed_turn_is_recorded_by_its_code_without_its_message(
                 SVC_LLM_MODEL="upstream-model",
             )
             async with running(settings) as svc:
-                key, _ = await svc.issue_key("ws-otel-failure")
-                chat = {"model": "upstream-model", "messages": [{"role": "user", "content": "hi"}]}
+                key, _ = await svc.issue_key(workspace)
                 status, body, _ = await svc.request("POST", "/v1/chat/completions", key, json=chat)
-                assert status == 502 and body["error"]["code"] == "upstream_rejected"
     finally:
         await stub.stop()
+    return collector, status, body
+
+
+async def test_a_failed_turn_is_recorded_by_its_code_without_its_message(
+    database_url: str,
+) -> None:
+    """An upstream's error text can echo a credential: the span gets the error code only."""
+    stub = await StubUpstream().start()
+    upstream_text = "context window exceeded for key sk-pro****wxyz"
+    stub.faults.append(Fault(400, upstream_text))
+    collector, status, body = await _traced_upstream_turn(
+        database_url, stub, "ws-otel-failure", stream=False
+    )
+    assert status == 502 and body["error"]["code"] == "upstream_rejected"
 
     (turn,) = [span for span in collector.spans if span.name == "chat turn"]
     # The model server was told the turn's trace context: its spans join the turn's trace.
@@ -167,27 +182,12 @@ async def test_a_stream_that_fails_after_its_first_chunk_is_a_failed_span(
 ) -> None:
     """Review finding: once a stream's 200 is out, its failure is an error frame the handler
     writes itself; the turn's span closed as a success, while the metrics counted a failure."""
-    collector, stub = Collector(), await StubUpstream().start()
+    stub = await StubUpstream().start()
     stub.drop_after = 2
-    try:
-        async with collector.running() as endpoint:
-            settings = settings_for(
-                database_url,
-                SVC_OTEL_ENDPOINT=endpoint,
-                SVC_LLM_GATEWAY_URL=stub.base_url,
-                SVC_LLM_MODEL="upstream-model",
-            )
-            async with running(settings) as svc:
-                key, _ = await svc.issue_key("ws-otel-stream")
-                chat = {
-                    "model": "upstream-model",
-                    "messages": [{"role": "user", "content": "hi"}],
-                    "stream": True,
-                }
-                status, text, _ = await svc.request("POST", "/v1/chat/completions", key, json=chat)
-                assert status == 200 and "upstream_interrupted" in text, text
-    finally:
-        await stub.stop()
+    collector, status, text = await _traced_upstream_turn(
+        database_url, stub, "ws-otel-stream", stream=True
+    )
+    assert status == 200 and "upstream_interrupted" in text, text
 
     (turn,) = [span for span in collector.spans if span.name == "chat turn"]
     assert turn.status.code == turn.status.STATUS_CODE_ERROR
