@@ -652,8 +652,9 @@ which the SDKs retry as a new turn, while the first one runs on."""
 
 STREAM_WRITE_TIMEOUT_S = 30.0
 """How long one write may wait for the client to take bytes from a full socket buffer. A
-client reading slowly but steadily never waits that long (a chunk is small; the write waits
-only while the buffer is over its high-water mark); one that stopped reading is cut off."""
+write waits only while the buffer is over its high-water mark (64 KiB, until under 16 KiB),
+so a client reading 2 KB/s or more never waits that long; one that stopped reading is cut
+off."""
 
 STREAM_HEARTBEAT_S = 15.0
 """The silence after which a stream sends an SSE comment (which clients skip), as the feeds

@@ -373,7 +373,8 @@ def parse_listen_addr(addr: str) -> tuple[str | None, int]:
     bracketed = host.startswith("[") and host.endswith("]")
     if (
         not sep
-        or not (port_text.isascii() and port_text.isdigit())  # "²".isdigit() is true
+        # "²".isdigit() is true; int() of over 4,300 digits raises.
+        or not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5)
         or not 0 <= int(port_text) <= 65535
         or ("[" in host or "]" in host) != bracketed
         or (":" in host and not bracketed)

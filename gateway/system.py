@@ -68,10 +68,12 @@ _SECRET_TEXT = re.compile(
 # there. Every name is looked at, inside other pairs' values too (`?next=/cb?access_token=`),
 # percent-encoded ones as well (`?next=%2Fcb%3Faccess_token%3D...`, the name then read with
 # the encoded byte before it, `3Faccess_token`, which still says what it is).
-# A name may close a bracket (`user[password]=`, `password[]=`, encoded as `qs` and Rails
-# write them) or an escaped quote (JSON logged as a string: `{\"token\":\"...\"}`).
+# A name may close a bracket and be followed by indexes (`user[password]=`, `password[]=`,
+# `password[0]=`, encoded as `qs` and Rails write them) or an escaped quote (JSON logged as
+# a string: `{\"token\":\"...\"}`).
 _NAME_EQ = re.compile(
-    r"(?i)(?<![a-z0-9_.\-])([a-z0-9_.\-]++)(?:\]|%5d)?+(?:\[\]|%5b%5d)?+\\?+[\"']?+\s*+"
+    r"(?i)(?<![a-z0-9_.\-])([a-z0-9_.\-]++)(?:\]|%5d)?+"
+    r"(?:\[[0-9]{0,9}+\]|%5b[0-9]{0,9}+%5d)*+\\?+[\"']?+\s*+"
     r"(?:[=:]|%3[ad])(?:\s|%20)*+"
 )
 # A value as written after its name: quoted, or a run of characters, after the scheme word

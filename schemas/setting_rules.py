@@ -153,7 +153,8 @@ def _ray_address(raw: str) -> bool:
     if not text or text == "auto":
         return True
     host, sep, port = text.rpartition(":")
-    digits = port.isascii() and port.isdigit()  # "²".isdigit(), and int("²") raises
+    # "²".isdigit(), and int("²") raises; so does int() of over 4,300 digits.
+    digits = port.isascii() and port.isdigit() and len(port) <= 5
     return bool(sep and host and "://" not in text and digits and 0 < int(port) < 65536)
 
 

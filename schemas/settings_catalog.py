@@ -109,7 +109,8 @@ def _fmt(bound: float | None) -> str:
     return str(int(bound)) if float(bound).is_integer() else str(bound)
 
 
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:/+)?.*@", re.DOTALL)
+# Possessive: a value of many slashes after a colon (`a:////...`) backtracked quadratically.
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*+:/++)?.*@", re.DOTALL)
 """A scheme if any, then everything to the last @ (a password may hold @, / or a line
 break): a URL given without its `//` (`user:pw@host`, `https:/user:pw@host`) included."""
 

@@ -460,10 +460,14 @@ async def patch_user(request: web.Request) -> web.Response:
 async def deprovision(
     ident: Identity, request: web.Request, workspace_id: str, user_id: str, command: str
 ) -> None:
-    """`command`: the command id (the admin API's Idempotency-Key; SCIM's own)."""
-    await ident.ask(
+    """`command`: the command id (the admin API's Idempotency-Key; SCIM's own). 404 when
+    another request deleted the user first: this command then recorded nothing, so its
+    retry, which the ledger does not know, would be a 404 too; both answers agree."""
+    outcome = await ident.ask(
         directory_key(workspace_id), _deprovision(request, workspace_id, user_id, command)
     )
+    if not outcome.events:
+        raise NotFound(f"user {user_id} does not exist in this workspace")
     await cut_off(request, ident, workspace_id, user_id, "user deprovisioned")
 
 

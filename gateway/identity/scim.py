@@ -203,12 +203,26 @@ def _attr_name(name: str) -> str:
 _ALWAYS = frozenset({"id", "schemas"})
 
 
+MAX_ATTRIBUTE_NAMES = 100
+"""Distinct names an `attributes` or `excludedAttributes` list may hold: each is checked
+against every returned resource, and a 4 MiB body holds hundreds of thousands of names,
+which stalled the event loop for minutes. The User schema has a few dozen."""
+
+
 def _names(raw: Any) -> list[str]:
     if isinstance(raw, str):
         raw = raw.split(",")
     if not isinstance(raw, list):
         return []
-    return [_attr_name(str(a).strip()) for a in raw if str(a).strip()]
+    names = list(dict.fromkeys(_attr_name(str(a).strip()) for a in raw if str(a).strip()))
+    if len(names) > MAX_ATTRIBUTE_NAMES:
+        raise ScimError(
+            400,
+            f"attributes and excludedAttributes name at most {MAX_ATTRIBUTE_NAMES} distinct "
+            f"attributes each; this names {len(names):,}",
+            "invalidValue",
+        )
+    return names
 
 
 def project(res: dict[str, Any], attributes: list[str], excluded: list[str]) -> dict[str, Any]:

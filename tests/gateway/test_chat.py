@@ -39,7 +39,7 @@ from gateway.auth import generate_key, hash_key
 from gateway.bootstrap import ensure_workspace
 from gateway.chat import _keyed_command_id
 from gateway.settings import Settings
-from gateway.state import RUNTIME, STORE, Principal
+from gateway.state import PROJECTIONS, RUNTIME, STORE, Principal
 from schemas.workspace import IssueApiKey
 
 UPSTREAM_MODEL = "stub-model"
@@ -1612,7 +1612,12 @@ async def test_cursor_header_gives_read_your_writes(chat: Chat, database_url: st
                 path, admin, id=conversation, min_cursor=raw.headers["X-SVC-Cursor"]
             )
         )
-        await asyncio.sleep(0.3)
+        runner = chat.service.app[PROJECTIONS]
+        async with asyncio.timeout(10):
+            while True:  # the read is waiting on its cursor before the models may move
+                if runner._readers_waiting:
+                    break
+                await asyncio.sleep(0.01)
         await hold.rollback()
         body = await waited
     finally:

@@ -938,3 +938,15 @@ async def test_a_refresh_under_way_does_not_undo_a_set(
         await setting
         await refreshing
         assert service.get("SVC_LLM_MODEL").value == "othermodel"
+
+
+def test_a_port_of_thousands_of_digits_is_an_invalid_value_not_a_crash() -> None:
+    """Review finding: past 4,300 digits int() raises its own ValueError, which reached
+    the client as a 500 (and the command line as "internal error")."""
+    huge = "1" * 5000
+    with pytest.raises(InvalidInput, match="SVC_RAY_ADDRESS"):
+        parse(get_spec("SVC_RAY_ADDRESS"), f"head:{huge}")
+    with pytest.raises(InvalidInput, match="SVC_GATEWAY_ADDR"):
+        parse_listen_addr(f"127.0.0.1:{huge}")
+    # A value of many slashes after a colon is masked as any other (it backtracked).
+    assert display_value(get_spec("SVC_AGENT_JUDGE_PROMPT"), "a:" + "/" * 50_000 + "@x")

@@ -480,6 +480,11 @@ def test_a_secret_named_in_json_a_repr_or_a_header_line_is_redacted() -> None:
             '{\\"access_token\\":\\"[redacted]\\",\\"n\\":1}',
         ),
         ("a[b]=c&page=2", "a[b]=c&page=2"),
+        (
+            "password[0]=hunter2&user[password][0]=x",
+            "password[0]=[redacted]&user[password][0]=[redacted]",
+        ),
+        ("password%5B0%5D=x&n=1", "password%5B0%5D=[redacted]&n=1"),
     ):
         assert system.redact(text, ()) == shown, text
     # Linear in the text, an unclosed quote or a name before each quote included.

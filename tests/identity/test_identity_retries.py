@@ -15,6 +15,7 @@ from eventstore.errors import StoreUnavailable
 from gateway.identity import admin
 from gateway.identity.service import IDENTITY
 from gateway.state import RUNTIME
+from projections.identity_queries import get_user
 from schemas.commands import Command
 from schemas.errors import Unavailable
 from schemas.identity import LinkApiKey
@@ -294,3 +295,31 @@ async def test_a_reactivation_ends_what_a_failed_deactivation_left_live(
         assert status == 200 and body["active"] is True, body
         status, _, _ = await svc.request("GET", "/v1/models", personal)
         assert status == 401  # and after: the reactivation finished the cut-off
+
+
+async def test_a_delete_that_lost_the_race_is_404_as_its_retry_is(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: a delete whose read still showed the user live, decided after another
+    delete, recorded nothing yet answered 204; its retry, unknown to the ledger, got 404."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        _, user, _ = await svc.request(
+            "POST", f"{ADMIN}/users", key, json={"user_name": uid("zoe-")}
+        )
+        path = f"{ADMIN}/users/{user['id']}"
+        db = svc.app[IDENTITY].db
+        as_read = await get_user(db, "default", user["id"])
+        assert as_read is not None
+        first = {"Idempotency-Key": uid("delete-")}
+        assert (await svc.request("DELETE", path, key, headers=first))[0] == 204
+
+        async def stale(*args: Any) -> Any:
+            return as_read  # read before the other delete landed
+
+        monkeypatch.setattr(admin, "live_user", stale)
+        late = {"Idempotency-Key": uid("delete-")}
+        status, err, _ = await svc.request("DELETE", path, key, headers=late)
+        assert status == 404 and err["error"]["code"] == "not_found", err
+        monkeypatch.undo()
+        assert (await svc.request("DELETE", path, key, headers=late))[0] == 404
