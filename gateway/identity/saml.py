@@ -37,6 +37,7 @@ import hashlib
 import logging
 import os
 import shutil
+import string
 import tempfile
 import warnings
 from collections.abc import Mapping
@@ -52,11 +53,11 @@ from defusedxml import ElementTree  # type: ignore[import-untyped]
 from pydantic import BaseModel, Field
 
 from gateway.identity.common import first_mapped_role, read_form
-from gateway.identity.login import ExternalUser, same_entry, start_session, sync_external_user
+from gateway.identity.login import ExternalUser, start_session, sync_external_user
 from gateway.identity.service import Identity, identity
 from gateway.identity.sessions import set_session_cookies
 from gateway.identity.vault import INSTANCE
-from projections.identity_queries import find_user_by_name
+from projections.identity_queries import UserRow, find_user_by_name
 from schemas.errors import FeatureDisabled, InvalidInput, Unauthorized, Unavailable
 
 
@@ -429,6 +430,28 @@ def _external(sp: ServiceProvider, response: Any) -> ExternalUser:
     )
 
 
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def _as_the_idp_compares(name: str) -> str:
+    """ASCII case only: the user lookup folds Unicode compatibility forms and case, so a
+    full-width `sam` (U+FF53...) or one spelt with a long s (U+017F) would reach `sam`'s
+    account, though the IdP holds it for another subject."""
+    return name.translate(_ASCII_LOWER)
+
+
+def _same_subject(existing: UserRow, found: ExternalUser) -> bool:
+    """Whether the account the (folded) name lookup found is this subject's: its name as
+    the IdP writes it, and for an account SAML made, the NameID it recorded (an account
+    renamed onto this subject's name is still its first subject's)."""
+    if _as_the_idp_compares(existing.user_name) != _as_the_idp_compares(found.login):
+        return False
+    recorded = existing.external_id
+    if existing.source != "saml" or recorded is None:
+        return True
+    return _as_the_idp_compares(recorded) == _as_the_idp_compares(found.external_id)
+
+
 async def acs(request: web.Request) -> web.StreamResponse:
     ident = identity(request)
     sp = await service_provider(ident)
@@ -443,10 +466,8 @@ async def acs(request: web.Request) -> web.StreamResponse:
     existing = await find_user_by_name(ident.db, workspace_id, found.login)
     if existing is not None and (existing.source not in ("saml", "scim") or not existing.usable):
         raise Unauthorized(f"{REFUSED}: the user cannot sign in with SAML")
-    if existing is not None and existing.source == "saml":
-        # An account renamed onto this subject's name is still its first subject's.
-        if not same_entry(existing.external_id, found.external_id):
-            raise Unauthorized(f"{REFUSED}: the account belongs to another subject of the IdP")
+    if existing is not None and not _same_subject(existing, found):
+        raise Unauthorized(f"{REFUSED}: the account belongs to another subject of the IdP")
     user = await sync_external_user(ident, workspace_id, found, existing)
     if not user.usable:
         raise Unauthorized(REFUSED)

@@ -386,6 +386,12 @@ async def test_a_saml_sign_in_keeps_what_scim_provisioned(database_url: str, key
         status, created, _ = await svc.request("POST", "/scim/v2/Users", token, json=provisioned)
         assert status == 201, created
 
+        # Names the user lookup folds together, which the IdP holds for other subjects
+        # (review finding: they signed in to sam's account).
+        for look_alike in ("\uff53\uff41\uff4d", "\u017fam"):  # full-width; long s
+            rid, relay = await flow.start()
+            status, body, _ = await flow.post(flow.response(rid, user=look_alike), relay)
+            assert status == 401, (look_alike, body)
         rid, relay = await flow.start()
         status, body, _ = await flow.post(flow.response(rid, user="sam"), relay)
         assert status == 303, body
