@@ -172,6 +172,19 @@ async def _refused(
         log.warning("a refused sign-in could not be recorded: %s", failure.message)
 
 
+async def record_refused_assertion(
+    request: web.Request, ident: Identity, workspace_id: str, subject: str, exc: SvcError
+) -> None:
+    """Audit a SAML sign-in refused after its assertion was verified (an account that may
+    not sign in with SAML, a failed sync): the IdP vouched for `subject`, so it is recorded
+    as sent, with the refusal's code. Best effort: the refusal is answered either way."""
+    try:
+        reason = f"sign_in_failed: {exc.code}"[:100]
+        await _record(request, ident, workspace_id, subject, None, "saml", reason)
+    except SvcError as failure:
+        log.warning("a refused sign-in could not be recorded: %s", failure.message)
+
+
 async def _typed_name(ident: Identity, workspace_id: str, typed: str) -> str:
     """The user name a failed login is recorded with. A name no user of the workspace has may
     be a password typed into the wrong field, and the audit trail is kept for good: only its

@@ -53,12 +53,17 @@ from defusedxml import ElementTree  # type: ignore[import-untyped]
 from pydantic import BaseModel, Field
 
 from gateway.identity.common import first_mapped_role, read_form
-from gateway.identity.login import ExternalUser, start_session, sync_external_user
+from gateway.identity.login import (
+    ExternalUser,
+    record_refused_assertion,
+    start_session,
+    sync_external_user,
+)
 from gateway.identity.service import Identity, identity
 from gateway.identity.sessions import set_session_cookies
 from gateway.identity.vault import INSTANCE
 from projections.identity_queries import UserRow, find_user_by_name
-from schemas.errors import FeatureDisabled, InvalidInput, Unauthorized, Unavailable
+from schemas.errors import FeatureDisabled, InvalidInput, SvcError, Unauthorized, Unavailable
 
 
 @functools.cache
@@ -452,6 +457,19 @@ def _same_subject(existing: UserRow, found: ExternalUser) -> bool:
     return _as_the_idp_compares(recorded) == _as_the_idp_compares(found.external_id)
 
 
+async def _account_of(ident: Identity, workspace_id: str, found: ExternalUser) -> UserRow:
+    """The account a verified assertion signs in to, synced with what the IdP said."""
+    existing = await find_user_by_name(ident.db, workspace_id, found.login)
+    if existing is not None and (existing.source not in ("saml", "scim") or not existing.usable):
+        raise Unauthorized(f"{REFUSED}: the user cannot sign in with SAML")
+    if existing is not None and not _same_subject(existing, found):
+        raise Unauthorized(f"{REFUSED}: the account belongs to another subject of the IdP")
+    user = await sync_external_user(ident, workspace_id, found, existing)
+    if not user.usable:
+        raise Unauthorized(REFUSED)
+    return user
+
+
 async def acs(request: web.Request) -> web.StreamResponse:
     ident = identity(request)
     sp = await service_provider(ident)
@@ -463,14 +481,11 @@ async def acs(request: web.Request) -> web.StreamResponse:
     response, request_id = await _verified(ident, sp, saml_response, request.cookies)
     found = _external(sp, response)
     workspace_id = ident.settings.default_workspace_id
-    existing = await find_user_by_name(ident.db, workspace_id, found.login)
-    if existing is not None and (existing.source not in ("saml", "scim") or not existing.usable):
-        raise Unauthorized(f"{REFUSED}: the user cannot sign in with SAML")
-    if existing is not None and not _same_subject(existing, found):
-        raise Unauthorized(f"{REFUSED}: the account belongs to another subject of the IdP")
-    user = await sync_external_user(ident, workspace_id, found, existing)
-    if not user.usable:
-        raise Unauthorized(REFUSED)
+    try:
+        user = await _account_of(ident, workspace_id, found)
+    except SvcError as exc:
+        await record_refused_assertion(request, ident, workspace_id, found.login, exc)
+        raise
     session, _ = await start_session(request, ident, user, "saml", False)
     target = safe_next(relay if isinstance(relay, str) else None)
     redirect = web.Response(status=303, headers={"Location": target, "Cache-Control": "no-store"})

@@ -392,6 +392,15 @@ async def test_a_saml_sign_in_keeps_what_scim_provisioned(database_url: str, key
             rid, relay = await flow.start()
             status, body, _ = await flow.post(flow.response(rid, user=look_alike), relay)
             assert status == 401, (look_alike, body)
+        # Refused after the IdP vouched for them: on record, as a refused password login is.
+        status, audit, _ = await svc.request(
+            "GET", "/v1/admin/audit?action=identity.login_failed", key
+        )
+        assert status == 200
+        refused = sorted((i["user_name"], i["detail"]["reason"]) for i in audit["items"])
+        assert refused == sorted(
+            (name, "sign_in_failed: unauthorized") for name in ("\uff53\uff41\uff4d", "\u017fam")
+        ), refused
         rid, relay = await flow.start()
         status, body, _ = await flow.post(flow.response(rid, user="sam"), relay)
         assert status == 303, body
