@@ -35,6 +35,7 @@ from eventstore.errors import StoreError
 from eventstore.records import RecordedEvent
 from schemas.errors import InvalidInput
 from schemas.events import EVENTS
+from schemas.setting_rules import port_number
 from schemas.settings import (
     INSTANCE_WORKSPACE_ID,
     SETTINGS_STREAM_ID,
@@ -371,11 +372,11 @@ def parse_listen_addr(addr: str) -> tuple[str | None, int]:
     into a host nothing can listen on, found only after the database is up and migrated."""
     host, sep, port_text = addr.strip().rpartition(":")
     bracketed = host.startswith("[") and host.endswith("]")
+    port = port_number(port_text)
     if (
         not sep
-        # "²".isdigit() is true; int() of over 4,300 digits raises.
-        or not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5)
-        or not 0 <= int(port_text) <= 65535
+        or port is None
+        or not 0 <= port <= 65535
         or ("[" in host or "]" in host) != bracketed
         or (":" in host and not bracketed)
     ):
@@ -384,7 +385,7 @@ def parse_listen_addr(addr: str) -> tuple[str | None, int]:
             "e.g. :8780, 127.0.0.1:8780 or [::1]:8780 (an IPv6 host in brackets)"
         )
     host = host[1:-1] if bracketed else host
-    return (host or None), int(port_text)
+    return (host or None), port
 
 
 # --- the settings service ------------------------------------------------------------------

@@ -145,6 +145,15 @@ def _origins(raw: str) -> bool:
     return all(_origin(item.strip()) for item in raw.split(",") if item.strip())
 
 
+def port_number(text: str) -> int | None:
+    """The number a port is written as, if it is written in ASCII digits and short enough
+    to be one (the range is the caller's); None otherwise. `"²".isdigit()` is true and
+    `int("²")` raises; so does `int()` of over 4,300 digits."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 5):
+        return None
+    return int(text)
+
+
 def _ray_address(raw: str) -> bool:
     """Blank, `auto`, or `host:port` of a cluster's head to join as a node. Not a Ray Client
     URL (`ray://`): Ray Client has no streaming generators, so every streamed chat would
@@ -152,10 +161,9 @@ def _ray_address(raw: str) -> bool:
     text = raw.strip()
     if not text or text == "auto":
         return True
-    host, sep, port = text.rpartition(":")
-    # "²".isdigit(), and int("²") raises; so does int() of over 4,300 digits.
-    digits = port.isascii() and port.isdigit() and len(port) <= 5
-    return bool(sep and host and "://" not in text and digits and 0 < int(port) < 65536)
+    host, sep, port_text = text.rpartition(":")
+    port = port_number(port_text)
+    return bool(sep and host and "://" not in text and port is not None and 0 < port < 65536)
 
 
 def _llm_provider(raw: str) -> bool:
