@@ -741,9 +741,14 @@ def _added_emails(
     on every sync would otherwise grow the list until every PATCH is refused."""
     demote = any(email.get("primary") for email in added)
     emails = [{**email, "primary": False} if demote else dict(email) for email in current]
+    # By folded address, so that a PATCH of many operations, each adding many addresses,
+    # costs one look-up per address rather than a scan of the list.
+    by_address: dict[str, dict[str, Any]] = {}
+    for email in emails:
+        by_address.setdefault(_address_key(email), email)
     for new in added:
-        same = next((e for e in emails if _same_address(e, new)), None)
-        if same is None:
+        same = by_address.setdefault(_address_key(new), new)
+        if same is new:
             emails.append(new)
         else:
             same.update({**new, "primary": bool(new["primary"] or same.get("primary"))})
@@ -751,8 +756,8 @@ def _added_emails(
     return emails
 
 
-def _same_address(one: dict[str, Any], other: dict[str, Any]) -> bool:
-    return str(one.get("value", "")).casefold() == str(other.get("value", "")).casefold()
+def _address_key(email: dict[str, Any]) -> str:
+    return str(email.get("value", "")).casefold()
 
 
 async def patch_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
