@@ -37,7 +37,7 @@ from gateway.errors import (
 from gateway.security import client_ip, security_headers
 from gateway.settings import Settings
 from gateway.state import SETTINGS
-from gateway.system import redact
+from schemas.redaction import redact
 
 log = logging.getLogger(__name__)
 

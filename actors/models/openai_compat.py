@@ -59,6 +59,7 @@ from schemas.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from schemas.redaction import REDACTED, redact
 
 log = logging.getLogger(__name__)
 
@@ -74,22 +75,10 @@ _MAX_RETRY_AFTER_S = 3600.0
 an hour (and the back-off's own wait is capped far lower)."""
 # A message holds MAX_CONTENT characters; in JSON each may take up to 6 bytes (\uXXXX).
 _MAX_COMPLETION_BYTES = 6 * MAX_CONTENT + 64 * 1024
-_SECRET_PATTERNS = (
-    re.compile(r"(?i)bearer\s+[^\s\"',;]+"),
-    # HTTP Basic credentials (SVC_LLM_GATEWAY_URL may carry them), as a header (the scheme's
-    # spelling and base64 of at least "u:pw", so that "basic support" is left alone) or in a URL.
-    re.compile(r"\bBasic\s+[A-Za-z0-9+/]{6,}={0,2}"),
-    re.compile(r"(?<=//)[^/\s@:]+:[^/\s@]*(?=@)"),
-    re.compile(r"\bsk-[A-Za-z0-9_\-]{6,}"),
-    # A key masked by its issuer (sk-ab****wxyz, ****wxyz) still gives away part of it.
-    re.compile(r"[A-Za-z0-9_\-]*\*{3,}[A-Za-z0-9_\-]*"),
-    # key: value, the value bare or quoted ("api_key": "..." in JSON, api_key='...' in a repr;
-    # escaped quotes inside it, and a quote never closed, to the end of the message).
-    re.compile(
-        r"(?i)(api[_-]?key|authorization|token|secret|password)([\"']?\s*[:=]\s*)"
-        r"(\"(?:[^\"\\]|\\.)*\"?|'(?:[^'\\]|\\.)*'?|[^\s\"',;]+)"
-    ),
-)
+# What a model server's messages hold of an API key besides what `redact` finds: an OpenAI
+# style key by its prefix, and a key masked by its issuer (sk-ab****wxyz, ****wxyz), which
+# still gives part of it away.
+_KEY_SHAPES = re.compile(r"\bsk-[A-Za-z0-9_\-]{6,}+|[A-Za-z0-9_\-]*+\*{3,}+[A-Za-z0-9_\-]*+")
 
 
 _JSON_BODY = {"Content-Type": "application/json"}
@@ -439,8 +428,7 @@ async def _error_message(resp: aiohttp.ClientResponse) -> tuple[str, str | None]
 def _scrub(message: str, api_key: str | None) -> str:
     if api_key:
         message = _without_key_fragments(message, api_key)
-    for pattern in _SECRET_PATTERNS:
-        message = pattern.sub(_redact, message)
+    message = _KEY_SHAPES.sub(REDACTED, redact(message, ()))
     message = " ".join(message.split())
     if len(message) > _MAX_MESSAGE_CHARS:
         message = message[: _MAX_MESSAGE_CHARS - 3] + "..."
@@ -458,7 +446,7 @@ def _without_key_fragments(message: str, api_key: str) -> str:
     key, low = api_key.translate(_ASCII_LOWER), message.translate(_ASCII_LOWER)
     n = KEY_FRAGMENT_CHARS
     if len(key) < n:
-        return message.replace(api_key, "[redacted]")
+        return message.replace(api_key, REDACTED)
     windows = {key[i : i + n] for i in range(len(key) - n + 1)}
     kept: list[str] = []
     start = i = 0
@@ -469,18 +457,10 @@ def _without_key_fragments(message: str, api_key: str) -> str:
         end = i + n
         while end < len(low) and low[i : end + 1] in key:
             end += 1
-        kept += [message[start:i], "[redacted]"]
+        kept += [message[start:i], REDACTED]
         start = i = end
     kept.append(message[start:])
     return "".join(kept)
-
-
-def _redact(match: re.Match[str]) -> str:
-    if match.re.groups >= 3:
-        value = match.group(3)
-        quote = value[0] if value[0] in "\"'" else ""
-        return f"{match.group(1)}{match.group(2)}{quote}[redacted]{quote}"
-    return "[redacted]"
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:

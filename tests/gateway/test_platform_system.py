@@ -24,6 +24,7 @@ from gateway import openapi, security, system
 from gateway.state import SETTINGS_SERVICE, TAILER
 from gateway.system import BUSY_TRUSTED_S, ReadinessProbe
 from schemas.errors import InvalidInput, RateLimited
+from schemas.redaction import REDACTED, redact
 
 
 async def test_health_ping_time(database_url: str) -> None:
@@ -410,12 +411,12 @@ def test_redaction_of_hostile_text_takes_one_pass() -> None:
         'a:"' * 20_000,
         'key"' * 15_000,
     ):
-        assert system.redact(hostile, ()) == hostile  # nothing in them is a credential
+        assert redact(hostile, ()) == hostile  # nothing in them is a credential
     # What the patterns are for still goes.
-    assert system.redact("a.api-key=zzz&passwd=p&other=fine", ()) == (
+    assert redact("a.api-key=zzz&passwd=p&other=fine", ()) == (
         "a.api-key=[redacted]&passwd=[redacted]&other=fine"
     )
-    assert system.redact("see https://u:pw@host/x and svc_" + "A" * 40, ()) == (
+    assert redact("see https://u:pw@host/x and svc_" + "A" * 40, ()) == (
         "see [redacted]host/x and [redacted]"
     )
     # A secret pair inside another pair's value, keys and tokens after encoded bytes.
@@ -429,7 +430,7 @@ def test_redaction_of_hostile_text_takes_one_pass() -> None:
         ("data%3D" + jwt, "data%3D[redacted]"),
         ("\\n" + jwt, "\\n[redacted]"),
     ):
-        assert system.redact(text, ()) == shown, text
+        assert redact(text, ()) == shown, text
 
 
 def test_a_secret_named_in_json_a_repr_or_a_header_line_is_redacted() -> None:
@@ -479,6 +480,14 @@ def test_a_secret_named_in_json_a_repr_or_a_header_line_is_redacted() -> None:
             '{\\"access_token\\":\\"abc123\\",\\"n\\":1}',
             '{\\"access_token\\":\\"[redacted]\\",\\"n\\":1}',
         ),
+        # A quote inside a value of JSON logged as a string is `\\\"`: not the value's end.
+        (
+            '{"e": "{\\"token\\": \\"a\\\\\\"bSECRET\\", \\"n\\": 1}"}',
+            '{"e": "{\\"token\\": \\"[redacted]\\", \\"n\\": 1}"}',
+        ),
+        # A message cut short inside a quoted value: the value goes to the end.
+        ('{"password": "hunter two', '{"password": "[redacted]"'),
+        ("token: 'abc def", "token: '[redacted]'"),
         ("a[b]=c&page=2", "a[b]=c&page=2"),
         (
             "password[0]=hunter2&user[password][0]=x",
@@ -486,7 +495,7 @@ def test_a_secret_named_in_json_a_repr_or_a_header_line_is_redacted() -> None:
         ),
         ("password%5B0%5D=x&n=1", "password%5B0%5D=[redacted]&n=1"),
     ):
-        assert system.redact(text, ()) == shown, text
+        assert redact(text, ()) == shown, text
     # Linear in the text, an unclosed quote or a name before each quote included.
     for hostile in (
         'token:"' + "a" * 60_000,
@@ -495,9 +504,9 @@ def test_a_secret_named_in_json_a_repr_or_a_header_line_is_redacted() -> None:
         "token%3D%20" * 10_000,
         "token=%" * 20_000,
     ):
-        assert system.redact(hostile, ()).startswith("token")
+        assert redact(hostile, ()).startswith("token")
     for hostile in ("%3Fpwd%3D" * 10_000, "cookie: " * 10_000):
-        assert system.REDACTED in system.redact(hostile, ())
+        assert REDACTED in redact(hostile, ())
 
 
 async def test_the_client_log_shows_a_proxied_address_on_one_line(

@@ -226,6 +226,8 @@ async def test_400_is_not_retried_and_message_is_scrubbed(stub: Any) -> None:
         ("token=plain-value-123, retry", "plain-value-123"),
         ('{"password": "ab\\"cdSECRET"}', "SECRET"),  # an escaped quote inside the value
         ('upstream said api_key: "unterminatedSECRET', "SECRET"),  # a quote never closed
+        # JSON quoted inside JSON, a quote in the value (review finding: left in clear).
+        ('{"error": "{\\"api_key\\": \\"a\\\\\\"bSECRET\\"}"}', "SECRET"),
         ("refused Authorization: Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA"),
         ("cannot reach http://svc:hunter2pass@proxy.internal/v1", "hunter2pass"),
     ],
