@@ -30,6 +30,7 @@ from gateway.control_chars import one_line
 from gateway.errors import (
     CLIENT_CLOSED,
     CLIENT_GONE,
+    client_gone,
     from_http_exception,
     internal_error,
     status_envelope,
@@ -90,6 +91,21 @@ class EnvelopeRequestHandler(RequestHandler):
         response.force_close()
         return response
 
+    async def finish_response(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        """aiohttp's, with the wait for the client to take the answer bounded: a handler's
+        answer (a JSON body of megabytes) goes to the connection at once, and aiohttp then
+        waits, with no time limit, until the client has read all but 16 KiB of it."""
+        transport = self.transport
+        if transport is None:
+            return await super().finish_response(request, resp, start_time)
+        watch = _StallWatch(request, transport)
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            watch.stop()
+
     def log_exception(self, *args: Any, **kw: Any) -> None:
         # After a response, aiohttp reads what is left of the request body, and a body that
         # does not decode (the handler answered 400 for it) raises again there: the client's
@@ -99,6 +115,42 @@ class EnvelopeRequestHandler(RequestHandler):
             self.force_close()
             return
         super().log_exception(*args, **kw)
+
+
+RESPONSE_STALL_S = 30.0
+"""How long a client may take none of an answer's bytes waiting to be sent before its
+connection is closed: checked every RESPONSE_STALL_S, so a stalled client is cut off between
+one and two of them after it stopped reading. As with the chat stream's writes, a client
+reading 2 KB/s or more is never cut off."""
+
+
+class _StallWatch:
+    """Aborts `transport` when its unsent bytes have not gone down between two checks: the
+    client neither reads nor leaves, and is logged and counted as one that left (499). One
+    timer per answer, re-armed while bytes move, so an answer that goes out at once costs a
+    timer set and cancelled."""
+
+    def __init__(self, request: web.BaseRequest, transport: asyncio.Transport) -> None:
+        self._request = request
+        self._transport = transport
+        self._unsent: int | None = None
+        self._timer = asyncio.get_running_loop().call_later(RESPONSE_STALL_S, self._check)
+
+    def _check(self) -> None:
+        unsent = self._transport.get_write_buffer_size()
+        if unsent and self._unsent is not None and unsent >= self._unsent:
+            log.info(
+                "a client took none of its answer for %g s; its connection is closed",
+                RESPONSE_STALL_S,
+            )
+            client_gone(self._request)
+            self._transport.abort()
+            return
+        self._unsent = unsent
+        self._timer = asyncio.get_running_loop().call_later(RESPONSE_STALL_S, self._check)
+
+    def stop(self) -> None:
+        self._timer.cancel()
 
 
 class _EnvelopeServer(web.Server):

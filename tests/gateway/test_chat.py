@@ -27,6 +27,7 @@ from test_admin_support import GatewayTestServer, Service, SseReader, now, uid
 from yarl import URL
 
 import gateway.chat
+import gateway.http_server
 from actors.behaviour import CommandOutcome
 from actors.conversation import TurnResult
 from actors.errors import AnswerAbandoned, RuntimeStopping
@@ -1459,10 +1460,12 @@ async def test_a_json_client_that_leaves_mid_turn_is_a_hang_up_and_the_turn_is_r
     assert left == retried == 1, answered
 
 
-async def _stream_never_read(chat: Chat) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A streamed turn sent from a socket with a tiny receive window, which the caller does
-    not read: the gateway's writes soon wait for it to drain."""
-    body = orjson.dumps({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True})
+async def _stream_never_read(
+    chat: Chat, stream: bool = True
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A turn (streamed unless `stream` is false) sent from a socket with a tiny receive
+    window, which the caller does not read: the gateway's writes soon wait for it to drain."""
+    body = orjson.dumps({"model": UPSTREAM_MODEL, "messages": HELLO, "stream": stream})
     host, port = chat.service.server.host, chat.service.server.port
     reader, writer = await asyncio.open_connection(host, port)
     writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -1531,10 +1534,47 @@ async def test_a_client_that_stops_reading_and_stays_is_cut_off(
         writer.close()
 
 
-async def turn_errors(chat: Chat, code: str) -> float:
+async def test_a_client_that_stops_reading_a_json_answer_is_cut_off(
+    chat: Chat, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: a JSON answer goes to the connection whole, and aiohttp then waited
+    without a time limit for a client that neither read it nor left, holding the handler
+    and the answer's bytes. Now the connection is closed and the request logged as a
+    hang-up (499)."""
+    caplog.set_level(logging.INFO, logger="gateway.http_server")
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    monkeypatch.setattr(gateway.http_server, "RESPONSE_STALL_S", 0.5)
+    # A control character is six bytes in JSON (`\\u0001`): about 6 MB, more than the
+    # socket buffers hold.
+    chat.stub.reply = "\x01" * 990_000
+    hang_ups = await _metric(chat, r'svc_http_errors_total\{status="499"\}')
+    reader, writer = await _stream_never_read(chat, stream=False)
+    try:
+        assert b" 200 " in await reader.readline()
+        async with asyncio.timeout(30):
+            while not _logged(caplog, "aiohttp.access", "POST /v1/chat/completions"):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+    finally:
+        writer.close()
+    assert _logged(caplog, "gateway.http_server", "took none of its answer")
+    (access,) = _logged(caplog, "aiohttp.access", "POST /v1/chat/completions")
+    assert '" 499 ' in access, access
+    assert await _metric(chat, r'svc_http_errors_total\{status="499"\}') == hang_ups + 1
+
+
+def _logged(caplog: pytest.LogCaptureFixture, logger: str, text: str) -> list[str]:
+    lines = (r.getMessage() for r in caplog.records if r.name == logger)
+    return [line for line in lines if text in line]
+
+
+async def _metric(chat: Chat, series: str) -> float:
     text = await (await chat.service.http.get(chat.service.url("/metrics"))).text()
-    found = re.search(rf'^svc_turn_errors_total\{{code="{code}"\}} (\S+)$', text, re.M)
+    found = re.search(rf"^{series} (\S+)$", text, re.M)
     return float(found.group(1)) if found else 0.0
+
+
+async def turn_errors(chat: Chat, code: str) -> float:
+    return await _metric(chat, rf'svc_turn_errors_total\{{code="{code}"\}}')
 
 
 async def test_a_client_gone_before_its_stream_starts_is_not_a_server_error(
