@@ -59,14 +59,14 @@ from gateway.feed_frames import redact_model
 from gateway.log_levels import apply_log_level
 from gateway.settings import Settings, storable_spec, storable_value
 from gateway.shutdown import Shutdown
-from projections import queries
+from projections import default_projectors, queries
 from schemas.admin import ApiKeyName
 from schemas.commands import service_command_id
 from schemas.conversation import RecoverAbandonedTurns, TurnFailed
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
 from schemas.settings_catalog import MAX_STORED_CHARS, get_spec
 from schemas.text import is_utf8
-from schemas.workspace import IssueApiKey, RevokeApiKey
+from schemas.workspace import IssueApiKey, RevokeApiKey, new_workspace_id
 
 log = logging.getLogger("svc")
 
@@ -313,7 +313,9 @@ async def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:
             result = await service.set(args.key, args.value, _cli_author())
         else:
             result = await service.unset(args.key, _cli_author())
-    _out(result.message)
+        # Said as soon as it is stored: closing the platform may take seconds (projections
+        # caught up, the store closed), and a Ctrl-C meanwhile must not hide that it was.
+        _out(result.message)
     return 0
 
 
@@ -565,9 +567,15 @@ def check_apikeys_args(args: argparse.Namespace, settings: Settings) -> None:
                 "no standard output to print the new key to; run it with stdout open "
                 "(redirect it to a file to keep the key)"
             )
-        # Every bound of the command (the rate, the workspace id's form) is checked here,
-        # before a database is opened or created.
-        _issue_command(args, args.workspace or settings.default_workspace_id, generate_key())
+        # Every bound of the command (the rate, the workspace id's form, which a workspace
+        # created for the key must have) is checked here, before a database is opened or
+        # created.
+        workspace = args.workspace or settings.default_workspace_id
+        _issue_command(args, workspace, generate_key())
+        try:
+            new_workspace_id(workspace)
+        except ValueError as exc:
+            raise InvalidInput(f"invalid argument: workspace_id: {exc}") from None
 
 
 async def cmd_apikeys(args: argparse.Namespace, settings: Settings) -> int:
@@ -620,14 +628,18 @@ class _RebuildProgress:
             sys.stderr.write("\n")  # ends the bar's line, before any error message
 
 
+def check_projections_args(args: argparse.Namespace, settings: Settings) -> None:
+    """Before a database is opened: a projection the rebuild names exists."""
+    if args.action == "rebuild":
+        names = [projector.name for projector in default_projectors()]
+        if args.name not in names:
+            raise InvalidInput(f"unknown projection {args.name}; known: {', '.join(names)}")
+
+
 async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
     async with open_platform(settings, background=False) as platform:
         runner = platform.projections
         if args.action == "rebuild":
-            if args.name not in runner.names:
-                raise InvalidInput(
-                    f"unknown projection {args.name}; known: {', '.join(runner.names)}"
-                )
             progress = _RebuildProgress(terminal=sys.stderr.isatty())
             try:
                 count = await runner.rebuild(args.name, progress)
@@ -871,7 +883,7 @@ def _apikeys_parser(sub: Any) -> None:
 
 def _projections_parser(sub: Any) -> None:
     p = sub.add_parser("projections", help="read-model status and rebuilds")
-    p.set_defaults(run=cmd_projections)
+    p.set_defaults(run=cmd_projections, check=check_projections_args)
     acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
     acts.add_parser("status", help="checkpoint and lag of every projection")
     acts.add_parser("rebuild", help="rebuild one read model from the log").add_argument("name")

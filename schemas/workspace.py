@@ -65,19 +65,24 @@ class CreateWorkspace(Command):
     @field_validator("workspace_id")
     @classmethod
     def _printable(cls, workspace_id: str) -> str:
-        # A new workspace's id ends up in keys, logs, feeds and exports: no control or
-        # invisible characters, no spaces around it (ids recorded earlier stay readable).
-        if not workspace_id.isprintable() or workspace_id != workspace_id.strip():
-            raise ValueError(
-                "a workspace id must be printable text without control characters or "
-                "leading and trailing spaces"
-            )
-        if workspace_id == RESERVED_WORKSPACE_ID:
-            raise ValueError(
-                f"{RESERVED_WORKSPACE_ID!r} is the service's own workspace id (its instance "
-                "settings are recorded under it); choose another id"
-            )
-        return workspace_id
+        return new_workspace_id(workspace_id)
+
+
+def new_workspace_id(workspace_id: str) -> str:
+    """`workspace_id` if a workspace may be created under it, else a ValueError saying why.
+    A new workspace's id ends up in keys, logs, feeds and exports: no control or invisible
+    characters, no spaces around it (ids recorded earlier stay readable)."""
+    if not workspace_id.isprintable() or workspace_id != workspace_id.strip():
+        raise ValueError(
+            "a workspace id must be printable text without control characters or "
+            "leading and trailing spaces"
+        )
+    if workspace_id == RESERVED_WORKSPACE_ID:
+        raise ValueError(
+            f"{RESERVED_WORKSPACE_ID!r} is the service's own workspace id (its instance "
+            "settings are recorded under it); choose another id"
+        )
+    return workspace_id
 
 
 class ChangeWorkspaceSetting(Command):

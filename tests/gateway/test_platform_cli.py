@@ -132,6 +132,10 @@ def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
         done = svc(data_dir, *args)
         assert done.returncode == 2, (args, done.stderr)
         assert "Traceback" not in done.stderr and "svc: error" in done.stderr, args
+        if "nowhere" not in args:
+            # Told before a database is opened: none was created for a mistake (review
+            # finding: a bad --workspace created and migrated one first).
+            assert not any(data_dir.iterdir()), (args, done.stderr)
     done = svc(data_dir, "settings", "set", "SVC_NOPE", "1")
     assert "unknown setting SVC_NOPE; see `svc settings list`" in done.stderr
     done = svc(data_dir, "apikeys", "create", "--scopes", "chat", "--rate-limit-rpm", "9999999")
