@@ -276,7 +276,7 @@ def check_delegation(
     (`holds_owner_power`), so only a principal holding it may mint one: an admin who is no
     owner would otherwise mint a key that may grant them `owner`."""
     admin = [s for s in scopes if s.startswith("admin:") or s == "*"]
-    if not all(principal.allows(s) for s in admin):
+    if not all(principal.allows(s) for s in _admin_rights(admin)):
         raise Forbidden(
             "a credential cannot carry admin scopes its issuer lacks", code="insufficient_scope"
         )
@@ -287,6 +287,13 @@ def check_delegation(
             "roles (POST /v1/admin/users/{id}/apikeys)",
             code="owner_only",
         )
+
+
+def _admin_rights(scopes: list[str]) -> set[str]:
+    """The admin scopes a credential with `scopes` carries. `*` carries every admin right
+    (`admin:read`, `admin:write`) besides `chat` and `mcp`, which are no one's to withhold:
+    an owner, whose roles grant both and never `*` itself, may delegate it."""
+    return {r for s in scopes for r in (("admin:read", "admin:write") if s == "*" else (s,))}
 
 
 async def add_rate_limit_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -175,7 +176,7 @@ def from_svc_error(exc: SvcError) -> web.Response:
 
 def _whole_seconds(seconds: float) -> str:
     """A `Retry-After` value: whole seconds, rounded up, at least 1."""
-    return str(max(1, int(seconds + 0.999)))
+    return str(max(1, math.ceil(seconds)))
 
 
 def status_envelope(status: int, message: str) -> web.Response:

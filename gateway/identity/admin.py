@@ -63,7 +63,7 @@ from projections.identity_queries import (
     user_api_keys,
     user_session_ids,
 )
-from schemas.admin import MAX_OFFSET, NoQuery
+from schemas.admin import MAX_OFFSET, ApiKeyName, NoQuery
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
 from schemas.identity import (
     BUILTIN_ROLES,
@@ -183,9 +183,12 @@ INSTANCE_SECRETS = frozenset({("ldap", "bind_password"), ("saml", "sp_key")})
 
 
 class UserKeyBody(_Body):
-    name: str = Field(min_length=1, max_length=200)
+    """As a workspace key's (`schemas.admin.ApiKeyCreate`): the same name and limit rules,
+    as both kinds of key are listed together."""
+
+    name: ApiKeyName
     scopes: tuple[str, ...] = Field(min_length=1, max_length=16)
-    rate_limit_rpm: int | None = Field(default=None, ge=1, le=1_000_000)
+    rate_limit_rpm: int | None = Field(default=None, ge=1, le=1_000_000, strict=True)
 
 
 class OAuthClientBody(_Body):

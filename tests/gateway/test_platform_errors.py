@@ -28,6 +28,7 @@ from yarl import URL
 from gateway import errors as gateway_errors
 from gateway import http_server
 from gateway.http_server import MALFORMED_REQUEST, EnvelopeRequestHandler
+from schemas.errors import RateLimited
 
 
 def assert_envelope(body: object, code: str | None = None) -> dict[str, object]:
@@ -415,3 +416,13 @@ async def test_a_connection_that_never_finishes_its_headers_is_closed(
             assert await asyncio.wait_for(reader.read(), timeout=10.0) == b""  # closed
         finally:
             writer.close()
+
+
+@pytest.mark.parametrize(
+    ("wait_s", "said"), [(0.2, "1"), (1.0, "1"), (2.0005, "3"), (59.0001, "60"), (59.9, "60")]
+)
+def test_retry_after_is_never_before_the_wait_ends(wait_s: float, said: str) -> None:
+    """Review finding: a wait past a whole second by under a millisecond was rounded down,
+    so a client retrying when told met the window it was refused in (another 429)."""
+    response = gateway_errors.from_svc_error(RateLimited("slow down", retry_after_s=wait_s))
+    assert response.headers["Retry-After"] == said

@@ -125,3 +125,26 @@ async def test_two_authorization_headers_are_a_401_on_scim_and_the_token_endpoin
         # One header each: both work.
         assert (await svc.request("GET", "/scim/v2/Users", issued["token"]))[0] == 200
         assert await _token_status(svc, ids["client"], ids["secret"]) == 200
+
+
+async def test_a_users_key_is_held_to_a_workspace_keys_name_and_limit_rules(
+    database_url: str,
+) -> None:
+    """Review finding: `POST /v1/admin/apikeys` refuses these, and both kinds of key are
+    listed together, yet a user's key took a control character in its name and a boolean
+    or a string for its limit (`true` became 1 request a minute)."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        ids = await _fixtures(svc, key)
+        path = f"{ADMIN}/users/{ids['user']}/apikeys"
+        for body in (
+            {"name": " n\u0007", "scopes": ["chat"]},
+            {"name": " padded ", "scopes": ["chat"]},
+            {"name": "k", "scopes": ["chat"], "rate_limit_rpm": True},
+            {"name": "k", "scopes": ["chat"], "rate_limit_rpm": "7"},
+        ):
+            status, answer, _ = await svc.request("POST", path, key, json=body)
+            assert status == 400, (body, answer)
+            assert answer["error"]["code"] == "invalid_request", (body, answer)
+        good = {"name": "k", "scopes": ["chat"], "rate_limit_rpm": 7}
+        assert (await svc.request("POST", path, key, json=good))[0] == 201

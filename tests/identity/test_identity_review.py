@@ -597,6 +597,9 @@ async def test_platform_key_endpoint_cannot_mint_rights_the_user_lacks(database_
             ("adm3", ["admin:write", "admin:read"], 403),
             ("adm3", ["chat"], 201),
             ("own3", ["admin:write", "admin:read"], 201),
+            # Review finding: an owner's roles grant every admin right but never `*` itself,
+            # and `*` was refused as a scope the owner lacked.
+            ("own3", ["*"], 201),
         )
         for user, scopes, expected in cases:
             status, body, browser = await svc.login(user, PASSWORD)
