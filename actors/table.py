@@ -246,7 +246,11 @@ class ActivationTable:
         mailbox_limit: int = MAILBOX_LIMIT,
     ) -> None:
         if snapshot_every < 1 or max_active < 1 or idle_s <= 0 or conflict_retries < 0:
-            raise ValueError("snapshot_every, max_active and idle_s must be positive")
+            raise ValueError(
+                f"snapshot_every ({snapshot_every}) and max_active ({max_active}) must be at "
+                f"least 1, idle_s ({idle_s}) above 0 and conflict_retries "
+                f"({conflict_retries}) 0 or more"
+            )
         if mailbox_limit < 1:
             raise ValueError("mailbox_limit must be positive")
         self._mailbox_limit = mailbox_limit

@@ -78,7 +78,11 @@ _MAX_COMPLETION_BYTES = 6 * MAX_CONTENT + 64 * 1024
 # What a model server's messages hold of an API key besides what `redact` finds: an OpenAI
 # style key by its prefix, and a key masked by its issuer (sk-ab****wxyz, ****wxyz), which
 # still gives part of it away.
-_KEY_SHAPES = re.compile(r"\bsk-[A-Za-z0-9_\-]{6,}+|[A-Za-z0-9_\-]*+\*{3,}+[A-Za-z0-9_\-]*+")
+# A run is looked at from its start only (the lookbehind): from every character of a long run
+# without `***`, the time would grow with the run's square.
+_KEY_SHAPES = re.compile(
+    r"\bsk-[A-Za-z0-9_\-]{6,}+|(?<![A-Za-z0-9_\-])[A-Za-z0-9_\-]*+\*{3,}+[A-Za-z0-9_\-]*+"
+)
 
 
 _JSON_BODY = {"Content-Type": "application/json"}
@@ -426,6 +430,10 @@ async def _error_message(resp: aiohttp.ClientResponse) -> tuple[str, str | None]
 
 
 def _scrub(message: str, api_key: str | None) -> str:
+    # Only the start is kept: no scan needs to read past it (a stream's error chunk may be
+    # megabytes). Wider than what is kept, so that a credential cut at the end of what is
+    # read is still recognised as one where it is kept.
+    message = message[: _MAX_MESSAGE_CHARS * 4]
     if api_key:
         message = _without_key_fragments(message, api_key)
     message = _KEY_SHAPES.sub(REDACTED, redact(message, ()))
@@ -645,14 +653,21 @@ async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[str]:
     ends its lines or its event costs that much memory, not all it sends. A line left
     unfinished when the stream ends was cut with the connection and is dropped, with its
     event (the SSE rule for an unfinished event); complete `data:` lines whose closing blank
-    line never came are still an event, as some servers end their streams that way."""
+    line never came are still an event when the body ended as HTTP ends one, as some servers
+    end their streams that way, and not when the connection was cut."""
     lines = _SseLines()
     event = _SseEvent()
-    async for chunk in content.iter_any():
-        for raw in lines.feed(chunk):
-            data = event.take(raw)
-            if data is not None:
-                yield data
+    try:
+        async for chunk in content.iter_any():
+            for raw in lines.feed(chunk):
+                data = event.take(raw)
+                if data is not None:
+                    yield data
+    except aiohttp.ClientPayloadError:
+        # The connection was cut inside the body (a chunked body without its last chunk):
+        # the stream's end, cut. The events read stand (the caller decides whether the
+        # answer had finished); the line and the event left open were never sent.
+        return
     last, cut = lines.end()
     for raw in last:
         data = event.take(raw)

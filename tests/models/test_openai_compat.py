@@ -573,8 +573,9 @@ async def events_or_error_from(
         await server.close()
 
 
-def stream_then(*payloads: bytes) -> Any:
-    """A model server writing these bytes of an event stream, then ending its answer."""
+def stream_then(*payloads: bytes, cut: bool = False) -> Any:
+    """A model server writing these bytes of an event stream, then ending its answer; with
+    `cut`, closing the connection instead, so the chunked body never gets its last chunk."""
     from aiohttp import web
 
     async def answer(request: web.Request) -> web.StreamResponse:
@@ -582,24 +583,38 @@ def stream_then(*payloads: bytes) -> Any:
         await response.prepare(request)
         for payload in payloads:
             await response.write(payload)
+        if cut:
+            assert request.transport is not None
+            request.transport.close()  # what was written is sent first
         return response
 
     return answer
 
 
-async def test_a_stream_cut_inside_its_first_event_is_a_connection_failure_retried() -> None:
+@pytest.mark.parametrize("connection_cut", [False, True])
+async def test_a_stream_cut_inside_its_first_event_is_a_connection_failure_retried(
+    connection_cut: bool,
+) -> None:
     """The SSE rule: an event the stream ended inside was never sent. Nothing reached the
     caller, so it is a failure a retry may mend, not a malformed stream."""
-    cut = stream_then(b'data: {"choices": [{"index": 0, "delta": {"content": "Hel')
+    first = b'data: {"choices": [{"index": 0, "delta": {"content": "Hel'
+    cut = stream_then(first, cut=connection_cut)
     outcome, calls = await events_or_error_from(cut, retries=1)
     assert isinstance(outcome, UpstreamError)
     assert (outcome.code, calls) == ("upstream_unavailable", 2)
 
 
-async def test_a_stream_cut_after_its_answer_finished_completes_the_answer() -> None:
+@pytest.mark.parametrize("connection_cut", [False, True])
+async def test_a_stream_cut_after_its_answer_finished_completes_the_answer(
+    connection_cut: bool,
+) -> None:
+    """With the connection cut (review finding), aiohttp raises for the chunked body left
+    unfinished: that was taken for a failure, and a finished answer recorded as failed."""
     answer = {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}
     cut = stream_then(
-        b"data: " + json.dumps(answer).encode() + b"\n\n", b'data: {"usage": {"prompt_tok'
+        b"data: " + json.dumps(answer).encode() + b"\n\n",
+        b'data: {"usage": {"prompt_tok',
+        cut=connection_cut,
     )
     outcome, _ = await events_or_error_from(cut)
     assert not isinstance(outcome, UpstreamError)
