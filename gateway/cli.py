@@ -60,6 +60,9 @@ from gateway.log_levels import apply_log_level
 from gateway.settings import Settings, storable_spec, storable_value
 from gateway.shutdown import Shutdown
 from projections import default_projectors, queries
+from projections.identity import IdentityProjector
+from projections.identity_queries import prune_audit
+from projections.runner import next_step
 from schemas.admin import ApiKeyName
 from schemas.commands import service_command_id
 from schemas.conversation import RecoverAbandonedTurns, TurnFailed
@@ -636,6 +639,16 @@ def check_projections_args(args: argparse.Namespace, settings: Settings) -> None
             raise InvalidInput(f"unknown projection {args.name}; known: {', '.join(names)}")
 
 
+async def _prune_rebuilt_audit(platform: Platform) -> None:
+    """A rebuilt identity model holds an audit entry for every event of the log, also those
+    past SVC_AUDIT_RETENTION_DAYS that the daily prune had removed: removed again at once,
+    not up to a day later."""
+    days = platform.settings.integer("SVC_AUDIT_RETENTION_DAYS")
+    removed = await prune_audit(platform.db, days)
+    if removed:
+        _out(f"removed {removed} audit entries older than {days} days again")
+
+
 async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
     async with open_platform(settings, background=False) as platform:
         runner = platform.projections
@@ -646,12 +659,13 @@ async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
             finally:
                 progress.end()
             _out(f"rebuilt {args.name} from {count} events of its types")
+            if args.name == IdentityProjector.name:
+                await _prune_rebuilt_audit(platform)
             return 0
         statuses = await runner.status()
         for status in statuses:
             failure = (
-                f"\tSTOPPED: {one_line(status.failure.error)} (deploy the fix and restart, or "
-                f"`svc projections rebuild {status.name}`)"
+                f"\tSTOPPED: {one_line(status.failure.error)} ({next_step(status.name)})"
                 if status.failure
                 else ""
             )

@@ -49,6 +49,14 @@ one transaction as long as the tables are large), then `done`."""
 
 RECOUNT_EVERY_S = 2.0
 
+LONG_STATEMENT_S = 3600.0
+"""How long the client waits for the answer to one of the rebuild's whole-log or
+whole-table statements (the scan for unknown types, the count, the copy into the live
+tables), which the server runs without a statement timeout. Every other statement of the
+rebuild waits no longer than the pool's do: a database cut off without a reset (a frozen
+host, a failover that dropped the address) ends the rebuild with an error, not a progress
+bar stopped for ever."""
+
 # The live table a name means for the service: the first schema of the search path holding
 # it. `pg_temp` is not among `current_schemas(false)`, so a copy never answers for it.
 _LIVE_SCHEMA = """
@@ -89,7 +97,12 @@ async def _refuse_unknown_types(conn: Connection, projector: Projector) -> None:
     of the copies for good. Looked for once, before the replay (one pass over the log, as
     the replay is; a newer version writing meanwhile is a mixed deployment, which
     docs/operations.md rules out)."""
-    found = await conn.fetchval(_UNKNOWN_TYPE, sorted(projector.namespaces), EVENTS.known_types())
+    found = await conn.fetchval(
+        _UNKNOWN_TYPE,
+        sorted(projector.namespaces),
+        EVENTS.known_types(),
+        timeout=LONG_STATEMENT_S,
+    )
     if found is not None:
         raise ProjectionFailed(
             f"the log holds events of type {found!r}, which this version of SVC does not "
@@ -172,7 +185,7 @@ async def rebuild_beside(
     # A session of its own, closed at the end: its temporary tables never reach a pooled
     # connection, and no statement it runs was prepared while `pg_temp` held no copy (a
     # plan cached then would go on writing to the live table of the same name).
-    conn = await db.connect_dedicated(bounded=False)
+    conn = await db.connect_dedicated()
     try:
         # Every statement below, driver errors included, leaves as the store's own errors.
         with translate_errors():
@@ -189,7 +202,10 @@ async def rebuild_beside(
             while True:
                 if loop.time() >= recount_at:  # the log may have grown meanwhile
                     head = await log_head(conn)
-                    total += int(await conn.fetchval(_COUNT_BETWEEN, types, *counted, *head))
+                    between = await conn.fetchval(
+                        _COUNT_BETWEEN, types, *counted, *head, timeout=LONG_STATEMENT_S
+                    )
+                    total += int(between)
                     counted, recount_at = head, loop.time() + RECOUNT_EVERY_S
                 _report(progress, replay.done, max(total, replay.done), "replaying")
                 if not await replay.batch(conn):
@@ -261,9 +277,10 @@ async def _replace_rows(conn: Connection, tables: tuple[str, ...], live: list[st
     READ admin read) must go on seeing the old rows; after a TRUNCATE it would find none."""
     rows = 0
     for table, qualified in zip(tables, live, strict=True):
-        await conn.execute(f"DELETE FROM {qualified}")
+        await conn.execute(f"DELETE FROM {qualified}", timeout=LONG_STATEMENT_S)
         status = await conn.execute(
-            f"INSERT INTO {qualified} SELECT * FROM pg_temp.{_ident(table)}"
+            f"INSERT INTO {qualified} SELECT * FROM pg_temp.{_ident(table)}",
+            timeout=LONG_STATEMENT_S,
         )
         rows += int(status.rsplit(" ", 1)[1])
     return rows

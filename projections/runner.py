@@ -684,23 +684,23 @@ class ProjectionRunner:
         if news:
             log.error(
                 "projection %s stopped: cannot apply event at position %d (tx %d, cursor %s, "
-                "type %s, stream %s); it will not advance until fixed: deploy the fix (code "
-                "or an upcaster) and restart the service, or run `svc projections rebuild %s`",
+                "type %s, stream %s); it will not advance until fixed: %s",
                 slot.name,
                 poison.position,
                 poison.tx,
                 poison.cursor,
                 poison.type,
                 poison.stream_id,
-                slot.name,
+                next_step(slot.name),
                 exc_info=exc,
             )
         else:
             log.warning(
-                "projection %s is stopped on the event at cursor %s (already reported): %s",
+                "projection %s is stopped on the event at cursor %s (already reported): %s; %s",
                 slot.name,
                 poison.cursor,
                 slot.failure.error,
+                next_step(slot.name),
             )
         metrics.STALLED.labels(projection=slot.name).set(1)
 
@@ -784,7 +784,7 @@ class ProjectionRunner:
             if slot.failure is not None and slot.point < target:
                 raise ProjectionFailed(
                     f"projection {slot.name} is stopped at "
-                    f"{slot.failure.cursor}: {slot.failure.error}"
+                    f"{slot.failure.cursor}: {slot.failure.error}; {next_step(slot.name)}"
                 )
 
     # `timeout` is part of the gateway's read-your-writes contract (a bool, not an exception).
@@ -917,3 +917,11 @@ class ProjectionRunner:
                 )
             )
         return out
+
+
+def next_step(name: str) -> str:
+    """What an operator does about the stopped projection `name`."""
+    return (
+        "deploy the fix (code or an upcaster) and restart the service, or run "
+        f"`svc projections rebuild {name}`"
+    )

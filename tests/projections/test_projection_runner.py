@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
+import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -656,3 +658,36 @@ async def test_batches_cut_by_bytes_project_and_rebuild_every_event(
             )
         assert await tight.rebuild(projector.name) == log_size
     assert await _dump(db) == expected
+
+
+async def test_a_rebuild_whose_database_freezes_fails_instead_of_waiting_for_ever(
+    store: PostgresEventStore, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: the rebuild's own connection waited for answers without a bound, so a
+    database cut off without a reset (a frozen host) stopped its progress bar for ever. Its
+    backend is frozen mid-replay here: the rebuild ends as StoreUnavailable once the pool's
+    bound (the statement timeout plus a margin) has passed."""
+    await append(store, WS, f"workspace:{WS}", workspace_created(WS, "Frozen"))
+    for n in range(3):
+        await chat(store, WS, f"f{n}", 2)
+    short = await Database.connect(database_url, max_size=2, statement_timeout_ms=200)
+    runner = ProjectionRunner(short, default_projectors(), batch_size=2)
+    frozen: list[int] = []
+    batch = rebuild_module._Replay.batch
+
+    async def freezing(replay: Any, conn: Any) -> bool:
+        if replay.done and not frozen:  # the second batch: SIGSTOP the rebuild's backend
+            frozen.append(conn.get_server_pid())
+            os.kill(frozen[0], signal.SIGSTOP)
+        return await batch(replay, conn)
+
+    monkeypatch.setattr(rebuild_module._Replay, "batch", freezing)
+    try:
+        async with asyncio.timeout(PATIENCE_S):
+            with pytest.raises(StoreUnavailable, match="timed out"):
+                await runner.rebuild("messages")
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        await short.close()
+    assert frozen
