@@ -98,16 +98,32 @@ class MigrationSource:
 STORE_MIGRATIONS = MigrationSource("eventstore", "eventstore.migrations")
 
 
-async def _lock(conn: Connection) -> None:
+class _LockWait:
+    """Whether this run has said yet that it waits for another process's migrations."""
+
+    def __init__(self) -> None:
+        self.said = False
+
+
+async def _lock(conn: Connection, wait: _LockWait) -> None:
     # Migrations may build indexes for minutes and a second process may wait that long for
-    # the lock: the pool's statement timeout does not apply here.
+    # the lock: the pool's statement timeout does not apply here. A process that must wait
+    # says so once, or a command waiting behind another's index build prints nothing.
     await conn.execute("SET LOCAL statement_timeout = 0")
+    if await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", _LOCK_KEY):
+        return
+    if not wait.said:
+        wait.said = True
+        log.warning(
+            "waiting for another process's migrations to end (its log names the one it is "
+            "applying; an index on a large table may take minutes)"
+        )
     await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY, timeout=NO_COMMAND_TIMEOUT_S)
 
 
-async def _apply_one(db: Database, migration: Migration) -> bool:
+async def _apply_one(db: Database, migration: Migration, wait: _LockWait) -> bool:
     try:
-        return await _apply_locked(db, migration)
+        return await _apply_locked(db, migration, wait)
     except StoreError as exc:
         if isinstance(exc.__cause__, asyncpg.InsufficientPrivilegeError):
             raise StoreError(
@@ -118,9 +134,9 @@ async def _apply_one(db: Database, migration: Migration) -> bool:
         raise
 
 
-async def _apply_locked(db: Database, migration: Migration) -> bool:
+async def _apply_locked(db: Database, migration: Migration, wait: _LockWait) -> bool:
     async with db.transaction() as conn:
-        await _lock(conn)
+        await _lock(conn, wait)
         done = await conn.fetchval(
             "SELECT 1 FROM schema_migrations WHERE namespace = $1 AND version = $2",
             migration.namespace,
@@ -145,14 +161,16 @@ async def apply_migrations(db: Database, sources: Sequence[MigrationSource]) -> 
     Returns the labels (`namespace/NNNN_name`) of the migrations this call applied; an
     up-to-date database gives an empty list.
     """
+    wait = _LockWait()
     async with db.transaction() as conn:
-        await _lock(conn)
+        await _lock(conn, wait)
         await conn.execute(_LEDGER_DDL)
+        await _refuse_newer(conn, sources)
     applied: list[str] = []
     for source in sources:
         for migration in source.migrations():
             try:
-                if await _apply_one(db, migration):
+                if await _apply_one(db, migration, wait):
                     applied.append(migration.label)
             except Exception:
                 log.error(
@@ -163,8 +181,30 @@ async def apply_migrations(db: Database, sources: Sequence[MigrationSource]) -> 
                     migration.label,
                 )
                 raise
-    await _ensure_reader_membership(db)
+    await _ensure_reader_membership(db, wait)
     return applied
+
+
+async def _refuse_newer(conn: Connection, sources: Sequence[MigrationSource]) -> None:
+    """A database migrated by a newer version (a rollback, or two versions side by side)
+    holds migrations this code does not know: its tables may not be what this code reads
+    and writes, so nothing runs on it (docs/operations.md, "Upgrading")."""
+    known = {(m.namespace, m.version) for source in sources for m in source.migrations()}
+    rows = await conn.fetch(
+        "SELECT namespace, version, name FROM schema_migrations WHERE namespace = ANY($1) "
+        "ORDER BY namespace, version",
+        sorted({source.namespace for source in sources}),
+    )
+    unknown = [
+        Migration(row["namespace"], row["version"], row["name"], "").label
+        for row in rows
+        if (row["namespace"], row["version"]) not in known
+    ]
+    if unknown:
+        raise StoreError(
+            f"the database was migrated by a newer version of SVC ({', '.join(unknown)}); "
+            "run that version, or restore the backup taken before it"
+        )
 
 
 def _applied_before(applied: Sequence[str]) -> str:
@@ -173,10 +213,10 @@ def _applied_before(applied: Sequence[str]) -> str:
     return f"the {len(applied)} applied before it in this run stay applied: {', '.join(applied)}"
 
 
-async def _ensure_reader_membership(db: Database) -> None:
+async def _ensure_reader_membership(db: Database, wait: _LockWait) -> None:
     try:
         async with db.transaction() as conn:
-            await _lock(conn)
+            await _lock(conn, wait)
             await conn.execute(_READER_MEMBERSHIP)
     except StoreError as exc:
         if isinstance(exc.__cause__, asyncpg.InsufficientPrivilegeError):

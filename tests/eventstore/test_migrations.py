@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from eventstore import migrate
 from eventstore.db import Database
 from eventstore.errors import StoreError
 from eventstore.migrate import STORE_MIGRATIONS, MigrationSource, apply_migrations
@@ -341,3 +342,44 @@ async def test_a_database_that_does_not_exist_is_named_as_such(pg_server_url: st
     with pytest.raises(StoreError) as caught:
         await Database.connect(url, max_size=1)
     assert "does not exist" in caught.value.message and "createdb" in caught.value.message
+
+
+async def test_a_database_migrated_by_a_newer_version_is_refused(
+    db: Database, tmp_path: Path, make_source: type[MigrationSource]
+) -> None:
+    """Review finding: a rolled-back process applied nothing, said "up to date" and ran on
+    tables a newer version had changed. The other namespaces' rows are not this run's."""
+    older = write_package(tmp_path, {"0001_first.sql": "CREATE TABLE t_first (id int)"})
+    assert await apply_migrations(db, [older]) == [f"{older.namespace}/0001_first"]
+    async with db.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO schema_migrations (namespace, version, name) VALUES ($1, 2, 'x'), "
+            "('someone_else', 7, 'theirs')",
+            older.namespace,
+        )
+    with pytest.raises(StoreError) as refused:
+        await apply_migrations(db, [older])
+    assert f"migrated by a newer version of SVC ({older.namespace}/0002_x)" in str(refused.value)
+    assert "someone_else" not in str(refused.value)
+
+
+async def test_a_run_waiting_for_anothers_migrations_says_so_once(
+    db: Database, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review finding: every command waited silently behind another process's index build."""
+    caplog.set_level(logging.WARNING, logger="eventstore.migrate")
+    await apply_migrations(db, [STORE_MIGRATIONS])
+    holder = await asyncpg.connect(database_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT pg_advisory_xact_lock($1)", migrate._LOCK_KEY)
+            waiting = asyncio.ensure_future(apply_migrations(db, [STORE_MIGRATIONS]))
+            async with asyncio.timeout(10):
+                while "waiting for another process's migrations" not in caplog.text:  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+            assert not waiting.done()
+        assert await waiting == []
+    finally:
+        await holder.close()
+    said = [r for r in caplog.records if "another process's migrations" in r.getMessage()]
+    assert len(said) == 1
