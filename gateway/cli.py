@@ -57,7 +57,7 @@ from gateway.cursor_keys import rotate_cursor_key
 from gateway.errors import validation_problems
 from gateway.feed_frames import redact_model
 from gateway.log_levels import apply_log_level
-from gateway.settings import Settings, storable_spec, storable_value
+from gateway.settings import Settings, Source, storable_spec, storable_value
 from gateway.shutdown import Shutdown
 from projections import default_projectors, queries
 from projections.identity import IdentityProjector
@@ -441,8 +441,24 @@ def _issue_command(args: argparse.Namespace, workspace: str, key: str) -> IssueA
     )
 
 
+def _workspace(args: argparse.Namespace, settings: Settings) -> str:
+    """The --workspace, else SVC_DEFAULT_WORKSPACE_ID. A default stored by `svc settings
+    set` is named on stderr: a server started before that change still takes the former one
+    (a restart setting), so keys of this one are not yet the instance's admin keys."""
+    if args.workspace:
+        return str(args.workspace)
+    workspace = settings.default_workspace_id
+    if settings.resolve("SVC_DEFAULT_WORKSPACE_ID").source is Source.STORED:
+        _out(
+            f"svc: note: workspace {one_line(workspace)}, the SVC_DEFAULT_WORKSPACE_ID stored "
+            "by `svc settings set`; a server started before it was set takes it at its restart",
+            sys.stderr,
+        )
+    return workspace
+
+
 async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
-    workspace = args.workspace or platform.settings.default_workspace_id
+    workspace = _workspace(args, platform.settings)
     key = generate_key()
     command = _issue_command(args, workspace, key)
     await ensure_workspace(platform.runtime, workspace)
@@ -505,7 +521,7 @@ async def _revoke_unseen(platform: Platform, issued: IssueApiKey) -> int:
 
 
 async def _apikeys_list(args: argparse.Namespace, platform: Platform) -> int:
-    workspace = args.workspace or platform.settings.default_workspace_id
+    workspace = _workspace(args, platform.settings)
     # Only the read models read: another projection's stop is no reason to refuse a list.
     await platform.projections.catch_up(names=["api_keys", "workspaces"])
     if await queries.get_workspace(platform.db, workspace) is None:
@@ -537,7 +553,7 @@ def _key_line(key: queries.ApiKey, now: datetime) -> str:
 
 
 async def _apikeys_revoke(args: argparse.Namespace, platform: Platform) -> int:
-    workspace = args.workspace or platform.settings.default_workspace_id
+    workspace = _workspace(args, platform.settings)
     command = RevokeApiKey(
         command_id=f"cli-{uuid.uuid4()}",
         workspace_id=workspace,

@@ -105,3 +105,24 @@ async def test_an_identity_rebuild_keeps_to_the_audit_retention(
         async with platform.db.acquire() as conn:
             users = await conn.fetch("SELECT user_id FROM identity_audit_log ORDER BY user_id")
     assert [row["user_id"] for row in users] == ["lately"]
+
+
+async def test_a_stored_default_workspace_is_named_where_the_cli_takes_it(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review finding: moved by `svc settings set` (a restart setting), the default
+    workspace was taken at once by the commands, while a running server keeps the former
+    one: a key issued without --workspace went, unsaid, to a workspace not yet the
+    instance's. Now it is named on stderr."""
+    stored = argparse.Namespace(action="set", key="SVC_DEFAULT_WORKSPACE_ID", value="acme")
+    assert await cli.cmd_settings(stored, settings_for(database_url)) == 0
+    create = {"action": "create", "scopes": "chat", "rate_limit_rpm": None, "name": None}
+    capsys.readouterr()
+    args = argparse.Namespace(workspace=None, **create)
+    assert await cli.cmd_apikeys(args, settings_for(database_url)) == 0
+    said = capsys.readouterr()
+    assert "svc: note: workspace acme, the SVC_DEFAULT_WORKSPACE_ID stored" in said.err
+    assert said.out.startswith("svc_") and said.out.count("\n") == 1
+    args = argparse.Namespace(workspace="acme", **create)
+    assert await cli.cmd_apikeys(args, settings_for(database_url)) == 0
+    assert "note" not in capsys.readouterr().err
