@@ -47,6 +47,7 @@ from actors.workspace import workspace_key
 from eventstore.embedded import EmbeddedPostgres
 from eventstore.errors import ConcurrencyConflict
 from eventstore.records import Snapshot
+from eventstore.tasks import cancel_and_wait
 from gateway import bootstrap
 from gateway.admin_history import Stream, history_event, snapshot_of, state_at
 from gateway.admin_keys import record
@@ -141,21 +142,49 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     with _stop_signals(lambda: _still_stopping(app.get(SHUTDOWN))) as stop:
         runner = GatewayRunner(app, shutdown_timeout=HANDLER_DRAIN_S)
         try:
-            await runner.setup()  # opens the platform: stored settings apply from here on
-            shutdown = app[SHUTDOWN]
-            apply_log_level(settings.text("SVC_LOG_LEVEL"))
-            if not stop.is_set():  # a signal during the start: never take a connection
-                await _listen(runner, host, port)
-                settle_after_startup()
-            await stop.wait()
-            shutdown.begin()
-            log.info("svc shutting down: in-flight turns get %.0f s", shutdown.grace_s)
+            # Opens the platform: stored settings apply from here on.
+            started = await _start_unless_stopped(runner, stop)
+            if started:
+                shutdown = app[SHUTDOWN]
+                apply_log_level(settings.text("SVC_LOG_LEVEL"))
+                if not stop.is_set():  # a signal during the start: never take a connection
+                    await _listen(runner, host, port)
+                    settle_after_startup()
+                await stop.wait()
+                shutdown.begin()
+                log.info("svc shutting down: in-flight turns get %.0f s", shutdown.grace_s)
         finally:
             stopping_since = asyncio.get_running_loop().time()
             await runner.cleanup()
     took = asyncio.get_running_loop().time() - stopping_since
+    if not started:
+        log.info("svc stopped during its start, in %.1f s", took)
+        return 0
     log.info("svc stopped in %.1f s: %s", took, shutdown.report.summary())
     return 0
+
+
+async def _start_unless_stopped(runner: web.BaseRunner, stop: asyncio.Event) -> bool:
+    """`runner.setup()` (the platform opened, the migrations applied, the identity model
+    caught up), unless a signal comes first: then the start is cancelled, its steps undone
+    as after a failure (the embedded database stopped), and False returned. A start may
+    take minutes (a rebuild after an upgrade, another process's migrations, a database
+    recovering from a crash); waiting it out made SIGTERM look ignored, and an orchestrator
+    escalate to SIGKILL. Each step is safe to cancel: migrations are transactions, and the
+    identity catch-up resumes from its checkpoint."""
+    setup = asyncio.ensure_future(runner.setup())
+    signalled = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({setup, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await cancel_and_wait(signalled)
+        if not setup.done():
+            log.info("svc was signalled during its start: cancelling the start")
+            await cancel_and_wait(setup)
+    if setup.cancelled():
+        return False
+    setup.result()  # a start that failed raises here
+    return True
 
 
 async def _listen(runner: web.BaseRunner, host: str | None, port: int) -> None:

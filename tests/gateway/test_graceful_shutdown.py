@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from actors import ActivationTable, ActorContext, ActorKey, Behaviour, RuntimeStopping
 from actors.errors import CommandInterrupted
+from eventstore import migrate
 from eventstore.errors import StoreUnavailable
 from gateway import bootstrap
 from gateway.app import HANDLER_DRAIN_S, SHUTDOWN, create_app
@@ -318,3 +319,38 @@ async def test_the_summary_says_why_the_read_models_were_left_behind(
     assert "within" not in summaries[0]
     assert "projections not caught up within 0 s" in summaries[1]
     assert "projections" not in summaries[2]
+
+
+async def test_sigterm_during_the_start_cancels_the_start(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Review finding: a signal during the start (here: waiting for another process's
+    migrations, as behind an index build) was only acted on once the start ended, minutes
+    later or never; an orchestrator then escalates to SIGKILL. Now the start is cancelled
+    and the process exits cleanly."""
+    env = _env(database_url, "http://127.0.0.1:9/v1", tmp_path)
+    log_path = tmp_path / "serve.log"
+    holder = await asyncpg.connect(database_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT pg_advisory_xact_lock($1)", migrate._LOCK_KEY)
+            with log_path.open("wb") as log_file:
+                server = await asyncio.create_subprocess_exec(
+                    *SVC, "serve", env=env, stdout=log_file, stderr=log_file, cwd=ROOT
+                )
+                try:
+                    async with asyncio.timeout(60):
+                        while "another process's migrations" not in log_path.read_text():  # noqa: ASYNC110
+                            await asyncio.sleep(0.05)
+                    server.send_signal(signal.SIGTERM)
+                    async with asyncio.timeout(30):
+                        code = await server.wait()
+                finally:
+                    if server.returncode is None:
+                        server.kill()
+                        await server.wait()
+    finally:
+        await holder.close()
+    log = log_path.read_text(errors="replace")
+    assert code == 0, log
+    assert "svc stopped during its start" in log and "Traceback" not in log, log
