@@ -478,7 +478,20 @@ class ProjectionRunner:
             if len(groups) == 1:
                 ((group, cap),) = groups
                 return await self._advance(group, cap=cap)
-            return _combine(await _all(self._advance(group, cap=cap) for group, cap in groups))
+            return await self._advance_groups(groups)
+
+    async def _advance_groups(
+        self, groups: list[tuple[list[_Slot], LogPoint | None]]
+    ) -> int | None:
+        """Several groups: those behind side by side, each up to the next one's point; then
+        the leader, unless one behind it has just landed on its point. Held back for that one
+        step, it is one group with them from the next; moving on, it would stay ahead while
+        events keep coming, every batch costing two reads and two commits."""
+        *behind, (leader, leader_cap) = groups
+        results = await _all(self._advance(group, cap=cap) for group, cap in behind)
+        if any(slot.point == leader[0].point for group, _ in behind for slot in group):
+            return _combine(results)
+        return _combine([*results, await self._advance(leader, cap=leader_cap)])
 
     async def _load(self, slots: Sequence[_Slot]) -> None:
         """Read the checkpoints of `slots` (creating missing rows) into their `point`."""

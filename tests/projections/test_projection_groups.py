@@ -104,3 +104,26 @@ async def _title(db: Database, cid: str) -> str | None:
     conversation = await queries.get_conversation(db, WS, cid)
     assert conversation is not None
     return conversation.title
+
+
+async def test_a_group_behind_lands_on_the_leader_which_waits_for_it(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """One step with two groups and events past the leader (review finding: the test above
+    passes with no cap at all, every projector ending at the head). The group behind stops
+    exactly on the leader's point, and the leader, held back for that step, is one group
+    with it from then on, not a step ahead for as long as events keep coming."""
+    await append(store, WS, f"workspace:{WS}", workspace_created(WS, "Groups"))
+    await chat(store, WS, "c1", 3)
+    runner = ProjectionRunner(db, default_projectors(), batch_size=1000)
+    await runner.catch_up(names=["messages"])
+    leader = (await _checkpoint_writers(db))["messages"][1:]
+    await chat(store, WS, "c2", 3)  # past the leader: a batch of 1,000 would take them all
+    await runner._step(runner._select(None), wait=True)
+    points = {point[1:] for point in (await _checkpoint_writers(db)).values()}
+    assert points == {leader}
+    await runner._step(runner._select(None), wait=True)  # now one group, one commit
+    moved = await _checkpoint_writers(db)
+    assert len({writer for writer, _, _ in moved.values()}) == 1
+    (after,) = {point[1:] for point in moved.values()}
+    assert after > leader
