@@ -25,6 +25,7 @@ import orjson
 import pytest
 from identity_support import WHOAMI, Running, running, settings_for
 from multidict import CIMultiDict
+from saml2 import s_utils
 from self_signed import key_and_cert
 
 from gateway.identity import saml
@@ -217,7 +218,9 @@ def saml_settings(database_url: str, keys: Keys) -> dict[str, str]:
     }
 
 
-async def test_saml_login_and_hostile_responses(database_url: str, keys: Keys) -> None:
+async def test_saml_login_and_hostile_responses(
+    database_url: str, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with running(settings_for(database_url, **saml_settings(database_url, keys))) as svc:
         api_key, sp_metadata = await configured(svc)
         flow = Flow(svc, idp_server(keys, sp_metadata))
@@ -289,6 +292,18 @@ async def test_saml_login_and_hostile_responses(database_url: str, keys: Keys) -
         assert [(u["user_name"], u["roles"], u["source"]) for u in users["items"]] == [
             ("alice", ["admin"], "saml")
         ]
+
+        # An assertion an IdP hands out twice, each time in answer to a request of ours:
+        # its second use is refused, though its request is outstanding.
+        first, _ = await flow.start()
+        second, _ = await flow.start()
+        monkeypatch.setattr(s_utils, "sid", lambda: "_one-assertion-id")
+        twice = [flow.response(first), flow.response(second)]
+        monkeypatch.undo()
+        assert all('ID="_one-assertion-id"' in xml for xml in twice)
+        assert (await flow.post(twice[0], "/"))[0] == 303
+        status, body, _ = await flow.post(twice[1], "/")
+        assert status == 401 and "assertion already used" in body, body
 
 
 async def test_saml_response_is_bound_to_the_browser_that_started_it(
