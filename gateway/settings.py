@@ -268,7 +268,11 @@ class Settings:
         return self._secrets
 
     def pending_restart(self) -> list[str]:
-        return sorted(k for k in CATALOG if self._running.get(k) != self.resolve(k).raw)
+        return sorted(
+            key
+            for key, spec in CATALOG.items()
+            if not same_setting(spec, self._running.get(key), self.resolve(key).raw)
+        )
 
     # --- typed accessors (running values) --------------------------------------------------
 
@@ -692,13 +696,15 @@ def _change_result(spec: SettingSpec, settings: Settings, serving: bool) -> Sett
     process already uses it (a live key applied, or a restart key set to what it runs)."""
     raw = settings.resolve(spec.key).raw
     shown = display_value(spec, raw)
-    in_force = settings.raw(spec.key) == raw and (serving or spec.live)
+    in_force = same_setting(spec, settings.raw(spec.key), raw) and (serving or spec.live)
     message = f"{spec.key} = {shown}; {'applied' if in_force else 'restart required'}"
     if spec.key not in _acted_on():
         # Said where the change is made, not only in docs/settings.md's Used column: an
         # operator who turns a capability on must not wait for what this build lacks.
         message += "; note: this build stores it but does not act on it yet (docs/settings.md)"
-    if spec.key == "SVC_DEFAULT_WORKSPACE_ID" and settings.raw(spec.key) != raw:
+    if spec.key == "SVC_DEFAULT_WORKSPACE_ID" and not same_setting(
+        spec, settings.raw(spec.key), raw
+    ):
         # The instance's settings and SSO secrets are managed from the default workspace
         # (gateway/auth.py require_instance_admin): after the restart, this admin's keys no
         # longer reach them, and the new workspace has none yet. (Judged by the value this
@@ -721,6 +727,19 @@ def _acted_on() -> frozenset[str]:
     return keys_read_by_code()
 
 
+def same_setting(spec: SettingSpec, one: str | None, other: str | None) -> bool:
+    """Whether two texts of `spec` are one value to its readers (`" 5"` and `5`, `DEBUG` and
+    `debug`, `30s` and `30`): a restart to go from one to the other changes nothing."""
+    if one == other:
+        return True
+    if one is None or other is None:
+        return False
+    try:
+        return parse_or_coerce(spec, one) == parse_or_coerce(spec, other)
+    except InvalidInput:
+        return False
+
+
 def view(settings: Settings, spec: SettingSpec, change: StoredSetting | None = None) -> SettingView:
     """`change`: the stored value's last change, shown while the stored value is in force."""
     resolved = settings.resolve(spec.key)
@@ -733,7 +752,7 @@ def view(settings: Settings, spec: SettingSpec, change: StoredSetting | None = N
         value=display_value(spec, resolved.raw),
         source=resolved.source.value,
         running_value=display_value(spec, running),
-        restart_pending=running != resolved.raw,
+        restart_pending=not same_setting(spec, running, resolved.raw),
         default=display_value(spec, spec.default) if spec.secret else spec.default,
         apply=spec.apply,
         secret=spec.secret,

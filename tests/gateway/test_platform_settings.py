@@ -950,3 +950,22 @@ def test_a_port_of_thousands_of_digits_is_an_invalid_value_not_a_crash() -> None
         parse_listen_addr(f"127.0.0.1:{huge}")
     # A value of many slashes after a colon is masked as any other (it backtracked).
     assert display_value(get_spec("SVC_AGENT_JUDGE_PROMPT"), "a:" + "/" * 50_000 + "@x")
+
+
+async def test_a_value_written_another_way_is_no_change_waiting_for_a_restart(
+    database_url: str,
+) -> None:
+    """Review finding: the restart check compared texts, so storing `5` over an environment's
+    ` 5`, or `debug` over `DEBUG`, said "restart required" and listed a pending restart for
+    a value the process already runs."""
+    env = {"SVC_LLM_RETRIES": " 5", "SVC_MEMORY_CONTEXT_TIMEOUT": "3000ms"}
+    async with running(settings_for(database_url, **env)) as svc:
+        service = svc.app[SETTINGS_SERVICE]
+        settings = svc.app[SETTINGS]
+        same = await service.set("SVC_LLM_RETRIES", "5")
+        assert same.applied and not same.restart_required, same.message
+        assert not service.get("SVC_LLM_RETRIES").restart_pending
+        assert (await service.set("SVC_MEMORY_CONTEXT_TIMEOUT", "3s")).applied
+        assert settings.pending_restart() == []
+        moved = await service.set("SVC_LLM_RETRIES", "6")
+        assert moved.restart_required and settings.pending_restart() == ["SVC_LLM_RETRIES"]
