@@ -27,6 +27,7 @@ from gateway.settings import (
     read_env_file,
     read_stored_settings,
     storable_value,
+    view,
 )
 from gateway.state import DATABASE, RUNTIME, SETTINGS, SETTINGS_SERVICE
 from gateway.state import STORE as STORE_KEY
@@ -530,6 +531,9 @@ def test_secrets_are_masked_in_repr_and_views() -> None:
     s = Settings({"SVC_NATIVE_COMPAT_KEY": SECRET})
     assert SECRET not in repr(s)
     assert s.text("SVC_NATIVE_COMPAT_KEY") == SECRET  # the service itself can use it
+    shown = view(s, get_spec("SVC_NATIVE_COMPAT_KEY"))
+    assert (shown.value, shown.running_value, shown.default) == (MASK, MASK, "unset")
+    assert SECRET not in shown.model_dump_json()
 
 
 async def test_set_get_list_unset_through_the_actor(
@@ -644,20 +648,21 @@ async def test_moving_the_default_workspace_says_who_manages_the_instance_next(
     the new workspace had no key; the answer now says so, and how to issue one."""
     async with running(settings_for(database_url)) as svc:
         result = await svc.app[SETTINGS_SERVICE].set("SVC_DEFAULT_WORKSPACE_ID", "ops team")
-        # From the command line, which serves nothing: said only of a value that moves it.
+        # From the command line, which serves nothing and reads the stored values as it
+        # starts (as `svc settings set` does): said only of a value that moves it.
         store = svc.app[STORE_KEY]
+        cli_settings = Settings({"SVC_DATABASE_URL": database_url})
+        cli_settings.load_stored(await svc.app[SETTINGS_SERVICE].stored_values())
         cli = SettingsService(
-            Settings({"SVC_DATABASE_URL": database_url}),
-            svc.app[RUNTIME],
-            store,
-            DatabaseVault(store.db),
-            serving=False,
+            cli_settings, svc.app[RUNTIME], store, DatabaseVault(store.db), serving=False
         )
-        kept = await cli.set("SVC_DEFAULT_WORKSPACE_ID", "default")
+        kept = await cli.set("SVC_DEFAULT_WORKSPACE_ID", "ops team")
+        moved_back = await cli.set("SVC_DEFAULT_WORKSPACE_ID", "default")
     assert result.restart_required
     assert "instance settings are managed by admins of 'ops team'" in result.message
     assert "svc apikeys create --scopes '*' --workspace 'ops team'" in result.message
     assert "note" not in kept.message, kept.message
+    assert "instance settings are managed by admins of 'default'" in moved_back.message
 
 
 async def test_a_secret_whose_vault_row_went_missing_can_be_unset(
