@@ -79,10 +79,11 @@ async def _until_under(conn: Connection, key: str, limit: int) -> float:
     return float(math.ceil(wait_s))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reservation:
     """One counted login attempt: the keys it was counted under and the windows it went to.
-    `also` holds the further account keys `count_also` added, in the order counted."""
+    `also` holds the further account keys `count_also` added, in the order counted (the one
+    part that changes: not frozen, so as not to claim otherwise)."""
 
     account: str
     address: str
