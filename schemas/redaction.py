@@ -139,8 +139,9 @@ def _quote_of(value: str) -> str:
 def _basic_credentials(match: re.Match[str]) -> str:
     """HTTP Basic credentials (base64 of `user:password`), not the word "basic" before
     some other word: only a token that decodes to text with a colon is redacted."""
-    try:
-        decoded = base64.b64decode(match.group(1), validate=True).decode()
+    token = match.group(1)
+    try:  # padding is often left out (or cut off): restored before decoding
+        decoded = base64.b64decode(token + "=" * (-len(token) % 4), validate=True).decode()
     except (ValueError, UnicodeDecodeError):
         return match.group(0)
     return REDACTED if ":" in decoded else match.group(0)

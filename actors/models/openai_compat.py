@@ -429,15 +429,21 @@ async def _error_message(resp: aiohttp.ClientResponse) -> tuple[str, str | None]
     return text.strip() or resp.reason or "no message", None
 
 
+_READ_CHARS = _MAX_MESSAGE_CHARS * 4
+"""How much of a message (its white space collapsed) is searched for credentials: no scan
+reads past it, as a stream's error chunk may be megabytes."""
+
+
 def _scrub(message: str, api_key: str | None) -> str:
-    # Only the start is kept: no scan needs to read past it (a stream's error chunk may be
-    # megabytes). Wider than what is kept, so that a credential cut at the end of what is
-    # read is still recognised as one where it is kept.
-    message = message[: _MAX_MESSAGE_CHARS * 4]
+    message = " ".join(message.split())
+    if len(message) > _READ_CHARS:
+        # The word cut in two may be part of a credential its pattern no longer recognises
+        # (a URL's password without its `@`): it goes, and what follows it.
+        message = message[:_READ_CHARS]
+        message = message.rsplit(" ", 1)[0] if " " in message else message
     if api_key:
         message = _without_key_fragments(message, api_key)
     message = _KEY_SHAPES.sub(REDACTED, redact(message, ()))
-    message = " ".join(message.split())
     if len(message) > _MAX_MESSAGE_CHARS:
         message = message[: _MAX_MESSAGE_CHARS - 3] + "..."
     return message

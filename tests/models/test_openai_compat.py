@@ -226,6 +226,10 @@ async def test_400_is_not_retried_and_message_is_scrubbed(stub: Any) -> None:
         ("token=plain-value-123, retry", "plain-value-123"),
         ('{"password": "ab\\"cdSECRET"}', "SECRET"),  # an escaped quote inside the value
         ('upstream said api_key: "unterminatedSECRET', "SECRET"),  # a quote never closed
+        # Review findings: white space before a credential moved the cut into what is kept;
+        # Basic credentials without their base64 padding.
+        (" " * 1165 + "cannot reach http://svc:hunter2pass@proxy.internal/v1", "hunter2pass"),
+        ("creds basic c3ZjOmh1bnRlcjJwYXNzd29yZA", "c3ZjOmh1bnRlcjJwYXNzd29yZA"),
         # JSON quoted inside JSON, a quote in the value (review finding: left in clear).
         ('{"error": "{\\"api_key\\": \\"a\\\\\\"bSECRET\\"}"}', "SECRET"),
         ("refused Authorization: Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA"),
