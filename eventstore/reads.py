@@ -193,15 +193,17 @@ async def read_log_cut(
     max_bytes: int,
     types: Sequence[str] | None = None,
     workspace_id: str | None = None,
+    timeout: float | None = None,
 ) -> tuple[list[RecordedEvent], bool]:
     """Like `read_log`, the page also bounded by `max_bytes` of stored event data (the first
     event always taken), and whether more may follow it: for the readers that hold a whole
     page at once (the projections, a feed catching up), where a page of a thousand
-    one-megabyte messages held a gigabyte."""
+    one-megabyte messages held a gigabyte. `timeout`: the client's wait for the answer, when
+    not the connection's (a page of rare `types` may scan the rest of the log)."""
     if types is not None and not types:
         return [], False
     statement, args = _PAGE_CUT.pick(after, limit, workspace_id, types)
-    rows = await conn.fetch(statement, *args, max_bytes)
+    rows = await conn.fetch(statement, *args, max_bytes, timeout=timeout)
     if not rows:
         return [], False
     width = len(_FIELDS)

@@ -51,11 +51,11 @@ RECOUNT_EVERY_S = 2.0
 
 LONG_STATEMENT_S = 3600.0
 """How long the client waits for the answer to one of the rebuild's whole-log or
-whole-table statements (the scan for unknown types, the count, the copy into the live
-tables), which the server runs without a statement timeout. Every other statement of the
-rebuild waits no longer than the pool's do: a database cut off without a reset (a frozen
-host, a failover that dropped the address) ends the rebuild with an error, not a progress
-bar stopped for ever."""
+whole-table statements (the scan for unknown types, the count, a read of the log for its
+types, the copy into the live tables), which the server runs without a statement timeout.
+Every other statement of the rebuild waits no longer than the pool's do: a database cut off
+without a reset (a frozen host, a failover that dropped the address) while the rebuild
+writes ends it with an error, not a progress bar stopped for ever."""
 
 # The live table a name means for the service: the first schema of the search path holding
 # it. `pg_temp` is not among `current_schemas(false)`, so a copy never answers for it.
@@ -124,8 +124,10 @@ class _Replay:
     async def batch(self, conn: Connection) -> bool:
         """Apply the next batch to the copies; False once caught up with the visible log."""
         types = sorted(self.projector.event_types)
+        # The events of rare types (API keys, identity) may lie far apart: the read after
+        # the last of them scans the rest of the log, as the count does.
         events, more = await read_log_cut(
-            conn, self.point, self.batch_size, self.batch_bytes, types
+            conn, self.point, self.batch_size, self.batch_bytes, types, timeout=LONG_STATEMENT_S
         )
         if events:
             await self._apply(conn, events)

@@ -665,23 +665,23 @@ async def test_a_rebuild_whose_database_freezes_fails_instead_of_waiting_for_eve
 ) -> None:
     """Review finding: the rebuild's own connection waited for answers without a bound, so a
     database cut off without a reset (a frozen host) stopped its progress bar for ever. Its
-    backend is frozen mid-replay here: the rebuild ends as StoreUnavailable once the pool's
-    bound (the statement timeout plus a margin) has passed."""
+    backend is frozen as it applies a batch here: the rebuild ends as StoreUnavailable once
+    the pool's bound (the statement timeout plus a margin) has passed."""
     await append(store, WS, f"workspace:{WS}", workspace_created(WS, "Frozen"))
     for n in range(3):
         await chat(store, WS, f"f{n}", 2)
     short = await Database.connect(database_url, max_size=2, statement_timeout_ms=200)
     runner = ProjectionRunner(short, default_projectors(), batch_size=2)
     frozen: list[int] = []
-    batch = rebuild_module._Replay.batch
+    apply = rebuild_module._Replay._apply
 
-    async def freezing(replay: Any, conn: Any) -> bool:
+    async def freezing(replay: Any, conn: Any, events: Any) -> None:
         if replay.done and not frozen:  # the second batch: SIGSTOP the rebuild's backend
             frozen.append(conn.get_server_pid())
             os.kill(frozen[0], signal.SIGSTOP)
-        return await batch(replay, conn)
+        await apply(replay, conn, events)
 
-    monkeypatch.setattr(rebuild_module._Replay, "batch", freezing)
+    monkeypatch.setattr(rebuild_module._Replay, "_apply", freezing)
     try:
         async with asyncio.timeout(PATIENCE_S):
             with pytest.raises(StoreUnavailable, match="timed out"):
