@@ -216,6 +216,8 @@ class _Slot:
     aborts: _Aborts | None = None
     """Set while the next event's statement is being retried after the database gave up on
     it; cleared once the checkpoint passes that event."""
+    landed: bool = False
+    """Its last batch ended on the checkpoint of the group ahead of it (its cap)."""
 
     @property
     def name(self) -> str:
@@ -483,15 +485,15 @@ class ProjectionRunner:
     async def _advance_groups(
         self, groups: list[tuple[list[_Slot], LogPoint | None]]
     ) -> int | None:
-        """Several groups: those behind side by side, each up to the next one's point; then
-        the leader, unless one behind it has just landed on its point. Held back for that one
-        step, it is one group with them from the next; moving on, it would stay ahead while
-        events keep coming, every batch costing two reads and two commits."""
-        *behind, (leader, leader_cap) = groups
-        results = await _all(self._advance(group, cap=cap) for group, cap in behind)
-        if any(slot.point == leader[0].point for group, _ in behind for slot in group):
-            return _combine(results)
-        return _combine([*results, await self._advance(leader, cap=leader_cap)])
+        """Several groups side by side, each up to the next one's point. Once the group right
+        behind the leader has landed on the leader's point, the leader has moved on in that
+        same step, and would stay ahead for as long as events keep coming (every batch two
+        reads and two commits): it is held back for one step, in which that group lands on
+        its point again, and they are one group from the next."""
+        *behind, _ = groups
+        if any(slot.landed for slot in behind[-1][0]):
+            return _combine(await _all(self._advance(group, cap=cap) for group, cap in behind))
+        return _combine(await _all(self._advance(group, cap=cap) for group, cap in groups))
 
     async def _load(self, slots: Sequence[_Slot]) -> None:
         """Read the checkpoints of `slots` (creating missing rows) into their `point`."""
@@ -528,6 +530,8 @@ class ProjectionRunner:
             events, more = await read_log_cut(conn, old, size, self._batch_bytes)
         if cap is not None:
             events = _up_to(events, cap)
+        for slot in group:
+            slot.landed = bool(events) and events[-1].point == cap
         if not events:
             return 0
         if len(group) == 1 or not more:

@@ -109,21 +109,29 @@ async def _title(db: Database, cid: str) -> str | None:
 async def test_a_group_behind_lands_on_the_leader_which_waits_for_it(
     store: PostgresEventStore, db: Database
 ) -> None:
-    """One step with two groups and events past the leader (review finding: the test above
-    passes with no cap at all, every projector ending at the head). The group behind stops
-    exactly on the leader's point, and the leader, held back for that step, is one group
-    with it from then on, not a step ahead for as long as events keep coming."""
+    """Step by step, events arriving between the steps (review finding: the test above passes
+    with no cap at all, every projector ending at the head). The group behind stops exactly
+    on the leader's point, while the leader moves on in the same step (a live batch is never
+    delayed by a catching-up one); then the leader is held back for the one step in which
+    the group behind lands on it again, and from then on they are one group."""
     await append(store, WS, f"workspace:{WS}", workspace_created(WS, "Groups"))
     await chat(store, WS, "c1", 3)
     runner = ProjectionRunner(db, default_projectors(), batch_size=1000)
     await runner.catch_up(names=["messages"])
     leader = (await _checkpoint_writers(db))["messages"][1:]
-    await chat(store, WS, "c2", 3)  # past the leader: a batch of 1,000 would take them all
-    await runner._step(runner._select(None), wait=True)
-    points = {point[1:] for point in (await _checkpoint_writers(db)).values()}
-    assert points == {leader}
-    await runner._step(runner._select(None), wait=True)  # now one group, one commit
-    moved = await _checkpoint_writers(db)
-    assert len({writer for writer, _, _ in moved.values()}) == 1
-    (after,) = {point[1:] for point in moved.values()}
-    assert after > leader
+
+    async def step_with_traffic(n: int) -> dict[str, tuple[int, int]]:
+        await chat(store, WS, f"t{n}", 1)  # past every checkpoint: a batch takes it all
+        await runner._step(runner._select(None), wait=True)
+        return {name: row[1:] for name, row in (await _checkpoint_writers(db)).items()}
+
+    first = await step_with_traffic(1)
+    moved_on = first.pop("messages")
+    assert set(first.values()) == {leader} and moved_on > leader
+    second = await step_with_traffic(2)
+    assert set(second.values()) == {moved_on}  # the leader held; the others on its point
+    third = await _checkpoint_writers(db)
+    await step_with_traffic(3)
+    joined = await _checkpoint_writers(db)
+    assert len({writer for writer, _, _ in joined.values()}) == 1  # one commit for all
+    assert all(joined[name] != third[name] for name in joined)
