@@ -6,11 +6,13 @@ import asyncio
 import datetime
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
+import aiohttp
 import pytest
 import stub_upstream
 
+from actors.models import openai_compat
 from actors.models.openai_compat import OpenAICompatProvider
 from actors.models.port import ChatMessage, Finished, ModelEvent, ModelRequest, TextDelta
 from schemas.errors import InvalidInput, NotFound, UpstreamError, UpstreamTimeout
@@ -782,3 +784,21 @@ async def test_a_delta_escaping_half_an_emoji_is_made_well_formed() -> None:
     outcome, _ = await events_or_error_from(answer)
     assert not isinstance(outcome, UpstreamError), outcome
     assert outcome[:2] == [TextDelta("cut ?"), TextDelta(" here")]
+
+
+async def test_events_delivered_before_the_cut_but_unread_still_count() -> None:
+    """Review finding: aiohttp's readers raise a cut connection's error before returning
+    what was delivered ahead of it, so a finishing chunk that came with the cut, while the
+    previous one was being relayed, was lost and a finished answer failed."""
+
+    class Protocol:
+        def pause_reading(self) -> None: ...
+
+        def resume_reading(self) -> None: ...
+
+    content = aiohttp.StreamReader(cast(Any, Protocol()), 2**16)
+    done = {"choices": [{"index": 0, "delta": {"content": "!"}, "finish_reason": "stop"}]}
+    content.feed_data(b"data: " + json.dumps(done).encode() + b'\n\ndata: {"us')
+    content.set_exception(aiohttp.ClientPayloadError("Response payload is not completed"))
+    events = [data async for data in openai_compat._sse_data(content)]
+    assert [json.loads(data) for data in events] == [done]  # the half event dropped
