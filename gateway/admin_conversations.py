@@ -23,6 +23,7 @@ from gateway.admin_common import (
 )
 from gateway.control_chars import visible_controls
 from gateway.errors import abort_connection, client_gone, read_query
+from gateway.http_server import watching_stalls
 from gateway.state import DATABASE
 from projections import queries
 from schemas.admin import (
@@ -251,23 +252,23 @@ async def export_conversation(request: web.Request) -> web.StreamResponse:
     exported_at = datetime.now(UTC)
     await resp.prepare(request)
     try:
-        await resp.write(writer.head(summary(conversation), exported_at))
-        while True:
-            await resp.write(writer.messages([message(m) for m in page.messages]))
-            if page.next_after is None:
-                break
-            page = await page_after(page.next_after)
-        await resp.write(writer.tail(exported_at))
+        # A client that stops taking the download without leaving is cut off.
+        with watching_stalls(request):
+            await resp.write(writer.head(summary(conversation), exported_at))
+            while True:
+                await resp.write(writer.messages([message(m) for m in page.messages]))
+                if page.next_after is None:
+                    break
+                page = await page_after(page.next_after)
+            await resp.write(writer.tail(exported_at))
+            await resp.write_eof()
     except ConnectionError:
         client_gone(request)  # the download was cancelled: nothing left to write to
-        return resp
     except Exception:
         # Not answered as an error: the status line went out with the first bytes, and a
         # second response written into this body would corrupt the transfer.
         log.exception("export of conversation %s cut short", cid)
         abort_connection(request)
-        return resp
-    await resp.write_eof()
     return resp
 
 

@@ -100,7 +100,9 @@ def abort_connection(request: web.BaseRequest) -> None:
 def client_gone(request: web.BaseRequest) -> None:
     """The client left while its response was being written (a stream): the access log
     (gateway/http_server.py) and the metrics show it as a hang-up, like one before the
-    response (`error_middleware`). Call once per response."""
+    response (`error_middleware`). Counted once per response, however many paths see it."""
+    if request.get(CLIENT_GONE):
+        return
     request[CLIENT_GONE] = True
     HTTP_ERRORS.labels(status=str(CLIENT_CLOSED)).inc()
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 from aiohttp import web
@@ -97,14 +98,8 @@ class EnvelopeRequestHandler(RequestHandler):
         """aiohttp's, with the wait for the client to take the answer bounded: a handler's
         answer (a JSON body of megabytes) goes to the connection at once, and aiohttp then
         waits, with no time limit, until the client has read all but 16 KiB of it."""
-        transport = self.transport
-        if transport is None:
+        with watching_stalls(request):
             return await super().finish_response(request, resp, start_time)
-        watch = _StallWatch(request, transport)
-        try:
-            return await super().finish_response(request, resp, start_time)
-        finally:
-            watch.stop()
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         # After a response, aiohttp reads what is left of the request body, and a body that
@@ -122,6 +117,23 @@ RESPONSE_STALL_S = 30.0
 connection is closed: checked every RESPONSE_STALL_S, so a stalled client is cut off between
 one and two of them after it stopped reading. As with the chat stream's writes, a client
 reading 2 KB/s or more is never cut off."""
+
+
+@contextmanager
+def watching_stalls(request: web.BaseRequest) -> Iterator[None]:
+    """While the block runs, a client that takes none of the answer's unsent bytes for
+    RESPONSE_STALL_S is cut off (`_StallWatch`): the block's pending write then raises
+    ConnectionError, as for a client that left. For handlers that write their own answer
+    (a download), as aiohttp's writing of a returned one is watched."""
+    transport = request.transport
+    if transport is None:
+        yield
+        return
+    watch = _StallWatch(request, transport)
+    try:
+        yield
+    finally:
+        watch.stop()
 
 
 class _StallWatch:

@@ -1562,6 +1562,39 @@ async def test_a_client_that_stops_reading_a_json_answer_is_cut_off(
     assert await _metric(chat, r'svc_http_errors_total\{status="499"\}') == hang_ups + 1
 
 
+async def test_a_client_that_stops_reading_an_export_is_cut_off(
+    chat: Chat, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: a download written by its handler page by page waited for each page
+    to drain without a time limit; the docs said it was cut off like a JSON answer."""
+    caplog.set_level(logging.INFO, logger="gateway.http_server")
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    monkeypatch.setattr(gateway.http_server, "RESPONSE_STALL_S", 0.5)
+    chat.stub.reply = "\x01" * 990_000  # six bytes each in the JSON export: about 6 MB
+    answer = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO})
+    assert answer.status == 200
+    conversation_id = answer.headers["X-SVC-Conversation-Id"]
+    await answer.read()
+    admin = await chat.issue_key(chat.workspace, scopes=("admin:read",))
+    host, port = chat.service.server.host, chat.service.server.port
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    path = f"/v1/admin/conversations/export?conversation_id={conversation_id}"
+    writer.write(
+        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {admin}\r\n\r\n".encode()
+    )
+    try:
+        assert b" 200 " in await reader.readline()
+        async with asyncio.timeout(30):
+            while not _logged(caplog, "aiohttp.access", "GET /v1/admin/conversations/export"):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+    finally:
+        writer.close()
+    assert _logged(caplog, "gateway.http_server", "took none of its answer")
+    (access,) = _logged(caplog, "aiohttp.access", "GET /v1/admin/conversations/export")
+    assert '" 499 ' in access, access
+
+
 def _logged(caplog: pytest.LogCaptureFixture, logger: str, text: str) -> list[str]:
     lines = (r.getMessage() for r in caplog.records if r.name == logger)
     return [line for line in lines if text in line]
