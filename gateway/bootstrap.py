@@ -24,6 +24,7 @@ the final log line of `svc serve` says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -132,10 +133,26 @@ async def _database_url(settings: Settings, stack: AsyncExitStack) -> str:
     if settings.database_url:
         return settings.database_url
     embedded = EmbeddedPostgres(settings.data_dir.resolve())
-    url = await asyncio.to_thread(embedded.start)
+    url = await _started(embedded)
     stack.push_async_callback(asyncio.to_thread, embedded.stop)
     _background(stack, _keep_running(embedded), "embedded-postgres-watch")  # stopped first
     return url
+
+
+async def _started(embedded: EmbeddedPostgres) -> str:
+    """`embedded.start()`, in a thread, which a cancellation (a signal during `svc serve`'s
+    start) cannot stop: the cancelled caller waits for it (a crash recovery may take
+    minutes) and stops the server it started, rather than return with both still running
+    behind it, out of reach of the process's clean-up."""
+    start = asyncio.ensure_future(asyncio.to_thread(embedded.start))
+    try:
+        return await asyncio.shield(start)
+    except asyncio.CancelledError:
+        log.info("cancelled while the embedded PostgreSQL starts: stopping it once started")
+        with contextlib.suppress(Exception):  # a start that failed has nothing to stop
+            await start
+            await asyncio.to_thread(embedded.stop)
+        raise
 
 
 EMBEDDED_CHECK_S = 5.0

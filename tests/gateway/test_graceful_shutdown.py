@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from actors import ActivationTable, ActorContext, ActorKey, Behaviour, RuntimeStopping
 from actors.errors import CommandInterrupted
 from eventstore import migrate
+from eventstore.embedded import EmbeddedPostgres
 from eventstore.errors import StoreUnavailable
 from gateway import bootstrap
 from gateway.app import HANDLER_DRAIN_S, SHUTDOWN, create_app
@@ -354,3 +355,31 @@ async def test_sigterm_during_the_start_cancels_the_start(
     log = log_path.read_text(errors="replace")
     assert code == 0, log
     assert "svc stopped during its start" in log and "Traceback" not in log, log
+
+
+async def test_a_start_cancelled_while_the_embedded_database_starts_stops_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Review finding: a cancelled start left the thread starting the embedded database (a
+    crash recovery may take minutes) running on, and the server it started with it, after
+    the process had let go of its signal handlers and clean-up."""
+    said: list[str] = []
+
+    def slow_start(_self: EmbeddedPostgres) -> str:
+        time.sleep(0.5)
+        said.append("started")
+        return "postgresql://svc@localhost/svc"
+
+    monkeypatch.setattr(EmbeddedPostgres, "start", slow_start)
+    monkeypatch.setattr(EmbeddedPostgres, "stop", lambda _self: said.append("stopped"))
+
+    async def serve() -> None:
+        async with bootstrap.database_url(Settings({"SVC_DATA_DIR": str(tmp_path)})):
+            await asyncio.sleep(60)
+
+    task = asyncio.create_task(serve())
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert said == ["started", "stopped"]
