@@ -83,11 +83,13 @@ def _backoff(poll_interval_s: float, failures: int) -> float:
 
 
 HISTORY_PAGE_BYTES = 8 * 1024 * 1024
-"""The most stored event data a page of history holds (its first event aside): a reader
+"""The stored event data after which a page of history is cut (the event that crosses it
+included, so a page holds at most this plus one event): a reader
 catching up holds a page whole."""
 
 LIVE_BATCH_BYTES = 4 * 1024 * 1024
-"""The most stored event data a live batch holds (its first event aside). A batch goes to
+"""The stored event data after which a live batch is cut (the event that crosses it
+included). A batch goes to
 every live feed of its workspaces at once, each writing it whole to its socket: after a
 stall, a thousand large messages read in one batch were a copy of that much per feed."""
 

@@ -28,6 +28,7 @@ that was: it reads the keys again (`reload`, at most every RELOAD_EVERY_S) befor
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
@@ -93,6 +94,7 @@ class CursorSeal:
         self._use((key, previous))
         self._reload = reload
         self._reloaded_at: float | None = None
+        self._reading: asyncio.Future[None] | None = None
 
     def _use(self, keys: Keys) -> None:
         key, previous = keys
@@ -102,24 +104,39 @@ class CursorSeal:
             self._encrypt = ciphers[0].encryptor()
             self._decrypts = [cipher.decryptor() for cipher in ciphers]
 
-    async def reloaded(self) -> bool:
-        """Whether reading the keys again found others (a rotation since this process
-        started); at most once every RELOAD_EVERY_S."""
-        now = time.monotonic()
-        if self._reload is None:
-            return False
-        if self._reloaded_at is not None and now - self._reloaded_at < RELOAD_EVERY_S:
-            return False
-        self._reloaded_at = now
+    @property
+    def keys(self) -> Keys:
+        """The keys in use: what a caller compares `reloaded` with."""
+        return self._keys
+
+    async def reloaded(self, used: Keys | None = None) -> bool:
+        """Whether the keys are now others than `used` (by default those in use now): those a
+        cursor no key opened was tried with, which a rotation since may have replaced. The
+        keys are read again first, at most once every RELOAD_EVERY_S; callers meanwhile
+        wait for the read under way and share it, so that none is refused for a key another
+        caller's read is fetching."""
+        used = self._keys if used is None else used
+        if self._reload is not None:
+            now = time.monotonic()
+            due = self._reloaded_at is None or now - self._reloaded_at >= RELOAD_EVERY_S
+            if self._reading is None and due:
+                self._reloaded_at = now
+                self._reading = asyncio.ensure_future(self._read_keys())
+            if self._reading is not None:
+                await asyncio.shield(self._reading)
+        return self._keys != used
+
+    async def _read_keys(self) -> None:
+        assert self._reload is not None
         try:
             keys = await self._reload()
         except StoreError as exc:  # the cursor is refused as it would be without a reload
             log.warning("could not read the cursor keys again: %s", exc.message)
-            return False
-        if keys == self._keys:
-            return False
-        self._use(keys)
-        return True
+            return
+        finally:
+            self._reading = None
+        if keys != self._keys:
+            self._use(keys)
 
     # -- the log's cursors ------------------------------------------------------------------
 
@@ -211,15 +228,29 @@ async def open_issued(cursors: CursorSeal, tailer: LogTailer, public: str, sourc
     """A client's log cursor as the internal one, refused (InvalidCursor, its message led by
     `source`, the input it came in) unless this deployment sealed it and its log issued it:
     waiting for the events after a point never issued would never end."""
+    used = cursors.keys
     try:
         return await _issued(cursors, tailer, public)
     except InvalidCursor as exc:
         try:
-            if await cursors.reloaded():  # sealed under a key this process has not read
+            if await cursors.reloaded(used):  # sealed under a key this process had not read
                 return await _issued(cursors, tailer, public)
         except InvalidCursor:
             pass
         raise InvalidCursor(f"{source}: {exc.message}") from None
+
+
+async def open_audit_issued(cursors: CursorSeal, public: str) -> int:
+    """An audit page cursor's position, read as `open_issued` reads a log cursor: sealed
+    under a key this process has not read yet (another gateway, restarted after a rotation,
+    issued it), it opens once the keys are read again."""
+    used = cursors.keys
+    try:
+        return cursors.open_audit(public)
+    except InvalidCursor:
+        if await cursors.reloaded(used):
+            return cursors.open_audit(public)
+        raise
 
 
 async def _issued(cursors: CursorSeal, tailer: LogTailer, public: str) -> str:

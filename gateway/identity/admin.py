@@ -26,7 +26,7 @@ from gateway.auth import (
     require_instance_admin,
     writes_as_owner,
 )
-from gateway.cursor_seal import CursorSeal
+from gateway.cursor_seal import CursorSeal, open_audit_issued
 from gateway.errors import read_json, read_query, refuse_body
 from gateway.identity.authn import acting, identify
 from gateway.identity.common import (
@@ -894,7 +894,7 @@ async def audit_log(request: web.Request) -> web.Response:
         identity(request).db,
         principal.workspace_id,
         limit=page.limit,
-        before=_audit_position(cursors, page.before),
+        before=await _audit_position(cursors, page.before),
         action=page.action,
     )
     # Entries are named by their sealed log position: the position itself would count the
@@ -915,10 +915,10 @@ async def audit_log(request: web.Request) -> web.Response:
     return json({"items": items, "next_cursor": next_before})
 
 
-def _audit_position(cursors: CursorSeal, before: str | None) -> int | None:
+async def _audit_position(cursors: CursorSeal, before: str | None) -> int | None:
     if not before:
         return None
     try:
-        return cursors.open_audit(before.strip())
+        return await open_audit_issued(cursors, before.strip())
     except InvalidCursor as exc:
         raise InvalidCursor(f"before: {exc.message}") from None

@@ -17,7 +17,7 @@ from eventstore.errors import InvalidCursor, StoreUnavailable
 from eventstore.migrate import apply_migrations
 from gateway.bootstrap import MIGRATIONS
 from gateway.cursor_keys import load_cursor_seal, rotate_cursor_key
-from gateway.cursor_seal import MAX_NUMBER, CursorSeal
+from gateway.cursor_seal import MAX_NUMBER, CursorSeal, open_audit_issued
 from gateway.state import CURSORS, DATABASE, STORE
 
 KEY = bytes(range(16))
@@ -247,3 +247,37 @@ async def test_keys_that_cannot_be_read_again_leave_the_cursor_refused_not_a_503
     assert await seal.reloaded() is False
     assert await seal.reloaded() is False  # and not read again within RELOAD_EVERY_S
     assert reads == 1
+
+
+async def test_callers_meeting_a_new_key_together_share_one_read_of_the_keys() -> None:
+    """Review finding: the first caller's read of the keys marked the reload done before it
+    had the keys, so others arriving meanwhile (tabs reconnecting after a rotation) were
+    refused their cursors with a 400, after which a browser's EventSource gives up."""
+    reads = 0
+
+    async def rotated() -> tuple[bytes, bytes | None]:
+        nonlocal reads
+        reads += 1
+        await asyncio.sleep(0.1)
+        return OTHER_KEY, KEY
+
+    seal = CursorSeal(KEY, reload=rotated)
+    assert await asyncio.gather(*(seal.reloaded() for _ in range(3))) == [True] * 3
+    assert reads == 1 and seal.keys == (OTHER_KEY, KEY)
+
+
+async def test_an_audit_cursor_of_a_key_not_read_yet_opens_after_a_reload() -> None:
+    """Review finding: audit page cursors never read the keys again, so paging across two
+    gateways, one restarted after a rotation, was refused at the next page."""
+    restarted = CursorSeal(OTHER_KEY, previous=KEY)
+    cursor = restarted.seal_audit(4_242)
+
+    async def rotated() -> tuple[bytes, bytes | None]:
+        return OTHER_KEY, KEY
+
+    not_restarted = CursorSeal(KEY, reload=rotated)
+    with pytest.raises(InvalidCursor):
+        not_restarted.open_audit(cursor)
+    assert await open_audit_issued(not_restarted, cursor) == 4_242
+    with pytest.raises(InvalidCursor):  # a cursor no key opens is still refused
+        await open_audit_issued(not_restarted, "a2" + "A" * (len(cursor) - 2))
