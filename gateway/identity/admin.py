@@ -550,19 +550,27 @@ async def put_password(request: web.Request) -> web.Response:
         # Any credential of the user's own (a session, an OIDC token, a key the user issued
         # themselves from a session): each would otherwise be a way around the check.
         await _check_current_password(request, ident, user, body.current_password)
+
+    async def end_other_sessions() -> None:
+        await revoke_sessions(
+            ident,
+            principal.workspace_id,
+            user_id,
+            "password changed",
+            actor_of(request),
+            keep=principal.attributes.get("session_id"),
+        )
+
+    # A new password ends every other session of the user (a reset after a compromise must
+    # also cut the intruder's session); the caller's own session stays. Ended before the
+    # change too: should the change then fail half-way (the new password stored, its event
+    # not answered), the retry is refused (its current_password is no longer in force) and
+    # would never get to end them. Again after it, for a session started in between.
+    await end_other_sessions()
     await set_password(
         request, ident, principal.workspace_id, user_id, body.password.get_secret_value()
     )
-    # A new password ends every other session of the user (a reset after a compromise must
-    # also cut the intruder's session); the caller's own session stays.
-    await revoke_sessions(
-        ident,
-        principal.workspace_id,
-        user_id,
-        "password changed",
-        actor_of(request),
-        keep=principal.attributes.get("session_id"),
-    )
+    await end_other_sessions()
     return web.Response(status=204)
 
 
@@ -583,12 +591,13 @@ async def reset_totp(request: web.Request) -> web.Response:
         user_id=user.user_id,
         at=now(),
     )
-    await ident.ask(directory_key(ws), command)
+    outcome = await ident.ask(directory_key(ws), command)
     # After the event: should these fail, the user signs in without a code (the read model
     # says none is enrolled), and a secret left behind is never asked for again.
     for name in (TOTP, TOTP_PENDING):
         await ident.vault.delete(ws, user.user_id, name)
-    await revoke_sessions(ident, ws, user.user_id, "second factor reset", actor_of(request))
+    if outcome.events:  # a retry's outcome carries the first run's: it finishes the job
+        await revoke_sessions(ident, ws, user.user_id, "second factor reset", actor_of(request))
     return json(user_view(await live_user(ident, ws, user.user_id)))
 
 

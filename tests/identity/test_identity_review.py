@@ -25,8 +25,8 @@ from gateway.identity.service import IDENTITY
 from gateway.identity.throttle import MAX_PER_ACCOUNT, account_key, address_key
 from gateway.openapi import build_document
 from gateway.state import DATABASE
-from schemas.errors import RateLimited
-from schemas.identity import BUILTIN_ROLES
+from schemas.errors import RateLimited, Unavailable
+from schemas.identity import BUILTIN_ROLES, RecordPasswordSet
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
 
@@ -779,3 +779,37 @@ async def test_a_users_own_key_without_an_admin_scope_is_told_the_scope(
         status, _, headers = await svc.request("GET", "/v1/admin/users", own)
         assert status == 403
         assert 'error="insufficient_scope", scope="admin:read"' in headers["WWW-Authenticate"]
+
+
+async def test_a_change_of_ones_password_that_fails_half_way_has_ended_the_other_sessions(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: the new password was stored, then its event not answered (a 503), and
+    the sessions were to be ended after it. The retry is refused (the current password is
+    no longer the one given), so an intruder's session stayed live. They end first now."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        user = await svc.create_user(key, "rhea", PASSWORD, roles=["member"])
+        _, _, intruder = await svc.login("rhea", PASSWORD)
+        _, mine, own = await svc.login("rhea", PASSWORD)
+        ident = svc.app[IDENTITY]
+        ask = ident.ask
+
+        async def unanswered(actor: Any, command: Any) -> Any:
+            if isinstance(command, RecordPasswordSet):
+                raise Unavailable("the identity read model did not catch up in time")
+            return await ask(actor, command)
+
+        monkeypatch.setattr(ident, "ask", unanswered)
+        async with intruder, own:
+            change = {"password": "a fresh password", "current_password": PASSWORD}
+            status, _, _ = await svc.request(
+                "PUT",
+                f"/v1/admin/users/{user['id']}/password",
+                session=own,
+                headers={"X-CSRF-Token": mine["csrf_token"]},
+                json=change,
+            )
+            assert status == 503
+            assert (await svc.request("GET", WHOAMI, session=intruder))[0] == 401
+            assert (await svc.request("GET", WHOAMI, session=own))[0] == 200
