@@ -335,13 +335,26 @@ def same_entry(recorded: str | None, presented: str) -> bool:
 
 async def _ldap(
     ident: Identity, workspace_id: str, body: LoginRequest, attempt: Reservation
-) -> UserRow | None:
+) -> tuple[bool, UserRow | None]:
+    """Whether the directory was asked (what the audit names as the method tried), and the
+    user it signed in."""
     password = body.password.get_secret_value()
     if not ident.settings.flag("SVC_LDAP_ENABLED") or not password:
-        return None
+        return False, None
     existing = await find_user_by_name(ident.db, workspace_id, body.username)
     if existing is not None and (existing.source != "ldap" or not existing.usable):
-        return None
+        return False, None
+    return True, await _ldap_sign_in(ident, workspace_id, body, attempt, existing)
+
+
+async def _ldap_sign_in(
+    ident: Identity,
+    workspace_id: str,
+    body: LoginRequest,
+    attempt: Reservation,
+    existing: UserRow | None,
+) -> UserRow | None:
+    password = body.password.get_secret_value()
     secret = await ident.vault.get(INSTANCE, *BIND_SECRET) or ""
     config = config_from(ident.settings, secret)
     found = await ldap_find(config, body.username)
@@ -456,8 +469,8 @@ async def login(request: web.Request) -> web.Response:
             # The directory is the instance's, and its users belong to the default workspace,
             # as SAML's do: a body naming another workspace signs in with a local password
             # only. The audit names the method tried last: the directory only when it was.
-            method = "ldap"
-            user = await _ldap(ident, workspace_id, body, attempt)
+            asked, user = await _ldap(ident, workspace_id, body, attempt)
+            method = "ldap" if asked else method
         if user is None:
             raise Unauthorized(BAD_CREDENTIALS)
         second = await _second_factor(ident, user, body.totp_code)
@@ -558,8 +571,12 @@ async def _check_sign_in_password(
             "factor guards; set one first (PUT /v1/admin/users/{id}/password)",
             code="no_password",
         )
-    matches = _directory_password_matches if directory else local_password_matches
-    await check_password_as_a_login(request, ident, user, given, matches)
+    if directory:
+        await check_password_as_a_login(
+            request, ident, user, given, _directory_password_matches, method="ldap"
+        )
+    else:
+        await check_password_as_a_login(request, ident, user, given, local_password_matches)
 
 
 PasswordCheck = Callable[[Identity, UserRow, str], Awaitable[bool]]
@@ -577,14 +594,30 @@ async def _directory_password_matches(ident: Identity, user: UserRow, password: 
 
 
 async def check_password_as_a_login(
-    request: web.Request, ident: Identity, user: UserRow, given: SecretStr, matches: PasswordCheck
+    request: web.Request,
+    ident: Identity,
+    user: UserRow,
+    given: SecretStr,
+    matches: PasswordCheck,
+    *,
+    method: LoginMethod = "password",
 ) -> None:
-    """`given` is `user`'s password (by `matches`), counted and limited under the account's
-    login name as a login is, the two sharing one limit: a stolen session must not become a
-    way to guess it. 403 `wrong_password` when it is not."""
+    """`given` is `user`'s password (by `matches`), counted, limited and, when wrong,
+    audited under the account's login name as a login is, the two sharing one limit: a
+    stolen session must not become a way to guess it, unseen. 403 `wrong_password` when it
+    is not."""
     attempt = await ident.throttle.reserve(user.workspace_id, user.user_name, client_ip(request))
     if not await matches(ident, user, given.get_secret_value()):
         await ident.throttle.failed(attempt)
+        await _record(
+            request,
+            ident,
+            user.workspace_id,
+            user.user_name,
+            user.user_id,
+            method,
+            "bad_current_password",
+        )
         raise Forbidden("current_password is not the password in force", code="wrong_password")
     await ident.throttle.succeeded(attempt)
 

@@ -337,6 +337,15 @@ async def test_a_sign_in_keeps_what_the_directory_does_not_say(
         assert status == 200, audit
         reasons = [i["detail"]["reason"] for i in audit["items"] if i["user_name"] == "alice"]
         assert reasons == ["sign_in_failed: ldap_not_configured"], audit["items"]
+        # A local account's failed password is audited as that, the directory not asked
+        # (review finding: named "ldap" whenever the directory was on).
+        await svc.create_user(key, "loki", "loki-password-1")
+        status, _, browser = await svc.login("loki", "not loki's password")
+        await browser.close()
+        assert status == 401
+        _, audit, _ = await svc.request("GET", "/v1/admin/audit?action=identity.login_failed", key)
+        (loki,) = [i for i in audit["items"] if i["user_name"] == "loki"]
+        assert loki["detail"]["method"] == "password", loki
 
 
 async def test_a_mapped_role_no_role_can_have_is_the_instances_problem() -> None:

@@ -551,6 +551,13 @@ async def test_a_new_password_ends_the_users_other_sessions(database_url: str) -
                 )
                 assert status == refused, err
             assert (await svc.request("GET", WHOAMI, session=intruder))[0] == 200
+            # The wrong guess is on record, as a failed login is (review finding: unseen).
+            _, audit, _ = await svc.request(
+                "GET", "/v1/admin/audit?action=identity.login_failed", key
+            )
+            assert [(i["user_name"], i["detail"]["reason"]) for i in audit["items"]] == [
+                ("pia", "bad_current_password")
+            ], audit
             change = {"password": "a fresh password", "current_password": PASSWORD}
             status, _, _ = await svc.request("PUT", path, session=own, headers=csrf, json=change)
             assert status == 204
