@@ -26,6 +26,7 @@ from gateway.identity.authn import identify
 from gateway.identity.common import (
     actor_of,
     command_id,
+    first_attempt_ran,
     json,
     new_id,
     now,
@@ -45,6 +46,7 @@ from gateway.identity.ldap import (
 from gateway.identity.passwords import MAX_LENGTH, verify_password
 from gateway.identity.service import Identity, identity
 from gateway.identity.sessions import (
+    SESSION_COOKIE,
     NewSession,
     clear_session_cookies,
     new_session,
@@ -495,7 +497,14 @@ def _session_of(principal: Principal) -> str:
 
 
 async def logout(request: web.Request) -> web.Response:
-    principal = await identify(request)
+    try:
+        principal = await identify(request)
+    except Unauthorized:
+        if not request.cookies.get(SESSION_COOKIE):
+            raise
+        # A session already ended (this logout's retry after a lost answer, an expiry, a
+        # revocation): the browser's cookies for it go, as the first logout's answer did.
+        return _logged_out(request)
     session_id = _session_of(principal)
     await identity(request).ask(
         session_key(session_id),
@@ -507,6 +516,10 @@ async def logout(request: web.Request) -> web.Response:
             at=now(),
         ),
     )
+    return _logged_out(request)
+
+
+def _logged_out(request: web.Request) -> web.Response:
     response = json({"logged_out": True})
     clear_session_cookies(request, response)
     return response
@@ -629,6 +642,10 @@ async def totp_verify(request: web.Request) -> web.Response:
     ident = identity(request)
     pending = await ident.vault.get(principal.workspace_id, user_id, TOTP_PENDING)
     if pending is None:
+        if await first_attempt_ran(request, principal.workspace_id, command_id(request)):
+            # This request's retry (same Idempotency-Key) after its answer was lost: the
+            # enrolment it confirmed is done, and the pending secret with it.
+            return json({"totp_enrolled": True})
         raise InvalidInput("start TOTP enrolment first", code="totp_not_started")
     if not await ident.totp.verify(principal.workspace_id, user_id, pending, body.code):
         raise InvalidInput("the TOTP code does not match", code="totp_mismatch")
