@@ -37,6 +37,7 @@ from schemas.identity import (
     ProvisionUser,
     RecordLogin,
     RecordPasswordSet,
+    RecordSsoSecretSet,
     RecordTotpEnrolled,
     RegisterOAuthClient,
     ResetTotp,
@@ -50,6 +51,7 @@ from schemas.identity import (
     ScimTokenRotated,
     SessionRevoked,
     SessionStarted,
+    SsoSecretSet,
     StartSession,
     TotpEnrolled,
     TotpReset,
@@ -224,6 +226,12 @@ def _password(state: DirectoryState, c: RecordPasswordSet) -> list[Event]:
     return [PasswordSet(by=c.by, workspace_id=state.workspace_id, user_id=c.user_id, at=c.at)]
 
 
+def _sso_secret(state: DirectoryState, c: RecordSsoSecretSet) -> list[Event]:
+    return [
+        SsoSecretSet(by=c.by, workspace_id=state.workspace_id, scope=c.scope, name=c.name, at=c.at)
+    ]
+
+
 def _link_key(state: DirectoryState, c: LinkApiKey) -> list[Event]:
     user = state.live_user(c.user_id)
     if c.key_id in user.api_keys:
@@ -325,6 +333,7 @@ _DIRECTORY_DECIDERS: dict[type[Command], Callable[[DirectoryState, Any], list[Ev
     UnbindRole: _unbind,
     DefineCustomRole: _define_role,
     RecordPasswordSet: _password,
+    RecordSsoSecretSet: _sso_secret,
     RecordTotpEnrolled: _totp,
     ResetTotp: _reset_totp,
     LinkApiKey: _link_key,

@@ -31,6 +31,7 @@ from schemas.identity import (
     ScimTokenRotated,
     SessionRevoked,
     SessionStarted,
+    SsoSecretSet,
     TotpEnrolled,
     TotpReset,
     UserApiKeyLinked,
@@ -124,6 +125,7 @@ class IdentityProjector(Projector):
             LoginFailed: self._audit_only,
             ApiKeyIssued: self._audit_only,
             ApiKeyRevoked: self._audit_only,
+            SsoSecretSet: self._audit_only,
         }
 
     async def _audit(self, conn: Connection, rec: RecordedEvent, ev: Event) -> None:

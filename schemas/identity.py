@@ -225,6 +225,16 @@ class ResetTotp(IdentityCommand):
     at: AwareDatetime
 
 
+class RecordSsoSecretSet(IdentityCommand):
+    """An instance SSO secret (the LDAP bind password, the SAML key) is already in the
+    vault; this records who set which one, for the audit log. Never the value."""
+
+    target_fields = ("scope", "name")
+    scope: Annotated[str, Field(min_length=1, max_length=40)]
+    name: Annotated[str, Field(min_length=1, max_length=40)]
+    at: AwareDatetime
+
+
 class IssueScimToken(IdentityCommand):
     """Issue the workspace's SCIM token, replacing (rotating) any current one."""
 
@@ -369,6 +379,18 @@ class TotpReset(IdentityEvent):
     type_name: ClassVar[str] = "identity.totp_reset"
     workspace_id: Id
     user_id: Id
+    at: AwareDatetime
+
+
+@event
+class SsoSecretSet(IdentityEvent):
+    """An instance SSO secret was set (`scope`/`name`, as `ldap`/`bind_password`): who set
+    it and when. Its value is in the vault only."""
+
+    type_name: ClassVar[str] = "identity.sso_secret_set"
+    workspace_id: Id
+    scope: Annotated[str, Field(min_length=1, max_length=40)]
+    name: Annotated[str, Field(min_length=1, max_length=40)]
     at: AwareDatetime
 
 

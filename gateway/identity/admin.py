@@ -77,6 +77,7 @@ from schemas.identity import (
     Permissions,
     ProvisionUser,
     RecordPasswordSet,
+    RecordSsoSecretSet,
     RegisterOAuthClient,
     ResetTotp,
     RevokeOAuthClient,
@@ -825,7 +826,19 @@ async def put_secret(request: web.Request) -> web.Response:
         # An SSO secret (the LDAP bind password, the SAML key) decides who signs in as whom.
         raise Forbidden("instance secrets need an owner or an admin:write key", code="owner_only")
     body = await read_json(request, SecretBody)
-    await identity(request).vault.put(INSTANCE, *name, body.value.get_secret_value())
+    ident = identity(request)
+    await ident.vault.put(INSTANCE, *name, body.value.get_secret_value())
+    await ident.ask(
+        directory_key(principal.workspace_id),
+        RecordSsoSecretSet(
+            by=actor_of(request),
+            command_id=new_id("sso-secret-"),
+            workspace_id=principal.workspace_id,
+            scope=name[0],
+            name=name[1],
+            at=now(),
+        ),
+    )
     return web.Response(status=204)
 
 

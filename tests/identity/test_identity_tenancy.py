@@ -74,6 +74,15 @@ async def test_only_the_default_workspace_manages_instance_secrets_and_settings(
             assert status == 403 and body["error"]["code"] == "instance_admin_required"
         status, _, _ = await svc.request("PUT", secret, owner, json={"value": "owner-pw"})
         assert status == 204
+        # On record, who set which one, never its value (review finding: no trace at all);
+        # the refused attempt is not.
+        _, audit, _ = await svc.request(
+            "GET", "/v1/admin/audit?action=identity.sso_secret_set", owner
+        )
+        (entry,) = audit["items"]
+        assert (entry["detail"]["scope"], entry["detail"]["name"]) == ("ldap", "bind_password")
+        assert entry["detail"]["by"].startswith("key:"), entry
+        assert "owner-pw" not in str(audit)
 
 
 async def test_audit_retention(database_url: str) -> None:
