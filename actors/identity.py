@@ -455,6 +455,7 @@ class SessionBehaviour(Behaviour[SessionState]):
                     session_id=state.session_id,
                     reason=command.reason,
                     at=command.at,
+                    user_id=state.user_id,
                 )
             ]
         raise InvalidInput(f"a session does not handle {type(command).__name__}")

@@ -19,12 +19,12 @@ their sha256 hex digest, like API keys (schemas/workspace.py).
 from __future__ import annotations
 
 import unicodedata
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from schemas.commands import Command
-from schemas.events import Event, event
+from schemas.events import EVENTS, Event, event
 
 Id = Annotated[str, Field(min_length=1, max_length=200)]
 UserName = Annotated[str, Field(min_length=1, max_length=256)]
@@ -460,10 +460,20 @@ class SessionStarted(Event):
 @event
 class SessionRevoked(IdentityEvent):
     type_name: ClassVar[str] = "identity.session_revoked"
+    schema_version: ClassVar[int] = 2
     workspace_id: Id
     session_id: Id
     reason: Annotated[str, Field(max_length=100)]
     at: AwareDatetime
+    # Whose session it was, for the audit log (version 2 on; None before).
+    user_id: Id | None = None
+
+
+@EVENTS.upcaster(SessionRevoked.type_name, 1)
+def _session_revoked_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 added `user_id`: a revocation recorded before names no user, which its
+    default says (the session's start does)."""
+    return data
 
 
 @event

@@ -565,6 +565,13 @@ async def test_a_new_password_ends_the_users_other_sessions(database_url: str) -
             status, err, _ = await svc.request("GET", WHOAMI, session=intruder)
             assert status == 401 and err["error"]["code"] == "unauthorized"
             assert first["session_id"] != mine["session_id"]
+            # The audit says whose session ended (review finding: a session id only).
+            _, ended, _ = await svc.request(
+                "GET", "/v1/admin/audit?action=identity.session_revoked", key
+            )
+            assert [(i["user_id"], i["detail"]["session_id"]) for i in ended["items"]] == [
+                (user["id"], first["session_id"])
+            ], ended
         # A key of the user's own (one an admin issued itself from a taken session, say) is
         # the user too: no way around the password in force.
         ada = await svc.create_user(key, "ada", PASSWORD, roles=["admin"])
