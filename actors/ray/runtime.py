@@ -739,7 +739,9 @@ class RayRuntime:
         except TimeoutError:
             return f"not ready within {timeout:g} s"
         except Exception as exc:  # its store unreachable, the actor ended meanwhile, ...
-            return f"failed to start: {type(exc).__name__}"
+            # The cause, not only its type: a module missing on the node, a database
+            # address the node cannot reach, which advice about CPUs would not mend.
+            return f"failed to start: {ray_failure_summary(exc)}"
         return status
 
     # --- the shard map ------------------------------------------------------------------
@@ -987,7 +989,10 @@ class RayRuntime:
             await set_desired_hosts(db, s.cluster, hosts)
             try:
                 await self._ensure_hosts(range(hosts), all_ready=True)
-            except Exception:  # back to where it was: no shard has moved yet
+            except BaseException:
+                # Back to where it was (no shard has moved yet), also when cancelled (Ctrl-C
+                # on `svc cluster scale` while new hosts wait for room): else the count
+                # stays, and the hosts created, placed later, get shards nobody asked for.
                 await set_desired_hosts(db, s.cluster, before)
                 await self._remove_surplus(before, hosts)
                 raise

@@ -42,7 +42,7 @@ from actors.ray import (
     cluster_status,
 )
 from actors.ray.runtime import MOVE_GRACE_S
-from actors.shards import NUM_SHARDS, claim_cluster, load_map, shard_of
+from actors.shards import NUM_SHARDS, claim_cluster, desired_hosts, load_map, shard_of
 from eventstore import PostgresEventStore
 from eventstore.db import Database
 from eventstore.errors import StoreUnavailable
@@ -549,6 +549,20 @@ async def test_scaling_past_the_clusters_cpus_gives_up_and_changes_nothing(
     # the whole start timeout; a host that fits must start within it on a machine loaded by
     # the other test worker (a new Ray worker process took more than 6 s there).
     runtime: RayRuntime = await cluster_runtime(1, host_num_cpus=0.8, host_start_timeout_s=20.0)
+    # Cancelled while the hosts wait for room (Ctrl-C on `svc cluster scale`; review
+    # finding: the count stayed 3, and the hosts created were placed later and given shards).
+    scaling = asyncio.ensure_future(runtime.scale(3))
+    async with asyncio.timeout(30):
+        while await desired_hosts(runtime._db, runtime.cluster) != 3:  # type: ignore[arg-type]  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(1.0)
+    scaling.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await scaling
+    assert (await runtime.status())["desired_hosts"] == 1
+    for index in (1, 2):
+        with pytest.raises(ValueError):
+            ray.get_actor(f"{runtime.cluster}-host-{index}", namespace="svc")
     with pytest.raises(Unavailable) as refused:
         await runtime.scale(3)
     message = str(refused.value)

@@ -9,8 +9,11 @@ from actors.shards import NUM_SHARDS, host_index, host_name, plan_moves, shard_o
 
 
 def test_shard_of_is_stable_and_spread() -> None:
-    # Fixed values: every gateway process and version must route a key the same way.
-    assert shard_of(ActorKey("conversation", "c-1")) == shard_of(ActorKey("conversation", "c-1"))
+    # Fixed values: every gateway process and version must route a key the same way, so a
+    # salted or changed hash (two gateways sending one key to two hosts) fails here.
+    assert shard_of(ActorKey("conversation", "c-1")) == 249
+    assert shard_of(ActorKey("workspace", "default")) == 518
+    assert shard_of(ActorKey("agent", "a-42")) == 445
     counts = Counter(shard_of(ActorKey("counter", str(i))) for i in range(20_000))
     assert len(counts) == NUM_SHARDS
     assert max(counts.values()) < 3 * 20_000 / NUM_SHARDS
