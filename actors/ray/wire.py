@@ -8,11 +8,14 @@ raised by Ray itself (a dead or unreachable host) are the router's to retry.
 
 from __future__ import annotations
 
+import logging
 import pickle
 from dataclasses import dataclass
 from typing import Any
 
 from schemas.errors import SvcError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,9 @@ def pack_error(error: BaseException) -> Failure:
     if isinstance(error, SvcError):
         state = {k: v for k, v in error.__dict__.items() if _picklable(v)}
         return Failure(type(error), error.message, state)
+    # A fault of the code (a behaviour's `None.x`): its traceback stays on this side of the
+    # wire, where the gateway's log of it cannot reach: logged here, in the host's log.
+    log.error("a command failed on this actor host", exc_info=error)
     return Failure(type(error), str(error), {})
 
 

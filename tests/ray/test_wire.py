@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 import traceback
 
@@ -10,7 +11,7 @@ import pytest
 from actors.errors import RuntimeStopping, UnknownActorKind
 from actors.ray.runtime import HostUnavailable, _ray_failures_said_plainly
 from actors.ray.wire import pack_error
-from schemas.errors import InvalidInput, RateLimited, SvcError
+from schemas.errors import Conflict, InvalidInput, RateLimited, SvcError
 
 
 def _round_trip(error: BaseException) -> BaseException:
@@ -76,3 +77,25 @@ def test_a_ray_client_url_is_refused_before_joining() -> None:
     for address in ("ray://ray-head:10001", "http://ray-head:6379"):
         with pytest.raises(InvalidInput, match="Ray Client"):
             _probe(address)
+
+
+def test_a_fault_of_the_code_is_logged_with_its_traceback_where_it_happened(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Review finding: a behaviour's bug raised on a host crossed the wire as its type and
+    message only, and no log anywhere named the file or line that failed."""
+
+    def behaviour_with_a_bug() -> None:
+        raise AttributeError("'NoneType' object has no attribute 'x'")
+
+    caplog.set_level(logging.ERROR, logger="actors.ray.wire")
+    try:
+        behaviour_with_a_bug()
+    except AttributeError as exc:
+        failure = pack_error(exc)
+    assert isinstance(failure.rebuild(), AttributeError)
+    (logged,) = caplog.records
+    assert logged.exc_info is not None and "behaviour_with_a_bug" in caplog.text
+    caplog.clear()
+    pack_error(Conflict("the name is taken"))  # the project's own errors are answers
+    assert not caplog.records
