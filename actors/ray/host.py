@@ -36,6 +36,10 @@ from schemas.commands import Command
 
 log = logging.getLogger(__name__)
 
+IN_FLIGHT_LOAD = 10.0
+"""A command in progress weighs this in a shard's load: a shard with one is busy, whatever
+its actors (a shard's active actors are fewer than this in all but a rare case)."""
+
 _PRUNE_MIN = 1024  # keys a shard's set may hold before its first pruning
 
 BehaviourFactory: TypeAlias = Callable[[], Sequence[Behaviour[Any]]]
@@ -439,11 +443,13 @@ class ActorHost:
         self._releasing.let_go(shards)
 
     def shard_load(self) -> dict[int, float]:
+        """Per owned shard: IN_FLIGHT_LOAD for each command in progress, plus one for each
+        active actor."""
         table = self._table
         load: dict[int, float] = {}
         for shard in self._owned:
             active = sum(1 for k in self._keys.get(shard, ()) if table and table.is_active(k))
-            load[shard] = self._in_flight.get(shard, 0) * 10.0 + active
+            load[shard] = self._in_flight.get(shard, 0) * IN_FLIGHT_LOAD + active
         return load
 
     # --- introspection ------------------------------------------------------------------

@@ -34,7 +34,13 @@ import ray
 
 from actors.behaviour import ActorKey
 from actors.errors import AskTimeout, RuntimeNotStarted, RuntimeStopping
-from actors.ray.host import ActorHost, BehaviourSource, HostSpec, Reconfigurable
+from actors.ray.host import (
+    IN_FLIGHT_LOAD,
+    ActorHost,
+    BehaviourSource,
+    HostSpec,
+    Reconfigurable,
+)
 from actors.ray.open_calls import OpenCalls
 from actors.ray.reload import FreshReload
 from actors.ray.watch import (
@@ -306,7 +312,11 @@ class RayRuntime:
         await self._claim(db, private=self._started_ray)
         async with cluster_lock(db, s.cluster, wait_s=60.0) as locked:
             if not locked:
-                raise HostUnavailable(f"the shard map of {s.cluster} stays locked")
+                raise HostUnavailable(
+                    f"the shard map of {s.cluster} stayed locked for 60 s: a `svc cluster "
+                    "scale` or another gateway's rebalancing holds it (their logs say); start "
+                    "this gateway again once it has finished"
+                )
             wanted = s.hosts or _cpu_hosts(s.host_num_cpus)
             if self._started_ray:
                 # A Ray of this process's own: no host of an earlier start survives it, so the
@@ -328,11 +338,20 @@ class RayRuntime:
         self._db = None
         if self._started_ray:
             ray.shutdown()
+        if private:
+            raise ClusterInUse(
+                f"the actor cluster {cluster!r} of this database is in use by another "
+                "gateway, and a gateway that starts a Ray of its own (SVC_RAY_ADDRESS blank) "
+                "needs its cluster to itself: give this gateway a cluster of its own "
+                "(SVC_RAY_CLUSTER), or point every gateway at one Ray (SVC_RAY_ADDRESS)"
+            )
+        # Held exclusively: by a gateway whose Ray is its own, where no other process
+        # reaches its hosts (`svc cluster` included).
         raise ClusterInUse(
-            f"the actor cluster {cluster!r} of this database is in use by another gateway, "
-            "and a gateway that starts a Ray of its own (SVC_RAY_ADDRESS blank) needs its "
-            "cluster to itself: give this gateway a cluster of its own (SVC_RAY_CLUSTER), or "
-            "point every gateway at one Ray (SVC_RAY_ADDRESS)"
+            f"the actor cluster {cluster!r} of this database is run by a gateway on a Ray of "
+            "its own (its SVC_RAY_ADDRESS blank), which no other process can reach: change "
+            "that gateway's host count with its SVC_ACTOR_HOSTS and a restart, or run every "
+            "gateway, and `svc cluster`, on one Ray (SVC_RAY_ADDRESS)"
         )
 
     async def attach(self) -> None:
@@ -809,7 +828,10 @@ class RayRuntime:
         if plan_moves(self._map.owners, live):
             async with self._moving, cluster_lock(self._db, s.cluster, wait_s=0.0) as locked:
                 if locked:
-                    await self._rebalance(live, self._live(self._watched(names)))
+                    # Busy shards of a host that answers wait for a tick when they are idle:
+                    # held for a move on every tick, their commands were refused most of
+                    # the time a long turn ran (docs/ray.md).
+                    await self._rebalance(live, self._live(self._watched(names)), patient=False)
 
     def _watch_all(self, names: Sequence[str]) -> None:
         """Have a current handle for every host, so the watch pings them (and restarts are
@@ -851,17 +873,26 @@ class RayRuntime:
         shards among them): the hosts whose liveness a move may ask about."""
         return [*names, *(n for n in self._handles if n not in names)]
 
-    async def _rebalance(self, hosts: Sequence[str], live: Sequence[str]) -> int:
+    async def _rebalance(
+        self, hosts: Sequence[str], live: Sequence[str], *, patient: bool = True
+    ) -> int:
         """Move shards until they are spread evenly over `hosts`; the caller holds the locks.
         `live`: the hosts that answer, targets or not. A source among them releases its
         shards before they move; only a source that does not answer is skipped (nothing
-        runs there), so a surplus host being scaled in is released like any other."""
+        runs there), so a surplus host being scaled in is released like any other.
+        Not `patient` (the supervisors): a live source's shards with a command in progress
+        are left for a later pass, and one still busy after the short grace is given back
+        at once, not waited for to the release deadline."""
         assert self._db is not None
         current = await load_map(self._db, self._settings.cluster)
         if current is None:
             return 0
         load = await self._shard_load(current, live)
         moves = plan_moves(current.owners, hosts, load)
+        if not patient:
+            moves = [
+                m for m in moves if m.source not in live or load.get(m.shard, 0.0) < IN_FLIGHT_LOAD
+            ]
         batches: dict[tuple[str, str], list[int]] = {}
         for move in moves:
             batches.setdefault((move.source, move.target), []).append(move.shard)
@@ -869,7 +900,8 @@ class RayRuntime:
         size = self._settings.move_batch
         for (source, target), shards in batches.items():
             for i in range(0, len(shards), size):
-                moved += await self._move(source, target, shards[i : i + size], live)
+                batch = shards[i : i + size]
+                moved += await self._move(source, target, batch, live, patient=patient)
         await self._refresh()
         return moved
 
@@ -887,7 +919,15 @@ class RayRuntime:
         await asyncio.gather(*(one(h) for h in set(current.owners) if h in live))
         return load
 
-    async def _move(self, source: str, target: str, shards: list[int], live: Sequence[str]) -> int:
+    async def _move(
+        self,
+        source: str,
+        target: str,
+        shards: list[int],
+        live: Sequence[str],
+        *,
+        patient: bool = True,
+    ) -> int:
         """Hand `shards` from `source` to `target`.
 
         1. `source.release`: it refuses new commands of the shards (WrongEpoch, so routers
@@ -920,6 +960,9 @@ class RayRuntime:
                 await self._tell(source, "reopen", busy)
             raise
         if not busy:
+            return moved
+        if not patient:
+            await self._tell(source, "reopen", busy)
             return moved
         still = await self._release(source, busy, deadline_s - grace_s)
         if still is None:
