@@ -137,20 +137,23 @@ def watching_stalls(request: web.BaseRequest) -> Iterator[None]:
 
 
 class _StallWatch:
-    """Aborts `transport` when its unsent bytes have not gone down between two checks: the
-    client neither reads nor leaves, and is logged and counted as one that left (499). One
-    timer per answer, re-armed while bytes move, so an answer that goes out at once costs a
-    timer set and cancelled."""
+    """Aborts `transport` when the client has taken none of the answer's bytes between two
+    checks while some wait to be sent: it neither reads nor leaves, and is logged and counted
+    as one that left (499). Judged by the bytes taken (written to the connection less those
+    still waiting), not by those waiting, which a handler writing page after page refills.
+    One timer per answer, re-armed while bytes move, so an answer that goes out at once
+    costs a timer set and cancelled."""
 
     def __init__(self, request: web.BaseRequest, transport: asyncio.Transport) -> None:
         self._request = request
         self._transport = transport
-        self._unsent: int | None = None
+        self._taken: int | None = None
         self._timer = asyncio.get_running_loop().call_later(RESPONSE_STALL_S, self._check)
 
     def _check(self) -> None:
         unsent = self._transport.get_write_buffer_size()
-        if unsent and self._unsent is not None and unsent >= self._unsent:
+        taken = self._request.writer.output_size - unsent
+        if unsent and self._taken is not None and taken <= self._taken:
             log.info(
                 "a client took none of its answer for %g s; its connection is closed",
                 RESPONSE_STALL_S,
@@ -158,7 +161,7 @@ class _StallWatch:
             client_gone(self._request)
             self._transport.abort()
             return
-        self._unsent = unsent
+        self._taken = taken
         self._timer = asyncio.get_running_loop().call_later(RESPONSE_STALL_S, self._check)
 
     def stop(self) -> None:

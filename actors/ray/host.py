@@ -36,9 +36,10 @@ from schemas.commands import Command
 
 log = logging.getLogger(__name__)
 
-IN_FLIGHT_LOAD = 10.0
-"""A command in progress weighs this in a shard's load: a shard with one is busy, whatever
-its actors (a shard's active actors are fewer than this in all but a rare case)."""
+IN_FLIGHT_LOAD = 1_000_000.0
+"""A command in progress weighs this in a shard's load, more than all its active actors
+can (a host's table holds far fewer): a load of this or more is a shard with a command in
+progress, and busy shards sort after every idle one, however many actors these hold."""
 
 _PRUNE_MIN = 1024  # keys a shard's set may hold before its first pruning
 

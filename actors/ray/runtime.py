@@ -327,7 +327,7 @@ class RayRuntime:
             await self._ensure_hosts(range(count), all_ready=False)
         await self._open()
 
-    async def _claim(self, db: Database, *, private: bool) -> None:
+    async def _claim(self, db: Database, *, private: bool, attaching: bool = False) -> None:
         """Hold the cluster for as long as this router runs (see `claim_cluster`), or undo
         the start so far and say what to change."""
         cluster = self._settings.cluster
@@ -346,12 +346,19 @@ class RayRuntime:
                 "(SVC_RAY_CLUSTER), or point every gateway at one Ray (SVC_RAY_ADDRESS)"
             )
         # Held exclusively: by a gateway whose Ray is its own, where no other process
-        # reaches its hosts (`svc cluster` included).
-        raise ClusterInUse(
+        # reaches its hosts.
+        owner = (
             f"the actor cluster {cluster!r} of this database is run by a gateway on a Ray of "
-            "its own (its SVC_RAY_ADDRESS blank), which no other process can reach: change "
-            "that gateway's host count with its SVC_ACTOR_HOSTS and a restart, or run every "
-            "gateway, and `svc cluster`, on one Ray (SVC_RAY_ADDRESS)"
+            "its own (its SVC_RAY_ADDRESS blank), which no other process can reach"
+        )
+        if attaching:
+            raise ClusterInUse(
+                f"{owner}: change that gateway's host count with its SVC_ACTOR_HOSTS and a "
+                "restart, or run every gateway, and `svc cluster`, on one Ray (SVC_RAY_ADDRESS)"
+            )
+        raise ClusterInUse(
+            f"{owner}: point that gateway at this Ray too (SVC_RAY_ADDRESS), or give this "
+            "gateway a cluster of its own (SVC_RAY_CLUSTER)"
         )
 
     async def attach(self) -> None:
@@ -362,7 +369,7 @@ class RayRuntime:
         db = await self._connect()
         # Shared, whatever Ray this process joined: a cluster a gateway runs on a Ray of its
         # own is not reachable from here, and scaling it would start hosts in another Ray.
-        await self._claim(db, private=False)
+        await self._claim(db, private=False, attaching=True)
         self._supervise_hosts = False
         await self._open()
         if self._map is None:

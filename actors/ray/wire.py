@@ -54,12 +54,14 @@ class Failure:
 
 
 def pack_error(error: BaseException) -> Failure:
+    if not isinstance(error, SvcError) or error.internal:
+        # A fault of the code (a behaviour's `None.x`, a turn that crashed on one): its
+        # traceback, and the cause chained to it, stay on this side of the wire, where the
+        # gateway's log of it cannot reach: logged here, in the host's log.
+        log.error("a command failed on this actor host", exc_info=error)
     if isinstance(error, SvcError):
         state = {k: v for k, v in error.__dict__.items() if _picklable(v)}
         return Failure(type(error), error.message, state)
-    # A fault of the code (a behaviour's `None.x`): its traceback stays on this side of the
-    # wire, where the gateway's log of it cannot reach: logged here, in the host's log.
-    log.error("a command failed on this actor host", exc_info=error)
     return Failure(type(error), str(error), {})
 
 

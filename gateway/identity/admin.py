@@ -592,13 +592,19 @@ async def reset_totp(request: web.Request) -> web.Response:
         user_id=user.user_id,
         at=now(),
     )
+    by = actor_of(request)
+    if user.totp_enrolled:
+        # Ended before the reset too: should it fail half-way (its event recorded, the
+        # answer a 503), its retry finds nothing enrolled and would end none.
+        await revoke_sessions(ident, ws, user.user_id, "second factor reset", by)
     outcome = await ident.ask(directory_key(ws), command)
     # After the event: should these fail, the user signs in without a code (the read model
     # says none is enrolled), and a secret left behind is never asked for again.
     for name in (TOTP, TOTP_PENDING):
         await ident.vault.delete(ws, user.user_id, name)
-    if outcome.events:  # a retry's outcome carries the first run's: it finishes the job
-        await revoke_sessions(ident, ws, user.user_id, "second factor reset", actor_of(request))
+    if outcome.events:  # again, for a session started meanwhile; a retry's outcome (same
+        # Idempotency-Key) carries the first run's events, so it finishes the job too
+        await revoke_sessions(ident, ws, user.user_id, "second factor reset", by)
     return json(user_view(await live_user(ident, ws, user.user_id)))
 
 

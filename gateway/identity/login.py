@@ -335,18 +335,17 @@ def same_entry(recorded: str | None, presented: str) -> bool:
     return recorded is None or recorded.casefold() == presented.casefold()
 
 
-async def _ldap(
-    ident: Identity, workspace_id: str, body: LoginRequest, attempt: Reservation
+async def _directory_applies(
+    ident: Identity, workspace_id: str, body: LoginRequest
 ) -> tuple[bool, UserRow | None]:
-    """Whether the directory was asked (what the audit names as the method tried), and the
-    user it signed in."""
-    password = body.password.get_secret_value()
-    if not ident.settings.flag("SVC_LDAP_ENABLED") or not password:
+    """Whether the directory is to be asked (what the audit then names as the method
+    tried, whatever the outcome), and the account of that name, if any."""
+    if not ident.settings.flag("SVC_LDAP_ENABLED") or not body.password.get_secret_value():
         return False, None
     existing = await find_user_by_name(ident.db, workspace_id, body.username)
     if existing is not None and (existing.source != "ldap" or not existing.usable):
         return False, None
-    return True, await _ldap_sign_in(ident, workspace_id, body, attempt, existing)
+    return True, existing
 
 
 async def _ldap_sign_in(
@@ -471,8 +470,10 @@ async def login(request: web.Request) -> web.Response:
             # The directory is the instance's, and its users belong to the default workspace,
             # as SAML's do: a body naming another workspace signs in with a local password
             # only. The audit names the method tried last: the directory only when it was.
-            asked, user = await _ldap(ident, workspace_id, body, attempt)
-            method = "ldap" if asked else method
+            applies, existing = await _directory_applies(ident, workspace_id, body)
+            if applies:
+                method = "ldap"
+                user = await _ldap_sign_in(ident, workspace_id, body, attempt, existing)
         if user is None:
             raise Unauthorized(BAD_CREDENTIALS)
         second = await _second_factor(ident, user, body.totp_code)
@@ -500,8 +501,8 @@ async def logout(request: web.Request) -> web.Response:
     try:
         principal = await identify(request)
     except Unauthorized:
-        if not request.cookies.get(SESSION_COOKIE):
-            raise
+        if not request.cookies.get(SESSION_COOKIE) or "Authorization" in request.headers:
+            raise  # not the session cookie's refusal: it may be live
         # A session already ended (this logout's retry after a lost answer, an expiry, a
         # revocation): the browser's cookies for it go, as the first logout's answer did.
         return _logged_out(request)
@@ -641,24 +642,25 @@ async def totp_verify(request: web.Request) -> web.Response:
     body = await read_json(request, TotpCode)
     ident = identity(request)
     pending = await ident.vault.get(principal.workspace_id, user_id, TOTP_PENDING)
+    recorded = RecordTotpEnrolled(
+        by=actor_of(request),
+        command_id=command_id(request),
+        workspace_id=principal.workspace_id,
+        user_id=user_id,
+        at=now(),
+    )
     if pending is None:
-        if await first_attempt_ran(request, principal.workspace_id, command_id(request)):
-            # This request's retry (same Idempotency-Key) after its answer was lost: the
-            # enrolment it confirmed is done, and the pending secret with it.
+        if await first_attempt_ran(request, principal.workspace_id, recorded.command_id):
+            # A retry (same Idempotency-Key) after its answer was lost: the enrolment it
+            # confirmed is done, and the pending secret with it. Asked again, so that the
+            # ledger answers it, the first run's outcome, or a 409 for a key another request
+            # (another command, another user) used.
+            await ident.ask(directory_key(principal.workspace_id), recorded)
             return json({"totp_enrolled": True})
         raise InvalidInput("start TOTP enrolment first", code="totp_not_started")
     if not await ident.totp.verify(principal.workspace_id, user_id, pending, body.code):
         raise InvalidInput("the TOTP code does not match", code="totp_mismatch")
     await ident.vault.put(principal.workspace_id, user_id, TOTP, pending)
     await ident.vault.delete(principal.workspace_id, user_id, TOTP_PENDING)
-    await ident.ask(
-        directory_key(principal.workspace_id),
-        RecordTotpEnrolled(
-            by=actor_of(request),
-            command_id=command_id(request),
-            workspace_id=principal.workspace_id,
-            user_id=user_id,
-            at=now(),
-        ),
-    )
+    await ident.ask(directory_key(principal.workspace_id), recorded)
     return json({"totp_enrolled": True})

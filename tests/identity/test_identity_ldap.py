@@ -335,8 +335,12 @@ async def test_a_sign_in_keeps_what_the_directory_does_not_say(
             "GET", "/v1/admin/audit?action=identity.login_failed", key
         )
         assert status == 200, audit
-        reasons = [i["detail"]["reason"] for i in audit["items"] if i["user_name"] == "alice"]
-        assert reasons == ["sign_in_failed: ldap_not_configured"], audit["items"]
+        reasons = [
+            (i["detail"]["method"], i["detail"]["reason"])
+            for i in audit["items"]
+            if i["user_name"] == "alice"
+        ]
+        assert reasons == [("ldap", "sign_in_failed: ldap_not_configured")], audit["items"]
         # A local account's failed password is audited as that, the directory not asked
         # (review finding: named "ldap" whenever the directory was on).
         await svc.create_user(key, "loki", "loki-password-1")

@@ -229,6 +229,21 @@ async def test_totp_enrolment_and_login(database_url: str) -> None:
                 json={"code": now_code(secret)},
             )
             assert (status, err["error"]["code"]) == (400, "totp_not_started"), err
+            # A key another request used is no retry of this one: not a 200 for nothing.
+            elsewhere = {"Idempotency-Key": "provision-tom-1"}
+            made = {"user_name": "tom", "roles": ["member"]}
+            status, _, _ = await svc.request(
+                "POST", "/v1/admin/users", key, headers=elsewhere, json=made
+            )
+            assert status == 201
+            status, err, _ = await svc.request(
+                "POST",
+                "/v1/admin/auth/totp/verify",
+                session=browser,
+                headers={**csrf, **elsewhere},
+                json={"code": now_code(secret)},
+            )
+            assert (status, err["error"]["code"]) == (409, "idempotency_key_reused"), err
 
         status, err, b = await svc.login("tina", PASSWORD)
         await b.close()

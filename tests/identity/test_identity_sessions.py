@@ -48,6 +48,14 @@ async def test_login_session_csrf_and_logout(database_url: str) -> None:
             )
             assert status == 200
 
+            # A live session's cookie with a bearer that is refused: no "logged out" for a
+            # session that is not (review finding), and the session goes on.
+            bogus = {**headers, "Authorization": "Bearer svc_not-a-key"}
+            status, _, _ = await svc.request(
+                "POST", "/v1/admin/auth/logout", session=browser, headers=bogus
+            )
+            assert status == 401
+            assert (await svc.request("GET", WHOAMI, session=browser))[0] == 200
             status, _, _ = await svc.request(
                 "POST", "/v1/admin/auth/logout", session=browser, headers=headers
             )

@@ -8,7 +8,7 @@ import traceback
 
 import pytest
 
-from actors.errors import RuntimeStopping, UnknownActorKind
+from actors.errors import RuntimeStopping, TurnCrashed, UnknownActorKind
 from actors.ray.runtime import HostUnavailable, _ray_failures_said_plainly
 from actors.ray.wire import pack_error
 from schemas.errors import Conflict, InvalidInput, RateLimited, SvcError
@@ -99,3 +99,11 @@ def test_a_fault_of_the_code_is_logged_with_its_traceback_where_it_happened(
     caplog.clear()
     pack_error(Conflict("the name is taken"))  # the project's own errors are answers
     assert not caplog.records
+    try:  # a turn that crashed on a fault: the project's error, internal, the fault its cause
+        try:
+            behaviour_with_a_bug()
+        except AttributeError as exc:
+            raise TurnCrashed.of(exc, "") from exc
+    except TurnCrashed as crashed:
+        pack_error(crashed)
+    assert "behaviour_with_a_bug" in caplog.text
