@@ -1549,16 +1549,7 @@ async def test_a_client_that_stops_reading_a_json_answer_is_cut_off(
     chat.stub.reply = "\x01" * 990_000
     hang_ups = await _metric(chat, r'svc_http_errors_total\{status="499"\}')
     reader, writer = await _stream_never_read(chat, stream=False)
-    try:
-        assert b" 200 " in await reader.readline()
-        async with asyncio.timeout(30):
-            while not _logged(caplog, "aiohttp.access", "POST /v1/chat/completions"):  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
-    finally:
-        writer.close()
-    assert _logged(caplog, "gateway.http_server", "took none of its answer")
-    (access,) = _logged(caplog, "aiohttp.access", "POST /v1/chat/completions")
-    assert '" 499 ' in access, access
+    await _cut_off_as_a_hang_up(caplog, reader, writer, "POST /v1/chat/completions")
     assert await _metric(chat, r'svc_http_errors_total\{status="499"\}') == hang_ups + 1
 
 
@@ -1583,15 +1574,26 @@ async def test_a_client_that_stops_reading_an_export_is_cut_off(
     writer.write(
         f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {admin}\r\n\r\n".encode()
     )
+    await _cut_off_as_a_hang_up(caplog, reader, writer, "GET /v1/admin/conversations/export")
+
+
+async def _cut_off_as_a_hang_up(
+    caplog: pytest.LogCaptureFixture,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    request: str,
+) -> None:
+    """The answer to `request` began (200) on a connection whose client then reads nothing:
+    waits for the gateway to end it, then checks it said why and logged a hang-up (499)."""
     try:
         assert b" 200 " in await reader.readline()
         async with asyncio.timeout(30):
-            while not _logged(caplog, "aiohttp.access", "GET /v1/admin/conversations/export"):  # noqa: ASYNC110
+            while not _logged(caplog, "aiohttp.access", request):  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
     finally:
         writer.close()
     assert _logged(caplog, "gateway.http_server", "took none of its answer")
-    (access,) = _logged(caplog, "aiohttp.access", "GET /v1/admin/conversations/export")
+    (access,) = _logged(caplog, "aiohttp.access", request)
     assert '" 499 ' in access, access
 
 

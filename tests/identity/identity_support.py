@@ -4,8 +4,8 @@ loopback TCP site over the test's PostgreSQL, with helpers to bootstrap keys and
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -157,3 +157,21 @@ async def running(settings: Settings) -> AsyncIterator[Running]:
             yield Running(app, f"http://127.0.0.1:{port}", http)
     finally:
         await runner.cleanup()
+
+
+@contextmanager
+def asks_failing(ident: Any, command_type: type, error: Exception) -> Iterator[None]:
+    """While the block runs, `ident.ask` raises `error` for a command of `command_type`
+    (the database away a moment, a read model that did not catch up) and runs the others."""
+    ask = ident.ask
+
+    async def failing(actor: Any, command: Any) -> Any:
+        if isinstance(command, command_type):
+            raise error
+        return await ask(actor, command)
+
+    ident.ask = failing
+    try:
+        yield
+    finally:
+        ident.ask = ask

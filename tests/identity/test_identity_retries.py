@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from identity_support import Running, running, settings_for, uid
+from identity_support import Running, asks_failing, running, settings_for, uid
 
-from actors.behaviour import ActorKey, CommandOutcome
+from actors.behaviour import ActorKey
 from eventstore.errors import StoreUnavailable
 from gateway.identity import admin
 from gateway.identity.service import IDENTITY
@@ -124,21 +124,13 @@ async def test_a_user_key_whose_link_fails_is_revoked_not_left_to_no_user(
         _, user, _ = await svc.request(
             "POST", f"{ADMIN}/users", key, json={"user_name": uid("kim-")}
         )
-        ident = svc.app[IDENTITY]
-        ask = ident.ask
-
-        async def link_fails(actor: ActorKey, command: Command) -> CommandOutcome:
-            if isinstance(command, LinkApiKey):
-                raise StoreUnavailable("the event store is unreachable")
-            return await ask(actor, command)
-
-        ident.ask = link_fails  # type: ignore[method-assign]
-        body = {"name": "unlinked", "scopes": ["chat"]}
-        status, err, _ = await svc.request(
-            "POST", f"{ADMIN}/users/{user['id']}/apikeys", key, json=body
-        )
+        unreachable = StoreUnavailable("the event store is unreachable")
+        with asks_failing(svc.app[IDENTITY], LinkApiKey, unreachable):
+            body = {"name": "unlinked", "scopes": ["chat"]}
+            status, err, _ = await svc.request(
+                "POST", f"{ADMIN}/users/{user['id']}/apikeys", key, json=body
+            )
         assert status == 503, err
-        ident.ask = ask  # type: ignore[method-assign]
         status, listed, _ = await svc.request("GET", f"{ADMIN}/apikeys", key)
         (unlinked,) = [k for k in listed["api_keys"] if k["name"] == "unlinked"]
         assert unlinked["revoked_at"] is not None, unlinked

@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from identity_support import WHOAMI, running, settings_for
+from identity_support import WHOAMI, asks_failing, running, settings_for
 
 import gateway.admin_common
 import gateway.identity.admin
@@ -796,7 +796,7 @@ async def test_a_users_own_key_without_an_admin_scope_is_told_the_scope(
 
 
 async def test_a_change_of_ones_password_that_fails_half_way_has_ended_the_other_sessions(
-    database_url: str, monkeypatch: pytest.MonkeyPatch
+    database_url: str,
 ) -> None:
     """Review finding: the new password was stored, then its event not answered (a 503), and
     the sessions were to be ended after it. The retry is refused (the current password is
@@ -806,24 +806,17 @@ async def test_a_change_of_ones_password_that_fails_half_way_has_ended_the_other
         user = await svc.create_user(key, "rhea", PASSWORD, roles=["member"])
         _, _, intruder = await svc.login("rhea", PASSWORD)
         _, mine, own = await svc.login("rhea", PASSWORD)
-        ident = svc.app[IDENTITY]
-        ask = ident.ask
-
-        async def unanswered(actor: Any, command: Any) -> Any:
-            if isinstance(command, RecordPasswordSet):
-                raise Unavailable("the identity read model did not catch up in time")
-            return await ask(actor, command)
-
-        monkeypatch.setattr(ident, "ask", unanswered)
+        unanswered = Unavailable("the identity read model did not catch up in time")
         async with intruder, own:
             change = {"password": "a fresh password", "current_password": PASSWORD}
-            status, _, _ = await svc.request(
-                "PUT",
-                f"/v1/admin/users/{user['id']}/password",
-                session=own,
-                headers={"X-CSRF-Token": mine["csrf_token"]},
-                json=change,
-            )
+            with asks_failing(svc.app[IDENTITY], RecordPasswordSet, unanswered):
+                status, _, _ = await svc.request(
+                    "PUT",
+                    f"/v1/admin/users/{user['id']}/password",
+                    session=own,
+                    headers={"X-CSRF-Token": mine["csrf_token"]},
+                    json=change,
+                )
             assert status == 503
             assert (await svc.request("GET", WHOAMI, session=intruder))[0] == 401
             assert (await svc.request("GET", WHOAMI, session=own))[0] == 200
