@@ -41,7 +41,7 @@ from schemas.admin import (
     TurnRecord,
     TurnsQuery,
 )
-from schemas.errors import NotFound
+from schemas.errors import InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +158,12 @@ async def conversation_messages(request: web.Request) -> web.Response:
 async def conversation_turns(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     params = read_query(request, TurnsQuery)
+    if params.conversation_id is None and "conversation_id" in request.query:
+        # Empty (a script's unset variable): not every conversation's turns instead.
+        raise InvalidInput(
+            "conversation_id: give a conversation's id, or leave the parameter out for the "
+            "workspace's turns"
+        )
     # The conversation row only for the existence check of the one asked for.
     models = CONVERSATION_TURN_MODELS if params.conversation_id else TURN_MODELS
     await read_your_writes(request, models)

@@ -22,9 +22,9 @@ def one_line(text: str) -> str:
 
 
 def visible_controls(text: str) -> str:
-    """`text` as lines: line breaks (CRLF made LF) and tabs stay; every other control
-    character becomes an escape (`\\x1b`)."""
-    return text.replace("\r\n", "\n").translate(_IN_A_BLOCK)
+    """`text` as lines: line breaks (CRLF and a lone CR, as old Mac text ends its lines,
+    made LF) and tabs stay; every other control character becomes an escape (`\\x1b`)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").translate(_IN_A_BLOCK)
 
 
 # In JSON text a C0 character is already escaped by the encoder; C1 characters and the

@@ -172,6 +172,9 @@ async def test_turns(service: Service) -> None:
     everywhere = await service.get_json("/v1/admin/conversations/turns", key)
     assert everywhere["conversation_id"] is None and len(everywhere["turns"]) == 2
     await service.get_json("/v1/admin/conversations/turns", key, 400, limit=0)
+    # Empty (review finding: read as absent, every conversation's turns answered).
+    empty = await service.get_json("/v1/admin/conversations/turns", key, 400, conversation_id="")
+    assert "conversation_id" in empty["error"]["message"], empty
 
 
 async def test_export_markdown_and_json(service: Service) -> None:

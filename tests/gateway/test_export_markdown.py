@@ -75,14 +75,14 @@ def test_a_title_or_a_name_reads_as_its_own_text() -> None:
 
 def test_terminal_controls_are_written_as_visible_escapes() -> None:
     """Shown with `cat`, the export runs no terminal escape; line breaks and tabs stay."""
-    content = "\x1b[31mred\x1b[0m \x07 a\tb\r\nc\x0b\x0c\x9b"
+    content = "\x1b[31mred\x1b[0m \x07 a\tb\r\nc\x0b\x0c\x9b\rd"  # a lone CR is a line break
     text = to_markdown(
         export(message("user", content, name="n\x1b]0;x\x07"), title="t\x1b]0;pwn\x07")
     )
     assert not [
         ch for ch in text if (ord(ch) < 0x20 and ch not in "\n\t") or 0x7F <= ord(ch) < 0xA0
     ]
-    assert fenced(text) == ["\\x1b[31mred\\x1b[0m \\x07 a\tb\nc\\x0b\\x0c\\x9b\n"]
+    assert fenced(text) == ["\\x1b[31mred\\x1b[0m \\x07 a\tb\nc\\x0b\\x0c\\x9b\nd\n"]
     inline = MarkdownIt("commonmark").parse(text)[1].children or []
     heading = "".join(child.content for child in inline)
     assert heading == "t\\x1b]0;pwn\\x07"
