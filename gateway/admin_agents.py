@@ -64,12 +64,16 @@ TAG = "Agents & orchestration"
 AGENT_MODELS = (AgentsProjector.name,)
 
 _NAME_LOCKS: web.AppKey[dict[str, asyncio.Lock]] = web.AppKey("svc_agent_name_locks", dict)
+_UNAPPLIED: web.AppKey[dict[str, str]] = web.AppKey("svc_agent_writes_unapplied", dict)
+"""Per workspace, the cursor of the last agent write whose wait for the read model gave up:
+until it is applied, a name's check against the read model could miss the name it took."""
 _AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,199}$")
 _ID_NAMESPACE = uuid.UUID("0b8c59b4-9f3e-4f4c-8a43-6f1d2f0c7a11")
 
 
 def add_routes(app: web.Application) -> None:
     app[_NAME_LOCKS] = {}
+    app[_UNAPPLIED] = {}
     app.router.add_post(AGENTS, create_agent)
     app.router.add_get(AGENTS, list_agents)
     app.router.add_get(AGENT, get_agent)
@@ -222,6 +226,7 @@ async def _execute(request: web.Request, agent_id: str, command: Command) -> Com
     if not isinstance(outcome, CommandOutcome):
         raise SvcError("the agent actor answered without an outcome")
     if outcome.cursor and not await wait_applied(request, outcome.cursor, AGENT_MODELS):
+        request.app[_UNAPPLIED][command.workspace_id] = outcome.cursor
         raise not_applied(
             request,
             AGENT_MODELS,
@@ -252,6 +257,21 @@ async def _read(request: web.Request, principal: Principal, agent_id: str) -> ag
 async def _require_free_name(
     request: web.Request, principal: Principal, name: str, agent_id: str
 ) -> None:
+    """Under the workspace's names lock. A write of this process the read model has not
+    applied yet (its answer was a 503) may have taken the name: it is waited for first, and
+    while it is not applied no name is given, rather than given twice."""
+    unapplied = request.app[_UNAPPLIED]
+    cursor = unapplied.get(principal.workspace_id)
+    if cursor is not None:
+        if not await wait_applied(request, cursor, AGENT_MODELS):
+            raise not_applied(
+                request,
+                AGENT_MODELS,
+                "an earlier change of this workspace's agents is not applied yet, and agent "
+                "names are checked against it; retry shortly",
+            )
+        if unapplied.get(principal.workspace_id) == cursor:
+            del unapplied[principal.workspace_id]
     holder = await agent_queries.find_active_agent(
         request.app[DATABASE], principal.workspace_id, name
     )

@@ -189,6 +189,36 @@ async def test_a_create_its_read_model_cannot_apply_still_says_it_was_recorded(
     assert newer.__traceback__ is None
 
 
+async def test_a_name_taken_by_a_create_not_applied_yet_is_not_given_again(
+    chat: Chat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: a create answered 503 (its read model behind) left the names lock
+    with the name not yet in the read model, and a second create of the name, checked
+    against that stale model, was recorded too: two active agents of one name."""
+    applied = [False]
+    real_wait = admin_agents.wait_applied
+
+    async def wait(*args: Any, **kwargs: Any) -> bool:
+        return await real_wait(*args, **kwargs) if applied[0] else False
+
+    async def stale(*_: Any, **__: Any) -> None:  # the read model has not seen the first
+        return None
+
+    monkeypatch.setattr(admin_agents, "wait_applied", wait)
+    body = {"name": uid("ada-"), "model": UPSTREAM_MODEL}
+    first = await send(chat, "POST", AGENTS, body)
+    assert first[0] == 503, first
+    with monkeypatch.context() as behind:
+        behind.setattr(admin_agents.agent_queries, "find_active_agent", stale)
+        status, error = await send(chat, "POST", AGENTS, body)
+    assert status == 503 and "names are checked against it" in error["error"]["message"]
+    applied[0] = True  # the read model is waited for again: the name is the first create's
+    status, error = await send(chat, "POST", AGENTS, body)
+    assert status == 409 and error["error"]["code"] == "agent_name_taken", error
+    _, listed = await send(chat, "GET", AGENTS)
+    assert [a["name"] for a in listed["agents"]] == [body["name"]]
+
+
 async def test_a_retried_update_answers_with_the_first_result(chat: Chat) -> None:
     """The retry finds the agent already as asked, so it would change nothing: it still gets
     the first update's answer, its cursor included, not an empty one."""
