@@ -202,7 +202,10 @@ class TurnResult:
 def _require_live(state: ConversationState, command: Command) -> None:
     # Missing, deleted and of another workspace answer exactly alike (docs/chat.md).
     if not state.exists or state.deleted or state.workspace_id != command.workspace_id:
-        raise NotFound(f"conversation {state.conversation_id} does not exist")
+        raise NotFound(
+            f"conversation {state.conversation_id} does not exist; send the request without "
+            "X-SVC-Conversation-Id to start a new one"
+        )
 
 
 def _title_from(content: str) -> str | None:

@@ -187,4 +187,8 @@ class RecordedTurnFailure(UpstreamError):
         if status is not None:
             self.http_status, self.error_type = status
         if self.http_status == 500:
-            self.message = INTERNAL_FAILURE_MESSAGE
+            # The detail stays in the log; what to do does not.
+            self.message = (
+                f"{INTERNAL_FAILURE_MESSAGE} (recorded result of the first attempt; send a "
+                "new Idempotency-Key to try again)"
+            )

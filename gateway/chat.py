@@ -317,6 +317,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # status: an upstream's 404 for the model comes after the turn started) and the
             # cursor that read-your-writes waits for.
             request[_FAILURE_CURSOR_KEY] = request.app[CURSORS].seal(exc.recorded_cursor)
+            if ids is not None and ids.keyed:
+                # The SDKs retry with the same headers, so with the same key, which can only
+                # get this recorded failure back (after a Retry-After of up to two minutes):
+                # said not to, and the client sends a new key when it means to try again.
+                _no_retry(exc)
         elif (
             (exc.http_status < 500 or _refused_unrun(exc))
             and ids is not None
@@ -341,6 +346,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     finally:
         if turn is not None:
             TURN_DURATION.observe(time.perf_counter() - started)
+
+
+def _no_retry(exc: SvcError) -> None:
+    """`x-should-retry: false` on the answer to `exc`, without marking it final (a final
+    internal error would show its cause)."""
+    headers = getattr(exc, "headers", None)
+    exc.headers = {**(headers if isinstance(headers, dict) else {}), "x-should-retry": "false"}  # type: ignore[attr-defined]
 
 
 def _refused_unrun(exc: SvcError) -> bool:

@@ -610,6 +610,14 @@ async def test_an_upstreams_retry_after_reaches_the_client(chat: Chat) -> None:
     assert resp.status == 502 and (await resp.json())["error"]["code"] == "upstream_unavailable"
     assert resp.headers["Retry-After"] == "1"  # whole seconds, rounded up
     assert chat.stub.calls == 2
+    assert "x-should-retry" not in resp.headers  # unkeyed: a retry is a new turn
+    # Keyed, the failure is recorded under the key: an SDK's retry (the same headers, so
+    # the same key) would only get it back, after the wait (review finding).
+    chat.stub.faults.extend([stub_upstream.Fault(503, "busy", retry_after_s=0.01)] * 2)
+    keyed = await chat.raw_post(
+        {"model": UPSTREAM_MODEL, "messages": HELLO}, **{"Idempotency-Key": uid("idem-")}
+    )
+    assert keyed.status == 502 and keyed.headers["x-should-retry"] == "false"
 
 
 async def test_upstream_failure_before_streaming_keeps_its_status(chat: Chat) -> None:
@@ -683,6 +691,7 @@ async def test_a_turn_ended_by_a_defect_answers_500_with_its_failures_cursor(
     answer = await replayed.text()
     assert replayed.status == 500 and replayed.headers["x-should-retry"] == "false"
     assert "internal error while running the turn" in answer and "detail-only" not in answer
+    assert "send a new Idempotency-Key" in answer  # what to do (review finding: dropped)
 
 
 async def _frames(resp: aiohttp.ClientResponse) -> AsyncIterator[Any]:
