@@ -62,7 +62,10 @@ TURN_INTERRUPTED_MESSAGE = (
 class AnswerAbandoned(RuntimeStopping):
     """This process stopped waiting for a command that goes on in an actor host it does not
     stop (a shared Ray cluster): the command is recorded there, so the same command id (the
-    same Idempotency-Key) returns its result, from any instance."""
+    same Idempotency-Key) returns its result, from any instance. Its own code: unlike a
+    `runtime_stopping`, the command did start."""
+
+    default_code = "answer_abandoned"
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(

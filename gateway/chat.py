@@ -53,7 +53,7 @@ from pydantic import ValidationError
 
 from actors.behaviour import ActorKey
 from actors.conversation import TurnResult, conversation_key
-from actors.errors import MailboxFull, RuntimeNotStarted, RuntimeStopping
+from actors.errors import AnswerAbandoned, MailboxFull, RuntimeNotStarted, RuntimeStopping
 from actors.models.port import ModelProvider, TextDelta
 from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
@@ -333,6 +333,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             request.pop(_CONVERSATION_KEY, None)
         elif _refused_unrun(exc) and ids is not None and not ids.named_by_client:
             await _forget_unstarted_keyed(request, ids)
+        if isinstance(exc, AnswerAbandoned) and not (ids is not None and ids.keyed):
+            # The turn runs on: an SDK's retry without a key would run it a second time.
+            _no_retry(exc)
         raise
     except ValidationError:
         _count_failed(turn, "invalid_request")  # a 400, as gateway/errors.py maps it

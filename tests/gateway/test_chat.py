@@ -1310,6 +1310,10 @@ async def test_a_turn_the_runtime_refused_unrun_names_no_conversation(
     monkeypatch.setattr(runtime, "ask", abandon)
     resp = await chat.raw_post({**body, "stream": False})
     assert resp.status == 503 and "X-SVC-Conversation-Id" in resp.headers
+    # Not "did not start" (review finding): its own code, and without a key no SDK retry,
+    # which would run the turn a second time.
+    assert (await resp.json())["error"]["code"] == "answer_abandoned"
+    assert resp.headers["x-should-retry"] == "false"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 

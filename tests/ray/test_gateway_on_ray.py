@@ -161,7 +161,7 @@ async def test_sigterm_shuts_a_ray_gateway_down_gracefully(
 def left_running(status: int, raw: bytes) -> None:
     assert status == 503, raw
     error = json.loads(raw)["error"]
-    assert error["code"] == "runtime_stopping", error
+    assert error["code"] == "answer_abandoned", error
     assert "same Idempotency-Key to get its answer" in error["message"], error
 
 
