@@ -572,8 +572,9 @@ async def test_the_sdk_does_not_retry_what_a_retry_cannot_mend(chat: Chat) -> No
     answer = await client.chat.completions.create(model=UPSTREAM_MODEL, messages=HELLO)
     assert answer.choices[0].message.content
     assert chat.stub.calls == 1 + 2 + 1
-    # With a key, the SDK's retry of a failed turn gets its recorded failure, which says it
-    # is final: one retry, not two, and no second model call.
+    # With a key, a failed turn is recorded under it, and the SDK's retry (the same key)
+    # could only get that failure back: the first answer already says not to retry, and
+    # the SDK does not (before, it waited and retried once for the same failure).
     key = {"Idempotency-Key": uid("failed-")}
     chat.stub.faults.extend([stub_upstream.Fault(503)] * 2)
     with pytest.raises(openai.InternalServerError) as caught:
@@ -581,6 +582,13 @@ async def test_the_sdk_does_not_retry_what_a_retry_cannot_mend(chat: Chat) -> No
             model=UPSTREAM_MODEL, messages=HELLO, extra_headers=key
         )
     assert caught.value.response.headers["x-should-retry"] == "false"
+    assert "model server unavailable" in caught.value.message
+    assert chat.stub.calls == 1 + 2 + 1 + 2
+    # Sent again with the key all the same: the recorded failure, no model call.
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.chat.completions.create(
+            model=UPSTREAM_MODEL, messages=HELLO, extra_headers=key
+        )
     assert "recorded result of the first attempt" in caught.value.message
     assert chat.stub.calls == 1 + 2 + 1 + 2
 
