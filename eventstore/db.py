@@ -412,20 +412,19 @@ class Database:
             command_timeout_s=_command_timeout_s(statement_timeout_ms),
         )
 
-    async def connect_dedicated(self, *, bounded: bool = True) -> Connection:
+    async def connect_dedicated(self) -> Connection:
         """A connection outside the pool with the pool's settings and codecs, for a
         long-lived use such as LISTEN. The caller closes it, and runs its statements under
-        `translate_errors`.
-
-        `bounded`: each statement waits for its answer no longer than the pool's do (a
-        server cut off without a reset would otherwise hold the caller for ever); a caller
-        that lifts `statement_timeout` for a long job passes False."""
+        `translate_errors`. Each statement waits for its answer no longer than the pool's
+        do (a server cut off without a reset would otherwise hold the caller for ever); a
+        caller that lifts `statement_timeout` for a long statement gives that one its own
+        `timeout=`."""
         with translate_errors():
             conn = await asyncpg.connect(
                 self._dsn,
                 **_tls_options(self._dsn),
                 timeout=self._connect_timeout_s,
-                command_timeout=self._command_timeout_s if bounded else None,
+                command_timeout=self._command_timeout_s,
                 server_settings=self._server_settings,
             )
             try:

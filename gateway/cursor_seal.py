@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Final, TypeVar
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -228,15 +228,9 @@ async def open_issued(cursors: CursorSeal, tailer: LogTailer, public: str, sourc
     """A client's log cursor as the internal one, refused (InvalidCursor, its message led by
     `source`, the input it came in) unless this deployment sealed it and its log issued it:
     waiting for the events after a point never issued would never end."""
-    used = cursors.keys
     try:
-        return await _issued(cursors, tailer, public)
+        return await _opened(cursors, lambda: _issued(cursors, tailer, public))
     except InvalidCursor as exc:
-        try:
-            if await cursors.reloaded(used):  # sealed under a key this process had not read
-                return await _issued(cursors, tailer, public)
-        except InvalidCursor:
-            pass
         raise InvalidCursor(f"{source}: {exc.message}") from None
 
 
@@ -244,13 +238,30 @@ async def open_audit_issued(cursors: CursorSeal, public: str) -> int:
     """An audit page cursor's position, read as `open_issued` reads a log cursor: sealed
     under a key this process has not read yet (another gateway, restarted after a rotation,
     issued it), it opens once the keys are read again."""
+
+    async def audit() -> int:
+        return cursors.open_audit(public)
+
+    return await _opened(cursors, audit)
+
+
+_T = TypeVar("_T")
+
+
+async def _opened(cursors: CursorSeal, opening: Callable[[], Awaitable[_T]]) -> _T:
+    """`opening()`, tried again once the keys are read again when it refused the cursor
+    and the keys turn out others than those it tried (a rotation this process had not
+    read); the first refusal stands otherwise."""
     used = cursors.keys
     try:
-        return cursors.open_audit(public)
-    except InvalidCursor:
-        if await cursors.reloaded(used):
-            return cursors.open_audit(public)
-        raise
+        return await opening()
+    except InvalidCursor as refused:
+        try:
+            if await cursors.reloaded(used):
+                return await opening()
+        except InvalidCursor:
+            pass
+        raise refused from None
 
 
 async def _issued(cursors: CursorSeal, tailer: LogTailer, public: str) -> str:

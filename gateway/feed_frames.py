@@ -22,12 +22,12 @@ from gateway.errors import error_body
 from gateway.sse import encode_event
 from schemas.errors import SvcError
 from schemas.events import EVENTS
+from schemas.redaction import REDACTED
 
 _SECRET_WORDS = frozenset({"hash", "secret", "token", "password", "passwd", "credential"})
 # Words: split at separators, at a lower-to-upper step (clientSecret) and before the last
 # capital of an acronym that runs into a word (APIToken -> API, Token).
 _WORD_SPLIT = re.compile(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
-REDACTED = "[redacted]"
 
 
 def is_secret_field(name: str) -> bool:

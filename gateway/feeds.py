@@ -35,7 +35,6 @@ from gateway.auth import RECHECK, authenticate, require_scope
 from gateway.cursor_seal import open_issued
 from gateway.feed_fanout import Credential, FeedFanout, FeedFilter
 from gateway.feed_frames import (
-    REDACTED,
     FrameCache,
     closing_payload,
     frame_payload,
@@ -48,6 +47,7 @@ from gateway.sse import open_sse, send_retry
 from gateway.state import AUTH, CURSORS, SETTINGS, STORE, TAILER, Principal
 from schemas.admin import FeedEvent, FeedQuery
 from schemas.errors import InvalidInput
+from schemas.redaction import REDACTED
 
 __all__ = [
     "EVENTS_FEED",

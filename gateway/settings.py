@@ -696,15 +696,14 @@ def _change_result(spec: SettingSpec, settings: Settings, serving: bool) -> Sett
     process already uses it (a live key applied, or a restart key set to what it runs)."""
     raw = settings.resolve(spec.key).raw
     shown = display_value(spec, raw)
-    in_force = same_setting(spec, settings.raw(spec.key), raw) and (serving or spec.live)
+    runs_it = same_setting(spec, settings.raw(spec.key), raw)
+    in_force = runs_it and (serving or spec.live)
     message = f"{spec.key} = {shown}; {'applied' if in_force else 'restart required'}"
     if spec.key not in _acted_on():
         # Said where the change is made, not only in docs/settings.md's Used column: an
         # operator who turns a capability on must not wait for what this build lacks.
         message += "; note: this build stores it but does not act on it yet (docs/settings.md)"
-    if spec.key == "SVC_DEFAULT_WORKSPACE_ID" and not same_setting(
-        spec, settings.raw(spec.key), raw
-    ):
+    if spec.key == "SVC_DEFAULT_WORKSPACE_ID" and not runs_it:
         # The instance's settings and SSO secrets are managed from the default workspace
         # (gateway/auth.py require_instance_admin): after the restart, this admin's keys no
         # longer reach them, and the new workspace has none yet. (Judged by the value this

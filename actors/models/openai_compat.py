@@ -35,7 +35,7 @@ import logging
 import math
 import random
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -665,25 +665,19 @@ async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[str]:
     event = _SseEvent()
     try:
         async for chunk in content.iter_any():
-            for raw in lines.feed(chunk):
-                data = event.take(raw)
-                if data is not None:
-                    yield data
+            for data in event.ended_by(lines.feed(chunk)):
+                yield data
     except aiohttp.ClientPayloadError:
         # The connection was cut inside the body (a chunked body without its last chunk):
         # the stream's end, cut. The events read stand (the caller decides whether the
         # answer had finished), those delivered before the cut but not read yet too; the
         # line and the event left open were never sent.
-        for raw in lines.feed(_left_unread(content)):
-            data = event.take(raw)
-            if data is not None:
-                yield data
+        for data in event.ended_by(lines.feed(_left_unread(content))):
+            yield data
         return
     last, cut = lines.end()
-    for raw in last:
-        data = event.take(raw)
-        if data is not None:
-            yield data
+    for data in event.ended_by(last):
+        yield data
     if not cut and event.lines:
         yield event.take(b"") or ""
 
@@ -753,6 +747,14 @@ class _SseEvent:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self._size = 0
+
+    def ended_by(self, raws: list[bytes]) -> Iterator[str]:
+        """The data of each event these lines end, each line taken as its turn comes (an
+        event too long is refused after those before it were handed on)."""
+        for raw in raws:
+            data = self.take(raw)
+            if data is not None:
+                yield data
 
     def take(self, raw: bytes) -> str | None:
         """Take one line: a blank line ends an event (its data is returned), a `data:` line
