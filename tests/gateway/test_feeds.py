@@ -26,12 +26,13 @@ from test_admin_support import (
 )
 from yarl import URL
 
+from eventstore.cursor import LogPoint, encode_cursor
 from eventstore.errors import StoreError, StoreUnavailable
 from eventstore.records import NewEvent, RecordedEvent
 from gateway import feed_fanout, feeds
 from gateway.feed_frames import redact_model
 from gateway.metrics import HTTP_ERRORS
-from gateway.state import STORE, TAILER
+from gateway.state import DATABASE, STORE, TAILER
 from schemas.workspace import WorkspaceSettingChanged
 
 __all__ = ["service"]
@@ -44,10 +45,28 @@ EVENTS = "/v1/events/stream"
 WEB = "/v1/web/stream"
 
 
+async def workspace_log(
+    svc: Service, workspace_id: str, types: list[str] | None = None
+) -> list[RecordedEvent]:
+    """The workspace's events, every one it has committed. A read of the log is gap-free
+    (ARCHITECTURE.md decision 3): it stops short of any transaction still open that began
+    before the newest events committed (the service's own projection batches, under load),
+    so a read at once after an append may leave them out, and a test would expect too few
+    frames. So this waits until a gap-free reader (the projections) has passed the newest."""
+    async with svc.app[DATABASE].acquire() as conn:
+        newest = await conn.fetchrow(
+            "SELECT tx::text AS tx, position FROM events WHERE workspace_id = $1 "
+            "ORDER BY tx DESC, position DESC LIMIT 1",
+            workspace_id,
+        )
+    if newest is not None:
+        await svc.settle(encode_cursor(LogPoint(int(newest["tx"]), newest["position"])))
+    return await svc.app[STORE].read_all(None, 10_000, workspace_id=workspace_id, types=types)
+
+
 async def log_cursors(svc: Service, workspace_id: str, types: list[str] | None = None) -> list[str]:
     """The sealed cursors of the workspace's events, as its feed must give them."""
-    records = await svc.app[STORE].read_all(None, 10_000, workspace_id=workspace_id, types=types)
-    return [svc.sealed(r.cursor) for r in records]
+    return [svc.sealed(r.cursor) for r in await workspace_log(svc, workspace_id, types)]
 
 
 def ids(frames: list[Frame]) -> list[str]:
@@ -379,7 +398,7 @@ async def test_web_stream_carries_conversation_events_only(service: Service) -> 
     await service.rename(ws, cid, "second")
     expected = [
         service.sealed(r.cursor)
-        for r in await service.app[STORE].read_all(None, 1000, workspace_id=ws)
+        for r in await workspace_log(service, ws)
         if r.stream_id.startswith("conversation:")
     ]
     resp, reader = await open_feed(service, WEB, key)
@@ -735,7 +754,7 @@ async def test_a_catch_up_queues_only_what_it_selects_within_its_bounds(
     ws = uid("ws-")
     await service.append_pings(ws, 10, kind="test.other", size=5_000)
     await service.append_pings(ws, 1, kind="test.match", size=30_000)
-    events = await service.app[STORE].read_all(None, 100, workspace_id=ws)
+    events = await workspace_log(service, ws)
     others = [event for event in events if event.type == "test.other"]
     large = [event for event in events if event.type == "test.match"]
     selected = feed_fanout.FeedFilter(ws, "events", lambda _: True, frozenset({"test.match"}))
