@@ -82,6 +82,7 @@ from schemas.conversation import (
     RunTurn,
     StartConversation,
     TagConversation,
+    ToolOutputReceived,
     TurnFailed,
     TurnStarted,
     UserMessageReceived,
@@ -263,16 +264,7 @@ def _decide_run(state: ConversationState, c: RunTurn) -> list[Event]:
         _require_live(state, c)
     if c.turn_id in state.turns:
         raise Conflict(f"turn id {c.turn_id} is already used in this conversation")
-    events.append(
-        UserMessageReceived(
-            conversation_id=state.conversation_id,
-            message_id=c.message_id,
-            content=user.content,
-            name=user.name,
-            turn_id=c.turn_id,
-            at=c.at,
-        )
-    )
+    events.extend(_inputs_received(state, c))
     events.append(
         TurnStarted(
             conversation_id=state.conversation_id,
@@ -288,6 +280,30 @@ def _decide_run(state: ConversationState, c: RunTurn) -> list[Event]:
             body_digest=c.body_digest,
         )
     )
+    return events
+
+
+def _inputs_received(state: ConversationState, c: RunTurn) -> list[Event]:
+    """The turn's input: the user and tool messages after the history's last answer (what
+    came before it was recorded by the turns that answered it), oldest first. The newest
+    takes the command's message id, an earlier one that id with its distance from the end:
+    a retried request numbers them alike. None when the history ends with an answer (a
+    client asking the model to go on): the turn then records only what the model says."""
+    last_answer = max((i for i, m in enumerate(c.messages) if m.role == "assistant"), default=-1)
+    said = [m for m in c.messages[last_answer + 1 :] if m.role in ("user", "tool")]
+    events: list[Event] = []
+    for back, message in zip(range(len(said) - 1, -1, -1), said, strict=True):
+        received = ToolOutputReceived if message.role == "tool" else UserMessageReceived
+        events.append(
+            received(
+                conversation_id=state.conversation_id,
+                message_id=c.message_id if back == 0 else f"{c.message_id}.{back}",
+                content=message.content,
+                name=message.name,
+                turn_id=c.turn_id,
+                at=c.at,
+            )
+        )
     return events
 
 
@@ -538,7 +554,7 @@ def _evolve(state: ConversationState, event: Event) -> ConversationState:
                 "started_by": event.command_id or "",
             }
         )
-    if isinstance(event, UserMessageReceived):
+    if isinstance(event, UserMessageReceived | ToolOutputReceived):
         return state.model_copy(
             update={"message_count": state.message_count + 1, "updated_at": event.at}
         )

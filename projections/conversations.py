@@ -16,6 +16,7 @@ from schemas.conversation import (
     ConversationRenamed,
     ConversationStarted,
     ConversationTagged,
+    ToolOutputReceived,
     TurnFailed,
     UserMessageReceived,
 )
@@ -97,6 +98,7 @@ class ConversationsProjector(Projector):
         return {
             ConversationStarted: self._started,
             UserMessageReceived: self._message,
+            ToolOutputReceived: self._message,
             AssistantMessageCompleted: self._message,
             ConversationRenamed: self._renamed,
             ConversationTagged: self._tagged,
@@ -126,7 +128,7 @@ class ConversationsProjector(Projector):
         self,
         conn: Connection,
         rec: RecordedEvent,
-        ev: UserMessageReceived | AssistantMessageCompleted,
+        ev: UserMessageReceived | ToolOutputReceived | AssistantMessageCompleted,
     ) -> None:
         # Not idempotent on purpose: the count is right only because the runner applies each
         # event exactly once (checkpoint compare-and-set in the same transaction).

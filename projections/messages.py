@@ -7,7 +7,11 @@ from typing import ClassVar
 from eventstore.db import Connection
 from eventstore.records import RecordedEvent
 from projections.projector import Handler, Projector
-from schemas.conversation import AssistantMessageCompleted, UserMessageReceived
+from schemas.conversation import (
+    AssistantMessageCompleted,
+    ToolOutputReceived,
+    UserMessageReceived,
+)
 from schemas.events import Event
 
 _INSERT = """
@@ -25,6 +29,7 @@ class MessagesProjector(Projector):
     def handlers(self) -> dict[type[Event], Handler]:
         return {
             UserMessageReceived: self._user,
+            ToolOutputReceived: self._tool,
             AssistantMessageCompleted: self._assistant,
         }
 
@@ -32,12 +37,24 @@ class MessagesProjector(Projector):
     # projector's checkpoint row (see runner.py), so no two writers number the same
     # conversation concurrently.
     async def _user(self, conn: Connection, rec: RecordedEvent, ev: UserMessageReceived) -> None:
+        await self._said(conn, rec, ev, "user")
+
+    async def _tool(self, conn: Connection, rec: RecordedEvent, ev: ToolOutputReceived) -> None:
+        await self._said(conn, rec, ev, "tool")
+
+    @staticmethod
+    async def _said(
+        conn: Connection,
+        rec: RecordedEvent,
+        ev: UserMessageReceived | ToolOutputReceived,
+        role: str,
+    ) -> None:
         await conn.execute(
             _INSERT,
             rec.workspace_id,
             ev.conversation_id,
             ev.message_id,
-            "user",
+            role,
             ev.content,
             ev.name,
             ev.turn_id,

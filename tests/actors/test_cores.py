@@ -44,7 +44,9 @@ from schemas.conversation import (
     RunTurn,
     StartConversation,
     TagConversation,
+    ToolOutputReceived,
     TurnFailed,
+    UserMessageReceived,
 )
 from schemas.errors import Conflict, InvalidInput, NotFound
 from schemas.events import EVENTS, Event
@@ -133,6 +135,53 @@ def test_first_turn_starts_the_conversation() -> None:
     assert state.turns["t1"].status == "running"
     assert state.turn_by_command == {"c1": "t1"}
     assert (state.created_at, state.updated_at, state.message_count) == (at(1), at(1), 1)
+
+
+def said(events: Sequence[Event]) -> list[tuple[str, str, str, str | None]]:
+    """A turn's recorded input: (event type, message id, content, name) of each message."""
+    inputs = (e for e in events if isinstance(e, UserMessageReceived | ToolOutputReceived))
+    return [(e.type_name, e.message_id, e.content, e.name) for e in inputs]
+
+
+def test_a_turn_records_what_was_said_since_the_last_answer() -> None:
+    """Review finding: only the newest user message was recorded, so a turn whose input
+    ended with a tool's output recorded the user's question of the turn before again, and a
+    tool output was never recorded at all."""
+    state = run(conv, fresh_conversation(), turn(1, "look it up"), complete(1, "searching"))
+    history = (
+        Message(role="user", content="look it up"),
+        Message(role="assistant", content="searching"),
+        Message(role="tool", content="3 results", name="search"),
+    )
+    tool_turn = turn(2).model_copy(update={"messages": history})
+    state, events = apply(conv, state, tool_turn)
+    user, tool = UserMessageReceived.type_name, ToolOutputReceived.type_name
+    assert said(events) == [(tool, "m2", "3 results", "search")]
+    assert state.message_count == 3
+    # Several things said since the last answer are each recorded, oldest first; the newest
+    # keeps the command's message id. What the system says is not said by anyone.
+    more = (
+        *history,
+        Message(role="assistant", content="found them"),
+        Message(role="user", content="a", name="ann"),
+        Message(role="system", content="be brief"),
+        Message(role="tool", content="b"),
+        Message(role="user", content="c"),
+    )
+    state = run(conv, state, complete(2))
+    state, events = apply(conv, state, turn(3).model_copy(update={"messages": more}))
+    assert said(events) == [
+        (user, "m3.2", "a", "ann"),
+        (tool, "m3.1", "b", None),
+        (user, "m3", "c", None),
+    ]
+    assert state.message_count == 7
+    # A history ending with an answer (asking the model to go on) says nothing new.
+    go_on = (*more, Message(role="assistant", content="partial"))
+    state = run(conv, state, complete(3))
+    _, events = apply(conv, state, turn(4).model_copy(update={"messages": go_on}))
+    assert said(events) == []
+    assert [type(e).__name__ for e in events] == ["TurnStarted"]
 
 
 def test_completed_turn_is_kept_for_idempotent_retries() -> None:

@@ -756,6 +756,36 @@ async def test_conversation_header_continues_a_conversation(chat: Chat) -> None:
     assert len([e for e in events if e.type == COMPLETED]) == 2
 
 
+async def test_a_tool_output_is_recorded_as_said_not_the_question_before_it(chat: Chat) -> None:
+    """Review finding: a turn records what was said since the last answer. One whose input
+    was a tool's output recorded the user's question of the turn before a second time, and
+    the replayed conversation showed the user asking it twice."""
+    client = chat.client()
+    first = await client.chat.completions.with_raw_response.create(model=OFFLINE, messages=HELLO)
+    conversation_id = first.headers["X-SVC-Conversation-Id"]
+    history = [
+        *HELLO,
+        {"role": "assistant", "content": first.parse().choices[0].message.content or ""},
+        {"role": "tool", "content": "42 degrees", "name": "thermometer", "tool_call_id": "x"},
+    ]
+    second = await client.chat.completions.with_raw_response.create(
+        model=OFFLINE,
+        messages=history,
+        extra_headers={"X-SVC-Conversation-Id": conversation_id},
+    )
+    admin = await chat.issue_key(chat.workspace, scopes=("admin:read",))
+    body = await chat.service.get_json(
+        "/v1/admin/conversations/messages",
+        admin,
+        id=conversation_id,
+        min_cursor=second.headers["X-SVC-Cursor"],
+    )
+    said = [(m["role"], m["content"], m["name"]) for m in body["messages"]]
+    assert said[0] == ("user", "hello there, model", None)
+    assert said[2] == ("tool", "42 degrees", "thermometer")
+    assert [role for role, _, _ in said] == ["user", "assistant", "tool", "assistant"]
+
+
 async def test_another_workspace_cannot_continue_a_conversation(chat: Chat) -> None:
     first = await chat.client().chat.completions.with_raw_response.create(
         model=OFFLINE, messages=HELLO
