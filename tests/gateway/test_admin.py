@@ -635,6 +635,8 @@ async def test_a_revocation_the_read_models_have_not_applied_is_not_confirmed(
         await lock.rollback()
     finally:
         await holder.close()
+    # The confirmation waits as long as any write does: the held batch commits first.
+    monkeypatch.setattr(gateway.admin_common, "READ_YOUR_WRITES_TIMEOUT_S", 5.0)
     confirmed = await service.post_json(path, admin, None)
     assert confirmed["id"] == issued["id"] and confirmed["revoked_at"]
     assert (await service.get("/v1/admin/overview", issued["key"])).status == 401

@@ -23,6 +23,7 @@ import orjson
 import pytest
 import stub_upstream
 from multidict import CIMultiDict
+from platform_support import clear_of_minute_boundary
 from test_admin_support import GatewayTestServer, Service, SseReader, now, uid
 from yarl import URL
 
@@ -461,6 +462,7 @@ async def test_unknown_model_is_404_listing_valid_models(chat: Chat) -> None:
 async def test_rate_limited_key_gets_429(chat: Chat) -> None:
     key = await chat.issue_key(chat.workspace, rpm=1)
     client = chat.client(key)
+    await clear_of_minute_boundary()  # both requests in one window of the limit
     await client.chat.completions.create(model=OFFLINE, messages=HELLO)
     with pytest.raises(openai.RateLimitError) as caught:
         await client.chat.completions.create(model=OFFLINE, messages=HELLO)
@@ -1143,6 +1145,7 @@ async def test_refused_by_scope_or_rate_limit_the_named_conversation_is_still_na
             model=OFFLINE, messages=HELLO, extra_headers=named
         )
     limited = chat.client(await chat.issue_key(chat.workspace, rpm=1))
+    await clear_of_minute_boundary()  # both requests in one window of the limit
     await limited.chat.completions.create(model=OFFLINE, messages=HELLO, extra_headers=named)
     with pytest.raises(openai.RateLimitError) as limited_out:
         await limited.chat.completions.create(model=OFFLINE, messages=HELLO, extra_headers=named)
@@ -1668,13 +1671,15 @@ async def test_a_client_gone_before_its_stream_starts_is_not_a_server_error(
 ) -> None:
     """The second turn of a conversation waits in the actor's mailbox behind the first; its
     client leaves meanwhile, so its stream's headers meet a closed connection."""
-    chat.stub.chunk_delay_s = 0.15
+    # The first turn takes 2 s; the second's client leaves after 1 s (time enough, on a
+    # loaded host, for its request to reach the server), while it waits behind the first.
+    chat.stub.chunk_delay_s = 0.4
     internal_errors = await turn_errors(chat, "internal_error")  # the registry is per process
     body = {"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True}
     first = await chat.raw_post(body)
     conversation_id = first.headers["X-SVC-Conversation-Id"]
     with pytest.raises(TimeoutError):
-        async with asyncio.timeout(0.3):
+        async with asyncio.timeout(1.0):
             await chat.raw_post(body, **{"X-SVC-Conversation-Id": conversation_id})
     await first.read()
     async with asyncio.timeout(20):
@@ -1757,11 +1762,13 @@ async def test_disconnect_before_the_first_delta_still_records_the_turn(
     chat: Chat, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="aiohttp.access")
-    chat.stub.delay_s = 1.0
+    # The client leaves after 1 s (time enough, on a loaded host, for its request to reach
+    # the server), while the model thinks for 2 s.
+    chat.stub.delay_s = 2.0
     key = uid("idem-")
     body = {"model": UPSTREAM_MODEL, "messages": HELLO, "stream": True}
     with pytest.raises(TimeoutError):
-        async with asyncio.timeout(0.3):
+        async with asyncio.timeout(1.0):
             await chat.raw_post(body, **{"Idempotency-Key": key})
     # The retry with the same key waits for the first attempt in the actor's mailbox.
     resp = await chat.raw_post(body, **{"Idempotency-Key": key})

@@ -84,9 +84,11 @@ async def test_a_write_waiting_on_the_client_counts_as_activity(
         client.written.append(data)
         await stalled.wait()
 
-    keep_alive = asyncio.create_task(sender.keep_alive())
     client.write = slow_write  # type: ignore[method-assign]
+    # The delta first: a heartbeat's period may pass before the tasks' first steps on a busy
+    # host, and a keep-alive that ran first would rightly send one before the delta.
     writing = asyncio.create_task(sender.delta("hello"))
+    keep_alive = asyncio.create_task(sender.keep_alive())
     await asyncio.sleep(0.3)
     assert client.written == [client.written[0]] and b"hello" in client.written[0]
     stalled.set()

@@ -422,7 +422,7 @@ async def test_workspace_isolation_on_both_feeds(service: Service) -> None:
         resp, reader = await open_feed(service, path, key_a)
         frames: list[Frame] = []
         while not frames or frames[-1].id != sentinel:
-            frame = await reader.frame(5.0 if path == WEB else 20.0)
+            frame = await reader.frame()
             if frame is None:
                 break
             if frame.event is not None:

@@ -64,13 +64,16 @@ from platform_support import Running, running, settings_for, uid
 from self_signed import key_and_cert
 from yarl import URL
 
+import gateway.admin_common
+import gateway.identity.admin
+import gateway.identity.service
 from eventstore.cursor import LogPoint, encode_cursor
 from gateway.settings import CATALOG
 from gateway.state import CURSORS, PROJECTIONS, SETTINGS, STORE
 from gateway.system import CLIENT_LOG_LIMITER
 
 ALL_SCOPES = ("*", "admin:read", "admin:write", "mcp", "chat")
-TIMEOUT = aiohttp.ClientTimeout(total=10)
+TIMEOUT = aiohttp.ClientTimeout(total=60)
 CONCURRENCY = 8
 MIN_OPERATIONS = 72
 VALID_SETTING_BY_TYPE = {"duration": "30s", "enum": "chat"}
@@ -1132,6 +1135,15 @@ def probe_session() -> aiohttp.ClientSession:
 
 
 # -- the tests --------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def patient_read_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that waits for its read models answers 503 after 5 s: a sweep of thousands of
+    requests on a loaded machine must not take such a wait for a fault of its input."""
+    monkeypatch.setattr(gateway.identity.service, "APPLY_TIMEOUT_S", 60.0)
+    monkeypatch.setattr(gateway.identity.admin, "APPLY_TIMEOUT_S", 60.0)
+    monkeypatch.setattr(gateway.admin_common, "READ_YOUR_WRITES_TIMEOUT_S", 60.0)
 
 
 async def test_hostile_input_gets_a_4xx_never_a_5xx(

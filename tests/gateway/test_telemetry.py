@@ -215,7 +215,7 @@ async def test_a_collector_that_never_answers_holds_a_stop_a_bounded_time(
     server = await asyncio.start_server(accept_and_say_nothing, "127.0.0.1", 0)
     endpoint = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     try:
-        async with asyncio.timeout(20):  # liveness bound: the SDK's own wait is 30 s
+        async with asyncio.timeout(25):  # liveness bound, below the SDK's own wait of 30 s
             async with running(settings_for(database_url, SVC_OTEL_ENDPOINT=endpoint)) as svc:
                 for _ in range(20):
                     assert (await svc.request("GET", "/v1/ping"))[0] == 200

@@ -20,7 +20,11 @@ FAILING = {Status.ERROR, Status.CRITICAL}
 
 
 def run_checker(base: str, token: str) -> list[str]:
-    http = Client(base_url=f"{base}/scim/v2", headers={"Authorization": f"Bearer {token}"})
+    # Not httpx's 5 s default: a write waits up to 5 s for the identity read model under
+    # load, and the checker reports a client timeout as a failed check.
+    http = Client(
+        base_url=f"{base}/scim/v2", headers={"Authorization": f"Bearer {token}"}, timeout=60.0
+    )
     with http:
         results = check_server(SyncSCIMClient(http), resource_types=["User"])
     lines = [f"{r.status.name} {r.title}: {r.reason}" for r in results]
