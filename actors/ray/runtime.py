@@ -82,6 +82,9 @@ log = logging.getLogger(__name__)
 _HOST_ERRORS = HOST_ERRORS
 _HOST_ERRORS_OR_TIMEOUT = HOST_ERRORS_OR_TIMEOUT
 _STATS_TIMEOUT_S = 2.0
+_STATUS_TIMEOUT_S = 3.0
+"""How long `stats` and `status` wait for one host: one that has not answered by then is
+left out of the sums, or reported unreachable, rather than holding up the operator."""
 _PING_TIMEOUT_S = 4.0
 SCALE_ROUNDS = 3
 """Rebalancing passes of one `scale`: a source still running commands at its release
@@ -1167,7 +1170,9 @@ class RayRuntime:
 
     async def _host_status(self, name: str, shards: int) -> dict[str, Any]:
         try:
-            st: HostStatus = await answer_within(3.0, self._handle(name).status.remote())
+            st: HostStatus = await answer_within(
+                _STATUS_TIMEOUT_S, self._handle(name).status.remote()
+            )
         except _HOST_ERRORS_OR_TIMEOUT as exc:
             return {
                 "name": name,

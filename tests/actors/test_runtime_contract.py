@@ -209,7 +209,8 @@ async def test_lru_cap_passivates_least_recently_used(make_runtime: MakeRuntime)
 async def test_lru_cap_never_passivates_an_actor_with_work(make_runtime: MakeRuntime) -> None:
     runtime = await make_runtime([CounterBehaviour()], max_active=1)
     slow, other = key(), key()
-    running = asyncio.create_task(runtime.ask(slow, add(7, delay_s=1.5)))
+    # Long enough for `other` to activate while it still runs, over Ray's calls too.
+    running = asyncio.create_task(runtime.ask(slow, add(7, delay_s=3.0)))
 
     async def slow_is_busy() -> bool:
         return (await runtime.stats()).busy >= 1

@@ -62,7 +62,7 @@ async def sessions(dsn: str) -> list[dict[str, object]]:
     conn = await asyncpg.connect(dsn)
     try:
         rows = await conn.fetch(
-            "SELECT pid, state, wait_event_type, wait_event, backend_xid::text, "
+            "SELECT pid, backend_type, state, wait_event_type, wait_event, backend_xid::text, "
             "left(query, 80) AS query FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
@@ -89,6 +89,17 @@ async def stored(dsn: str) -> dict[str, list[tuple[int, str, int]]]:
     for row in rows:
         out[row["stream_id"]].append((row["version"], row["command"], row["k"]))
     return out
+
+
+async def killed_writer_gone(dsn: str) -> None:
+    """Until no session of the killed writer is left. A batch it had sent whole before the
+    kill still commits after it (PostgreSQL notices a dead client only when it replies), so
+    the log is read for what was stored only once its sessions have ended."""
+    async with asyncio.timeout(PATIENCE_S):
+        while True:
+            if all(s["backend_type"] != "client backend" for s in await sessions(dsn)):
+                return
+            await asyncio.sleep(0.05)
 
 
 def check_log(streams: dict[str, list[tuple[int, str, int]]]) -> dict[int, tuple[str, int, int]]:
@@ -127,6 +138,7 @@ async def test_sigkill_mid_run_then_restart_loses_nothing_and_writes_nothing_twi
         proc.kill()
     lines.extend((await proc.stdout.read()).splitlines(keepends=True))
     await proc.wait()
+    await killed_writer_gone(database_url)
     acked = parse(lines)
     assert len(acked) >= ACKS_BEFORE_KILL
 
