@@ -94,7 +94,7 @@ def add_routes(app: web.Application) -> None:
     document(
         "GET",
         AGENTS,
-        summary="Agents of the workspace, by name (admin:read)",
+        summary="Agents of the workspace, by name, a page at a time (admin:read)",
         tag=TAG,
         query=AgentListQuery,
         response=AgentList,
@@ -165,10 +165,15 @@ async def list_agents(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
     params = read_query(request, AgentListQuery)
     await read_your_writes(request, AGENT_MODELS)
-    agents = await agent_queries.list_agents(
-        request.app[DATABASE], principal.workspace_id, include_archived=params.include_archived
+    agents, total = await agent_queries.page_agents(
+        request.app[DATABASE],
+        principal.workspace_id,
+        include_archived=params.include_archived,
+        limit=params.limit,
+        offset=params.offset,
     )
-    return ok(AgentList(agents=[_record(a) for a in agents]))
+    listed = [_record(a) for a in agents]
+    return ok(AgentList(agents=listed, total=total, limit=params.limit, offset=params.offset))
 
 
 async def get_agent(request: web.Request) -> web.Response:

@@ -57,6 +57,28 @@ async def list_agents(
     return [_agent(r) for r in rows]
 
 
+async def page_agents(
+    db: Database, workspace_id: str, *, include_archived: bool, limit: int, offset: int
+) -> tuple[list[Agent], int]:
+    """A page of the workspace's agents in `list_agents`' order, and how many the query
+    selects over every page."""
+    archived = "" if include_archived else "AND NOT archived"
+    async with db.scoped(workspace_id) as conn:
+        rows = await conn.fetch(
+            f"""
+            SELECT {_COLUMNS} FROM agents WHERE workspace_id = $1 {archived}
+            ORDER BY archived, name, agent_id LIMIT $2 OFFSET $3
+            """,
+            workspace_id,
+            limit,
+            offset,
+        )
+        total = await conn.fetchval(
+            f"SELECT count(*) FROM agents WHERE workspace_id = $1 {archived}", workspace_id
+        )
+    return [_agent(r) for r in rows], int(total)
+
+
 async def get_agent(db: Database, workspace_id: str, agent_id: str) -> Agent | None:
     """The agent, archived or not; None when this workspace has none by that id."""
     async with db.scoped(workspace_id) as conn:

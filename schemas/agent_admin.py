@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from schemas.admin import AdminRead, printable_name
+from schemas.admin import MAX_OFFSET, AdminRead, printable_name
 from schemas.agent import AgentParameters, Description, Id, SystemPrompt
 
 AgentName = Annotated[
@@ -60,8 +60,15 @@ class AgentUpdate(_Wire):
         return self
 
 
+MAX_AGENTS_PAGE = 200
+"""Agents per page at most: each may carry a system prompt of 100,000 characters, and an
+unbounded list of them was one response of any size."""
+
+
 class AgentListQuery(AdminRead):
     include_archived: bool = False
+    limit: int = Field(default=MAX_AGENTS_PAGE, ge=1, le=MAX_AGENTS_PAGE)
+    offset: int = Field(default=0, ge=0, le=MAX_OFFSET)
 
 
 class AgentRecord(_Wire):
@@ -82,4 +89,7 @@ class WrittenAgent(AgentRecord):
 
 
 class AgentList(_Wire):
-    agents: list[AgentRecord]
+    agents: list[AgentRecord] = Field(description="by name; archived ones last, when included")
+    total: int = Field(description="agents the query selects, over every page")
+    limit: int
+    offset: int

@@ -136,6 +136,27 @@ async def test_create_list_get_update_and_archive(chat: Chat) -> None:
     assert status == 409, refused
 
 
+async def test_the_list_comes_a_page_at_a_time(chat: Chat) -> None:
+    """Review finding: the list had no bound, and each agent may carry a system prompt of
+    100,000 characters."""
+    made = [await create_agent(chat, name=f"pager-{n}") for n in range(3)]
+    status, archived = await send(chat, "POST", f"{AGENTS}/{made[0]['id']}/archive")
+    assert status == 200, archived
+    status, first = await send(chat, "GET", AGENTS + "?limit=1")
+    assert status == 200, first
+    assert [a["name"] for a in first["agents"]] == ["pager-1"]
+    assert (first["total"], first["limit"], first["offset"]) == (2, 1, 0)
+    status, rest = await send(chat, "GET", AGENTS + "?limit=1&offset=1")
+    assert [a["name"] for a in rest["agents"]] == ["pager-2"] and rest["total"] == 2
+    status, every = await send(chat, "GET", AGENTS + "?include_archived=true&offset=1")
+    assert [a["name"] for a in every["agents"]] == ["pager-2", "pager-0"]  # archived last
+    assert (every["total"], every["limit"]) == (3, 200)
+    for query in ("limit=0", "limit=201", "offset=-1", "limit=ten"):
+        status, error = await send(chat, "GET", f"{AGENTS}?{query}")
+        assert status == 400, (query, error)
+        assert f"{query.split('=')[0]}: " in error["error"]["message"], error
+
+
 async def test_duplicate_name_is_a_conflict_until_archived(chat: Chat) -> None:
     agent = await create_agent(chat)
     status, error = await send(
