@@ -283,14 +283,21 @@ def _decide_run(state: ConversationState, c: RunTurn) -> list[Event]:
     return events
 
 
+MAX_TURN_INPUTS = 64
+"""Messages of a turn's input recorded at most, the newest: a history of ten thousand user
+messages and no answer would otherwise be ten thousand events of one request."""
+
+
 def _inputs_received(state: ConversationState, c: RunTurn) -> list[Event]:
     """The turn's input: the user and tool messages after the history's last answer (what
-    came before it was recorded by the turns that answered it), oldest first. The newest
+    came before it was recorded by the turns that answered it), oldest first, the newest
+    MAX_TURN_INPUTS of them. The newest
     takes the command's message id, an earlier one that id with its distance from the end:
     a retried request numbers them alike. None when the history ends with an answer (a
     client asking the model to go on): the turn then records only what the model says."""
     last_answer = max((i for i, m in enumerate(c.messages) if m.role == "assistant"), default=-1)
     said = [m for m in c.messages[last_answer + 1 :] if m.role in ("user", "tool")]
+    said = said[-MAX_TURN_INPUTS:]
     events: list[Event] = []
     for back, message in zip(range(len(said) - 1, -1, -1), said, strict=True):
         received = ToolOutputReceived if message.role == "tool" else UserMessageReceived

@@ -22,6 +22,7 @@ from actors import (
     conversation_key,
     workspace_key,
 )
+from actors.conversation import MAX_TURN_INPUTS
 from schemas.agent import (
     AgentArchived,
     AgentParameters,
@@ -176,6 +177,13 @@ def test_a_turn_records_what_was_said_since_the_last_answer() -> None:
         (user, "m3", "c", None),
     ]
     assert state.message_count == 7
+    # A history of nothing but user messages records the newest of them, a bounded number.
+    flood = tuple(Message(role="user", content=str(n)) for n in range(MAX_TURN_INPUTS + 5))
+    _, events = apply(conv, fresh_conversation(), turn(9).model_copy(update={"messages": flood}))
+    recorded = said(events)
+    assert len(recorded) == MAX_TURN_INPUTS
+    assert recorded[0][1:3] == (f"m9.{MAX_TURN_INPUTS - 1}", "5")
+    assert recorded[-1][1:3] == ("m9", str(MAX_TURN_INPUTS + 4))
     # A history ending with an answer (asking the model to go on) says nothing new.
     go_on = (*more, Message(role="assistant", content="partial"))
     state = run(conv, state, complete(3))
