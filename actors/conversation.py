@@ -2,11 +2,11 @@
 
 The pure core records what happened; `handle` wraps a RunTurn around the model call:
 
-1. execute RunTurn -> UserMessageReceived + TurnStarted are appended BEFORE the model is
-   called. The append claims the command id in the store's ledger and moves the stream
-   version, so a stale duplicate activation (another host, a retried request) either gets a
-   concurrency conflict or a duplicate result and never starts a second paid model call
-   (ARCHITECTURE decision 2).
+1. execute RunTurn -> the turn's input (UserMessageReceived, ToolOutputReceived; see
+   `_turn_input`) + TurnStarted are appended BEFORE the model is called. The append claims
+   the command id in the store's ledger and moves the stream version, so a stale duplicate
+   activation (another host, a retried request) either gets a concurrency conflict or a
+   duplicate result and never starts a second paid model call (ARCHITECTURE decision 2).
 2. stream the model through the provider that serves the requested model; every TextDelta
    goes to the caller as it arrives (deltas are not events, decision 5).
 3. execute CompleteTurn (AssistantMessageCompleted with usage and duration), or FailTurn on
@@ -76,6 +76,7 @@ from schemas.conversation import (
     ConversationTagged,
     DeleteConversation,
     FailTurn,
+    Message,
     MoveConversationToFolder,
     RecoverAbandonedTurns,
     RenameConversation,
@@ -174,6 +175,10 @@ class ConversationState(BaseModel):
     # state, which cost about 1.7% of the gateway's CPU at 32 turns in flight.
     turns: dict[str, TurnRecord] = Field(default_factory=dict)
     turn_by_command: dict[str, str] = Field(default_factory=dict)
+    unanswered: tuple[str, ...] = ()
+    """Digests of the messages turns recorded as said since the last answer, the newest
+    MAX_TURN_INPUTS: a failed turn's input, which its client sends again, is not recorded
+    twice (`_turn_input`)."""
 
     @property
     def exists(self) -> bool:
@@ -240,12 +245,15 @@ def _decide_start(state: ConversationState, c: StartConversation) -> list[Event]
 def _decide_run(state: ConversationState, c: RunTurn) -> list[Event]:
     if c.command_id in state.turn_by_command:
         return []
-    user = next((m for m in reversed(c.messages) if m.role == "user"), None)
-    if user is None:
+    newest_user = next((m for m in reversed(c.messages) if m.role == "user"), None)
+    if newest_user is None:
         raise InvalidInput("messages must contain at least one message with role 'user'")
+    starts = not state.exists and not c.continue_only
+    said = _turn_input(state, c.messages, newest_user, starts=starts)
     events: list[Event] = []
-    if not state.exists and not c.continue_only:
-        title = c.title or _title_from(user.content)
+    if starts:
+        first_user = next((m for m in said if m.role == "user"), newest_user)
+        title = c.title or _title_from(first_user.content)
         events.append(
             ConversationStarted(
                 conversation_id=state.conversation_id,
@@ -264,7 +272,7 @@ def _decide_run(state: ConversationState, c: RunTurn) -> list[Event]:
         _require_live(state, c)
     if c.turn_id in state.turns:
         raise Conflict(f"turn id {c.turn_id} is already used in this conversation")
-    events.extend(_inputs_received(state, c))
+    events.extend(_inputs_received(state, c, said))
     events.append(
         TurnStarted(
             conversation_id=state.conversation_id,
@@ -288,16 +296,45 @@ MAX_TURN_INPUTS = 64
 messages and no answer would otherwise be ten thousand events of one request."""
 
 
-def _inputs_received(state: ConversationState, c: RunTurn) -> list[Event]:
-    """The turn's input: the user and tool messages after the history's last answer (what
-    came before it was recorded by the turns that answered it), oldest first, the newest
-    MAX_TURN_INPUTS of them. The newest
-    takes the command's message id, an earlier one that id with its distance from the end:
-    a retried request numbers them alike. None when the history ends with an answer (a
-    client asking the model to go on): the turn then records only what the model says."""
-    last_answer = max((i for i, m in enumerate(c.messages) if m.role == "assistant"), default=-1)
-    said = [m for m in c.messages[last_answer + 1 :] if m.role in ("user", "tool")]
-    said = said[-MAX_TURN_INPUTS:]
+def _turn_input(
+    state: ConversationState, messages: Sequence[Message], newest_user: Message, *, starts: bool
+) -> list[Message]:
+    """What the client said that the conversation has not recorded yet: the user and tool
+    messages after the history's last answer (what came before it was recorded by the turns
+    that answered it), oldest first, the newest MAX_TURN_INPUTS of them.
+
+    - Those a turn since the last answer recorded and got no answer for (it failed; a client
+      sends them again, with or without more) are not recorded twice: the longest run of
+      them that the input begins with is left out (`ConversationState.unanswered`).
+    - A turn that starts the conversation records the newest user message at least: a
+      history ending with an answer (an assistant prefill) would otherwise record no one's
+      words. A later turn with such a history (the client asks the model to go on) records
+      only the answer."""
+    last_answer = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
+    said = [m for m in messages[last_answer + 1 :] if m.role in ("user", "tool")]
+    said = said[_already_recorded(state.unanswered, said) :][-MAX_TURN_INPUTS:]
+    return said if said or not starts else [newest_user]
+
+
+def _already_recorded(unanswered: Sequence[str], said: Sequence[Message]) -> int:
+    """How many of `said`'s first messages are the last ones of `unanswered`."""
+    digests = [_said_digest(m.role, m.name, m.content) for m in said[: len(unanswered)]]
+    for count in range(len(digests), 0, -1):
+        if list(unanswered[-count:]) == digests[:count]:
+            return count
+    return 0
+
+
+def _said_digest(role: str, name: str | None, content: str) -> str:
+    """What tells two messages apart in `ConversationState.unanswered`, in 16 bytes."""
+    text = f"{role}\x00{name or ''}\x00{content}"
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _inputs_received(state: ConversationState, c: RunTurn, said: list[Message]) -> list[Event]:
+    """The events of the turn's input `said`. The newest takes the command's message id, an
+    earlier one that id with its distance from the end: a retried request numbers them
+    alike."""
     events: list[Event] = []
     for back, message in zip(range(len(said) - 1, -1, -1), said, strict=True):
         received = ToolOutputReceived if message.role == "tool" else UserMessageReceived
@@ -562,8 +599,14 @@ def _evolve(state: ConversationState, event: Event) -> ConversationState:
             }
         )
     if isinstance(event, UserMessageReceived | ToolOutputReceived):
+        role = "tool" if isinstance(event, ToolOutputReceived) else "user"
+        said = _said_digest(role, event.name, event.content)
         return state.model_copy(
-            update={"message_count": state.message_count + 1, "updated_at": event.at}
+            update={
+                "message_count": state.message_count + 1,
+                "updated_at": event.at,
+                "unanswered": (*state.unanswered, said)[-MAX_TURN_INPUTS:],
+            }
         )
     if isinstance(event, TurnStarted):
         turn = TurnRecord(
@@ -587,7 +630,10 @@ def _evolve(state: ConversationState, event: Event) -> ConversationState:
         event.turn_id not in state.turns
     ):
         # Only a running turn can end, and running turns never leave the window.
-        return state.model_copy(update={"updated_at": event.at})
+        answered = isinstance(event, AssistantMessageCompleted)
+        return state.model_copy(
+            update={"updated_at": event.at} | ({"unanswered": ()} if answered else {})
+        )
     if isinstance(event, AssistantMessageCompleted):
         turn = state.turns[event.turn_id].model_copy(
             update={
@@ -602,7 +648,7 @@ def _evolve(state: ConversationState, event: Event) -> ConversationState:
             }
         )
         new = _with_turn(state, turn, event.at)
-        return new.model_copy(update={"message_count": state.message_count + 1})
+        return new.model_copy(update={"message_count": state.message_count + 1, "unanswered": ()})
     if isinstance(event, TurnFailed):
         turn = state.turns[event.turn_id].model_copy(
             update={
@@ -779,7 +825,7 @@ class ConversationBehaviour(Behaviour[ConversationState]):
     state_type: ClassVar[type[BaseModel]] = ConversationState
     # 2: TurnRecord.ordinal; 3: a long answer's content not held. A snapshot of an older
     # version is ignored (replayed in full).
-    state_schema_version: ClassVar[int] = 3
+    state_schema_version: ClassVar[int] = 4
 
     def __init__(
         self,

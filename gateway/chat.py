@@ -2,8 +2,9 @@
 
 The handler authenticates, validates the body (`schemas.chat`), builds one `RunTurn` and asks
 the conversation actor (`conversation:<id>`) through the runtime; it never calls a model or
-appends an event itself. The actor records the user message and `TurnStarted` before calling
-the model and the outcome after, so the turn is durable whatever happens to this connection.
+appends an event itself. The actor records the turn's input (what the client said since the
+history's last answer) and `TurnStarted` before calling the model and the outcome after, so
+the turn is durable whatever happens to this connection.
 
 Headers (see docs/chat.md):
 - `Idempotency-Key` (request): makes the RunTurn's command id, with the principal that sent

@@ -32,7 +32,8 @@ from schemas.events import Event
 # count and `updated_at`); a message adds $11 (1) to the count and moves `updated_at` to $12;
 # a failed turn (its model call refused, timed out, or the turn recorded as abandoned) adds
 # 0, moving only `updated_at`, as the actor's state does. A started turn needs no statement
-# of its own: it is recorded with its user message, at the same time.
+# of its own: it is recorded with its input, at the same time; one with no input (a client
+# asking the model to go on) moves `updated_at` when it ends.
 _STARTED_OR_MESSAGE = """
 WITH started AS (
     INSERT INTO conversations (workspace_id, id, title, project_id, folder, tags, agent, model,

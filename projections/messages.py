@@ -1,4 +1,5 @@
-"""Read model `messages`: every user and assistant message, numbered densely per conversation."""
+"""Read model `messages`: every user message, tool output and assistant message, numbered
+densely per conversation."""
 
 from __future__ import annotations
 

@@ -83,8 +83,8 @@ _HOST_ERRORS = HOST_ERRORS
 _HOST_ERRORS_OR_TIMEOUT = HOST_ERRORS_OR_TIMEOUT
 _STATS_TIMEOUT_S = 2.0
 _STATUS_TIMEOUT_S = 3.0
-"""How long `stats` and `status` wait for one host: one that has not answered by then is
-left out of the sums, or reported unreachable, rather than holding up the operator."""
+"""How long `status` waits for one host (`stats`, `_STATS_TIMEOUT_S`): one that has not
+answered by then is reported unreachable rather than holding up the operator."""
 _PING_TIMEOUT_S = 4.0
 SCALE_ROUNDS = 3
 """Rebalancing passes of one `scale`: a source still running commands at its release

@@ -192,6 +192,68 @@ def test_a_turn_records_what_was_said_since_the_last_answer() -> None:
     assert [type(e).__name__ for e in events] == ["TurnStarted"]
 
 
+def fail_turn(n: int) -> FailTurn:
+    return cmd(
+        FailTurn,
+        200 + n,
+        turn_id=f"t{n}",
+        error_code="upstream_error",
+        error_message="the model server answered 502",
+        duration_ms=5,
+        retryable=True,
+        at=at(n),
+    )
+
+
+def with_history(n: int, *messages: tuple[str, str]) -> RunTurn:
+    history = tuple(Message.model_validate({"role": r, "content": t}) for r, t in messages)
+    return turn(n).model_copy(update={"messages": history})
+
+
+def test_a_failed_turns_input_sent_again_is_not_recorded_twice() -> None:
+    """Review finding: a turn that failed recorded its input and answered nothing, so the
+    next turn, whose history holds that input again, recorded it a second time."""
+    user = UserMessageReceived.type_name
+    state = run(conv, fresh_conversation(), turn(1, "hello"), fail_turn(1))
+    state, events = apply(conv, state, with_history(2, ("user", "hello"), ("user", "there?")))
+    assert said(events) == [(user, "m2", "there?", None)]
+    state = run(conv, state, fail_turn(2))
+    # The same request again (an SDK's retry of a 5xx, a new command): nothing new was said.
+    again = with_history(3, ("user", "hello"), ("user", "there?"))
+    state, events = apply(conv, state, again)
+    assert said(events) == []
+    # One that left the first out of its history: the second is still the one recorded.
+    state = run(conv, state, fail_turn(3))
+    state, events = apply(conv, state, with_history(4, ("user", "there?"), ("user", "hello")))
+    assert said(events) == [(user, "m4", "hello", None)]
+    # Said twice on purpose, after a failure: recorded once more, not twice.
+    state = run(conv, state, fail_turn(4))
+    twice = with_history(5, ("user", "there?"), ("user", "hello"), ("user", "hello"))
+    state, events = apply(conv, state, twice)
+    assert said(events) == [(user, "m5", "hello", None)]
+    # After an answer, the same words are new words.
+    state = run(conv, state, complete(5))
+    assert state.unanswered == ()
+    answered = with_history(6, ("user", "hello"), ("assistant", "answer"), ("user", "hello"))
+    _, events = apply(conv, state, answered)
+    assert said(events) == [(user, "m6", "hello", None)]
+
+
+def test_a_conversation_begun_with_a_history_records_a_question_and_names_it() -> None:
+    """Review findings: a conversation begun with a history ending in an answer (an
+    assistant prefill) recorded no one's words; one begun with two questions took its title
+    from the second while it recorded both."""
+    user = UserMessageReceived.type_name
+    prefill = with_history(1, ("user", "Write a haiku"), ("assistant", "Autumn"))
+    state, events = apply(conv, fresh_conversation(), prefill)
+    assert said(events) == [(user, "m1", "Write a haiku", None)]
+    assert state.title == "Write a haiku"
+    two = with_history(1, ("user", "first question"), ("user", "second"))
+    state, events = apply(conv, fresh_conversation(), two)
+    assert [text for _, _, text, _ in said(events)] == ["first question", "second"]
+    assert state.title == "first question"
+
+
 def test_completed_turn_is_kept_for_idempotent_retries() -> None:
     state = run(conv, fresh_conversation(), turn(1), complete(1, "42"))
     record = state.turns["t1"]
