@@ -448,10 +448,11 @@ def _key_name(raw: str | None) -> str:
         return "cli"
     try:
         return _NAME.validate_python(raw)
-    except ValidationError:
+    except ValidationError as exc:
         raise InvalidInput(
-            f"invalid --name {raw!r}: 1 to 200 characters, without leading or trailing "
-            "spaces or control characters"
+            f"invalid --name {raw!r}: {validation_problems(exc, whole='name')} (1 to 200 "
+            "characters, without leading or trailing spaces, control characters or "
+            "direction overrides)"
         ) from None
 
 

@@ -319,21 +319,38 @@ class ConversationHistory(_Wire):
 # -- api keys ---------------------------------------------------------------------------------
 
 
+_DIRECTION_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+"""Marks and overrides of the text's direction: U+202E shows `key-gnp.exe` as `key-exe.png`
+in any listing that prints the name."""
+
+
 def printable_name(value: str) -> str:
-    # Names are shown on one line in listings and terminals (svc apikeys list): a control
-    # character (a line break, ESC, the C1 set) has no business in one.
+    """A name shown on one line in listings and terminals (svc apikeys list, GET /v1/models):
+    no white space at either end (so none of spaces only), no control character (a line
+    break, ESC, the C1 set), no mark or override of the text's direction."""
+    if value != value.strip():
+        raise ValueError("must not begin or end with white space")
     if any(unicodedata.category(c) == "Cc" for c in value):
         raise ValueError("must not contain control characters")
+    if any(c in _DIRECTION_CONTROLS for c in value):
+        raise ValueError(
+            "must not contain marks or overrides of the text's direction (U+202E and the "
+            "like): they make a listing read other than the name is"
+        )
     return value
 
 
-ApiKeyName = Annotated[
+OneLineName = Annotated[
     str,
-    # The agents' rule (schemas/agent_admin.py): no leading or trailing whitespace, so a
-    # name of spaces only is refused too.
-    Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$"),
+    # The pattern is for the OpenAPI document; `printable_name` checks it, with a message
+    # that says what to change.
+    Field(min_length=1, max_length=200, json_schema_extra={"pattern": r"^\S(.*\S)?$"}),
     AfterValidator(printable_name),
 ]
+"""An API key's or an agent's name."""
+ApiKeyName = OneLineName
 MAX_SCOPES = 16
 
 

@@ -7,20 +7,15 @@ same bounds as that field and has no leading or trailing whitespace.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.admin import MAX_OFFSET, AdminRead, printable_name
+from schemas.admin import MAX_OFFSET, AdminRead, OneLineName
 from schemas.agent import AgentParameters, Description, Id, SystemPrompt
 
-AgentName = Annotated[
-    str,
-    Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$"),
-    # Listed on one line (GET /v1/models, the agents list), as key names are. Checked when
-    # given, not when read: an agent named before the rule still reads and answers.
-    AfterValidator(printable_name),
-]
+AgentName = OneLineName
+"""Listed on one line (GET /v1/models, the agents list), as key names are. Checked when
+given, not when read: an agent named before the rule still reads and answers."""
 
 
 class _Wire(BaseModel):

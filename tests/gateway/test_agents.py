@@ -317,7 +317,15 @@ async def test_scopes_and_validation(chat: Chat) -> None:
     status, _ = await send(chat, "GET", AGENTS, key=reader)
     assert status == 200
     status, error = await send(chat, "POST", AGENTS, {"name": " padded", "model": UPSTREAM_MODEL})
-    assert status == 400, error
+    assert status == 400 and "begin or end with white space" in error["error"]["message"], error
+    # A direction override would make a listing read other than the name is (QA finding).
+    for name in ("key\u202egnp.exe", "a\u2067b"):
+        status, error = await send(chat, "POST", AGENTS, {"name": name, "model": UPSTREAM_MODEL})
+        assert status == 400 and "direction" in error["error"]["message"], error
+        status, error = await send(
+            chat, "POST", "/v1/admin/apikeys", {"name": name, "scopes": ["chat"]}
+        )
+        assert status == 400 and "direction" in error["error"]["message"], error
     # Listed on one line (GET /v1/models), as key names are: no control characters.
     for name in ("x\u001b[2J", "a\tb", "c\u0085d"):
         status, error = await send(chat, "POST", AGENTS, {"name": name, "model": UPSTREAM_MODEL})
