@@ -328,18 +328,20 @@ class Activation(Generic[S]):
         # The first run's events are in the store; catch up so the state includes them, and
         # hand back exactly those events.
         self._counters.duplicates += 1
+        # The messages name no command id: one made from an Idempotency-Key carries a digest
+        # of its owner, the service's business, and the client knows its own key.
         if result.stream_id != self._key.stream_id:
             raise Conflict(
-                f"command id {command.command_id!r} was already used for {result.stream_id}; "
-                "send a new Idempotency-Key for a different request",
+                "this Idempotency-Key was already used for a request to "
+                f"{named(result.stream_id)}; send a new Idempotency-Key for a different request",
                 code="idempotency_key_reused",
             )
         await self._catch_up()
         first_run = await self._appended_by(result)
         if first_run and not _same_request(command, first_run[0]):
             raise Conflict(
-                f"command id {command.command_id!r} was already used for another request "
-                f"({first_run[0].metadata.get('command_type')}) on {self._key.stream_id}; "
+                "this Idempotency-Key was already used for another request "
+                f"({first_run[0].metadata.get('command_type')}) to {named(self._key.stream_id)}; "
                 "send a new Idempotency-Key for a different request",
                 code="idempotency_key_reused",
             )
@@ -396,6 +398,12 @@ class Activation(Generic[S]):
         if self._store is None:
             raise StoreRequired.of(self._key.stream_id)
         return self._store
+
+
+def named(stream_id: str) -> str:
+    """A stream as a person names it: `conversation:c-1` is conversation c-1."""
+    kind, _, key = stream_id.partition(":")
+    return f"{kind} {key}" if key else stream_id
 
 
 def _same_request(command: Command, first_event: RecordedEvent) -> bool:

@@ -740,7 +740,7 @@ def recorded_result(
                 code="idempotency_key_expired",
             )
         raise Conflict(
-            f"command id {command_id!r} was already used for another request on conversation "
+            "this Idempotency-Key was already used for another request to conversation "
             f"{state.conversation_id}; send a new Idempotency-Key",
             code="idempotency_key_reused",
         )

@@ -219,7 +219,7 @@ async def test_command_id_reused_on_another_actor_is_refused(store: PostgresEven
     table = ActivationTable(store, [CounterBehaviour()])
     await table.start()
     await table.submit(ActorKey(COUNTER, "a"), add(command_id="shared")).last()
-    with pytest.raises(Conflict, match="already used for counter:a"):
+    with pytest.raises(Conflict, match="already used for a request to counter a; send a new"):
         await table.submit(ActorKey(COUNTER, "b"), add(command_id="shared")).last()
     await table.stop()
 

@@ -1010,6 +1010,11 @@ async def test_a_key_reused_elsewhere_names_no_conversation(chat: Chat) -> None:
         )
     assert reused.value.code == "idempotency_key_reused"
     assert "X-SVC-Conversation-Id" not in reused.value.response.headers
+    # It says where the key went, in the client's words: no internal command id (which
+    # carries a digest of the key's owner) and no stream name (QA finding).
+    used_for = f"used for a request to conversation {conversation['X-SVC-Conversation-Id']};"
+    assert used_for in reused.value.message, reused.value.message
+    assert "svc:chat:" not in reused.value.message
 
 
 async def test_keys_that_look_like_a_turns_own_ids_are_turns_of_their_own(chat: Chat) -> None:
