@@ -63,18 +63,31 @@ RELOAD_EVERY_S = 5.0
 Keys = tuple[bytes, bytes | None]
 """The current key and the one before the last rotation (None before any)."""
 
-_NOT_ISSUED = (
-    "malformed cursor: pass it back exactly as this service returned it (an SSE id or a "
-    "cursor field), or omit it to start from the beginning"
+START_OVER = (
+    "omit it to start from the beginning of your workspace's log, or use start=latest for new "
+    "events only"
 )
+"""What a feed's client can do instead of resuming from a cursor refused; a read's
+`min_cursor` has its own (gateway/admin_common.py)."""
+
+
+def _not_issued(instead: str) -> str:
+    return (
+        "malformed cursor: pass it back exactly as this service returned it (an SSE id or a "
+        f"cursor field), or {instead}"
+    )
+
+
+def _old_form(instead: str) -> str:
+    return (
+        "this cursor is in a form the service no longer issues (cursors are now sealed so "
+        f"that they tell nothing of other workspaces); {instead}"
+    )
+
+
 _NOT_ISSUED_AUDIT = (
     "malformed cursor: pass back a next_cursor or an entry's id exactly as this service "
     "returned it, or omit it for the newest entries"
-)
-_OLD_FORM = (
-    "this cursor is in a form the service no longer issues (cursors are now sealed so that "
-    "they tell nothing of other workspaces); omit it to start from the beginning of your "
-    "workspace's log, or use start=latest for new events only"
 )
 
 
@@ -155,15 +168,15 @@ class CursorSeal:
         cursor this deployment did not issue. With two keys, the first of `openings`."""
         return self.openings(public)[0]
 
-    def openings(self, public: str) -> list[str]:
-        """Every internal cursor `public` opens to, under the current key first."""
+    def openings(self, public: str, instead: str = START_OVER) -> list[str]:
+        """Every internal cursor `public` opens to, under the current key first. A refusal
+        ends with `instead`, what the client can do without the cursor."""
         if not public:
             return [""]
         if public.startswith(_PLAIN_LOG_PREFIX):
-            raise InvalidCursor(_OLD_FORM)
-        points = (
-            LogPoint(*pair) for pair in self._open(_LOG_PREFIX, _LOG_TAG, public, _NOT_ISSUED)
-        )
+            raise InvalidCursor(_old_form(instead))
+        refusal = _not_issued(instead)
+        points = (LogPoint(*pair) for pair in self._open(_LOG_PREFIX, _LOG_TAG, public, refusal))
         return ["" if point == ORIGIN else encode_cursor(point) for point in points]
 
     # -- the audit log's page cursors -------------------------------------------------------
@@ -224,12 +237,15 @@ def _cipher(key: bytes) -> Cipher[modes.ECB]:
     return Cipher(algorithms.AES(key), modes.ECB())
 
 
-async def open_issued(cursors: CursorSeal, tailer: LogTailer, public: str, source: str) -> str:
+async def open_issued(
+    cursors: CursorSeal, tailer: LogTailer, public: str, source: str, instead: str = START_OVER
+) -> str:
     """A client's log cursor as the internal one, refused (InvalidCursor, its message led by
-    `source`, the input it came in) unless this deployment sealed it and its log issued it:
-    waiting for the events after a point never issued would never end."""
+    `source`, the input it came in, and ending with `instead`, what to do without it) unless
+    this deployment sealed it and its log issued it: waiting for the events after a point
+    never issued would never end."""
     try:
-        return await _opened(cursors, lambda: _issued(cursors, tailer, public))
+        return await _opened(cursors, lambda: _issued(cursors, tailer, public, instead))
     except InvalidCursor as exc:
         raise InvalidCursor(f"{source}: {exc.message}") from None
 
@@ -264,10 +280,10 @@ async def _opened(cursors: CursorSeal, opening: Callable[[], Awaitable[_T]]) -> 
         raise refused from None
 
 
-async def _issued(cursors: CursorSeal, tailer: LogTailer, public: str) -> str:
+async def _issued(cursors: CursorSeal, tailer: LogTailer, public: str, instead: str) -> str:
     """The opening of `public` the log issued; InvalidCursor, the first's refusal, if none."""
     refusal: InvalidCursor | None = None
-    for cursor in cursors.openings(public):
+    for cursor in cursors.openings(public, instead):
         try:
             await tailer.issued_cursor(cursor)
         except InvalidCursor as exc:

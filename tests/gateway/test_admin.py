@@ -836,6 +836,11 @@ async def test_min_cursor(service: Service) -> None:
         assert_error(error, "invalid_cursor")
         assert error["error"]["message"].startswith("min_cursor: "), error
         assert words in error["error"]["message"], error
+        # What to do is a read's, not a feed's (QA finding: "start=latest" is no parameter
+        # of a read).
+        assert "start" not in error["error"]["message"], error
+        if words != "ahead":
+            assert "leave min_cursor out" in error["error"]["message"], error
 
 
 async def test_a_key_cannot_mint_a_key_with_admin_scopes_it_lacks(service: Service) -> None:
