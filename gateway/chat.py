@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
@@ -69,7 +68,13 @@ from gateway.auth import (
     require_scope,
 )
 from gateway.cursor_seal import CursorSeal
-from gateway.errors import client_gone, error_body, internal_failure, read_header, read_json
+from gateway.errors import (
+    client_gone,
+    error_body,
+    internal_failure,
+    read_header_id,
+    read_json,
+)
 from gateway.identity.common import first_attempt_ran
 from gateway.openapi import document
 from gateway.sse import open_sse, send_comment, send_event
@@ -96,7 +101,6 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 _CONVERSATION_KEY: web.RequestKey[str] = web.RequestKey("svc_conversation_id", str)
 _FAILURE_CURSOR_KEY: web.RequestKey[str] = web.RequestKey("svc_failure_cursor", str)
-_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _KEY_NAMESPACE = uuid.UUID("7f6b2f8e-4c1e-4f0e-9a51-2b1f3c1d5e00")
 AGENT_CACHE_TTL_S = 1.0
 
@@ -411,7 +415,7 @@ async def _admitted(request: web.Request) -> Principal:
         return await authenticate(request)
     except RateLimited:
         with contextlib.suppress(InvalidInput):
-            named = _header_id(request, CONVERSATION_HEADER)
+            named = read_header_id(request, CONVERSATION_HEADER)
             if named is not None:
                 request[_CONVERSATION_KEY] = named
         raise
@@ -440,12 +444,12 @@ def _request_ids(request: web.Request, principal: Principal) -> _RequestIds:
     """The ids of this request; the conversation id goes out in the response header from here
     on, error responses included. A conversation id derived from an idempotency key is not
     new: a retry of the request finds the conversation its first attempt started."""
-    conversation_id = _header_id(request, CONVERSATION_HEADER)
+    conversation_id = read_header_id(request, CONVERSATION_HEADER)
     if conversation_id is not None:
         # Named before the key is checked: a refused key is a refusal before the turn
         # started, whose answer carries the id the request named.
         request[_CONVERSATION_KEY] = conversation_id
-    idempotency_key = _header_id(request, IDEMPOTENCY_HEADER)
+    idempotency_key = read_header_id(request, IDEMPOTENCY_HEADER)
     if idempotency_key is not None:
         check_client_key(IDEMPOTENCY_HEADER, idempotency_key)
     command_id = (
@@ -559,20 +563,6 @@ def _with_agent(
         update["max_tokens"] = defaults.max_tokens
         update["max_tokens_as"] = "max_completion_tokens" if reasoning_effort else None
     return messages, params.model_copy(update=update)
-
-
-def _header_id(request: web.Request, name: str) -> str | None:
-    value = read_header(request, name)
-    if value is None:
-        return None
-    # An empty value is refused too: a client whose key variable is empty would otherwise
-    # get a new turn on every retry without knowing it.
-    if not _ID.match(value):
-        raise InvalidInput(
-            f"{name} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
-            code="invalid_header",
-        )
-    return value
 
 
 def _stable_id(workspace_id: str, kind: str, seed: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -449,6 +450,25 @@ def read_header(request: web.Request, name: str) -> str | None:
             f"{name} was sent more than once, with different values", code="invalid_header"
         )
     return values.pop() if values else None
+
+
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def read_header_id(request: web.Request, name: str) -> str | None:
+    """Header `name` holding an id a client chose (`Idempotency-Key`,
+    `X-SVC-Conversation-Id`), as `read_header` reads it; None when absent. One rule on every
+    endpoint, so that a client's way of making keys works on all or fails on all: 1 to 128
+    letters, digits, '.', '_', ':' or '-' (a UUID, a ULID, `order-17:retry`). An empty value
+    is refused too: a client whose key variable is empty would otherwise run its request
+    again on every retry without knowing it."""
+    value = read_header(request, name)
+    if value is not None and not _CLIENT_ID.match(value):
+        raise InvalidInput(
+            f"{name} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
+            code="invalid_header",
+        )
+    return value
 
 
 def _query_names(model: type[BaseModel]) -> set[str]:

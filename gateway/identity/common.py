@@ -19,7 +19,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from multidict import MultiDictProxy
 
 from gateway.auth import PRINCIPAL
-from gateway.errors import body_deadline, read_header, undecodable_body
+from gateway.errors import body_deadline, read_header_id, undecodable_body
 from gateway.settings import Settings
 from gateway.state import STORE, Principal
 from projections.identity_queries import UserRow
@@ -101,17 +101,9 @@ def command_id(request: web.Request) -> str:
 
 
 def idempotency_key(request: web.Request) -> str | None:
-    """The request's `Idempotency-Key`, stripped; None when it sent none.
-
-    Refused as chat refuses it (docs/chat.md): an empty value, since a client whose key
-    variable is empty would otherwise run its write again on every retry without knowing;
-    and two different values, since which one was meant cannot be guessed."""
-    key = read_header(request, "Idempotency-Key")
-    if key == "":
-        raise InvalidInput(
-            "Idempotency-Key is empty: send a key, or no header", code="invalid_header"
-        )
-    return key
+    """The request's `Idempotency-Key`, stripped; None when it sent none. Refused as chat
+    refuses it (`read_header_id`): one key works on every endpoint or on none."""
+    return read_header_id(request, "Idempotency-Key")
 
 
 async def first_attempt_ran(request: web.Request, workspace_id: str, command_id: str) -> bool:
