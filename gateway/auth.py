@@ -240,7 +240,19 @@ def require_scope(principal: Principal, scope: str) -> None:
         return
     if scope == "mcp":
         raise Unauthorized("this endpoint needs an API key with the mcp scope")
-    raise MissingScope(scope)
+    raise MissingScope(scope, scope_refusal(principal, scope))
+
+
+def scope_refusal(principal: Principal, scope: str) -> str:
+    """The words of a refusal for want of `scope`, alike on every endpoint. A workspace key
+    (no user behind it) holds scopes, not roles: it is told the scopes it has, which is
+    what its holder can act on (issue a key with the one it lacks)."""
+    if principal.key_id is not None and principal.user_id is None:
+        held = ", ".join(sorted(principal.scopes)) or "none"
+        return (
+            f"insufficient scope: this API key lacks the scope {scope} (or *); its scopes: {held}"
+        )
+    return f"insufficient scope: this credential lacks the scope {scope}"
 
 
 def require_instance_admin(principal: Principal, request: web.Request, what: str) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.auth import MissingScope
+from gateway.auth import MissingScope, scope_refusal
 from gateway.state import Principal
 from schemas.errors import Forbidden
 from schemas.identity import DOMAINS, Access
@@ -72,15 +72,10 @@ def require_access(principal: Principal, domain: str, access: Access) -> None:
 
 
 def _refusal(principal: Principal, domain: str, access: Access) -> str:
-    # A workspace key (no user behind it) holds scopes, not roles: name the scope it lacks
-    # and those it has, which is what its holder can act on (issue a key with that scope).
-    # A user's rights, and a user's own key's, come from roles granted per domain.
+    # A workspace key holds scopes (`scope_refusal`); a user's rights, and a user's own
+    # key's, come from roles granted per domain.
     if principal.key_id is not None and principal.user_id is None:
-        held = ", ".join(sorted(principal.scopes)) or "none"
-        return (
-            f"insufficient scope: this API key lacks the scope admin:{access} (or *); "
-            f"its scopes: {held}"
-        )
+        return scope_refusal(principal, f"admin:{access}")
     return f"insufficient rights: {access} access to {domain} is required"
 
 

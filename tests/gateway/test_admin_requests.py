@@ -80,6 +80,23 @@ async def test_a_key_lacking_a_scope_is_told_which_and_what_it_has(service: Serv
     )
     message = body["error"]["message"]
     assert "lacks the scope admin:write" in message and "its scopes: admin:read" in message
+    # The same words from the feeds and chat (QA finding: three wordings of one refusal).
+    for path, key, scope, held in (
+        ("/v1/events/stream", chat, "admin:read", "chat, mcp"),
+        ("/v1/web/stream", chat, "admin:read", "chat, mcp"),
+    ):
+        body = await service.get_json(path, key, 403)
+        expected = f"this API key lacks the scope {scope} (or *); its scopes: {held}"
+        assert body["error"]["message"].endswith(expected), body
+    body = await service.post_json(
+        "/v1/chat/completions",
+        reader,
+        {"model": "svc-offline", "messages": [{"role": "user", "content": "hi"}]},
+        403,
+    )
+    assert body["error"]["message"].endswith(
+        "this API key lacks the scope chat (or *); its scopes: admin:read"
+    ), body
 
 
 async def test_unknown_parameters_and_unwanted_bodies_are_refused(service: Service) -> None:
