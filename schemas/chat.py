@@ -68,7 +68,9 @@ class ChatMessageIn(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     role: Role
-    content: str | list[TextPart] | None = Field(max_length=MAX_CONTENT)
+    # No max_length here: on the union it spoke of "items" for a string too long; the text's
+    # length, parts joined, is checked by `_content_fits` (the body's 4 MiB bounds the parse).
+    content: str | list[TextPart] | None
     name: str | None = Field(default=None, max_length=200)
     # An assistant message the model refused to write, as OpenAI returns it (content null):
     # sent back as history, the refusal is the assistant's text (as this service answers one).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import json
 import logging
 import re
@@ -428,6 +429,21 @@ async def test_values_of_the_wrong_type_are_refused_not_converted(chat: Chat) ->
     resp = await chat.raw_post({"model": OFFLINE, "messages": HELLO, "temperature": 1})
     assert resp.status == 200  # an integer is a number
     assert chat.stub.calls == 0
+
+
+async def test_content_over_its_bound_is_refused_in_characters(chat: Chat) -> None:
+    """QA finding: a string too long was refused with "at most 1000000 items"."""
+    for content in ("x" * 1_000_001, [{"type": "text", "text": "x" * 600_000}] * 2):
+        body = {"model": OFFLINE, "messages": [{"role": "user", "content": content}]}
+        resp = await chat.service.http.post(
+            chat.service.url("/v1/chat/completions"),
+            headers=chat.service.auth(chat.key, **{"Content-Type": "application/json"}),
+            data=io.BytesIO(orjson.dumps(body)),  # aiohttp warns of a large body as bytes
+        )
+        error = (await resp.json())["error"]
+        assert resp.status == 400, error
+        assert error["message"].endswith("content is at most 1,000,000 characters"), error
+        assert error["message"].startswith("invalid request: messages.0"), error
 
 
 async def test_n_above_one_is_refused_clearly(chat: Chat) -> None:
