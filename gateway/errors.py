@@ -404,6 +404,19 @@ def undecodable_body(exc: RequestPayloadError) -> InvalidInput:
     )
 
 
+def _json_problem(body: bytes, exc: orjson.JSONDecodeError) -> str:
+    """What is wrong with a body orjson refused: its message, but for bytes that are not
+    UTF-8, of which it speaks of surrogates whatever the bytes."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return (
+            f"not UTF-8 text (byte {bad.object[bad.start]:#04x} at offset {bad.start}); "
+            "send JSON encoded as UTF-8"
+        )
+    return str(exc)
+
+
 @overload
 async def read_json(request: web.Request, *, max_bytes: int | None = None) -> Any: ...
 
@@ -424,7 +437,9 @@ async def read_json(
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed JSON body: {exc}", code="invalid_json") from None
+        raise InvalidInput(
+            f"malformed JSON body: {_json_problem(body, exc)}", code="invalid_json"
+        ) from None
     _check_json_value(data)
     if model is None:
         return data

@@ -58,6 +58,10 @@ async def test_malformed_json_and_validation(database_url: str) -> None:
         status, body, _ = await svc.request("POST", ECHO, data=b'{"name": "x",')
         assert status == 400
         assert assert_envelope(body, "invalid_json")["type"] == "invalid_request_error"
+        # Bytes that are not UTF-8 are said to be so, where (orjson spoke of surrogates).
+        status, body, _ = await svc.request("POST", ECHO, data=b'{"name": "\xff\xfe"}')
+        message = str(assert_envelope(body, "invalid_json")["message"])
+        assert "not UTF-8 text (byte 0xff at offset 10)" in message, message
 
         status, body, _ = await svc.request("POST", ECHO, json={"name": "", "count": -1})
         assert status == 400
