@@ -97,7 +97,7 @@ class SettingSpec:
 
 
 _BOOL_EXPECTED: dict[BoolMode, str] = {
-    "standard": "a boolean: 1/0, true/false, on/off",
+    "standard": "a boolean: 1/0, true/false, on/off, yes/no",
     "exactly_one": "1 to enable (exactly 1; true or on leave it off) or 0",
     "off_disables": "off to disable; any other value enables",
 }
