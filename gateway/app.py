@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from aiohttp import web
 
 from eventstore.db import Database
-from gateway import admin, admin_agents, chat, feeds, settings_api, system, telemetry
+from gateway import admin, admin_agents, chat, feeds, settings_api, system, telemetry, unbuilt
 from gateway.auth import IDENTIFY, Authenticator, KeyLookup, KeyRecord, add_rate_limit_headers
 from gateway.bootstrap import open_platform
 from gateway.errors import error_middleware, note_response_started
@@ -62,6 +62,7 @@ ROUTES: tuple[RouteInstaller, ...] = (
     admin.add_routes,
     admin_agents.add_routes,
     identity_routes.add_routes,  # after the platform's cleanup_ctx: it needs the store and runtime
+    unbuilt.add_routes,
 )
 
 

@@ -72,6 +72,9 @@ class RouteDoc:
 @dataclass
 class RouteDocs:
     routes: dict[tuple[str, str], RouteDoc] = field(default_factory=dict)
+    unserved: set[tuple[str, str]] = field(default_factory=set)
+    """Routes that only say their capability is not built (gateway/unbuilt.py): left out
+    of the document, which describes what the service does."""
 
     def add(self, doc: RouteDoc) -> None:
         self.routes[(doc.method.upper(), doc.path)] = doc
@@ -270,6 +273,8 @@ def _app_routes(app: web.Application) -> list[tuple[str, str]]:
         info = route.get_info()
         path = info.get("path") or info.get("formatter") or info.get("prefix")
         if method in ("HEAD", "OPTIONS", "*") or not path:
+            continue
+        if (method, str(path)) in REGISTRY.unserved:
             continue
         if (method, path) not in seen:
             seen.append((method, str(path)))

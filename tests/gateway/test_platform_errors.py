@@ -26,7 +26,7 @@ from platform_support import (
 from yarl import URL
 
 from gateway import errors as gateway_errors
-from gateway import http_server
+from gateway import http_server, unbuilt
 from gateway.http_server import MALFORMED_REQUEST, EnvelopeRequestHandler
 from schemas.errors import RateLimited
 
@@ -51,6 +51,22 @@ async def test_unknown_path_and_wrong_method(database_url: str) -> None:
         assert status == 405
         assert_envelope(body, "method_not_allowed")
         assert "GET" in headers["Allow"]
+
+
+async def test_endpoints_of_the_interface_not_built_say_so(database_url: str) -> None:
+    """QA finding: the spec's endpoints of capabilities not built yet answered a bare 404, so
+    a client could not tell a missing feature from a mistyped path."""
+    async with running(settings_for(database_url)) as svc:
+        for method, template, capability in unbuilt.UNBUILT:
+            path = template.replace("{id}", "m-1")
+            status, body, _ = await svc.request(method, path)
+            assert status == 501, (method, path, body)
+            message = str(assert_envelope(body, "not_built")["message"])
+            assert f"{method} {template}" in message and capability in message, message
+        status, body, headers = await svc.request("DELETE", "/v1/mcp")
+        assert status == 405 and headers["Allow"] == "POST", body
+        status, document, _ = await svc.request("GET", "/openapi.json")
+        assert status == 200 and "/v1/mcp" not in document["paths"]
 
 
 async def test_malformed_json_and_validation(database_url: str) -> None:
