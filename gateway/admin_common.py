@@ -95,10 +95,7 @@ async def min_cursor(request: web.Request) -> str | None:
     return await open_issued(cursors, tailer, raw, "min_cursor", _READ_WITHOUT_WAITING)
 
 
-_READ_WITHOUT_WAITING = (
-    "pass the cursor a write or a feed gave (X-SVC-Cursor, a cursor field, an SSE id) as it "
-    "was given, or leave min_cursor out to read without waiting"
-)
+_READ_WITHOUT_WAITING = "leave min_cursor out to read without waiting"
 
 
 async def read_your_writes(request: web.Request, names: Collection[str] | None = None) -> None:

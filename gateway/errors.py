@@ -141,6 +141,7 @@ RETRY_CANNOT_HELP = frozenset(
         "upstream_quota_exceeded",
         "idempotency_key_reused",
         "idempotency_key_expired",
+        "not_built",
         "duplicate_request",
         "uniqueness",
         "agent_name_taken",
@@ -321,8 +322,9 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
             # database detail or parameter values, so the client gets the opaque id and the
             # log the traceback, as for any unexpected exception.
             return internal_error(request, exc)
-        if exc.http_status > 500:
-            # str(): with what only the log may see (a StoreUnavailable's driver detail).
+        if exc.http_status > 500 and exc.code != "not_built":
+            # str(): with what only the log may see (a StoreUnavailable's driver detail). A
+            # capability not built is the client's news, as a 404 is, not the operator's.
             log.warning(
                 "%s %s -> %d %s: %s",
                 request.method,
@@ -474,10 +476,15 @@ def read_header_id(request: web.Request, name: str) -> str | None:
     """Header `name` holding an id a client chose (`Idempotency-Key`,
     `X-SVC-Conversation-Id`), as `read_header` reads it; None when absent. One rule on every
     endpoint, so that a client's way of making keys works on all or fails on all: 1 to 128
-    letters, digits, '.', '_', ':' or '-' (a UUID, a ULID, `order-17:retry`). An empty value
+    letters, digits, '.', '_', ':' or '-' (a UUID, a ULID, `order-17:retry`), bare or quoted
+    as a structured-field string. An empty value
     is refused too: a client whose key variable is empty would otherwise run its request
     again on every retry without knowing it."""
     value = read_header(request, name)
+    if value is not None and len(value) >= 2 and value[0] == value[-1] == '"':
+        # The IETF draft makes Idempotency-Key a structured-field string, sent quoted: the
+        # key is what is between the quotes (`"k-1"` and `k-1` are one key).
+        value = value[1:-1]
     if value is not None and not _CLIENT_ID.match(value):
         raise InvalidInput(
             f"{name} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",

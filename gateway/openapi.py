@@ -35,7 +35,8 @@ class ErrorEnvelope(BaseModel):
 
 IDEMPOTENCY_KEY = (
     "Idempotency-Key",
-    "your id for this write (at most 200 characters): a retry with the same key is never "
+    "your id for this write (1 to 128 letters, digits, '.', '_', ':' or '-'; a quoted "
+    "string is read without its quotes): a retry with the same key is never "
     "done twice; it gets the first attempt's outcome or, where that showed a secret once "
     "(a key, a token, a client secret), 409 duplicate_request",
 )

@@ -319,7 +319,7 @@ class ConversationHistory(_Wire):
 # -- api keys ---------------------------------------------------------------------------------
 
 
-_DIRECTION_CONTROLS = frozenset(
+DIRECTION_CONTROLS = frozenset(
     "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 )
 """Marks and overrides of the text's direction: U+202E shows `key-gnp.exe` as `key-exe.png`
@@ -334,7 +334,7 @@ def printable_name(value: str) -> str:
         raise ValueError("must not begin or end with white space")
     if any(unicodedata.category(c) == "Cc" for c in value):
         raise ValueError("must not contain control characters")
-    if any(c in _DIRECTION_CONTROLS for c in value):
+    if any(c in DIRECTION_CONTROLS for c in value):
         raise ValueError(
             "must not contain marks or overrides of the text's direction (U+202E and the "
             "like): they make a listing read other than the name is"

@@ -55,7 +55,7 @@ class TextPart(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     type: Literal["text"]
-    text: str = Field(max_length=MAX_CONTENT)
+    text: str  # bounded with the others, joined (ChatMessageIn._content_fits)
 
 
 class ChatMessageIn(BaseModel):

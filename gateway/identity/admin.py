@@ -63,7 +63,7 @@ from projections.identity_queries import (
     user_api_keys,
     user_session_ids,
 )
-from schemas.admin import MAX_OFFSET, ApiKeyName, NoQuery
+from schemas.admin import MAX_OFFSET, ApiKeyName, NoQuery, OneLineName
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
 from schemas.identity import (
     BUILTIN_ROLES,
@@ -193,7 +193,7 @@ class UserKeyBody(_Body):
 
 
 class OAuthClientBody(_Body):
-    name: str = Field(min_length=1, max_length=200)
+    name: OneLineName
     scopes: tuple[str, ...] = Field(min_length=1, max_length=16)
 
 
@@ -413,6 +413,9 @@ async def patch_user(request: web.Request) -> web.Response:
         )
     ident = identity(request)
     changes = body.model_dump(exclude_unset=True)
+    # Before anything is done: a refused Idempotency-Key must not follow a reactivation's
+    # revocations (finish_cut_off_before_reactivating).
+    cid = command_id(request)
 
     async def attempt() -> UserRow:
         user = await live_user(ident, principal.workspace_id, target)
@@ -441,7 +444,7 @@ async def patch_user(request: web.Request) -> web.Response:
             directory_key(principal.workspace_id),
             UpdateUser(
                 by=actor_of(request),
-                command_id=command_id(request),
+                command_id=cid,
                 workspace_id=principal.workspace_id,
                 user_id=user.user_id,
                 profile=profile,

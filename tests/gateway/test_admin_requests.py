@@ -48,6 +48,13 @@ async def test_an_idempotency_key_sent_twice_or_empty_is_refused(service: Servic
     same = [auth, ("Idempotency-Key", "same"), ("Idempotency-Key", "same")]
     status, answer = await _post(service, "/v1/admin/apikeys", same, body)
     assert status == 201, answer
+    # Quoted, as the IETF draft's structured-field string is sent, it is the same key bare.
+    quoted = [auth, ("Idempotency-Key", '"k-quoted"')]
+    status, answer = await _post(service, "/v1/admin/apikeys", quoted, body)
+    assert status == 201, answer
+    bare = [auth, ("Idempotency-Key", "k-quoted")]
+    status, answer = await _post(service, "/v1/admin/apikeys", bare, body)
+    assert (status, answer["error"]["code"]) == (409, "duplicate_request"), answer
 
 
 async def test_two_authorization_headers_are_refused(service: Service) -> None:

@@ -433,7 +433,11 @@ async def test_values_of_the_wrong_type_are_refused_not_converted(chat: Chat) ->
 
 async def test_content_over_its_bound_is_refused_in_characters(chat: Chat) -> None:
     """QA finding: a string too long was refused with "at most 1000000 items"."""
-    for content in ("x" * 1_000_001, [{"type": "text", "text": "x" * 600_000}] * 2):
+    for content in (
+        "x" * 1_000_001,
+        [{"type": "text", "text": "x" * 600_000}] * 2,
+        [{"type": "text", "text": "x" * 1_000_001}],
+    ):
         body = {"model": OFFLINE, "messages": [{"role": "user", "content": content}]}
         resp = await chat.service.http.post(
             chat.service.url("/v1/chat/completions"),

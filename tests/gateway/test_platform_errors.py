@@ -53,18 +53,31 @@ async def test_unknown_path_and_wrong_method(database_url: str) -> None:
         assert "GET" in headers["Allow"]
 
 
-async def test_endpoints_of_the_interface_not_built_say_so(database_url: str) -> None:
+async def test_endpoints_of_the_interface_not_built_say_so(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """QA finding: the spec's endpoints of capabilities not built yet answered a bare 404, so
     a client could not tell a missing feature from a mistyped path."""
     async with running(settings_for(database_url)) as svc:
+        key, _ = await svc.issue_key("default", ("*",))
         for method, template, capability in unbuilt.UNBUILT:
             path = template.replace("{id}", "m-1")
-            status, body, _ = await svc.request(method, path)
+            status, body, headers = await svc.request(method, path, key)
             assert status == 501, (method, path, body)
             message = str(assert_envelope(body, "not_built")["message"])
             assert f"{method} {template}" in message and capability in message, message
+            assert headers["x-should-retry"] == "false"  # the SDKs retry any 5xx otherwise
+            # The spec's credential comes first where it gives one (review finding).
+            status, body, _ = await svc.request(method, path)
+            credentialed = template.startswith(("/v1/admin/", "/v1/mcp"))
+            assert status == (401 if credentialed else 501), (method, path, body)
+        chat_only, _ = await svc.issue_key("default", ("chat",))
+        status, body, _ = await svc.request("POST", "/v1/mcp", chat_only)
+        assert status == 401, body  # the spec: without the mcp scope, 401
         status, body, headers = await svc.request("DELETE", "/v1/mcp")
         assert status == 405 and headers["Allow"] == "POST", body
+        # A client's news, as a 404 is: no warning for the operator per probe.
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
         status, document, _ = await svc.request("GET", "/openapi.json")
         assert status == 200 and "/v1/mcp" not in document["paths"]
 
