@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from eventstore.db import Database
+from projections.queries import PageQuery
 from schemas.agent import AgentParameters
 
 
@@ -63,20 +64,9 @@ async def page_agents(
     """A page of the workspace's agents in `list_agents`' order, and how many the query
     selects over every page."""
     archived = "" if include_archived else "AND NOT archived"
-    async with db.scoped(workspace_id) as conn:
-        rows = await conn.fetch(
-            f"""
-            SELECT {_COLUMNS} FROM agents WHERE workspace_id = $1 {archived}
-            ORDER BY archived, name, agent_id LIMIT $2 OFFSET $3
-            """,
-            workspace_id,
-            limit,
-            offset,
-        )
-        total = await conn.fetchval(
-            f"SELECT count(*) FROM agents WHERE workspace_id = $1 {archived}", workspace_id
-        )
-    return [_agent(r) for r in rows], int(total)
+    page = PageQuery(_COLUMNS, "agents", "archived, name, agent_id", archived)
+    rows, total = await page.fetch(db, workspace_id, limit, offset)
+    return [_agent(r) for r in rows], total
 
 
 async def get_agent(db: Database, workspace_id: str, agent_id: str) -> Agent | None:

@@ -151,6 +151,34 @@ def _conversation(row: Any) -> Conversation:
     return Conversation(*row)
 
 
+@dataclass(frozen=True, slots=True)
+class PageQuery:
+    """A workspace's rows of one read model, a page at a time. Every part is the code's own
+    SQL text, never a client's: the client gives only the workspace, limit and offset."""
+
+    columns: str
+    table: str
+    order: str
+    where: str = ""
+    """More of the WHERE clause after `workspace_id = $1` (`AND NOT deleted`)."""
+
+    async def fetch(
+        self, db: Database, workspace_id: str, limit: int, offset: int
+    ) -> tuple[list[Any], int]:
+        """The page's rows, and how many rows the query selects over every page, as of one
+        snapshot (`Database.scoped` is a REPEATABLE READ transaction)."""
+        selected = f"FROM {self.table} WHERE workspace_id = $1 {self.where}"
+        async with db.scoped(workspace_id) as conn:
+            rows = await conn.fetch(
+                f"SELECT {self.columns} {selected} ORDER BY {self.order} LIMIT $2 OFFSET $3",
+                workspace_id,
+                limit,
+                offset,
+            )
+            total = await conn.fetchval(f"SELECT count(*) {selected}", workspace_id)
+        return list(rows), int(total)
+
+
 async def list_conversations(
     db: Database,
     workspace_id: str,
@@ -160,23 +188,14 @@ async def list_conversations(
     include_deleted: bool = False,
 ) -> tuple[list[Conversation], int]:
     """A page of conversations, most recently updated first, and the total count."""
-    deleted = "" if include_deleted else "AND NOT deleted"
-    async with db.scoped(workspace_id) as conn:
-        rows = await conn.fetch(
-            f"""
-            SELECT {_CONVERSATION_COLUMNS} FROM conversations
-            WHERE workspace_id = $1 {deleted}
-            ORDER BY updated_at DESC, id
-            LIMIT $2 OFFSET $3
-            """,
-            workspace_id,
-            limit,
-            offset,
-        )
-        total = await conn.fetchval(
-            f"SELECT count(*) FROM conversations WHERE workspace_id = $1 {deleted}", workspace_id
-        )
-    return [_conversation(r) for r in rows], int(total)
+    page = PageQuery(
+        _CONVERSATION_COLUMNS,
+        "conversations",
+        "updated_at DESC, id",
+        "" if include_deleted else "AND NOT deleted",
+    )
+    rows, total = await page.fetch(db, workspace_id, limit, offset)
+    return [_conversation(r) for r in rows], total
 
 
 _CONVERSATION = (
@@ -417,20 +436,9 @@ async def page_api_keys(
 ) -> tuple[list[ApiKey], int]:
     """A page of the workspace's keys, newest first, and how many there are, revoked ones
     included, as of one snapshot."""
-    async with db.scoped(workspace_id) as conn:
-        rows = await conn.fetch(
-            f"""
-            SELECT {_KEY_COLUMNS} FROM api_keys WHERE workspace_id = $1
-            ORDER BY created_at DESC, key_id LIMIT $2 OFFSET $3
-            """,
-            workspace_id,
-            limit,
-            offset,
-        )
-        total = await conn.fetchval(
-            "SELECT count(*) FROM api_keys WHERE workspace_id = $1", workspace_id
-        )
-    return [ApiKey(*r) for r in rows], int(total)
+    page = PageQuery(_KEY_COLUMNS, "api_keys", "created_at DESC, key_id")
+    rows, total = await page.fetch(db, workspace_id, limit, offset)
+    return [ApiKey(*r) for r in rows], total
 
 
 async def get_api_key(db: Database, workspace_id: str, key_id: str) -> ApiKey | None:
