@@ -109,6 +109,12 @@ async def test_messages_oldest_first(service: Service) -> None:
     assert messages[0]["turn_id"] == messages[1]["turn_id"]
     created = [m["created_at"] for m in messages]
     assert created == sorted(created)
+    # Without its id, or with an empty one, the read says so in words (QA finding: pydantic's
+    # "Field required" for `?id=`).
+    for given, state in (({"id": ""}, "empty"), ({}, "missing")):
+        refused = await service.get_json("/v1/admin/conversations/messages", key, 400, **given)
+        message = refused["error"]["message"]
+        assert message == f"query parameter id is {state}: give it a value", message
 
 
 async def test_messages_in_pages_by_count_and_by_size(
