@@ -103,7 +103,16 @@ class Email(BaseModel):
 MAX_EMAILS = 100
 """The most addresses a request may give one user (SCIM and the admin API). Not a bound of
 UserProfile itself: a profile recorded before the bound must still read."""
-Emails = Annotated[tuple[Email, ...], Field(max_length=MAX_EMAILS)]
+
+
+def _one_primary(emails: tuple[Email, ...]) -> tuple[Email, ...]:
+    # RFC 7643 section 2.4, which SCIM checks too: primary true appears no more than once.
+    if sum(email.primary for email in emails) > 1:
+        raise ValueError("at most one email may be primary")
+    return emails
+
+
+Emails = Annotated[tuple[Email, ...], Field(max_length=MAX_EMAILS), AfterValidator(_one_primary)]
 
 
 class UserProfile(BaseModel):

@@ -150,9 +150,9 @@ class UserPatch(_Body):
 
 SELF_EDITABLE = frozenset({"display_name", "given_name", "family_name"})
 """What a signed-in user may change on their own account with no right on `users`: how their
-name is shown. Not `user_name`, `external_id` or `emails`, which sign-ins match accounts by
-(a member taking a directory user's name would receive that user's roles at their next
-sign-in), nor `active`."""
+name is shown. Not `user_name` or `external_id`, which sign-ins match accounts by (a member
+taking a directory user's name would receive that user's roles at their next sign-in), nor
+`emails`, nor `active`."""
 
 
 class PasswordBody(_Body):

@@ -98,3 +98,23 @@ async def test_every_documented_identity_body_is_what_the_route_answers(
         assert (await call("GET", f"{ADMIN}/auth/session"))["auth"] == "api_key"
 
     assert check.answers == set(DOCUMENTED)
+
+
+async def test_two_primary_emails_are_refused_by_the_admin_api_as_by_scim(
+    database_url: str,
+) -> None:
+    """QA finding: the admin API took two primary addresses, and SCIM then served both as
+    primary, which RFC 7643 section 2.4 forbids."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        body = {"user_name": "pat", "password": PASSWORD}
+        status, pat, _ = await svc.request("POST", f"{ADMIN}/users", key, json=body)
+        assert status == 201, pat
+        two = [{"value": "a@b.test", "primary": True}, {"value": "c@d.test", "primary": True}]
+        for method, path, payload in (
+            ("PATCH", f"{ADMIN}/users/{pat['id']}", {"emails": two}),
+            ("POST", f"{ADMIN}/users", {"user_name": "sam", "password": PASSWORD, "emails": two}),
+        ):
+            status, refused, _ = await svc.request(method, path, key, json=payload)
+            assert status == 400, refused
+            assert "at most one email may be primary" in refused["error"]["message"]
