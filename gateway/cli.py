@@ -96,16 +96,30 @@ _IGNORED_EXPLICIT = "ignored explicit argument"
 _OPTION_LIKE = re.compile(r"--[a-z]{1,20}+(?:-[a-z]{1,20}+){0,3}+")
 
 
+_DASHED_VALUE = (
+    "an argument that starts with '-' is no option here (not repeated: it may be a "
+    "secret's value); put a value that starts with '-' after '--' "
+    "(svc settings set KEY -- -value), or give it on standard input"
+)
+
+
 def _unquoted_extras(message: str) -> str:
     """argparse's message, unless it repeats an argument that may be a secret: a value that
     starts with `-` is taken for an option, and `svc settings set KEY -k3y...` had the
-    secret on stderr."""
+    secret on stderr. A mistyped option (`--nme`) is still named."""
     if not _quotes_a_value(message):
         return message
+    if _IGNORED_EXPLICIT in message:
+        return _DASHED_VALUE
+    extras = message.removeprefix(_UNRECOGNIZED).split(" ")
+    options = [extra for extra in extras if _OPTION_LIKE.fullmatch(extra)]
+    if any(extra.startswith("-") and extra not in options for extra in extras):
+        return _DASHED_VALUE
+    # Values the command does not take: an extra word, or one after a mistyped option.
+    named = f"unrecognized option {', '.join(options)}, and " if options else ""
     return (
-        "an argument that starts with '-' is no option here (not repeated: it may be a "
-        "secret's value); put a value that starts with '-' after '--' "
-        "(svc settings set KEY -- -value), or give it on standard input"
+        f"{named}an argument this command does not take (not repeated: it may be a secret's "
+        "value); see the command's --help"
     )
 
 

@@ -661,6 +661,28 @@ def test_a_value_taken_for_an_option_is_not_repeated(data_dir: Path) -> None:
     assert args.value == "-v4lue"
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["settings", "get", "SVC_LOG_LEVEL", "s3cret"], "an argument this command does not take"),
+        (["apikeys", "list", "s3cret"], "an argument this command does not take"),
+        (
+            ["apikeys", "create", "--scopes", "chat", "--nme", "s3cret"],
+            "unrecognized option --nme, and an argument this command does not take",
+        ),
+    ],
+)
+def test_an_extra_argument_is_said_to_be_one_and_not_repeated(
+    args: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """QA finding: an extra word was told to go after '--' as if it started with '-'."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(args)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and said in err and "s3cret" not in err, err
+    assert "--help" in err and "after '--'" not in err, err
+
+
 def _with_closed(descriptor: str, data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`svc args` started with a standard descriptor closed (`<&-`, `>&-`), as some service
     managers start it; its stderr captured."""
