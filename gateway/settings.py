@@ -169,6 +169,11 @@ def _still_valid(spec: SettingSpec, raw: str) -> bool:
     return True
 
 
+def default_workspace_of(raw: str) -> str:
+    """The default workspace a value of SVC_DEFAULT_WORKSPACE_ID names: blank is `default`."""
+    return raw.strip() or "default"
+
+
 class Settings:
     """Effective settings of this process, typed accessors over the catalog.
 
@@ -324,7 +329,7 @@ class Settings:
 
     @property
     def default_workspace_id(self) -> str:
-        return self.text("SVC_DEFAULT_WORKSPACE_ID").strip() or "default"
+        return default_workspace_of(self.text("SVC_DEFAULT_WORKSPACE_ID"))
 
     @property
     def gateway_addr(self) -> tuple[str | None, int]:
@@ -708,10 +713,13 @@ def _change_result(spec: SettingSpec, settings: Settings, serving: bool) -> Sett
         # (gateway/auth.py require_instance_admin): after the restart, this admin's keys no
         # longer reach them, and the new workspace has none yet. (Judged by the value this
         # process read: a CLI serves nothing, so "restart required" says nothing here.)
-        workspace = shlex.quote(shown)
+        # The workspace the value names, as the next start reads it: blank is "default", and
+        # spaces around it are not part of it.
+        workspace = default_workspace_of(raw)
         message += (
-            f"; note: after the restart, instance settings are managed by admins of {shown!r}: "
-            f"issue one a key first (svc apikeys create --scopes '*' --workspace {workspace})"
+            f"; note: after the restart, instance settings are managed by admins of "
+            f"{workspace!r}: issue one a key first (svc apikeys create --scopes '*' "
+            f"--workspace {shlex.quote(workspace)})"
         )
     return SettingChangeResult(
         key=spec.key, value=shown, applied=in_force, restart_required=not in_force, message=message

@@ -658,11 +658,17 @@ async def test_moving_the_default_workspace_says_who_manages_the_instance_next(
         )
         kept = await cli.set("SVC_DEFAULT_WORKSPACE_ID", "ops team")
         moved_back = await cli.set("SVC_DEFAULT_WORKSPACE_ID", "default")
+        # Blank is the `default` workspace, and spaces are not part of a value: the note
+        # names the workspace meant, in a command that works (QA finding: '' and ' x ').
+        blank = await cli.set("SVC_DEFAULT_WORKSPACE_ID", "")
+        padded = await cli.set("SVC_DEFAULT_WORKSPACE_ID", " ops team ")
     assert result.restart_required
     assert "instance settings are managed by admins of 'ops team'" in result.message
     assert "svc apikeys create --scopes '*' --workspace 'ops team'" in result.message
     assert "note" not in kept.message, kept.message
     assert "instance settings are managed by admins of 'default'" in moved_back.message
+    assert "--workspace default)" in blank.message or "note" not in blank.message, blank.message
+    assert "--workspace 'ops team')" in padded.message, padded.message
 
 
 async def test_a_secret_whose_vault_row_went_missing_can_be_unset(
