@@ -88,10 +88,11 @@ from schemas.identity import (
     UpdateUser,
     UserProfile,
     UserProvisioned,
+    secret_sized,
 )
 from schemas.workspace import API_KEY_SCOPES, IssueApiKey, RevokeApiKey
 
-Password = Annotated[SecretStr, Field(min_length=MIN_LENGTH, max_length=MAX_LENGTH)]
+Password = Annotated[SecretStr, secret_sized(MIN_LENGTH, MAX_LENGTH)]
 SCIM_TOKEN_PREFIX = "svc_scim_"
 T = TypeVar("T")
 
@@ -159,7 +160,7 @@ class PasswordBody(_Body):
     password: Password
     # One's own change needs the password in force: a session cookie taken with its CSRF
     # token could otherwise set a new one, and end the real user's sessions with it.
-    current_password: SecretStr | None = Field(default=None, max_length=MAX_LENGTH)
+    current_password: Annotated[SecretStr, secret_sized(0, MAX_LENGTH)] | None = None
 
 
 class RoleBody(_Body):
@@ -176,7 +177,7 @@ class ScimTokenBody(_Body):
 
 
 class SecretBody(_Body):
-    value: SecretStr = Field(min_length=1, max_length=100_000)
+    value: Annotated[SecretStr, secret_sized(1, 100_000)]
 
 
 INSTANCE_SECRETS = frozenset({("ldap", "bind_password"), ("saml", "sp_key")})

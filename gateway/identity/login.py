@@ -15,7 +15,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -80,6 +80,7 @@ from schemas.identity import (
     UnbindRole,
     UpdateUser,
     UserProfile,
+    secret_sized,
     user_name_key,
 )
 
@@ -103,7 +104,7 @@ class ExternalUser:
 class LoginRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     username: str = Field(min_length=1, max_length=256)
-    password: SecretStr = Field(min_length=1, max_length=1024)
+    password: Annotated[SecretStr, secret_sized(1, MAX_LENGTH)]
     workspace_id: str | None = Field(default=None, min_length=1, max_length=200)
     totp_code: str | None = Field(default=None, max_length=12)
 
@@ -118,7 +119,7 @@ class TotpEnrolmentRequest(BaseModel):
     enrol a second factor of its own, which would lock the real user out."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    current_password: SecretStr = Field(min_length=1, max_length=MAX_LENGTH)
+    current_password: Annotated[SecretStr, secret_sized(1, MAX_LENGTH)]
 
 
 async def _record(

@@ -118,3 +118,19 @@ async def test_two_primary_emails_are_refused_by_the_admin_api_as_by_scim(
             status, refused, _ = await svc.request(method, path, key, json=payload)
             assert status == 400, refused
             assert "at most one email may be primary" in refused["error"]["message"]
+
+
+async def test_a_password_of_the_wrong_length_is_refused_in_characters(
+    database_url: str,
+) -> None:
+    """QA finding: pydantic's bound on a SecretStr spoke of "items"."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        body = {"user_name": "shorty", "password": "short"}
+        status, refused, _ = await svc.request("POST", f"{ADMIN}/users", key, json=body)
+        assert status == 400, refused
+        message = refused["error"]["message"]
+        assert "password: must be 8 to 1024 characters" in message and "short'" not in message
+        login = {"username": "x", "password": "p" * 1025}
+        status, refused, _ = await svc.request("POST", f"{ADMIN}/auth/login", json=login)
+        assert status == 400 and "must be 1 to 1024 characters" in refused["error"]["message"]
