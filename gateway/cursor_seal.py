@@ -73,8 +73,8 @@ START_OVER = (
 
 def _not_issued(instead: str) -> str:
     return (
-        "malformed cursor: pass it back exactly as this service returned it (an SSE id or a "
-        f"cursor field), or {instead}"
+        "malformed cursor, or one sealed under a cursor key rotated out since: pass it back "
+        f"exactly as this service returned it (an SSE id or a cursor field), or {instead}"
     )
 
 
@@ -86,8 +86,9 @@ def _old_form(instead: str) -> str:
 
 
 _NOT_ISSUED_AUDIT = (
-    "malformed cursor: pass back a next_cursor or an entry's id exactly as this service "
-    "returned it, or omit it for the newest entries"
+    "malformed cursor, or one sealed under a cursor key rotated out since: pass back a "
+    "next_cursor or an entry's id exactly as this service returned it, or omit it for the "
+    "newest entries"
 )
 
 
