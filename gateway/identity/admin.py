@@ -257,7 +257,11 @@ async def revoke_user_keys(request: web.Request, workspace_id: str, user_id: str
     runtime, projections = request.app[RUNTIME], request.app[PROJECTIONS]
     for key_id in await user_api_keys(identity(request).db, workspace_id, user_id):
         command = RevokeApiKey(
-            command_id=new_id("rk-"), workspace_id=workspace_id, key_id=key_id, at=now()
+            command_id=new_id("rk-"),
+            workspace_id=workspace_id,
+            key_id=key_id,
+            at=now(),
+            by=actor_of(request),
         )
         outcome = await runtime.ask(workspace_key(workspace_id), command)
         if outcome.cursor:
@@ -694,6 +698,7 @@ async def issue_user_key(request: web.Request) -> web.Response:
         scopes=tuple(dict.fromkeys(body.scopes)),
         rate_limit_rpm=body.rate_limit_rpm,
         at=now(),
+        by=actor_of(request),
     )
     outcome = await request.app[RUNTIME].ask(workspace_key(ws), issue)
     refuse_repeat(outcome, "a key", "GET /v1/admin/apikeys lists it (its name and prefix)")
@@ -725,7 +730,11 @@ async def _revoke_unshown(request: web.Request, workspace_id: str, key_id: str) 
     user, which the user's deactivation would not revoke. Best effort: a revocation that
     fails too is logged, and the caller's error stands."""
     revoke = RevokeApiKey(
-        command_id=new_id("rk-"), workspace_id=workspace_id, key_id=key_id, at=now()
+        command_id=new_id("rk-"),
+        workspace_id=workspace_id,
+        key_id=key_id,
+        at=now(),
+        by=actor_of(request),
     )
     try:
         outcome = await request.app[RUNTIME].ask(workspace_key(workspace_id), revoke)

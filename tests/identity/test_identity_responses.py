@@ -134,3 +134,28 @@ async def test_a_password_of_the_wrong_length_is_refused_in_characters(
         login = {"username": "x", "password": "p" * 1025}
         status, refused, _ = await svc.request("POST", f"{ADMIN}/auth/login", json=login)
         assert status == 400 and "must be 1 to 1024 characters" in refused["error"]["message"]
+
+
+async def test_a_users_key_issued_and_revoked_by_a_deactivation_says_who(
+    database_url: str,
+) -> None:
+    """QA finding: the audit's entries of a user's key, issued through the user's route and
+    revoked by the user's deactivation, had no `by`, which every change carries."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        body = {"user_name": "kim", "password": PASSWORD, "roles": ["member"]}
+        status, kim, _ = await svc.request("POST", f"{ADMIN}/users", key, json=body)
+        assert status == 201, kim
+        issued = {"name": "kims", "scopes": ["chat"]}
+        status, answer, _ = await svc.request(
+            "POST", f"{ADMIN}/users/{kim['id']}/apikeys", key, json=issued
+        )
+        assert status == 201, answer
+        status, answer, _ = await svc.request(
+            "PATCH", f"{ADMIN}/users/{kim['id']}", key, json={"active": False}
+        )
+        assert status == 200, answer
+        for action in ("workspace.api_key_issued", "workspace.api_key_revoked"):
+            status, audit, _ = await svc.request("GET", f"{ADMIN}/audit?action={action}", key)
+            mine = [i for i in audit["items"] if i["detail"].get("name", "kims") == "kims"]
+            assert mine and all(i["detail"].get("by", "").startswith("key:") for i in mine), audit
