@@ -491,14 +491,20 @@ async def login(request: web.Request) -> web.Response:
     return response
 
 
+_NO_SESSION = "this endpoint needs an admin session cookie: sign in with POST /v1/admin/auth/login"
+
+
 def _session_of(principal: Principal) -> str:
     session_id = principal.attributes.get("session_id")
     if principal.attributes.get("auth") != "session" or not session_id:
-        raise Unauthorized("this endpoint needs an admin session cookie")
+        raise Unauthorized(_NO_SESSION)
     return session_id
 
 
 async def logout(request: web.Request) -> web.Response:
+    if not request.cookies.get(SESSION_COOKIE) and "Authorization" not in request.headers:
+        # Nothing sent: the refusal is the session's, not an API key's (QA finding).
+        raise Unauthorized(_NO_SESSION)
     try:
         principal = await identify(request)
     except Unauthorized:

@@ -159,3 +159,12 @@ async def test_a_users_key_issued_and_revoked_by_a_deactivation_says_who(
             status, audit, _ = await svc.request("GET", f"{ADMIN}/audit?action={action}", key)
             mine = [i for i in audit["items"] if i["detail"].get("name", "kims") == "kims"]
             assert mine and all(i["detail"].get("by", "").startswith("key:") for i in mine), audit
+
+
+async def test_a_logout_with_nothing_sent_asks_for_a_session(database_url: str) -> None:
+    """QA finding: it asked for an API key, which the next answer then refused."""
+    async with running(settings_for(database_url)) as svc:
+        status, refused, _ = await svc.request("POST", f"{ADMIN}/auth/logout")
+        assert status == 401, refused
+        assert "needs an admin session cookie" in refused["error"]["message"], refused
+        assert "POST /v1/admin/auth/login" in refused["error"]["message"], refused
