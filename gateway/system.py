@@ -22,7 +22,7 @@ from actors.local import LocalRuntime
 from actors.table import TableStats
 from eventstore.db import Database, PoolStats
 from gateway import openapi
-from gateway.auth import authorization_header
+from gateway.auth import InvalidCredential, authorization_header
 from gateway.control_chars import json_visible, one_line
 from gateway.errors import read_json
 from gateway.metrics import GatewayCollector, build_version, render
@@ -254,9 +254,11 @@ def _metrics_allowed(request: web.Request) -> None:
     scheme, _, token = authorization_header(request).partition(" ")
     given = token.strip().encode() if scheme.lower() == "bearer" else b""
     if not hmac.compare_digest(given, expected.encode()):
-        raise Unauthorized(
+        message = (
             "/metrics needs the scraper's token: send Authorization: Bearer <SVC_METRICS_TOKEN>"
         )
+        # A token sent and not good says so (RFC 6750 section 3), as an API key's refusal does.
+        raise InvalidCredential(message) if given else Unauthorized(message)
 
 
 async def openapi_json(request: web.Request) -> web.Response:

@@ -80,11 +80,21 @@ ScimHandler = Callable[[web.Request, Identity, str], Awaitable[web.StreamRespons
 
 
 class ScimError(Exception):
-    def __init__(self, status: int, detail: str, scim_type: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        scim_type: str | None = None,
+        *,
+        invalid_token: bool = False,
+    ) -> None:
+        """`invalid_token`: a 401 for a token sent and not good (RFC 6750 section 3), which
+        tells a client to get a new one rather than to send one."""
         super().__init__(detail)
         self.status = status
         self.detail = detail
         self.scim_type = scim_type
+        self.invalid_token = invalid_token
 
 
 def scim_json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -93,14 +103,19 @@ def scim_json(body: Any, status: int = 200, headers: dict[str, str] | None = Non
     )
 
 
-def _error(status: int, detail: str, scim_type: str | None) -> web.Response:
+def _error(
+    status: int, detail: str, scim_type: str | None, *, invalid_token: bool = False
+) -> web.Response:
     body: dict[str, Any] = {"schemas": [ERROR_SCHEMA], "status": str(status), "detail": detail}
     if scim_type:
         body["scimType"] = scim_type
     response = scim_json(body, status)
     count_error(status)
     if status == 401:  # RFC 6750 section 3: how to authenticate
-        response.headers["WWW-Authenticate"] = 'Bearer realm="scim"'
+        challenge = 'Bearer realm="scim"'
+        response.headers["WWW-Authenticate"] = (
+            f'{challenge}, error="invalid_token"' if invalid_token else challenge
+        )
     return response
 
 
@@ -128,7 +143,7 @@ async def _workspace_of(request: web.Request, ident: Identity) -> str:
         raise ScimError(401, "a SCIM bearer token is required")
     found = await find_scim_token(ident.db, hash_key(token.strip()))
     if found is None or found.revoked_at is not None:
-        raise ScimError(401, "invalid SCIM token")
+        raise ScimError(401, "invalid SCIM token", invalid_token=True)
     request[SCIM_ACTOR] = f"scim:{found.token_id}"
     return found.workspace_id
 
@@ -140,7 +155,7 @@ def scim_route(handler: ScimHandler) -> Callable[[web.Request], Awaitable[web.St
             workspace_id = await _workspace_of(request, ident)
             return await handler(request, ident, workspace_id)
         except ScimError as exc:
-            return _error(exc.status, exc.detail, exc.scim_type)
+            return _error(exc.status, exc.detail, exc.scim_type, invalid_token=exc.invalid_token)
         except Unauthorized as exc:
             return _error(401, exc.message, None)
         except SvcError as exc:

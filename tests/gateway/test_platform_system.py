@@ -162,6 +162,9 @@ async def test_metrics_can_require_a_scrapers_token(database_url: str) -> None:
             assert status == 401, (headers, body)
             assert body["error"]["code"] == "unauthorized" and "SVC_METRICS_TOKEN" in str(body)
             assert token not in str(body) and "WWW-Authenticate" in answered
+            # A bearer token sent and not good says so (RFC 6750 section 3).
+            sent = headers.get("Authorization", "").startswith("Bearer ")
+            assert ('error="invalid_token"' in answered["WWW-Authenticate"]) == sent, answered
         status, text, _ = await svc.request(
             "GET", "/metrics", headers={"Authorization": f"Bearer {token}"}
         )

@@ -218,8 +218,12 @@ async def test_filter_and_pagination(database_url: str) -> None:
         assert status == 201, made
         assert made["emails"] == [{"value": "w@example.com", "primary": False, "type": "work"}]
         # RFC 6750: a refusal says how to authenticate.
-        status, _, headers = await svc.request("GET", "/scim/v2/Users", "not-a-token")
+        status, _, headers = await svc.request("GET", "/scim/v2/Users")
         assert status == 401 and headers["WWW-Authenticate"] == 'Bearer realm="scim"'
+        # A token sent and not good says so: get a new one, rather than send one.
+        status, _, headers = await svc.request("GET", "/scim/v2/Users", "not-a-token")
+        challenge = 'Bearer realm="scim", error="invalid_token"'
+        assert status == 401 and headers["WWW-Authenticate"] == challenge
 
 
 async def test_discovery_documents(database_url: str) -> None:
