@@ -34,8 +34,12 @@ def is_secret_field(name: str) -> bool:
     """True for a field named like a secret: a word of its name is, or ends in, hash,
     secret, token, password (key_hash, push_token, clientSecret, APIToken, and BOTTOKEN or
     dbpassword, whose words run together). A compound ends in its head noun, so counters
-    such as `prompt_tokens` and names such as `tokenizer` stay."""
-    return any(_ends_in_secret_word(word.lower()) for word in _WORD_SPLIT.split(name) if word)
+    such as `prompt_tokens` and names such as `tokenizer` stay; and a name that ends in `id`
+    names an identifier (`token_id`, which the audit log shows), not the secret itself."""
+    words = [word.lower() for word in _WORD_SPLIT.split(name) if word]
+    if words and words[-1] in ("id", "ids"):
+        return False
+    return any(_ends_in_secret_word(word) for word in words)
 
 
 def _ends_in_secret_word(word: str) -> bool:
