@@ -505,7 +505,9 @@ async def _apikeys_create(args: argparse.Namespace, platform: Platform) -> int:
     workspace = _workspace(args, platform.settings)
     key = generate_key()
     command = _issue_command(args, workspace, key)
-    await ensure_workspace(platform.runtime, workspace)
+    if await ensure_workspace(platform.runtime, workspace):
+        # Said, for a mistyped --workspace makes a workspace of its own without a word.
+        _out(f"svc: note: workspace {one_line(workspace)} did not exist; created it", sys.stderr)
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
     # Shown this once, as soon as it is issued: whatever the wait below meets (a database
     # outage, a signal), an issued key nobody saw would be a live credential no one holds.

@@ -131,3 +131,18 @@ async def test_a_name_recorded_with_control_characters_lists_on_one_line(
     keys = capsys.readouterr().out.splitlines()
     # A direction override shows as its escape too: it would make the line read otherwise.
     assert len(keys) == 1 and keys[0].endswith("a\\nkey_forged\\tx\\u202egnp.exe")
+
+
+async def test_a_workspace_created_for_a_key_is_said_to_be_new(
+    platform: Platform, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """QA finding: a mistyped --workspace made a workspace of its own without a word."""
+    ws = uid("ws-")
+    args = argparse.Namespace(
+        workspace=ws, scopes="chat", name=None, rate_limit_rpm=None, action="create"
+    )
+    assert await cli._apikeys_create(args, platform) == 0
+    err = capsys.readouterr().err
+    assert f"workspace {ws} did not exist; created it" in err, err
+    assert await cli._apikeys_create(args, platform) == 0
+    assert "did not exist" not in capsys.readouterr().err  # only the first time
