@@ -86,9 +86,16 @@ _TRACEBACK_HINT = "; run it again with SVC_LOG_LEVEL=debug for the traceback"
 
 
 class _Parser(argparse.ArgumentParser):
+    _argv: tuple[str, ...] = ()
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # Kept to tell a whole mistyped option from a word inside a value (see below).
+        self._argv = tuple(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, namespace)
+
     def error(self, message: str) -> Any:
         self.print_usage(sys.stderr)
-        self.exit(USAGE_ERROR, f"svc: error: {_unquoted_extras(message)}\n")
+        self.exit(USAGE_ERROR, f"svc: error: {_unquoted_extras(message, self._argv)}\n")
 
 
 _UNRECOGNIZED = "unrecognized arguments: "
@@ -103,16 +110,17 @@ _DASHED_VALUE = (
 )
 
 
-def _unquoted_extras(message: str) -> str:
+def _unquoted_extras(message: str, argv: Sequence[str] = ()) -> str:
     """argparse's message, unless it repeats an argument that may be a secret: a value that
     starts with `-` is taken for an option, and `svc settings set KEY -k3y...` had the
-    secret on stderr. A mistyped option (`--nme`) is still named."""
+    secret on stderr. A mistyped option (`--nme`) is still named when it was a whole
+    argument of `argv`, not a word inside one ('p4ss --word')."""
     if not _quotes_a_value(message):
         return message
     if _IGNORED_EXPLICIT in message:
         return _DASHED_VALUE
     extras = message.removeprefix(_UNRECOGNIZED).split(" ")
-    options = [extra for extra in extras if _OPTION_LIKE.fullmatch(extra)]
+    options = [extra for extra in extras if _OPTION_LIKE.fullmatch(extra) and extra in argv]
     if any(extra.startswith("-") and extra not in options for extra in extras):
         return _DASHED_VALUE
     # Values the command does not take: an extra word, or one after a mistyped option.

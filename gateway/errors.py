@@ -15,7 +15,7 @@ import logging
 import math
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar, overload
 
@@ -458,10 +458,13 @@ async def refuse_body(request: web.Request) -> None:
         raise InvalidInput("this request takes no body; send it without one")
 
 
-def read_header(request: web.Request, name: str) -> str | None:
-    """Header `name`, stripped; None when absent. Sent twice with different values, it is
-    refused: which one was meant cannot be guessed (the same value twice is that value)."""
-    values = {value.strip() for value in request.headers.getall(name, ())}
+def read_header(
+    request: web.Request, name: str, read: Callable[[str], str] = str.strip
+) -> str | None:
+    """Header `name`, stripped (or as `read` reads each value); None when absent. Sent twice
+    with different values, it is refused: which one was meant cannot be guessed (the same
+    value twice is that value)."""
+    values = {read(value) for value in request.headers.getall(name, ())}
     if len(values) > 1:
         raise InvalidInput(
             f"{name} was sent more than once, with different values", code="invalid_header"
@@ -472,6 +475,13 @@ def read_header(request: web.Request, name: str) -> str | None:
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
+def _unquoted(value: str) -> str:
+    """A header value stripped, and without the quotes of a structured-field string: the
+    IETF draft sends Idempotency-Key so, and `"k-1"` and `k-1` are one key."""
+    value = value.strip()
+    return value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value
+
+
 def read_header_id(request: web.Request, name: str) -> str | None:
     """Header `name` holding an id a client chose (`Idempotency-Key`,
     `X-SVC-Conversation-Id`), as `read_header` reads it; None when absent. One rule on every
@@ -480,11 +490,7 @@ def read_header_id(request: web.Request, name: str) -> str | None:
     as a structured-field string. An empty value
     is refused too: a client whose key variable is empty would otherwise run its request
     again on every retry without knowing it."""
-    value = read_header(request, name)
-    if value is not None and len(value) >= 2 and value[0] == value[-1] == '"':
-        # The IETF draft makes Idempotency-Key a structured-field string, sent quoted: the
-        # key is what is between the quotes (`"k-1"` and `k-1` are one key).
-        value = value[1:-1]
+    value = read_header(request, name, _unquoted)
     if value is not None and not _CLIENT_ID.match(value):
         raise InvalidInput(
             f"{name} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
@@ -495,6 +501,21 @@ def read_header_id(request: web.Request, name: str) -> str | None:
 
 def _query_names(model: type[BaseModel]) -> set[str]:
     return {field.alias or name for name, field in model.model_fields.items()}
+
+
+def _refuse_a_missing_parameter(
+    request: web.Request, model: type[BaseModel], values: dict[str, str], known: set[str]
+) -> None:
+    """A required parameter left out or given empty, said in words (pydantic's "Field
+    required" read oddly for `?id=`). Only when no name is unknown: pydantic's answer then
+    names the typo, for a misspelt required parameter is both missing and unknown."""
+    if not set(values) <= known:
+        return
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        if field.is_required() and key not in values:
+            state = "empty" if key in request.query else "missing"
+            raise InvalidInput(f"query parameter {key} is {state}: give it a value")
 
 
 def read_query(request: web.Request, model: type[M]) -> M:
@@ -509,13 +530,9 @@ def read_query(request: web.Request, model: type[M]) -> M:
         )
     # Empty values count as absent, but an unknown name is refused even when empty
     # (`?lmit=`): the model would never see it.
-    values = {k: v for k, v in request.query.items() if v != "" or k not in _query_names(model)}
-    for name, field in model.model_fields.items():
-        key = field.alias or name
-        if field.is_required() and key not in values:
-            # Said in words: pydantic's "Field required" read oddly for `?id=` given empty.
-            state = "empty" if key in request.query else "missing"
-            raise InvalidInput(f"query parameter {key} is {state}: give it a value")
+    known = _query_names(model)
+    values = {k: v for k, v in request.query.items() if v != "" or k not in known}
+    _refuse_a_missing_parameter(request, model, values, known)
     try:
         return model.model_validate(values)
     except ValidationError as exc:

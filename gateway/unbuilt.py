@@ -3,8 +3,10 @@
 The spec lists endpoints of capabilities this build does not have yet (inbound channels,
 plugins, device pairing, MCP, A2A, media). A client calling one gets 501 `not_built`,
 naming the capability, where a 404 would have it hunt for a typo in its path. The admin
-paths and MCP's want the credential the spec gives them first (401 without); the others
-answer anyone, telling nothing the published interface does not. A method the spec
+paths want the credential and rights of every admin route first (401, 403), and /v1/mcp a
+key with the mcp scope (401 without, as the spec says); the others answer anyone, telling
+nothing the published interface does not. A 501 carries `x-should-retry: false`, and is
+not logged as a server's fault. A method the spec
 does not give such a path is a 405, as on any route. docs/gateway-platform.md lists them.
 They are left out of the OpenAPI document, which describes what the service does.
 """
@@ -15,13 +17,10 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from gateway.admin_common import READ, WRITE, acting
 from gateway.auth import authenticate, require_scope
 from gateway.openapi import REGISTRY
 from schemas.errors import FeatureDisabled
-
-_CREDENTIALED = ("/v1/admin/", "/v1/mcp")
-"""Paths the spec puts behind a credential: a request without a good one is a 401 first,
-as on every admin route (and on /v1/mcp without the mcp scope)."""
 
 UNBUILT: tuple[tuple[str, str, str], ...] = (
     ("GET", "/v1/admin/channels", "inbound channels"),
@@ -46,10 +45,10 @@ def _refusal(
     )
 
     async def refuse(request: web.Request) -> web.StreamResponse:
-        if path.startswith(_CREDENTIALED):
-            principal = await authenticate(request)
-            if path == "/v1/mcp":
-                require_scope(principal, "mcp")
+        if path.startswith("/v1/admin/"):
+            await acting(request, READ if method == "GET" else WRITE)
+        elif path == "/v1/mcp":
+            require_scope(await authenticate(request), "mcp")
         raise FeatureDisabled(message, code="not_built")
 
     return refuse

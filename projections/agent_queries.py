@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from eventstore.db import Database
-from projections.queries import PageQuery
+from projections.queries import PagedSelect
 from schemas.agent import AgentParameters
 
 
@@ -64,7 +64,7 @@ async def page_agents(
     """A page of the workspace's agents in `list_agents`' order, and how many the query
     selects over every page."""
     archived = "" if include_archived else "AND NOT archived"
-    page = PageQuery(_COLUMNS, "agents", "archived, name, agent_id", archived)
+    page = PagedSelect(_COLUMNS, "agents", "archived, name, agent_id", archived)
     rows, total = await page.fetch(db, workspace_id, limit, offset)
     return [_agent(r) for r in rows], total
 

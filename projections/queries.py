@@ -152,7 +152,7 @@ def _conversation(row: Any) -> Conversation:
 
 
 @dataclass(frozen=True, slots=True)
-class PageQuery:
+class PagedSelect:
     """A workspace's rows of one read model, a page at a time. Every part is the code's own
     SQL text, never a client's: the client gives only the workspace, limit and offset."""
 
@@ -188,7 +188,7 @@ async def list_conversations(
     include_deleted: bool = False,
 ) -> tuple[list[Conversation], int]:
     """A page of conversations, most recently updated first, and the total count."""
-    page = PageQuery(
+    page = PagedSelect(
         _CONVERSATION_COLUMNS,
         "conversations",
         "updated_at DESC, id",
@@ -436,7 +436,7 @@ async def page_api_keys(
 ) -> tuple[list[ApiKey], int]:
     """A page of the workspace's keys, newest first, and how many there are, revoked ones
     included, as of one snapshot."""
-    page = PageQuery(_KEY_COLUMNS, "api_keys", "created_at DESC, key_id")
+    page = PagedSelect(_KEY_COLUMNS, "api_keys", "created_at DESC, key_id")
     rows, total = await page.fetch(db, workspace_id, limit, offset)
     return [ApiKey(*r) for r in rows], total
 

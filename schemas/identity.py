@@ -19,9 +19,21 @@ their sha256 hex digest, like API keys (schemas/workspace.py).
 from __future__ import annotations
 
 import unicodedata
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, SecretStr
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    SecretStr,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import core_schema
 
 from schemas.commands import Command
 from schemas.events import EVENTS, Event, event
@@ -100,17 +112,33 @@ class Email(BaseModel):
     type: Annotated[str, Field(max_length=40)] | None = None
 
 
-def secret_sized(lo: int, hi: int) -> AfterValidator:
+@dataclass(frozen=True, slots=True)
+class secret_sized:  # lower case: read as `Annotated[SecretStr, secret_sized(8, 1024)]`
     """The bound of a secret of `lo` to `hi` characters (a password, a secret setting's
-    value), for `Annotated[SecretStr, secret_sized(...)]`: refused in characters, not in the
-    "items" pydantic's own bound names for a SecretStr, and never with the value."""
+    value): refused in characters, not in the "items" pydantic's own bound names for a
+    SecretStr, and never with the value; and stated in the JSON schema (minLength,
+    maxLength), as pydantic's own bound was."""
 
-    def sized(value: SecretStr) -> SecretStr:
-        if not lo <= len(value.get_secret_value()) <= hi:
-            raise ValueError(f"must be {lo} to {hi} characters")
+    lo: int
+    hi: int
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self._sized, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        described = handler(schema)
+        described.update(maxLength=self.hi, **({"minLength": self.lo} if self.lo else {}))
+        return described
+
+    def _sized(self, value: SecretStr) -> SecretStr:
+        if not self.lo <= len(value.get_secret_value()) <= self.hi:
+            bound = f"{self.lo} to {self.hi}" if self.lo else f"at most {self.hi}"
+            raise ValueError(f"must be {bound} characters")
         return value
-
-    return AfterValidator(sized)
 
 
 MAX_EMAILS = 100

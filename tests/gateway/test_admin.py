@@ -115,6 +115,9 @@ async def test_messages_oldest_first(service: Service) -> None:
         refused = await service.get_json("/v1/admin/conversations/messages", key, 400, **given)
         message = refused["error"]["message"]
         assert message == f"query parameter id is {state}: give it a value", message
+    # A misspelt one is named as the typo it is.
+    refused = await service.get_json("/v1/admin/conversations/messages", key, 400, ID=cid)
+    assert "ID: Extra inputs are not permitted" in refused["error"]["message"], refused
 
 
 async def test_messages_in_pages_by_count_and_by_size(

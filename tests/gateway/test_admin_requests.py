@@ -55,6 +55,9 @@ async def test_an_idempotency_key_sent_twice_or_empty_is_refused(service: Servic
     bare = [auth, ("Idempotency-Key", "k-quoted")]
     status, answer = await _post(service, "/v1/admin/apikeys", bare, body)
     assert (status, answer["error"]["code"]) == (409, "duplicate_request"), answer
+    both = [auth, ("Idempotency-Key", "k-quoted"), ("Idempotency-Key", '"k-quoted"')]
+    status, answer = await _post(service, "/v1/admin/apikeys", both, body)
+    assert (status, answer["error"]["code"]) == (409, "duplicate_request"), answer  # one key
 
 
 async def test_two_authorization_headers_are_refused(service: Service) -> None:

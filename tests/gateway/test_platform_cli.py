@@ -683,6 +683,17 @@ def test_an_extra_argument_is_said_to_be_one_and_not_repeated(
     assert "--help" in err and "after '--'" not in err, err
 
 
+def test_an_option_like_word_inside_a_value_is_not_named(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Review finding: argparse's message splits at spaces, so a word of one argument that
+    looked like an option ('p4ss --s3cret') was named as a mistyped option."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["apikeys", "list", "p4ss --s3cret"])
+    err = capsys.readouterr().err
+    assert "s3cret" not in err and "p4ss" not in err, err
+
+
 def _with_closed(descriptor: str, data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`svc args` started with a standard descriptor closed (`<&-`, `>&-`), as some service
     managers start it; its stderr captured."""

@@ -74,6 +74,8 @@ async def test_endpoints_of_the_interface_not_built_say_so(
         chat_only, _ = await svc.issue_key("default", ("chat",))
         status, body, _ = await svc.request("POST", "/v1/mcp", chat_only)
         assert status == 401, body  # the spec: without the mcp scope, 401
+        status, body, _ = await svc.request("GET", "/v1/admin/channels", chat_only)
+        assert status == 403, body  # the rights of every admin route first
         status, body, headers = await svc.request("DELETE", "/v1/mcp")
         assert status == 405 and headers["Allow"] == "POST", body
         # A client's news, as a 404 is: no warning for the operator per probe.
