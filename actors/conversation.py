@@ -599,8 +599,7 @@ def _evolve(state: ConversationState, event: Event) -> ConversationState:
             }
         )
     if isinstance(event, UserMessageReceived | ToolOutputReceived):
-        role = "tool" if isinstance(event, ToolOutputReceived) else "user"
-        said = _said_digest(role, event.name, event.content)
+        said = _said_digest(event.role, event.name, event.content)
         return state.model_copy(
             update={
                 "message_count": state.message_count + 1,

@@ -708,8 +708,11 @@ def _change_result(spec: SettingSpec, settings: Settings, serving: bool) -> Sett
         # Said where the change is made, not only in docs/settings.md's Used column: an
         # operator who turns a capability on must not wait for what this build lacks.
         message += "; note: this build stores it but does not act on it yet (docs/settings.md)"
-    moves_default = default_workspace_of(settings.raw(spec.key)) != default_workspace_of(raw)
-    if spec.key == "SVC_DEFAULT_WORKSPACE_ID" and not runs_it and moves_default:
+    if (
+        spec.key == "SVC_DEFAULT_WORKSPACE_ID"
+        and not runs_it
+        and default_workspace_of(settings.raw(spec.key)) != default_workspace_of(raw)
+    ):
         # The instance's settings and SSO secrets are managed from the default workspace
         # (gateway/auth.py require_instance_admin): after the restart, this admin's keys no
         # longer reach them, and the new workspace has none yet. (Judged by the value this

@@ -29,33 +29,23 @@ class MessagesProjector(Projector):
 
     def handlers(self) -> dict[type[Event], Handler]:
         return {
-            UserMessageReceived: self._user,
-            ToolOutputReceived: self._tool,
+            UserMessageReceived: self._said,
+            ToolOutputReceived: self._said,
             AssistantMessageCompleted: self._assistant,
         }
 
     # seq = max + 1 is safe without a lock: one runner transaction at a time holds this
     # projector's checkpoint row (see runner.py), so no two writers number the same
     # conversation concurrently.
-    async def _user(self, conn: Connection, rec: RecordedEvent, ev: UserMessageReceived) -> None:
-        await self._said(conn, rec, ev, "user")
-
-    async def _tool(self, conn: Connection, rec: RecordedEvent, ev: ToolOutputReceived) -> None:
-        await self._said(conn, rec, ev, "tool")
-
-    @staticmethod
     async def _said(
-        conn: Connection,
-        rec: RecordedEvent,
-        ev: UserMessageReceived | ToolOutputReceived,
-        role: str,
+        self, conn: Connection, rec: RecordedEvent, ev: UserMessageReceived | ToolOutputReceived
     ) -> None:
         await conn.execute(
             _INSERT,
             rec.workspace_id,
             ev.conversation_id,
             ev.message_id,
-            role,
+            ev.role,
             ev.content,
             ev.name,
             ev.turn_id,

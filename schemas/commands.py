@@ -38,12 +38,9 @@ def check_client_key(name: str, key: str) -> None:
 
 
 def client_command_id(idempotency_key: str) -> str:
-    """The command id of a request carrying `idempotency_key` (the header's value, stripped;
-    empty when absent): the key itself, else a fresh id (ARCHITECTURE.md decision 2)."""
-    if len(idempotency_key) > 200:
-        raise InvalidInput(
-            "Idempotency-Key: at most 200 characters", code="invalid_idempotency_key"
-        )
+    """The command id of a request carrying `idempotency_key` (the header's value as
+    `gateway.errors.read_header_id` takes it, at most 128 characters; empty when absent): the
+    key itself, else a fresh id (ARCHITECTURE.md decision 2)."""
     check_client_key("Idempotency-Key", idempotency_key)
     return idempotency_key or uuid.uuid4().hex
 

@@ -269,6 +269,8 @@ class UserMessageReceived(Event):
     """A user message of a turn's input (RunTurn), recorded before the model is called."""
 
     type_name: ClassVar[str] = "conversation.user_message_received"
+    role: ClassVar[Literal["user", "tool"]] = "user"
+    """The role of the message in the conversation's record (a ClassVar: not in the event)."""
     conversation_id: Id
     message_id: Id
     content: str = Field(max_length=MAX_CONTENT)
@@ -283,6 +285,7 @@ class ToolOutputReceived(Event):
     before the model is called; `name` is the tool's, when the message gave one."""
 
     type_name: ClassVar[str] = "conversation.tool_output_received"
+    role: ClassVar[Literal["user", "tool"]] = "tool"
     conversation_id: Id
     message_id: Id
     content: str = Field(max_length=MAX_CONTENT)
