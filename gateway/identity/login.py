@@ -553,6 +553,12 @@ async def current(request: web.Request) -> web.Response:
     )
 
 
+_ALREADY_ENROLLED = (
+    "a TOTP second factor is already enrolled; to replace it, an administrator removes it "
+    "first (DELETE /v1/admin/users/{id}/totp)"
+)
+
+
 async def totp_enrol(request: web.Request) -> web.Response:
     principal = await identify(request)
     user_id = _user_of(principal)
@@ -562,7 +568,7 @@ async def totp_enrol(request: web.Request) -> web.Response:
     if user is None or not user.usable:
         raise Unauthorized("invalid or expired session: log in again")
     if user.totp_enrolled:
-        raise Conflict("a TOTP second factor is already enrolled", code="totp_enrolled")
+        raise Conflict(_ALREADY_ENROLLED, code="totp_enrolled")
     await _check_sign_in_password(request, ident, user, body.current_password)
     secret = new_secret()
     await ident.vault.put(user.workspace_id, user_id, TOTP_PENDING, secret)
@@ -664,7 +670,14 @@ async def totp_verify(request: web.Request) -> web.Response:
             # (another command, another user) used.
             await ident.ask(directory_key(principal.workspace_id), recorded)
             return json({"totp_enrolled": True})
-        raise InvalidInput("start TOTP enrolment first", code="totp_not_started")
+        user = await get_user(ident.db, principal.workspace_id, user_id)
+        if user is not None and user.totp_enrolled:
+            raise Conflict(_ALREADY_ENROLLED, code="totp_enrolled")
+        raise InvalidInput(
+            "no TOTP enrolment is waiting to be confirmed: start one with "
+            "POST /v1/admin/auth/totp/enrol, then send a code from it",
+            code="totp_not_started",
+        )
     if not await ident.totp.verify(principal.workspace_id, user_id, pending, body.code):
         raise InvalidInput("the TOTP code does not match", code="totp_mismatch")
     await ident.vault.put(principal.workspace_id, user_id, TOTP, pending)

@@ -182,6 +182,15 @@ async def test_totp_enrolment_and_login(database_url: str) -> None:
         status, body, browser = await svc.login("tina", PASSWORD)
         async with browser:
             csrf = {"X-CSRF-Token": body["csrf_token"]}
+            status, err, _ = await svc.request(
+                "POST",
+                "/v1/admin/auth/totp/verify",
+                session=browser,
+                headers=csrf,
+                json={"code": "123456"},
+            )
+            assert (status, err["error"]["code"]) == (400, "totp_not_started"), err
+            assert "POST /v1/admin/auth/totp/enrol" in err["error"]["message"], err
             status, enrol, _ = await svc.request(
                 "POST",
                 "/v1/admin/auth/totp/enrol",
@@ -228,7 +237,9 @@ async def test_totp_enrolment_and_login(database_url: str) -> None:
                 headers=csrf,
                 json={"code": now_code(secret)},
             )
-            assert (status, err["error"]["code"]) == (400, "totp_not_started"), err
+            # Enrolled, nothing waits to be confirmed: the answer says so, as enrol's does.
+            assert (status, err["error"]["code"]) == (409, "totp_enrolled"), err
+            assert "DELETE /v1/admin/users/{id}/totp" in err["error"]["message"], err
             # A key another request used is no retry of this one: not a 200 for nothing.
             elsewhere = {"Idempotency-Key": "provision-tom-1"}
             made = {"user_name": "tom", "roles": ["member"]}
