@@ -197,6 +197,9 @@ def _bind(state: DirectoryState, c: BindRole) -> list[Event]:
 def _unbind(state: DirectoryState, c: UnbindRole) -> list[Event]:
     user = state.live_user(c.user_id)
     if c.role not in user.roles:
+        # Removing a role the user does not hold changes nothing (a retry of a removal
+        # lands here); a role no one could hold is a mistake in the request, as in a bind.
+        _check_roles(state, (c.role,))
         return []
     return [
         RoleUnbound(

@@ -675,6 +675,13 @@ async def test_a_users_key_acts_within_the_users_current_rights(database_url: st
         )
         assert status == 200
         assert await scopes() == {"chat", "mcp"}
+        again = f"/v1/admin/users/{user['id']}/roles/member"
+        status, unchanged, _ = await svc.request("DELETE", again, key)
+        assert status == 200 and "member" not in unchanged["roles"], unchanged  # its retry
+        typo = f"/v1/admin/users/{user['id']}/roles/membr"
+        status, err, _ = await svc.request("DELETE", typo, key)
+        assert (status, err["error"]["code"]) == (400, "unknown_role"), err
+        assert "membr" in err["error"]["message"], err
         status, _, _ = await svc.request(
             "POST", f"/v1/admin/users/{user['id']}/roles", key, json={"role": "admin"}
         )
