@@ -50,7 +50,7 @@ from eventstore.records import Snapshot
 from eventstore.tasks import cancel_and_wait
 from gateway import bootstrap
 from gateway.admin_history import Stream, history_event, snapshot_of, state_at
-from gateway.admin_keys import record
+from gateway.admin_keys import LISTED_KEY_MODELS, record
 from gateway.auth import KEY_MODELS, SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform, open_store
 from gateway.control_chars import json_visible, one_line
@@ -577,7 +577,7 @@ async def _revoke_unseen(platform: Platform, issued: IssueApiKey) -> int:
 async def _apikeys_list(args: argparse.Namespace, platform: Platform) -> int:
     workspace = _workspace(args, platform.settings)
     # Only the read models read: another projection's stop is no reason to refuse a list.
-    await platform.projections.catch_up(names=["api_keys", "workspaces"])
+    await platform.projections.catch_up(names=[*LISTED_KEY_MODELS, "workspaces"])
     if await queries.get_workspace(platform.db, workspace) is None:
         raise NotFound(f"workspace {workspace} does not exist")  # as revoke says
     keys = await queries.list_api_keys(platform.db, workspace)
@@ -602,8 +602,9 @@ def _key_state(key: queries.ApiKey, now: datetime) -> str:
 def _key_line(key: queries.ApiKey, now: datetime) -> str:
     rpm = key.rate_limit_rpm or "-"
     expires = key.expires_at.isoformat() if key.expires_at else "-"
+    user = f"user={key.user_id}" if key.user_id else "workspace"
     line = f"{key.key_id}\t{key.prefix}...\t{','.join(key.scopes)}\trpm={rpm}"
-    return f"{line}\texpires={expires}\t{_key_state(key, now)}\t{one_line(key.name)}"
+    return f"{line}\texpires={expires}\t{_key_state(key, now)}\t{user}\t{one_line(key.name)}"
 
 
 async def _apikeys_revoke(args: argparse.Namespace, platform: Platform) -> int:

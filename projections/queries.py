@@ -88,6 +88,9 @@ class ApiKey:
     created_at: datetime
     expires_at: datetime | None
     revoked_at: datetime | None
+    user_id: str | None = None
+    """The user the key acts as (`POST /v1/admin/users/{id}/apikeys`); None for a workspace
+    key. Only the listings read it: authentication looks a key's user up on its own."""
 
     def usable_at(self, now: datetime) -> bool:
         return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
@@ -145,6 +148,11 @@ _TURN_COLUMNS = (
 _KEY_COLUMNS = (
     "key_id, workspace_id, name, prefix, scopes, rate_limit_rpm, created_at, expires_at, revoked_at"
 )
+
+_LISTED_KEYS = "api_keys LEFT JOIN identity_user_api_keys USING (workspace_id, key_id)"
+"""Keys with the user each acts as: a key is linked to one user at most (the link's key is
+(workspace_id, key_id)), so the join neither drops nor repeats a key."""
+_LISTED_KEY_COLUMNS = f"{_KEY_COLUMNS}, user_id"
 
 
 def _conversation(row: Any) -> Conversation:
@@ -423,7 +431,7 @@ async def list_api_keys(
     async with db.scoped(workspace_id) as conn:
         rows = await conn.fetch(
             f"""
-            SELECT {_KEY_COLUMNS} FROM api_keys WHERE workspace_id = $1 {revoked}
+            SELECT {_LISTED_KEY_COLUMNS} FROM {_LISTED_KEYS} WHERE workspace_id = $1 {revoked}
             ORDER BY created_at DESC, key_id
             """,
             workspace_id,
@@ -436,7 +444,7 @@ async def page_api_keys(
 ) -> tuple[list[ApiKey], int]:
     """A page of the workspace's keys, newest first, and how many there are, revoked ones
     included, as of one snapshot."""
-    page = PagedSelect(_KEY_COLUMNS, "api_keys", "created_at DESC, key_id")
+    page = PagedSelect(_LISTED_KEY_COLUMNS, _LISTED_KEYS, "created_at DESC, key_id")
     rows, total = await page.fetch(db, workspace_id, limit, offset)
     return [ApiKey(*r) for r in rows], total
 

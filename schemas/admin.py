@@ -398,6 +398,11 @@ class ApiKeyRecord(_Wire):
     expires_at: datetime | None = None
     created_at: datetime | None = None
     revoked_at: datetime | None = None
+    user_id: str | None = Field(
+        default=None,
+        description="the user the key acts as (POST /v1/admin/users/{id}/apikeys); "
+        "null for a workspace key",
+    )
 
 
 class NewApiKey(ApiKeyRecord):

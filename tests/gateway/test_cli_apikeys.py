@@ -73,8 +73,10 @@ async def test_list_says_expired_and_shows_the_expiry(
     assert rows[never]["expires_at"] is None
     assert set(rows[later]) == {
         "id", "name", "prefix", "scopes", "rate_limit_rpm", "expires_at", "created_at",
-        "revoked_at",
+        "revoked_at", "user_id",
     }  # fmt: skip
+    assert rows[never]["user_id"] is None  # a workspace key acts as no user
+    assert lines[never].split("\t")[-2] == "workspace"
 
 
 async def test_revoke_not_applied_by_the_read_models_warns_and_fails(
