@@ -54,6 +54,7 @@ from schemas.settings_catalog import (
     SettingValue,
     check_given,
     check_stored_length,
+    dialect_surprise,
     display_value,
     get_spec,
     parse,
@@ -704,6 +705,9 @@ def _change_result(spec: SettingSpec, settings: Settings, serving: bool) -> Sett
     runs_it = same_setting(spec, settings.raw(spec.key), raw)
     in_force = runs_it and (serving or spec.live)
     message = f"{spec.key} = {shown}; {'applied' if in_force else 'restart required'}"
+    surprise = dialect_surprise(spec, raw)
+    if surprise is not None:
+        message += f"; note: {surprise}"
     if spec.key not in _acted_on():
         # Said where the change is made, not only in docs/settings.md's Used column: an
         # operator who turns a capability on must not wait for what this build lacks.

@@ -124,6 +124,18 @@ def _invalid(spec: SettingSpec, raw: str) -> InvalidInput:
     )
 
 
+def dialect_surprise(spec: SettingSpec, raw: str) -> str | None:
+    """What a boolean of the spec's own dialect makes of a word that means the opposite in
+    every other boolean (`true` leaves SVC_MCP_PUBLISH off; `false` leaves SVC_MODERATION
+    on): valid, so stored, but said where it is set. None for any other value."""
+    value = raw.strip().lower()
+    if spec.bool_mode == "exactly_one" and value in _TRUE and value != "1":
+        return f"only exactly 1 turns {spec.key} on: {raw.strip()!r} leaves it off"
+    if spec.bool_mode == "off_disables" and value in _FALSE and value not in ("off", ""):
+        return f"only off turns {spec.key} off: {raw.strip()!r} leaves it on"
+    return None
+
+
 def _parse_bool(spec: SettingSpec, raw: str) -> bool:
     value = raw.strip().lower()
     if spec.bool_mode == "exactly_one":

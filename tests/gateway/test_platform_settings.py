@@ -554,6 +554,18 @@ async def test_set_get_list_unset_through_the_actor(
         # A key of a capability this build lacks says so where it is set.
         unbuilt = await service.set("SVC_MCP_PUBLISH", "1")
         assert "this build stores it but does not act on it yet" in unbuilt.message
+        assert "note: only" not in unbuilt.message
+        # The spec's own boolean dialects take words that mean the opposite elsewhere:
+        # stored as the spec says, and said so where they are set.
+        closed = await service.set("SVC_MCP_PUBLISH", "true")
+        assert "note: only exactly 1 turns SVC_MCP_PUBLISH on: 'true' leaves it off" in (
+            closed.message
+        )
+        moderated = await service.set("SVC_MODERATION", "false")
+        assert "note: only off turns SVC_MODERATION off: 'false' leaves it on" in (
+            moderated.message
+        )
+        assert "note: only" not in (await service.set("SVC_MODERATION", "off")).message
         assert settings.integer("SVC_LLM_RETRIES") == 3
         assert service.get("SVC_LLM_RETRIES").value == "5"
         assert "SVC_LLM_RETRIES" in settings.pending_restart()
