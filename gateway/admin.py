@@ -25,6 +25,7 @@ from schemas.admin import (
     ConversationExport,
     ConversationHistory,
     ConversationList,
+    ConversationListQuery,
     ConversationMessages,
     ExportQuery,
     HistoryQuery,
@@ -32,7 +33,6 @@ from schemas.admin import (
     MessagesQuery,
     NewApiKey,
     OverviewResponse,
-    PageQuery,
     RevokedApiKey,
     TurnList,
     TurnsQuery,
@@ -93,7 +93,7 @@ def add_routes(app: web.Application) -> None:
         admin_conversations.list_conversations,
         summary="Conversations, most recently updated first (admin:read)",
         tag="Conversations",
-        query=PageQuery,
+        query=ConversationListQuery,
         response=ConversationList,
     )
     _get(

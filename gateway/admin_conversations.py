@@ -30,16 +30,17 @@ from schemas.admin import (
     MAX_MESSAGES_PAGE,
     ConversationExport,
     ConversationList,
+    ConversationListQuery,
     ConversationMessage,
     ConversationMessages,
     ConversationSummary,
     ExportQuery,
     MessagesQuery,
-    PageQuery,
     TurnError,
     TurnList,
     TurnRecord,
     TurnsQuery,
+    conversation_position,
 )
 from schemas.errors import InvalidInput, NotFound
 
@@ -118,17 +119,24 @@ def _not_found(cid: str) -> NotFound:
 
 async def list_conversations(request: web.Request) -> web.Response:
     principal = await acting(request, READ)
-    page = read_query(request, PageQuery)
+    page = read_query(request, ConversationListQuery)
     await read_your_writes(request, CONVERSATION_LIST_MODELS)
     rows, total = await queries.list_conversations(
-        request.app[DATABASE], principal.workspace_id, limit=page.limit, offset=page.offset
+        request.app[DATABASE],
+        principal.workspace_id,
+        limit=page.limit + 1,  # one more than the page: whether there is a next one
+        offset=page.offset,
+        after=page.after,
     )
+    shown = rows[: page.limit]
+    last = shown[-1] if len(rows) > page.limit else None
     return ok(
         ConversationList(
-            conversations=[summary(c) for c in rows],
+            conversations=[summary(c) for c in shown],
             total=total,
             limit=page.limit,
             offset=page.offset,
+            next_after=None if last is None else conversation_position(last.updated_at, last.id),
         )
     )
 

@@ -160,6 +160,15 @@ def _conversation(row: Any) -> Conversation:
 
 
 @dataclass(frozen=True, slots=True)
+class Keyset:
+    """Where a page starts in a listing's order, past the last row of the page before:
+    `sql` (the code's own text, placeholders from $4) and the values it compares with."""
+
+    sql: str
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class PagedSelect:
     """A workspace's rows of one read model, a page at a time. Every part is the code's own
     SQL text, never a client's: the client gives only the workspace, limit and offset."""
@@ -171,17 +180,19 @@ class PagedSelect:
     """More of the WHERE clause after `workspace_id = $1` (`AND NOT deleted`)."""
 
     async def fetch(
-        self, db: Database, workspace_id: str, limit: int, offset: int
+        self, db: Database, workspace_id: str, limit: int, offset: int, after: Keyset | None = None
     ) -> tuple[list[Any], int]:
-        """The page's rows, and how many rows the query selects over every page, as of one
-        snapshot (`Database.scoped` is a REPEATABLE READ transaction)."""
+        """The page's rows (past `after` if given), and how many rows the query selects over
+        every page, as of one snapshot (`Database.scoped` is a REPEATABLE READ transaction)."""
         selected = f"FROM {self.table} WHERE workspace_id = $1 {self.where}"
+        past = "" if after is None else f"AND {after.sql}"
         async with db.scoped(workspace_id) as conn:
             rows = await conn.fetch(
-                f"SELECT {self.columns} {selected} ORDER BY {self.order} LIMIT $2 OFFSET $3",
+                f"SELECT {self.columns} {selected} {past} ORDER BY {self.order} LIMIT $2 OFFSET $3",
                 workspace_id,
                 limit,
                 offset,
+                *(() if after is None else after.args),
             )
             total = await conn.fetchval(f"SELECT count(*) {selected}", workspace_id)
         return list(rows), int(total)
@@ -194,16 +205,25 @@ async def list_conversations(
     limit: int = 50,
     offset: int = 0,
     include_deleted: bool = False,
+    after: tuple[datetime, str] | None = None,
 ) -> tuple[list[Conversation], int]:
-    """A page of conversations, most recently updated first, and the total count."""
+    """A page of conversations, most recently updated first, and the total count; with
+    `after` (the `updated_at` and `id` of a page's last row), those that come after it in
+    that order: a walk that pages so meets each conversation at most once, however many are
+    updated meanwhile (an updated one moves to the front, before where the walk is)."""
     page = PagedSelect(
         _CONVERSATION_COLUMNS,
         "conversations",
         "updated_at DESC, id",
         "" if include_deleted else "AND NOT deleted",
     )
-    rows, total = await page.fetch(db, workspace_id, limit, offset)
+    past = None if after is None else Keyset(_AFTER_CONVERSATION, after)
+    rows, total = await page.fetch(db, workspace_id, limit, offset, past)
     return [_conversation(r) for r in rows], total
+
+
+_AFTER_CONVERSATION = "(updated_at < $4 OR (updated_at = $4 AND id > $5))"
+"""Past a row in the order `updated_at DESC, id` (index conversations_ws_updated)."""
 
 
 _CONVERSATION = (

@@ -6,12 +6,23 @@ serialise responses through them, and the OpenAPI document is generated from the
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import unicodedata
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import WithJsonSchema
 
 from schemas.workspace import API_KEY_SCOPES
 
@@ -188,11 +199,65 @@ class ConversationSummary(_Wire):
     updated_at: datetime
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_POSITION = re.compile(r"(-?[0-9]{1,19}):(.{1,200})", re.DOTALL)
+_NOT_A_POSITION = (
+    "is not a next_after of the conversation list: pass the next_after of the page before, "
+    "as it came, or start again without after"
+)
+
+
+def conversation_position(updated_at: datetime, conversation_id: str) -> str:
+    """The `next_after` of a page of the conversation list whose last row is this one:
+    opaque to clients, exact to the microsecond the read model keeps."""
+    micros = (updated_at - _EPOCH) // timedelta(microseconds=1)
+    text = f"{micros}:{conversation_id}".encode()
+    return base64.urlsafe_b64encode(text).rstrip(b"=").decode()
+
+
+def _read_position(token: str | None) -> tuple[datetime, str] | None:
+    if token is None:
+        return None
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        text = base64.b64decode(padded, altchars=b"-_", validate=True).decode()
+        found = _POSITION.fullmatch(text)
+        if found is None:
+            raise ValueError(_NOT_A_POSITION)
+        return _EPOCH + timedelta(microseconds=int(found[1])), found[2]
+    except (binascii.Error, UnicodeDecodeError, OverflowError) as exc:
+        raise ValueError(_NOT_A_POSITION) from exc
+
+
+class ConversationListQuery(PageQuery):
+    after: Annotated[
+        tuple[datetime, str] | None,
+        BeforeValidator(_read_position),
+        WithJsonSchema({"type": "string", "description": "a page's next_after, as it came"}),
+    ] = Field(
+        default=None,
+        description="list the conversations after this one (next_after of a page)",
+    )
+
+    @model_validator(mode="after")
+    def _one_way_to_page(self) -> ConversationListQuery:
+        if self.after is not None and self.offset:
+            raise ValueError(
+                "give after or offset, not both: after (a page's next_after) already says "
+                "where the page starts"
+            )
+        return self
+
+
 class ConversationList(_Wire):
     conversations: list[ConversationSummary] = Field(description="most recently updated first")
     total: int
     limit: int
     offset: int
+    next_after: str | None = Field(
+        description="pass as after for the next page; null on the last. A walk by after "
+        "meets each conversation at most once, however many are updated meanwhile"
+    )
 
 
 MAX_MESSAGES_PAGE = 1000

@@ -64,6 +64,63 @@ async def test_conversations_list_shape_and_paging(service: Service) -> None:
     assert (page["total"], page["limit"], page["offset"]) == (2, 1, 1)
 
 
+async def test_a_walk_by_after_meets_each_conversation_once_while_they_change(
+    service: Service,
+) -> None:
+    """By offset, a conversation updated during a walk moves to the front and shifts every
+    page after it: the walk meets one twice. By `after`, it goes on from the last row seen."""
+    ws = uid("ws-")
+    key = await service.issue_key(ws, ("admin:read",))
+    made = [await service.start_conversation(ws, f"c{i}") for i in range(7)]
+    walked: list[str] = []
+    moved_ahead: set[str] = set()  # updated before the walk met them: now behind it
+    page = await service.get_json("/v1/admin/conversations", key, limit=3)
+    while True:
+        walked += [c["id"] for c in page["conversations"]]
+        assert page["total"] == 7
+        # Updated meanwhile: one already met, and one the walk has yet to meet.
+        await service.run_turn(ws, walked[0], "again")
+        unseen = [c for c in made if c not in walked]
+        if unseen:
+            await service.rename(ws, unseen[-1], "renamed")
+            moved_ahead.add(unseen[-1])
+        if page["next_after"] is None:
+            break
+        page = await service.get_json(
+            "/v1/admin/conversations", key, limit=3, after=page["next_after"]
+        )
+    assert len(walked) == len(set(walked)), walked  # none met twice
+    assert set(made) - moved_ahead <= set(walked), walked  # none that stayed put skipped
+    assert moved_ahead and set(walked) <= set(made)
+    # A walk with nothing changing meets every conversation, and the last page says so.
+    first = await service.get_json("/v1/admin/conversations", key, limit=4)
+    rest = await service.get_json(
+        "/v1/admin/conversations", key, limit=4, after=first["next_after"]
+    )
+    listed = [c["id"] for c in first["conversations"] + rest["conversations"]]
+    assert sorted(listed) == sorted(made) and rest["next_after"] is None
+    exact = await service.get_json("/v1/admin/conversations", key, limit=7)
+    assert exact["next_after"] is None  # a page that ends the list exactly
+
+
+@pytest.mark.parametrize(
+    ("params", "says"),
+    [
+        ({"after": "not-a-position!"}, "is not a next_after of the conversation list"),
+        ({"after": "bm9jb2xvbg"}, "is not a next_after of the conversation list"),  # "nocolon"
+        ({"after": "OTk5OTk5OTk5OTk5OTk5OTk5OmM"}, "is not a next_after"),  # past year 9999
+        ({"after": "MTpj", "offset": 1}, "give after or offset, not both"),
+    ],
+)
+async def test_conversations_after_validation(
+    service: Service, params: dict[str, object], says: str
+) -> None:
+    key = await service.issue_key(uid("ws-"), ("admin:read",))
+    body = await service.get_json("/v1/admin/conversations", key, 400, **params)
+    assert_error(body, "invalid_request")
+    assert says in body["error"]["message"], body
+
+
 @pytest.mark.parametrize(
     "params",
     [

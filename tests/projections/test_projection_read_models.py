@@ -267,3 +267,25 @@ async def test_day_buckets_are_utc_days_whatever_the_database_time_zone(
     assert result.totals.turns == 2
     assert sum(b.figures.turns for b in result.series) == 2
     assert [b.start for b in result.series] == [since + timedelta(days=n) for n in range(10)]
+
+
+async def test_conversation_pages_after_a_row_tie_break_on_id(
+    store: PostgresEventStore, db: Database
+) -> None:
+    """Paging by `after` goes on past the page's last row in `updated_at DESC, id` order:
+    rows updated at the same instant are neither skipped nor met twice."""
+    ws = "ws-keyset"
+    for cid, minute in (("k-b", 5), ("k-a", 5), ("k-c", 5), ("k-z", 9), ("k-old", 1)):
+        await append(store, ws, f"conversation:{cid}", started(ws, cid, minute))
+    await ProjectionRunner(db, default_projectors()).catch_up()
+
+    walked: list[str] = []
+    after = None
+    while True:
+        page, total = await queries.list_conversations(db, ws, limit=2, after=after)
+        assert total == 5  # counts every conversation, wherever the page starts
+        walked += [c.id for c in page]
+        if len(page) < 2:
+            break
+        after = (page[-1].updated_at, page[-1].id)
+    assert walked == ["k-z", "k-a", "k-b", "k-c", "k-old"]
