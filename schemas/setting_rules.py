@@ -44,8 +44,16 @@ AUTO_PROVIDERS = frozenset({"", "auto"})
 MAX_WORKSPACE_ID = 200
 
 
+MAX_HEADER_VALUE_BYTES = 4096
+"""The longest header a setting may become. Common clients refuse a longer response header
+line outright (aiohttp at 8,190 bytes, Python's http.client at 65,536), so a longer
+SVC_CSP, sent on every answer, would make the whole API unreadable to them."""
+
+
 def _header_value(raw: str) -> bool:
     # A control character (CR and LF above all) would end or split the header line.
+    if len(raw.encode()) > MAX_HEADER_VALUE_BYTES:
+        return False
     return not any((ord(ch) < 0x20 and ch != "\t") or ord(ch) == 0x7F for ch in raw)
 
 
@@ -171,11 +179,15 @@ def _llm_provider(raw: str) -> bool:
 
 
 TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
-    "header_value": (_header_value, "text without control characters (no line breaks)"),
+    "header_value": (
+        _header_value,
+        f"text without control characters (no line breaks), at most "
+        f"{MAX_HEADER_VALUE_BYTES:,} bytes (it is sent as a header)",
+    ),
     "compared_token": (
         _compared_token,
         "a token without control characters or spaces at either end (a caller's is compared "
-        "without them)",
+        f"without them), at most {MAX_HEADER_VALUE_BYTES:,} bytes",
     ),
     "string_map": (_string_map, 'blank or a JSON object of strings, e.g. {"ops": "admin"}'),
     "role_map": (

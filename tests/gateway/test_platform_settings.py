@@ -200,8 +200,10 @@ SHAPED_TEXT_SETTINGS = {
     # key: (values refused, values taken)
     "SVC_LLM_PROVIDER": (("bogus", "anthropic"), ("", "auto", "offline", "OpenAI", "compatible")),
     "SVC_CSP": (
-        ("default-src 'self'\r\nSet-Cookie: a=1", "x\ny", "a\x7f"),
-        ("", "default-src 'self'"),
+        # QA finding: 100 KB was stored, and after a restart every answer carried a header
+        # that aiohttp and urllib clients refuse to read.
+        ("default-src 'self'\r\nSet-Cookie: a=1", "x\ny", "a\x7f", "x" * 4097, "é" * 2049),
+        ("", "default-src 'self'", "x" * 4096),
     ),
     # Values name roles: a name no role can have would fail every sign-in it maps.
     "SVC_LDAP_ROLE_MAPPINGS": (
@@ -212,7 +214,7 @@ SHAPED_TEXT_SETTINGS = {
     "SVC_LDAP_DEFAULT_ROLE": (("Member", "two words", "r" * 65), ("", "member", " member ")),
     "SVC_SAML_DEFAULT_ROLE": (("-x",), ("", "kb.editor")),
     # Bearer tokens: a line break (a key file's last one) breaks every request carrying one.
-    "SVC_NATIVE_API_KEY": (("sk-x\n", "sk-x\r", "a\tb\x7f"), ("", "sk-x")),
+    "SVC_NATIVE_API_KEY": (("sk-x\n", "sk-x\r", "a\tb\x7f", "k" * 4097), ("", "sk-x")),
     "SVC_NATIVE_COMPAT_KEY": (("k\r\n",), ("compat-key",)),
     "SVC_LDAP_USER_FILTER": (("(uid=foo)", "uid=%s"), ("", "(&(objectClass=person)(uid=%s))")),
     "SVC_TIMEZONE": (("Not/AZone", "../etc/passwd", "Europe"), ("UTC", "utc", "Europe/Paris")),
