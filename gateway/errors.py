@@ -11,11 +11,12 @@ the process keeps serving. A NUL character in the URL or in a JSON string is a 4
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import math
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar, overload
 
@@ -116,13 +117,19 @@ def describe_validation(exc: ValidationError) -> str:
 MAX_PROBLEMS_SHOWN = 20
 
 
-def validation_problems(exc: ValidationError, *, whole: str) -> str:
-    """The problems of `exc`, `field: message` each (`whole` names a problem of no field),
-    without pydantic's "Value error, " before the messages of the project's own checks."""
+def validation_problems(
+    exc: ValidationError, *, whole: str, names: Mapping[str, str] | None = None
+) -> str:
+    """The problems of `exc`, `field: message` each (`whole` names a problem of no field,
+    `names` the fields as the client spells them), without pydantic's "Value error, " before
+    the messages of the project's own checks."""
     parts = []
     errors = exc.errors(include_url=False)
     for error in errors[:MAX_PROBLEMS_SHOWN]:
-        where = ".".join(str(loc) for loc in error["loc"]) or whole
+        path = [str(loc) for loc in error["loc"]]
+        if path and names:
+            path[0] = names.get(path[0], path[0])
+        where = ".".join(path) or whole
         parts.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
     if len(errors) > MAX_PROBLEMS_SHOWN:
         # A body of a million bad items made an answer of 70 MB, built while others waited.
@@ -503,14 +510,40 @@ def _query_names(model: type[BaseModel]) -> set[str]:
     return {field.alias or name for name, field in model.model_fields.items()}
 
 
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-\[\]]{1,64}")
+
+
+def _echoed(name: str) -> str:
+    """A client's parameter name as an answer shows it: plain ones as written, any other
+    quoted with its control characters escaped, and cut short."""
+    if _PLAIN_NAME.fullmatch(name):
+        return name
+    return repr(name if len(name) <= 64 else name[:64] + "...")
+
+
+def _refuse_unknown_parameters(model: type[BaseModel], given: Collection[str]) -> None:
+    """A parameter the route does not take, said with the ones it takes (and the nearest, for
+    a typo): pydantic's "Extra inputs are not permitted" left the client to guess them."""
+    known = sorted(_query_names(model))
+    unknown = [name for name in given if name not in known]
+    if not unknown:
+        return
+    named = ", ".join(_echoed(name) for name in unknown[:5])
+    if not known:
+        raise InvalidInput(f"this request takes no query parameters; leave out {named}")
+    near = difflib.get_close_matches(unknown[0], known, n=1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    raise InvalidInput(
+        f"query parameter {named} is not one this request takes{hint}; it takes {', '.join(known)}"
+    )
+
+
 def _refuse_a_missing_parameter(
-    request: web.Request, model: type[BaseModel], values: dict[str, str], known: set[str]
+    request: web.Request, model: type[BaseModel], values: dict[str, str]
 ) -> None:
     """A required parameter left out or given empty, said in words (pydantic's "Field
-    required" read oddly for `?id=`). Only when no name is unknown: pydantic's answer then
-    names the typo, for a misspelt required parameter is both missing and unknown."""
-    if not set(values) <= known:
-        return
+    required" read oddly for `?id=`). Called once no name is unknown: a misspelt required
+    parameter is both, and the typo is what the client needs to hear of."""
     for name, field in model.model_fields.items():
         key = field.alias or name
         if field.is_required() and key not in values:
@@ -532,7 +565,8 @@ def read_query(request: web.Request, model: type[M]) -> M:
     # (`?lmit=`): the model would never see it.
     known = _query_names(model)
     values = {k: v for k, v in request.query.items() if v != "" or k not in known}
-    _refuse_a_missing_parameter(request, model, values, known)
+    _refuse_unknown_parameters(model, values)
+    _refuse_a_missing_parameter(request, model, values)
     try:
         return model.model_validate(values)
     except ValidationError as exc:

@@ -391,20 +391,26 @@ DIRECTION_CONTROLS = frozenset(
 in any listing that prints the name."""
 
 
-def printable_name(value: str) -> str:
-    """A name shown on one line in listings and terminals (svc apikeys list, GET /v1/models):
-    no white space at either end (so none of spaces only), no control character (a line
-    break, ESC, the C1 set), no mark or override of the text's direction."""
-    if value != value.strip():
-        raise ValueError("must not begin or end with white space")
+def shown_text(value: str) -> str:
+    """Text shown in listings, logs and terminals as the person typed it: no control
+    character (a line break, a tab, ESC, the C1 set), no mark or override of the text's
+    direction. (Only where clients give it: events recorded before the check still read.)"""
     if any(unicodedata.category(c) == "Cc" for c in value):
-        raise ValueError("must not contain control characters")
+        raise ValueError("must not contain control characters (line breaks, tabs, escapes)")
     if any(c in DIRECTION_CONTROLS for c in value):
         raise ValueError(
             "must not contain marks or overrides of the text's direction (U+202E and the "
             "like): they make a listing read other than the name is"
         )
     return value
+
+
+def printable_name(value: str) -> str:
+    """A name shown on one line in listings and terminals (svc apikeys list, GET /v1/models):
+    `shown_text`, with no white space at either end (so none of spaces only)."""
+    if value != value.strip():
+        raise ValueError("must not begin or end with white space")
+    return shown_text(value)
 
 
 OneLineName = Annotated[

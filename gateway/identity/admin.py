@@ -11,7 +11,7 @@ import logging
 from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
 
 from actors.behaviour import CommandOutcome
 from actors.identity import directory_key, session_key
@@ -63,7 +63,7 @@ from projections.identity_queries import (
     user_api_keys,
     user_session_ids,
 )
-from schemas.admin import MAX_OFFSET, ApiKeyName, NoQuery, OneLineName
+from schemas.admin import MAX_OFFSET, ApiKeyName, NoQuery, OneLineName, shown_text
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
 from schemas.identity import (
     BUILTIN_ROLES,
@@ -128,24 +128,30 @@ class AuditQuery(_Body):
     )
 
 
+ShownUserName = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(shown_text)]
+ShownText = Annotated[str, Field(max_length=500), AfterValidator(shown_text)]
+"""A user's names as the admin API takes them: shown in the user list, the audit log and
+SCIM, so without control characters or direction overrides (as key and agent names)."""
+
+
 class NewUser(_Body):
-    user_name: str = Field(min_length=1, max_length=256)
+    user_name: ShownUserName
     password: Password | None = None
     roles: tuple[RoleName, ...] = ()
-    display_name: str | None = Field(default=None, max_length=500)
-    given_name: str | None = Field(default=None, max_length=500)
-    family_name: str | None = Field(default=None, max_length=500)
+    display_name: ShownText | None = None
+    given_name: ShownText | None = None
+    family_name: ShownText | None = None
     emails: Emails = ()
-    external_id: str | None = Field(default=None, max_length=500)
+    external_id: ShownText | None = None
 
 
 class UserPatch(_Body):
-    user_name: str | None = Field(default=None, min_length=1, max_length=256)
-    display_name: str | None = Field(default=None, max_length=500)
-    given_name: str | None = Field(default=None, max_length=500)
-    family_name: str | None = Field(default=None, max_length=500)
+    user_name: ShownUserName | None = None
+    display_name: ShownText | None = None
+    given_name: ShownText | None = None
+    family_name: ShownText | None = None
     emails: Emails | None = None
-    external_id: str | None = Field(default=None, max_length=500)
+    external_id: ShownText | None = None
     active: bool | None = None
 
 

@@ -50,6 +50,7 @@ from gateway.identity.common import (
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
 from gateway.identity.service import Identity, identity
 from projections.identity_queries import UserRow, find_scim_token, get_user, list_users
+from schemas.admin import shown_text
 from schemas.errors import Conflict, InvalidInput, SvcError, Unauthorized
 from schemas.identity import MAX_EMAILS, SIGNS_IN_ELSEWHERE, ProvisionUser, UpdateUser, UserProfile
 
@@ -166,7 +167,7 @@ def scim_route(handler: ScimHandler) -> Callable[[web.Request], Awaitable[web.St
                 raise
             return _from_svc(exc)
         except ValidationError as exc:
-            problems = validation_problems(exc, whole="body")
+            problems = validation_problems(exc, whole="body", names=_SCIM_NAMES)
             return _error(400, f"invalid value: {problems}", "invalidValue")
 
     return run
@@ -352,6 +353,28 @@ def _check_email_count(count: int) -> None:
         )
 
 
+_SCIM_NAMES = {
+    "user_name": "userName",
+    "display_name": "displayName",
+    "given_name": "name.givenName",
+    "family_name": "name.familyName",
+    "external_id": "externalId",
+}
+"""UserProfile's fields as SCIM names them, for the messages that name them."""
+
+
+def _check_shown(fields: dict[str, Any]) -> dict[str, Any]:
+    """Names are shown in the user list, the audit log and SCIM reads as given: without
+    control characters or direction overrides, as the admin API takes them."""
+    for field, value in fields.items():
+        if field in _SCIM_NAMES and isinstance(value, str):
+            try:
+                shown_text(value)
+            except ValueError as exc:
+                raise ScimError(400, f"{_SCIM_NAMES[field]} {exc}", "invalidValue") from None
+    return fields
+
+
 def _profile_fields(data: dict[str, Any], *, partial: bool = False) -> dict[str, Any]:
     """SCIM attributes (any case) -> UserProfile fields, for the attributes present. A `name`
     states both its parts (POST, PUT) unless `partial` (a PATCH add or replace, RFC 7644
@@ -379,7 +402,7 @@ def _profile_fields(data: dict[str, Any], *, partial: bool = False) -> dict[str,
     for dotted, field in (("name.givenname", "given_name"), ("name.familyname", "family_name")):
         if dotted in d:
             out[field] = d[dotted]
-    return out
+    return _check_shown(out)
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:

@@ -172,9 +172,24 @@ async def test_messages_oldest_first(service: Service) -> None:
         refused = await service.get_json("/v1/admin/conversations/messages", key, 400, **given)
         message = refused["error"]["message"]
         assert message == f"query parameter id is {state}: give it a value", message
-    # A misspelt one is named as the typo it is.
+    # A misspelt one is named as the typo it is, with the names the request takes.
     refused = await service.get_json("/v1/admin/conversations/messages", key, 400, ID=cid)
-    assert "ID: Extra inputs are not permitted" in refused["error"]["message"], refused
+    assert refused["error"]["message"] == (
+        "query parameter ID is not one this request takes; it takes after, id, limit, min_cursor"
+    ), refused
+    refused = await service.get_json("/v1/admin/conversations/messages", key, 400, id=cid, limt="5")
+    assert (
+        "query parameter limt is not one this request takes (did you mean limit?)"
+        in (refused["error"]["message"])
+    ), refused
+    odd = await service.get_json("/v1/admin/conversations/messages", key, 400, **{"ab": "1"})
+    assert "query parameter 'a\\x1bb' is not one" in odd["error"]["message"], odd
+    for path in ("/v1/admin/overview", "/v1/admin/apikeys"):
+        refused = await service.get_json(path, key, 400, conversation_id=cid)
+        assert (
+            "query parameter conversation_id is not one this request takes"
+            in (refused["error"]["message"])
+        ), refused
 
 
 async def test_messages_in_pages_by_count_and_by_size(

@@ -913,3 +913,62 @@ async def test_an_identity_write_the_read_model_cannot_reach_says_why(
         status, err, _ = await svc.request("POST", "/scim/v2/Users", token, json=body)
         assert status == 503 and err["error"]["code"] == code, err
         assert told in err["error"]["message"], err
+
+
+async def test_names_with_control_or_direction_characters_are_refused(
+    database_url: str,
+) -> None:
+    """QA finding: a user name holding a line break, an ESC sequence or U+202E was taken and
+    then shown so in the user list, the audit log and SCIM reads. Refused as key and agent
+    names are, in SCIM and the admin API, naming the attribute as each spells it."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        token = (await scim_token(svc, key))["token"]
+        created = await create_user(svc, token, "plain@example.com")
+        odd = ("bad\u202ename", "bad\nname", "tab\there", "\u001b[31mRED\u0007")
+        for text in odd:
+            for body, named in (
+                (scim_user(text), "userName"),
+                (scim_user("c@example.com", displayName=text), "displayName"),
+                (scim_user("c@example.com", name={"givenName": text}), "name.givenName"),
+            ):
+                status, err, _ = await svc.request("POST", "/scim/v2/Users", token, json=body)
+                assert_scim_error(status, err, 400, "invalidValue")
+                assert err["detail"].startswith(f"{named} must not contain"), err
+            patch = {
+                "schemas": [PATCH],
+                "Operations": [{"op": "replace", "path": "name.familyName", "value": text}],
+            }
+            path = f"/scim/v2/Users/{created['id']}"
+            status, err, _ = await svc.request("PATCH", path, token, json=patch)
+            assert_scim_error(status, err, 400, "invalidValue")
+            assert err["detail"].startswith("name.familyName must not contain"), err
+            for admin_body in (
+                {"user_name": text},
+                {"user_name": "fine", "display_name": text},
+                {"user_name": "fine", "external_id": text},
+            ):
+                status, err, _ = await svc.request(
+                    "POST", "/v1/admin/users", key, json=admin_body
+                )
+                assert status == 400 and "must not contain" in err["error"]["message"], err
+            status, err, _ = await svc.request(
+                "PATCH", f"/v1/admin/users/{created['id']}", key, json={"given_name": text}
+            )
+            assert status == 400 and "given_name: must not contain" in err["error"]["message"]
+        # A wrong type is named as SCIM spells the attribute, not as the service stores it.
+        patch = {
+            "schemas": [PATCH],
+            "Operations": [{"op": "replace", "path": "name.givenName", "value": 5}],
+        }
+        status, err, _ = await svc.request(
+            "PATCH", f"/scim/v2/Users/{created['id']}", token, json=patch
+        )
+        assert_scim_error(status, err, 400, "invalidValue")
+        assert "name.givenName: Input should be a valid string" in err["detail"], err
+        # Names of every script, spaces inside, are still names.
+        for fine in ("Zoë Ångström", "山田 太郎", "O'Brien-Smith"):
+            status, made, _ = await svc.request(
+                "POST", "/v1/admin/users", key, json={"user_name": fine, "display_name": fine}
+            )
+            assert status == 201, made
