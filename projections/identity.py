@@ -128,6 +128,13 @@ class IdentityProjector(Projector):
             SsoSecretSet: self._audit_only,
         }
 
+    NOT_AUDITED: ClassVar[tuple[type[Event], ...]] = (SessionStarted,)
+    """Handled without an audit entry: a session's start is its login_succeeded entry."""
+
+    def audited_actions(self) -> frozenset[str]:
+        """The actions the audit log can hold: the event types written to it."""
+        return frozenset(cls.type_name for cls in self.handlers() if cls not in self.NOT_AUDITED)
+
     async def _audit(self, conn: Connection, rec: RecordedEvent, ev: Event) -> None:
         detail = _audit_detail(ev)
         at = getattr(ev, "at", rec.recorded_at)

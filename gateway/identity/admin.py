@@ -7,6 +7,7 @@ principal grants a role, defines one, or manages a user carrying rights it lacks
 
 from __future__ import annotations
 
+import difflib
 import logging
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -51,6 +52,7 @@ from gateway.identity.roles import allowed, require_access
 from gateway.identity.service import APPLY_TIMEOUT_S, Identity, identity
 from gateway.identity.vault import INSTANCE, PASSWORD, TOTP, TOTP_PENDING
 from gateway.state import AUTH, CURSORS, PROJECTIONS, RUNTIME, Principal
+from projections.identity import IdentityProjector
 from projections.identity_queries import (
     UserRow,
     active_owners,
@@ -933,9 +935,26 @@ async def _check_client_owner_rule(ident: Identity, principal: Principal, client
         )
 
 
+AUDIT_ACTIONS = IdentityProjector().audited_actions()
+
+
+def _check_audit_action(action: str | None) -> None:
+    """An action the log cannot hold is a mistake (`login_failed` for
+    `identity.login_failed`), not an empty page."""
+    if action is None or action in AUDIT_ACTIONS:
+        return
+    near = difflib.get_close_matches(action, AUDIT_ACTIONS, n=1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    raise InvalidInput(
+        f"action {action!r} is not one the audit log holds{hint}; it holds "
+        + ", ".join(sorted(AUDIT_ACTIONS))
+    )
+
+
 async def audit_log(request: web.Request) -> web.Response:
     principal = await acting(request, "audit", "read")
     page = read_query(request, AuditQuery)
+    _check_audit_action(page.action)
     cursors = request.app[CURSORS]
     rows = await list_audit(
         identity(request).db,

@@ -165,9 +165,8 @@ async def _refused(
         reason = "bad_credentials" if user is None else "bad_second_factor"
     else:
         reason = f"sign_in_failed: {exc.code}"[:100]
-    name = typed if user else await _typed_name(ident, workspace_id, typed)
+    name, user_id = (typed, user.user_id) if user else await _typed_name(ident, workspace_id, typed)
     try:
-        user_id = user.user_id if user else None
         await _record(request, ident, workspace_id, name, user_id, method, reason)
     except SvcError as failure:
         if isinstance(exc, Unauthorized):
@@ -188,13 +187,15 @@ async def record_refused_assertion(
         log.warning("a refused sign-in could not be recorded: %s", failure.message)
 
 
-async def _typed_name(ident: Identity, workspace_id: str, typed: str) -> str:
-    """The user name a failed login is recorded with. A name no user of the workspace has may
-    be a password typed into the wrong field, and the audit trail is kept for good: only its
-    first character and its length are recorded."""
-    if await find_user_by_name(ident.db, workspace_id, typed) is not None:
-        return typed
-    return f"{typed[:1]}... ({len(typed)} characters, no such user)"
+async def _typed_name(ident: Identity, workspace_id: str, typed: str) -> tuple[str, str | None]:
+    """The user name and id a failed login is recorded with: the user it was made against,
+    so that reading a user's entries shows the guesses at their password. A name no user of
+    the workspace has may be a password typed into the wrong field, and the audit trail is
+    kept for good: only its first character and its length are recorded."""
+    named = await find_user_by_name(ident.db, workspace_id, typed)
+    if named is not None:
+        return typed, named.user_id
+    return f"{typed[:1]}... ({len(typed)} characters, no such user)", None
 
 
 async def _local(ident: Identity, workspace_id: str, body: LoginRequest) -> UserRow | None:

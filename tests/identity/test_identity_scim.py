@@ -948,9 +948,7 @@ async def test_names_with_control_or_direction_characters_are_refused(
                 {"user_name": "fine", "display_name": text},
                 {"user_name": "fine", "external_id": text},
             ):
-                status, err, _ = await svc.request(
-                    "POST", "/v1/admin/users", key, json=admin_body
-                )
+                status, err, _ = await svc.request("POST", "/v1/admin/users", key, json=admin_body)
                 assert status == 400 and "must not contain" in err["error"]["message"], err
             status, err, _ = await svc.request(
                 "PATCH", f"/v1/admin/users/{created['id']}", key, json={"given_name": text}

@@ -247,7 +247,7 @@ async def test_deactivated_user_loses_session_at_once(database_url: str) -> None
 async def test_audit_log_records_logins_and_changes(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         key = await svc.issue_key()
-        await svc.create_user(key, "amy", PASSWORD, roles=["admin"])
+        amy = await svc.create_user(key, "amy", PASSWORD, roles=["admin"])
         _, _, b1 = await svc.login("amy", "bad password 1")
         await b1.close()
         # Its password typed into the user-name field: a name no user has.
@@ -282,6 +282,16 @@ async def test_audit_log_records_logins_and_changes(database_url: str) -> None:
         assert "key_hash" not in str(body)
         failures = [i for i in body["items"] if i["action"] == "identity.login_failed"]
         assert {i["user_name"] for i in failures} == {"amy", "T... (11 characters, no such user)"}
+        # QA finding: a guess at an existing user's password is recorded against the user.
+        owners = {i["user_name"]: i["user_id"] for i in failures}
+        assert owners == {"amy": amy["id"], "T... (11 characters, no such user)": None}
+        for typo, near in (("login_failed", "identity.login_failed"), ("nope", None)):
+            status, err, _ = await svc.request("GET", f"/v1/admin/audit?action={typo}", key)
+            assert status == 400, err
+            message = err["error"]["message"]
+            assert f"action {typo!r} is not one the audit log holds" in message, message
+            assert ("did you mean" in message) == (near is not None), message
+            assert "identity.user_provisioned" in message, message
         # LDAP is off here: the method tried, and recorded, is the password.
         assert {i["detail"]["method"] for i in failures} == {"password"}, failures
         assert "Tr0ub4dor" not in str(body)
