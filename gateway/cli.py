@@ -840,7 +840,8 @@ async def cmd_cursors(args: argparse.Namespace, settings: Settings) -> int:
         await rotate_cursor_key(opened.store.db)
     _out(
         "rotated the cursor key: restart every gateway to seal with the new one. Cursors "
-        "sealed with the key before it still open; those of any older key are now refused"
+        "sealed with the key before it still open; those of any older key are refused by "
+        "each gateway once it restarts (until then it still opens them)"
     )
     return 0
 
