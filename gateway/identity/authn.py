@@ -145,13 +145,25 @@ async def _resolve(request: web.Request) -> Principal:
         return await key_principal(request, ident)
     scheme, _, raw = header.partition(" ")
     raw = raw.strip()
-    if scheme.lower() == "bearer" and looks_like_jwt(raw):
+    jwt_shaped = scheme.lower() == "bearer" and looks_like_jwt(raw)
+    if jwt_shaped:
         if is_oauth_token(raw):
             return await verify_access_token(ident, raw)
         verifier = oidc_verifier(ident)
         if verifier is not None:
             return await oidc_principal(ident, verifier, raw)
-    return await key_principal(request, ident)
+    try:
+        return await key_principal(request, ident)
+    except InvalidCredential:
+        if not jwt_shaped:
+            raise
+        # A token shaped as a JWT is no API key (those have no dots): "invalid API key"
+        # sent its holder looking in the wrong place.
+        raise InvalidCredential(
+            "invalid token: not an access token this service issued (damaged, or from "
+            "elsewhere; POST /v1/oauth/token issues one), and no OIDC provider is configured "
+            "to verify others"
+        ) from None
 
 
 async def identify(request: web.Request) -> Principal:

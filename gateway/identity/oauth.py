@@ -87,9 +87,14 @@ async def verify_access_token(ident: Identity, token: str) -> Principal:
             options={"require": ["exp", "iat", "sub", "iss", "aud"]},
         )
     except jwt.ExpiredSignatureError:
-        raise InvalidCredential("invalid access token: expired") from None
+        raise InvalidCredential(
+            "invalid access token: expired; request a new one (POST /v1/oauth/token)"
+        ) from None
     except jwt.PyJWTError:
-        raise InvalidCredential("invalid access token") from None
+        raise InvalidCredential(
+            "invalid access token: its signature or claims do not check out (damaged, or "
+            "signed with a key since replaced); request a new one (POST /v1/oauth/token)"
+        ) from None
     client = await find_oauth_client(ident.db, str(claims["sub"]))
     if client is None or client.revoked_at is not None:
         raise InvalidCredential("invalid access token: the client is no longer registered")

@@ -117,6 +117,20 @@ async def test_client_credentials_grant(database_url: str) -> None:
         )
         status, err, _ = await svc.request("GET", WHOAMI, forged)
         assert status == 401 and err["error"]["code"] == "unauthorized"
+        # QA finding: a damaged token (its last character changed: no longer base64 of a
+        # signature) was answered "invalid API key", a credential it never was.
+        header, claims, signature = access.split(".")
+        damaged = f"{header}.{claims}.{signature[:-1]}{'A' if signature[-1] != 'A' else 'B'}"
+        for token, says in (
+            (damaged, "invalid access token: its signature or claims do not check out"),
+            (f"{header}.{claims}.!", "invalid token: not an access token this service"),
+            (f"{header}.e30.{signature}", "invalid token: not an access token this service"),
+        ):
+            status, err, _ = await svc.request("GET", WHOAMI, token)
+            assert status == 401, err
+            assert err["error"]["message"].startswith(says), err
+        status, err, _ = await svc.request("GET", WHOAMI, "svc_notakey")
+        assert status == 401 and err["error"]["message"] == "invalid API key", err
 
         # Revoking the client ends its tokens at once.
         status, _, _ = await svc.request("DELETE", f"/v1/admin/oauth/clients/{cid}", key)
