@@ -55,7 +55,7 @@ from schemas.agent_admin import (
     WrittenAgent,
 )
 from schemas.commands import Command
-from schemas.errors import Conflict, InvalidInput, NotFound, SvcError
+from schemas.errors import Conflict, InvalidInput, NotFound, SvcError, echoed
 
 AGENTS = "/v1/admin/agents"
 AGENT = "/v1/admin/agents/{agent_id}"
@@ -255,7 +255,7 @@ async def _written(
 async def _read(request: web.Request, principal: Principal, agent_id: str) -> agent_queries.Agent:
     agent = await agent_queries.get_agent(request.app[DATABASE], principal.workspace_id, agent_id)
     if agent is None:
-        raise NotFound(f"agent {agent_id} does not exist")
+        raise NotFound(f"agent {echoed(agent_id)} does not exist")
     return agent
 
 
@@ -306,7 +306,7 @@ def _check_model(request: web.Request, model: str) -> None:
 def _path_id(request: web.Request) -> str:
     agent_id = request.match_info["agent_id"]
     if not _AGENT_ID.match(agent_id):
-        raise NotFound(f"agent {agent_id!r} does not exist")
+        raise NotFound(f"agent {echoed(agent_id)} does not exist")
     return agent_id
 
 

@@ -33,6 +33,7 @@ from schemas.errors import (
     PayloadTooLarge,
     RequestTimeout,
     SvcError,
+    echoed,
 )
 from schemas.text import is_utf8
 
@@ -510,17 +511,6 @@ def _query_names(model: type[BaseModel]) -> set[str]:
     return {field.alias or name for name, field in model.model_fields.items()}
 
 
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-\[\]]{1,64}")
-
-
-def _echoed(name: str) -> str:
-    """A client's parameter name as an answer shows it: plain ones as written, any other
-    quoted with its control characters escaped, and cut short."""
-    if _PLAIN_NAME.fullmatch(name):
-        return name
-    return repr(name if len(name) <= 64 else name[:64] + "...")
-
-
 def _refuse_unknown_parameters(model: type[BaseModel], given: Collection[str]) -> None:
     """A parameter the route does not take, said with the ones it takes (and the nearest, for
     a typo): pydantic's "Extra inputs are not permitted" left the client to guess them."""
@@ -528,7 +518,7 @@ def _refuse_unknown_parameters(model: type[BaseModel], given: Collection[str]) -
     unknown = [name for name in given if name not in known]
     if not unknown:
         return
-    named = ", ".join(_echoed(name) for name in unknown[:5])
+    named = ", ".join(echoed(name) for name in unknown[:5])
     if not known:
         raise InvalidInput(f"this request takes no query parameters; leave out {named}")
     near = difflib.get_close_matches(unknown[0], known, n=1)

@@ -8,6 +8,8 @@ must be safe to show a person: never include a secret, key, token or password.
 
 from __future__ import annotations
 
+import re
+
 
 class SvcError(Exception):
     http_status: int = 500
@@ -126,3 +128,17 @@ class Unavailable(SvcError):
     http_status = 503
     error_type = "server_error"
     default_code = "unavailable"
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_.:\-\[\]]{1,64}")
+
+
+def echoed(text: str) -> str:
+    """Something a client sent (an id, a parameter's name) as a message quotes it: a plain
+    word as written; anything else quoted, its control characters escaped, and cut short
+    (a 404 for an id of 3,000 characters said all 3,000)."""
+    if _PLAIN.fullmatch(text):
+        return text
+    if len(text) <= 64:
+        return repr(text)
+    return f"{text[:64]!r}... ({len(text):,} characters)"

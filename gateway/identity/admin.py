@@ -66,7 +66,7 @@ from projections.identity_queries import (
     user_session_ids,
 )
 from schemas.admin import MAX_OFFSET, ApiKeyName, NoQuery, OneLineName, shown_text
-from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
+from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError, echoed
 from schemas.identity import (
     BUILTIN_ROLES,
     Access,
@@ -221,7 +221,7 @@ def refuse_repeat(outcome: CommandOutcome, issued: str, find_it: str) -> None:
 async def live_user(ident: Identity, workspace_id: str, user_id: str) -> UserRow:
     user = await get_user(ident.db, workspace_id, user_id)
     if user is None or user.deleted:
-        raise NotFound(f"user {user_id} does not exist")
+        raise NotFound(f"user {echoed(user_id)} does not exist")
     return user
 
 
@@ -487,7 +487,7 @@ async def deprovision(
         directory_key(workspace_id), _deprovision(request, workspace_id, user_id, command)
     )
     if not outcome.events:
-        raise NotFound(f"user {user_id} does not exist in this workspace")
+        raise NotFound(f"user {echoed(user_id)} does not exist in this workspace")
     await cut_off(request, ident, workspace_id, user_id, "user deprovisioned")
 
 

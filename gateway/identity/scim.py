@@ -486,7 +486,10 @@ async def _filtered(
         ) from None
     if not storable(value):
         raise ScimError(
-            400, "the filter's value holds a NUL or a lone surrogate (\\ud800)", "invalidValue"
+            400,
+            "the filter's value holds a character no stored value can (a NUL, \\u0000, or "
+            "half of a surrogate pair such as \\ud800 alone): no user matches it; remove it",
+            "invalidValue",
         )
     if attr == "username":
         return await list_users(

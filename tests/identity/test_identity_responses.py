@@ -175,3 +175,18 @@ async def test_a_logout_with_nothing_sent_asks_for_a_session(database_url: str) 
         assert status == 401, refused
         assert "needs an admin session cookie" in refused["error"]["message"], refused
         assert "POST /v1/admin/auth/login" in refused["error"]["message"], refused
+
+
+async def test_a_404_quotes_a_long_or_odd_id_cut_short(database_url: str) -> None:
+    """QA finding: a 404 said the whole 3,000-character id it was sent."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        for path, kind in (("/v1/admin/users/", "user"), ("/v1/admin/agents/", "agent")):
+            status, err, _ = await svc.request("GET", path + "x" * 3000, key)
+            assert status == 404, err
+            message = err["error"]["message"]
+            assert message == f"{kind} {'x' * 64!r}... (3,000 characters) does not exist"
+            status, err, _ = await svc.request("GET", path + "usr_nobody", key)
+            assert err["error"]["message"] == f"{kind} usr_nobody does not exist", err
+            status, err, _ = await svc.request("GET", path + "a%1Bb", key)
+            assert err["error"]["message"] == f"{kind} 'a\\x1bb' does not exist", err
