@@ -64,7 +64,7 @@ from projections import default_projectors, queries
 from projections.identity import IdentityProjector
 from projections.identity_queries import prune_audit
 from projections.runner import next_step
-from schemas.admin import ApiKeyName
+from schemas.admin import MAX_RATE_LIMIT_RPM, ApiKeyName
 from schemas.commands import service_command_id
 from schemas.conversation import RecoverAbandonedTurns, TurnFailed
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
@@ -88,10 +88,29 @@ _TRACEBACK_HINT = "; run it again with SVC_LOG_LEVEL=debug for the traceback"
 class _Parser(argparse.ArgumentParser):
     _argv: tuple[str, ...] = ()
 
+    commands: dict[tuple[str, ...], _Parser]
+    """The parser of each command (`("settings", "set")`), to say a mistake with its usage."""
+
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         # Kept to tell a whole mistyped option from a word inside a value (see below).
         self._argv = tuple(sys.argv[1:] if args is None else args)
-        return super().parse_args(args, namespace)
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            # argparse reports what a subcommand did not take from the top: with `svc`'s
+            # usage, which lists the commands, not the options of the one that was run.
+            chosen = self._chosen(parsed)
+            chosen._argv = self._argv
+            chosen.error(_UNRECOGNIZED + " ".join(extras))
+        return parsed
+
+    def _chosen(self, parsed: argparse.Namespace) -> _Parser:
+        path = tuple(
+            word
+            for word in (getattr(parsed, "command", None), getattr(parsed, "action", None))
+            if word
+        )
+        commands = getattr(self, "commands", {})
+        return commands.get(path) or commands.get(path[:1]) or self
 
     def error(self, message: str) -> Any:
         self.print_usage(sys.stderr)
@@ -905,8 +924,22 @@ def _status_table(status: dict[str, Any]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="svc", description="SVC: event-sourced AI agent platform")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    sub.add_parser("serve", help="run the gateway").set_defaults(run=cmd_serve)
-    sub.add_parser("migrate", help="apply pending migrations").set_defaults(run=cmd_migrate)
+    sub.add_parser(
+        "serve",
+        help="run the gateway",
+        description="Run the gateway on SVC_GATEWAY_ADDR (default :8780, every interface), "
+        "with the embedded PostgreSQL unless SVC_DATABASE_URL names one; SIGTERM or Ctrl-C "
+        "stops it. "
+        "Settings come from the environment, the environment file and stored values "
+        "(docs/settings.md).",
+    ).set_defaults(run=cmd_serve)
+    sub.add_parser(
+        "migrate",
+        help="apply pending migrations",
+        description="Apply the database's pending migrations (the event store's, the read "
+        "models', the gateway's and the actor shards') and say which ran; `svc serve` runs "
+        "them at start too.",
+    ).set_defaults(run=cmd_migrate)
     _settings_parser(sub)
     _apikeys_parser(sub)
     _projections_parser(sub)
@@ -918,7 +951,21 @@ def build_parser() -> argparse.ArgumentParser:
     acts.add_parser(
         "rotate-key", help="a new key from each process's next start; the old one still opens"
     )
+    parser.commands = _commands_of(parser)
     return parser
+
+
+def _commands_of(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> dict[tuple[str, ...], _Parser]:
+    """Every command's parser by its words, nested ones included."""
+    found: dict[tuple[str, ...], _Parser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found[(*path, name)] = child
+                found.update(_commands_of(child, (*path, name)))
+    return found
 
 
 def _cluster_parser(sub: Any) -> None:
@@ -947,7 +994,9 @@ def _settings_parser(sub: Any) -> None:
     )
     acts.add_parser("get", help="show one setting").add_argument("key")
     acts.add_parser("unset", help="remove the stored value").add_argument("key")
-    acts.add_parser("list", help="every setting").add_argument("--json", action="store_true")
+    acts.add_parser("list", help="every setting").add_argument(
+        "--json", action="store_true", help="the rows of GET /v1/admin/settings, as JSON"
+    )
 
 
 def _apikeys_parser(sub: Any) -> None:
@@ -957,14 +1006,22 @@ def _apikeys_parser(sub: Any) -> None:
     c = acts.add_parser("create", help="issue a key; prints it alone on stdout")
     c.add_argument("--scopes", required=True, help="comma list: " + ",".join(sorted(SCOPES)))
     c.add_argument("--workspace", type=_workspace_id, help="workspace id (created when missing)")
-    c.add_argument("--rate-limit-rpm", type=_positive_int, dest="rate_limit_rpm")
-    c.add_argument("--name")
+    c.add_argument(
+        "--rate-limit-rpm",
+        type=_rate_limit,
+        dest="rate_limit_rpm",
+        help=f"requests a minute for this key, 1 to {MAX_RATE_LIMIT_RPM:,} (default: none)",
+    )
+    c.add_argument("--name", help="a name to know the key by in listings (default: cli)")
     ls = acts.add_parser("list", help="keys of a workspace")
-    ls.add_argument("--workspace", type=_workspace_id)
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--workspace", type=_workspace_id, help=_DEFAULT_WORKSPACE_HELP)
+    ls.add_argument("--json", action="store_true", help="the rows of GET /v1/admin/apikeys")
     r = acts.add_parser("revoke", help="revoke a key by id")
-    r.add_argument("key_id")
-    r.add_argument("--workspace", type=_workspace_id)
+    r.add_argument("key_id", help="the key's id (key_...), as the list shows it; not the key")
+    r.add_argument("--workspace", type=_workspace_id, help=_DEFAULT_WORKSPACE_HELP)
+
+
+_DEFAULT_WORKSPACE_HELP = "workspace id (default: SVC_DEFAULT_WORKSPACE_ID)"
 
 
 def _projections_parser(sub: Any) -> None:
@@ -972,7 +1029,9 @@ def _projections_parser(sub: Any) -> None:
     p.set_defaults(run=cmd_projections, check=check_projections_args)
     acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
     acts.add_parser("status", help="checkpoint and lag of every projection")
-    acts.add_parser("rebuild", help="rebuild one read model from the log").add_argument("name")
+    acts.add_parser("rebuild", help="rebuild one read model from the log").add_argument(
+        "name", help="the read model: " + ", ".join(p.name for p in default_projectors())
+    )
 
 
 def _conversations_parser(sub: Any) -> None:
@@ -981,8 +1040,13 @@ def _conversations_parser(sub: Any) -> None:
     acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
     r = acts.add_parser("replay", help="events with versions and the rebuilt state")
     r.add_argument("conversation_id")
-    r.add_argument("--at-version", type=_non_negative_int, dest="at_version")
-    r.add_argument("--workspace", type=_workspace_id)
+    r.add_argument(
+        "--at-version",
+        type=_non_negative_int,
+        dest="at_version",
+        help="the events up to this version and the state they build (default: all)",
+    )
+    r.add_argument("--workspace", type=_workspace_id, help=_DEFAULT_WORKSPACE_HELP)
     a = acts.add_parser(
         "abandon",
         help="record running turns as failed (turn_abandoned) whatever their expiry, once the "
@@ -990,7 +1054,7 @@ def _conversations_parser(sub: Any) -> None:
     )
     a.add_argument("conversation_id")
     a.add_argument("--turn", action="append", default=[], help="this turn only (repeatable)")
-    a.add_argument("--workspace", type=_workspace_id)
+    a.add_argument("--workspace", type=_workspace_id, help=_DEFAULT_WORKSPACE_HELP)
 
 
 def _workspace_id(raw: str) -> str:
@@ -1015,6 +1079,13 @@ def _host_count(raw: str) -> int:
 
 def _positive_int(raw: str) -> int:
     return _int_from(raw, 1, "a positive integer")
+
+
+def _rate_limit(raw: str) -> int:
+    rpm = _positive_int(raw)
+    if rpm > MAX_RATE_LIMIT_RPM:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_RATE_LIMIT_RPM:,}, got {raw!r}")
+    return rpm
 
 
 def _int_from(raw: str, lowest: int, expected: str) -> int:

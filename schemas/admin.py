@@ -36,6 +36,8 @@ class _Wire(BaseModel):
 MAX_PAGE = 200
 DEFAULT_PAGE = 50
 MAX_OFFSET = 1_000_000_000
+MAX_RATE_LIMIT_RPM = 1_000_000
+"""The highest per-key limit, in requests a minute."""
 """Beyond any real read model, and far inside the database's 64-bit integer."""
 
 
@@ -428,7 +430,7 @@ MAX_SCOPES = 16
 class ApiKeyCreate(_Wire):
     name: ApiKeyName
     scopes: list[str] = Field(min_length=1)
-    rate_limit_rpm: int | None = Field(default=None, ge=1, le=1_000_000, strict=True)
+    rate_limit_rpm: int | None = Field(default=None, ge=1, le=MAX_RATE_LIMIT_RPM, strict=True)
     expires_at: datetime | None = None
 
     @field_validator("scopes")

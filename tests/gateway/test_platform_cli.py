@@ -681,6 +681,30 @@ def test_an_extra_argument_is_said_to_be_one_and_not_repeated(
     err = capsys.readouterr().err
     assert exited.value.code == 2 and said in err and "s3cret" not in err, err
     assert "--help" in err and "after '--'" not in err, err
+    # QA finding: the usage printed was svc's own (the list of commands), not the one of
+    # the command that was run.
+    assert err.startswith(f"usage: svc {' '.join(args[:2])} [-h]"), err
+
+
+@pytest.mark.parametrize(
+    ("args", "usage", "said"),
+    [
+        (["cursors", "rotate-key", "extra"], "svc cursors rotate-key [-h]", "does not take"),
+        (["settings", "set", "K", "-x"], "svc settings set [-h] key [value]", "after '--'"),
+        (
+            ["apikeys", "create", "--scopes", "chat", "--rate-limit-rpm", "1000001"],
+            "svc apikeys create [-h]",
+            "argument --rate-limit-rpm: expected at most 1,000,000, got '1000001'",
+        ),
+    ],
+)
+def test_a_command_mistake_shows_that_commands_usage(
+    args: list[str], usage: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(args)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.startswith(f"usage: {usage}") and said in err, err
 
 
 def test_an_option_like_word_inside_a_value_is_not_named(
