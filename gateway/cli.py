@@ -438,6 +438,12 @@ def _value_from_stdin(key: str) -> str:
     return value
 
 
+def _apply_mode(apply: str) -> str:
+    """A key the spec states no mode for is applied at a restart (docs/settings.md): shown so,
+    marked `R*` (the API's `apply` stays blank, as the spec leaves it)."""
+    return apply or "R*"
+
+
 async def _settings_show(args: argparse.Namespace, settings: Settings) -> int:
     async with open_platform(settings, background=False) as platform:
         service = platform.settings_service
@@ -445,7 +451,7 @@ async def _settings_show(args: argparse.Namespace, settings: Settings) -> int:
         if args.action == "get":
             item = service.get(args.key)
             value = one_line(str(item.value))
-            _out(f"{item.key}={value}  (source: {item.source}, apply: {item.apply or '-'})")
+            _out(f"{item.key}={value}  (source: {item.source}, apply: {_apply_mode(item.apply)})")
             return 0
         listing = service.list()
     if args.json:
@@ -457,7 +463,7 @@ async def _settings_show(args: argparse.Namespace, settings: Settings) -> int:
     # One line per setting, whatever a value holds: a line break in one must not forge another.
     for item in listing.settings:
         value = one_line(str(item.value))
-        _out(f"{item.key}={value}\t{item.source}\t{item.apply or '-'}\t{item.group}")
+        _out(f"{item.key}={value}\t{item.source}\t{_apply_mode(item.apply)}\t{item.group}")
     _out(
         f"# {len(listing.settings)} settings: every key the spec lists (it states a total of "
         f"{listing.catalog_total_stated}) plus SVC's operational keys",

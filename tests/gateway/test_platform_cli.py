@@ -258,6 +258,12 @@ def test_a_value_with_a_line_break_cannot_forge_a_line_of_a_listing(data_dir: Pa
     assert "SVC_AGENT_DEBATE_PROMPT=x\\nSVC_NATIVE_API_KEY=sk-live" in "\n".join(listed)
     got = svc(data_dir, "settings", "get", "SVC_AGENT_DEBATE_PROMPT").stdout
     assert len(got.splitlines()) == 1
+    # QA finding: a mode the spec leaves blank showed as `apply: -`, beside a set that
+    # answered "restart required"; it is applied at a restart, and shown so.
+    unstated = svc(data_dir, "settings", "get", "SVC_TOOL_SEARCH").stdout
+    assert unstated.rstrip().endswith("apply: R*)"), unstated
+    (row,) = [line for line in listed if line.startswith("SVC_TOOL_SEARCH=")]
+    assert row.split("\t")[2] == "R*", row
     # A key name cannot hold one (the API's rule); one recorded before may: see
     # test_cli_apikeys.py.
     done = svc(data_dir, "apikeys", "create", "--scopes", "chat", "--name", "a\nkey_forged\tx")
