@@ -33,6 +33,7 @@ it tries to record its answer.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -683,6 +684,11 @@ async def _recorded_result_now(
     from the log."""
     turn_id = ctx.state.turn_by_command.get(command.command_id)
     turn = ctx.state.turns.get(turn_id) if turn_id is not None else None
+    if turn is None and ctx.state.workspace_id == command.workspace_id:
+        past = await _ended_turn_in_log(ctx, command, first_events)
+        if past is not None:
+            state, answer = past
+            return recorded_result(state, command, first_events, long_answer=answer)
     if turn is not None and turn.status == "running":
         await ctx.refresh()
         turn = ctx.state.turns.get(turn.turn_id)
@@ -695,6 +701,33 @@ async def _recorded_result_now(
     ):
         long_answer = await _answer_in_log(ctx, command, turn.turn_id)
     return recorded_result(ctx.state, command, first_events, long_answer=long_answer)
+
+
+async def _ended_turn_in_log(
+    ctx: ActorContext[ConversationState], command: RunTurn, first_events: Sequence[Event]
+) -> tuple[ConversationState, str | None] | None:
+    """A turn of this command id that has left the state's window, as its ending recorded
+    it: the state of its events alone, and its answer. The window is counted in turns, so on
+    a busy conversation a retry queued behind a few dozen others (a client's resend of a
+    slow turn, an SDK's retry of a cut stream) finds its turn gone from the state within a
+    second; the log still holds what it answered. None when the log holds no ending under
+    the turn's own ids (one recorded as abandoned by another activation)."""
+    started = next((e for e in first_events if isinstance(e, TurnStarted)), None)
+    workspace = command.workspace_id
+    if started is None or workspace is None:
+        return None
+    ending: list[Event] = []
+    for step in ("complete", "fail"):
+        ending += await ctx.recorded(service_command_id(step, command.command_id), workspace)
+    mine = [e for e in ending if getattr(e, "turn_id", None) == started.turn_id]
+    if not mine:
+        return None
+    scratch = ConversationState(
+        conversation_id=ctx.state.conversation_id, workspace_id=ctx.state.workspace_id
+    )
+    state = functools.reduce(_evolve, [started, *mine], scratch)
+    answer = next((e.content for e in mine if isinstance(e, AssistantMessageCompleted)), None)
+    return state, answer
 
 
 async def _answer_in_log(
@@ -733,9 +766,10 @@ def recorded_result(
         started = next((e for e in first_events if isinstance(e, TurnStarted)), None)
         if started is not None:
             raise Conflict(
-                f"turn {started.turn_id} of conversation {state.conversation_id} ran long ago "
-                f"and its result is no longer held (the last {RECENT_TURNS} turns are); "
-                "send a new Idempotency-Key",
+                f"turn {started.turn_id} of conversation {state.conversation_id} has ended "
+                "without a result this retry can be answered with (it was recorded as "
+                "abandoned); read the conversation's messages for what it holds, or send a "
+                "new Idempotency-Key",
                 code="idempotency_key_expired",
             )
         raise Conflict(

@@ -772,3 +772,47 @@ async def test_a_failure_whose_message_the_log_cannot_hold_is_still_recorded(
     assert failed.type == "conversation.turn_failed"
     assert failed.data["error_message"] == recorded
     assert failed.data["error_code"] == code.replace("\udc00", "?")
+
+
+async def test_a_retry_of_a_turn_past_the_held_window_is_answered_from_the_log(
+    make_runtime: MakeRuntime, store: PostgresEventStore
+) -> None:
+    """QA finding: the state holds the last RECENT_TURNS turns' outcomes, counted in turns,
+    so on a busy conversation a resend queued behind a few dozen turns (a slow turn's, a
+    cut stream's) found its turn gone within a second and was refused with 409
+    `idempotency_key_expired`. It is answered from the log, as any retry is."""
+    runtime = await make_runtime([ConversationBehaviour([ScriptedProvider()])])
+    key = conversation_key(uuid.uuid4().hex)
+    digest = {"body_digest": "d" * 32}
+    first = await runtime.ask(key, run_turn(command_id="old-key").model_copy(update=digest))
+    for n in range(conversation_module.RECENT_TURNS + 2):
+        await runtime.ask(key, run_turn(f"and then {n}"))
+    recorded = len(await store.read_stream(key.stream_id))
+    fresh = await make_runtime([ConversationBehaviour([ScriptedProvider()])])
+    for host in (runtime, fresh):  # the active state, and one folded again from the log
+        again = await host.ask(key, run_turn(command_id="old-key").model_copy(update=digest))
+        assert isinstance(first, TurnResult) and isinstance(again, TurnResult)
+        assert again.duplicate
+        assert (again.turn_id, again.message_id, again.content, again.usage) == (
+            first.turn_id,
+            first.message_id,
+            first.content,
+            first.usage,
+        )
+        other = run_turn(command_id="old-key").model_copy(update={"body_digest": "e" * 32})
+        with pytest.raises(Conflict) as refused:
+            await host.ask(key, other)
+        assert refused.value.code == "idempotency_key_reused"
+    assert len(await store.read_stream(key.stream_id)) == recorded  # no model call again
+
+    failing = ScriptedProvider(fail_after=0, failure=UpstreamTimeout("over the 3s budget"))
+    runtime = await make_runtime([ConversationBehaviour([failing])])
+    key = conversation_key(uuid.uuid4().hex)
+    with pytest.raises(UpstreamTimeout):
+        await runtime.ask(key, run_turn(command_id="failed-key"))
+    for n in range(conversation_module.RECENT_TURNS + 2):
+        with pytest.raises(UpstreamTimeout):
+            await runtime.ask(key, run_turn(f"and then {n}"))
+    with pytest.raises(RecordedTurnFailure) as failed:
+        await runtime.ask(key, run_turn(command_id="failed-key"))
+    assert failed.value.code == "ErrCallTimeout" and "over the 3s budget" in failed.value.message

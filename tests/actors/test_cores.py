@@ -548,7 +548,7 @@ def test_only_recent_turns_are_held_and_running_ones_stay() -> None:
     # An expired turn: the store's ledger recognised the command id, the state no longer
     # holds its answer. Refused, never run again.
     first_events = conv.decide(fresh_conversation(), turn(1))
-    with pytest.raises(Conflict, match="no longer held"):
+    with pytest.raises(Conflict, match="without a result this retry can be answered with"):
         recorded_result(state, turn(1), first_events)
     with pytest.raises(Conflict, match="another request"):
         recorded_result(state, turn(1))
