@@ -117,10 +117,13 @@ async def test_client_credentials_grant(database_url: str) -> None:
         )
         status, err, _ = await svc.request("GET", WHOAMI, forged)
         assert status == 401 and err["error"]["code"] == "unauthorized"
-        # QA finding: a damaged token (its last character changed: no longer base64 of a
-        # signature) was answered "invalid API key", a credential it never was.
+        # QA finding: a token that is no JWT this service can read was answered "invalid API
+        # key", a credential it never was.
         header, claims, signature = access.split(".")
-        damaged = f"{header}.{claims}.{signature[:-1]}{'A' if signature[-1] != 'A' else 'B'}"
+        # One character inside the signature changed: still base64 of 32 bytes (the last
+        # character's spare bits would make some changes unreadable instead).
+        swapped = "A" if signature[10] != "A" else "B"
+        damaged = f"{header}.{claims}.{signature[:10]}{swapped}{signature[11:]}"
         for token, says in (
             (damaged, "invalid access token: its signature or claims do not check out"),
             (f"{header}.{claims}.!", "invalid token: not an access token this service"),
