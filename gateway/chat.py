@@ -199,7 +199,7 @@ class AgentDirectory:
     before an agent is created or renamed); should the log ever hold two, the oldest wins, as
     in `agent_queries.find_active_agent`."""
 
-    def __init__(self, ttl_s: float = AGENT_CACHE_TTL_S, max_workspaces: int = 10_000) -> None:
+    def __init__(self, ttl_s: float = AGENT_CACHE_TTL_S, max_workspaces: int = 2_000) -> None:
         self._cache: TtlCache[str, dict[str, Agent]] = TtlCache(ttl_s, max_workspaces)
 
     async def find(self, db: Database, workspace_id: str, name: str) -> Agent | None:

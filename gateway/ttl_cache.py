@@ -13,8 +13,10 @@ V = TypeVar("V")
 
 
 class TtlCache(Generic[K, V]):
-    """Values loaded on a miss and kept `ttl_s`; at most `max_entries` (all dropped when
-    full). `None` is never kept: a miss asks again.
+    """Values loaded on a miss and kept `ttl_s`; at most `max_entries`. When full, the
+    expired entries are dropped, and every entry if that does not free half of it (an
+    expired entry otherwise stays until the cache fills: at a 1 s TTL, the lists of every
+    workspace that ever chatted). `None` is never kept: a miss asks again.
 
     Concurrent misses of one key share one load: when an entry expires under load, one read
     goes to the database instead of one per waiting request.
@@ -52,9 +54,16 @@ class TtlCache(Generic[K, V]):
         value = task.result()
         if value is None or generation != self._generation:
             return
+        now = time.monotonic()
         if len(self._entries) >= self._max_entries:
-            self._entries.clear()
-        self._entries[key] = (time.monotonic() + self._ttl_s, value)
+            self._drop_expired(now)
+        self._entries[key] = (now + self._ttl_s, value)
+
+    def _drop_expired(self, now: float) -> None:
+        # Cleared outright when the live entries fill more than half: the sweep then runs
+        # at most once per max_entries / 2 loads, never on every load of a full cache.
+        live = {k: entry for k, entry in self._entries.items() if entry[0] > now}
+        self._entries = live if len(live) <= self._max_entries // 2 else {}
 
     def forget(self, key: K) -> None:
         self._generation += 1

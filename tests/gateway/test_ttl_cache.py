@@ -126,3 +126,35 @@ async def test_an_expired_value_is_read_again(monkeypatch: pytest.MonkeyPatch) -
     now[0] += 0.2
     assert await source.ask(cache, "a") == "B"
     assert source.loads == 2
+
+
+async def test_a_full_cache_drops_what_expired_and_keeps_what_is_live(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Expired entries used to stay until the cache filled, then every entry went, the live
+    ones too: the agents of up to 10,000 workspaces held, and each fill a burst of reads."""
+    clock = [1000.0]
+    monkeypatch.setattr("gateway.ttl_cache.time.monotonic", lambda: clock[0])
+    source, cache = Source(), new_cache(ttl_s=10.0)  # at most 10 entries
+    for n in range(8):
+        source.values[f"old{n}"] = "stale"
+        assert await source.ask(cache, f"old{n}") == "stale"
+    clock[0] += 11.0  # those eight have expired
+    for n in range(2):
+        source.values[f"live{n}"] = "fresh"
+        assert await source.ask(cache, f"live{n}") == "fresh"
+    loads = source.loads
+    source.values["one-more"] = "x"
+    assert await source.ask(cache, "one-more") == "x"  # the cache was full: it swept
+    for key in ("live0", "live1", "one-more"):
+        assert await source.ask(cache, key) in ("fresh", "x")
+    assert source.loads == loads + 1  # the live entries were kept, not loaded again
+    # Full of live entries, it starts afresh (each later sweep is then half a cache away).
+    for n in range(7):
+        source.values[f"more{n}"] = "y"
+        await source.ask(cache, f"more{n}")
+    loads = source.loads
+    source.values["last"] = "z"
+    assert await source.ask(cache, "last") == "z"
+    assert await source.ask(cache, "live0") == "fresh"
+    assert source.loads == loads + 2  # live0 was dropped with the rest
