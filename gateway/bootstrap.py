@@ -227,39 +227,68 @@ UNBOUNDED_CALLS_CLOSED_AFTER_S = 3600.0
 closed this long after the change, cutting off any call of theirs still running."""
 
 
+@dataclass(frozen=True)
+class HostConfig:
+    """What every gateway keeps the Ray hosts in line with (docs/ray.md): the model
+    settings, and the log level (`SVC_LOG_LEVEL`, live), each part kept from the sender that
+    read the newer stored settings."""
+
+    model: ModelConfig
+    log_level: str = "info"
+    log_read_at: int = 0
+    """The version of the stored settings `log_level` was read at."""
+
+    def newest(self, sent: HostConfig) -> HostConfig:
+        log_part = sent if sent.log_read_at >= self.log_read_at else self
+        return HostConfig(self.model.newest(sent.model), log_part.log_level, log_part.log_read_at)
+
+
+def host_config(settings: Settings) -> HostConfig:
+    return HostConfig(
+        model_config(settings), settings.text("SVC_LOG_LEVEL"), settings.stored_version
+    )
+
+
 class HostBehaviours:
     """What each Ray host runs: the actor kinds over the host's own model providers, built
-    from `config`. `reconfigure` (sent by the gateway: actors/ray/host.py) swaps in
-    providers for new model settings; turns under way finish on the old ones, closed once
-    their call timeout has passed. Pickled with its settings only."""
+    from `config`, at its log level. `reconfigure` (sent by the gateway: actors/ray/host.py)
+    applies a new log level and swaps in providers for new model settings; turns under way
+    finish on the old ones, closed once their call timeout has passed. Pickled with its
+    settings only."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: HostConfig) -> None:
         self.config = config
         self._providers: ProviderSet | None = None
         self._closing: set[asyncio.Task[None]] = set()
 
     def __call__(self) -> list[Behaviour[Any]]:
-        self._providers = ProviderSet.from_config(self.config)
-        return behaviours(self._providers, lambda: self.config.call_timeout_s)
+        apply_log_level(self.config.log_level)  # in the host's process: its creator's level
+        self._providers = ProviderSet.from_config(self.config.model)
+        return behaviours(self._providers, lambda: self.config.model.call_timeout_s)
 
-    def reconfigure(self, config: ModelConfig) -> None:
+    def reconfigure(self, config: HostConfig) -> None:
         config = self.config.newest(config)
-        if config.same_values(self.config):
-            self.config = config
-            return
-        if self._providers is None:
-            self.config = config  # not built yet: built from the new settings
-            return
-        previous = self._providers.replace(build_providers(config))
+        built = self._providers
+        # Built first: settings that cannot be built (FeatureDisabled) change nothing.
+        fresh = (
+            None
+            if built is None or config.model.same_values(self.config.model)
+            else build_providers(config.model)
+        )
+        if built is not None and config.log_level != self.config.log_level:
+            apply_log_level(config.log_level)
         # Calls under way keep the time budget they started with: the old one.
-        budget = self.config.call_timeout_s
-        self.config = config
+        budget = self.config.model.call_timeout_s
+        self.config = config  # not built yet: built from these settings
+        if built is None or fresh is None:
+            return
+        previous = built.replace(fresh)
         delay = budget + 5.0 if budget > 0 else UNBOUNDED_CALLS_CLOSED_AFTER_S
         task = asyncio.ensure_future(_close_after(previous, delay))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    def __reduce__(self) -> tuple[type[HostBehaviours], tuple[ModelConfig]]:
+    def __reduce__(self) -> tuple[type[HostBehaviours], tuple[HostConfig]]:
         return (HostBehaviours, (self.config,))
 
 
@@ -305,14 +334,14 @@ def ray_settings(settings: Settings) -> RaySettings:
 
 def ray_host_behaviours(settings: Settings) -> HostBehaviours:
     """The picklable factory each Ray host calls to build its actor kinds."""
-    return HostBehaviours(model_config(settings))
+    return HostBehaviours(host_config(settings))
 
 
 def _ray_runtime(settings: Settings, dsn: str) -> ActorRuntime:
     from actors.ray import RayRuntime
 
     runtime = RayRuntime(dsn, ray_host_behaviours(settings), ray_settings(settings))
-    runtime.configure(model_config(settings))  # hosts that exist may have older settings
+    runtime.configure(host_config(settings))  # hosts that exist may have older settings
     return runtime
 
 
@@ -449,11 +478,11 @@ def _apply_live(
 ) -> Callable[[str], None]:
     def on_change(key: str) -> None:
         if key.startswith("SVC_LLM_"):
-            config = model_config(settings)
-            providers.apply_live(config)
-            runtime.configure(config)
+            providers.apply_live(model_config(settings))
         if key == "SVC_LOG_LEVEL":
             apply_log_level(settings.text("SVC_LOG_LEVEL"))
+        if key.startswith("SVC_LLM_") or key == "SVC_LOG_LEVEL":
+            runtime.configure(host_config(settings))  # the Ray hosts'; the local one ignores it
 
     return on_change
 

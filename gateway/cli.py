@@ -911,13 +911,22 @@ async def cmd_cluster(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-_HOST_CELLS = ("name", "state", "node", "pid", "shards", "active_actors", "commands_per_s")
+_HOST_CELLS = (
+    "name",
+    "state",
+    "node",
+    "pid",
+    "shards",
+    "active_actors",
+    "commands_per_s",
+    "log_level",
+)
 
 
 def _status_table(status: dict[str, Any]) -> str:
     """One line per host. Its state first: a host that did not answer (`unreachable (...)`)
     has no node, pid or counts to show, and a row of blanks said nothing of why."""
-    lines = ["host\tstate\tnode\tpid\tshards\tactive_actors\tcommands_per_s"]
+    lines = ["\t".join(("host", *_HOST_CELLS[1:]))]
     for host in status.get("hosts", []):
         cells = (host.get(cell) for cell in _HOST_CELLS)
         lines.append("\t".join("-" if cell is None else one_line(str(cell)) for cell in cells))

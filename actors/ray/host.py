@@ -470,6 +470,7 @@ class ActorHost:
             active_actors=table.stats().active if table else 0,
             commands_per_s=round(rate, 1),
             in_flight=sum(self._in_flight.values()),
+            log_level=logging.getLevelName(logging.getLogger("actors").getEffectiveLevel()).lower(),
         )
 
     async def stats(self) -> TableStats:

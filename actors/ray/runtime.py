@@ -1182,6 +1182,7 @@ class RayRuntime:
                 "shards": shards,
                 "active_actors": None,
                 "commands_per_s": None,
+                "log_level": None,
             }
         return {
             "name": name,
@@ -1192,6 +1193,7 @@ class RayRuntime:
             "active_actors": st.active_actors,
             "commands_per_s": st.commands_per_s,
             "in_flight": st.in_flight,
+            "log_level": st.log_level,
         }
 
 

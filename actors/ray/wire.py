@@ -105,3 +105,5 @@ class HostStatus:
     active_actors: int
     commands_per_s: float
     in_flight: int
+    log_level: str = "info"
+    """The level the host's own loggers log at (the gateways send SVC_LOG_LEVEL)."""

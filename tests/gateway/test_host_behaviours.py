@@ -13,7 +13,7 @@ import pytest
 from actors.models.port import ModelProvider
 from actors.models.registry import ModelConfig
 from gateway import bootstrap
-from gateway.bootstrap import HostBehaviours
+from gateway.bootstrap import HostBehaviours, HostConfig
 from schemas.errors import FeatureDisabled
 
 
@@ -31,7 +31,7 @@ def closes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], float]]:
 
 
 def test_only_the_settings_travel() -> None:
-    factory = HostBehaviours(ModelConfig(model="first", api_key="sk-secret"))
+    factory = HostBehaviours(HostConfig(ModelConfig(model="first", api_key="sk-secret")))
     factory()
     copy = pickle.loads(pickle.dumps(factory))
     assert copy.config == factory.config and copy._providers is None
@@ -41,11 +41,11 @@ def test_only_the_settings_travel() -> None:
 async def test_replaced_providers_close_after_the_old_call_timeout(
     closes: list[tuple[list[str], float]],
 ) -> None:
-    factory = HostBehaviours(ModelConfig(model="first", call_timeout_s=600))
+    factory = HostBehaviours(HostConfig(ModelConfig(model="first", call_timeout_s=600)))
     factory()
-    factory.reconfigure(ModelConfig(model="second", call_timeout_s=30))
-    factory.reconfigure(ModelConfig(model="third", call_timeout_s=0))
-    factory.reconfigure(ModelConfig(model="fourth", call_timeout_s=30))
+    factory.reconfigure(HostConfig(ModelConfig(model="second", call_timeout_s=30)))
+    factory.reconfigure(HostConfig(ModelConfig(model="third", call_timeout_s=0)))
+    factory.reconfigure(HostConfig(ModelConfig(model="fourth", call_timeout_s=30)))
     for task in list(factory._closing):
         await task
     assert sorted(closes) == sorted(
@@ -62,11 +62,11 @@ async def test_settings_that_cannot_be_built_change_nothing(
     closes: list[tuple[list[str], float]],
 ) -> None:
     before = ModelConfig(model="first")
-    factory = HostBehaviours(before)
+    factory = HostBehaviours(HostConfig(before))
     factory()
     with pytest.raises(FeatureDisabled):
-        factory.reconfigure(ModelConfig(provider="nope"))
-    assert factory.config == before and closes == []
+        factory.reconfigure(HostConfig(ModelConfig(provider="nope")))
+    assert factory.config.model == before and closes == []
     assert factory._providers is not None and factory._providers.serves("first")
 
 
@@ -79,27 +79,48 @@ async def test_a_gateway_not_restarted_does_not_put_its_old_restart_values_back(
     key back on the hosts a restarted gateway had given the new one. Each part now comes
     from the sender that read the newer stored settings."""
     restarted = ModelConfig(model="m", api_key="sk-new", started_at=5, read_at=5)
-    factory = HostBehaviours(restarted)
+    factory = HostBehaviours(HostConfig(restarted))
     factory()
     stale = ModelConfig(model="m", api_key="sk-old", temperature=0.2, started_at=3, read_at=7)
-    factory.reconfigure(stale)  # a live change (temperature, at version 7) from that gateway
-    assert factory.config.api_key == "sk-new" and factory.config.started_at == 5
-    assert factory.config.temperature == 0.2 and factory.config.read_at == 7
-    factory.reconfigure(replace(stale, temperature=None, read_at=6))  # an older read
-    assert factory.config.temperature == 0.2
+    factory.reconfigure(
+        HostConfig(stale)
+    )  # a live change (temperature, at version 7) from that gateway
+    assert factory.config.model.api_key == "sk-new" and factory.config.model.started_at == 5
+    assert factory.config.model.temperature == 0.2 and factory.config.model.read_at == 7
+    factory.reconfigure(HostConfig(replace(stale, temperature=None, read_at=6)))  # an older read
+    assert factory.config.model.temperature == 0.2
     # Equal versions: the later sender wins, as before (two gateways' environments differ).
-    factory.reconfigure(replace(restarted, model="other", read_at=7))
-    assert factory.config.model == "other"
+    factory.reconfigure(HostConfig(replace(restarted, model="other", read_at=7)))
+    assert factory.config.model.model == "other"
 
 
 async def test_the_same_values_read_at_another_version_rebuild_nothing(
     closes: list[tuple[list[str], float]],
 ) -> None:
-    factory = HostBehaviours(ModelConfig(model="m", started_at=1, read_at=1))
+    factory = HostBehaviours(HostConfig(ModelConfig(model="m", started_at=1, read_at=1)))
     factory()
-    factory.reconfigure(ModelConfig(model="m", started_at=2, read_at=4))
+    factory.reconfigure(HostConfig(ModelConfig(model="m", started_at=2, read_at=4)))
     # A rebuild swaps the providers inside the one set and schedules the old ones' close.
     assert not factory._closing
     await asyncio.sleep(0)
     assert closes == []
-    assert (factory.config.started_at, factory.config.read_at) == (2, 4)
+    assert (factory.config.model.started_at, factory.config.model.read_at) == (2, 4)
+
+
+def test_a_host_follows_the_newest_log_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SVC_LOG_LEVEL changed through the API reached the gateways only: the hosts, where
+    turns and model calls run, logged at Ray's default whatever it said."""
+    applied: list[str] = []
+    monkeypatch.setattr(bootstrap, "apply_log_level", applied.append)
+    model = ModelConfig(model="m")
+    factory = HostBehaviours(HostConfig(model, "warning", log_read_at=3))
+    factory.reconfigure(HostConfig(model, "debug", log_read_at=4))  # not built: kept only
+    assert applied == [] and factory.config.log_level == "debug"
+    factory()  # the host builds its behaviours: at the level it holds
+    assert applied == ["debug"]
+    factory.reconfigure(HostConfig(model, "error", log_read_at=2))  # read before: ignored
+    factory.reconfigure(HostConfig(model, "debug", log_read_at=5))  # the same level
+    assert applied == ["debug"] and factory.config.log_read_at == 5
+    factory.reconfigure(HostConfig(model, "info", log_read_at=6))
+    assert applied == ["debug", "info"]
+    assert factory._providers is not None and not factory._closing  # the model part stayed

@@ -14,7 +14,7 @@ import pytest
 from platform_support import running, settings_for
 
 from eventstore.errors import StoreUnavailable
-from gateway.bootstrap import HostBehaviours, model_config, ray_settings
+from gateway.bootstrap import HostBehaviours, HostConfig, host_config, model_config, ray_settings
 from gateway.log_levels import PROJECT_LOGGERS, QUIET_LOGGERS, apply_log_level
 from gateway.secrets import DatabaseVault
 from gateway.security import allowed_origins
@@ -353,6 +353,17 @@ def test_a_role_mapping_stored_before_role_names_were_checked_still_applies() ->
         Settings(environment={"SVC_LDAP_ROLE_MAPPINGS": legacy})
     with pytest.raises(InvalidInput, match="role names"):
         storable_value("SVC_LDAP_ROLE_MAPPINGS", legacy)
+
+
+def test_a_long_header_setting_stored_before_the_bound_still_applies() -> None:
+    """Review finding: dropped at start, a stored SVC_METRICS_TOKEN of over 4,096 bytes
+    would have left /metrics open to anyone. The bound is on values given from now on."""
+    token = "t" * 5000
+    s = Settings(stored={"SVC_METRICS_TOKEN": token, "SVC_CSP": "x" * 5000})
+    assert s.text("SVC_METRICS_TOKEN") == token and len(s.text("SVC_CSP")) == 5000
+    for key in ("SVC_METRICS_TOKEN", "SVC_CSP"):
+        with pytest.raises(InvalidInput, match="at most 4,096 bytes"):
+            Settings(environment={key: "x" * 5000})
 
 
 def test_a_stored_value_that_is_no_longer_valid_is_skipped_with_a_warning(
@@ -862,9 +873,26 @@ async def test_model_settings_say_which_stored_settings_they_were_read_at(
         async with running(settings_for(database_url)) as second:
             fresh = model_config(second.app[SETTINGS])
     assert fresh.api_key == "sk-new-key-1" and fresh.started_at == events[-1].version
-    host = HostBehaviours(fresh)
-    host.reconfigure(stale)
-    assert host.config.api_key == "sk-new-key-1" and host.config.temperature == 0.3
+    host = HostBehaviours(HostConfig(fresh))
+    host.reconfigure(HostConfig(stale))
+    assert host.config.model.api_key == "sk-new-key-1" and host.config.model.temperature == 0.3
+
+
+async def test_the_log_level_a_gateway_sends_the_hosts_says_when_it_was_read(
+    database_url: str,
+) -> None:
+    """SVC_LOG_LEVEL, a live setting, travels to the Ray hosts with the version it was read
+    at, so a host keeps the level of the gateway that read the newer settings."""
+    async with running(settings_for(database_url)) as svc:
+        settings, service = svc.app[SETTINGS], svc.app[SETTINGS_SERVICE]
+        before = host_config(settings)
+        await service.set("SVC_LOG_LEVEL", "debug")
+        after = host_config(settings)
+        await service.unset("SVC_LOG_LEVEL")
+    assert after.log_level.lower() == "debug" and after.log_read_at > before.log_read_at
+    assert after.model.read_at == after.log_read_at
+    assert HostConfig(before.model, "error", 0).newest(after).log_level.lower() == "debug"
+    assert after.newest(before).log_level.lower() == "debug"  # an older read changes nothing
 
 
 async def test_an_unset_racing_another_process_s_set_of_a_secret_keeps_the_set(

@@ -129,6 +129,19 @@ async def test_hosts_follow_the_model_settings_of_the_gateway(
                     assert stub.bodies[-1]["temperature"] == 0.3
                     shard = shard_of(conversation_key(headers["X-SVC-Conversation-Id"]))
                     hosts_seen.add(runtime.shard_map.route(shard)[0])
+
+            # The log level too, a live setting: the hosts logged at Ray's default whatever
+            # it said.
+            service = svc.app[SETTINGS_SERVICE]
+            for level in ("debug", "warning"):
+                await service.set("SVC_LOG_LEVEL", level)
+                async with asyncio.timeout(30):
+                    while True:
+                        hosts = (await runtime.status())["hosts"]
+                        if {host.get("log_level") for host in hosts} == {level}:
+                            break
+                        await asyncio.sleep(0.2)
+            await service.unset("SVC_LOG_LEVEL")
     finally:
         await stub.stop()
 
