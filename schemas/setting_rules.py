@@ -19,6 +19,7 @@ from schemas.workspace import RESERVED_WORKSPACE_ID
 
 TextRule = Literal[
     "header_value",
+    "header_sized",
     "compared_token",
     "string_map",
     "role_map",
@@ -52,15 +53,19 @@ SVC_CSP, sent on every answer, would make the whole API unreadable to them."""
 
 def _header_value(raw: str) -> bool:
     # A control character (CR and LF above all) would end or split the header line.
-    if len(raw.encode()) > MAX_HEADER_VALUE_BYTES:
-        return False
     return not any((ord(ch) < 0x20 and ch != "\t") or ord(ch) == 0x7F for ch in raw)
+
+
+def _header_sized(raw: str) -> bool:
+    # A new value only (`new_rule`): one stored before the bound keeps loading, since
+    # dropping a stored SVC_METRICS_TOKEN would leave /metrics open.
+    return _header_value(raw) and len(raw.encode()) <= MAX_HEADER_VALUE_BYTES
 
 
 def _compared_token(raw: str) -> bool:
     # A caller's token arrives stripped (header values are): one kept with a space at either
     # end, or made of spaces only, would never match and lock every caller out.
-    return _header_value(raw) and raw == raw.strip()
+    return _header_sized(raw) and raw == raw.strip()
 
 
 def _role_name(raw: str) -> bool:
@@ -179,8 +184,9 @@ def _llm_provider(raw: str) -> bool:
 
 
 TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
-    "header_value": (
-        _header_value,
+    "header_value": (_header_value, "text without control characters (no line breaks)"),
+    "header_sized": (
+        _header_sized,
         f"text without control characters (no line breaks), at most "
         f"{MAX_HEADER_VALUE_BYTES:,} bytes (it is sent as a header)",
     ),

@@ -1572,10 +1572,10 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
         "note": "this build has blank or auto, offline, and openai (also openai-compat, "
         "compatible); any other value is refused",
     },
-    "SVC_CSP": {"rule": "header_value"},
+    "SVC_CSP": {"rule": "header_value", "new_rule": "header_sized"},
     # Sent as a bearer token, or compared with one: a line break (a key file's last one)
     # would fail every request that carries it, told as a broken model server.
-    **{key: {"rule": "header_value"} for key in _BEARER_KEYS},
+    **{key: {"rule": "header_value", "new_rule": "header_sized"} for key in _BEARER_KEYS},
     # Compared with what a caller sends: a value stored before this rule keeps loading.
     **{
         key: {"rule": "header_value", "new_rule": "compared_token"}
