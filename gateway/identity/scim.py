@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -363,11 +363,13 @@ _SCIM_NAMES = {
 """UserProfile's fields as SCIM names them, for the messages that name them."""
 
 
-def _check_shown(fields: dict[str, Any]) -> dict[str, Any]:
+def _check_shown(fields: dict[str, Any], kept: Mapping[str, Any]) -> dict[str, Any]:
     """Names are shown in the user list, the audit log and SCIM reads as given: without
-    control characters or direction overrides, as the admin API takes them."""
+    control characters or direction overrides, as the admin API takes them. A value the
+    user already holds (`kept`, stored before the check) is no new one: an IdP's PUT that
+    restates it, a deactivation included, is not refused for it."""
     for field, value in fields.items():
-        if field in _SCIM_NAMES and isinstance(value, str):
+        if field in _SCIM_NAMES and isinstance(value, str) and kept.get(field) != value:
             try:
                 shown_text(value)
             except ValueError as exc:
@@ -402,7 +404,7 @@ def _profile_fields(data: dict[str, Any], *, partial: bool = False) -> dict[str,
     for dotted, field in (("name.givenname", "given_name"), ("name.familyname", "family_name")):
         if dotted in d:
             out[field] = d[dotted]
-    return _check_shown(out)
+    return out
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
@@ -532,9 +534,10 @@ async def search_handler(request: web.Request, ident: Identity, ws: str) -> web.
     return await _search(request, ident, ws, body)
 
 
-def _full_profile(data: dict[str, Any]) -> UserProfile:
-    """The profile a POST or PUT body states in full (userName required)."""
-    fields = _profile_fields(data)
+def _full_profile(data: dict[str, Any], kept: Mapping[str, Any]) -> UserProfile:
+    """The profile a POST or PUT body states in full (userName required); `kept`, the
+    profile it replaces (empty for a new user)."""
+    fields = _check_shown(_profile_fields(data), kept)
     if not isinstance(fields.get("user_name"), str) or not fields["user_name"]:
         raise ScimError(400, "userName is required", "invalidValue")
     return UserProfile.model_validate(fields)
@@ -560,7 +563,7 @@ def _password_in(data: dict[str, Any]) -> str | None:
 
 async def create_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
     data = await _json_object(request)
-    profile = _full_profile(data)
+    profile = _full_profile(data, {})
     password = _password_in(data)
     user_id = new_id("usr_")
     await ident.ask(
@@ -665,7 +668,7 @@ async def _write(
 async def put_handler(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
     async def change(user: UserRow) -> tuple[UserProfile, str | None]:
         data = await _json_object(request)
-        profile = _full_profile(data)
+        profile = _full_profile(data, profile_of(user).model_dump())
         if _lower_keys(data).get("active") is None:
             # Not asserted, absent or null (RFC 7643 section 2.5 makes them one; RFC 7644
             # section 3.5.1 lets the server keep it): a PUT of the other attributes must
@@ -741,6 +744,7 @@ def _apply_op(current: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
         raise ScimError(
             400, "a PATCH operation without a path needs an object value", "invalidValue"
         )
+    _check_shown(fields, current)
     if kind == "add" and "emails" in fields:
         fields["emails"] = _added_emails(current.get("emails") or [], fields["emails"])
     return {**current, **fields}

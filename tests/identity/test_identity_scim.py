@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import uuid
 from asyncio import Event
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from identity_support import WHOAMI, WS, Running, running, settings_for
 
+from actors.identity import directory_key
 from eventstore.records import NewEvent
 from gateway.identity import admin, scim
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
@@ -19,6 +22,7 @@ from gateway.identity.service import IDENTITY
 from gateway.state import DATABASE, STORE
 from projections.identity_queries import get_user
 from schemas.errors import Unavailable
+from schemas.identity import ProvisionUser, UserProfile
 from schemas.scim_api import ScimErrorBody, ScimListResponse, ScimUser
 
 pytestmark = [pytest.mark.filterwarnings("ignore::asyncpg.InterfaceWarning")]
@@ -964,6 +968,28 @@ async def test_names_with_control_or_direction_characters_are_refused(
         )
         assert_scim_error(status, err, 400, "invalidValue")
         assert "name.givenName: Input should be a valid string" in err["detail"], err
+        # Review finding: a name stored before the check (here written as a directory sync
+        # would) is no new value: the IdP's PUT that restates it, to deactivate the user,
+        # is taken; a PUT or PATCH that changes it to another such name is not.
+        legacy = await svc.app[IDENTITY].ask(
+            directory_key(WS),
+            ProvisionUser(
+                command_id=f"legacy-{uuid.uuid4().hex}",
+                workspace_id=WS,
+                user_id="usr_legacy_tab",
+                profile=UserProfile(user_name="legacy@example.com", display_name="Ann\tLee"),
+                source="scim",
+                at=datetime.now(UTC),
+            ),
+        )
+        assert legacy.events
+        path = "/scim/v2/Users/usr_legacy_tab"
+        restated = scim_user("legacy@example.com", displayName="Ann\tLee", active=False)
+        status, body, _ = await svc.request("PUT", path, token, json=restated)
+        assert status == 200 and body["active"] is False, body
+        changed = scim_user("legacy@example.com", displayName="Ann\tB", active=False)
+        status, err, _ = await svc.request("PUT", path, token, json=changed)
+        assert_scim_error(status, err, 400, "invalidValue")
         # Names of every script, spaces inside, are still names.
         for fine in ("Zoë Ångström", "山田 太郎", "O'Brien-Smith"):
             status, made, _ = await svc.request(
