@@ -154,8 +154,8 @@ class ConversationState(BaseModel):
     (and of every turn still running): a retried RunTurn (same command id) is answered from
     here instead of calling the model again. The window keeps the state, and so its snapshot,
     small whatever the conversation's length (activation from a snapshot stays about a
-    millisecond); a retry of an older turn is refused as expired, never run twice, because
-    the store's ledger still knows its command id."""
+    millisecond); a retry of an older turn is answered from the log (the store's ledger
+    names the events of its start and its ending: `_ended_turn_in_log`), never run twice."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     conversation_id: str

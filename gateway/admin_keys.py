@@ -60,9 +60,6 @@ PREFIX_LEN = 8
 REVOCATION_SEARCH_PAGE = 200
 """Events of the workspace's stream read at a time while looking back for a revocation."""
 
-LISTED_KEY_MODELS = (*KEY_MODELS, IdentityProjector.name)
-"""A listing reads the keys and, from the identity read model, the user each acts as."""
-
 
 async def _execute(request: web.Request, principal: Principal, command: Command) -> CommandOutcome:
     outcome = await ask(request, workspace_key(principal.workspace_id), command)
@@ -137,7 +134,7 @@ async def list_keys(request: web.Request) -> web.Response:
     # limits, never a key or its hash.
     principal = await acting(request, READ)
     page = read_query(request, KeyListQuery)
-    await read_your_writes(request, LISTED_KEY_MODELS)
+    await read_your_writes(request, KEY_MODELS)
     keys, total = await queries.page_api_keys(
         request.app[DATABASE], principal.workspace_id, limit=page.limit, offset=page.offset
     )

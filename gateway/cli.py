@@ -50,7 +50,7 @@ from eventstore.records import Snapshot
 from eventstore.tasks import cancel_and_wait
 from gateway import bootstrap
 from gateway.admin_history import Stream, history_event, snapshot_of, state_at
-from gateway.admin_keys import LISTED_KEY_MODELS, record
+from gateway.admin_keys import record
 from gateway.auth import KEY_MODELS, SCOPES, generate_key, hash_key
 from gateway.bootstrap import MIGRATIONS, Platform, ensure_workspace, open_platform, open_store
 from gateway.control_chars import json_visible, one_line
@@ -61,6 +61,7 @@ from gateway.log_levels import apply_log_level
 from gateway.settings import Settings, Source, storable_spec, storable_value
 from gateway.shutdown import Shutdown
 from projections import default_projectors, queries
+from projections.errors import ProjectionFailed
 from projections.identity import IdentityProjector
 from projections.identity_queries import prune_audit
 from projections.runner import next_step
@@ -601,8 +602,13 @@ async def _revoke_unseen(platform: Platform, issued: IssueApiKey) -> int:
 
 async def _apikeys_list(args: argparse.Namespace, platform: Platform) -> int:
     workspace = _workspace(args, platform.settings)
-    # Only the read models read: another projection's stop is no reason to refuse a list.
-    await platform.projections.catch_up(names=[*LISTED_KEY_MODELS, "workspaces"])
+    # Only the read models read: another projection's stop is no reason to refuse a list,
+    # nor is the identity model's, which adds only whose each key is.
+    await platform.projections.catch_up(names=[*KEY_MODELS, "workspaces"])
+    try:
+        await platform.projections.catch_up(names=[IdentityProjector.name])
+    except ProjectionFailed as exc:
+        _out(f"svc: warning: whose each key is may be out of date: {exc.message}", sys.stderr)
     if await queries.get_workspace(platform.db, workspace) is None:
         raise NotFound(f"workspace {workspace} does not exist")  # as revoke says
     keys = await queries.list_api_keys(platform.db, workspace)
@@ -866,7 +872,8 @@ async def cmd_cursors(args: argparse.Namespace, settings: Settings) -> int:
     _out(
         "rotated the cursor key: restart every gateway to seal with the new one. Cursors "
         "sealed with the key before it still open; those of any older key are refused by "
-        "each gateway once it restarts (until then it still opens them)"
+        "each gateway once it reads the keys again: at its restart, or sooner when a cursor "
+        "it cannot open makes it look (at most every 5 s)"
     )
     return 0
 

@@ -222,8 +222,9 @@ async def list_conversations(
     return [_conversation(r) for r in rows], total
 
 
-_AFTER_CONVERSATION = "(updated_at < $4 OR (updated_at = $4 AND id > $5))"
-"""Past a row in the order `updated_at DESC, id` (index conversations_ws_updated)."""
+_AFTER_CONVERSATION = "updated_at <= $4 AND (updated_at < $4 OR id > $5)"
+"""Past a row in the order `updated_at DESC, id`. The first term bounds the scan of index
+conversations_ws_updated (an OR alone would be read from the index's start on every page)."""
 
 
 _CONVERSATION = (

@@ -202,7 +202,8 @@ class ConversationSummary(_Wire):
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_POSITION = re.compile(r"(-?[0-9]{1,19}):(.{1,200})", re.DOTALL)
+_POSITION = re.compile(r"(-?[0-9]{1,19}):([^\x00]{1,200})", re.DOTALL)
+"""No NUL in the id: PostgreSQL text cannot hold one (its parameter would be a 500)."""
 _NOT_A_POSITION = (
     "is not a next_after of the conversation list: pass the next_after of the page before, "
     "as it came, or start again without after"

@@ -131,7 +131,7 @@ def dialect_surprise(spec: SettingSpec, raw: str) -> str | None:
     value = raw.strip().lower()
     if spec.bool_mode == "exactly_one" and value in _TRUE and value != "1":
         return f"only exactly 1 turns {spec.key} on: {raw.strip()!r} leaves it off"
-    if spec.bool_mode == "off_disables" and value in _FALSE and value not in ("off", ""):
+    if spec.bool_mode == "off_disables" and value in _FALSE and value != "off":
         return f"only off turns {spec.key} off: {raw.strip()!r} leaves it on"
     return None
 

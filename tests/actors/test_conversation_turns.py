@@ -781,14 +781,16 @@ async def test_a_retry_of_a_turn_past_the_held_window_is_answered_from_the_log(
     so on a busy conversation a resend queued behind a few dozen turns (a slow turn's, a
     cut stream's) found its turn gone within a second and was refused with 409
     `idempotency_key_expired`. It is answered from the log, as any retry is."""
-    runtime = await make_runtime([ConversationBehaviour([ScriptedProvider()])])
+    provider = ScriptedProvider()
+    runtime = await make_runtime([ConversationBehaviour([provider])])
     key = conversation_key(uuid.uuid4().hex)
     digest = {"body_digest": "d" * 32}
     first = await runtime.ask(key, run_turn(command_id="old-key").model_copy(update=digest))
     for n in range(conversation_module.RECENT_TURNS + 2):
         await runtime.ask(key, run_turn(f"and then {n}"))
     recorded = len(await store.read_stream(key.stream_id))
-    fresh = await make_runtime([ConversationBehaviour([ScriptedProvider()])])
+    refolded = ScriptedProvider()
+    fresh = await make_runtime([ConversationBehaviour([refolded])])
     for host in (runtime, fresh):  # the active state, and one folded again from the log
         again = await host.ask(key, run_turn(command_id="old-key").model_copy(update=digest))
         assert isinstance(first, TurnResult) and isinstance(again, TurnResult)
@@ -803,7 +805,8 @@ async def test_a_retry_of_a_turn_past_the_held_window_is_answered_from_the_log(
         with pytest.raises(Conflict) as refused:
             await host.ask(key, other)
         assert refused.value.code == "idempotency_key_reused"
-    assert len(await store.read_stream(key.stream_id)) == recorded  # no model call again
+    assert len(await store.read_stream(key.stream_id)) == recorded
+    assert (provider.calls, refolded.calls) == (conversation_module.RECENT_TURNS + 3, 0)
 
     failing = ScriptedProvider(fail_after=0, failure=UpstreamTimeout("over the 3s budget"))
     runtime = await make_runtime([ConversationBehaviour([failing])])

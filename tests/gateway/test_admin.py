@@ -110,6 +110,7 @@ async def test_a_walk_by_after_meets_each_conversation_once_while_they_change(
         ({"after": "bm9jb2xvbg"}, "is not a next_after of the conversation list"),  # "nocolon"
         ({"after": "OTk5OTk5OTk5OTk5OTk5OTk5OmM"}, "is not a next_after"),  # past year 9999
         ({"after": "MTpj", "offset": 1}, "give after or offset, not both"),
+        ({"after": "MDphAGI"}, "is not a next_after"),  # "0:a\x00b": no NUL reaches SQL
     ],
 )
 async def test_conversations_after_validation(

@@ -13,6 +13,7 @@ from platform_support import settings_for, stop_the_api_keys_model, uid
 
 from actors.workspace import workspace_key
 from eventstore.errors import StoreUnavailable
+from eventstore.records import NewEvent
 from gateway import cli
 from gateway.auth import generate_key, hash_key
 from gateway.bootstrap import Platform, ensure_workspace, open_platform
@@ -77,6 +78,26 @@ async def test_list_says_expired_and_shows_the_expiry(
     }  # fmt: skip
     assert rows[never]["user_id"] is None  # a workspace key acts as no user
     assert lines[never].split("\t")[-2] == "workspace"
+
+
+async def test_the_list_goes_on_with_a_warning_when_the_identity_model_is_stopped(
+    platform: Platform, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review finding: the list waited for the identity model (whose each key is) too, and
+    its stop refused the whole list."""
+    ws = uid("ws-")
+    key_id = await _issue(platform, ws, None)
+    await platform.store.append(  # an event the identity model cannot apply: it stops
+        uid("identity:"),
+        [NewEvent("identity.user_api_key_linked", {"workspace_id": "x"}, 1)],
+        expected_version=0,
+        command_id=uid("cmd-"),
+        workspace_id=uid("ws-"),
+    )
+    args = argparse.Namespace(workspace=ws, json=False)
+    assert await cli._apikeys_list(args, platform) == 0
+    out, err = capsys.readouterr()
+    assert key_id in out and "whose each key is may be out of date" in err, err
 
 
 async def test_revoke_not_applied_by_the_read_models_warns_and_fails(

@@ -579,6 +579,8 @@ async def test_set_get_list_unset_through_the_actor(
             moderated.message
         )
         assert "note: only" not in (await service.set("SVC_MODERATION", "off")).message
+        blank = await service.set("SVC_MODERATION", "")  # blank is off for other booleans
+        assert "note: only off turns SVC_MODERATION off: '' leaves it on" in blank.message
         assert settings.integer("SVC_LLM_RETRIES") == 3
         assert service.get("SVC_LLM_RETRIES").value == "5"
         assert "SVC_LLM_RETRIES" in settings.pending_restart()
