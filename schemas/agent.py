@@ -36,6 +36,9 @@ class AgentParameters(BaseModel):
 
 
 class CreateAgent(Command):
+    # The whole request: a key reused with another body is another request (409), not a
+    # retry answered with the first agent.
+    target_fields = ("name", "description", "model", "system_prompt", "parameters")
     name: Name
     description: Description = ""
     model: Id
@@ -70,6 +73,7 @@ class UpdateAgent(Command):
     PATCH needs); None leaves a field as it is. `parameters`, when given, replaces the full set.
     """
 
+    target_fields = ("name", "description", "model", "system_prompt", "parameters")
     name: Name | None = None
     description: Description | None = None
     model: Id | None = None

@@ -183,6 +183,29 @@ async def test_a_retried_create_answers_with_the_first_agent(chat: Chat) -> None
     assert status == 200 and len(listed["agents"]) == 1
 
 
+async def test_a_key_reused_with_another_body_is_refused_not_answered_with_the_first(
+    chat: Chat,
+) -> None:
+    """QA finding: a create, or an update, sent again under its Idempotency-Key with another
+    body answered 2xx with the first result: a deploy script believed its new prompt live."""
+    key = {"Idempotency-Key": uid("idem-")}
+    body = {"name": uid("ada-"), "model": UPSTREAM_MODEL}
+    status, first = await send(chat, "POST", AGENTS, body, **key)
+    assert status == 201, first
+    other = {**body, "system_prompt": "something else"}
+    status, error = await send(chat, "POST", AGENTS, other, **key)
+    assert status == 409 and error["error"]["code"] == "idempotency_key_reused", error
+    status, again = await send(chat, "POST", AGENTS, body, **key)  # the same body: its retry
+    assert status == 201 and again["id"] == first["id"], again
+    update, path = {"Idempotency-Key": uid("idem-")}, f"{AGENTS}/{first['id']}"
+    status, one = await send(chat, "PATCH", path, {"description": "one"}, **update)
+    assert status == 200, one
+    status, error = await send(chat, "PATCH", path, {"description": "two"}, **update)
+    assert status == 409 and error["error"]["code"] == "idempotency_key_reused", error
+    status, current = await send(chat, "GET", path)
+    assert current["description"] == "one" and current["system_prompt"] == "", current
+
+
 async def test_a_create_its_read_model_cannot_apply_still_says_it_was_recorded(
     chat: Chat, monkeypatch: pytest.MonkeyPatch
 ) -> None:
