@@ -203,10 +203,17 @@ class AgentDirectory:
         self._cache: TtlCache[str, dict[str, Agent]] = TtlCache(ttl_s, max_workspaces)
 
     async def find(self, db: Database, workspace_id: str, name: str) -> Agent | None:
+        return (await self._active(db, workspace_id)).get(name)
+
+    async def names(self, db: Database, workspace_id: str) -> list[str]:
+        """The names of the workspace's active agents, sorted."""
+        return sorted(await self._active(db, workspace_id))
+
+    async def _active(self, db: Database, workspace_id: str) -> dict[str, Agent]:
         async def load() -> dict[str, Agent]:
             return _by_name(await agent_queries.list_agents(db, workspace_id))
 
-        return (await self._cache.get(workspace_id, load)).get(name)
+        return await self._cache.get(workspace_id, load)
 
     def forget(self, workspace_id: str | None = None) -> None:
         """Drop one workspace's entry (every entry without one): its next lookup reads."""
@@ -401,11 +408,29 @@ async def _model_or_recorded(
     try:
         agent = await _agent_named(request, principal, model)
         _check_model(request.app, model, agent)
-    except NotFound:
+    except NotFound as exc:
         if not await first_attempt_ran(request, principal.workspace_id, ids.command_id):
-            raise
+            raise await _with_agent_names(request, principal, exc) from None
         return None
     return agent
+
+
+async def _with_agent_names(request: web.Request, principal: Principal, exc: NotFound) -> NotFound:
+    """An unknown model's 404, naming the workspace's agents too: a model may be one (the
+    message named the served models only, an agent just renamed nowhere)."""
+    db, directory = request.app.get(DATABASE), request.app.get(AGENTS)
+    if exc.message.startswith("agent ") or db is None or directory is None:
+        return exc
+    names = await directory.names(db, principal.workspace_id)
+    if not names:
+        return exc
+    shown = ", ".join(repr(name) for name in names[:_AGENTS_NAMED])
+    more = f" and {len(names) - _AGENTS_NAMED:,} more" if len(names) > _AGENTS_NAMED else ""
+    return NotFound(f"{exc.message}; agents of this workspace: {shown}{more}", code=exc.code)
+
+
+_AGENTS_NAMED = 20
+"""The most agent names a model_not_found message lists (GET /v1/models lists them all)."""
 
 
 async def _admitted(request: web.Request) -> Principal:

@@ -317,6 +317,13 @@ async def test_a_retried_chat_turn_is_answered_after_its_agent_is_archived(chat:
     # Without a first attempt, the archived name is unknown.
     status, error = await send(chat, "POST", "/v1/chat/completions", body)
     assert status == 404 and error["error"]["code"] == "model_not_found", error
+    assert "agents of this workspace" not in error["error"]["message"], error  # none left
+    # QA finding: the message named the served models only, not the agents a model may be
+    # (one just renamed, say).
+    renamed = await create_agent(chat, name=uid("bea-"))
+    status, error = await send(chat, "POST", "/v1/chat/completions", body)
+    assert status == 404, error
+    assert f"agents of this workspace: {renamed['name']!r}" in error["error"]["message"]
 
 
 async def test_an_update_with_the_creates_idempotency_key_is_refused(chat: Chat) -> None:
