@@ -56,7 +56,11 @@ def _require_active(state: AgentState, command: Command) -> None:
     if not state.exists or state.workspace_id != command.workspace_id:
         raise NotFound(f"agent {state.agent_id} does not exist")
     if state.archived:
-        raise Conflict(f"agent {state.agent_id} is archived; an archived agent cannot change")
+        raise Conflict(
+            f"agent {state.agent_id} is archived; an archived agent cannot change: create a "
+            "new one (its name is free again)",
+            code="agent_archived",
+        )
 
 
 def _decide_create(state: AgentState, c: CreateAgent) -> list[Event]:

@@ -211,7 +211,8 @@ def _require_live(state: ConversationState, command: Command) -> None:
     if not state.exists or state.deleted or state.workspace_id != command.workspace_id:
         raise NotFound(
             f"conversation {state.conversation_id} does not exist; send the request without "
-            "X-SVC-Conversation-Id to start a new one"
+            "X-SVC-Conversation-Id to start a new one",
+            code="conversation_not_found",
         )
 
 
@@ -399,7 +400,9 @@ def _decide_recover(state: ConversationState, c: RecoverAbandonedTurns) -> list[
     # A deleted conversation's running turns are still recorded as failed; another
     # workspace's are not this command's (its callers name the conversation's own).
     if state.exists and state.workspace_id != c.workspace_id:
-        raise NotFound(f"conversation {state.conversation_id} does not exist")
+        raise NotFound(
+            f"conversation {state.conversation_id} does not exist", code="conversation_not_found"
+        )
     events: list[Event] = []
     for turn_id in dict.fromkeys(c.turn_ids):
         turn = state.turns.get(turn_id)
@@ -759,7 +762,9 @@ def recorded_result(
     `first_events` are the events the first run of this command id recorded, if known;
     `long_answer` the answer of a completed turn whose record does not hold it."""
     if state.workspace_id != command.workspace_id:
-        raise NotFound(f"conversation {state.conversation_id} does not exist")
+        raise NotFound(
+            f"conversation {state.conversation_id} does not exist", code="conversation_not_found"
+        )
     command_id = command.command_id
     turn_id = state.turn_by_command.get(command_id)
     if turn_id is None:

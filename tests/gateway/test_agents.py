@@ -133,7 +133,7 @@ async def test_create_list_get_update_and_archive(chat: Chat) -> None:
     status, listed = await send(chat, "GET", AGENTS + "?include_archived=true")
     assert [a["id"] for a in listed["agents"]] == [agent["id"]]
     status, refused = await send(chat, "PATCH", f"{AGENTS}/{agent['id']}", {"description": "x"})
-    assert status == 409, refused
+    assert status == 409 and refused["error"]["code"] == "agent_archived", refused
 
 
 async def test_the_list_comes_a_page_at_a_time(chat: Chat) -> None:

@@ -837,6 +837,7 @@ async def test_a_client_cannot_name_a_new_conversation(chat: Chat) -> None:
             )
         assert caught.value.response.headers["X-SVC-Conversation-Id"] == chosen
         assert f"conversation {chosen} does not exist" in caught.value.message
+        assert caught.value.code == "conversation_not_found"  # the admin reads' code too
     assert await chat.events(chosen) == []
     assert chat.stub.calls == 0
 
