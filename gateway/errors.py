@@ -153,6 +153,7 @@ RETRY_CANNOT_HELP = frozenset(
         "duplicate_request",
         "uniqueness",
         "agent_name_taken",
+        "agent_archived",
         "external_account",
         "projection_failed",
         "turn_abandoned",
