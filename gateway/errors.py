@@ -15,6 +15,7 @@ import difflib
 import logging
 import math
 import re
+import typing
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
@@ -558,7 +559,31 @@ def read_query(request: web.Request, model: type[M]) -> M:
     values = {k: v for k, v in request.query.items() if v != "" or k not in known}
     _refuse_unknown_parameters(model, values)
     _refuse_a_missing_parameter(request, model, values)
+    _refuse_loose_integers(model, values)
     try:
         return model.model_validate(values)
     except ValidationError as exc:
-        raise InvalidInput(describe_validation(exc)) from None
+        raise InvalidInput("invalid request: " + validation_problems(exc, whole="query")) from None
+
+
+_WHOLE_NUMBER = re.compile(r"-?[0-9]+")
+
+
+def _refuse_loose_integers(model: type[BaseModel], values: dict[str, str]) -> None:
+    """An integer parameter in ASCII digits only, as the settings take them: pydantic reads
+    `1_0` as 10, `1.0` as 1 and ` 5` as 5, so `at_version=3_0` asked for version 30."""
+    for name, field in model.model_fields.items():
+        raw = values.get(field.alias or name)
+        if raw is not None and _takes_integer(field.annotation):
+            if not _WHOLE_NUMBER.fullmatch(raw):
+                raise InvalidInput(
+                    f"query parameter {field.alias or name} must be a whole number in digits "
+                    f"(such as 10), not {echoed(raw)}"
+                )
+
+
+def _takes_integer(annotation: Any) -> bool:
+    if annotation is int:
+        return True
+    members = typing.get_args(annotation)
+    return int in members and all(m in (int, type(None)) for m in members)

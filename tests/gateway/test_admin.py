@@ -133,6 +133,11 @@ async def test_conversations_after_validation(
         {"offset": 10**20},  # beyond the database's integers: a 400, not a 500
         {"limt": 5},
         {"lmit": ""},  # empty, but unknown: not taken for absent
+        # QA finding: pydantic read these as 10, 1 and 5 (`at_version=3_0` asked for 30).
+        {"limit": "1_0"},
+        {"limit": "1.0"},
+        {"offset": " 5"},
+        {"limit": "+5"},
     ],
 )
 async def test_conversations_paging_validation(service: Service, params: dict[str, object]) -> None:
