@@ -80,8 +80,10 @@ def _not_issued(instead: str) -> str:
 
 def _old_form(instead: str) -> str:
     return (
-        "this cursor is in a form the service no longer issues (cursors are now sealed so "
-        f"that they tell nothing of other workspaces); {instead}"
+        "this cursor is in the plain form, which the service's own tools print (svc "
+        "projections status) and its API no longer takes: the API's cursors are sealed, so "
+        "that they tell nothing of other workspaces; pass one the API returned (an SSE id or "
+        f"a cursor field), or {instead}"
     )
 
 

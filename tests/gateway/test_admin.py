@@ -913,8 +913,10 @@ async def test_min_cursor(service: Service) -> None:
     point = decode_cursor(head)
     for refused, words in (
         ("garbage", "malformed cursor"),
-        (head, "no longer issues"),  # the plain form: it would tell where the log is
-        ("c1_____________________w", "no longer issues"),
+        # The plain form, as `svc projections status` prints it: it would tell where the log
+        # is, so the API takes only sealed ones, and says where this one came from.
+        (head, "plain form, which the service's own tools print"),
+        ("c1_____________________w", "its API no longer takes"),
         # Sealed, yet never issued: waiting for the read models to reach it would only time
         # out (a 503).
         (service.sealed(encode_cursor(LogPoint(point.tx, point.position + 1_000_000))), "ahead"),

@@ -144,7 +144,7 @@ def test_the_plain_form_of_earlier_builds_is_refused_with_what_to_do() -> None:
     """Accepting it would let anyone probe positions at will (a cursor ahead of the log is
     refused, one behind it is not), which is the leak sealing closes."""
     seal = CursorSeal(KEY)
-    with pytest.raises(InvalidCursor, match=r"no longer issues.*omit it.*start=latest"):
+    with pytest.raises(InvalidCursor, match=r"no longer takes.*omit it.*start=latest"):
         seal.open(encode_cursor(LogPoint(10, 20)))
 
 

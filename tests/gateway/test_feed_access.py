@@ -445,7 +445,7 @@ async def test_a_plain_cursor_is_refused_so_it_cannot_probe_the_log(
         assert error["code"] == "invalid_cursor"
         messages.add(error["message"])
     (message,) = messages
-    assert "no longer issues" in message and "start=latest" in message
+    assert "its API no longer takes" in message and "start=latest" in message
 
 
 async def test_a_fresh_cursor_behind_a_running_transaction_is_accepted(service: Service) -> None:
