@@ -115,14 +115,32 @@ and in Python (the year 1 or 9999 with an offset is neither)."""
 _ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
+_SPACED_OFFSET = re.compile(r"[0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)? [0-9]{2}(:?[0-9]{2})?$")
+"""A date-time whose `+hh:mm` came through a query string as a space."""
+
+
 def _iso_text(value: Any) -> Any:
     """Only ISO-8601 text: pydantic also reads a number ("0", "20261126") as Unix seconds,
-    so a date typed without its dashes would silently become an instant of 1970."""
+    so a date typed without its dashes would silently become an instant of 1970. A value
+    Python cannot read either way is refused with the reason (an hour of 25), where
+    pydantic's own message spoke of "extra characters"."""
     if not isinstance(value, str) or not _ISO_DATE.match(value):
         raise ValueError(
             "must be an ISO-8601 date or date-time such as 2026-11-26 or "
             "2026-11-26T08:00:00Z (not a number)"
         )
+    if _SPACED_OFFSET.search(value):
+        raise ValueError(
+            "has a space where its UTC offset's sign goes: a '+' in a query string reads as "
+            "a space, so write it %2B (2026-11-26T08:00:00%2B05:00), or give the time in "
+            "UTC with Z"
+        )
+    try:
+        datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise ValueError(
+            f"is not a date or date-time ({exc}); use the form 2026-11-26 or 2026-11-26T08:00:00Z"
+        ) from None
     return value
 
 

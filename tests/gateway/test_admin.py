@@ -600,6 +600,16 @@ async def test_analytics_window_takes_iso_text_and_says_what_is_wrong(service: S
         "/v1/admin/analytics", key, 400, since="2026-02-01", until="2026-01-01"
     )
     assert "until must be later than since" in body["error"]["message"]
+    # QA findings: an offset's '+' typed into the URL arrives as a space, and an hour of 25
+    # was told as "unexpected extra characters at the end of the input".
+    resp = await service.http.get(
+        service.url("/v1/admin/analytics?since=2026-11-26T08:00:00+05:00"),
+        headers=service.auth(key),
+    )
+    message = orjson.loads(await resp.read())["error"]["message"]
+    assert resp.status == 400 and "write it %2B" in message, message
+    body = await service.get_json("/v1/admin/analytics", key, 400, since="2026-11-28T25:00:00Z")
+    assert "hour must be in 0..23" in body["error"]["message"], body
 
 
 async def test_default_window_starts_no_earlier_than_1970(service: Service) -> None:
