@@ -46,13 +46,23 @@ class AgentUpdate(_Wire):
 
     @model_validator(mode="after")
     def _something(self) -> AgentUpdate:
-        if not self.model_fields_set or all(
-            getattr(self, name) is None for name in self.model_fields_set
-        ):
+        nulls = sorted(name for name in self.model_fields_set if getattr(self, name) is None)
+        if nulls:
+            # Null is no value here: it was read as "keep", so a client clearing a prompt
+            # with null was told it had sent nothing.
+            cleared = [name for name in nulls if name in _CLEARED_BY_EMPTY]
+            clear = f'; send "" to clear {" and ".join(cleared)}' if cleared else ""
+            raise ValueError(
+                f"{', '.join(nulls)}: null is not a value here: leave a field out to keep it{clear}"
+            )
+        if not self.model_fields_set:
             raise ValueError(
                 "give at least one of name, description, model, system_prompt, parameters"
             )
         return self
+
+
+_CLEARED_BY_EMPTY = ("description", "system_prompt")
 
 
 MAX_AGENTS_PAGE = 200

@@ -370,6 +370,17 @@ async def test_scopes_and_validation(chat: Chat) -> None:
     assert status == 404, error
     status, error = await send(chat, "GET", f"{AGENTS}/agt_missing")
     assert status == 404, error
+    # QA finding: a null was read as "keep", and the client told it had sent nothing.
+    agent = await create_agent(chat)
+    path = f"{AGENTS}/{agent['id']}"
+    status, error = await send(chat, "PATCH", path, {"system_prompt": None, "model": None})
+    message = error["error"]["message"]
+    assert status == 400 and "model, system_prompt: null is not a value here" in message
+    assert 'send "" to clear system_prompt' in message, message
+    status, error = await send(chat, "PATCH", path, {})
+    assert status == 400 and "give at least one of" in error["error"]["message"], error
+    status, cleared = await send(chat, "PATCH", path, {"system_prompt": ""})
+    assert status == 200 and cleared["system_prompt"] == "", cleared
 
 
 # --- agents as models in chat ----------------------------------------------------------------
