@@ -60,7 +60,7 @@ _BACKTICKS = re.compile(r"`+")
 def summary(c: queries.Conversation) -> ConversationSummary:
     return ConversationSummary(
         id=c.id,
-        title=c.title,
+        title=c.title or "",  # the spec's Conversation.title is a string, never null
         workspace_id=c.workspace_id,
         project_id=c.project_id,
         folder=c.folder,

@@ -206,7 +206,9 @@ class AnalyticsResponse(_Wire):
 
 class ConversationSummary(_Wire):
     id: str
-    title: str | None
+    title: str = Field(
+        description="empty until the conversation has one (its first message's words)"
+    )
     workspace_id: str
     project_id: str | None = None
     folder: str | None = None

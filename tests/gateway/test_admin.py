@@ -62,6 +62,11 @@ async def test_conversations_list_shape_and_paging(service: Service) -> None:
     page = await service.get_json("/v1/admin/conversations", key, limit=1, offset=1)
     assert [c["id"] for c in page["conversations"]] == [cid]
     assert (page["total"], page["limit"], page["offset"]) == (2, 1, 1)
+    # QA finding: a conversation without a title was listed with `title: null`; the spec's
+    # Conversation.title is a string.
+    untitled = await service.start_conversation(ws, None)
+    body = await service.get_json("/v1/admin/conversations", key)
+    assert [c["title"] for c in body["conversations"] if c["id"] == untitled] == [""]
 
 
 async def test_a_walk_by_after_meets_each_conversation_once_while_they_change(

@@ -125,7 +125,7 @@ class Service:
         )
         return self.sealed(result.cursor)
 
-    async def start_conversation(self, workspace_id: str, title: str = "hello") -> str:
+    async def start_conversation(self, workspace_id: str, title: str | None = "hello") -> str:
         cid = uid("c-")
         outcome = await self.app[RUNTIME].ask(
             conversation_key(cid),
