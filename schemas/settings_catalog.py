@@ -281,9 +281,23 @@ def check_stored_length(spec: SettingSpec, raw: str) -> None:
 
 def check_given(spec: SettingSpec, raw: str) -> None:
     """`raw`, a value being given (set, or read from the environment), has the shape of
-    `spec.new_rule` too, or InvalidInput saying what is expected."""
+    `spec.new_rule` too, or InvalidInput saying what is expected; and no control character
+    but line breaks and tabs (a prompt has lines), which no setting means and every listing
+    would show (`en\x01US` for a locale). A value stored before the check still loads."""
     if spec.new_rule is not None and not TEXT_RULES[spec.new_rule][0](raw):
         raise _invalid(spec, raw)
+    if any(_is_control(ch) for ch in raw):
+        shown = "(secret value)" if spec.secret else "the value"
+        raise InvalidInput(
+            f"{shown} for {spec.key} holds a control character (other than a line break or a "
+            "tab): remove it",
+            code="invalid_setting_value",
+        )
+
+
+def _is_control(ch: str) -> bool:
+    code = ord(ch)
+    return (code < 0x20 and ch not in "\t\n\r") or 0x7F <= code < 0xA0
 
 
 def parse_or_coerce(spec: SettingSpec, raw: str) -> SettingValue:

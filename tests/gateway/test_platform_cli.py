@@ -245,13 +245,15 @@ def test_settings_commands_mask_secrets(data_dir: Path) -> None:
 
 def test_a_value_with_a_line_break_cannot_forge_a_line_of_a_listing(data_dir: Path) -> None:
     forged = "SVC_NATIVE_API_KEY=sk-live-LOOKS-REAL\tenvironment\tR\tLLM"
-    # With a CSI (C1) sequence and a line separator, which JSON leaves as they are.
-    value = f"x\n{forged}\u009b31m\u2028"
+    # A CSI (C1) sequence is refused as it is given (QA finding: `en\x01US` was stored)...
+    done = svc(data_dir, "settings", "set", "SVC_AGENT_DEBATE_PROMPT", "x\u009b31m")
+    assert done.returncode == 2 and "holds a control character" in done.stderr, done.stderr
+    # ...and a line separator, which JSON leaves as it is, is escaped in the listing.
+    value = f"x\n{forged}\u2028"
     done = svc(data_dir, "settings", "set", "SVC_AGENT_DEBATE_PROMPT", value)
     assert done.returncode == 0, done.stderr
     as_json = svc(data_dir, "settings", "list", "--json").stdout
-    assert "\u009b" not in as_json and "\u2028" not in as_json
-    assert "\\u009b31m\\u2028" in as_json
+    assert "\u2028" not in as_json and "\\u2028" in as_json
     stored = {i["key"]: i["value"] for i in json.loads(as_json)["settings"]}
     assert stored["SVC_AGENT_DEBATE_PROMPT"] == value
     listed = svc(data_dir, "settings", "list").stdout.splitlines()

@@ -355,6 +355,19 @@ def test_a_role_mapping_stored_before_role_names_were_checked_still_applies() ->
         storable_value("SVC_LDAP_ROLE_MAPPINGS", legacy)
 
 
+def test_a_control_character_is_refused_in_any_value_given_but_lines_and_tabs() -> None:
+    """QA finding: `svc settings set SVC_LOCALE "$(printf 'en\x01US')"` was stored, and
+    listed so. A prompt's lines and tabs are text; a value stored before still loads."""
+    for key, value in (("SVC_LOCALE", "en\x01US"), ("SVC_AGENT_DEBATE_PROMPT", "a\x1b[2Jb")):
+        with pytest.raises(InvalidInput, match=f"for {key} holds a control character"):
+            check_given(get_spec(key), value)
+    with pytest.raises(InvalidInput) as refused:
+        check_given(get_spec("SVC_NATIVE_API_KEY"), "sk-\x01secret")
+    assert "secret" not in refused.value.message.replace("(secret value)", "")
+    check_given(get_spec("SVC_AGENT_DEBATE_PROMPT"), "line one\n\tline two\r\n")
+    assert Settings(stored={"SVC_LOCALE": "en\x01US"}).text("SVC_LOCALE") == "en\x01US"
+
+
 def test_a_long_header_setting_stored_before_the_bound_still_applies() -> None:
     """Review finding: dropped at start, a stored SVC_METRICS_TOKEN of over 4,096 bytes
     would have left /metrics open to anyone. The bound is on values given from now on."""
