@@ -29,6 +29,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
 
 from gateway.metrics import HTTP_ERRORS
+from gateway.validation_words import merged_unions, said
 from schemas.errors import (
     InvalidInput,
     PayloadTooLarge,
@@ -126,13 +127,13 @@ def validation_problems(
     `names` the fields as the client spells them), without pydantic's "Value error, " before
     the messages of the project's own checks."""
     parts = []
-    errors = exc.errors(include_url=False)
+    errors = merged_unions(exc.errors(include_url=False))
     for error in errors[:MAX_PROBLEMS_SHOWN]:
         path = [str(loc) for loc in error["loc"]]
         if path and names:
             path[0] = names.get(path[0], path[0])
         where = ".".join(path) or whole
-        parts.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
+        parts.append(f"{where}: {said(error)}")
     if len(errors) > MAX_PROBLEMS_SHOWN:
         # A body of a million bad items made an answer of 70 MB, built while others waited.
         parts.append(f"and {len(errors) - MAX_PROBLEMS_SHOWN:,} more problems")

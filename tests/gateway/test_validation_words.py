@@ -1,0 +1,59 @@
+"""Validation problems in the words of the wire (gateway.validation_words): QA findings where
+pydantic's own words named Python types or misread what was sent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from gateway.errors import describe_validation
+from schemas.admin import ApiKeyCreate
+from schemas.chat import ChatCompletionRequest
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def problems(model: type[BaseModel], body: bytes) -> str:
+    """What a client sending `body` (read as the gateway reads it, with orjson) is told."""
+    with pytest.raises(ValidationError) as refused:
+        model.model_validate(orjson.loads(body))
+    return describe_validation(refused.value)
+
+
+def chat_body(**fields: Any) -> bytes:
+    return orjson.dumps({"model": "m", "messages": HI, **fields})
+
+
+def test_a_body_or_a_field_that_is_no_object_is_said_so() -> None:
+    assert problems(ChatCompletionRequest, b"[1, 2]") == (
+        "invalid request: body: must be a JSON object"
+    )  # was: "Input should be a valid dictionary or instance of ChatCompletionRequest"
+    said = problems(ChatCompletionRequest, chat_body(stream_options=5))
+    assert said == "invalid request: stream_options: must be a JSON object", said
+
+
+def test_a_number_too_large_to_be_an_integer_is_out_of_range() -> None:
+    """orjson reads an integer beyond 64 bits as a float: pydantic said "Input should be a
+    valid integer" of a value that is one."""
+    huge = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": '
+    said = problems(ChatCompletionRequest, huge + b"99999999999999999999999999}")
+    assert (
+        said == "invalid request: max_tokens: is out of range: far larger than any value it takes"
+    )
+    said = problems(ApiKeyCreate, b'{"name": "k", "scopes": ["chat"], "rate_limit_rpm": 1e30}')
+    assert "rate_limit_rpm: is out of range" in said, said
+    said = problems(ApiKeyCreate, b'{"name": "k", "scopes": ["chat"], "rate_limit_rpm": 2.5}')
+    assert "rate_limit_rpm: Input should be a valid integer" in said, said  # a true fraction
+
+
+def test_a_value_no_member_of_a_union_takes_is_told_once_at_its_field() -> None:
+    content = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": 5}]})
+    said = problems(ChatCompletionRequest, content)
+    assert said == "invalid request: messages.0.content: must be a string or an array", said
+    # A member's own deeper problem is still told as it is.
+    parts = [{"role": "user", "content": [{"type": "image"}]}]
+    said = problems(ChatCompletionRequest, orjson.dumps({"model": "m", "messages": parts}))
+    assert "messages.0.content" in said and "must be a string or an array" not in said, said
