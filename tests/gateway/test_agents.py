@@ -160,7 +160,7 @@ async def test_the_list_comes_a_page_at_a_time(chat: Chat) -> None:
     for query in ("limit=0", "limit=201", "offset=-1", "limit=ten"):
         status, error = await send(chat, "GET", f"{AGENTS}?{query}")
         assert status == 400, (query, error)
-        assert f"{query.split('=')[0]}: " in error["error"]["message"], error
+        assert query.split("=")[0] in error["error"]["message"], error
 
 
 async def test_duplicate_name_is_a_conflict_until_archived(chat: Chat) -> None:
