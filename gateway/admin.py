@@ -22,6 +22,7 @@ from schemas.admin import (
     AnalyticsResponse,
     ApiKeyCreate,
     ApiKeyList,
+    ApiKeyRecord,
     ConversationExport,
     ConversationHistory,
     ConversationList,
@@ -142,6 +143,15 @@ def add_routes(app: web.Application) -> None:
         tag="Admin",
         query=KeyListQuery,
         response=ApiKeyList,
+    )
+    _get(
+        app,
+        "/v1/admin/apikeys/{key_id}",
+        admin_keys.get_key,
+        summary="One API key as the list shows it; never the key or its hash (admin:read)",
+        tag="Admin",
+        query=AdminRead,
+        response=ApiKeyRecord,
     )
     app.router.add_post("/v1/admin/apikeys", admin_keys.issue_key)
     document(

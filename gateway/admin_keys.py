@@ -42,6 +42,7 @@ from projections import queries
 from projections.identity import IdentityProjector
 from projections.identity_queries import key_owner
 from schemas.admin import (
+    AdminRead,
     ApiKeyCreate,
     ApiKeyList,
     ApiKeyRecord,
@@ -51,7 +52,7 @@ from schemas.admin import (
     RevokedApiKey,
 )
 from schemas.commands import Command
-from schemas.errors import Conflict, Forbidden, NotFound, SvcError
+from schemas.errors import Conflict, Forbidden, NotFound, SvcError, echoed
 from schemas.events import EVENTS
 from schemas.workspace import ID_MAX_CHARS, ApiKeyRevoked, IssueApiKey, RevokeApiKey
 
@@ -178,6 +179,21 @@ async def _check_owner_rule(request: web.Request, principal: Principal, key_id: 
 
 OWNER_RULE_MODELS = (*KEY_MODELS, IdentityProjector.name)
 """The read models the owner rule reads a key's owner from."""
+
+
+async def get_key(request: web.Request) -> web.Response:
+    """One key as the list shows it: never the key, never its hash."""
+    principal = await acting(request, READ)
+    read_query(request, AdminRead)
+    await read_your_writes(request, KEY_MODELS)
+    key_id = _path_key_id(request, principal.workspace_id)
+    key = await queries.get_api_key(request.app[DATABASE], principal.workspace_id, key_id)
+    if key is None:
+        raise NotFound(
+            f"no API key of workspace {principal.workspace_id} has id {echoed(key_id)} "
+            "(GET /v1/admin/apikeys lists them)"
+        )
+    return ok(record(key))
 
 
 def _path_key_id(request: web.Request, workspace_id: str) -> str:

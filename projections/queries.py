@@ -471,9 +471,11 @@ async def page_api_keys(
 
 
 async def get_api_key(db: Database, workspace_id: str, key_id: str) -> ApiKey | None:
+    """One key of the workspace as the listings show it (with the user it acts as)."""
     async with db.scoped(workspace_id) as conn:
         row = await conn.fetchrow(
-            f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE workspace_id = $1 AND key_id = $2",
+            f"SELECT {_LISTED_KEY_COLUMNS} FROM {_LISTED_KEYS} "
+            "WHERE workspace_id = $1 AND key_id = $2",
             workspace_id,
             key_id,
         )

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from schemas.admin import NewApiKey
 from schemas.identity import Access
 
 
@@ -98,13 +99,13 @@ class UserPage(_Body):
     total: int = Field(ge=0)
 
 
-class IssuedUserKey(_Body):
-    """The key is shown once."""
+class IssuedUserKey(NewApiKey):
+    """The key is shown once: as `POST /v1/admin/apikeys` answers, and `key_id`, the id's
+    name here before the two answers were made one."""
 
-    key: str
+    model_config = ConfigDict(extra="forbid")
     key_id: str
     user_id: str
-    scopes: list[str]
 
 
 class RoleView(_Body):

@@ -18,6 +18,7 @@ from actors.behaviour import CommandOutcome
 from actors.identity import directory_key, session_key
 from actors.workspace import workspace_key
 from eventstore.errors import InvalidCursor
+from gateway.admin_common import public_cursor
 from gateway.auth import (
     KEY_MODELS,
     check_delegation,
@@ -92,6 +93,7 @@ from schemas.identity import (
     UserProvisioned,
     secret_sized,
 )
+from schemas.identity_api import IssuedUserKey
 from schemas.workspace import API_KEY_SCOPES, IssueApiKey, RevokeApiKey
 
 Password = Annotated[SecretStr, secret_sized(MIN_LENGTH, MAX_LENGTH)]
@@ -725,11 +727,19 @@ async def issue_user_key(request: web.Request) -> web.Response:
     except Exception:
         await _revoke_unshown(request, ws, key_id)
         raise
-    return json(
-        {"key": key, "key_id": key_id, "user_id": user.user_id, "scopes": list(issue.scopes)},
-        status=201,
-        headers={"Cache-Control": "no-store"},
+    issued = IssuedUserKey(
+        id=key_id,
+        key_id=key_id,
+        name=issue.name,
+        prefix=issue.prefix,
+        scopes=list(issue.scopes),
+        rate_limit_rpm=issue.rate_limit_rpm,
+        created_at=issue.at,
+        user_id=user.user_id,
+        key=key,
+        cursor=public_cursor(request, outcome.cursor),
     )
+    return json(issued.model_dump(mode="json"), status=201, headers={"Cache-Control": "no-store"})
 
 
 async def _revoke_unshown(request: web.Request, workspace_id: str, key_id: str) -> None:
