@@ -419,4 +419,8 @@ def _same_request(command: Command, first_event: RecordedEvent) -> bool:
         return bool(recorded_digest == command.request_digest())
     target = command.model_dump(mode="json", include=set(command.target_fields))
     data = first_event.data
-    return all(data[name] == value for name, value in target.items() if name in data)
+    # A target field left None asked for no change (an agent update's absent fields): the
+    # event, which holds the whole result, says nothing against it.
+    return all(
+        data[name] == value for name, value in target.items() if name in data and value is not None
+    )

@@ -52,7 +52,7 @@ from schemas.admin import (
     RevokedApiKey,
 )
 from schemas.commands import Command
-from schemas.errors import Conflict, Forbidden, NotFound, SvcError, echoed
+from schemas.errors import Conflict, Forbidden, NotFound, SvcError
 from schemas.events import EVENTS
 from schemas.workspace import ID_MAX_CHARS, ApiKeyRevoked, IssueApiKey, RevokeApiKey
 
@@ -189,9 +189,10 @@ async def get_key(request: web.Request) -> web.Response:
     key_id = _path_key_id(request, principal.workspace_id)
     key = await queries.get_api_key(request.app[DATABASE], principal.workspace_id, key_id)
     if key is None:
+        # Not quoted: a key pasted where its id goes is a secret (as revoke says).
         raise NotFound(
-            f"no API key of workspace {principal.workspace_id} has id {echoed(key_id)} "
-            "(GET /v1/admin/apikeys lists them)"
+            f"no API key of workspace {principal.workspace_id} has the id given (the key's "
+            "id, key_..., not the key itself; GET /v1/admin/apikeys lists them)"
         )
     return ok(record(key))
 

@@ -571,7 +571,7 @@ _WHOLE_NUMBER = re.compile(r"-?[0-9]+")
 
 
 def _refuse_loose_integers(model: type[BaseModel], values: dict[str, str]) -> None:
-    """An integer parameter in ASCII digits only, as the settings take them: pydantic reads
+    """An integer parameter in ASCII digits only (a minus sign aside): pydantic reads
     `1_0` as 10, `1.0` as 1 and ` 5` as 5, so `at_version=3_0` asked for version 30."""
     for name, field in model.model_fields.items():
         raw = values.get(field.alias or name)

@@ -9,6 +9,9 @@ from typing import Any
 
 _UNION_MEMBER = re.compile(r"(str|int|float|bool|none|list\[.*\]|dict\[.*\]|[A-Z]\w*)")
 """The last part of an error's location when pydantic tried one member of a union."""
+_BUILTIN_MEMBER = re.compile(r"(str|int|float|bool|none|list\[.*\]|dict\[.*\])")
+"""Of those, the ones no client's key can be mistaken for (a dict's keys `Foo` and `Bar`
+look like model names): a union is merged only when one member is such."""
 
 _MEMBER_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean"}
 
@@ -23,7 +26,7 @@ def said(error: Any) -> str:
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         return "must be a JSON object"
     if kind == "int_type" and isinstance(given, float) and abs(given) >= EXACT_INTEGERS:
-        return "is out of range: far larger than any value it takes"
+        return "is out of range: far beyond any value it takes"
     return str(error["msg"]).removeprefix("Value error, ")
 
 
@@ -36,7 +39,11 @@ def merged_unions(errors: Sequence[Any]) -> list[Any]:
         loc = tuple(error["loc"])
         if loc and _is_member(loc[-1]) and str(error["type"]).endswith("_type"):
             members.setdefault(loc[:-1], []).append(str(loc[-1]))
-    merged = {field for field, tried in members.items() if len(tried) > 1}
+    merged = {
+        field
+        for field, tried in members.items()
+        if len(tried) > 1 and any(_BUILTIN_MEMBER.fullmatch(m) for m in tried)
+    }
     out: list[Any] = []
     for error in errors:
         loc = tuple(error["loc"])

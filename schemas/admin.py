@@ -136,7 +136,8 @@ def _iso_text(value: Any) -> Any:
             "UTC with Z"
         )
     try:
-        datetime.fromisoformat(value)
+        # RFC 3339 takes a lower-case z, as pydantic does; Python 3.11's parser does not.
+        datetime.fromisoformat(value[:-1] + "Z" if value.endswith("z") else value)
     except ValueError as exc:
         raise ValueError(
             f"is not a date or date-time ({exc}); use the form 2026-11-26 or 2026-11-26T08:00:00Z"

@@ -47,9 +47,10 @@ class AgentUpdate(_Wire):
     @model_validator(mode="after")
     def _something(self) -> AgentUpdate:
         nulls = sorted(name for name in self.model_fields_set if getattr(self, name) is None)
-        if nulls:
-            # Null is no value here: it was read as "keep", so a client clearing a prompt
-            # with null was told it had sent nothing.
+        if nulls and len(nulls) == len(self.model_fields_set):
+            # Null keeps a field (as clients that send every field expect), but a body of
+            # nulls only changes nothing: a client clearing a prompt with null was told it
+            # had sent nothing.
             cleared = [name for name in nulls if name in _CLEARED_BY_EMPTY]
             clear = f'; send "" to clear {" and ".join(cleared)}' if cleared else ""
             raise ValueError(

@@ -1586,7 +1586,9 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
         "note": "this build has blank or auto, offline, and openai (also openai-compat, "
         "compatible); any other value is refused",
     },
-    "SVC_CSP": {"rule": "header_value", "new_rule": "header_sized"},
+    # A stored CSP over the bound is dropped at start, with a warning: the default it falls
+    # back to is safe, and the long one made every answer unreadable to common clients.
+    "SVC_CSP": {"rule": "header_sized"},
     # Sent as a bearer token, or compared with one: a line break (a key file's last one)
     # would fail every request that carries it, told as a broken model server.
     **{key: {"rule": "header_value", "new_rule": "header_sized"} for key in _BEARER_KEYS},

@@ -552,3 +552,28 @@ def test_only_recent_turns_are_held_and_running_ones_stay() -> None:
         recorded_result(state, turn(1), first_events)
     with pytest.raises(Conflict, match="another request"):
         recorded_result(state, turn(1))
+
+
+def test_a_retry_recorded_before_request_digests_is_judged_by_the_fields_it_names() -> None:
+    """Review finding: an agent update's first run recorded before digests were kept holds
+    the whole profile after the change; its retry names only the field it changed (the
+    others None), which the fallback compared with the event's values and refused (409)."""
+    import uuid as uuid_module
+    from datetime import UTC, datetime
+
+    from actors.context import _same_request
+    from eventstore.records import RecordedEvent
+    from schemas.agent import UpdateAgent
+
+    def first_run(data: dict[str, object]) -> RecordedEvent:
+        return RecordedEvent(
+            1, 1, "agent:agt_1", 2, uuid_module.uuid4(), "ws", "agent.profile_updated", 1,
+            data, {"command_type": "UpdateAgent", "command_id": "k"}, datetime.now(UTC),
+        )  # fmt: skip
+
+    recorded = first_run({"name": "ada", "description": "one", "system_prompt": "be brief"})
+    at = datetime.now(UTC)
+    retry = UpdateAgent(command_id="k", workspace_id="ws", description="one", at=at)
+    assert _same_request(retry, recorded)
+    other = UpdateAgent(command_id="k", workspace_id="ws", description="two", at=at)
+    assert not _same_request(other, recorded)

@@ -615,6 +615,8 @@ async def test_analytics_window_takes_iso_text_and_says_what_is_wrong(service: S
     assert resp.status == 400 and "write it %2B" in message, message
     body = await service.get_json("/v1/admin/analytics", key, 400, since="2026-11-28T25:00:00Z")
     assert "hour must be in 0..23" in body["error"]["message"], body
+    for written in ("2026-11-26T08:00:00z", "2026-11-26t08:00:00.123z", "2026-11-26T08:00Z"):
+        await service.get_json("/v1/admin/analytics", key, since=written)  # RFC 3339 forms
 
 
 async def test_default_window_starts_no_earlier_than_1970(service: Service) -> None:

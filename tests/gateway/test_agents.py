@@ -375,8 +375,11 @@ async def test_scopes_and_validation(chat: Chat) -> None:
     path = f"{AGENTS}/{agent['id']}"
     status, error = await send(chat, "PATCH", path, {"system_prompt": None, "model": None})
     message = error["error"]["message"]
-    assert status == 400 and "model, system_prompt: null is not a value here" in message
+    assert status == 400 and "model, system_prompt: null keeps a field as it is" in message
     assert 'send "" to clear system_prompt' in message, message
+    # Beside a value, null keeps its field, as a client sending every field expects.
+    status, kept = await send(chat, "PATCH", path, {"description": "d", "system_prompt": None})
+    assert status == 200 and kept["system_prompt"] == agent["system_prompt"], kept
     status, error = await send(chat, "PATCH", path, {})
     assert status == 400 and "give at least one of" in error["error"]["message"], error
     status, cleared = await send(chat, "PATCH", path, {"system_prompt": ""})

@@ -27,6 +27,7 @@ from platform_support import free_port, serving_url, wait_healthy
 
 from gateway import cli
 from gateway.cli import build_parser
+from gateway.control_chars import json_visible
 
 SVC = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
 KEY = re.compile(r"svc_[A-Za-z0-9_\-]{40}")
@@ -248,6 +249,8 @@ def test_a_value_with_a_line_break_cannot_forge_a_line_of_a_listing(data_dir: Pa
     # A CSI (C1) sequence is refused as it is given (QA finding: `en\x01US` was stored)...
     done = svc(data_dir, "settings", "set", "SVC_AGENT_DEBATE_PROMPT", "x\u009b31m")
     assert done.returncode == 2 and "holds a control character" in done.stderr, done.stderr
+    # (One stored before the check still loads, and its listing escapes it.)
+    assert json_visible('"x\u009b31m"') == '"x\\u009b31m"'
     # ...and a line separator, which JSON leaves as it is, is escaped in the listing.
     value = f"x\n{forged}\u2028"
     done = svc(data_dir, "settings", "set", "SVC_AGENT_DEBATE_PROMPT", value)
