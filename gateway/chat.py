@@ -405,11 +405,14 @@ async def _model_or_recorded(
     """The agent `model` names, if any, after checking the model is served. A retry whose
     first attempt was recorded is answered with that record whatever the model is now (the
     agent archived or renamed since): the actor answers it without calling a model."""
+    agent = None
     try:
         agent = await _agent_named(request, principal, model)
         _check_model(request.app, model, agent)
     except NotFound as exc:
         if not await first_attempt_ran(request, principal.workspace_id, ids.command_id):
+            if agent is not None:  # an agent's model gone: its own message says so
+                raise
             raise await _with_agent_names(request, principal, exc) from None
         return None
     return agent
@@ -419,7 +422,7 @@ async def _with_agent_names(request: web.Request, principal: Principal, exc: Not
     """An unknown model's 404, naming the workspace's agents too: a model may be one (the
     message named the served models only, an agent just renamed nowhere)."""
     db, directory = request.app.get(DATABASE), request.app.get(AGENTS)
-    if exc.message.startswith("agent ") or db is None or directory is None:
+    if db is None or directory is None:
         return exc
     names = await directory.names(db, principal.workspace_id)
     if not names:

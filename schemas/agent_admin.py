@@ -54,7 +54,8 @@ class AgentUpdate(_Wire):
             cleared = [name for name in nulls if name in _CLEARED_BY_EMPTY]
             clear = f'; send "" to clear {" and ".join(cleared)}' if cleared else ""
             raise ValueError(
-                f"{', '.join(nulls)}: null is not a value here: leave a field out to keep it{clear}"
+                f"{', '.join(nulls)}: null keeps a field as it is, so this changes nothing; "
+                f"give a value to change{clear}"
             )
         if not self.model_fields_set:
             raise ValueError(
