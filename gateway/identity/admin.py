@@ -132,10 +132,14 @@ class AuditQuery(_Body):
     )
 
 
-ShownUserName = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(shown_text)]
-ShownText = Annotated[str, Field(max_length=500), AfterValidator(shown_text)]
+UserNameText = Annotated[str, Field(min_length=1, max_length=256)]
+ProfileText = Annotated[str, Field(max_length=500)]
+ShownUserName = Annotated[UserNameText, AfterValidator(shown_text)]
+ShownText = Annotated[ProfileText, AfterValidator(shown_text)]
 """A user's names as the admin API takes them: shown in the user list, the audit log and
-SCIM, so without control characters or direction overrides (as key and agent names)."""
+SCIM, so without control characters or direction overrides (as key and agent names). A
+PATCH checks only the values it changes (`_check_shown_changes`): a name stored before the
+check, sent again by a form that resends every field, is no new value."""
 
 
 class NewUser(_Body):
@@ -150,13 +154,26 @@ class NewUser(_Body):
 
 
 class UserPatch(_Body):
-    user_name: ShownUserName | None = None
-    display_name: ShownText | None = None
-    given_name: ShownText | None = None
-    family_name: ShownText | None = None
+    user_name: UserNameText | None = None
+    display_name: ProfileText | None = None
+    given_name: ProfileText | None = None
+    family_name: ProfileText | None = None
     emails: Emails | None = None
-    external_id: ShownText | None = None
+    external_id: ProfileText | None = None
     active: bool | None = None
+
+
+_SHOWN_FIELDS = ("user_name", "display_name", "given_name", "family_name", "external_id")
+
+
+def _check_shown_changes(changes: dict[str, Any], user: UserRow) -> None:
+    for field in _SHOWN_FIELDS:
+        value = changes.get(field)
+        if isinstance(value, str) and value != getattr(user, field):
+            try:
+                shown_text(value)
+            except ValueError as exc:
+                raise InvalidInput(f"invalid request: {field}: {exc}") from None
 
 
 SELF_EDITABLE = frozenset({"display_name", "given_name", "family_name"})
@@ -438,6 +455,7 @@ async def patch_user(request: web.Request) -> web.Response:
             await check_manageable(ident, principal, user)
         if body.active is False and "owner" in user.roles:
             await keep_an_owner(ident, principal.workspace_id, user.user_id)
+        _check_shown_changes(changes, user)
         renamed = {f for f in changed & DIRECTORY_MATCHED if getattr(body, f) != getattr(user, f)}
         if user.source in DIRECTORY_SOURCES | {"scim"} and renamed:
             # A sign-in through the directory finds the account by these and syncs its

@@ -990,6 +990,15 @@ async def test_names_with_control_or_direction_characters_are_refused(
         changed = scim_user("legacy@example.com", displayName="Ann\tB", active=False)
         status, err, _ = await svc.request("PUT", path, token, json=changed)
         assert_scim_error(status, err, 400, "invalidValue")
+        # The admin API's PATCH alike: a form resending every field restates the name.
+        admin_path = "/v1/admin/users/usr_legacy_tab"
+        resent = {"display_name": "Ann\tLee", "given_name": "Ann"}
+        status, body, _ = await svc.request("PATCH", admin_path, key, json=resent)
+        assert status == 200 and body["given_name"] == "Ann", body
+        status, err, _ = await svc.request(
+            "PATCH", admin_path, key, json={"display_name": "Ann\tB"}
+        )
+        assert status == 400 and "display_name: must not contain" in err["error"]["message"]
         # Names of every script, spaces inside, are still names.
         for fine in ("Zoë Ångström", "山田 太郎", "O'Brien-Smith"):
             status, made, _ = await svc.request(
