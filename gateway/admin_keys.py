@@ -114,19 +114,24 @@ async def issue_key(request: web.Request) -> web.Response:
             code="duplicate_request",
         )
     return ok(
-        NewApiKey(
-            id=command.key_id,
-            name=command.name,
-            prefix=command.prefix,
-            scopes=list(command.scopes),
-            rate_limit_rpm=command.rate_limit_rpm,
-            expires_at=command.expires_at,
-            created_at=command.at,
-            key=key,
-            cursor=public_cursor(request, outcome.cursor),
-        ),
+        new_key(request, command, key, outcome.cursor),
         status=201,
         headers={"Cache-Control": "no-store"},  # the only copy of the key there will be
+    )
+
+
+def new_key(request: web.Request, issued: IssueApiKey, key: str, cursor: str) -> NewApiKey:
+    """The answer that shows an issued key, the only time it is shown (both issuing routes)."""
+    return NewApiKey(
+        id=issued.key_id,
+        name=issued.name,
+        prefix=issued.prefix,
+        scopes=list(issued.scopes),
+        rate_limit_rpm=issued.rate_limit_rpm,
+        expires_at=issued.expires_at,
+        created_at=issued.at,
+        key=key,
+        cursor=public_cursor(request, cursor),
     )
 
 

@@ -18,7 +18,7 @@ from actors.behaviour import CommandOutcome
 from actors.identity import directory_key, session_key
 from actors.workspace import workspace_key
 from eventstore.errors import InvalidCursor
-from gateway.admin_common import public_cursor
+from gateway.admin_keys import new_key
 from gateway.auth import (
     KEY_MODELS,
     check_delegation,
@@ -745,18 +745,8 @@ async def issue_user_key(request: web.Request) -> web.Response:
     except Exception:
         await _revoke_unshown(request, ws, key_id)
         raise
-    issued = IssuedUserKey(
-        id=key_id,
-        key_id=key_id,
-        name=issue.name,
-        prefix=issue.prefix,
-        scopes=list(issue.scopes),
-        rate_limit_rpm=issue.rate_limit_rpm,
-        created_at=issue.at,
-        user_id=user.user_id,
-        key=key,
-        cursor=public_cursor(request, outcome.cursor),
-    )
+    shown = new_key(request, issue, key, outcome.cursor).model_dump()
+    issued = IssuedUserKey(**{**shown, "key_id": key_id, "user_id": user.user_id})
     return json(issued.model_dump(mode="json"), status=201, headers={"Cache-Control": "no-store"})
 
 
