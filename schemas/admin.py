@@ -429,6 +429,14 @@ def shown_text(value: str) -> str:
     return value
 
 
+def shown_name(value: str) -> str:
+    """A name a person signs in with and others see: `shown_text`, and not white space only
+    (a user named three spaces signed in as such)."""
+    if not value.strip():
+        raise ValueError("must not be blank (white space only)")
+    return shown_text(value)
+
+
 def printable_name(value: str) -> str:
     """A name shown on one line in listings and terminals (svc apikeys list, GET /v1/models):
     `shown_text`, with no white space at either end (so none of spaces only)."""

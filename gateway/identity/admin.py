@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
@@ -66,7 +67,14 @@ from projections.identity_queries import (
     user_api_keys,
     user_session_ids,
 )
-from schemas.admin import MAX_OFFSET, ApiKeyName, NoQuery, OneLineName, shown_text
+from schemas.admin import (
+    MAX_OFFSET,
+    ApiKeyName,
+    NoQuery,
+    OneLineName,
+    shown_name,
+    shown_text,
+)
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError, echoed
 from schemas.identity import (
     BUILTIN_ROLES,
@@ -74,6 +82,7 @@ from schemas.identity import (
     BindRole,
     DefineCustomRole,
     DeprovisionUser,
+    Email,
     Emails,
     IssueScimToken,
     LinkApiKey,
@@ -134,12 +143,19 @@ class AuditQuery(_Body):
 
 UserNameText = Annotated[str, Field(min_length=1, max_length=256)]
 ProfileText = Annotated[str, Field(max_length=500)]
-ShownUserName = Annotated[UserNameText, AfterValidator(shown_text)]
+ShownUserName = Annotated[UserNameText, AfterValidator(shown_name)]
 ShownText = Annotated[ProfileText, AfterValidator(shown_text)]
 """A user's names as the admin API takes them: shown in the user list, the audit log and
 SCIM, so without control characters or direction overrides (as key and agent names). A
 PATCH checks only the values it changes (`_check_shown_changes`): a name stored before the
 check, sent again by a form that resends every field, is no new value."""
+
+
+def _shown_emails(emails: tuple[Email, ...]) -> tuple[Email, ...]:
+    """Addresses are shown in the same reads as names, and checked alike."""
+    for email in emails:
+        shown_text(email.value)
+    return emails
 
 
 class NewUser(_Body):
@@ -149,7 +165,7 @@ class NewUser(_Body):
     display_name: ShownText | None = None
     given_name: ShownText | None = None
     family_name: ShownText | None = None
-    emails: Emails = ()
+    emails: Annotated[Emails, AfterValidator(_shown_emails)] = ()
     external_id: ShownText | None = None
 
 
@@ -170,10 +186,18 @@ def _check_shown_changes(changes: dict[str, Any], user: UserRow) -> None:
     for field in _SHOWN_FIELDS:
         value = changes.get(field)
         if isinstance(value, str) and value != getattr(user, field):
-            try:
-                shown_text(value)
-            except ValueError as exc:
-                raise InvalidInput(f"invalid request: {field}: {exc}") from None
+            _check_shown(field, value, shown_name if field == "user_name" else shown_text)
+    held = {email.get("value") for email in user.emails}
+    for n, email in enumerate(changes.get("emails") or ()):
+        if email["value"] not in held:
+            _check_shown(f"emails.{n}.value", email["value"])
+
+
+def _check_shown(field: str, value: str, check: Callable[[str], str] = shown_text) -> None:
+    try:
+        check(value)
+    except ValueError as exc:
+        raise InvalidInput(f"invalid request: {field}: {exc}") from None
 
 
 SELF_EDITABLE = frozenset({"display_name", "given_name", "family_name"})

@@ -50,7 +50,7 @@ from gateway.identity.common import (
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
 from gateway.identity.service import Identity, identity
 from projections.identity_queries import UserRow, find_scim_token, get_user, list_users
-from schemas.admin import shown_text
+from schemas.admin import shown_name, shown_text
 from schemas.errors import Conflict, InvalidInput, SvcError, Unauthorized
 from schemas.identity import MAX_EMAILS, SIGNS_IN_ELSEWHERE, ProvisionUser, UpdateUser, UserProfile
 
@@ -368,10 +368,17 @@ def _check_shown(fields: dict[str, Any], kept: Mapping[str, Any]) -> dict[str, A
     control characters or direction overrides, as the admin API takes them. A value the
     user already holds (`kept`, stored before the check) is no new one: an IdP's PUT that
     restates it, a deactivation included, is not refused for it."""
+    held = {email.get("value") for email in kept.get("emails") or ()}
+    for n, email in enumerate(fields.get("emails") or ()):
+        if email["value"] not in held:
+            try:
+                shown_text(email["value"])
+            except ValueError as exc:
+                raise ScimError(400, f"emails[{n}].value {exc}", "invalidValue") from None
     for field, value in fields.items():
         if field in _SCIM_NAMES and isinstance(value, str) and kept.get(field) != value:
             try:
-                shown_text(value)
+                (shown_name if field == "user_name" else shown_text)(value)
             except ValueError as exc:
                 raise ScimError(400, f"{_SCIM_NAMES[field]} {exc}", "invalidValue") from None
     return fields

@@ -958,6 +958,31 @@ async def test_names_with_control_or_direction_characters_are_refused(
                 "PATCH", f"/v1/admin/users/{created['id']}", key, json={"given_name": text}
             )
             assert status == 400 and "given_name: must not contain" in err["error"]["message"]
+        # QA findings: addresses are shown in the same reads, and a name of spaces only
+        # signed in as such.
+        odd_email = scim_user("m@example.com", emails=[{"value": "x\u001b[2J@y.com"}])
+        status, err, _ = await svc.request("POST", "/scim/v2/Users", token, json=odd_email)
+        assert_scim_error(status, err, 400, "invalidValue")
+        assert err["detail"].startswith("emails[0].value must not contain"), err
+        status, err, _ = await svc.request("POST", "/scim/v2/Users", token, json=scim_user("  "))
+        assert_scim_error(status, err, 400, "invalidValue")
+        assert "userName must not be blank" in err["detail"], err
+        for admin_body, says in (
+            ({"user_name": "   "}, "user_name: must not be blank"),
+            (
+                {"user_name": "mail", "emails": [{"value": "d\u202e@x.com"}]},
+                "must not contain marks or overrides",
+            ),
+        ):
+            status, err, _ = await svc.request("POST", "/v1/admin/users", key, json=admin_body)
+            assert status == 400 and says in err["error"]["message"], err
+        status, err, _ = await svc.request(
+            "PATCH",
+            f"/v1/admin/users/{created['id']}",
+            key,
+            json={"emails": [{"value": "e\n@x.com"}]},
+        )
+        assert status == 400 and "emails.0.value: must not contain" in err["error"]["message"]
         # A wrong type is named as SCIM spells the attribute, not as the service stores it.
         patch = {
             "schemas": [PATCH],
