@@ -10,6 +10,7 @@ All three are pure decide/evolve cores; hashing, the vault and clocks live in ga
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -134,7 +135,14 @@ def _check_name_free(state: DirectoryState, user_name: str, user_id: str) -> Non
 def _check_roles(state: DirectoryState, roles: Sequence[str]) -> None:
     unknown = sorted(r for r in roles if not state.knows_role(r))
     if unknown:
-        raise InvalidInput(f"unknown roles {unknown}", code="unknown_role")
+        known = sorted({*BUILTIN_ROLES, *state.custom_roles})
+        near = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise InvalidInput(
+            f"unknown role {', '.join(unknown)}{hint}; the workspace's roles: {', '.join(known)}"
+            " (GET /v1/admin/roles; POST /v1/admin/roles defines one)",
+            code="unknown_role",
+        )
 
 
 def _provision(state: DirectoryState, c: ProvisionUser) -> list[Event]:

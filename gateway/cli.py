@@ -68,7 +68,7 @@ from projections.runner import next_step
 from schemas.admin import MAX_RATE_LIMIT_RPM, ApiKeyName
 from schemas.commands import service_command_id
 from schemas.conversation import RecoverAbandonedTurns, TurnFailed
-from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError
+from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError, echoed
 from schemas.settings_catalog import MAX_STORED_CHARS, get_spec
 from schemas.text import is_utf8
 from schemas.workspace import IssueApiKey, RevokeApiKey, new_workspace_id
@@ -790,7 +790,7 @@ async def cmd_conversations(args: argparse.Namespace, settings: Settings) -> int
         first = await stream.read(1, 1)
         if not first:
             where = f" in workspace {args.workspace}" if args.workspace else ""
-            raise NotFound(f"no conversation {args.conversation_id}{where}")
+            raise NotFound(f"no conversation {echoed(args.conversation_id)}{where}")
         snapshot = await snapshot_of(stream)
         newest = await stream.newest_version()
         state_of = _StateAt(stream, snapshot)

@@ -115,9 +115,20 @@ _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*+:/++)?.*@", re.DOTALL)
 break): a URL given without its `//` (`user:pw@host`, `https:/user:pw@host`) included."""
 
 
+_QUOTED_CHARS = 120
+"""The most of a refused value a message quotes (a 100 KB one was said back whole)."""
+
+
+def _quoted_short(value: str) -> str:
+    if len(value) <= _QUOTED_CHARS:
+        return repr(value)
+    return f"{value[:_QUOTED_CHARS]!r}... ({len(value):,} characters)"
+
+
 def _invalid(spec: SettingSpec, raw: str) -> InvalidInput:
     # A refused URL may hold a password (refused for that very reason): never quoted back.
-    shown = "(secret value)" if spec.secret else repr(_USERINFO.sub(r"\1***@", raw))
+    masked = _USERINFO.sub(r"\1***@", raw)
+    shown = "(secret value)" if spec.secret else _quoted_short(masked)
     return InvalidInput(
         f"invalid value {shown} for {spec.key}: expected {spec.expected()}",
         code="invalid_setting_value",

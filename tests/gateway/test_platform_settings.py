@@ -355,6 +355,13 @@ def test_a_role_mapping_stored_before_role_names_were_checked_still_applies() ->
         storable_value("SVC_LDAP_ROLE_MAPPINGS", legacy)
 
 
+def test_a_refused_value_is_quoted_short() -> None:
+    """QA finding: a refused 5,000-character value was said back whole."""
+    with pytest.raises(InvalidInput) as refused:
+        parse(get_spec("SVC_CSP"), "a" * 5000)
+    assert len(refused.value.message) < 400 and "(5,000 characters)" in refused.value.message
+
+
 def test_a_control_character_is_refused_in_any_value_given_but_lines_and_tabs() -> None:
     """QA finding: `svc settings set SVC_LOCALE "$(printf 'en\x01US')"` was stored, and
     listed so. A prompt's lines and tabs are text; a value stored before still loads."""

@@ -681,7 +681,8 @@ async def test_a_users_key_acts_within_the_users_current_rights(database_url: st
         typo = f"/v1/admin/users/{user['id']}/roles/membr"
         status, err, _ = await svc.request("DELETE", typo, key)
         assert (status, err["error"]["code"]) == (400, "unknown_role"), err
-        assert "membr" in err["error"]["message"], err
+        assert "unknown role membr (did you mean member?)" in err["error"]["message"], err
+        assert "the workspace's roles: admin," in err["error"]["message"], err
         status, _, _ = await svc.request(
             "POST", f"/v1/admin/users/{user['id']}/roles", key, json={"role": "admin"}
         )
