@@ -19,6 +19,8 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    TypeAdapter,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -127,7 +129,7 @@ def _iso_text(value: Any) -> Any:
     if not isinstance(value, str) or not _ISO_DATE.match(value):
         raise ValueError(
             "must be an ISO-8601 date or date-time such as 2026-11-26 or "
-            "2026-11-26T08:00:00Z (not a number)"
+            f"2026-11-26T08:00:00Z{' (not a number)' if _NUMBER.fullmatch(str(value)) else ''}"
         )
     if _SPACED_OFFSET.search(value):
         raise ValueError(
@@ -136,13 +138,31 @@ def _iso_text(value: Any) -> Any:
             "UTC with Z"
         )
     try:
+        _DATE_OR_TIME.validate_python(value)  # as the field reads it, then said in words
+    except ValidationError:
+        raise ValueError(
+            f"is not a date or date-time{_why_not(value)}; use the form 2026-11-26 or "
+            "2026-11-26T08:00:00Z (an offset as +05:00, written %2B05:00 in a URL)"
+        ) from None
+    return value
+
+
+_NUMBER = re.compile(r"[+-]?[0-9]+(\.[0-9]*)?")
+_DATE_OR_TIME: TypeAdapter[datetime] = TypeAdapter(datetime)
+
+
+def _why_not(value: str) -> str:
+    """Python's reason a date-time does not read (an hour of 25, a day of 31 in June), when
+    it has one a person can use; pydantic's own spoke of "extra characters"."""
+    try:
         # RFC 3339 takes a lower-case z, as pydantic does; Python 3.11's parser does not.
         datetime.fromisoformat(value[:-1] + "Z" if value.endswith("z") else value)
     except ValueError as exc:
-        raise ValueError(
-            f"is not a date or date-time ({exc}); use the form 2026-11-26 or 2026-11-26T08:00:00Z"
-        ) from None
-    return value
+        reason = str(exc)
+        if "timedelta" in reason:
+            return " (a UTC offset is under 24 hours)"
+        return "" if "isoformat string" in reason else f" ({reason})"
+    return ""
 
 
 def _in_range(value: datetime | None) -> datetime | None:

@@ -615,6 +615,15 @@ async def test_analytics_window_takes_iso_text_and_says_what_is_wrong(service: S
     assert resp.status == 400 and "write it %2B" in message, message
     body = await service.get_json("/v1/admin/analytics", key, 400, since="2026-11-28T25:00:00Z")
     assert "hour must be in 0..23" in body["error"]["message"], body
+    for wrong in ("2026-11-28T10:00:00Zjunk", "2026-11-28T10:00:00+01:60", "2026-11-28T10Z"):
+        body = await service.get_json("/v1/admin/analytics", key, 400, since=wrong)
+        message = body["error"]["message"]
+        assert "since: is not a date or date-time; use the form 2026-11-26" in message, message
+        assert "extra characters" not in message and "isoformat" not in message, message
+    body = await service.get_json(
+        "/v1/admin/analytics", key, 400, since="2026-11-28T10:00:00+25:00"
+    )
+    assert "(a UTC offset is under 24 hours)" in body["error"]["message"], body
     for written in ("2026-11-26T08:00:00z", "2026-11-26t08:00:00.123z", "2026-11-26T08:00Z"):
         await service.get_json("/v1/admin/analytics", key, since=written)  # RFC 3339 forms
 
