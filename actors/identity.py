@@ -10,7 +10,6 @@ All three are pure decide/evolve cores; hashing, the vault and clocks live in ga
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -18,7 +17,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from actors.behaviour import ActorKey, Behaviour
 from schemas.commands import Command
-from schemas.errors import Conflict, InvalidInput, NotFound
+from schemas.errors import Conflict, InvalidInput, NotFound, nearest
 from schemas.events import Event
 from schemas.identity import (
     BUILTIN_ROLES,
@@ -136,10 +135,9 @@ def _check_roles(state: DirectoryState, roles: Sequence[str]) -> None:
     unknown = sorted(r for r in roles if not state.knows_role(r))
     if unknown:
         known = sorted({*BUILTIN_ROLES, *state.custom_roles})
-        near = difflib.get_close_matches(unknown[0], known, n=1)
-        hint = f" (did you mean {near[0]}?)" if near else ""
         raise InvalidInput(
-            f"unknown role {', '.join(unknown)}{hint}; the workspace's roles: {', '.join(known)}"
+            f"unknown role {', '.join(unknown)}{nearest(unknown[0], known)}; the workspace's "
+            f"roles: {', '.join(known)}"
             " (GET /v1/admin/roles; POST /v1/admin/roles defines one)",
             code="unknown_role",
         )

@@ -11,7 +11,6 @@ the process keeps serving. A NUL character in the URL or in a JSON string is a 4
 from __future__ import annotations
 
 import asyncio
-import difflib
 import logging
 import math
 import re
@@ -36,6 +35,7 @@ from schemas.errors import (
     RequestTimeout,
     SvcError,
     echoed,
+    nearest,
 )
 from schemas.text import is_utf8
 
@@ -524,10 +524,9 @@ def _refuse_unknown_parameters(model: type[BaseModel], given: Collection[str]) -
     named = ", ".join(echoed(name) for name in unknown[:5])
     if not known:
         raise InvalidInput(f"this request takes no query parameters; leave out {named}")
-    near = difflib.get_close_matches(unknown[0], known, n=1)
-    hint = f" (did you mean {near[0]}?)" if near else ""
     raise InvalidInput(
-        f"query parameter {named} is not one this request takes{hint}; it takes {', '.join(known)}"
+        f"query parameter {named} is not one this request takes{nearest(unknown[0], known)}; "
+        f"it takes {', '.join(known)}"
     )
 
 

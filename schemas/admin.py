@@ -38,9 +38,9 @@ class _Wire(BaseModel):
 MAX_PAGE = 200
 DEFAULT_PAGE = 50
 MAX_OFFSET = 1_000_000_000
+"""Beyond any real read model, and far inside the database's 64-bit integer."""
 MAX_RATE_LIMIT_RPM = 1_000_000
 """The highest per-key limit, in requests a minute."""
-"""Beyond any real read model, and far inside the database's 64-bit integer."""
 
 
 class NoQuery(_Wire):
@@ -138,13 +138,13 @@ def _iso_text(value: Any) -> Any:
             "UTC with Z"
         )
     try:
-        _DATE_OR_TIME.validate_python(value)  # as the field reads it, then said in words
+        # Read as the field would read it (and handed on read): a refusal said in words.
+        return _DATE_OR_TIME.validate_python(value)
     except ValidationError:
         raise ValueError(
             f"is not a date or date-time{_why_not(value)}; use the form 2026-11-26 or "
             "2026-11-26T08:00:00Z (an offset as +05:00, written %2B05:00 in a URL)"
         ) from None
-    return value
 
 
 _NUMBER = re.compile(r"[+-]?[0-9]+(\.[0-9]*)?")

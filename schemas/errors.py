@@ -8,7 +8,9 @@ must be safe to show a person: never include a secret, key, token or password.
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 
 
 class SvcError(Exception):
@@ -131,6 +133,12 @@ class Unavailable(SvcError):
 
 
 _PLAIN = re.compile(r"[A-Za-z0-9_.:\-\[\]]{1,64}")
+
+
+def nearest(word: str, choices: Iterable[str]) -> str:
+    """` (did you mean X?)` for the choice closest to a mistyped `word`, or nothing."""
+    near = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {near[0]}?)" if near else ""
 
 
 def echoed(text: str) -> str:

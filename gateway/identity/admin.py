@@ -7,9 +7,7 @@ principal grants a role, defines one, or manages a user carrying rights it lacks
 
 from __future__ import annotations
 
-import difflib
 import logging
-from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
@@ -37,6 +35,7 @@ from gateway.identity.common import (
     DIRECTORY_SOURCES,
     actor_of,
     command_id,
+    first_unshown,
     idempotency_key,
     json,
     new_id,
@@ -75,7 +74,15 @@ from schemas.admin import (
     shown_name,
     shown_text,
 )
-from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError, echoed
+from schemas.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    SvcError,
+    echoed,
+    nearest,
+)
 from schemas.identity import (
     BUILTIN_ROLES,
     Access,
@@ -147,8 +154,8 @@ ShownUserName = Annotated[UserNameText, AfterValidator(shown_name)]
 ShownText = Annotated[ProfileText, AfterValidator(shown_text)]
 """A user's names as the admin API takes them: shown in the user list, the audit log and
 SCIM, so without control characters or direction overrides (as key and agent names). A
-PATCH checks only the values it changes (`_check_shown_changes`): a name stored before the
-check, sent again by a form that resends every field, is no new value."""
+PATCH checks only the values it changes (`first_unshown`): a name stored before the check,
+sent again by a form that resends every field, is no new value."""
 
 
 def _shown_emails(emails: tuple[Email, ...]) -> tuple[Email, ...]:
@@ -179,25 +186,11 @@ class UserPatch(_Body):
     active: bool | None = None
 
 
-_SHOWN_FIELDS = ("user_name", "display_name", "given_name", "family_name", "external_id")
-
-
 def _check_shown_changes(changes: dict[str, Any], user: UserRow) -> None:
-    for field in _SHOWN_FIELDS:
-        value = changes.get(field)
-        if isinstance(value, str) and value != getattr(user, field):
-            _check_shown(field, value, shown_name if field == "user_name" else shown_text)
-    held = {email.get("value") for email in user.emails}
-    for n, email in enumerate(changes.get("emails") or ()):
-        if email["value"] not in held:
-            _check_shown(f"emails.{n}.value", email["value"])
-
-
-def _check_shown(field: str, value: str, check: Callable[[str], str] = shown_text) -> None:
-    try:
-        check(value)
-    except ValueError as exc:
-        raise InvalidInput(f"invalid request: {field}: {exc}") from None
+    problem = first_unshown(changes, profile_of(user).model_dump())
+    if problem is not None:
+        where = problem.field if problem.index is None else f"emails.{problem.index}.value"
+        raise InvalidInput(f"invalid request: {where}: {problem.reason}")
 
 
 SELF_EDITABLE = frozenset({"display_name", "given_name", "family_name"})
@@ -985,11 +978,9 @@ def _check_audit_action(action: str | None) -> None:
     `identity.login_failed`), not an empty page."""
     if action is None or action in AUDIT_ACTIONS:
         return
-    near = difflib.get_close_matches(action, AUDIT_ACTIONS, n=1)
-    hint = f" (did you mean {near[0]}?)" if near else ""
     raise InvalidInput(
-        f"action {action!r} is not one the audit log holds{hint}; it holds "
-        + ", ".join(sorted(AUDIT_ACTIONS))
+        f"action {action!r} is not one the audit log holds{nearest(action, AUDIT_ACTIONS)}; "
+        "it holds " + ", ".join(sorted(AUDIT_ACTIONS))
     )
 
 

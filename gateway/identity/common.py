@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,6 +24,7 @@ from gateway.errors import body_deadline, read_header_id, undecodable_body
 from gateway.settings import Settings
 from gateway.state import STORE, Principal
 from projections.identity_queries import UserRow
+from schemas.admin import shown_name, shown_text
 from schemas.commands import client_command_id
 from schemas.errors import Conflict, InvalidInput, PayloadTooLarge
 from schemas.identity import SIGNS_IN_ELSEWHERE, USER_CHANGED, UserProfile
@@ -221,6 +223,42 @@ def profile_of(user: UserRow) -> UserProfile:
             "active": user.active,
         }
     )
+
+
+SHOWN_FIELDS = ("user_name", "display_name", "given_name", "family_name", "external_id")
+"""A user's names, shown in the user list, the audit log and SCIM reads as given."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unshown:
+    """A name or address a listing could not show as the person typed it."""
+
+    field: str
+    index: int | None
+    """The address's place in `emails`; None for a name."""
+    reason: str
+
+
+def first_unshown(changes: Mapping[str, Any], kept: Mapping[str, Any]) -> Unshown | None:
+    """The first name or address of `changes` (profile fields) holding a control character or
+    a direction override, or a user name of white space only. A value `kept` (the profile it
+    changes) already holds is no new one: a form or an IdP that resends every field restates
+    a name stored before the check, a deactivation included, and is not refused for it."""
+    for field in SHOWN_FIELDS:
+        value = changes.get(field)
+        if isinstance(value, str) and value != kept.get(field):
+            try:
+                (shown_name if field == "user_name" else shown_text)(value)
+            except ValueError as exc:
+                return Unshown(field, None, str(exc))
+    held = {email.get("value") for email in kept.get("emails") or ()}
+    for n, email in enumerate(changes.get("emails") or ()):
+        if email["value"] not in held:
+            try:
+                shown_text(email["value"])
+            except ValueError as exc:
+                return Unshown("emails", n, str(exc))
+    return None
 
 
 USER_UPDATE_PAUSES_S = (0.05, 0.2, 0.5)

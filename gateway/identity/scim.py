@@ -41,6 +41,7 @@ from gateway.identity.common import (
     DIRECTORY_SOURCES,
     SCIM_ACTOR,
     actor_of,
+    first_unshown,
     new_id,
     now,
     profile_of,
@@ -50,7 +51,6 @@ from gateway.identity.common import (
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
 from gateway.identity.service import Identity, identity
 from projections.identity_queries import UserRow, find_scim_token, get_user, list_users
-from schemas.admin import shown_name, shown_text
 from schemas.errors import Conflict, InvalidInput, SvcError, Unauthorized
 from schemas.identity import MAX_EMAILS, SIGNS_IN_ELSEWHERE, ProvisionUser, UpdateUser, UserProfile
 
@@ -364,23 +364,16 @@ _SCIM_NAMES = {
 
 
 def _check_shown(fields: dict[str, Any], kept: Mapping[str, Any]) -> dict[str, Any]:
-    """Names are shown in the user list, the audit log and SCIM reads as given: without
-    control characters or direction overrides, as the admin API takes them. A value the
-    user already holds (`kept`, stored before the check) is no new one: an IdP's PUT that
-    restates it, a deactivation included, is not refused for it."""
-    held = {email.get("value") for email in kept.get("emails") or ()}
-    for n, email in enumerate(fields.get("emails") or ()):
-        if email["value"] not in held:
-            try:
-                shown_text(email["value"])
-            except ValueError as exc:
-                raise ScimError(400, f"emails[{n}].value {exc}", "invalidValue") from None
-    for field, value in fields.items():
-        if field in _SCIM_NAMES and isinstance(value, str) and kept.get(field) != value:
-            try:
-                (shown_name if field == "user_name" else shown_text)(value)
-            except ValueError as exc:
-                raise ScimError(400, f"{_SCIM_NAMES[field]} {exc}", "invalidValue") from None
+    """`fields` with names and addresses a listing can show as given, as the admin API takes
+    them (`first_unshown`; `kept`, the profile they change)."""
+    problem = first_unshown(fields, kept)
+    if problem is not None:
+        named = (
+            _SCIM_NAMES[problem.field]
+            if problem.index is None
+            else f"emails[{problem.index}].value"
+        )
+        raise ScimError(400, f"{named} {problem.reason}", "invalidValue")
     return fields
 
 
