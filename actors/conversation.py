@@ -209,11 +209,17 @@ class TurnResult:
 def _require_live(state: ConversationState, command: Command) -> None:
     # Missing, deleted and of another workspace answer exactly alike (docs/chat.md).
     if not state.exists or state.deleted or state.workspace_id != command.workspace_id:
-        raise NotFound(
-            f"conversation {state.conversation_id} does not exist; send the request without "
-            "X-SVC-Conversation-Id to start a new one",
-            code="conversation_not_found",
+        raise _missing(
+            state,
+            "; send the request without X-SVC-Conversation-Id to start a new one",
         )
+
+
+def _missing(state: ConversationState, advice: str = "") -> NotFound:
+    return NotFound(
+        f"conversation {state.conversation_id} does not exist{advice}",
+        code="conversation_not_found",
+    )
 
 
 def _title_from(content: str) -> str | None:
@@ -400,9 +406,7 @@ def _decide_recover(state: ConversationState, c: RecoverAbandonedTurns) -> list[
     # A deleted conversation's running turns are still recorded as failed; another
     # workspace's are not this command's (its callers name the conversation's own).
     if state.exists and state.workspace_id != c.workspace_id:
-        raise NotFound(
-            f"conversation {state.conversation_id} does not exist", code="conversation_not_found"
-        )
+        raise _missing(state)
     events: list[Event] = []
     for turn_id in dict.fromkeys(c.turn_ids):
         turn = state.turns.get(turn_id)
@@ -716,13 +720,9 @@ async def _ended_turn_in_log(
     second; the log still holds what it answered. None when the log holds no ending under
     the turn's own ids (one recorded as abandoned by another activation)."""
     started = next((e for e in first_events if isinstance(e, TurnStarted)), None)
-    workspace = command.workspace_id
-    if started is None or workspace is None:
+    if started is None:
         return None
-    ending: list[Event] = []
-    for step in ("complete", "fail"):
-        ending += await ctx.recorded(service_command_id(step, command.command_id), workspace)
-    mine = [e for e in ending if getattr(e, "turn_id", None) == started.turn_id]
+    mine = await _ending_in_log(ctx, command, started.turn_id, ("complete", "fail"))
     if not mine:
         return None
     scratch = ConversationState(
@@ -736,11 +736,27 @@ async def _ended_turn_in_log(
 async def _answer_in_log(
     ctx: ActorContext[ConversationState], command: RunTurn, turn_id: str
 ) -> str:
-    completion = service_command_id("complete", command.command_id)
-    for event in await ctx.recorded(completion, command.workspace_id):
-        if isinstance(event, AssistantMessageCompleted) and event.turn_id == turn_id:
+    for event in await _ending_in_log(ctx, command, turn_id, ("complete",)):
+        if isinstance(event, AssistantMessageCompleted):
             return event.content
     raise SvcError(f"the recorded answer of turn {turn_id} was not found in the log")
+
+
+async def _ending_in_log(
+    ctx: ActorContext[ConversationState],
+    command: RunTurn,
+    turn_id: str,
+    steps: Sequence[str],
+) -> list[Event]:
+    """The events of `turn_id` that the turn's own ending commands (`steps`: its completion,
+    its failure) recorded, found through the store's processed-commands ledger."""
+    found: list[Event] = []
+    for step in steps:
+        recorded = await ctx.recorded(
+            service_command_id(step, command.command_id), command.workspace_id
+        )
+        found += [e for e in recorded if getattr(e, "turn_id", None) == turn_id]
+    return found
 
 
 def _utcnow() -> datetime:
@@ -762,9 +778,7 @@ def recorded_result(
     `first_events` are the events the first run of this command id recorded, if known;
     `long_answer` the answer of a completed turn whose record does not hold it."""
     if state.workspace_id != command.workspace_id:
-        raise NotFound(
-            f"conversation {state.conversation_id} does not exist", code="conversation_not_found"
-        )
+        raise _missing(state)
     command_id = command.command_id
     turn_id = state.turn_by_command.get(command_id)
     if turn_id is None:
