@@ -113,7 +113,7 @@ def client_gone(request: web.BaseRequest) -> None:
 
 
 def describe_validation(exc: ValidationError) -> str:
-    """One readable clause per problem, naming the field: `messages.0.role: Input should be...`."""
+    """One readable clause per problem, naming the field: `max_tokens: must be at least 1`."""
     return "invalid request: " + validation_problems(exc, whole="body")
 
 

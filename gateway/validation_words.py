@@ -20,6 +20,32 @@ EXACT_INTEGERS = 2**53
 bits as one), which no integer field takes: it is out of range, not "not an integer"."""
 
 
+_KIND_WORDS = {
+    "missing": "is required",
+    "extra_forbidden": "is not a field this request takes",
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "list_type": "must be an array",
+    "tuple_type": "must be an array",
+    "set_type": "must be an array",
+}
+"""pydantic's error kinds whose own words name Python's types or its parsing ("Input should
+be a valid integer, unable to parse string as an integer"), told as the wire's."""
+
+_BOUND_WORDS = {
+    "greater_than_equal": ("ge", "must be at least {}"),
+    "less_than_equal": ("le", "must be at most {}"),
+    "greater_than": ("gt", "must be more than {}"),
+    "less_than": ("lt", "must be less than {}"),
+}
+
+
 def said(error: Any) -> str:
     """One error's message, as a person reading the request would put it."""
     kind, given = error["type"], error.get("input")
@@ -27,7 +53,34 @@ def said(error: Any) -> str:
         return "must be a JSON object"
     if kind == "int_type" and isinstance(given, float) and abs(given) >= EXACT_INTEGERS:
         return "is out of range: far beyond any value it takes"
-    return str(error["msg"]).removeprefix("Value error, ")
+    if kind in _KIND_WORDS:
+        return _KIND_WORDS[kind]
+    context = error.get("ctx") or {}
+    if kind in _BOUND_WORDS and _BOUND_WORDS[kind][0] in context:
+        bound, words = _BOUND_WORDS[kind]
+        return words.format(context[bound])
+    if kind in ("too_short", "too_long", "string_too_short", "string_too_long"):
+        return _sized(kind, context) or str(error["msg"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if message.startswith("Input should be "):  # a literal's or an enum's choices
+        return "must be " + message.removeprefix("Input should be ")
+    return message
+
+
+def _sized(kind: str, context: dict[str, Any]) -> str | None:
+    """A length outside its bounds: items for an array, characters for a string."""
+    longest = kind.endswith("too_long")
+    bound = context.get("max_length" if longest else "min_length")
+    if not isinstance(bound, int):
+        return None
+    if not longest and bound == 1:
+        return "must not be empty"
+    side = "most" if longest else "least"
+    if kind.startswith("string"):
+        return f"must be at {side} {bound:,} characters long"
+    actual = context.get("actual_length")
+    held = f", not {actual:,}" if isinstance(actual, int) else ""
+    return f"must hold at {side} {bound:,} items{held}"
 
 
 def merged_unions(errors: Sequence[Any]) -> list[Any]:

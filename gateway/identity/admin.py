@@ -68,7 +68,7 @@ from projections.identity_queries import (
 )
 from schemas.admin import (
     MAX_OFFSET,
-    ApiKeyName,
+    ApiKeyCreate,
     NoQuery,
     OneLineName,
     shown_name,
@@ -226,15 +226,6 @@ class SecretBody(_Body):
 
 INSTANCE_SECRETS = frozenset({("ldap", "bind_password"), ("saml", "sp_key")})
 """Secrets the SSO settings name (scope, name); set here, kept in the identity vault."""
-
-
-class UserKeyBody(_Body):
-    """As a workspace key's (`schemas.admin.ApiKeyCreate`): the same name and limit rules,
-    as both kinds of key are listed together."""
-
-    name: ApiKeyName
-    scopes: tuple[str, ...] = Field(min_length=1, max_length=16)
-    rate_limit_rpm: int | None = Field(default=None, ge=1, le=1_000_000, strict=True)
 
 
 class OAuthClientBody(_Body):
@@ -711,11 +702,11 @@ async def issue_user_key(request: web.Request) -> web.Response:
     cannot hand out admin scopes it does not hold itself."""
     principal = await acting(request, "apikeys", "write")
     read_query(request, NoQuery)
-    body = await read_json(request, UserKeyBody)
-    unknown = sorted(set(body.scopes) - API_KEY_SCOPES)
-    if unknown:
-        raise InvalidInput(f"unknown scopes {unknown}", code="invalid_scope")
-    check_delegation(principal, body.scopes, for_user=True)
+    # A workspace key's body and rules (name, scopes, limit, expiry): both kinds of key are
+    # listed together, and answered alike.
+    body = await read_json(request, ApiKeyCreate)
+    scopes = tuple(body.scopes)
+    check_delegation(principal, scopes, for_user=True)
     ident = identity(request)
     ws = principal.workspace_id
     user = await live_user(ident, ws, request.match_info["id"])
@@ -740,8 +731,9 @@ async def issue_user_key(request: web.Request) -> web.Response:
         name=body.name,
         key_hash=hash_key(key),
         prefix=key[:8],
-        scopes=tuple(dict.fromkeys(body.scopes)),
+        scopes=scopes,
         rate_limit_rpm=body.rate_limit_rpm,
+        expires_at=body.expires_at,
         at=now(),
         by=actor_of(request),
     )

@@ -18,6 +18,7 @@ from gateway.identity.scim import ScimListQuery, ScimReadQuery, add_scim_routes
 from gateway.identity.service import identity_ctx
 from gateway.openapi import IDEMPOTENCY_KEY, document
 from schemas import identity_api as views
+from schemas.admin import ApiKeyCreate
 from schemas.scim_api import (
     ScimErrorBody,
     ScimListResponse,
@@ -112,7 +113,7 @@ ROUTE_DOCS: tuple[_Doc, ...] = (
         f"{ADMIN}/users/{{id}}/apikeys",
         "Issues a user's API key (shown once)",
         SECURITY_TAG,
-        admin.UserKeyBody,
+        ApiKeyCreate,
         "bearer",
         201,
     ),

@@ -1154,7 +1154,7 @@ async def test_a_token_limit_over_the_bound_names_the_field_sent(chat: Chat) -> 
     body = await raw.json()
     assert raw.status == 400
     assert body["error"]["message"] == (
-        "invalid request: max_completion_tokens: Input should be less than or equal to 1000000"
+        "invalid request: max_completion_tokens: must be at most 1000000"
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 import pytest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from gateway.errors import describe_validation
 from gateway.validation_words import merged_unions
@@ -45,7 +45,7 @@ def test_a_number_too_large_to_be_an_integer_is_out_of_range() -> None:
     said = problems(ApiKeyCreate, b'{"name": "k", "scopes": ["chat"], "rate_limit_rpm": 1e30}')
     assert "rate_limit_rpm: is out of range" in said, said
     said = problems(ApiKeyCreate, b'{"name": "k", "scopes": ["chat"], "rate_limit_rpm": 2.5}')
-    assert "rate_limit_rpm: Input should be a valid integer" in said, said  # a true fraction
+    assert "rate_limit_rpm: must be an integer" in said, said  # a true fraction
 
 
 def test_a_value_no_member_of_a_union_takes_is_told_once_at_its_field() -> None:
@@ -66,3 +66,31 @@ def test_keys_that_look_like_type_names_are_not_a_union() -> None:
         {"loc": ("counts", "Bar"), "type": "int_type", "msg": "Input should be a valid integer"},
     ]
     assert merged_unions(errors) == errors
+
+
+class Few(BaseModel):
+    items: list[int] = Field(max_length=2)
+
+
+def test_pydantic_words_are_told_as_the_wire_s() -> None:
+    """QA finding: `scopes: []` was told "List should have at least 1 item after validation,
+    not 0", and a missing field "Field required"."""
+    said = problems(ApiKeyCreate, b'{"name": "k", "scopes": []}')
+    assert said == "invalid request: scopes: must not be empty", said
+    said = problems(ApiKeyCreate, b'{"scopes": ["chat"], "rpm": 5}')
+    assert said == ("invalid request: name: is required; rpm: is not a field this request takes"), (
+        said
+    )
+    said = problems(ApiKeyCreate, b'{"name": "' + b"k" * 300 + b'", "scopes": "chat"}')
+    assert said.startswith("invalid request: name: must be at most "), said
+    assert said.endswith(" characters long; scopes: must be an array"), said
+    said = problems(ChatCompletionRequest, chat_body(temperature=3, stream="yes", top_p=-1))
+    assert said == (
+        "invalid request: stream: must be true or false; temperature: must be at most 2.0; "
+        "top_p: must be at least 0.0"
+    ), said
+    said = problems(Few, b'{"items": [1, 2, 3]}')
+    assert said == "invalid request: items: must hold at most 2 items, not 3", said
+    role = orjson.dumps({"model": "m", "messages": [{"role": "robot", "content": "x"}]})
+    said = problems(ChatCompletionRequest, role)
+    assert said.startswith("invalid request: messages.0.role: must be 'system', "), said

@@ -6,6 +6,7 @@ and not to its model, or the other way round, fails here."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -166,6 +167,34 @@ async def test_a_users_key_issued_and_revoked_by_a_deactivation_says_who(
                         break
                     await asyncio.sleep(0.05)
             assert all(i["detail"].get("by", "").startswith("key:") for i in mine), audit
+
+
+async def test_a_users_key_takes_an_expiry_as_a_workspace_key_does(database_url: str) -> None:
+    """QA finding: the user's route had no `expires_at`, and refused it as an unknown field;
+    its other rules were a copy of the workspace key's, worded apart."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        body = {"user_name": "lee", "password": PASSWORD, "roles": ["member"]}
+        status, lee, _ = await svc.request("POST", f"{ADMIN}/users", key, json=body)
+        assert status == 201, lee
+        path = f"{ADMIN}/users/{lee['id']}/apikeys"
+        past = {"name": "old", "scopes": ["chat"], "expires_at": "2020-01-01T00:00:00Z"}
+        status, refused, _ = await svc.request("POST", path, key, json=past)
+        assert status == 400, refused
+        assert "expires_at: must lie in the future" in refused["error"]["message"], refused
+        status, refused, _ = await svc.request("POST", path, key, json={"name": "n", "scopes": []})
+        assert status == 400 and refused["error"]["message"].endswith("scopes: must not be empty")
+        later = datetime.now(UTC) + timedelta(seconds=2)
+        soon = {"name": "soon", "scopes": ["chat"], "expires_at": later.isoformat()}
+        status, issued, _ = await svc.request("POST", path, key, json=soon)
+        assert status == 201 and issued["expires_at"] is not None, issued
+        status, shown, _ = await svc.request("GET", f"{ADMIN}/apikeys/{issued['id']}", key)
+        assert status == 200 and shown["expires_at"] == issued["expires_at"], shown
+        status, session, _ = await svc.request("GET", "/v1/admin/auth/session", issued["key"])
+        assert status == 200, session
+        await asyncio.sleep(max(0.0, (later - datetime.now(UTC)).total_seconds()) + 0.1)
+        status, refused, _ = await svc.request("GET", "/v1/admin/auth/session", issued["key"])
+        assert status == 401 and "expired" in refused["error"]["message"], refused
 
 
 async def test_a_logout_with_nothing_sent_asks_for_a_session(database_url: str) -> None:
