@@ -339,10 +339,13 @@ class Activation(Generic[S]):
         await self._catch_up()
         first_run = await self._appended_by(result)
         if first_run and not _same_request(command, first_run[0]):
+            # Told in the request's terms: the command's class name is the service's own.
+            same_kind = first_run[0].metadata.get("command_type") == type(command).__name__
+            other = "with another body" if same_kind else "of another kind"
             raise Conflict(
-                "this Idempotency-Key was already used for another request "
-                f"({first_run[0].metadata.get('command_type')}) to {named(self._key.stream_id)}; "
-                "send a new Idempotency-Key for a different request",
+                f"this Idempotency-Key was already used for a request {other} to "
+                f"{named(self._key.stream_id)}; send a new Idempotency-Key for a different "
+                "request",
                 code="idempotency_key_reused",
             )
         events = tuple(self._decode(r) for r in first_run)

@@ -34,6 +34,18 @@ class AgentCreate(_Wire):
         description="defaults of the agent's turns; values in a chat request win",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_takes_the_default(cls, data: object) -> object:
+        """A null optional field is its default, as null keeps a field in an update: a form
+        that sends every field sends `"description": null` for one left blank."""
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if v is not None or k not in _DEFAULTED}
+
+
+_DEFAULTED = ("description", "system_prompt", "parameters")
+
 
 class AgentUpdate(_Wire):
     """Fields to change; absent fields stay. `parameters`, when given, replaces the full set."""

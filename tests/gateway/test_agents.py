@@ -201,6 +201,9 @@ async def test_a_key_reused_with_another_body_is_refused_not_answered_with_the_f
     other = {**body, "system_prompt": "something else"}
     status, error = await send(chat, "POST", AGENTS, other, **key)
     assert status == 409 and error["error"]["code"] == "idempotency_key_reused", error
+    # In the request's terms, not the service's command class (it said "(CreateAgent)").
+    assert "for a request with another body to agent" in error["error"]["message"], error
+    assert "CreateAgent" not in error["error"]["message"], error
     status, again = await send(chat, "POST", AGENTS, body, **key)  # the same body: its retry
     assert status == 201 and again["id"] == first["id"], again
     update, path = {"Idempotency-Key": uid("idem-")}, f"{AGENTS}/{first['id']}"
@@ -210,6 +213,18 @@ async def test_a_key_reused_with_another_body_is_refused_not_answered_with_the_f
     assert status == 409 and error["error"]["code"] == "idempotency_key_reused", error
     status, current = await send(chat, "GET", path)
     assert current["description"] == "one" and current["system_prompt"] == "", current
+
+
+async def test_a_null_optional_field_of_a_create_is_its_default(chat: Chat) -> None:
+    """QA finding: a PATCH's null keeps a field, but a create's null was a 400 ("must be a
+    string"), though a form sending every field sends null for one left blank."""
+    nulls = {"description": None, "system_prompt": None, "parameters": None}
+    body = {"name": uid("nil-"), "model": UPSTREAM_MODEL, **nulls}
+    status, agent = await send(chat, "POST", AGENTS, body)
+    assert status == 201, agent
+    assert agent["description"] == "" and agent["system_prompt"] == "", agent
+    status, refused = await send(chat, "POST", AGENTS, {**body, "name": None})
+    assert status == 400 and "name: must be a string" in refused["error"]["message"], refused
 
 
 async def test_a_create_its_read_model_cannot_apply_still_says_it_was_recorded(
