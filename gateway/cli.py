@@ -971,7 +971,11 @@ def build_parser() -> argparse.ArgumentParser:
     cursors.set_defaults(run=cmd_cursors)
     acts = cursors.add_subparsers(dest="action", required=True, parser_class=_Parser)
     acts.add_parser(
-        "rotate-key", help="a new key from each process's next start; the old one still opens"
+        "rotate-key",
+        help="a new key from each process's next start; the old one still opens",
+        description="Store a new key for sealing the cursors clients hold. Each gateway "
+        "seals with it from its next start; cursors sealed with the key before it still "
+        "open, and those of any older key are refused.",
     )
     parser.commands = _commands_of(parser)
     return parser
@@ -984,7 +988,12 @@ def _commands_of(
     found: dict[tuple[str, ...], _Parser] = {}
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
             for name, child in action.choices.items():
+                if child.description is None and helps.get(name):
+                    # A command's own --help says what it does, as the list above it does.
+                    said = str(helps[name])
+                    child.description = said[0].upper() + said[1:] + "."
                 found[(*path, name)] = child
                 found.update(_commands_of(child, (*path, name)))
     return found
@@ -998,8 +1007,11 @@ def _cluster_parser(sub: Any) -> None:
         "--json", action="store_true", help="one JSON object with a hosts array"
     )
     acts.add_parser("scale", help="keep N hosts, moving shards a few at a time").add_argument(
-        "hosts", type=_host_count
+        "hosts", type=_host_count, help="how many hosts to keep (at least 1)"
     )
+
+
+_SETTING_KEY = "the setting's name, as `svc settings list` shows it (SVC_LOG_LEVEL)"
 
 
 def _settings_parser(sub: Any) -> None:
@@ -1007,15 +1019,15 @@ def _settings_parser(sub: Any) -> None:
     p.set_defaults(run=cmd_settings, check=check_settings_args)
     acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
     s = acts.add_parser("set", help="store a value")
-    s.add_argument("key")
+    s.add_argument("key", help=_SETTING_KEY)
     s.add_argument(
         "value",
         nargs="?",
         help="omit it to read the value from standard input (or a prompt that does not echo), "
         "which keeps a secret out of the process list and the shell history",
     )
-    acts.add_parser("get", help="show one setting").add_argument("key")
-    acts.add_parser("unset", help="remove the stored value").add_argument("key")
+    acts.add_parser("get", help="show one setting").add_argument("key", help=_SETTING_KEY)
+    acts.add_parser("unset", help="remove the stored value").add_argument("key", help=_SETTING_KEY)
     acts.add_parser("list", help="every setting").add_argument(
         "--json", action="store_true", help="the rows of GET /v1/admin/settings, as JSON"
     )
@@ -1056,12 +1068,15 @@ def _projections_parser(sub: Any) -> None:
     )
 
 
+_CONVERSATION_ID = "the id chat answers in X-SVC-Conversation-Id, as the admin API lists it"
+
+
 def _conversations_parser(sub: Any) -> None:
     p = sub.add_parser("conversations", help="inspect conversations")
     p.set_defaults(run=cmd_conversations)
     acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
     r = acts.add_parser("replay", help="events with versions and the rebuilt state")
-    r.add_argument("conversation_id")
+    r.add_argument("conversation_id", help=_CONVERSATION_ID)
     r.add_argument(
         "--at-version",
         type=_non_negative_int,
@@ -1074,7 +1089,7 @@ def _conversations_parser(sub: Any) -> None:
         help="record running turns as failed (turn_abandoned) whatever their expiry, once the "
         "process that ran them is known to be gone",
     )
-    a.add_argument("conversation_id")
+    a.add_argument("conversation_id", help=_CONVERSATION_ID)
     a.add_argument("--turn", action="append", default=[], help="this turn only (repeatable)")
     a.add_argument("--workspace", type=_workspace_id, help=_DEFAULT_WORKSPACE_HELP)
 

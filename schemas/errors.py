@@ -137,8 +137,14 @@ _PLAIN = re.compile(r"[A-Za-z0-9_.:\-\[\]]{1,64}")
 
 def nearest(word: str, choices: Iterable[str]) -> str:
     """` (did you mean X?)` for the choice closest to a mistyped `word`, or nothing."""
+    near = closest(word, choices)
+    return f" (did you mean {near}?)" if near else ""
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice closest to a mistyped `word`, if any is close."""
     near = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {near[0]}?)" if near else ""
+    return near[0] if near else None
 
 
 def echoed(text: str) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
-from schemas.errors import InvalidInput, NotFound
+from schemas.errors import InvalidInput, NotFound, closest, echoed
 from schemas.setting_rules import TEXT_RULES, TextRule
 from schemas.text import is_utf8
 
@@ -1729,7 +1729,23 @@ def get_spec(key: str) -> SettingSpec:
     try:
         return CATALOG[key]
     except KeyError:
-        raise UnknownSetting(f"unknown setting {key}; see `svc settings list`") from None
+        raise UnknownSetting(
+            f"unknown setting {echoed(key)}{_meant(key)}; see `svc settings list`"
+        ) from None
+
+
+def _meant(key: str) -> str:
+    """The setting a mistyped `key` most likely meant, compared without the prefix every
+    name shares (with it, `SVC_NOPE` was taken for `SVC_LOCALE`)."""
+    named = key.upper()
+    if named in CATALOG:
+        return f" (names are upper case: {named})"
+    bare = {name.removeprefix(_SHARED): name for name in CATALOG}
+    near = closest(named.removeprefix(_SHARED), bare)
+    return f" (did you mean {bare[near]}?)" if near else ""
+
+
+_SHARED = "SVC_"
 
 
 def display_value(spec: SettingSpec, raw: str | None) -> str:

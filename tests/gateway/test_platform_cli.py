@@ -3,6 +3,7 @@ including `svc apikeys create` next to a running `svc serve` on the same data di
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import errno
 import getpass
@@ -516,6 +517,17 @@ def test_a_setting_s_author_is_the_system_user_when_it_can_be_recorded(
     for unusable in ("ops-\udcff", "ops\nforged"):
         monkeypatch.setenv("LOGNAME", unusable)
         assert cli._cli_author() == "cli"
+
+
+def test_every_command_and_argument_says_what_it_is() -> None:
+    """QA finding: `svc cursors rotate-key --help` printed a usage line alone, and the
+    settings commands' `key` had no words."""
+    parser = build_parser()
+    for words, command in parser.commands.items():
+        assert command.description, words
+        for action in command._actions:
+            if not isinstance(action, argparse._SubParsersAction):  # its choices are listed
+                assert action.help, (words, action.dest)
 
 
 def test_help_is_stable() -> None:

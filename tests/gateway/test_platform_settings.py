@@ -165,7 +165,11 @@ def test_a_blank_data_dir_is_the_default_not_the_current_directory() -> None:
 
 def test_validation_errors_say_what_is_expected() -> None:
     with pytest.raises(NotFound, match=r"unknown setting SVC_NOPE; see `svc settings list`"):
-        get_spec("SVC_NOPE")
+        get_spec("SVC_NOPE")  # nothing near: the prefix all names share is no likeness
+    with pytest.raises(NotFound, match=r"svc_log_level \(names are upper case: SVC_LOG_LEVEL\)"):
+        get_spec("svc_log_level")
+    with pytest.raises(NotFound, match=r"LOG_LEVL \(did you mean SVC_LOG_LEVEL\?\)"):
+        get_spec("LOG_LEVL")
     with pytest.raises(InvalidInput, match="expected an integer"):
         parse(get_spec("SVC_LLM_RETRIES"), "three")
     with pytest.raises(InvalidInput, match="one of 'none', 'low'"):
