@@ -12,6 +12,8 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 import orjson
+from cryptography import x509
+from defusedxml import DefusedXmlException, ElementTree  # type: ignore[import-untyped]
 from yarl import URL
 
 from schemas.identity import MAX_ROLE_NAME, ROLE_NAME_PATTERN
@@ -33,6 +35,9 @@ TextRule = Literal[
     "origin",
     "origins",
     "ray_address",
+    "pem_certificate",
+    "saml_idp_metadata",
+    "trimmed",
 ]
 
 OFFLINE_PROVIDERS = frozenset({"offline", "svc-offline"})
@@ -179,6 +184,35 @@ def _ray_address(raw: str) -> bool:
     return bool(sep and host and "://" not in text and port is not None and 0 < port < 65536)
 
 
+def pem_certificate_problem(text: str) -> str | None:
+    """Why `text` is not one PEM X.509 certificate, or None."""
+    try:
+        x509.load_pem_x509_certificate(text.strip().encode())
+    except ValueError:
+        return "it is not a PEM certificate (-----BEGIN CERTIFICATE----- ...)"
+    return None
+
+
+SAML_METADATA = "urn:oasis:names:tc:SAML:2.0:metadata"
+
+
+def saml_idp_metadata_problem(text: str) -> str | None:
+    """Why `text` is not an identity provider's SAML metadata, or None: XML whose root is an
+    EntityDescriptor (or EntitiesDescriptor) that holds an IDPSSODescriptor."""
+    try:
+        root = ElementTree.fromstring(text.strip())
+    except ElementTree.ParseError as exc:
+        return f"it is not well-formed XML ({exc})"
+    except DefusedXmlException:
+        return "it declares entities or a DTD, which metadata never needs"
+    roots = (f"{{{SAML_METADATA}}}EntityDescriptor", f"{{{SAML_METADATA}}}EntitiesDescriptor")
+    if root.tag not in roots:
+        return f"its root element is {root.tag}, not a SAML metadata EntityDescriptor"
+    if root.find(f".//{{{SAML_METADATA}}}IDPSSODescriptor") is None:
+        return "it describes no identity provider (no IDPSSODescriptor)"
+    return None
+
+
 def _llm_provider(raw: str) -> bool:
     return raw.strip().lower() in AUTO_PROVIDERS | OFFLINE_PROVIDERS | UPSTREAM_PROVIDERS
 
@@ -232,6 +266,20 @@ TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
         lambda raw: not raw.strip() or _origin(raw.strip()),
         "blank or a browser origin, scheme://host[:port] with no path, e.g. "
         "https://app.example.com",
+    ),
+    "pem_certificate": (
+        lambda raw: not raw.strip() or pem_certificate_problem(raw) is None,
+        "blank or one PEM X.509 certificate (-----BEGIN CERTIFICATE----- ...)",
+    ),
+    "saml_idp_metadata": (
+        lambda raw: not raw.strip() or saml_idp_metadata_problem(raw) is None,
+        "blank or the identity provider's SAML metadata XML (an EntityDescriptor with an "
+        "IDPSSODescriptor), as the IdP publishes it",
+    ),
+    "trimmed": (
+        lambda raw: raw == raw.strip(),
+        "text without spaces at either end (it is compared exactly; `svc settings unset` "
+        "makes it blank)",
     ),
     "ray_address": (
         _ray_address,

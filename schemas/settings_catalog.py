@@ -1574,6 +1574,9 @@ _HTTP_URL_KEYS = (
     "SVC_SAML_ROOT_URL",
 )
 """Settings holding the HTTP(S) URL of a server or of this service."""
+_COMPARED_CLAIM_KEYS = ("SVC_OIDC_AUDIENCE", "SVC_OIDC_TENANT_CLAIM", "SVC_SAML_ENTITY_ID")
+"""Values a token's or an assertion's claims are compared with, as given."""
+
 _OWN_URL_KEYS = ("SVC_PUBLIC_URL", "CHATBOT_PUBLIC_URL", "SVC_SAML_ROOT_URL")
 """Of these, the addresses of this service, which it hands to clients."""
 
@@ -1618,6 +1621,11 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_LDAP_DEFAULT_ROLE": {"new_rule": "role_name"},
     "SVC_SAML_DEFAULT_ROLE": {"new_rule": "role_name"},
     "SVC_LDAP_USER_FILTER": {"rule": "ldap_user_filter"},
+    # Read by pysaml2 only at the first SAML request: a malformed one failed there (a 500).
+    "SVC_SAML_SP_CERT": {"new_rule": "pem_certificate"},
+    "SVC_SAML_IDP_METADATA": {"new_rule": "saml_idp_metadata"},
+    # Compared with a token's claims: " " read as blank, which turns the audience check off.
+    **{key: {"new_rule": "trimmed"} for key in _COMPARED_CLAIM_KEYS},
     "SVC_TIMEZONE": {"rule": "timezone"},
     "SVC_DEFAULT_WORKSPACE_ID": {"rule": "workspace_id"},
     "SVC_NATIVE_COMPAT_WORKSPACE": {"rule": "workspace_id"},

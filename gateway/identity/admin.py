@@ -8,6 +8,7 @@ principal grants a role, defines one, or manages a user carrying rights it lacks
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
@@ -50,6 +51,7 @@ from gateway.identity.login import check_password_as_a_login, local_password_mat
 from gateway.identity.oauth import new_client_credentials, secret_hash
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password
 from gateway.identity.roles import allowed, require_access
+from gateway.identity.saml import sp_key_problem
 from gateway.identity.service import APPLY_TIMEOUT_S, Identity, identity
 from gateway.identity.vault import INSTANCE, PASSWORD, TOTP, TOTP_PENDING
 from gateway.state import AUTH, CURSORS, PROJECTIONS, RUNTIME, Principal
@@ -226,6 +228,11 @@ class SecretBody(_Body):
 
 INSTANCE_SECRETS = frozenset({("ldap", "bind_password"), ("saml", "sp_key")})
 """Secrets the SSO settings name (scope, name); set here, kept in the identity vault."""
+
+SECRET_CHECKS: dict[tuple[str, str], Callable[[str], str | None]] = {
+    ("saml", "sp_key"): sp_key_problem
+}
+"""Per secret, why a value is unusable (None when it is usable); never quoting it."""
 
 
 class OAuthClientBody(_Body):
@@ -875,13 +882,22 @@ async def put_secret(request: web.Request) -> web.Response:
     read_query(request, NoQuery)
     name = (request.match_info["scope"], request.match_info["name"])
     if name not in INSTANCE_SECRETS:
-        raise NotFound(f"no secret {name[0]}/{name[1]}")
+        known = ", ".join(f"{scope}/{secret}" for scope, secret in sorted(INSTANCE_SECRETS))
+        raise NotFound(
+            f"no secret {echoed(name[0])}/{echoed(name[1])}; the secrets are {known}",
+            code="unknown_secret",
+        )
     if not principal.allows("admin:write") or not holds_owner_power(principal):
         # An SSO secret (the LDAP bind password, the SAML key) decides who signs in as whom.
         raise Forbidden("instance secrets need an owner or an admin:write key", code="owner_only")
     body = await read_json(request, SecretBody)
+    value = body.value.get_secret_value()
+    problem = SECRET_CHECKS[name](value) if name in SECRET_CHECKS else None
+    if problem:
+        # Refused when set: pysaml2 read it only at the next SAML request, and failed there.
+        raise InvalidInput(f"{name[0]}/{name[1]}: {problem}", code="invalid_secret")
     ident = identity(request)
-    await ident.vault.put(INSTANCE, *name, body.value.get_secret_value())
+    await ident.vault.put(INSTANCE, *name, value)
     await ident.ask(
         directory_key(principal.workspace_id),
         RecordSsoSecretSet(

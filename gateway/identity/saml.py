@@ -49,6 +49,10 @@ from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import web
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from defusedxml import ElementTree  # type: ignore[import-untyped]
 from pydantic import BaseModel, Field
 
@@ -64,6 +68,7 @@ from gateway.identity.sessions import set_session_cookies
 from gateway.identity.vault import INSTANCE
 from projections.identity_queries import UserRow, find_user_by_name
 from schemas.errors import FeatureDisabled, InvalidInput, SvcError, Unauthorized, Unavailable
+from schemas.setting_rules import pem_certificate_problem, saml_idp_metadata_problem
 
 
 @functools.cache
@@ -217,8 +222,54 @@ def _xmlsec1() -> str:
     return found
 
 
+def sp_key_problem(text: str) -> str | None:
+    """Why `text` is not a usable SP signing key, or None. Never quotes the key."""
+    try:
+        key = serialization.load_pem_private_key(text.strip().encode(), password=None)
+    except TypeError:
+        return "it is encrypted: give the key without a passphrase"
+    except (ValueError, UnsupportedAlgorithm):
+        return "it is not a PEM private key (-----BEGIN PRIVATE KEY----- ...)"
+    if not isinstance(key, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
+        return "it is neither an RSA nor an EC key, which SAML signatures use"
+    return None
+
+
+def _unusable(what: str, problem: str, fix: str) -> Unavailable:
+    return Unavailable(f"SAML cannot start: {what}: {problem}; {fix}", code="saml_not_configured")
+
+
+def _check_configuration(settings: SamlSettings, sp_key: str) -> None:
+    """What pysaml2 would fail on deep inside (a 500 on every SAML route), said as the
+    setting to fix. The values may predate the checks made when they are set."""
+    problem = pem_certificate_problem(settings.sp_cert)
+    if problem:
+        raise _unusable("SVC_SAML_SP_CERT", problem, "set the SP's certificate")
+    fix_key = "set it again with PUT /v1/admin/identity/secrets/saml/sp_key"
+    problem = sp_key_problem(sp_key)
+    if problem:
+        raise _unusable("the SP key secret (saml/sp_key)", problem, fix_key)
+    if not _key_fits_certificate(sp_key, settings.sp_cert):
+        raise _unusable(
+            "the SP key secret (saml/sp_key)",
+            "it is not the private key of SVC_SAML_SP_CERT",
+            "set the key and the certificate of one pair",
+        )
+    problem = saml_idp_metadata_problem(settings.idp_metadata)
+    if problem:
+        raise _unusable("SVC_SAML_IDP_METADATA", problem, "paste the metadata the IdP publishes")
+
+
+def _key_fits_certificate(sp_key: str, sp_cert: str) -> bool:
+    key = serialization.load_pem_private_key(sp_key.strip().encode(), password=None)
+    cert = x509.load_pem_x509_certificate(sp_cert.strip().encode())
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return key.public_key().public_bytes(*spki) == cert.public_key().public_bytes(*spki)
+
+
 def _build(settings: SamlSettings, sp_key: str, fingerprint: str) -> ServiceProvider:
     xmlsec_binary = _xmlsec1()
+    _check_configuration(settings, sp_key)
     pysaml2 = _pysaml2()
     _sweep_orphaned_key_dirs()
     files = tempfile.TemporaryDirectory(prefix=f"{_KEY_DIR_PREFIX}{os.getpid()}-")
@@ -227,6 +278,27 @@ def _build(settings: SamlSettings, sp_key: str, fingerprint: str) -> ServiceProv
     key_path.touch(mode=0o600)
     key_path.write_text(sp_key)
     cert_path.write_text(settings.sp_cert)
+    try:
+        return _client(pysaml2, settings, xmlsec_binary, files, fingerprint)
+    except Exception as exc:
+        # What the checks above do not foresee in pysaml2's reading of the metadata.
+        files.cleanup()
+        log.warning("SAML: pysaml2 could not be set up (%s)", type(exc).__name__)
+        raise _unusable(
+            "SVC_SAML_IDP_METADATA or SVC_SAML_SP_CERT",
+            f"pysaml2 could not read them ({type(exc).__name__})",
+            "check both against what the IdP publishes",
+        ) from None
+
+
+def _client(
+    pysaml2: SimpleNamespace,
+    settings: SamlSettings,
+    xmlsec_binary: str,
+    files: tempfile.TemporaryDirectory[str],
+    fingerprint: str,
+) -> ServiceProvider:
+    key_path, cert_path = Path(files.name, "sp.key"), Path(files.name, "sp.crt")
     config = pysaml2.SPConfig()
     config.load(
         {
@@ -260,7 +332,11 @@ async def service_provider(ident: Identity) -> ServiceProvider:
     settings = read_settings(ident)
     sp_key = await ident.vault.get(INSTANCE, *SP_KEY_SECRET)
     if not sp_key:
-        raise Unavailable("SAML needs the SP key secret (saml/sp_key)", code="saml_not_configured")
+        raise Unavailable(
+            "SAML needs the SP key secret (saml/sp_key): set it with "
+            "PUT /v1/admin/identity/secrets/saml/sp_key",
+            code="saml_not_configured",
+        )
     fingerprint = settings.fingerprint(sp_key)
     current = ident.extras.get("saml")
     if isinstance(current, ServiceProvider) and current.fingerprint == fingerprint:

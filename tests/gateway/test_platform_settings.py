@@ -187,7 +187,8 @@ def test_validation_errors_say_what_is_expected() -> None:
         storable_value("SVC_NATIVE_API_KEY", "sk-SECRETVALUE\udcff")
     assert "SECRETVALUE" not in str(caught.value)
     # The environment has no length bound (inline IdP metadata may be long); storing has.
-    long_metadata = "<x>" + "m" * 200_000 + "</x>"
+    md = 'md:EntityDescriptor xmlns:md="urn:oasis:names:tc:SAML:2.0:metadata"'
+    long_metadata = f"<{md}><md:IDPSSODescriptor/><!-- {'m' * 200_000} --></md:EntityDescriptor>"
     assert Settings({"SVC_SAML_IDP_METADATA": long_metadata}).text("SVC_SAML_IDP_METADATA")
     with pytest.raises(InvalidInput, match="from the environment"):
         Settings({"SVC_LLM_RETRIES": "-1"})

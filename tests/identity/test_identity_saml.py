@@ -535,3 +535,56 @@ def test_key_directories_of_ended_processes_are_swept(
     assert not dirs[ended_pid].exists()
     assert dirs[os.getpid()].exists() and dirs[os.getppid()].exists()
     assert unrelated.exists()
+
+
+async def test_unusable_saml_keys_and_settings_are_refused_when_set(
+    database_url: str, keys: Keys
+) -> None:
+    """QA finding: a key secret that was no PEM key, and a certificate or metadata that did
+    not parse, were taken when set; every SAML route then answered 500."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        secret = "/v1/admin/identity/secrets/saml/sp_key"
+        for value in ("not a pem", keys.sp_cert):
+            status, body, _ = await svc.request("PUT", secret, key, json={"value": value})
+            assert status == 400 and body["error"]["code"] == "invalid_secret", body
+            assert "not a PEM private key" in body["error"]["message"], body
+            assert value not in body["error"]["message"], body  # a secret is never quoted
+        status, body, _ = await svc.request(
+            "PUT", "/v1/admin/identity/secrets/saml/nope", key, json={"value": "x"}
+        )
+        assert status == 404 and "the secrets are ldap/bind_password, saml/sp_key" in str(body)
+        refused = {
+            "SVC_SAML_SP_CERT": keys.sp_key,  # a key where the certificate goes
+            "SVC_SAML_IDP_METADATA": "<not xml",
+            "SVC_OIDC_AUDIENCE": " ",  # read as blank, which turned the audience check off
+        }
+        for name, value in refused.items():
+            status, body, _ = await svc.request(
+                "PUT", f"/v1/admin/settings/{name}", key, json={"value": value}
+            )
+            assert status == 400 and body["error"]["code"] == "invalid_setting_value", body
+        for name, value in (
+            ("SVC_SAML_SP_CERT", keys.sp_cert),
+            ("SVC_SAML_IDP_METADATA", idp_metadata(keys)),
+        ):
+            status, body, _ = await svc.request(
+                "PUT", f"/v1/admin/settings/{name}", key, json={"value": value}
+            )
+            assert status == 200, body
+
+
+async def test_a_key_of_another_pair_is_503_naming_it(database_url: str, keys: Keys) -> None:
+    """Checked where pysaml2 would fail or sign with the wrong key: the SP key and the
+    certificate must be one pair."""
+    async with running(settings_for(database_url, **saml_settings(database_url, keys))) as svc:
+        key = await svc.issue_key()
+        other_pair = keys.rogue_key.read_text()
+        status, body, _ = await svc.request(
+            "PUT", "/v1/admin/identity/secrets/saml/sp_key", key, json={"value": other_pair}
+        )
+        assert status == 204, body
+        for method, path in (("GET", "/saml/metadata"), ("GET", "/saml/login?next=/")):
+            status, body, _ = await svc.request(method, path)
+            assert status == 503 and body["error"]["code"] == "saml_not_configured", body
+            assert "not the private key of SVC_SAML_SP_CERT" in body["error"]["message"], body
