@@ -15,6 +15,7 @@ import orjson
 
 from eventstore.db import Connection
 from eventstore.records import RecordedEvent
+from projections.identity_queries import DEACTIVATED, DEPROVISIONED
 from projections.projector import Handler, Projector
 from schemas.events import Event
 from schemas.identity import (
@@ -169,7 +170,7 @@ class IdentityProjector(Projector):
         )
         if ev.profile.active is False:
             await conn.execute(
-                _REVOKE_USER_SESSIONS, rec.workspace_id, ev.user_id, ev.at, "user deactivated"
+                _REVOKE_USER_SESSIONS, rec.workspace_id, ev.user_id, ev.at, DEACTIVATED
             )
         await self._audit(conn, rec, ev)
 
@@ -193,7 +194,7 @@ class IdentityProjector(Projector):
             ev.user_id,
         )
         await conn.execute(
-            _REVOKE_USER_SESSIONS, rec.workspace_id, ev.user_id, ev.at, "user deprovisioned"
+            _REVOKE_USER_SESSIONS, rec.workspace_id, ev.user_id, ev.at, DEPROVISIONED
         )
         await self._audit(conn, rec, ev)
 

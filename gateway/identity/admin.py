@@ -57,6 +57,8 @@ from gateway.identity.vault import INSTANCE, PASSWORD, TOTP, TOTP_PENDING
 from gateway.state import AUTH, CURSORS, PROJECTIONS, RUNTIME, Principal
 from projections.identity import IdentityProjector
 from projections.identity_queries import (
+    DEACTIVATED,
+    DEPROVISIONED,
     UserRow,
     active_owners,
     find_oauth_client,
@@ -328,7 +330,7 @@ async def finish_cut_off_before_reactivating(
     inactive, a user is issued no key and starts no session, so all they hold then is the
     deactivation's to end: a reactivation ends it first, and is not recorded if it cannot."""
     if user.active is False and not user.deleted and active_after is not False:
-        await cut_off(request, ident, user.workspace_id, user.user_id, "user deactivated")
+        await cut_off(request, ident, user.workspace_id, user.user_id, DEACTIVATED)
 
 
 def _check_owner_rights(principal: Principal, roles: tuple[str, ...] | list[str]) -> None:
@@ -508,7 +510,7 @@ async def patch_user(request: web.Request) -> web.Response:
         # Judged by the user as they are now, not by the body: a retried deactivation that
         # finds the user reactivated since must not revoke the credentials issued after
         # (the reactivation finished this deactivation's cut-off before it was recorded).
-        await cut_off(request, ident, ws, user.user_id, "user deactivated")
+        await cut_off(request, ident, ws, user.user_id, DEACTIVATED)
     return json(user_view(await live_user(ident, ws, user.user_id)))
 
 
@@ -523,7 +525,7 @@ async def deprovision(
     )
     if not outcome.events:
         raise NotFound(f"user {echoed(user_id)} does not exist in this workspace")
-    await cut_off(request, ident, workspace_id, user_id, "user deprovisioned")
+    await cut_off(request, ident, workspace_id, user_id, DEPROVISIONED)
 
 
 def _deprovision(
@@ -548,7 +550,7 @@ async def delete_user(request: web.Request) -> web.Response:
     if gone is not None and gone.deleted and await _deleted_by_this_key(request, ident, gone):
         # A retried delete whose deprovisioning was recorded, its cut-off perhaps not (a
         # revocation that failed): finish that, and answer as the first attempt would have.
-        await cut_off(request, ident, ws, gone.user_id, "user deprovisioned")
+        await cut_off(request, ident, ws, gone.user_id, DEPROVISIONED)
         return web.Response(status=204)
     user = await live_user(ident, ws, request.match_info["id"])
     await check_manageable(ident, principal, user)

@@ -422,3 +422,34 @@ async def test_a_password_change_revokes_only_the_sessions_that_still_sign_in(
         assert status == 401
         for browser in sessions:
             await browser.close()
+
+
+async def test_a_deactivation_and_a_deletion_record_the_sessions_they_end(
+    database_url: str,
+) -> None:
+    """QA finding: the read model marked the user's sessions revoked as it applied the
+    deactivation, before the cut-off looked for live ones; it found none, and no
+    `identity.session_revoked` was ever recorded (the audit showed no session ending)."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        ended: dict[str, str] = {}
+        for name, change in (("tom", "PATCH"), ("bob", "DELETE")):
+            body = {"user_name": name, "password": "a password 123"}
+            status, user, _ = await svc.request("POST", "/v1/admin/users", key, json=body)
+            assert status == 201, user
+            status, signed_in, browser = await svc.login(name, "a password 123")
+            assert status == 200, signed_in
+            await browser.close()
+            path = f"/v1/admin/users/{user['id']}"
+            status, _, _ = await svc.request(
+                change, path, key, json={"active": False} if change == "PATCH" else None
+            )
+            assert status in (200, 204)
+            ended[signed_in["session_id"]] = (
+                "user deactivated" if name == "tom" else ("user deprovisioned")
+            )
+        store = svc.app[STORE]
+        for session_id, reason in ended.items():
+            events = await store.read_stream(session_key(session_id).stream_id)
+            revoked = [e for e in events if e.type == "identity.session_revoked"]
+            assert [e.data["reason"] for e in revoked] == [reason], events
