@@ -26,7 +26,7 @@ import orjson
 
 from gateway.identity.common import first_mapped_role
 from gateway.settings import Settings
-from schemas.errors import InvalidInput
+from schemas.errors import InvalidInput, Unavailable
 
 with warnings.catch_warnings():
     # ldap3 2.9 imports names pyasn1 0.6 deprecates; harmless, and tests turn warnings to errors.
@@ -44,6 +44,33 @@ IndexError when the peer at the URL speaks something else (`ldap://` at an LDAPS
 
 BIND_SECRET = ("ldap", "bind_password")
 TIMEOUT_S = 5
+
+
+class DirectoryUnavailable(Unavailable):
+    """The directory could not say whether a password is right: unreachable, or refusing
+    the service's own bind. Never told as a wrong password, and never counted as one: a
+    directory outage would otherwise lock out every user who tried during it."""
+
+    default_code = "ldap_unavailable"
+
+
+def _unreachable(exc: BaseException) -> DirectoryUnavailable:
+    log.warning("LDAP: the directory could not be asked (%s)", type(exc).__name__)
+    return DirectoryUnavailable(
+        "the sign-in directory could not be reached (the gateway's log says why), so the "
+        "password was not checked (this attempt does not count against the account); try "
+        "again shortly"
+    )
+
+
+def _service_bind_refused(description: object) -> DirectoryUnavailable:
+    log.warning("LDAP: the search bind was refused (%s)", description)
+    return DirectoryUnavailable(
+        "the sign-in directory refused the service's own account, so the password was not "
+        "checked; an administrator must correct SVC_LDAP_BIND_DN or the ldap/bind_password "
+        "secret",
+        code="ldap_not_configured",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,18 +166,33 @@ def _service_connection(server: ldap3.Server, config: LdapConfig) -> ldap3.Conne
     )
 
 
+def _release(conn: ldap3.Connection) -> None:
+    """Unbind, and close the socket ldap3 leaves open when it could not connect at all."""
+    try:
+        conn.unbind()
+    finally:
+        if conn.socket is not None:
+            conn.socket.close()
+
+
 def _find_sync(config: LdapConfig, login: str) -> LdapUser | None:
     search = _service_connection(_server(config), config)
     try:
         if not search.bind():
-            log.warning("LDAP: the search bind was refused (%s)", search.result.get("description"))
-            return None
+            raise _service_bind_refused(search.result.get("description"))
         query = config.user_filter.replace("%s", escape_filter_chars(login))
         attrs = [a for a in (config.user_attr, config.group_attr, "cn", "mail") if a]
         search.search(config.base_dn, query, attributes=attrs, size_limit=2)
+        if search.result.get("description") == "noSuchObject":
+            log.warning("LDAP: SVC_LDAP_BASE_DN names no entry of the directory")
+            raise DirectoryUnavailable(
+                "SVC_LDAP_BASE_DN names no entry of the sign-in directory, so the password "
+                "was not checked; an administrator must correct it",
+                code="ldap_not_configured",
+            )
         entries = list(search.entries)
     finally:
-        search.unbind()
+        _release(search)
     if len(entries) != 1:
         return None
     entry = entries[0]
@@ -172,7 +214,7 @@ def _binds_sync(config: LdapConfig, dn: str, password: str) -> bool:
     try:
         return bool(conn.bind())
     finally:
-        conn.unbind()
+        _release(conn)
 
 
 def _entry_exists_sync(config: LdapConfig, dn: str) -> bool:
@@ -185,7 +227,7 @@ def _entry_exists_sync(config: LdapConfig, dn: str) -> bool:
             raise LDAPException(str(conn.result.get("description")))
         return bool(found and conn.entries)
     finally:
-        conn.unbind()
+        _release(conn)
 
 
 async def ldap_entry_exists(config: LdapConfig, dn: str) -> bool | None:
@@ -199,26 +241,26 @@ async def ldap_entry_exists(config: LdapConfig, dn: str) -> bool | None:
 
 async def ldap_find(config: LdapConfig, login: str) -> LdapUser | None:
     """The one directory entry `login` names (by the user filter, as the service account
-    sees it); None when there is none, more than one, or the directory could not say."""
+    sees it); None when there is none or more than one. DirectoryUnavailable when the
+    directory could not say."""
     if not login or not config.url or not config.base_dn:
         return None
     try:
         return await asyncio.to_thread(_find_sync, config, login)
     except _DIRECTORY_FAILURES as exc:
-        log.warning("LDAP: user search failed (%s)", type(exc).__name__)
-        return None
+        raise _unreachable(exc) from None
 
 
 async def ldap_password_binds(config: LdapConfig, entry: LdapUser, password: str) -> bool:
     """Whether `password` binds as `entry`. An empty one never does: many servers take an
-    empty password as an unauthenticated bind, and let it succeed."""
+    empty password as an unauthenticated bind, and let it succeed. DirectoryUnavailable
+    when the directory could not say."""
     if not password:
         return False
     try:
         return await asyncio.to_thread(_binds_sync, config, entry.dn, password)
     except _DIRECTORY_FAILURES as exc:
-        log.warning("LDAP: login check failed (%s)", type(exc).__name__)
-        return False
+        raise _unreachable(exc) from None
 
 
 async def ldap_authenticate(config: LdapConfig, login: str, password: str) -> LdapUser | None:

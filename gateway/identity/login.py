@@ -37,6 +37,7 @@ from gateway.identity.common import (
 )
 from gateway.identity.ldap import (
     BIND_SECRET,
+    DirectoryUnavailable,
     config_from,
     ldap_authenticate,
     ldap_entry_exists,
@@ -482,6 +483,8 @@ async def login(request: web.Request) -> web.Response:
     except SvcError as exc:
         # Refused by the throttle, the attempt was given back: no record, as for one refused
         # before it began (a guesser at the limit would flood the log).
+        if isinstance(exc, DirectoryUnavailable):
+            await ident.throttle.unanswered(attempt)
         if not isinstance(exc, RateLimited):
             await _refused(request, ident, workspace_id, body.username, user, method, exc)
         raise exc from None
@@ -635,7 +638,12 @@ async def check_password_as_a_login(
     stolen session must not become a way to guess it, unseen. 403 `wrong_password` when it
     is not."""
     attempt = await ident.throttle.reserve(user.workspace_id, user.user_name, client_ip(request))
-    if not await matches(ident, user, given.get_secret_value()):
+    try:
+        matched = await matches(ident, user, given.get_secret_value())
+    except DirectoryUnavailable:
+        await ident.throttle.unanswered(attempt)
+        raise
+    if not matched:
         await ident.throttle.failed(attempt)
         await _record(
             request,

@@ -136,6 +136,13 @@ class LoginThrottle:
             raise _too_many(wait_s)
         attempt.also.append((key, window))
 
+    async def unanswered(self, reservation: Reservation) -> None:
+        """The password could not be checked (the directory was down): the attempt is given
+        back everywhere it was counted, and earlier failures stay."""
+        async with self._db.acquire() as conn:
+            for key, window in _counted(reservation):
+                await conn.execute(_UNDO, key, window)
+
     async def failed(self, reservation: Reservation) -> None:
         """The attempt failed: it stays counted (nothing to do; kept for the reader)."""
 

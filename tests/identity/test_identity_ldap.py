@@ -521,7 +521,8 @@ async def test_an_entry_the_directory_moved_keeps_its_account(
 async def test_a_peer_that_is_no_directory_refuses_the_sign_in_without_a_500(
     database_url: str,
 ) -> None:
-    """`ldap://` at a port that answers something else (an LDAPS port's TLS alert, HTTP)."""
+    """`ldap://` at a port that answers something else (an LDAPS port's TLS alert, HTTP):
+    the directory could not be asked, which is no wrong password (503, not 401)."""
 
     async def not_ldap(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
@@ -535,7 +536,7 @@ async def test_a_peer_that_is_no_directory_refuses_the_sign_in_without_a_500(
             await key_and_bind_password(svc)
             status, body, browser = await svc.login("yolanda", "some-password")
             await browser.close()
-            assert status == 401, body
+            assert status == 503 and body["error"]["code"] == "ldap_unavailable", body
     finally:
         server.close()
         await server.wait_closed()
@@ -546,7 +547,30 @@ async def test_ldap_refuses_when_the_service_bind_fails(database_url: str, slapd
         await key_and_bind_password(svc, "not-the-reader-password")
         status, body, browser = await svc.login("alice", "alice-password")
         await browser.close()
-        assert status == 401 and body["error"]["code"] == "unauthorized"
+        # Not a wrong password (QA finding: alice was told hers was, and locked out).
+        assert status == 503 and body["error"]["code"] == "ldap_not_configured", body
+        assert "SVC_LDAP_BIND_DN or the ldap/bind_password secret" in body["error"]["message"]
+
+
+async def test_a_directory_outage_is_503_and_counts_no_failed_login(database_url: str) -> None:
+    """QA finding: with the directory down, every sign-in was told its password was wrong,
+    audited as `bad_credentials`, and counted: users who retried during an outage were
+    locked out for minutes after it ended."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"ldap://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening
+        async with running(settings_for(database_url, **ldap_settings(database_url, url))) as svc:
+            key = await key_and_bind_password(svc)
+            for _ in range(MAX_PER_ACCOUNT + 2):  # past the failed-login limit
+                status, body, browser = await svc.login("bob", "bob-password")
+                await browser.close()
+                assert status == 503 and body["error"]["code"] == "ldap_unavailable", body
+                assert "does not count against the account" in body["error"]["message"]
+            _, audit, _ = await svc.request(
+                "GET", "/v1/admin/audit?action=identity.login_failed", key
+            )
+            reasons = {item["detail"]["reason"] for item in audit["items"]}
+            assert reasons == {"sign_in_failed: ldap_unavailable"}, audit
 
 
 async def test_every_name_a_filter_matches_shares_the_entrys_limit(
@@ -592,7 +616,7 @@ async def test_ldap_off_means_no_directory(database_url: str, slapd: Slapd) -> N
         assert status == 401
 
 
-@pytest.mark.parametrize(("skip_verify", "expected"), [("0", 401), ("1", 200)])
+@pytest.mark.parametrize(("skip_verify", "expected"), [("0", 503), ("1", 200)])
 async def test_ldaps_checks_the_certificate_unless_told_not_to(
     database_url: str, slapd: Slapd, skip_verify: str, expected: int
 ) -> None:
