@@ -10,7 +10,8 @@ database detail reaches the client. (A NUL in the URL is refused by that middlew
 the service's envelope: it runs before any SCIM handler.)
 
 Supported: create, read, replace (PUT), PATCH (add/replace/remove on the core attributes, with
-or without a path, operation names case-insensitive), delete; list with `filter` (`eq` on
+or without a path, operation names case-insensitive; email value filters; the User schema's
+attributes this service does not keep left alone, as a POST leaves them), delete; list with `filter` (`eq` on
 userName (case-insensitive), externalId or id), `startIndex` (1-based) and `count`.
 Deleting a user, or setting `active` to false, ends their sessions at once; the user's
 principals are refused from then on (authn.py checks the user on every request).
@@ -411,6 +412,14 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     """The body, a JSON object. read_json refuses a NUL in any string or key (PostgreSQL text
     cannot hold one, so no SCIM value with a NUL ever reaches the store): invalidValue; and an
     empty, malformed or too deeply nested body: invalidSyntax."""
+    if request.content_type not in _JSON_TYPES:
+        # RFC 7644 section 3.1: a client states application/scim+json (or JSON). A form
+        # (curl -d's default) or text was read as JSON all the same.
+        raise ScimError(
+            415,
+            f"the body must be sent as {CONTENT_TYPE} (or application/json), not "
+            f"{request.content_type}",
+        )
     try:
         data = await read_json(request)
     except InvalidInput as exc:
@@ -418,6 +427,20 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
         raise ScimError(400, exc.message, scim_type) from None
     if not isinstance(data, dict):
         raise ScimError(400, "the body must be a JSON object", "invalidSyntax")
+    return data
+
+
+_JSON_TYPES = frozenset({CONTENT_TYPE, "application/json"})
+
+
+def _user_body(data: dict[str, Any]) -> dict[str, Any]:
+    """A POST's or a PUT's body: a User resource, by its `schemas` (RFC 7643 section 3:
+    required). One naming another resource (a Group) was created as a user."""
+    schemas = _message_keys(data).get("schemas")
+    if not isinstance(schemas, list) or not any(
+        isinstance(name, str) and name.lower() == USER_SCHEMA.lower() for name in schemas
+    ):
+        raise ScimError(400, f"schemas must be an array holding {USER_SCHEMA}", "invalidSyntax")
     return data
 
 
@@ -537,9 +560,11 @@ async def search_handler(request: web.Request, ident: Identity, ws: str) -> web.
 def _full_profile(data: dict[str, Any], kept: Mapping[str, Any]) -> UserProfile:
     """The profile a POST or PUT body states in full (userName required); `kept`, the
     profile it replaces (empty for a new user)."""
-    fields = _check_shown(_profile_fields(data), kept)
-    if not isinstance(fields.get("user_name"), str) or not fields["user_name"]:
+    fields = _check_shown(_profile_fields(_user_body(data)), kept)
+    if fields.get("user_name") is None:
         raise ScimError(400, "userName is required", "invalidValue")
+    if not isinstance(fields["user_name"], str) or not fields["user_name"]:
+        raise ScimError(400, "userName must be a non-empty string", "invalidValue")
     return UserProfile.model_validate(fields)
 
 
@@ -717,25 +742,31 @@ def _apply_op(current: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
         raise ScimError(400, f"unsupported PATCH op {op.get('op')!r}", "invalidSyntax")
     if isinstance(path, str) and _read_only(path):
         raise ScimError(400, f"{path} is read-only", "mutability")
+    if isinstance(path, str) and _not_kept(path):
+        # As a POST leaves them: an IdP's default mappings send these on every sync, and a
+        # refusal failed each update of the user (title, phoneNumbers, the enterprise
+        # extension's department). The User schema served shows what is kept.
+        return current
     if kind != "remove" and "value" not in op:
         # RFC 7644 3.5.2.1 and 3.5.2.3: add and replace carry a value. Read as null (which
         # RFC 7643 2.5 makes unassigned, as a remove does), a replace of `active` without
         # one, a client's mistake, re-enabled a deactivated user.
         raise ScimError(400, f"a PATCH {kind} needs a value", "invalidValue")
+    if isinstance(path, str) and _EMAIL_FILTER.match(path.strip()):
+        return _email_filter_op(current, kind, path.strip(), value)
     if kind == "remove":
         if not isinstance(path, str) or not path:
             raise ScimError(400, "remove needs a path", "noTarget")
         fields = _profile_fields({path: None})
         if not fields:
-            # An attribute this service does not keep, or a value filter (emails[type eq
-            # "work"]) it does not evaluate: saying 200 would claim a removal that never was.
-            raise ScimError(400, f"unsupported PATCH path {path!r}", "invalidPath")
+            # No attribute of the User schema: saying 200 would claim a removal that never was.
+            raise _unsupported_path(path)
         if "user_name" in fields:
             raise ScimError(400, "userName cannot be removed", "mutability")
         return {**current, **{k: ([] if k == "emails" else None) for k in fields}}
     if isinstance(path, str) and path:
         if _attr_name(path) not in _KEPT:
-            raise ScimError(400, f"unsupported PATCH path {path!r}", "invalidPath")
+            raise _unsupported_path(path)
         fields = _profile_fields({path: value}, partial=True)
     elif isinstance(value, dict):
         _refuse_unkept(value)
@@ -762,18 +793,112 @@ _KEPT = frozenset(
         "name.familyname",
     }
 )
+_KEPT_NAMES = "userName, displayName, externalId, active, emails, name.givenName, name.familyName"
 _ECHOED = frozenset({"schemas", "id", "meta", "groups"})
 """Members a client may send back as it read them: read-only or the message's own."""
 
 
+_NOT_KEPT = frozenset(
+    {
+        "name.formatted",
+        "name.middlename",
+        "name.honorificprefix",
+        "name.honorificsuffix",
+        "nickname",
+        "profileurl",
+        "title",
+        "usertype",
+        "preferredlanguage",
+        "locale",
+        "timezone",
+        "phonenumbers",
+        "ims",
+        "photos",
+        "addresses",
+        "entitlements",
+        "roles",
+        "x509certificates",
+    }
+)
+"""Attributes of RFC 7643's User schema this service does not keep (section 4.1)."""
+
+
+def _not_kept(path: str) -> bool:
+    """Whether `path` names an attribute of the User schema (or of an extension) that this
+    service does not keep: `title`, `phoneNumbers[type eq "work"].value`, `name.formatted`,
+    `urn:...:enterprise:2.0:User:department`."""
+    name = _attr_name(path.strip())
+    if name.startswith("urn:"):
+        return True
+    head = name.split("[", 1)[0]
+    return head in _NOT_KEPT or head.split(".", 1)[0] in _NOT_KEPT
+
+
+def _unsupported_path(path: str) -> ScimError:
+    return ScimError(
+        400,
+        f"unsupported PATCH path {path!r}: the paths taken are {_KEPT_NAMES}, and "
+        'emails[type eq "..."] with .value, .type or .primary',
+        "invalidPath",
+    )
+
+
 def _refuse_unkept(value: dict[str, Any]) -> None:
-    """A path-less add or replace naming an attribute this service does not keep: a 400, as
-    with a path, never a 200 that changed nothing. An extension's attributes (URN-named)
-    are left alone, as a POST leaves them."""
+    """A path-less add or replace naming an attribute of no schema: a 400, as with a path,
+    never a 200 that changed nothing. The User schema's attributes this service does not
+    keep, and an extension's (URN-named), are left alone, as a POST leaves them."""
     for key in value:
         name = _attr_name(str(key))
-        if name not in _KEPT and name not in _ECHOED and not name.startswith("urn:"):
-            raise ScimError(400, f"unsupported PATCH attribute {key!r}", "invalidPath")
+        if name not in _KEPT and name not in _ECHOED and not _not_kept(name):
+            raise ScimError(
+                400,
+                f"unsupported PATCH attribute {key!r}: the attributes taken are {_KEPT_NAMES}",
+                "invalidPath",
+            )
+
+
+_EMAIL_FILTER = re.compile(
+    r'^emails\[\s*(type|value|primary)\s+eq\s+("(?:[^"\\]|\\.)*"|true|false)\s*\]'
+    r"(?:\.(value|type|primary))?$",
+    re.IGNORECASE,
+)
+"""`emails[type eq "work"].value`: a value filter on the emails, as Azure AD and Okta send."""
+
+
+def _email_filter_op(current: dict[str, Any], kind: str, path: str, value: Any) -> dict[str, Any]:
+    """An operation on the emails a value filter selects (RFC 7644 section 3.5.2): remove
+    drops them; add or replace sets the sub-attribute (or merges an object) on each, and
+    an add or a replace that selects none adds one that matches the filter."""
+    found = _EMAIL_FILTER.match(path)
+    assert found is not None  # the caller matched it
+    raw = found.group(2)
+    literal = orjson.loads(raw if raw.startswith('"') else raw.lower())
+    attribute, sub = found.group(1).lower(), found.group(3)
+    emails = [dict(email) for email in current.get("emails") or []]
+    selected = [email for email in emails if _email_matches(email, attribute, literal)]
+    if kind == "remove":
+        kept = [email for email in emails if email not in selected]
+        return {**current, "emails": kept}
+    change = {sub.lower(): value} if sub else value
+    if not isinstance(change, dict):
+        raise ScimError(400, f"{path} needs an object value (value, type, primary)", "invalidValue")
+    if not selected:
+        new = {attribute: literal, **_lower_keys(change)}
+        new.setdefault("primary", not emails)  # a user's first address is the primary one
+        emails.append(new)
+        selected = [new]
+    for email in selected:
+        email.update(_lower_keys(change))
+    fields = {"emails": _emails(emails)}
+    _check_shown(fields, current)
+    return {**current, **fields}
+
+
+def _email_matches(email: dict[str, Any], attribute: str, literal: Any) -> bool:
+    held = email.get(attribute)
+    if isinstance(literal, str) and isinstance(held, str):
+        return held.casefold() == literal.casefold()  # caseExact false (RFC 7643 4.1.2)
+    return bool(held) is literal if isinstance(literal, bool) else False
 
 
 def _added_emails(
@@ -962,7 +1087,19 @@ async def schema_handler(request: web.Request, ident: Identity, ws: str) -> web.
 
 
 async def no_such_endpoint(request: web.Request, ident: Identity, ws: str) -> web.StreamResponse:
-    raise ScimError(404, "no such SCIM endpoint")
+    tail = request.match_info.get("tail", "")
+    if tail.split("/", 1)[0].lower() == "groups":
+        raise ScimError(
+            404,
+            "SCIM Groups are not supported, only Users: turn off group push (Okta) or group "
+            "provisioning (Azure AD); roles come from the admin API or from LDAP/SAML group "
+            "mappings",
+        )
+    raise ScimError(
+        404,
+        "no such SCIM endpoint; there are /Users, /Schemas, /ResourceTypes and "
+        "/ServiceProviderConfig",
+    )
 
 
 def _method_not_allowed(allowed: str) -> ScimHandler:

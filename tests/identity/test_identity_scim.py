@@ -144,7 +144,7 @@ async def test_users_crud_patch_and_errors(database_url: str) -> None:
             )
             assert status == 200 and patched["name"] == {"givenName": "Janet", "familyName": "Roe"}
         # A removal the service cannot carry out is refused, never answered as done.
-        for path in ('emails[type eq "work"]', "nonexistent"):
+        for path in ('emails[display eq "work"]', "nonexistent"):
             body = {"schemas": [PATCH], "Operations": [{"op": "remove", "path": path}]}
             status, err, _ = await svc.request("PATCH", f"/scim/v2/Users/{uid}", token, json=body)
             assert status == 400 and err["scimType"] == "invalidPath", (path, err)
@@ -659,7 +659,7 @@ async def test_patch_and_search_read_members_in_any_case_and_keep_a_user_deactiv
         for refused, scim_type in (
             ({"op": "replace", "path": "active"}, "invalidValue"),
             ({"op": "add", "path": "displayName"}, "invalidValue"),
-            ({"op": "replace", "value": {"nickName": "annie"}}, "invalidPath"),
+            ({"op": "replace", "value": {"nickNme": "annie"}}, "invalidPath"),
         ):
             status, err = await patch(refused)
             assert (status, err.get("scimType")) == (400, scim_type), (refused, err)
@@ -682,6 +682,81 @@ async def test_patch_and_search_read_members_in_any_case_and_keep_a_user_deactiv
         status, found, _ = await svc.request("POST", "/scim/v2/Users/.search", token, json=search)
         assert status == 200 and found["totalResults"] == 1, found
         assert found["Resources"][0]["userName"] == "bob@example.com"
+
+
+async def test_azure_and_okta_patches_of_the_user_schema_are_taken(database_url: str) -> None:
+    """QA finding: Azure AD's default mappings send `emails[type eq "work"].value`, `title`,
+    `name.formatted` and the enterprise extension's attributes on every update; a POST left
+    those it does not keep alone, but a PATCH refused them (400 invalidPath), so every later
+    update of the user failed."""
+    async with running(settings_for(database_url)) as svc:
+        token = (await scim_token(svc, await svc.issue_key()))["token"]
+        user = await create_user(svc, token, "ally@example.com")
+        path = f"/scim/v2/Users/{user['id']}"
+        enterprise = "urn:ietf:params:scim:schemas:extension:enterprise:2.0:User"
+
+        async def patch(*ops: dict[str, Any]) -> tuple[int, Any]:
+            status, body, _ = await svc.request(
+                "PATCH", path, token, json={"schemas": [PATCH], "Operations": list(ops)}
+            )
+            return status, body
+
+        status, got = await patch(
+            {"op": "Add", "path": 'emails[type eq "work"].value', "value": "ally@example.com"},
+            {"op": "Add", "path": "title", "value": "Eng"},
+            {"op": "Replace", "path": "name.formatted", "value": "Ally S"},
+            {"op": "Add", "path": f"{enterprise}:department", "value": "R&D"},
+            {"op": "Replace", "path": 'phoneNumbers[type eq "work"].value', "value": "555"},
+            {"op": "replace", "value": {"title": "Eng", "displayName": "Ally S"}},
+        )
+        assert status == 200, got
+        assert got["emails"] == [{"value": "ally@example.com", "type": "work", "primary": True}]
+        assert got["displayName"] == "Ally S" and "title" not in got, got
+        # The filter selects the entry to change; one the filter selects none of is added.
+        status, got = await patch(
+            {"op": "Replace", "path": 'emails[type eq "Work"].value', "value": "a2@example.com"},
+            {"op": "add", "path": 'emails[type eq "home"].value', "value": "home@example.com"},
+            {"op": "replace", "path": "emails[primary eq True].type", "value": "office"},
+        )
+        assert status == 200, got
+        assert got["emails"] == [
+            {"value": "a2@example.com", "type": "office", "primary": True},
+            {"value": "home@example.com", "type": "home", "primary": False},
+        ], got
+        status, got = await patch({"op": "remove", "path": 'emails[type eq "home"]'})
+        assert status == 200 and [e["value"] for e in got["emails"]] == ["a2@example.com"], got
+        # A name of no schema is still refused, saying what is taken.
+        status, err = await patch({"op": "replace", "path": "titel", "value": "x"})
+        assert (status, err.get("scimType")) == (400, "invalidPath"), err
+        assert "the paths taken are userName" in err["detail"], err
+
+
+async def test_a_create_must_be_a_user_sent_as_json(database_url: str) -> None:
+    """QA finding: a POST naming the Group schema, or none, or sent as text/plain created a
+    user; `userName: 123` was told it was missing; /Groups was a bare 404."""
+    async with running(settings_for(database_url)) as svc:
+        token = (await scim_token(svc, await svc.issue_key()))["token"]
+        users = "/scim/v2/Users"
+        group = "urn:ietf:params:scim:schemas:core:2.0:Group"
+        for body in ({"schemas": [group], "userName": "g"}, {"userName": "none"}):
+            status, err, _ = await svc.request("POST", users, token, json=body)
+            assert (status, err.get("scimType")) == (400, "invalidSyntax"), err
+            assert USER in err["detail"], err
+        as_text = {
+            "data": json.dumps(scim_user("texty")),
+            "headers": {"Content-Type": "text/plain"},
+        }
+        status, err, _ = await svc.request("POST", users, token, **as_text)
+        assert status == 415 and err["schemas"] == [ERROR], err
+        assert "application/scim+json" in err["detail"], err
+        status, err, _ = await svc.request(
+            "POST", users, token, json={"schemas": [USER], "userName": 123}
+        )
+        assert status == 400 and err["detail"] == "userName must be a non-empty string", err
+        status, err, _ = await svc.request("GET", "/scim/v2/Groups", token)
+        assert status == 404 and "turn off group push" in err["detail"], err
+        status, listed, _ = await svc.request("GET", users, token)
+        assert listed["totalResults"] == 0, listed  # nothing of the above created a user
 
 
 async def test_the_openapi_document_describes_scim_as_it_answers(database_url: str) -> None:
