@@ -42,6 +42,7 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -413,13 +414,67 @@ def _binding_cookie_scope(settings: SamlSettings) -> dict[str, Any]:
     return {"path": path, "secure": True, "httponly": True, "samesite": "None"}
 
 
-def _in_response_to(saml_response: str) -> str | None:
+def _in_response_to(saml_response: str) -> str:
+    """The id of the request the response answers; Unauthorized saying what it lacks."""
     try:
         root = ElementTree.fromstring(base64.b64decode(saml_response, validate=False))
     except (binascii.Error, ElementTree.ParseError, ValueError):
-        return None
+        raise Unauthorized(
+            f"{REFUSED}: SAMLResponse is not a base64-encoded SAML response"
+        ) from None
     value = root.get("InResponseTo")
-    return str(value) if value else None
+    if not value:
+        raise Unauthorized(f"{REFUSED}: it answers no request of ours (no InResponseTo)")
+    return str(value)
+
+
+_OUTSIDE_WINDOW = (
+    "it is outside its validity window (check the clocks of the IdP and of this gateway; "
+    f"{ACCEPTED_SKEW_S} s of difference is allowed)"
+)
+_SAML_ASSERTION = "{urn:oasis:names:tc:SAML:2.0:assertion}"
+
+
+def _refusal(exc: Exception, settings: SamlSettings, saml_response: str) -> str:
+    """What pysaml2's refusal of a response means, for the person setting the IdP up: its
+    exceptions are named, not worded (an audience mismatch is a bare Exception, an expiry
+    "Condition not OK")."""
+    names = {kind.__name__ for kind in type(exc).__mro__}
+    text = str(exc)
+    if names & {"ResponseLifetimeExceed", "ToEarly"}:
+        return _OUTSIDE_WINDOW
+    if names & {"SignatureError", "IncorrectlySigned", "SigverError"} or "signed" in text:
+        return "it is unsigned, or its signature does not verify against SVC_SAML_IDP_METADATA"
+    if "AudienceRestrictions" in text or "Condition not OK" in text:
+        return _failed_condition(saml_response, settings.entity_id)
+    if "StatusError" in names:
+        return f"the IdP answered with a failure status ({type(exc).__name__})"
+    return "it could not be verified (the gateway's log says why)"
+
+
+def _failed_condition(saml_response: str, entity_id: str) -> str:
+    """Which of the assertion's conditions fails (read for the message only: pysaml2 has
+    already refused the response, after checking its signature)."""
+    root = ElementTree.fromstring(base64.b64decode(saml_response, validate=False))
+    audiences = {a.text.strip() for a in root.iter(f"{_SAML_ASSERTION}Audience") if a.text}
+    if audiences and entity_id not in audiences:
+        return f"its audience is not {entity_id}, this service's entity id"
+    now = datetime.now(UTC)
+    for conditions in root.iter(f"{_SAML_ASSERTION}Conditions"):
+        after, before = conditions.get("NotOnOrAfter"), conditions.get("NotBefore")
+        skew = timedelta(seconds=ACCEPTED_SKEW_S)
+        if (after and _instant(after) + skew <= now) or (before and _instant(before) - skew > now):
+            return _OUTSIDE_WINDOW
+    return "its conditions do not hold (the gateway's log says which)"
+
+
+def _instant(text: str) -> datetime:
+    """A SAML instant (UTC, RFC 3339); the earliest instant when it is no such thing."""
+    try:
+        found = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return datetime.min.replace(tzinfo=UTC)
+    return found if found.tzinfo else found.replace(tzinfo=UTC)
 
 
 def _parse(sp: ServiceProvider, saml_response: str, request_id: str) -> Any:
@@ -459,8 +514,6 @@ async def _verified(
 ) -> tuple[Any, str]:
     """The verified response, and the id of the request it answers."""
     request_id = _in_response_to(saml_response)
-    if request_id is None:
-        raise Unauthorized(f"{REFUSED}: it answers no request of ours")
     if sp.settings.binds_browser and binding_cookie(request_id) not in cookies:
         raise Unauthorized(
             f"{REFUSED}: this browser did not start the sign-in it answers; "
@@ -473,8 +526,9 @@ async def _verified(
     try:
         response = await asyncio.to_thread(_parse, sp, saml_response, request_id)
     except Exception as exc:
-        log.warning("SAML: response refused (%s)", type(exc).__name__)
-        raise Unauthorized(REFUSED) from None
+        why = _refusal(exc, sp.settings, saml_response)
+        log.warning("SAML: response refused: %s (%s: %.200s)", why, type(exc).__name__, exc)
+        raise Unauthorized(f"{REFUSED}: {why}") from None
     if response is None or response.assertion is None:
         raise Unauthorized(REFUSED)
     if not _audience_ok(response.assertion, sp.settings.entity_id):

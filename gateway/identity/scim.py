@@ -11,8 +11,9 @@ the service's envelope: it runs before any SCIM handler.)
 
 Supported: create, read, replace (PUT), PATCH (add/replace/remove on the core attributes, with
 or without a path, operation names case-insensitive; email value filters; the User schema's
-attributes this service does not keep left alone, as a POST leaves them), delete; list with `filter` (`eq` on
-userName (case-insensitive), externalId or id), `startIndex` (1-based) and `count`.
+attributes this service does not keep left alone, as a POST leaves them), delete; list with
+`filter` (`eq` on userName (case-insensitive), externalId or id), `startIndex` (1-based) and
+`count`.
 Deleting a user, or setting `active` to false, ends their sessions at once; the user's
 principals are refused from then on (authn.py checks the user on every request).
 """

@@ -280,12 +280,24 @@ async def test_saml_login_and_hostile_responses(
         forged: Morsel[str] = Morsel()
         forged.set(binding_cookie("id-nobody-asked-for"), "1", "1")
         flow.bindings["id-nobody-asked-for"] = forged
+        # Each refusal says why, for the person setting the IdP up (QA finding: "SAML
+        # response refused" alone, and a bare exception class in the log).
+        said = {
+            "signed by another key": "signature does not verify",
+            "expired": "outside its validity window",
+            "wrong audience": f"its audience is not {SP_ENTITY}",
+            "unsolicited": "no outstanding request",
+        }
         for case, (xml, _) in hostile.items():
             status, body, _ = await flow.post(xml, "/")
             assert status == 401, (case, body)
             assert '"unauthorized"' in body, case
+            assert said.get(case, "SAML response refused") in body, (case, body)
             # Each is refused for its own fault, not for a missing binding cookie.
             assert "did not start the sign-in" not in body, case
+        for garbage in (base64.b64encode(b"<not xml").decode(), "%%%"):
+            status, body, _ = await flow.post(garbage, "/")
+            assert status == 401 and "not a base64-encoded SAML response" in body, body
 
         # Only the good login provisioned a user; groups mapped to the admin role.
         status, users, _ = await svc.request("GET", "/v1/admin/users", api_key)
