@@ -54,7 +54,7 @@ from gateway.identity.sessions import (
     set_session_cookies,
 )
 from gateway.identity.throttle import Reservation
-from gateway.identity.totp import new_secret, provisioning_uri
+from gateway.identity.totp import REUSED, new_secret, provisioning_uri
 from gateway.identity.vault import INSTANCE, PASSWORD, TOTP, TOTP_PENDING
 from gateway.security import client_ip
 from gateway.state import Principal
@@ -442,13 +442,24 @@ async def _second_factor(ident: Identity, user: UserRow, code: str | None) -> bo
     if not user.totp_enrolled:
         return False
     secret = await ident.vault.get(user.workspace_id, user.user_id, TOTP)
-    if (
-        not code
-        or secret is None
-        or not await ident.totp.verify(user.workspace_id, user.user_id, secret, code)
-    ):
-        raise Unauthorized("a valid TOTP code is required", code="unauthorized")
+    if not code or secret is None:
+        raise Unauthorized(
+            "a valid TOTP code is required: send totp_code, the code the authenticator app "
+            "shows, with the user name and password",
+            code="unauthorized",
+        )
+    outcome = await ident.totp.check(user.workspace_id, user.user_id, secret, code)
+    if outcome == "reused":
+        raise Unauthorized(REUSED, code="unauthorized")
+    if outcome == "wrong":
+        raise Unauthorized(_WRONG_CODE, code="unauthorized")
     return True
+
+
+_WRONG_CODE = (
+    "the TOTP code does not match: send the code the authenticator app shows now (if it "
+    "still fails, check the clock of the device)"
+)
 
 
 async def login(request: web.Request) -> web.Response:
@@ -687,8 +698,14 @@ async def totp_verify(request: web.Request) -> web.Response:
             "POST /v1/admin/auth/totp/enrol, then send a code from it",
             code="totp_not_started",
         )
-    if not await ident.totp.verify(principal.workspace_id, user_id, pending, body.code):
-        raise InvalidInput("the TOTP code does not match", code="totp_mismatch")
+    outcome = await ident.totp.check(principal.workspace_id, user_id, pending, body.code)
+    if outcome == "reused":
+        raise InvalidInput(REUSED, code="totp_mismatch")
+    if outcome == "wrong":
+        raise InvalidInput(
+            f"{_WRONG_CODE}; it must be the code of the secret enrolment just gave",
+            code="totp_mismatch",
+        )
     await ident.vault.put(principal.workspace_id, user_id, TOTP, pending)
     await ident.vault.delete(principal.workspace_id, user_id, TOTP_PENDING)
     await ident.ask(directory_key(principal.workspace_id), recorded)

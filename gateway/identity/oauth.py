@@ -38,7 +38,7 @@ from gateway.identity.service import Identity, identity
 from gateway.identity.vault import INSTANCE
 from gateway.state import Principal
 from projections.identity_queries import find_oauth_client
-from schemas.errors import SvcError, Unauthorized
+from schemas.errors import SvcError, Unauthorized, echoed
 
 OAUTH_ISSUER = "svc-oauth"
 AUDIENCE = "svc"
@@ -235,8 +235,22 @@ async def _issue(request: web.Request) -> dict[str, Any]:
     scopes = set(client.scopes)
     if isinstance(requested, str) and requested.strip():
         scopes = set(requested.split())
-        if not all(_covers(client.scopes, scope) for scope in scopes):
-            raise OAuthError(400, "invalid_scope", "scope exceeds what the client may request")
+        unknown = sorted(scope for scope in scopes if scope not in SCOPES)
+        if unknown:
+            raise OAuthError(
+                400,
+                "invalid_scope",
+                f"unknown scope {' '.join(echoed(scope) for scope in unknown[:5])}; the scopes "
+                f"are {', '.join(sorted(SCOPES))}",
+            )
+        beyond = sorted(scope for scope in scopes if not _covers(client.scopes, scope))
+        if beyond:
+            raise OAuthError(
+                400,
+                "invalid_scope",
+                f"scope {' '.join(beyond)} exceeds what the client may request "
+                f"({' '.join(sorted(client.scopes))})",
+            )
     now = int(time.time())
     claims = {
         "iss": OAUTH_ISSUER,

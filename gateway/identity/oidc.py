@@ -192,8 +192,17 @@ class OidcVerifier:
             raise InvalidCredential("invalid token: wrong issuer") from None
         except jwt.MissingRequiredClaimError as exc:
             raise InvalidCredential(f"invalid token: missing claim {exc.claim}") from None
-        except jwt.PyJWTError:
-            raise InvalidCredential("invalid token: signature or claims rejected") from None
+        except jwt.ImmatureSignatureError:
+            raise InvalidCredential(
+                f"invalid token: not valid yet (its nbf or iat is more than {LEEWAY_S} s "
+                "ahead: check the clocks of the identity provider and of this gateway)"
+            ) from None
+        except jwt.InvalidSignatureError:
+            raise InvalidCredential("invalid token: its signature does not verify") from None
+        except jwt.PyJWTError as exc:
+            # A claim of the wrong type (`exp` a string) or an undecodable token: pyjwt's
+            # words name the claim and never the token's content.
+            raise InvalidCredential(f"invalid token: {exc}"[:200]) from None
         return claims
 
 

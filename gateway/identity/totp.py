@@ -12,6 +12,7 @@ import hmac
 import secrets
 import struct
 import time
+from typing import Literal
 from urllib.parse import quote, urlencode
 
 from eventstore.db import Database
@@ -77,9 +78,22 @@ class TotpVerifier:
     ) -> bool:
         """Whether `code` is the user's current code and no code of this step or a later one
         was accepted before; accepting it records its step."""
+        return await self.check(workspace_id, user_id, secret, code, at) == "accepted"
+
+    async def check(
+        self, workspace_id: str, user_id: str, secret: str, code: str, at: float | None = None
+    ) -> TotpOutcome:
+        """As `verify`, saying why a code is refused: not the current code (`wrong`), or one
+        of a step already used (`reused`: the user should wait for the next)."""
         step = matching_step(secret, code, at)
         if step is None:
-            return False
+            return "wrong"
         async with self._db.acquire() as conn:
             claimed = await conn.fetchval(_CLAIM_STEP, workspace_id, user_id, step)
-        return claimed is not None
+        return "reused" if claimed is None else "accepted"
+
+
+TotpOutcome = Literal["accepted", "wrong", "reused"]
+
+REUSED = f"this TOTP code was already used: wait for the next one (codes change every {STEP_S} s)"
+"""The refusal of a code of a step already used, for whoever holds the authenticator."""

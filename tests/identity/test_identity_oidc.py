@@ -171,10 +171,17 @@ async def test_oidc_tokens_and_hostile_cases(database_url: str) -> None:
                 "an unlinked user's name folded": sign(claims(sub="GRACE")),
                 "no tenant claim": sign(claims(ws=None)),
             }
+            said = {  # QA finding: "signature or claims rejected" for a token not valid yet
+                "not yet valid": "not valid yet",
+                "expired": "expired",
+                "wrong audience": "wrong audience",
+                "right kid, other key": "signature does not verify",
+            }
             for case, token in hostile.items():
                 status, body, headers = await svc.request("GET", WHOAMI, token)
                 assert status == 401, case
                 assert body["error"]["code"] == "unauthorized", case
+                assert said.get(case, "") in body["error"]["message"], (case, body)
                 assert token not in json.dumps(body), case
                 # RFC 6750: a token sent and not good; the client gets a new one.
                 assert 'error="invalid_token"' in headers["WWW-Authenticate"], case
