@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Self
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+import orjson
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from schemas.commands import Command
 from schemas.events import Event, event
@@ -147,6 +148,23 @@ class SettingList(BaseModel):
 class SetSettingRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     value: SettingText
+
+    # Every value travels as text, as the environment holds it: a bare value, or a number
+    # or a boolean for `value`, is told the form that is taken.
+    @model_validator(mode="before")
+    @classmethod
+    def _an_object(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            raise ValueError('send {"value": "..."}: the value as a string, in an object')
+        return data
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _text(cls, given: object) -> object:
+        if isinstance(given, bool | int | float):
+            text = orjson.dumps(given).decode()
+            raise ValueError(f'must be a string: send {{"value": "{text}"}}')
+        return given
 
 
 class SettingChangeResult(BaseModel):

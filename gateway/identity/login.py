@@ -90,6 +90,18 @@ log = logging.getLogger(__name__)
 BAD_CREDENTIALS = "invalid user name or password"
 
 
+class InactiveAccount(Unauthorized):
+    """The right password of a deactivated or deleted account: answered as any wrong one
+    (the caller learns nothing of the account), recorded as what it was, so the audit does
+    not show a user who tries to sign in after their deactivation as a guesser."""
+
+    def __init__(self, user: UserRow) -> None:
+        super().__init__(BAD_CREDENTIALS, code="unauthorized")
+        self.reason = (
+            "sign_in_failed: user_deleted" if user.deleted else ("sign_in_failed: user_deactivated")
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class ExternalUser:
     """A user a directory (LDAP) or an identity provider (SAML) vouched for."""
@@ -162,7 +174,9 @@ async def _refused(
     default = ident.settings.default_workspace_id
     if workspace_id != default and await get_workspace(ident.db, workspace_id) is None:
         return
-    if isinstance(exc, Unauthorized):
+    if isinstance(exc, InactiveAccount):
+        reason = exc.reason
+    elif isinstance(exc, Unauthorized):
         reason = "bad_credentials" if user is None else "bad_second_factor"
     else:
         reason = f"sign_in_failed: {exc.code}"[:100]
@@ -202,14 +216,11 @@ async def _typed_name(ident: Identity, workspace_id: str, typed: str) -> tuple[s
 async def _local(ident: Identity, workspace_id: str, body: LoginRequest) -> UserRow | None:
     user = await find_user_by_name(ident.db, workspace_id, body.username)
     stored = None
-    if (
-        user is not None
-        and user.usable
-        and user.has_password
-        and not signs_in_elsewhere(user, ident.settings)
-    ):
+    if user is not None and user.has_password and not signs_in_elsewhere(user, ident.settings):
         stored = await ident.vault.get(workspace_id, user.user_id, PASSWORD)
     ok = await verify_password(body.password.get_secret_value(), stored)
+    if ok and user is not None and not user.usable:
+        raise InactiveAccount(user)
     return user if ok else None
 
 

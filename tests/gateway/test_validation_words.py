@@ -13,6 +13,7 @@ from gateway.errors import describe_validation
 from gateway.validation_words import merged_unions
 from schemas.admin import ApiKeyCreate
 from schemas.chat import ChatCompletionRequest
+from schemas.settings import SetSettingRequest
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -94,3 +95,14 @@ def test_pydantic_words_are_told_as_the_wire_s() -> None:
     role = orjson.dumps({"model": "m", "messages": [{"role": "robot", "content": "x"}]})
     said = problems(ChatCompletionRequest, role)
     assert said.startswith("invalid request: messages.0.role: must be 'system', "), said
+
+
+def test_a_setting_s_value_is_told_the_form_taken() -> None:
+    """QA finding: a bare JSON string was "body: must be a JSON object", and a number
+    "value: Input should be a valid string", neither showing the form to send."""
+    said = problems(SetSettingRequest, b'"0.5"')
+    assert (
+        said == 'invalid request: body: send {"value": "..."}: the value as a string, in an object'
+    )
+    said = problems(SetSettingRequest, b'{"value": 0.5}')
+    assert said == 'invalid request: value: must be a string: send {"value": "0.5"}', said

@@ -219,3 +219,29 @@ async def test_a_404_quotes_a_long_or_odd_id_cut_short(database_url: str) -> Non
             assert err["error"]["message"] == f"{kind} usr_nobody does not exist", err
             status, err, _ = await svc.request("GET", path + "a%1Bb", key)
             assert err["error"]["message"] == f"{kind} 'a\\x1bb' does not exist", err
+
+
+async def test_a_deactivated_users_right_password_is_audited_as_such(database_url: str) -> None:
+    """QA finding: it was recorded as `bad_credentials`, which an operator reads as a guess.
+    The caller is answered as for any wrong password, learning nothing of the account."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        body = {"user_name": "dee", "password": PASSWORD}
+        status, dee, _ = await svc.request("POST", f"{ADMIN}/users", key, json=body)
+        assert status == 201, dee
+        status, _, _ = await svc.request(
+            "PATCH", f"{ADMIN}/users/{dee['id']}", key, json={"active": False}
+        )
+        assert status == 200
+        answers = []
+        for password in (PASSWORD, "not the password"):
+            status, refused, browser = await svc.login("dee", password)
+            await browser.close()
+            answers.append((status, refused))
+        assert answers[0] == answers[1] and answers[0][0] == 401, answers
+        _, audit, _ = await svc.request("GET", f"{ADMIN}/audit?action=identity.login_failed", key)
+        reasons = [(i["user_id"], i["detail"]["reason"]) for i in audit["items"]]
+        assert sorted(reasons) == [
+            (dee["id"], "bad_credentials"),
+            (dee["id"], "sign_in_failed: user_deactivated"),
+        ], reasons
