@@ -5,7 +5,7 @@ CLI (a forged entry), and an ESC sequence must not run in the terminal that show
 
 from __future__ import annotations
 
-from schemas.admin import DIRECTION_CONTROLS
+from schemas.admin import DIRECTION_CONTROLS, INVISIBLE
 
 _C0_C1 = [*range(0x20), 0x7F, *range(0x80, 0xA0)]
 
@@ -14,7 +14,7 @@ _ON_ONE_LINE = (
     _IN_A_BLOCK
     | {code: f"\\u{code:04x}" for code in (0x2028, 0x2029)}
     # Marks and overrides of the text's direction (a name stored before they were refused).
-    | {ord(c): f"\\u{ord(c):04x}" for c in DIRECTION_CONTROLS}
+    | {ord(c): f"\\u{ord(c):04x}" for c in DIRECTION_CONTROLS | INVISIBLE}
     | {ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r"}
 )
 

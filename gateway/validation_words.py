@@ -59,6 +59,8 @@ def said(error: Any) -> str:
     if kind in _BOUND_WORDS and _BOUND_WORDS[kind][0] in context:
         bound, words = _BOUND_WORDS[kind]
         return words.format(context[bound])
+    if kind == "string_pattern_mismatch" and "pattern" in context:
+        return f"must match the pattern {context['pattern']}"
     if kind in ("too_short", "too_long", "string_too_short", "string_too_long"):
         return _sized(kind, context) or str(error["msg"])
     message = str(error["msg"]).removeprefix("Value error, ")

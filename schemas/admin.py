@@ -435,16 +435,30 @@ DIRECTION_CONTROLS = frozenset(
 in any listing that prints the name."""
 
 
+INVISIBLE = frozenset(
+    "\u00ad\u115f\u1160\u180e\u200b\u2060\u2061\u2062\u2063\u2064\u3164\ufeff\uffa0"
+)
+"""Characters that show as nothing (a zero-width space, a soft hyphen, a word joiner, Hangul
+fillers): `hel\u200bper` lists as `helper` beside the real one. The zero-width joiner and
+non-joiner are not among them: emoji sequences and Persian and Indic scripts need them."""
+
+
 def shown_text(value: str) -> str:
     """Text shown in listings, logs and terminals as the person typed it: no control
     character (a line break, a tab, ESC, the C1 set), no mark or override of the text's
-    direction. (Only where clients give it: events recorded before the check still read.)"""
+    direction, nothing invisible. (Only where clients give it: events recorded before the
+    check still read.)"""
     if any(unicodedata.category(c) == "Cc" for c in value):
         raise ValueError("must not contain control characters (line breaks, tabs, escapes)")
     if any(c in DIRECTION_CONTROLS for c in value):
         raise ValueError(
             "must not contain marks or overrides of the text's direction (U+202E and the "
             "like): they make a listing read other than the name is"
+        )
+    if any(c in INVISIBLE for c in value):
+        raise ValueError(
+            "must not contain characters that show as nothing (U+200B zero-width space and "
+            "the like): two names would look the same"
         )
     return value
 

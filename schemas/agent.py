@@ -6,20 +6,18 @@ that `decide()` stays pure (see schemas/conversation.py).
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from schemas.commands import Command
+from schemas.conversation import ReasoningEffort
 from schemas.events import Event, event
 
 Id = Annotated[str, Field(min_length=1, max_length=200)]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 Description = Annotated[str, Field(max_length=2_000)]
 SystemPrompt = Annotated[str, Field(max_length=100_000)]
-ReasoningEffort = Literal["none", "low", "medium", "high", "xhigh"]
-"""The values SVC_SUBSCRIPTION_REASONING_EFFORT takes (the spec: `minimal` is refused
-upstream with HTTP 400), for an agent's own default."""
 
 
 class AgentParameters(BaseModel):

@@ -215,6 +215,22 @@ async def test_a_key_reused_with_another_body_is_refused_not_answered_with_the_f
     assert current["description"] == "one" and current["system_prompt"] == "", current
 
 
+async def test_an_agents_reasoning_effort_is_what_chat_takes(chat: Chat) -> None:
+    """QA finding: chat passed `minimal` (the docs' own example) to the model server, while
+    an agent's default refused it with a list of five words."""
+    for effort in ("minimal", "xhigh"):
+        body = {
+            "name": uid("rz-"),
+            "model": UPSTREAM_MODEL,
+            "parameters": {"reasoning_effort": effort},
+        }
+        status, agent = await send(chat, "POST", AGENTS, body)
+        assert status == 201 and agent["parameters"]["reasoning_effort"] == effort, agent
+    body = {"name": uid("rz-"), "model": UPSTREAM_MODEL, "parameters": {"reasoning_effort": "Hi!"}}
+    status, refused = await send(chat, "POST", AGENTS, body)
+    assert status == 400 and "parameters.reasoning_effort" in refused["error"]["message"]
+
+
 async def test_a_null_optional_field_of_a_create_is_its_default(chat: Chat) -> None:
     """QA finding: a PATCH's null keeps a field, but a create's null was a 400 ("must be a
     string"), though a form sending every field sends null for one left blank."""
@@ -377,6 +393,17 @@ async def test_scopes_and_validation(chat: Chat) -> None:
             chat, "POST", "/v1/admin/apikeys", {"name": name, "scopes": ["chat"]}
         )
         assert status == 400 and "direction" in error["error"]["message"], error
+    # Nor what shows as nothing: `hel\u200bper` listed as a second `helper` (QA finding).
+    # The zero-width joiner of an emoji sequence is no such character.
+    for name in ("hel\u200bper", "a\u00adb", "\ufeffbom"):
+        for path in (AGENTS, "/v1/admin/apikeys"):
+            body = {"name": name, "model": UPSTREAM_MODEL, "scopes": ["chat"]}
+            body.pop("scopes" if path == AGENTS else "model")
+            status, error = await send(chat, "POST", path, body)
+            assert status == 400 and "show as nothing" in error["error"]["message"], error
+    family = uid("fam-") + "\U0001f468\u200d\U0001f469\u200d\U0001f467"
+    status, made = await send(chat, "POST", AGENTS, {"name": family, "model": UPSTREAM_MODEL})
+    assert status == 201, made
     # Listed on one line (GET /v1/models), as key names are: no control characters.
     for name in ("x\u001b[2J", "a\tb", "c\u0085d"):
         status, error = await send(chat, "POST", AGENTS, {"name": name, "model": UPSTREAM_MODEL})

@@ -149,11 +149,12 @@ async def test_a_name_recorded_with_control_characters_lists_on_one_line(
 ) -> None:
     """Names are refused with them now; one recorded before still cannot forge a line."""
     ws = uid("ws-")
-    await _issue(platform, ws, None, name="a\nkey_forged\tx\u202egnp.exe")
+    await _issue(platform, ws, None, name="a\nkey_forged\tx\u202egnp.ex\u200be")
     assert await cli._apikeys_list(argparse.Namespace(workspace=ws, json=False), platform) == 0
     keys = capsys.readouterr().out.splitlines()
-    # A direction override shows as its escape too: it would make the line read otherwise.
-    assert len(keys) == 1 and keys[0].endswith("a\\nkey_forged\\tx\\u202egnp.exe")
+    # A direction override shows as its escape too: it would make the line read otherwise;
+    # and so does a character that shows as nothing.
+    assert len(keys) == 1 and keys[0].endswith("a\\nkey_forged\\tx\\u202egnp.ex\\u200be")
 
 
 async def test_a_workspace_created_for_a_key_is_said_to_be_new(
