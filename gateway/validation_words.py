@@ -86,29 +86,61 @@ def _sized(kind: str, context: dict[str, Any]) -> str | None:
 
 
 def merged_unions(errors: Sequence[Any]) -> list[Any]:
-    """The errors, with those of a value that matched no member of a union (one error per
-    member, at `field.str`, `field.list[TextPart]`) told once, at the field, naming what it
-    may be: `messages.0.content: must be a string or an array`."""
-    members: dict[tuple[Any, ...], list[str]] = {}
-    for error in errors:
-        loc = tuple(error["loc"])
-        if loc and _is_member(loc[-1]) and str(error["type"]).endswith("_type"):
-            members.setdefault(loc[:-1], []).append(str(loc[-1]))
-    merged = {
-        field
-        for field, tried in members.items()
-        if len(tried) > 1 and any(_BUILTIN_MEMBER.fullmatch(m) for m in tried)
-    }
+    """The errors, with those of a value that matched no member of a union (errors at
+    `field.str`, `field.list[str].0`) told in the value's terms: when the value was of one
+    member's kind and only its content failed (`stop: [1]`), that member's problems, at the
+    field (`stop.0: must be a string`); otherwise once, at the field, naming what it may be
+    (`messages.0.content: must be a string or an array`)."""
+    unions = _union_fields(errors)
+    told: set[tuple[Any, ...]] = set()
     out: list[Any] = []
     for error in errors:
         loc = tuple(error["loc"])
-        field = loc[:-1]
-        if field not in merged:
+        field = next((loc[:i] for i in range(len(loc)) if loc[:i] in unions), None)
+        if field is None:
             out.append(error)
-        elif members.get(field) is not None:
-            kinds = " or ".join(_member_words(m) for m in members.pop(field))
-            out.append({**error, "loc": field, "type": "union", "msg": f"must be {kinds}"})
+        elif field not in told:
+            told.add(field)
+            out.extend(_union_told(field, unions[field], errors))
     return out
+
+
+def _union_fields(errors: Sequence[Any]) -> dict[tuple[Any, ...], list[str]]:
+    """The fields whose value matched no member of a union, with the members tried, in the
+    order tried. Only a union with a member no client's key can be (`str`, `list[...]`) is
+    one: a dict's keys `Foo` and `Bar` end their errors' locations as model members do."""
+    tried: dict[tuple[Any, ...], list[str]] = {}
+    for error in errors:
+        loc = tuple(error["loc"])
+        for i, part in enumerate(loc):
+            if _is_member(part):
+                members = tried.setdefault(loc[:i], [])
+                if part not in members:
+                    members.append(part)
+    return {
+        field: members
+        for field, members in tried.items()
+        if len(members) > 1 and any(_BUILTIN_MEMBER.fullmatch(m) for m in members)
+    }
+
+
+def _union_told(field: tuple[Any, ...], members: list[str], errors: Sequence[Any]) -> list[Any]:
+    depth = len(field)
+    by_member: dict[str, list[Any]] = {member: [] for member in members}
+    for error in errors:
+        loc = tuple(error["loc"])
+        if loc[:depth] == field and len(loc) > depth and loc[depth] in by_member:
+            by_member[str(loc[depth])].append(error)
+    for member_errors in by_member.values():
+        kind_refused = any(
+            len(e["loc"]) == depth + 1 and str(e["type"]).endswith("_type") for e in member_errors
+        )
+        if member_errors and not kind_refused:
+            # The value was of this member's kind: its content is what to fix.
+            return [{**e, "loc": field + tuple(e["loc"][depth + 1 :])} for e in member_errors]
+    kinds = " or ".join(_member_words(m) for m in members)
+    first = by_member[members[0]][0] if by_member[members[0]] else {}
+    return [{**first, "loc": field, "type": "union", "msg": f"must be {kinds}"}]
 
 
 def _is_member(part: Any) -> bool:

@@ -32,6 +32,7 @@ from schemas.conversation import (
     Verbosity,
 )
 from schemas.conversation import Role as ModelRole
+from schemas.errors import echoed
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 """`developer` is OpenAI's newer name for `system` (the SDK's
@@ -100,11 +101,16 @@ class ChatMessageIn(BaseModel):
     @classmethod
     def _text_parts_only(cls, value: object) -> object:
         if isinstance(value, list):
-            for part in value:
-                kind = part.get("type") if isinstance(part, dict) else None
+            for index, part in enumerate(value):
+                if not isinstance(part, dict):
+                    raise ValueError(f'part {index} must be an object: {{"type": "text", ...}}')
+                kind = part.get("type")
+                if kind is None:
+                    raise ValueError(f'part {index} needs "type": "text"')
                 if kind != "text":
                     raise ValueError(
-                        f"content part of type {kind!r} is not supported: only 'text' parts"
+                        f"part {index} is of type {echoed(str(kind))}, which is not "
+                        "supported: only text parts"
                     )
         return value
 

@@ -1468,7 +1468,7 @@ async def test_content_as_text_parts_and_null_assistant_content(chat: Chat) -> N
         await chat.client().chat.completions.create(
             model=UPSTREAM_MODEL, messages=[{"role": "user", "content": image}]
         )
-    assert "'image_url' is not supported" in caught.value.message
+    assert "of type image_url, which is not supported" in caught.value.message
     with pytest.raises(openai.BadRequestError):
         await chat.client().chat.completions.create(
             model=UPSTREAM_MODEL, messages=[{"role": "user", "content": None}]

@@ -106,3 +106,23 @@ def test_a_setting_s_value_is_told_the_form_taken() -> None:
     )
     said = problems(SetSettingRequest, b'{"value": 0.5}')
     assert said == 'invalid request: value: must be a string: send {"value": "0.5"}', said
+
+
+def test_a_union_value_of_one_members_kind_is_told_its_contents_problem() -> None:
+    """QA finding: `stop: [1]` was told "stop.str: ...; stop.list[str].0: ...", naming
+    Python's types, and a part without a type "content part of type None"."""
+    assert problems(ChatCompletionRequest, chat_body(stop=[1])) == (
+        "invalid request: stop.0: must be a string"
+    )
+    part = orjson.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": [{"type": "text"}]}]}
+    )
+    assert problems(ChatCompletionRequest, part) == (
+        "invalid request: messages.0.content.0.text: is required"
+    )
+    untyped = orjson.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": [{"text": "a"}]}]}
+    )
+    assert problems(ChatCompletionRequest, untyped) == (
+        'invalid request: messages.0.content: part 0 needs "type": "text"'
+    )
