@@ -98,6 +98,8 @@ from schemas.errors import (
     Unavailable,
     UpstreamError,
     UpstreamTimeout,
+    echoed,
+    quoted,
 )
 from schemas.events import Event
 
@@ -217,7 +219,7 @@ def _require_live(state: ConversationState, command: Command) -> None:
 
 def _missing(state: ConversationState, advice: str = "") -> NotFound:
     return NotFound(
-        f"conversation {state.conversation_id} does not exist{advice}",
+        f"conversation {echoed(state.conversation_id)} does not exist{advice}",
         code="conversation_not_found",
     )
 
@@ -363,7 +365,9 @@ def _running_turn(state: ConversationState, c: CompleteTurn | FailTurn) -> TurnR
     _require_live(state, c)
     turn = state.turns.get(c.turn_id)
     if turn is None:
-        raise NotFound(f"turn {c.turn_id} does not exist in conversation {state.conversation_id}")
+        raise NotFound(
+            f"turn {echoed(c.turn_id)} does not exist in conversation {state.conversation_id}"
+        )
     if turn.status != "running":
         raise Conflict(f"turn {c.turn_id} already ended ({turn.status})")
     return turn
@@ -914,7 +918,7 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             if provider.serves(model):
                 return provider
         raise NotFound(
-            f"model {model!r} is not available on this instance; "
+            f"model {quoted(model)} is not available on this instance; "
             "list the available models with GET /v1/models",
             code="model_not_found",
         )

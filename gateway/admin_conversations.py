@@ -42,7 +42,7 @@ from schemas.admin import (
     TurnsQuery,
     conversation_position,
 )
-from schemas.errors import InvalidInput, NotFound
+from schemas.errors import InvalidInput, NotFound, quoted
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ async def _conversation(request: web.Request, workspace_id: str, cid: str) -> qu
 
 
 def _not_found(cid: str) -> NotFound:
-    return NotFound(f"conversation {cid!r} not found", code="conversation_not_found")
+    return NotFound(f"conversation {quoted(cid)} not found", code="conversation_not_found")
 
 
 async def list_conversations(request: web.Request) -> web.Response:

@@ -31,7 +31,7 @@ from gateway.errors import read_query
 from gateway.feed_frames import redact, redact_model
 from gateway.state import CURSORS, STORE
 from schemas.admin import ConversationHistory, HistoryEvent, HistoryQuery
-from schemas.errors import InvalidInput, NotFound
+from schemas.errors import InvalidInput, NotFound, quoted
 from schemas.events import EVENTS
 
 FOLD_PAGE = 1000
@@ -152,7 +152,7 @@ async def conversation_events(request: web.Request) -> web.Response:
     stream = Stream(request.app[STORE], conversation_key(params.id), principal.workspace_id)
     newest = await stream.newest_version()
     if not newest:
-        raise NotFound(f"conversation {params.id!r} not found", code="conversation_not_found")
+        raise NotFound(f"conversation {quoted(params.id)} not found", code="conversation_not_found")
     at_version = newest if params.at_version is None else params.at_version
     if at_version > newest:
         raise InvalidInput(

@@ -525,9 +525,24 @@ def _refuse_unknown_parameters(model: type[BaseModel], given: Collection[str]) -
     if not known:
         raise InvalidInput(f"this request takes no query parameters; leave out {named}")
     raise InvalidInput(
-        f"query parameter {named} is not one this request takes{nearest(unknown[0], known)}; "
+        f"query parameter {named} is not one this request takes{_meant(unknown[0], known)}; "
         f"it takes {', '.join(known)}"
     )
+
+
+def _meant(name: str, known: list[str]) -> str:
+    """The parameter a wrong `name` most likely meant: the nearest in spelling, or the one
+    that names the same id another way (the messages read takes `id`, the export
+    `conversation_id`, as the spec names them)."""
+    if name.lower() in known:
+        return f" (did you mean {name.lower()}?)"
+    spelt = nearest(name, known)
+    if spelt:
+        return spelt
+    ids = [k for k in known if k == "id" or k.endswith("_id")]
+    if (name == "id" or name.endswith("_id")) and len(ids) == 1:
+        return f" (did you mean {ids[0]}?)"
+    return ""
 
 
 def _refuse_a_missing_parameter(

@@ -147,12 +147,27 @@ def closest(word: str, choices: Iterable[str]) -> str | None:
     return near[0] if near else None
 
 
+SECRET_SHAPED = re.compile(r"svc_[A-Za-z0-9_-]{40,}")
+"""The form of the service's API keys, SCIM tokens and OAuth client secrets."""
+
+NOT_REPEATED = "(a value of the form of an API key or token, not repeated)"
+
+
 def echoed(text: str) -> str:
     """Something a client sent (an id, a parameter's name) as a message quotes it: a plain
     word as written; anything else quoted, its control characters escaped, and cut short
-    (a 404 for an id of 3,000 characters said all 3,000)."""
-    if _PLAIN.fullmatch(text):
+    (a 404 for an id of 3,000 characters said all 3,000). A key or token pasted into the
+    wrong field is not said back: an answer may be logged where the access log's
+    redaction does not reach."""
+    if _PLAIN.fullmatch(text) and not SECRET_SHAPED.search(text):
         return text
+    return quoted(text)
+
+
+def quoted(text: str) -> str:
+    """As `echoed`, always in quotes (`'gpt-4o'`, as OpenAI's messages quote a model)."""
+    if SECRET_SHAPED.search(text):
+        return NOT_REPEATED
     if len(text) <= 64:
         return repr(text)
     return f"{text[:64]!r}... ({len(text):,} characters)"

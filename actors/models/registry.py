@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 from actors.models.offline import OfflineProvider
 from actors.models.openai_compat import OpenAICompatProvider
 from actors.models.port import ModelEvent, ModelProvider, ModelRequest
-from schemas.errors import FeatureDisabled, InvalidInput, NotFound
+from schemas.errors import FeatureDisabled, InvalidInput, NotFound, quoted
 from schemas.setting_rules import AUTO_PROVIDERS, OFFLINE_PROVIDERS, UPSTREAM_PROVIDERS
 
 
@@ -127,7 +127,7 @@ def select(providers: Sequence[ModelProvider], model: str) -> ModelProvider:
             return provider
     valid = ", ".join(served_names(providers)) or "none"
     raise NotFound(
-        f"The model {model!r} does not exist on this instance; valid models: {valid}",
+        f"The model {quoted(model)} does not exist on this instance; valid models: {valid}",
         code="model_not_found",
     )
 

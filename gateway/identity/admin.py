@@ -86,6 +86,7 @@ from schemas.errors import (
     SvcError,
     echoed,
     nearest,
+    quoted,
 )
 from schemas.identity import (
     BUILTIN_ROLES,
@@ -989,7 +990,7 @@ def _check_audit_action(action: str | None) -> None:
     if action is None or action in AUDIT_ACTIONS:
         return
     raise InvalidInput(
-        f"action {action!r} is not one the audit log holds{nearest(action, AUDIT_ACTIONS)}; "
+        f"action {quoted(action)} is not one the audit log holds{nearest(action, AUDIT_ACTIONS)}; "
         "it holds " + ", ".join(sorted(AUDIT_ACTIONS))
     )
 

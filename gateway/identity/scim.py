@@ -53,7 +53,7 @@ from gateway.identity.common import (
 from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
 from gateway.identity.service import Identity, identity
 from projections.identity_queries import UserRow, find_scim_token, get_user, list_users
-from schemas.errors import Conflict, InvalidInput, SvcError, Unauthorized
+from schemas.errors import Conflict, InvalidInput, SvcError, Unauthorized, quoted
 from schemas.identity import MAX_EMAILS, SIGNS_IN_ELSEWHERE, ProvisionUser, UpdateUser, UserProfile
 
 PREFIX = "/scim/v2"
@@ -740,7 +740,7 @@ def _apply_op(current: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
     path = op.get("path")
     value = op.get("value")
     if kind not in ("add", "replace", "remove"):
-        raise ScimError(400, f"unsupported PATCH op {op.get('op')!r}", "invalidSyntax")
+        raise ScimError(400, f"unsupported PATCH op {quoted(str(op.get('op')))}", "invalidSyntax")
     if isinstance(path, str) and _read_only(path):
         raise ScimError(400, f"{path} is read-only", "mutability")
     if isinstance(path, str) and _not_kept(path):
@@ -838,7 +838,7 @@ def _not_kept(path: str) -> bool:
 def _unsupported_path(path: str) -> ScimError:
     return ScimError(
         400,
-        f"unsupported PATCH path {path!r}: the paths taken are {_KEPT_NAMES}, and "
+        f"unsupported PATCH path {quoted(path)}: the paths taken are {_KEPT_NAMES}, and "
         'emails[type eq "..."] with .value, .type or .primary',
         "invalidPath",
     )
@@ -853,7 +853,8 @@ def _refuse_unkept(value: dict[str, Any]) -> None:
         if name not in _KEPT and name not in _ECHOED and not _not_kept(name):
             raise ScimError(
                 400,
-                f"unsupported PATCH attribute {key!r}: the attributes taken are {_KEPT_NAMES}",
+                f"unsupported PATCH attribute {quoted(str(key))}: the attributes taken are "
+                f"{_KEPT_NAMES}",
                 "invalidPath",
             )
 

@@ -526,8 +526,9 @@ def test_agent_of_another_workspace_is_not_found() -> None:
 def test_agent_parameters_are_bounded() -> None:
     with pytest.raises(ValidationError):
         AgentParameters(temperature=2.5)
-    with pytest.raises(ValidationError):
-        AgentParameters(reasoning_effort="minimal")
+    with pytest.raises(ValidationError):  # a word, as chat's: the model server judges it
+        AgentParameters(reasoning_effort="Minimal!")
+    assert AgentParameters(reasoning_effort="minimal").reasoning_effort == "minimal"
 
 
 def test_only_recent_turns_are_held_and_running_ones_stay() -> None:

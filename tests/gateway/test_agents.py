@@ -542,3 +542,33 @@ async def test_openapi_documents_the_agent_routes(chat: Chat) -> None:
     assert set(doc["paths"][AGENTS + "/{agent_id}"]) == {"get", "patch"}
     assert "post" in doc["paths"][AGENTS + "/{agent_id}/archive"]
     assert {"AgentCreate", "AgentUpdate", "WrittenAgent"} <= set(doc["components"]["schemas"])
+
+
+async def test_a_key_pasted_into_the_wrong_place_is_not_said_back(chat: Chat) -> None:
+    """QA finding: a key sent as a limit, an id, a model or a conversation header was quoted
+    whole in the 400 or 404 (anything that logs answers kept it). The access log already
+    redacted it."""
+    pasted = chat.key
+    asks = [
+        ("GET", f"/v1/admin/conversations?limit={pasted}", None, {}),
+        ("GET", f"{AGENTS}/{pasted}", None, {}),
+        ("GET", f"/v1/models/{pasted}", None, {}),
+        ("GET", f"/v1/admin/conversations/messages?id={pasted}", None, {}),
+        (
+            "POST",
+            "/v1/chat/completions",
+            {"model": pasted, "messages": [{"role": "user", "content": "hi"}]},
+            {},
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            {"model": UPSTREAM_MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            {"X-SVC-Conversation-Id": pasted},
+        ),
+    ]
+    for method, path, body, headers in asks:
+        status, answer = await send(chat, method, path, body, **headers)
+        assert 400 <= status < 500, (path, answer)
+        assert pasted not in orjson.dumps(answer).decode(), (path, answer)
+        assert pasted[4:20] not in orjson.dumps(answer).decode(), (path, answer)
