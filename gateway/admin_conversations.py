@@ -48,6 +48,12 @@ log = logging.getLogger(__name__)
 
 _TIMESTAMP = TypeAdapter(datetime)
 
+
+def _stamp(at: datetime) -> str:
+    """A time as every JSON answer writes it (`...Z`), the Markdown export included."""
+    return str(_TIMESTAMP.dump_python(at, mode="json"))
+
+
 MESSAGE_PAGE_BYTES = 8 * 1024 * 1024
 """The text a page of messages holds at most (unless its first message alone is larger):
 what one read holds in memory, for the messages endpoint and for each step of an export."""
@@ -198,13 +204,13 @@ def to_markdown(export: ConversationExport) -> str:
 def _markdown_head(c: ConversationSummary, exported_at: datetime) -> str:
     lines = [f"# {_line(c.title or 'Conversation ' + c.id)}", ""]
     lines.append(f"- id: `{c.id}`")
-    lines.append(f"- created: {c.created_at.isoformat()}")
-    lines.append(f"- updated: {c.updated_at.isoformat()}")
+    lines.append(f"- created: {_stamp(c.created_at)}")
+    lines.append(f"- updated: {_stamp(c.updated_at)}")
     if c.folder:
         lines.append(f"- folder: {_line(c.folder)}")
     if c.tags:
         lines.append(f"- tags: {_line(', '.join(c.tags))}")
-    lines.append(f"- exported: {exported_at.isoformat()}")
+    lines.append(f"- exported: {_stamp(exported_at)}")
     return "\n".join(lines) + "\n"
 
 
@@ -213,7 +219,7 @@ def _markdown_message(m: ConversationMessage) -> str:
     fence = "`" * max(3, _longest_backtick_run(m.content) + 1)
     # Terminal controls would act when the downloaded file is shown with `cat`; the JSON
     # export keeps every character as sent.
-    lines = ["", f"## {author} · {m.created_at.isoformat()}", "", f"{fence}text"]
+    lines = ["", f"## {author} · {_stamp(m.created_at)}", "", f"{fence}text"]
     lines += [visible_controls(m.content), fence]
     return "\n".join(lines) + "\n"
 

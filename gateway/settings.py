@@ -650,7 +650,7 @@ class SettingsService:
                 value=shown,
                 applied=True,
                 restart_required=False,
-                message=f"{key}: nothing stored to unset; it stays {shown}",
+                message=f"{key}: nothing stored to unset; it stays {_blank_shown(shown)}",
             )
         command = UnsetSetting(
             command_id=_command_id(),
@@ -693,6 +693,11 @@ class SettingsService:
         return view(self._settings, spec, self._changes.get(spec.key))
 
 
+def _blank_shown(shown: str) -> str:
+    """A value as a message says it: a blank one as such, not as nothing."""
+    return shown if shown else "(blank)"
+
+
 def _command_id() -> str:
     return f"settings-{uuid.uuid4()}"
 
@@ -704,7 +709,18 @@ def _change_result(spec: SettingSpec, settings: Settings, serving: bool) -> Sett
     shown = display_value(spec, raw)
     runs_it = same_setting(spec, settings.raw(spec.key), raw)
     in_force = runs_it and (serving or spec.live)
-    message = f"{spec.key} = {shown}; {'applied' if in_force else 'restart required'}"
+    if in_force:
+        effect = "applied"
+    elif serving:
+        effect = "restart required"
+    else:
+        # The CLI serves nothing: whether a running gateway already uses the value is that
+        # gateway's to say (the CLI said "restart required" of a value it ran).
+        effect = (
+            "stored; a gateway uses it from its next start (a running one says whether a "
+            f"restart is pending: GET /v1/admin/settings/{spec.key})"
+        )
+    message = f"{spec.key} = {_blank_shown(shown)}; {effect}"
     surprise = dialect_surprise(spec, raw)
     if surprise is not None:
         message += f"; note: {surprise}"
