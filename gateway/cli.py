@@ -394,14 +394,15 @@ async def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cli_author() -> str:
-    """Who changes a setting from the command line, as recorded: the operating-system user
-    (the database's own user is the same for every operator)."""
+    """Who changes a setting or a key from the command line, as recorded: the operating-system
+    user (the database's own user is the same for every operator)."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no name for the uid (a container's arbitrary user)
         return "cli"
     # LOGNAME and USER are taken as set: a name that is no UTF-8 text cannot be recorded.
-    return f"cli:{user}"[:300] if is_utf8(user) and user.isprintable() else "cli"
+    # 200 characters: the most an API key's `by` holds (a setting's holds 300).
+    return f"cli:{user}"[:200] if is_utf8(user) and user.isprintable() else "cli"
 
 
 def _value_from_stdin(key: str) -> str:
@@ -515,7 +516,7 @@ def _issue_command(args: argparse.Namespace, workspace: str, key: str) -> IssueA
         scopes=_scopes(args.scopes),
         rate_limit_rpm=args.rate_limit_rpm,
         at=datetime.now(UTC),
-        by="cli",
+        by=_cli_author(),
     )
 
 
@@ -585,7 +586,7 @@ async def _revoke_unseen(platform: Platform, issued: IssueApiKey) -> int:
         workspace_id=issued.workspace_id,
         key_id=issued.key_id,
         at=datetime.now(UTC),
-        by="cli",
+        by=_cli_author(),
     )
     try:
         await platform.runtime.ask(workspace_key(issued.workspace_id), revoke)
@@ -645,7 +646,7 @@ async def _apikeys_revoke(args: argparse.Namespace, platform: Platform) -> int:
         workspace_id=workspace,
         key_id=args.key_id,
         at=datetime.now(UTC),
-        by="cli",
+        by=_cli_author(),
     )
     outcome = await platform.runtime.ask(workspace_key(workspace), command)
     # Keys are authenticated from the read models: until they apply the revocation the key

@@ -170,3 +170,26 @@ async def test_a_workspace_created_for_a_key_is_said_to_be_new(
     assert f"workspace {ws} did not exist; created it" in err, err
     assert await cli._apikeys_create(args, platform) == 0
     assert "did not exist" not in capsys.readouterr().err  # only the first time
+
+
+async def test_the_command_line_records_its_user_as_the_settings_commands_do(
+    platform: Platform, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QA finding: keys issued and revoked from the command line were recorded `by: cli`,
+    settings changed from it `cli:<user>`: the audit could not say which operator."""
+    monkeypatch.setenv("LOGNAME", "ops-ann")
+    ws = uid("ws-")
+    args = argparse.Namespace(
+        workspace=ws, scopes="chat", name=None, rate_limit_rpm=None, action="create"
+    )
+    assert await cli._apikeys_create(args, platform) == 0
+    capsys.readouterr()
+    events = await platform.store.read_stream(workspace_key(ws).stream_id)
+    issued = [e for e in events if e.type == "workspace.api_key_issued"]
+    assert [e.data["by"] for e in issued] == ["cli:ops-ann"], issued
+    revoke = argparse.Namespace(workspace=ws, key_id=issued[0].data["key_id"], action="revoke")
+    assert await cli._apikeys_revoke(revoke, platform) == 0
+    events = await platform.store.read_stream(workspace_key(ws).stream_id)
+    assert [e.data["by"] for e in events if e.type == "workspace.api_key_revoked"] == [
+        "cli:ops-ann"
+    ]
