@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eventstore.errors import StoreUnavailable
+from eventstore.errors import StoreUnavailable, UnusableDataDirectory
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class EmbeddedPostgres:
         return url
 
     def _make_pgdata(self) -> None:
+        self.check_path()
         try:
             self.pgdata.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -87,6 +88,10 @@ class EmbeddedPostgres:
                 f"cannot use {self.data_dir} as the data directory (SVC_DATA_DIR): "
                 f"{exc.strerror or exc}; point SVC_DATA_DIR at a writable directory"
             ) from None
+
+    def check_path(self) -> None:
+        """Refuse a data directory the server cannot use, before anything is made in it (a
+        refused path left an empty pgdata behind)."""
         # The server listens on a Unix socket in pgdata and trusts local connections. When
         # that path is too long for a socket, the wheel would put the socket in a shared
         # runtime directory any local user can reach: refuse instead.
@@ -94,13 +99,13 @@ class EmbeddedPostgres:
         if any(c.isspace() for c in str(socket_path)):
             # The wheel hands the socket directory to postgres as `-k <dir>` unquoted, which
             # postgres splits at the space ("invalid argument").
-            raise StoreUnavailable(
+            raise UnusableDataDirectory(
                 f"the data directory path {self.data_dir.resolve()} contains a space, which "
                 "the embedded PostgreSQL cannot use for its socket; set SVC_DATA_DIR to a path "
                 "without spaces"
             )
         if len(str(socket_path).encode()) > _MAX_SOCKET_PATH:
-            raise StoreUnavailable(
+            raise UnusableDataDirectory(
                 f"the data directory path {self.data_dir.resolve()} is too long for the "
                 f"embedded PostgreSQL's Unix socket ({_MAX_SOCKET_PATH} bytes at most for "
                 f"{socket_path}); use a shorter SVC_DATA_DIR"

@@ -69,3 +69,10 @@ class InvalidAppend(StoreError, InvalidInput):
     """An append request that can never succeed (empty batch, bad ids, wrong workspace)."""
 
     default_code = "invalid_append"
+
+
+class UnusableDataDirectory(StoreError, InvalidInput):
+    """SVC_DATA_DIR names a path the embedded PostgreSQL cannot use (a space, too long for
+    its socket): a setting to correct, as a malformed setting is."""
+
+    default_code = "invalid_setting_value"

@@ -1166,8 +1166,10 @@ def _note_a_new_database(command: str, settings: Settings) -> None:
     if command in ("serve", "migrate") or settings.database_url:
         return
     data_dir = settings.data_dir.resolve()
-    if (EmbeddedPostgres(data_dir).pgdata / "PG_VERSION").exists():
+    embedded = EmbeddedPostgres(data_dir)
+    if (embedded.pgdata / "PG_VERSION").exists():
         return
+    embedded.check_path()  # a path it cannot use is refused, not announced as a start
     _out(
         f"svc: note: no database in {one_line(str(data_dir))} yet; this starts a new, empty "
         "one. To reach the database of `svc serve`, run this where it runs or set "

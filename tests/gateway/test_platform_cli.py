@@ -816,3 +816,15 @@ def test_a_value_on_stdin_not_in_utf8_is_refused_unquoted(data_dir: Path) -> Non
     stderr = done.stderr.decode()
     assert done.returncode == 2, stderr
     assert "not UTF-8 text" in stderr and "SECRETVALUE" not in stderr + done.stdout.decode()
+
+
+def test_a_data_directory_it_cannot_use_is_refused_before_it_is_announced(
+    data_dir: Path,
+) -> None:
+    """QA finding: `svc apikeys list` with a data directory holding a space said it would
+    start a new database, then refused the path (exit 1), leaving an empty pgdata behind."""
+    spaced = data_dir / "has space"
+    done = svc(data_dir, "apikeys", "list", SVC_DATA_DIR=str(spaced))
+    assert done.returncode == 2, done.stderr
+    assert "contains a space" in done.stderr and "no database in" not in done.stderr
+    assert not spaced.exists()
