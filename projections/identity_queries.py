@@ -126,21 +126,30 @@ async def find_user_by_name(db: Database, workspace_id: str, user_name: str) -> 
     return None if row is None else _user(row)
 
 
+class AmbiguousSubject(Exception):
+    """Two live users hold the external id an external identity names."""
+
+
 async def find_user_by_subject(db: Database, workspace_id: str, subject: str) -> UserRow | None:
     """The live user an external identity (OIDC `sub`) names: the one whose external id it
     is, else one linked to no external id whose user name is exactly it. A user linked to
     another subject is never matched by name, and names are compared as typed, not folded
-    (`ADA`, or `ada` in full-width letters, are other subjects at the IdP)."""
+    (`ADA`, or `ada` in full-width letters, are other subjects at the IdP). AmbiguousSubject
+    when two users hold it as their external id (SCIM's externalId is not unique): which
+    one the IdP means is not guessed, the oldest no more than another."""
     async with db.scoped(workspace_id) as conn:
-        row = await conn.fetchrow(
+        rows = await conn.fetch(
             f"SELECT {_USER_COLUMNS} FROM identity_users u "
             "WHERE NOT u.deleted AND (u.external_id = $1 OR (coalesce(u.external_id, '') = '' "
             "AND u.name_key = $2 AND u.user_name = $1)) "
-            "ORDER BY (u.external_id = $1) DESC NULLS LAST, u.created_at, u.user_id LIMIT 1",
+            "ORDER BY (u.external_id = $1) DESC NULLS LAST, u.created_at, u.user_id LIMIT 2",
             subject,
             user_name_key(subject),
         )
-    return None if row is None else _user(row)
+    users = [_user(row) for row in rows]
+    if len(users) == 2 and all(user.external_id == subject for user in users):
+        raise AmbiguousSubject(subject)
+    return users[0] if users else None
 
 
 async def list_users(

@@ -19,6 +19,7 @@ token of a user who is deactivated, deprovisioned or unknown is refused with 401
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -33,6 +34,7 @@ from gateway.identity.service import IDENTITY, Identity, identity
 from gateway.identity.sessions import check_csrf, session_token, token_hash
 from gateway.state import AUTH, Principal
 from projections.identity_queries import (
+    AmbiguousSubject,
     UserRow,
     find_session,
     find_user_by_subject,
@@ -42,6 +44,8 @@ from projections.identity_queries import (
 )
 from schemas.errors import Unauthorized
 from schemas.identity import Access
+
+log = logging.getLogger(__name__)
 
 
 async def user_principal(ident: Identity, user: UserRow, attributes: dict[str, str]) -> Principal:
@@ -97,7 +101,16 @@ async def oidc_principal(ident: Identity, verifier: OidcVerifier, token: str) ->
     found = await verifier.verify(token)
     _check_usable_claims(found)
     workspace = found.tenant or ident.settings.default_workspace_id
-    user = await find_user_by_subject(ident.db, workspace, found.subject)
+    try:
+        user = await find_user_by_subject(ident.db, workspace, found.subject)
+    except AmbiguousSubject:
+        log.warning(
+            "OIDC: two users of workspace %s hold the token's subject as external id", workspace
+        )
+        raise InvalidCredential(
+            "invalid token: its subject is the external id of more than one user; an "
+            "administrator must give each user a distinct externalId"
+        ) from None
     if user is None or not user.usable:
         raise InvalidCredential("invalid token: the subject is not an active user of the workspace")
     return await user_principal(ident, user, {"auth": "oidc"})

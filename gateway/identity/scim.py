@@ -195,7 +195,9 @@ def resource(request: web.Request, user: UserRow) -> dict[str, Any]:
             "created": user.created_at.isoformat(),
             "lastModified": user.updated_at.isoformat(),
             "location": _location(request, user.user_id),
-            "version": f'W/"{user.version}"',
+            # No `version`: RFC 7643 3.1 makes it the ETag, which this service does not send
+            # or honour (ServiceProviderConfig says etag unsupported); an If-Match sent with
+            # it was ignored.
         },
     }
     if user.active is not None:

@@ -148,7 +148,13 @@ async def test_oidc_tokens_and_hostile_cases(database_url: str) -> None:
             public_pem = key1.public_key().public_bytes(
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
             )
+            for twin in ("twin-1", "twin-2"):  # SCIM's externalId is not unique
+                body = {"user_name": twin, "external_id": "sub-twin"}
+                status, _, _ = await svc.request("POST", "/v1/admin/users", api_key, json=body)
+                assert status == 201
             hostile = {
+                # QA finding: the oldest of the two signed in, silently.
+                "a subject two users hold": sign(claims(sub="sub-twin")),
                 "expired": sign(claims(exp=int(time.time()) - 600, iat=int(time.time()) - 900)),
                 "not yet valid": sign(claims(nbf=int(time.time()) + 600)),
                 "wrong audience": sign(claims(aud="someone-else")),
@@ -176,6 +182,7 @@ async def test_oidc_tokens_and_hostile_cases(database_url: str) -> None:
                 "expired": "expired",
                 "wrong audience": "wrong audience",
                 "right kid, other key": "signature does not verify",
+                "a subject two users hold": "external id of more than one user",
             }
             for case, token in hostile.items():
                 status, body, headers = await svc.request("GET", WHOAMI, token)
