@@ -320,6 +320,31 @@ async def find_oauth_client(db: Database, client_id: str) -> OAuthClientRow | No
     return None if row is None else OAuthClientRow(**dict(row))
 
 
+@dataclass(frozen=True, slots=True)
+class OAuthClientSummary:
+    client_id: str
+    name: str
+    scopes: list[str]
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+async def list_oauth_clients(
+    db: Database, workspace_id: str, *, include_revoked: bool, offset: int, limit: int
+) -> tuple[list[OAuthClientSummary], int]:
+    """The workspace's OAuth clients, newest first, and the total (never a secret's hash)."""
+    live = "true" if include_revoked else "revoked_at IS NULL"
+    async with db.scoped(workspace_id) as conn:
+        total = await conn.fetchval(f"SELECT count(*) FROM identity_oauth_clients WHERE {live}")
+        rows = await conn.fetch(
+            "SELECT client_id, name, scopes, created_at, revoked_at FROM identity_oauth_clients "
+            f"WHERE {live} ORDER BY created_at DESC, client_id OFFSET $1 LIMIT $2",
+            offset,
+            limit,
+        )
+    return [OAuthClientSummary(**dict(row)) for row in rows], int(total)
+
+
 async def list_audit(
     db: Database,
     workspace_id: str,

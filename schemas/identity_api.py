@@ -140,6 +140,21 @@ class IssuedOAuthClient(_Body):
     scopes: list[str]
 
 
+class OAuthClientView(_Body):
+    """A registered client, as listed: never its secret."""
+
+    client_id: str
+    name: str
+    scopes: list[str]
+    created_at: AwareDatetime
+    revoked_at: AwareDatetime | None
+
+
+class OAuthClientPage(_Body):
+    items: list[OAuthClientView]
+    total: int = Field(ge=0)
+
+
 class AuditEntry(_Body):
     id: str = Field(description="sealed: pass it as `before` for the entries older than this one")
     at: AwareDatetime

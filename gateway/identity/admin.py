@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
@@ -65,6 +66,7 @@ from projections.identity_queries import (
     get_user,
     list_audit,
     list_custom_roles,
+    list_oauth_clients,
     list_users,
     role_permissions,
     user_api_keys,
@@ -114,7 +116,7 @@ from schemas.identity import (
     UserProvisioned,
     secret_sized,
 )
-from schemas.identity_api import IssuedUserKey
+from schemas.identity_api import IssuedUserKey, OAuthClientPage, OAuthClientView
 from schemas.workspace import API_KEY_SCOPES, IssueApiKey, RevokeApiKey
 
 Password = Annotated[SecretStr, secret_sized(MIN_LENGTH, MAX_LENGTH)]
@@ -138,6 +140,12 @@ class UserListQuery(_Body):
     user_name: str | None = Field(
         default=None, max_length=256, description="only the user of this name"
     )
+
+
+class OAuthClientListQuery(_Body):
+    limit: int = Field(default=PAGE, ge=1, le=MAX_PAGE)
+    offset: int = Field(default=0, ge=0, le=MAX_OFFSET)
+    include_revoked: bool = Field(default=False, description="revoked clients too")
 
 
 class AuditQuery(_Body):
@@ -947,6 +955,22 @@ async def register_client(request: web.Request) -> web.Response:
         status=201,
         headers={"Cache-Control": "no-store"},
     )
+
+
+async def list_clients(request: web.Request) -> web.Response:
+    """The workspace's OAuth clients, to find the one to revoke (it had to be read from the
+    audit log)."""
+    principal = await acting(request, "security", "read")
+    page = read_query(request, OAuthClientListQuery)
+    clients, total = await list_oauth_clients(
+        identity(request).db,
+        principal.workspace_id,
+        include_revoked=page.include_revoked,
+        offset=page.offset,
+        limit=page.limit,
+    )
+    items = [OAuthClientView.model_validate(asdict(client)) for client in clients]
+    return json(OAuthClientPage(items=items, total=total).model_dump(mode="json"))
 
 
 async def revoke_client(request: web.Request) -> web.Response:

@@ -155,6 +155,15 @@ ROUTE_DOCS: tuple[_Doc, ...] = (
         201,
     ),
     (
+        "GET",
+        f"{ADMIN}/oauth/clients",
+        "Lists the workspace's OAuth clients (never a secret)",
+        AUTH_TAG,
+        None,
+        "bearer",
+        200,
+    ),
+    (
         "DELETE",
         f"{ADMIN}/oauth/clients/{{id}}",
         "Revokes an OAuth client",
@@ -204,6 +213,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", f"{ADMIN}/roles"): views.RoleView,
     ("POST", f"{ADMIN}/scim/token"): views.IssuedScimToken,
     ("POST", f"{ADMIN}/oauth/clients"): views.IssuedOAuthClient,
+    ("GET", f"{ADMIN}/oauth/clients"): views.OAuthClientPage,
     ("GET", f"{ADMIN}/audit"): views.AuditPage,
 }
 """The JSON body each route answers with on success (schemas/identity_api.py); the routes
@@ -217,6 +227,7 @@ OTHER_RESPONSES: dict[tuple[str, str], tuple[tuple[int, type[BaseModel]], ...]] 
 QUERIES: dict[tuple[str, str], type[BaseModel]] = {
     ("GET", f"{ADMIN}/users"): admin.UserListQuery,
     ("GET", f"{ADMIN}/audit"): admin.AuditQuery,
+    ("GET", f"{ADMIN}/oauth/clients"): admin.OAuthClientListQuery,
     ("GET", "/saml/login"): SamlLoginQuery,
 }
 """The query parameters of the routes that take any."""
@@ -361,6 +372,7 @@ def add_routes(app: web.Application) -> None:
     r.add_post(f"{ADMIN}/roles", admin.define_role)
     r.add_post(f"{ADMIN}/scim/token", admin.scim_token)
     r.add_post(f"{ADMIN}/oauth/clients", admin.register_client)
+    r.add_get(f"{ADMIN}/oauth/clients", admin.list_clients)
     r.add_delete(f"{ADMIN}/oauth/clients/{{id}}", admin.revoke_client)
     r.add_get(f"{ADMIN}/audit", admin.audit_log)
     r.add_put(f"{ADMIN}/identity/secrets/{{scope}}/{{name}}", admin.put_secret)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -538,3 +539,33 @@ async def test_an_administrator_resets_a_users_second_factor(database_url: str) 
             assert (await svc.request("GET", "/v1/admin/auth/session", session=b))[0] == 200
             _, audit_after, _ = await svc.request("GET", "/v1/admin/audit", key)
             assert audit_after["items"] == audit["items"]
+
+
+async def test_oauth_clients_are_listed_without_their_secrets(database_url: str) -> None:
+    """QA finding: a client could be registered and revoked, not listed: its id had to be
+    dug out of the audit log."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        made = []
+        for name in ("ci-deploy", "ci-reports"):
+            body = {"name": name, "scopes": ["admin:read"]}
+            status, client, _ = await svc.request("POST", "/v1/admin/oauth/clients", key, json=body)
+            assert status == 201, client
+            made.append(client)
+        path = f"/v1/admin/oauth/clients/{made[0]['client_id']}"
+        assert (await svc.request("DELETE", path, key))[0] == 204
+        reader = await svc.issue_key(scopes=("admin:read",))
+        status, page, _ = await svc.request("GET", "/v1/admin/oauth/clients", reader)
+        assert status == 200, page
+        assert [(c["name"], c["revoked_at"]) for c in page["items"]] == [("ci-reports", None)]
+        assert page["total"] == 1 and page["items"][0]["scopes"] == ["admin:read"]
+        status, page, _ = await svc.request(
+            "GET", "/v1/admin/oauth/clients?include_revoked=true", reader
+        )
+        assert [c["name"] for c in page["items"]] == ["ci-reports", "ci-deploy"], page
+        assert page["items"][1]["revoked_at"] is not None
+        listed = json.dumps(page)
+        assert all(c["client_secret"] not in listed for c in made)
+        assert "secret" not in listed
+        status, refused, _ = await svc.request("GET", "/v1/admin/oauth/clients?limt=5", reader)
+        assert status == 400 and "did you mean limit?" in refused["error"]["message"]

@@ -74,6 +74,7 @@ async def test_every_documented_identity_body_is_what_the_route_answers(
         await call("POST", f"{ADMIN}/scim/token", json={"action": "revoke"})
         client = {"name": "etl", "scopes": ["admin:read"]}
         await call("POST", f"{ADMIN}/oauth/clients", json=client)
+        await call("GET", f"{ADMIN}/oauth/clients")
 
         status, session, browser = await svc.login("rita", PASSWORD)
         async with browser:
