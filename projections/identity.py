@@ -143,7 +143,12 @@ class IdentityProjector(Projector):
             """
             INSERT INTO identity_audit_log (workspace_id, position, at, action, user_id,
                                             user_name, client_ip, detail)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            VALUES ($1, $2, $3, $4, $5,
+                    -- An event that names the user by id only (a role bound, TOTP reset) is
+                    -- listed with the name the user had then, as the others are.
+                    coalesce($6, (SELECT u.user_name FROM identity_users u
+                                  WHERE u.workspace_id = $1 AND u.user_id = $5)),
+                    $7, $8)
             """,
             rec.workspace_id,
             rec.position,

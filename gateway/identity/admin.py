@@ -1014,7 +1014,8 @@ def _check_audit_action(action: str | None) -> None:
     if action is None or action in AUDIT_ACTIONS:
         return
     raise InvalidInput(
-        f"action {quoted(action)} is not one the audit log holds{nearest(action, AUDIT_ACTIONS)}; "
+        f"action {quoted(action)} is not one the audit log holds"
+        f"{nearest(action.lower(), AUDIT_ACTIONS)}; "
         "it holds " + ", ".join(sorted(AUDIT_ACTIONS))
     )
 

@@ -246,3 +246,30 @@ async def test_a_deactivated_users_right_password_is_audited_as_such(database_ur
             (dee["id"], "bad_credentials"),
             (dee["id"], "sign_in_failed: user_deactivated"),
         ], reasons
+
+
+async def test_audit_entries_of_a_user_by_id_name_the_user(database_url: str) -> None:
+    """QA finding: a role bound or a second factor reset was listed with `user_name: null`,
+    though every other entry of the user names them; and `IDENTITY.ROLE_BOUND` as an action
+    was refused without the nearest."""
+    async with running(settings_for(database_url)) as svc:
+        key = await svc.issue_key()
+        body = {"user_name": "nia", "password": PASSWORD}
+        status, nia, _ = await svc.request("POST", f"{ADMIN}/users", key, json=body)
+        assert status == 201, nia
+        bind = {"role": "operator"}
+        status, _, _ = await svc.request("POST", f"{ADMIN}/users/{nia['id']}/roles", key, json=bind)
+        assert status == 200
+        async with asyncio.timeout(30):  # the audit is the identity read model's
+            while True:
+                _, audit, _ = await svc.request(
+                    "GET", f"{ADMIN}/audit?action=identity.role_bound", key
+                )
+                if audit["items"]:
+                    break
+                await asyncio.sleep(0.05)
+        assert [(i["user_id"], i["user_name"]) for i in audit["items"]] == [(nia["id"], "nia")]
+        status, refused, _ = await svc.request(
+            "GET", f"{ADMIN}/audit?action=IDENTITY.ROLE_BOUND", key
+        )
+        assert status == 400 and "did you mean identity.role_bound?" in refused["error"]["message"]
