@@ -50,7 +50,7 @@ from gateway.identity.common import (
 )
 from gateway.identity.login import check_password_as_a_login, local_password_matches
 from gateway.identity.oauth import new_client_credentials, secret_hash
-from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH, hash_password
+from gateway.identity.passwords import BLANK, MAX_LENGTH, MIN_LENGTH, hash_password, is_blank
 from gateway.identity.roles import allowed, require_access
 from gateway.identity.saml import sp_key_problem
 from gateway.identity.service import APPLY_TIMEOUT_S, Identity, identity
@@ -119,7 +119,14 @@ from schemas.identity import (
 from schemas.identity_api import IssuedUserKey, OAuthClientPage, OAuthClientView
 from schemas.workspace import API_KEY_SCOPES, IssueApiKey, RevokeApiKey
 
-Password = Annotated[SecretStr, secret_sized(MIN_LENGTH, MAX_LENGTH)]
+
+def _not_blank(value: SecretStr) -> SecretStr:
+    if is_blank(value.get_secret_value()):
+        raise ValueError(BLANK)
+    return value
+
+
+Password = Annotated[SecretStr, secret_sized(MIN_LENGTH, MAX_LENGTH), AfterValidator(_not_blank)]
 SCIM_TOKEN_PREFIX = "svc_scim_"
 T = TypeVar("T")
 

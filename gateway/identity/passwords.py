@@ -21,6 +21,14 @@ MIN_LENGTH = 8
 MAX_LENGTH = 1024
 _MAXMEM = 64 * 1024 * 1024
 
+BLANK = "must not be white space only"
+"""Why a password of spaces (or tabs) alone is refused: eight spaces pass the length rule,
+and are the first thing a guesser tries after the empty one."""
+
+
+def is_blank(password: str) -> bool:
+    return not password.strip()
+
 
 def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")

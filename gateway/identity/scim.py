@@ -50,7 +50,7 @@ from gateway.identity.common import (
     retried_if_changed,
     storable,
 )
-from gateway.identity.passwords import MAX_LENGTH, MIN_LENGTH
+from gateway.identity.passwords import BLANK, MAX_LENGTH, MIN_LENGTH, is_blank
 from gateway.identity.service import Identity, identity
 from projections.identity_queries import UserRow, find_scim_token, get_user, list_users
 from schemas.errors import Conflict, InvalidInput, SvcError, Unauthorized, quoted
@@ -581,6 +581,8 @@ def _password(value: Any) -> str:
             f"password must be a string of {MIN_LENGTH} to {MAX_LENGTH} characters",
             "invalidValue",
         )
+    if is_blank(value):
+        raise ScimError(400, f"password {BLANK}", "invalidValue")
     return value
 
 

@@ -134,6 +134,10 @@ async def test_a_password_of_the_wrong_length_is_refused_in_characters(
         assert status == 400, refused
         message = refused["error"]["message"]
         assert "password: must be 8 to 1024 characters" in message and "short'" not in message
+        # Eight spaces pass the length rule, and are no password (QA finding).
+        spaces = {"user_name": "blank", "password": " " * 8}
+        status, refused, _ = await svc.request("POST", f"{ADMIN}/users", key, json=spaces)
+        assert status == 400 and "password: must not be white space only" in str(refused)
         login = {"username": "x", "password": "p" * 1025}
         status, refused, _ = await svc.request("POST", f"{ADMIN}/auth/login", json=login)
         assert status == 400 and "must be 1 to 1024 characters" in refused["error"]["message"]
