@@ -68,7 +68,7 @@ from projections.runner import next_step
 from schemas.admin import MAX_RATE_LIMIT_RPM, ApiKeyName
 from schemas.commands import service_command_id
 from schemas.conversation import RecoverAbandonedTurns, TurnFailed
-from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError, echoed
+from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError, echoed, quoted
 from schemas.settings_catalog import MAX_STORED_CHARS, get_spec
 from schemas.text import is_utf8
 from schemas.workspace import IssueApiKey, RevokeApiKey, new_workspace_id
@@ -482,7 +482,7 @@ def _scopes(raw: str) -> tuple[str, ...]:
     unknown = [s for s in scopes if s not in SCOPES]
     if not scopes or unknown:
         raise InvalidInput(
-            f"invalid --scopes {raw!r}: use a comma list of {', '.join(sorted(SCOPES))}"
+            f"invalid --scopes {quoted(raw)}: use a comma list of {', '.join(sorted(SCOPES))}"
         )
     return scopes
 

@@ -53,6 +53,7 @@ from schemas.settings_catalog import (
     SettingSpec,
     SettingValue,
     check_given,
+    check_set,
     check_stored_length,
     dialect_surprise,
     display_value,
@@ -527,6 +528,7 @@ def storable_value(key: str, raw: str) -> str:
     check_stored_length(spec, raw)
     value = parse(spec, raw)
     check_given(spec, raw)
+    check_set(spec, raw)
     return stored_text(spec, raw, value)
 
 

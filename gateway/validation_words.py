@@ -34,6 +34,9 @@ _KIND_WORDS = {
     "list_type": "must be an array",
     "tuple_type": "must be an array",
     "set_type": "must be an array",
+    "datetime_type": "must be a date-time such as 2027-01-01T00:00:00Z",
+    "datetime_parsing": "must be a date-time such as 2027-01-01T00:00:00Z",
+    "datetime_from_date_parsing": "must be a date-time such as 2027-01-01T00:00:00Z",
 }
 """pydantic's error kinds whose own words name Python's types or its parsing ("Input should
 be a valid integer, unable to parse string as an integer"), told as the wire's."""
@@ -136,8 +139,10 @@ def _union_told(field: tuple[Any, ...], members: list[str], errors: Sequence[Any
             len(e["loc"]) == depth + 1 and str(e["type"]).endswith("_type") for e in member_errors
         )
         if member_errors and not kind_refused:
-            # The value was of this member's kind: its content is what to fix.
-            return [{**e, "loc": field + tuple(e["loc"][depth + 1 :])} for e in member_errors]
+            # The value was of this member's kind: its content is what to fix, which may
+            # hold a union of its own (`x: str | list[str | list[int]]`).
+            inner = [{**e, "loc": field + tuple(e["loc"][depth + 1 :])} for e in member_errors]
+            return merged_unions(inner)
     kinds = " or ".join(_member_words(m) for m in members)
     first = by_member[members[0]][0] if by_member[members[0]] else {}
     return [{**first, "loc": field, "type": "union", "msg": f"must be {kinds}"}]

@@ -26,7 +26,7 @@ from pydantic import (
 )
 from pydantic.json_schema import WithJsonSchema
 
-from schemas.workspace import API_KEY_SCOPES
+from schemas.workspace import unknown_scopes
 
 
 class _Wire(BaseModel):
@@ -500,9 +500,9 @@ class ApiKeyCreate(_Wire):
     @field_validator("scopes")
     @classmethod
     def _scopes(cls, value: list[str]) -> list[str]:
-        unknown = sorted(set(value) - API_KEY_SCOPES)
-        if unknown:
-            raise ValueError(f"unknown scopes {unknown}; known: {sorted(API_KEY_SCOPES)}")
+        problem = unknown_scopes(value)
+        if problem:
+            raise ValueError(problem)
         # Counted once repeats are dropped: ["chat"] * 17 is one scope.
         distinct = list(dict.fromkeys(value))
         if len(distinct) > MAX_SCOPES:

@@ -147,8 +147,14 @@ def closest(word: str, choices: Iterable[str]) -> str | None:
     return near[0] if near else None
 
 
-SECRET_SHAPED = re.compile(r"svc_[A-Za-z0-9_-]{40,}")
-"""The form of the service's API keys, SCIM tokens and OAuth client secrets."""
+SECRET_SHAPED = re.compile(r"svc_[A-Za-z0-9_-]{40,}|-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+"""The form of the service's API keys, SCIM tokens and OAuth client secrets, and of a PEM
+private key (pasted where a certificate goes)."""
+
+
+def secret_shaped(text: str) -> bool:
+    return SECRET_SHAPED.search(text) is not None
+
 
 NOT_REPEATED = "(a value of the form of an API key or token, not repeated)"
 

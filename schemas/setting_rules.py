@@ -186,6 +186,10 @@ def _ray_address(raw: str) -> bool:
 
 def pem_certificate_problem(text: str) -> str | None:
     """Why `text` is not one PEM X.509 certificate, or None."""
+    if "PRIVATE KEY-----" in text:
+        return "it holds a private key, which goes in the saml/sp_key secret, never a setting"
+    if text.count("-----BEGIN CERTIFICATE-----") > 1:
+        return "it holds more than one certificate: give the SP's own"
     try:
         x509.load_pem_x509_certificate(text.strip().encode())
     except ValueError:
@@ -278,8 +282,8 @@ TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
     ),
     "trimmed": (
         lambda raw: raw == raw.strip(),
-        "text without spaces at either end (it is compared exactly; `svc settings unset` "
-        "makes it blank)",
+        "text without spaces at either end (a value of spaces alone reads as blank, which "
+        "turns the check off; `svc settings unset` stores no value)",
     ),
     "ray_address": (
         _ray_address,

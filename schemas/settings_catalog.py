@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
-from schemas.errors import InvalidInput, NotFound, closest, echoed
+from schemas.errors import NOT_REPEATED, InvalidInput, NotFound, closest, echoed, secret_shaped
 from schemas.setting_rules import TEXT_RULES, TextRule
 from schemas.text import is_utf8
 
@@ -66,6 +66,10 @@ class SettingSpec:
     top of `rule`. Not asked of a stored value loaded at start: one stored before the check
     existed still applies, its problems told where it is used, rather than be dropped for
     the default (for a role mapping: every directory user's roles taken away)."""
+    set_rule: TextRule | None = None
+    """A shape a value must have when it is set (`svc settings set`, the admin API), not
+    when read from the environment: a value there that worked before the check still
+    starts the service, its problems told where it is used."""
     coerce_invalid_to: str | None = None
     from_env: bool = True
     storable: bool = True
@@ -90,7 +94,7 @@ class SettingSpec:
             return f"blank or a number from {lo} to {hi}"
         if self.networks:
             return "blank or a comma list of IP addresses or CIDR networks, e.g. 10.0.0.0/8,::1"
-        rule = self.new_rule or self.rule
+        rule = self.set_rule or self.new_rule or self.rule
         if rule is not None:
             return TEXT_RULES[rule][1]
         return "text"
@@ -120,6 +124,8 @@ _QUOTED_CHARS = 120
 
 
 def _quoted_short(value: str) -> str:
+    if secret_shaped(value):  # a key pasted into the wrong setting is not said back
+        return NOT_REPEATED
     if len(value) <= _QUOTED_CHARS:
         return repr(value)
     return f"{value[:_QUOTED_CHARS]!r}... ({len(value):,} characters)"
@@ -304,6 +310,12 @@ def check_given(spec: SettingSpec, raw: str) -> None:
             "tab): remove it",
             code="invalid_setting_value",
         )
+
+
+def check_set(spec: SettingSpec, raw: str) -> None:
+    """`raw`, a value being set, has the shape of `spec.set_rule` too."""
+    if spec.set_rule is not None and not TEXT_RULES[spec.set_rule][0](raw):
+        raise _invalid(spec, raw)
 
 
 def _is_control(ch: str) -> bool:
@@ -1622,10 +1634,10 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_SAML_DEFAULT_ROLE": {"new_rule": "role_name"},
     "SVC_LDAP_USER_FILTER": {"rule": "ldap_user_filter"},
     # Read by pysaml2 only at the first SAML request: a malformed one failed there (a 500).
-    "SVC_SAML_SP_CERT": {"new_rule": "pem_certificate"},
-    "SVC_SAML_IDP_METADATA": {"new_rule": "saml_idp_metadata"},
+    "SVC_SAML_SP_CERT": {"set_rule": "pem_certificate"},
+    "SVC_SAML_IDP_METADATA": {"set_rule": "saml_idp_metadata"},
     # Compared with a token's claims: " " read as blank, which turns the audience check off.
-    **{key: {"new_rule": "trimmed"} for key in _COMPARED_CLAIM_KEYS},
+    **{key: {"set_rule": "trimmed"} for key in _COMPARED_CLAIM_KEYS},
     "SVC_TIMEZONE": {"rule": "timezone"},
     "SVC_DEFAULT_WORKSPACE_ID": {"rule": "workspace_id"},
     "SVC_NATIVE_COMPAT_WORKSPACE": {"rule": "workspace_id"},

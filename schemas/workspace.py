@@ -10,11 +10,13 @@ secret setting is recorded only as a marker (`secret=True`, `value=None`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, ClassVar, Self
 
 from pydantic import AfterValidator, AwareDatetime, Field, field_validator, model_validator
 
 from schemas.commands import Command
+from schemas.errors import quoted
 from schemas.events import Event, event
 
 API_KEY_SCOPES: frozenset[str] = frozenset({"*", "admin:read", "admin:write", "mcp", "chat"})
@@ -28,10 +30,20 @@ KeyHash = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 KeyPrefix = Annotated[str, Field(min_length=1, max_length=8)]
 
 
-def _known_scopes(scopes: tuple[str, ...]) -> tuple[str, ...]:
+def unknown_scopes(scopes: Iterable[str]) -> str | None:
+    """What is wrong with `scopes` that names one no key can hold, or None. The names are
+    quoted as `quoted` does: a key pasted as a scope is not said back."""
     unknown = sorted(set(scopes) - API_KEY_SCOPES)
-    if unknown:
-        raise ValueError(f"unknown scopes {unknown}; known: {sorted(API_KEY_SCOPES)}")
+    if not unknown:
+        return None
+    named = ", ".join(quoted(scope) for scope in unknown[:5])
+    return f"unknown scope {named}; the scopes are {', '.join(sorted(API_KEY_SCOPES))}"
+
+
+def _known_scopes(scopes: tuple[str, ...]) -> tuple[str, ...]:
+    problem = unknown_scopes(scopes)
+    if problem:
+        raise ValueError(problem)
     if len(set(scopes)) != len(scopes):
         raise ValueError("scopes must be unique")
     return scopes

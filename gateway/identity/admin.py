@@ -117,7 +117,7 @@ from schemas.identity import (
     secret_sized,
 )
 from schemas.identity_api import IssuedUserKey, OAuthClientPage, OAuthClientView
-from schemas.workspace import API_KEY_SCOPES, IssueApiKey, RevokeApiKey
+from schemas.workspace import IssueApiKey, RevokeApiKey, unknown_scopes
 
 
 def _not_blank(value: SecretStr) -> SecretStr:
@@ -934,9 +934,9 @@ async def register_client(request: web.Request) -> web.Response:
     principal = await acting(request, "security", "write")
     read_query(request, NoQuery)
     body = await read_json(request, OAuthClientBody)
-    unknown = sorted(set(body.scopes) - API_KEY_SCOPES)
-    if unknown:
-        raise InvalidInput(f"unknown scopes {unknown}", code="invalid_scope")
+    problem = unknown_scopes(body.scopes)
+    if problem:
+        raise InvalidInput(problem, code="invalid_scope")
     check_delegation(principal, body.scopes)
     client_id, secret = new_client_credentials()
     outcome = await identity(request).ask(

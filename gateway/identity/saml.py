@@ -36,6 +36,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import shutil
 import string
 import tempfile
@@ -225,6 +226,8 @@ def _xmlsec1() -> str:
 
 def sp_key_problem(text: str) -> str | None:
     """Why `text` is not a usable SP signing key, or None. Never quotes the key."""
+    if len(re.findall(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----", text)) > 1:
+        return "it holds more than one private key: give the SP's own"
     try:
         key = serialization.load_pem_private_key(text.strip().encode(), password=None)
     except TypeError:
@@ -251,10 +254,13 @@ def _check_configuration(settings: SamlSettings, sp_key: str) -> None:
     if problem:
         raise _unusable("the SP key secret (saml/sp_key)", problem, fix_key)
     if not _key_fits_certificate(sp_key, settings.sp_cert):
-        raise _unusable(
-            "the SP key secret (saml/sp_key)",
-            "it is not the private key of SVC_SAML_SP_CERT",
-            "set the key and the certificate of one pair",
+        # Warned, not refused: the key only decrypts assertions (requests go unsigned), so
+        # a certificate renewed without its key still signs in with an IdP that does not
+        # encrypt, as it did.
+        log.warning(
+            "SAML: the SP key secret (saml/sp_key) is not the private key of "
+            "SVC_SAML_SP_CERT: an IdP that encrypts assertions to that certificate will "
+            "fail every sign-in; set the key and the certificate of one pair"
         )
     problem = saml_idp_metadata_problem(settings.idp_metadata)
     if problem:
@@ -453,17 +459,20 @@ def _refusal(exc: Exception, settings: SamlSettings, saml_response: str) -> str:
 
 
 def _failed_condition(saml_response: str, entity_id: str) -> str:
-    """Which of the assertion's conditions fails (read for the message only: pysaml2 has
-    already refused the response, after checking its signature)."""
+    """Which of the assertion's conditions fails, read for the message only: pysaml2 has
+    refused the response, and checks the conditions before it asks for a signature, so
+    what is read here may be anyone's."""
     root = ElementTree.fromstring(base64.b64decode(saml_response, validate=False))
     audiences = {a.text.strip() for a in root.iter(f"{_SAML_ASSERTION}Audience") if a.text}
     if audiences and entity_id not in audiences:
         return f"its audience is not {entity_id}, this service's entity id"
-    now = datetime.now(UTC)
+    # The bounds move, not the instants read: an instant at either end of the calendar
+    # (9999-12-31) plus or minus the skew overflows.
+    skew = timedelta(seconds=ACCEPTED_SKEW_S)
+    earliest, latest = datetime.now(UTC) - skew, datetime.now(UTC) + skew
     for conditions in root.iter(f"{_SAML_ASSERTION}Conditions"):
         after, before = conditions.get("NotOnOrAfter"), conditions.get("NotBefore")
-        skew = timedelta(seconds=ACCEPTED_SKEW_S)
-        if (after and _instant(after) + skew <= now) or (before and _instant(before) - skew > now):
+        if (after and _instant(after) <= earliest) or (before and _instant(before) > latest):
             return _OUTSIDE_WINDOW
     return "its conditions do not hold (the gateway's log says which)"
 
@@ -526,7 +535,10 @@ async def _verified(
     try:
         response = await asyncio.to_thread(_parse, sp, saml_response, request_id)
     except Exception as exc:
-        why = _refusal(exc, sp.settings, saml_response)
+        try:
+            why = _refusal(exc, sp.settings, saml_response)
+        except Exception:  # only the wording failed: the refusal stands
+            why = "it could not be verified (the gateway's log says why)"
         log.warning("SAML: response refused: %s (%s: %.200s)", why, type(exc).__name__, exc)
         raise Unauthorized(f"{REFUSED}: {why}") from None
     if response is None or response.assertion is None:

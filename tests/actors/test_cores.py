@@ -459,7 +459,7 @@ def test_api_keys_are_issued_by_hash_and_revoked_once() -> None:
 
 
 def test_api_key_fields_are_validated() -> None:
-    with pytest.raises(ValidationError, match="unknown scopes"):
+    with pytest.raises(ValidationError, match="unknown scope"):
         issue(2, scopes=("root",))
     with pytest.raises(ValidationError):
         issue(2, key_hash="not-a-sha256")

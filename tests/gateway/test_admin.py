@@ -983,4 +983,8 @@ async def test_a_refused_field_is_named_with_the_projects_own_message(service: S
     admin = await service.issue_key(uid("ws-"), ("admin:write",))
     body = {"name": "x", "scopes": ["root"]}
     error = (await service.post_json("/v1/admin/apikeys", admin, body, 400))["error"]
-    assert error["message"].startswith("invalid request: scopes: unknown scopes ['root']")
+    assert error["message"].startswith("invalid request: scopes: unknown scope 'root'; the")
+    # A key pasted as a scope is not said back (QA finding).
+    body = {"name": "x", "scopes": [admin]}
+    error = (await service.post_json("/v1/admin/apikeys", admin, body, 400))["error"]
+    assert admin not in error["message"] and "not repeated" in error["message"], error

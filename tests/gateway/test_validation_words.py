@@ -126,3 +126,15 @@ def test_a_union_value_of_one_members_kind_is_told_its_contents_problem() -> Non
     assert problems(ChatCompletionRequest, untyped) == (
         'invalid request: messages.0.content: part 0 needs "type": "text"'
     )
+
+
+class Nested(BaseModel):
+    x: str | list[str | list[int]]
+
+
+def test_a_union_inside_a_union_and_a_date_time_are_told_in_wire_words() -> None:
+    """Review and QA findings: `x.0.str: ...; x.0.list[int]: ...` for a nested union, and
+    "input is too short" for an expiry of `yesterday`."""
+    assert problems(Nested, b'{"x": [1.5]}') == "invalid request: x.0: must be a string or an array"
+    said = problems(ApiKeyCreate, b'{"name": "k", "scopes": ["chat"], "expires_at": "yesterday"}')
+    assert said == "invalid request: expires_at: must be a date-time such as 2027-01-01T00:00:00Z"

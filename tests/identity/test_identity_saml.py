@@ -6,6 +6,7 @@ are refused; a good one starts the admin session with the mapped role."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import shutil
@@ -586,9 +587,12 @@ async def test_unusable_saml_keys_and_settings_are_refused_when_set(
             assert status == 200, body
 
 
-async def test_a_key_of_another_pair_is_503_naming_it(database_url: str, keys: Keys) -> None:
-    """Checked where pysaml2 would fail or sign with the wrong key: the SP key and the
-    certificate must be one pair."""
+async def test_a_key_of_another_pair_is_warned_of_not_refused(
+    database_url: str, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The SP key only decrypts assertions (requests go unsigned): a certificate renewed
+    without its key still serves an IdP that does not encrypt, and the log says what an
+    encrypting one will meet (review finding: refusing it broke working setups)."""
     async with running(settings_for(database_url, **saml_settings(database_url, keys))) as svc:
         key = await svc.issue_key()
         other_pair = keys.rogue_key.read_text()
@@ -596,7 +600,38 @@ async def test_a_key_of_another_pair_is_503_naming_it(database_url: str, keys: K
             "PUT", "/v1/admin/identity/secrets/saml/sp_key", key, json={"value": other_pair}
         )
         assert status == 204, body
-        for method, path in (("GET", "/saml/metadata"), ("GET", "/saml/login?next=/")):
-            status, body, _ = await svc.request(method, path)
-            assert status == 503 and body["error"]["code"] == "saml_not_configured", body
-            assert "not the private key of SVC_SAML_SP_CERT" in body["error"]["message"], body
+        status, _, _ = await svc.request("GET", "/saml/metadata")
+        assert status == 200
+        assert any("not the private key of SVC_SAML_SP_CERT" in r.message for r in caplog.records)
+        for bundle in (other_pair + keys.sp_key, keys.sp_cert + keys.sp_cert):
+            path = "/v1/admin/identity/secrets/saml/sp_key"
+            if "CERTIFICATE" in bundle:
+                path = "/v1/admin/settings/SVC_SAML_SP_CERT"
+            status, body, _ = await svc.request("PUT", path, key, json={"value": bundle})
+            assert status == 400, (path, body)  # one of each, as the QA walk found
+            assert "PRIVATE KEY" not in json.dumps(body), body
+
+
+@pytest.mark.parametrize(
+    ("not_before", "not_on_or_after", "said"),
+    [
+        # Review finding: the end of the calendar plus the skew overflowed (a 500).
+        ("9999-12-31T23:59:59Z", "9999-12-31T23:59:30Z", "outside its validity window"),
+        ("0001-01-01T00:00:00Z", "0001-01-01T00:00:10Z", "outside its validity window"),
+        ("2020-01-01T00:00:00Z", "2020-01-01T00:05:00Z", "outside its validity window"),
+        ("not a time", "2999-01-01T00:00:00Z", "its conditions do not hold"),
+        ("2020-01-01T00:00:00Z", "2999-01-01T00:00:00Z", "its conditions do not hold"),
+    ],
+)
+def test_a_failed_condition_is_named_whatever_its_times(
+    not_before: str, not_on_or_after: str, said: str
+) -> None:
+    xml = (
+        '<samlp:Response xmlns:samlp="urn:oasis:names:tc:SAML:2.0:protocol" '
+        'xmlns:saml="urn:oasis:names:tc:SAML:2.0:assertion"><saml:Assertion>'
+        f'<saml:Conditions NotBefore="{not_before}" NotOnOrAfter="{not_on_or_after}">'
+        f"<saml:AudienceRestriction><saml:Audience>{SP_ENTITY}</saml:Audience>"
+        "</saml:AudienceRestriction></saml:Conditions></saml:Assertion></samlp:Response>"
+    )
+    encoded = base64.b64encode(xml.encode()).decode()
+    assert said in saml._failed_condition(encoded, SP_ENTITY)
