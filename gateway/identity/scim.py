@@ -865,7 +865,7 @@ def _refuse_unkept(value: dict[str, Any]) -> None:
 
 _EMAIL_FILTER = re.compile(
     r'^emails\[\s*(type|value|primary)\s+eq\s+("(?:[^"\\]|\\.)*"|true|false)\s*\]'
-    r"(?:\.(value|type|primary))?$",
+    r"(?:\.(value|type|primary|display))?$",
     re.IGNORECASE,
 )
 """`emails[type eq "work"].value`: a value filter on the emails, as Azure AD and Okta send."""
@@ -877,19 +877,26 @@ def _email_filter_op(current: dict[str, Any], kind: str, path: str, value: Any) 
     an add or a replace that selects none adds one that matches the filter."""
     found = _EMAIL_FILTER.match(path)
     assert found is not None  # the caller matched it
-    raw = found.group(2)
-    literal = orjson.loads(raw if raw.startswith('"') else raw.lower())
-    attribute, sub = found.group(1).lower(), found.group(3)
+    attribute, literal, sub = _email_filter(found, path)
+    if sub == "display":
+        return current  # RFC 7643's `display` of an email, which this service does not keep
     emails = [dict(email) for email in current.get("emails") or []]
     selected = [email for email in emails if _email_matches(email, attribute, literal)]
     if kind == "remove":
         kept = [email for email in emails if email not in selected]
         return {**current, "emails": kept}
-    change = {sub.lower(): value} if sub else value
+    change = {sub: value} if sub else value
     if not isinstance(change, dict):
         raise ScimError(400, f"{path} needs an object value (value, type, primary)", "invalidValue")
     if not selected:
         new = {attribute: literal, **_lower_keys(change)}
+        if "value" not in new:
+            raise ScimError(
+                400,
+                f"{path} selects no email, and none can be added without its address: send "
+                f"the address too (emails[{attribute} eq ...].value)",
+                "noTarget",
+            )
         new.setdefault("primary", not emails)  # a user's first address is the primary one
         emails.append(new)
         selected = [new]
@@ -898,6 +905,32 @@ def _email_filter_op(current: dict[str, Any], kind: str, path: str, value: Any) 
     fields = {"emails": _emails(emails)}
     _check_shown(fields, current)
     return {**current, **fields}
+
+
+def _email_filter(found: re.Match[str], path: str) -> tuple[str, str | bool, str | None]:
+    """The attribute, the literal and the sub-attribute of an email value filter: a string
+    for `type` and `value`, a boolean for `primary`, each one a store can hold."""
+    attribute, raw, sub = found.group(1).lower(), found.group(2), found.group(3)
+    bad = ScimError(
+        400,
+        f"the filter of {quoted(path)} compares {attribute} with no value it holds",
+        "invalidFilter",
+    )
+    if attribute == "primary":
+        if raw.lower() not in ("true", "false"):
+            raise bad
+        return attribute, raw.lower() == "true", sub and sub.lower()
+    if not raw.startswith('"'):
+        raise bad
+    try:
+        literal = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ScimError(
+            400, f"the filter of {quoted(path)} holds a malformed string", "invalidFilter"
+        ) from None
+    if not isinstance(literal, str) or not storable(literal):
+        raise bad
+    return attribute, literal, sub and sub.lower()
 
 
 def _email_matches(email: dict[str, Any], attribute: str, literal: Any) -> bool:

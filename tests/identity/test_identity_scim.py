@@ -726,6 +726,22 @@ async def test_azure_and_okta_patches_of_the_user_schema_are_taken(database_url:
         ], got
         status, got = await patch({"op": "remove", "path": 'emails[type eq "home"]'})
         assert status == 200 and [e["value"] for e in got["emails"]] == ["a2@example.com"], got
+        # An email's `display` is not kept: left alone, as a POST leaves it.
+        display = {"op": "add", "path": 'emails[type eq "office"].display', "value": "Ally"}
+        status, got = await patch(display)
+        assert status == 200 and "display" not in got["emails"][0], got
+        # A filter that compares with no value an email holds, or a string that does not
+        # decode, is the filter's mistake (review finding: a 500).
+        for odd in ('"\\q"', '"a\tb"', '"\\ud800"', '"\\u0000"', "true"):
+            path_ = f"emails[type eq {odd}].value"
+            status, err = await patch({"op": "add", "path": path_, "value": "x@example.com"})
+            assert (status, err.get("scimType")) == (400, "invalidFilter"), (odd, err)
+        # Nothing selected and no address to add: said so (QA finding: "each email needs a
+        # string value").
+        none = {"op": "replace", "path": 'emails[type eq "other"].primary', "value": "True"}
+        status, err = await patch(none)
+        assert (status, err.get("scimType")) == (400, "noTarget"), err
+        assert "selects no email" in err["detail"], err
         # A name of no schema is still refused, saying what is taken.
         status, err = await patch({"op": "replace", "path": "titel", "value": "x"})
         assert (status, err.get("scimType")) == (400, "invalidPath"), err
