@@ -55,7 +55,7 @@ class DirectoryUnavailable(Unavailable):
 
 
 def _unreachable(exc: BaseException) -> DirectoryUnavailable:
-    log.warning("LDAP: the directory could not be asked (%s)", type(exc).__name__)
+    log.warning("LDAP: the directory could not be asked (%s: %.200s)", type(exc).__name__, exc)
     return DirectoryUnavailable(
         "the sign-in directory could not be reached (the gateway's log says why), so the "
         "password was not checked (this attempt does not count against the account); try "
@@ -183,13 +183,7 @@ def _find_sync(config: LdapConfig, login: str) -> LdapUser | None:
         query = config.user_filter.replace("%s", escape_filter_chars(login))
         attrs = [a for a in (config.user_attr, config.group_attr, "cn", "mail") if a]
         search.search(config.base_dn, query, attributes=attrs, size_limit=2)
-        if search.result.get("description") == "noSuchObject":
-            log.warning("LDAP: SVC_LDAP_BASE_DN names no entry of the directory")
-            raise DirectoryUnavailable(
-                "SVC_LDAP_BASE_DN names no entry of the sign-in directory, so the password "
-                "was not checked; an administrator must correct it",
-                code="ldap_not_configured",
-            )
+        _check_search(search.result)
         entries = list(search.entries)
     finally:
         _release(search)
@@ -209,10 +203,43 @@ def _find_sync(config: LdapConfig, login: str) -> LdapUser | None:
     )
 
 
+_FOUND = (0, 4)
+"""A search's answers that list what it found: success, and the size limit of 2 met."""
+_SEARCH_REFUSED = {
+    32: "SVC_LDAP_BASE_DN names no entry of the sign-in directory",
+    50: "the service account may not search SVC_LDAP_BASE_DN",
+    1: "the directory refused the search (an anonymous search where it wants a bind?)",
+}
+"""Refusals of the user search that are the configuration's to correct (RFC 4511 codes)."""
+INVALID_CREDENTIALS = 49
+
+
+def _check_search(result: dict[str, Any]) -> None:
+    """A search that did not answer what it found is no "no such user": the password was
+    not checked, and is not counted."""
+    code = result.get("result")
+    if code in _FOUND:
+        return
+    if code in _SEARCH_REFUSED:
+        log.warning("LDAP: the user search was refused (%s)", result.get("description"))
+        raise DirectoryUnavailable(
+            f"{_SEARCH_REFUSED[code]}, so the password was not checked; an administrator "
+            "must correct it",
+            code="ldap_not_configured",
+        )
+    raise LDAPException(f"the user search answered {result.get('description')}")
+
+
 def _binds_sync(config: LdapConfig, dn: str, password: str) -> bool:
+    """Whether the password binds; only invalidCredentials (49) is a wrong one: busy,
+    unavailable or unwilling is the directory's state, not the user's mistake."""
     conn = ldap3.Connection(_server(config), user=dn, password=password, receive_timeout=TIMEOUT_S)
     try:
-        return bool(conn.bind())
+        if conn.bind():
+            return True
+        if conn.result.get("result") == INVALID_CREDENTIALS:
+            return False
+        raise LDAPException(f"the user bind answered {conn.result.get('description')}")
     finally:
         _release(conn)
 
@@ -230,13 +257,13 @@ def _entry_exists_sync(config: LdapConfig, dn: str) -> bool:
         _release(conn)
 
 
-async def ldap_entry_exists(config: LdapConfig, dn: str) -> bool | None:
-    """Whether the directory still has an entry at `dn`; None when it could not say."""
+async def ldap_entry_exists(config: LdapConfig, dn: str) -> bool:
+    """Whether the directory still has an entry at `dn`; DirectoryUnavailable when it could
+    not say (the password it had just taken is not counted as wrong)."""
     try:
         return await asyncio.to_thread(_entry_exists_sync, config, dn)
     except _DIRECTORY_FAILURES as exc:
-        log.warning("LDAP: entry check failed (%s)", type(exc).__name__)
-        return None
+        raise _unreachable(exc) from None
 
 
 async def ldap_find(config: LdapConfig, login: str) -> LdapUser | None:

@@ -391,7 +391,7 @@ async def _ldap_sign_in(
         # the other entry's while that entry exists: taking it over would hand its sign-ins
         # to this one. An entry the directory moved (its DN changed) left no entry behind.
         recorded = existing.external_id or ""
-        if await ldap_entry_exists(config, recorded) is not False:
+        if await ldap_entry_exists(config, recorded):
             return None
     external = ExternalUser(
         source="ldap",

@@ -137,11 +137,14 @@ class LoginThrottle:
         attempt.also.append((key, window))
 
     async def unanswered(self, reservation: Reservation) -> None:
-        """The password could not be checked (the directory was down): the attempt is given
-        back everywhere it was counted, and earlier failures stay."""
+        """The password could not be checked (the directory was down): the account gets
+        the attempt back, and its earlier failures stay. The address keeps it: while the
+        directory is down a local name answers 401 and any other 503, and probing names
+        so must stay within the address's limit (review finding)."""
         async with self._db.acquire() as conn:
             for key, window in _counted(reservation):
-                await conn.execute(_UNDO, key, window)
+                if key != reservation.address:
+                    await conn.execute(_UNDO, key, window)
 
     async def failed(self, reservation: Reservation) -> None:
         """The attempt failed: it stays counted (nothing to do; kept for the reader)."""

@@ -27,7 +27,7 @@ from gateway.identity.ldap import map_role as ldap_map_role
 from gateway.identity.login import ExternalUser, sync_external_user
 from gateway.identity.saml import map_role as saml_map_role
 from gateway.identity.service import IDENTITY
-from gateway.identity.throttle import MAX_PER_ACCOUNT
+from gateway.identity.throttle import MAX_PER_ACCOUNT, MAX_PER_ADDRESS
 from schemas.errors import Unavailable
 
 pytestmark = [
@@ -561,11 +561,16 @@ async def test_a_directory_outage_is_503_and_counts_no_failed_login(database_url
         url = f"ldap://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening
         async with running(settings_for(database_url, **ldap_settings(database_url, url))) as svc:
             key = await key_and_bind_password(svc)
-            for _ in range(MAX_PER_ACCOUNT + 2):  # past the failed-login limit
+            for _ in range(MAX_PER_ADDRESS):  # past the account's failed-login limit
                 status, body, browser = await svc.login("bob", "bob-password")
                 await browser.close()
                 assert status == 503 and body["error"]["code"] == "ldap_unavailable", body
                 assert "does not count against the account" in body["error"]["message"]
+            # The address keeps its count (review finding: probing which names are local,
+            # 401, and which the directory's, 503, was otherwise unlimited).
+            status, body, browser = await svc.login("bob", "bob-password")
+            await browser.close()
+            assert status == 429 and body["error"]["code"] == "login_rate_limited", body
             _, audit, _ = await svc.request(
                 "GET", "/v1/admin/audit?action=identity.login_failed", key
             )
