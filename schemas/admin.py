@@ -446,8 +446,7 @@ non-joiner are not among them: emoji sequences and Persian and Indic scripts nee
 def shown_text(value: str) -> str:
     """Text shown in listings, logs and terminals as the person typed it: no control
     character (a line break, a tab, ESC, the C1 set), no mark or override of the text's
-    direction, nothing invisible. (Only where clients give it: events recorded before the
-    check still read.)"""
+    direction. (Only where clients give it: events recorded before the check still read.)"""
     if any(unicodedata.category(c) == "Cc" for c in value):
         raise ValueError("must not contain control characters (line breaks, tabs, escapes)")
     if any(c in DIRECTION_CONTROLS for c in value):
@@ -455,12 +454,37 @@ def shown_text(value: str) -> str:
             "must not contain marks or overrides of the text's direction (U+202E and the "
             "like): they make a listing read other than the name is"
         )
-    if any(c in INVISIBLE for c in value):
+    return value
+
+
+JOINERS = frozenset("\u200c\u200d")
+"""The zero-width non-joiner and joiner: needed in emoji sequences and in Arabic, Persian and
+Indic writing, invisible between Latin, Greek or Cyrillic letters."""
+
+
+def distinct_name(value: str) -> str:
+    """A name that must not read as another one: no character that shows as nothing
+    (`hel\u200bper` listed as a second `helper`), and a joiner only where a script or an
+    emoji sequence uses it. For names only: a display name may hold the spaces of Khmer or
+    Thai text, which no one signs in with."""
+    if any(c in INVISIBLE for c in value) or any(
+        c in JOINERS and not _joins(value[:i]) for i, c in enumerate(value)
+    ):
         raise ValueError(
-            "must not contain characters that show as nothing (U+200B zero-width space and "
-            "the like): two names would look the same"
+            "must not contain characters that show as nothing (U+200B zero-width space, a "
+            "joiner between Latin letters, and the like): two names would look the same"
         )
     return value
+
+
+def _joins(before: str) -> bool:
+    """Whether a joiner after `before` joins what a script or an emoji sequence joins."""
+    if not before:
+        return False
+    last = before[-1]
+    kind = unicodedata.category(last)
+    emoji = kind in ("So", "Sk") or last == "\ufe0f" or "\U0001f3fb" <= last <= "\U0001f3ff"
+    return emoji or (ord(last) >= 0x0600 and kind[0] in "LM")
 
 
 def shown_name(value: str) -> str:
@@ -468,7 +492,7 @@ def shown_name(value: str) -> str:
     (a user named three spaces signed in as such)."""
     if not value.strip():
         raise ValueError("must not be blank (white space only)")
-    return shown_text(value)
+    return distinct_name(shown_text(value))
 
 
 def printable_name(value: str) -> str:
@@ -476,7 +500,7 @@ def printable_name(value: str) -> str:
     `shown_text`, with no white space at either end (so none of spaces only)."""
     if value != value.strip():
         raise ValueError("must not begin or end with white space")
-    return shown_text(value)
+    return distinct_name(shown_text(value))
 
 
 OneLineName = Annotated[

@@ -395,15 +395,17 @@ async def test_scopes_and_validation(chat: Chat) -> None:
         assert status == 400 and "direction" in error["error"]["message"], error
     # Nor what shows as nothing: `hel\u200bper` listed as a second `helper` (QA finding).
     # The zero-width joiner of an emoji sequence is no such character.
-    for name in ("hel\u200bper", "a\u00adb", "\ufeffbom"):
+    for name in ("hel\u200bper", "a\u00adb", "\ufeffbom", "hel\u200dper", "gi\u200cna"):
         for path in (AGENTS, "/v1/admin/apikeys"):
             body = {"name": name, "model": UPSTREAM_MODEL, "scopes": ["chat"]}
             body.pop("scopes" if path == AGENTS else "model")
             status, error = await send(chat, "POST", path, body)
             assert status == 400 and "show as nothing" in error["error"]["message"], error
     family = uid("fam-") + "\U0001f468\u200d\U0001f469\u200d\U0001f467"
-    status, made = await send(chat, "POST", AGENTS, {"name": family, "model": UPSTREAM_MODEL})
-    assert status == 201, made
+    persian = uid("fa-") + "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"  # a joiner it needs
+    for name in (family, persian):
+        status, made = await send(chat, "POST", AGENTS, {"name": name, "model": UPSTREAM_MODEL})
+        assert status == 201, made
     # Listed on one line (GET /v1/models), as key names are: no control characters.
     for name in ("x\u001b[2J", "a\tb", "c\u0085d"):
         status, error = await send(chat, "POST", AGENTS, {"name": name, "model": UPSTREAM_MODEL})
