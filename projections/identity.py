@@ -15,7 +15,6 @@ import orjson
 
 from eventstore.db import Connection
 from eventstore.records import RecordedEvent
-from projections.identity_queries import DEACTIVATED, DEPROVISIONED
 from projections.projector import Handler, Projector
 from schemas.events import Event
 from schemas.identity import (
@@ -62,9 +61,12 @@ WHERE workspace_id = $1 AND user_id = $2
 """
 
 _REVOKE_USER_SESSIONS = """
-UPDATE identity_sessions SET revoked_at = $3, revoke_reason = $4
+UPDATE identity_sessions SET revoked_at = $3
 WHERE workspace_id = $1 AND user_id = $2 AND revoked_at IS NULL
 """
+"""A deactivated or deprovisioned user's sessions end at once, before each session's own
+revocation is recorded: revoked with no reason until that `identity.session_revoked`
+gives it (`user_session_ids` finds the sessions still to record by that)."""
 
 
 def _profile_args(p: UserProfile) -> tuple[Any, ...]:
@@ -174,9 +176,7 @@ class IdentityProjector(Projector):
             _UPDATE_USER, rec.workspace_id, ev.user_id, *_profile_args(ev.profile), ev.at
         )
         if ev.profile.active is False:
-            await conn.execute(
-                _REVOKE_USER_SESSIONS, rec.workspace_id, ev.user_id, ev.at, DEACTIVATED
-            )
+            await conn.execute(_REVOKE_USER_SESSIONS, rec.workspace_id, ev.user_id, ev.at)
         await self._audit(conn, rec, ev)
 
     async def _deprovisioned(
@@ -198,9 +198,7 @@ class IdentityProjector(Projector):
             rec.workspace_id,
             ev.user_id,
         )
-        await conn.execute(
-            _REVOKE_USER_SESSIONS, rec.workspace_id, ev.user_id, ev.at, DEPROVISIONED
-        )
+        await conn.execute(_REVOKE_USER_SESSIONS, rec.workspace_id, ev.user_id, ev.at)
         await self._audit(conn, rec, ev)
 
     async def _bound(self, conn: Connection, rec: RecordedEvent, ev: RoleBound) -> None:

@@ -234,24 +234,21 @@ async def find_session(db: Database, token_hash: str) -> SessionRow | None:
 
 
 DEACTIVATED, DEPROVISIONED = "user deactivated", "user deprovisioned"
-CUT_OFF_WITH_THE_USER = (DEACTIVATED, DEPROVISIONED)
-"""The reasons the read model marks a user's sessions revoked with when it applies the
-user's deactivation or deprovisioning: at once, before the sessions' own revocations are
-recorded (their `identity.session_revoked` events, the audit's entries)."""
+"""The reasons a user's cut-off records its sessions' revocations with."""
 
 
 async def user_session_ids(db: Database, workspace_id: str, user_id: str) -> list[str]:
     """Sessions of a user to revoke: unexpired (one that expired signs in no more, and
-    revoking each of a long history took minutes), and unrevoked or marked revoked only by
-    the read model with the user. Revoking one whose revocation is recorded changes nothing."""
+    revoking each of a long history took minutes), and unrevoked or revoked by the read
+    model with the user (no reason yet: their revocation is not recorded). One recorded is
+    not asked again."""
     async with db.scoped(workspace_id) as conn:
         rows = await conn.fetch(
             "SELECT session_id FROM identity_sessions "
-            "WHERE user_id = $1 AND (revoked_at IS NULL OR revoke_reason = ANY($2::text[])) "
+            "WHERE user_id = $1 AND (revoked_at IS NULL OR revoke_reason IS NULL) "
             # A margin for the gateway's clock, which judges expiry, running behind this one.
             "AND expires_at > now() - interval '1 hour'",
             user_id,
-            list(CUT_OFF_WITH_THE_USER),
         )
     return [str(r["session_id"]) for r in rows]
 
