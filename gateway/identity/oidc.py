@@ -187,7 +187,8 @@ class OidcVerifier:
         except jwt.ExpiredSignatureError:
             raise InvalidCredential("invalid token: expired") from None
         except jwt.InvalidAudienceError:
-            raise InvalidCredential("invalid token: wrong audience") from None
+            expected = f": it must hold {self._config.audience}" if self._config.audience else ""
+            raise InvalidCredential(f"invalid token: wrong audience{expected}") from None
         except jwt.InvalidIssuerError:
             raise InvalidCredential("invalid token: wrong issuer") from None
         except jwt.MissingRequiredClaimError as exc:
@@ -199,10 +200,13 @@ class OidcVerifier:
             ) from None
         except jwt.InvalidSignatureError:
             raise InvalidCredential("invalid token: its signature does not verify") from None
+        except jwt.DecodeError:
+            raise InvalidCredential("invalid token: not a well-formed JWT") from None
         except jwt.PyJWTError as exc:
-            # A claim of the wrong type (`exp` a string) or an undecodable token: pyjwt's
-            # words name the claim and never the token's content.
-            raise InvalidCredential(f"invalid token: {exc}"[:200]) from None
+            # A claim of the wrong type (`exp` a string), a critical extension: named by its
+            # kind, since pyjwt's words may quote what the token holds.
+            kind = type(exc).__name__.removesuffix("Error")
+            raise InvalidCredential(f"invalid token: its claims were refused ({kind})") from None
         return claims
 
 

@@ -428,6 +428,8 @@ def _in_response_to(saml_response: str) -> str:
         raise Unauthorized(
             f"{REFUSED}: SAMLResponse is not a base64-encoded SAML response"
         ) from None
+    if root.tag != f"{{{_SAML_PROTOCOL}}}Response":
+        raise Unauthorized(f"{REFUSED}: SAMLResponse is not a base64-encoded SAML response")
     value = root.get("InResponseTo")
     if not value:
         raise Unauthorized(f"{REFUSED}: it answers no request of ours (no InResponseTo)")
@@ -439,6 +441,7 @@ _OUTSIDE_WINDOW = (
     f"{ACCEPTED_SKEW_S} s of difference is allowed)"
 )
 _SAML_ASSERTION = "{urn:oasis:names:tc:SAML:2.0:assertion}"
+_SAML_PROTOCOL = "urn:oasis:names:tc:SAML:2.0:protocol"
 
 
 def _refusal(exc: Exception, settings: SamlSettings, saml_response: str) -> str:

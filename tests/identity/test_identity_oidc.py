@@ -180,7 +180,7 @@ async def test_oidc_tokens_and_hostile_cases(database_url: str) -> None:
             said = {  # QA finding: "signature or claims rejected" for a token not valid yet
                 "not yet valid": "not valid yet",
                 "expired": "expired",
-                "wrong audience": "wrong audience",
+                "wrong audience": f"wrong audience: it must hold {AUDIENCE}",
                 "right kid, other key": "signature does not verify",
                 "a subject two users hold": "external id of more than one user",
             }

@@ -296,7 +296,11 @@ async def test_saml_login_and_hostile_responses(
             assert said.get(case, "SAML response refused") in body, (case, body)
             # Each is refused for its own fault, not for a missing binding cookie.
             assert "did not start the sign-in" not in body, case
-        for garbage in (base64.b64encode(b"<not xml").decode(), "%%%"):
+        for garbage in (
+            base64.b64encode(b"<not xml").decode(),
+            "%%%",
+            base64.b64encode(b'<foo InResponseTo="x"/>').decode(),  # XML, but no Response
+        ):
             status, body, _ = await flow.post(garbage, "/")
             assert status == 401 and "not a base64-encoded SAML response" in body, body
 

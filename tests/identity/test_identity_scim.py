@@ -774,6 +774,13 @@ async def test_a_create_must_be_a_user_sent_as_json(database_url: str) -> None:
         assert status == 404 and "turn off group push" in err["detail"], err
         status, listed, _ = await svc.request("GET", users, token)
         assert listed["totalResults"] == 0, listed  # nothing of the above created a user
+        # What IdPs send: SCIM's own type, with a charset (review: untested).
+        scim_typed = {
+            "data": json.dumps(scim_user("typed")),
+            "headers": {"Content-Type": "application/scim+json; charset=utf-8"},
+        }
+        status, made, _ = await svc.request("POST", users, token, **scim_typed)
+        assert status == 201, made
 
 
 async def test_the_openapi_document_describes_scim_as_it_answers(database_url: str) -> None:
