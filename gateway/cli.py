@@ -71,7 +71,7 @@ from schemas.conversation import RecoverAbandonedTurns, TurnFailed
 from schemas.errors import Conflict, Forbidden, InvalidInput, NotFound, SvcError, echoed, quoted
 from schemas.settings_catalog import MAX_STORED_CHARS, get_spec
 from schemas.text import is_utf8
-from schemas.workspace import IssueApiKey, RevokeApiKey, new_workspace_id
+from schemas.workspace import ID_MAX_CHARS, IssueApiKey, RevokeApiKey, new_workspace_id
 
 log = logging.getLogger("svc")
 
@@ -1101,6 +1101,11 @@ def _workspace_id(raw: str) -> str:
     keys in the default workspace, whose keys may act as the instance's admin."""
     if not raw:
         raise argparse.ArgumentTypeError("expected a workspace id, not an empty string")
+    if len(raw) > ID_MAX_CHARS:
+        # Said of the option given, not of the command's field (`workspace_id: ...`).
+        raise argparse.ArgumentTypeError(
+            f"expected a workspace id of at most {ID_MAX_CHARS} characters, not {len(raw):,}"
+        )
     return raw
 
 

@@ -123,6 +123,7 @@ def test_bad_input_exits_2_without_traceback(data_dir: Path) -> None:
         # may act as the instance's admin.
         ("apikeys", "create", "--scopes", "*", "--workspace", ""),
         ("apikeys", "list", "--workspace", ""),
+        ("apikeys", "list", "--workspace", "w" * 300),  # named as the option, not a field
         ("apikeys", "revoke", "key_x", "--workspace", ""),
         ("conversations", "replay", "c1", "--workspace", ""),
         ("apikeys", "create", "--scopes", "chat", "--workspace", "ac\x01me"),
