@@ -887,21 +887,29 @@ def _email_filter_op(current: dict[str, Any], kind: str, path: str, value: Any) 
         return {**current, "emails": kept}
     change = {sub: value} if sub else value
     if not isinstance(change, dict):
-        raise ScimError(400, f"{path} needs an object value (value, type, primary)", "invalidValue")
+        raise ScimError(
+            400, f"{quoted(path)} needs an object value (value, type, primary)", "invalidValue"
+        )
     if not selected:
         new = {attribute: literal, **_lower_keys(change)}
         if "value" not in new:
             raise ScimError(
                 400,
-                f"{path} selects no email, and none can be added without its address: send "
+                f"{quoted(path)} selects no email, and none can be added without its address: "
+                "send "
                 f"the address too (emails[{attribute} eq ...].value)",
                 "noTarget",
             )
         new.setdefault("primary", not emails)  # a user's first address is the primary one
         emails.append(new)
         selected = [new]
+    changed = _lower_keys(change)
+    if _as_bool(changed.get("primary"), "emails.primary"):
+        # RFC 7644 section 3.5.2: making one primary makes the others not.
+        for email in emails:
+            email["primary"] = False
     for email in selected:
-        email.update(_lower_keys(change))
+        email.update(changed)
     fields = {"emails": _emails(emails)}
     _check_shown(fields, current)
     return {**current, **fields}

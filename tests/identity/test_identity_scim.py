@@ -724,6 +724,10 @@ async def test_azure_and_okta_patches_of_the_user_schema_are_taken(database_url:
             {"value": "a2@example.com", "type": "office", "primary": True},
             {"value": "home@example.com", "type": "home", "primary": False},
         ], got
+        # Made primary, the other stops being it (RFC 7644 3.5.2), rather than a 400.
+        home = {"op": "replace", "path": 'emails[type eq "home"].primary', "value": True}
+        status, got = await patch(home)
+        assert status == 200 and [e["primary"] for e in got["emails"]] == [False, True], got
         status, got = await patch({"op": "remove", "path": 'emails[type eq "home"]'})
         assert status == 200 and [e["value"] for e in got["emails"]] == ["a2@example.com"], got
         # An email's `display` is not kept: left alone, as a POST leaves it.
