@@ -91,15 +91,15 @@ BAD_CREDENTIALS = "invalid user name or password"
 
 
 class InactiveAccount(Unauthorized):
-    """The right password of a deactivated or deleted account: answered as any wrong one
-    (the caller learns nothing of the account), recorded as what it was, so the audit does
-    not show a user who tries to sign in after their deactivation as a guesser."""
+    """The right password of a deactivated account: answered as any wrong one (the caller
+    learns nothing of the account), recorded as what it was, so the audit does not show a
+    user who tries to sign in after their deactivation as a guesser. (A deleted account is
+    found by no name, and keeps no password.)"""
 
-    def __init__(self, user: UserRow) -> None:
+    reason = "sign_in_failed: user_deactivated"
+
+    def __init__(self) -> None:
         super().__init__(BAD_CREDENTIALS, code="unauthorized")
-        self.reason = (
-            "sign_in_failed: user_deleted" if user.deleted else ("sign_in_failed: user_deactivated")
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +220,7 @@ async def _local(ident: Identity, workspace_id: str, body: LoginRequest) -> User
         stored = await ident.vault.get(workspace_id, user.user_id, PASSWORD)
     ok = await verify_password(body.password.get_secret_value(), stored)
     if ok and user is not None and not user.usable:
-        raise InactiveAccount(user)
+        raise InactiveAccount()
     return user if ok else None
 
 
