@@ -598,7 +598,16 @@ def _refuse_loose_integers(model: type[BaseModel], values: dict[str, str]) -> No
 
 
 def _takes_integer(annotation: Any) -> bool:
+    """Whether a query field reads an integer: `int`, `int | None`, either with bounds
+    (`Annotated[int, Field(ge=1)] | None`, whose bounds pydantic leaves on the member)."""
+    annotation = _bare(annotation)
     if annotation is int:
         return True
-    members = typing.get_args(annotation)
+    members = [_bare(member) for member in typing.get_args(annotation)]
     return int in members and all(m in (int, type(None)) for m in members)
+
+
+def _bare(annotation: Any) -> Any:
+    if typing.get_origin(annotation) is typing.Annotated:
+        return typing.get_args(annotation)[0]
+    return annotation

@@ -182,6 +182,18 @@ def _shown_emails(emails: tuple[Email, ...]) -> tuple[Email, ...]:
     """Addresses are shown in the same reads as names, and checked alike."""
     for email in emails:
         shown_text(email.value)
+    return _distinct_emails(emails)
+
+
+def _distinct_emails(emails: tuple[Email, ...]) -> tuple[Email, ...]:
+    """One entry per address, compared as mail systems do, without case: two entries of one
+    address (SCIM's add keeps one) left a sign-in's sync to pick between them."""
+    seen: set[str] = set()
+    for email in emails:
+        folded = email.value.casefold()
+        if folded in seen:
+            raise ValueError(f"the address {quoted(email.value)} is given twice (in any case)")
+        seen.add(folded)
     return emails
 
 
@@ -207,10 +219,17 @@ class UserPatch(_Body):
 
 
 def _check_shown_changes(changes: dict[str, Any], user: UserRow) -> None:
-    problem = first_unshown(changes, profile_of(user).model_dump())
+    held = profile_of(user).model_dump()
+    problem = first_unshown(changes, held)
     if problem is not None:
         where = problem.field if problem.index is None else f"emails.{problem.index}.value"
         raise InvalidInput(f"invalid request: {where}: {problem.reason}")
+    emails = changes.get("emails")
+    if emails is not None and list(emails) != list(held["emails"]):  # as held: taken
+        try:
+            _distinct_emails(tuple(Email.model_validate(e) for e in emails))
+        except ValueError as exc:
+            raise InvalidInput(f"invalid request: emails: {exc}") from None
 
 
 SELF_EDITABLE = frozenset({"display_name", "given_name", "family_name"})

@@ -138,3 +138,15 @@ def test_a_union_inside_a_union_and_a_date_time_are_told_in_wire_words() -> None
     assert problems(Nested, b'{"x": [1.5]}') == "invalid request: x.0: must be a string or an array"
     said = problems(ApiKeyCreate, b'{"name": "k", "scopes": ["chat"], "expires_at": "yesterday"}')
     assert said == "invalid request: expires_at: must be a date-time such as 2027-01-01T00:00:00Z"
+
+
+def test_an_integer_with_bounds_in_a_union_is_still_an_integer() -> None:
+    """Left from the last session: `Annotated[int, ...] | None` was not taken for an integer
+    field, so `?n=3_0` would have read as 30 there."""
+    from typing import Annotated
+
+    from gateway.errors import _takes_integer
+
+    assert _takes_integer(Annotated[int, Field(ge=1)] | None)
+    assert _takes_integer(int | None) and _takes_integer(int)
+    assert not _takes_integer(str | None) and not _takes_integer(Annotated[str, Field()])
