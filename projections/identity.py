@@ -373,8 +373,9 @@ class IdentityProjector(Projector):
                                            revoke_reason)
             SELECT $1, $2, $3, $4, $5, $6, $7::timestamptz, $8,
                    CASE WHEN u.deleted OR u.active IS FALSE THEN $7 END,
-                   CASE WHEN u.deleted THEN 'user deprovisioned'
-                        WHEN u.active IS FALSE THEN 'user deactivated' END
+                   -- No reason until the cut-off records the revocation (user_session_ids
+                   -- finds the sessions still to record by that).
+                   NULL
             FROM (SELECT) AS one
             LEFT JOIN identity_users u ON u.workspace_id = $1 AND u.user_id = $3
             """,

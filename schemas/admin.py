@@ -468,7 +468,8 @@ def distinct_name(value: str) -> str:
     emoji sequence uses it. For names only: a display name may hold the spaces of Khmer or
     Thai text, which no one signs in with."""
     if any(c in INVISIBLE for c in value) or any(
-        c in JOINERS and not _joins(value[:i]) for i, c in enumerate(value)
+        c in JOINERS and not _joins(value[i - 1 : i], value[i + 1 : i + 2])
+        for i, c in enumerate(value)
     ):
         raise ValueError(
             "must not contain characters that show as nothing (U+200B zero-width space, a "
@@ -477,14 +478,21 @@ def distinct_name(value: str) -> str:
     return value
 
 
-def _joins(before: str) -> bool:
-    """Whether a joiner after `before` joins what a script or an emoji sequence joins."""
-    if not before:
+_UNJOINED_SCRIPTS = ("LATIN", "GREEK", "CYRILLIC", "FULLWIDTH")
+"""Scripts (by their characters' names) that no joiner joins: one between their letters
+only hides, `Nguyễ\u200dn` beside `Nguyễn`."""
+
+
+def _joins(before: str, after: str) -> bool:
+    """Whether a joiner between `before` and `after` (a character each, or empty) joins what
+    a script or an emoji sequence joins."""
+    if not before or not after:
         return False
-    last = before[-1]
-    kind = unicodedata.category(last)
-    emoji = kind in ("So", "Sk") or last == "\ufe0f" or "\U0001f3fb" <= last <= "\U0001f3ff"
-    return emoji or (ord(last) >= 0x0600 and kind[0] in "LM")
+    if any(unicodedata.name(c, "").startswith(_UNJOINED_SCRIPTS) for c in (before, after)):
+        return False
+    kind = unicodedata.category(before)
+    emoji = kind == "So" or before == "\ufe0f" or "\U0001f3fb" <= before <= "\U0001f3ff"
+    return emoji or (ord(before) >= 0x0600 and kind[0] in "LM")
 
 
 def shown_name(value: str) -> str:

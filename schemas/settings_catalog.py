@@ -1771,7 +1771,9 @@ _SHARED = "SVC_"
 def display_value(spec: SettingSpec, raw: str | None) -> str:
     """What a listing may show: secrets become MASK or "unset", never the value; a URL's
     user and password (a model server reached with Basic authentication) are masked too."""
-    if spec.secret:
+    if spec.secret or (raw and secret_shaped(raw)):
+        # A key pasted into a setting that is no secret (a certificate's), from the
+        # environment, which refuses nothing for it.
         return MASK if raw else "unset"
     shown = _USERINFO.sub(r"\1***@", raw) if raw and _holds_userinfo(raw) else raw or ""
     return shown if is_utf8(shown) else _bytes_escaped(shown)

@@ -32,7 +32,7 @@ with warnings.catch_warnings():
     # ldap3 2.9 imports names pyasn1 0.6 deprecates; harmless, and tests turn warnings to errors.
     warnings.simplefilter("ignore", DeprecationWarning)
     import ldap3
-    from ldap3.core.exceptions import LDAPException
+    from ldap3.core.exceptions import LDAPException, LDAPInvalidDnError
     from ldap3.utils.conv import escape_filter_chars
     from ldap3.utils.dn import parse_dn
 
@@ -211,7 +211,10 @@ _SEARCH_REFUSED = {
     1: "the directory refused the search (an anonymous search where it wants a bind?)",
 }
 """Refusals of the user search that are the configuration's to correct (RFC 4511 codes)."""
-INVALID_CREDENTIALS = 49
+ACCOUNT_REFUSED = frozenset({19, 48, 49, 50, 53})
+"""User bind answers that refuse this account (RFC 4511): a wrong password (49), and what
+389-DS and FreeIPA answer for a locked (19) or inactivated (53) one; counted as a failed
+login. Busy (51), unavailable (52) and the rest are the directory's state."""
 
 
 def _check_search(result: dict[str, Any]) -> None:
@@ -231,13 +234,13 @@ def _check_search(result: dict[str, Any]) -> None:
 
 
 def _binds_sync(config: LdapConfig, dn: str, password: str) -> bool:
-    """Whether the password binds; only invalidCredentials (49) is a wrong one: busy,
-    unavailable or unwilling is the directory's state, not the user's mistake."""
+    """Whether the password binds: False when the directory refuses this account
+    (`ACCOUNT_REFUSED`), LDAPException when it is busy or unavailable."""
     conn = ldap3.Connection(_server(config), user=dn, password=password, receive_timeout=TIMEOUT_S)
     try:
         if conn.bind():
             return True
-        if conn.result.get("result") == INVALID_CREDENTIALS:
+        if conn.result.get("result") in ACCOUNT_REFUSED:
             return False
         raise LDAPException(f"the user bind answered {conn.result.get('description')}")
     finally:
@@ -262,6 +265,10 @@ async def ldap_entry_exists(config: LdapConfig, dn: str) -> bool:
     not say (the password it had just taken is not counted as wrong)."""
     try:
         return await asyncio.to_thread(_entry_exists_sync, config, dn)
+    except LDAPInvalidDnError:
+        # A recorded external id that is no DN (an admin set it): no entry of the directory
+        # is this account's, and none may take it over. Held as existing: refused.
+        return True
     except _DIRECTORY_FAILURES as exc:
         raise _unreachable(exc) from None
 

@@ -200,14 +200,21 @@ class OidcVerifier:
             ) from None
         except jwt.InvalidSignatureError:
             raise InvalidCredential("invalid token: its signature does not verify") from None
-        except jwt.DecodeError:
-            raise InvalidCredential("invalid token: not a well-formed JWT") from None
+        except jwt.DecodeError as exc:
+            # pyjwt raises it for a time claim that is no number too, once the signature
+            # holds: named by the claim, in words of ours.
+            claim = next((c for c in _TIME_CLAIMS if f"({c})" in str(exc)), None)
+            said = f"its {claim} claim is not a number" if claim else "not a well-formed JWT"
+            raise InvalidCredential(f"invalid token: {said}") from None
         except jwt.PyJWTError as exc:
             # A claim of the wrong type (`exp` a string), a critical extension: named by its
             # kind, since pyjwt's words may quote what the token holds.
             kind = type(exc).__name__.removesuffix("Error")
             raise InvalidCredential(f"invalid token: its claims were refused ({kind})") from None
         return claims
+
+
+_TIME_CLAIMS = ("exp", "nbf", "iat")
 
 
 def looks_like_jwt(token: str) -> bool:

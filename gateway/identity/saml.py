@@ -246,9 +246,19 @@ def _unusable(what: str, problem: str, fix: str) -> Unavailable:
 def _check_configuration(settings: SamlSettings, sp_key: str) -> None:
     """What pysaml2 would fail on deep inside (a 500 on every SAML route), said as the
     setting to fix. The values may predate the checks made when they are set."""
+    try:
+        x509.load_pem_x509_certificate(settings.sp_cert.strip().encode())
+    except ValueError:
+        raise _unusable(
+            "SVC_SAML_SP_CERT",
+            "it is not a PEM certificate (-----BEGIN CERTIFICATE----- ...)",
+            "set the SP's certificate",
+        ) from None
     problem = pem_certificate_problem(settings.sp_cert)
     if problem:
-        raise _unusable("SVC_SAML_SP_CERT", problem, "set the SP's certificate")
+        # A chain, or a key beside the certificate: refused when set, and read here as
+        # pysaml2 reads it (its first certificate), as before the check existed.
+        log.warning("SAML: SVC_SAML_SP_CERT: %s; its first certificate is used", problem)
     fix_key = "set it again with PUT /v1/admin/identity/secrets/saml/sp_key"
     problem = sp_key_problem(sp_key)
     if problem:

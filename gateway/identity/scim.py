@@ -925,9 +925,10 @@ def _email_filter(found: re.Match[str], path: str) -> tuple[str, str | bool, str
         "invalidFilter",
     )
     if attribute == "primary":
-        if raw.lower() not in ("true", "false"):
+        # `true`, as RFC 7644 writes it, or `"true"`, as filters elsewhere take it.
+        if raw.lower().strip('"') not in ("true", "false"):
             raise bad
-        return attribute, raw.lower() == "true", sub and sub.lower()
+        return attribute, raw.lower().strip('"') == "true", sub and sub.lower()
     if not raw.startswith('"'):
         raise bad
     try:

@@ -395,7 +395,14 @@ async def test_scopes_and_validation(chat: Chat) -> None:
         assert status == 400 and "direction" in error["error"]["message"], error
     # Nor what shows as nothing: `hel\u200bper` listed as a second `helper` (QA finding).
     # The zero-width joiner of an emoji sequence is no such character.
-    for name in ("hel\u200bper", "a\u00adb", "\ufeffbom", "hel\u200dper", "gi\u200cna"):
+    for name in (
+        "hel\u200bper",
+        "a\u00adb",
+        "\ufeffbom",
+        "hel\u200dper",
+        "gi\u200cna",
+        "Nguy\u1ec5\u200dn",
+    ):
         for path in (AGENTS, "/v1/admin/apikeys"):
             body = {"name": name, "model": UPSTREAM_MODEL, "scopes": ["chat"]}
             body.pop("scopes" if path == AGENTS else "model")

@@ -163,6 +163,14 @@ def test_a_blank_data_dir_is_the_default_not_the_current_directory() -> None:
     assert Settings({"SVC_DATA_DIR": "/srv/svc"}).data_dir == Path("/srv/svc")
 
 
+def test_a_key_held_by_a_setting_is_never_listed() -> None:
+    """Review finding: a certificate setting given a key and certificate from the
+    environment listed the key whole."""
+    pem = "-----BEGIN PRIVATE KEY-----\nMIIabc\n-----END PRIVATE KEY-----\n"
+    assert display_value(get_spec("SVC_SAML_SP_CERT"), pem) == MASK
+    assert display_value(get_spec("SVC_SAML_SP_CERT"), "") == ""
+
+
 def test_validation_errors_say_what_is_expected() -> None:
     with pytest.raises(NotFound, match=r"unknown setting SVC_NOPE; see `svc settings list`"):
         get_spec("SVC_NOPE")  # nothing near: the prefix all names share is no likeness

@@ -155,6 +155,7 @@ async def test_oidc_tokens_and_hostile_cases(database_url: str) -> None:
             hostile = {
                 # QA finding: the oldest of the two signed in, silently.
                 "a subject two users hold": sign(claims(sub="sub-twin")),
+                "an exp that is no number": sign(claims(exp="soon")),
                 "expired": sign(claims(exp=int(time.time()) - 600, iat=int(time.time()) - 900)),
                 "not yet valid": sign(claims(nbf=int(time.time()) + 600)),
                 "wrong audience": sign(claims(aud="someone-else")),
@@ -183,6 +184,7 @@ async def test_oidc_tokens_and_hostile_cases(database_url: str) -> None:
                 "wrong audience": f"wrong audience: it must hold {AUDIENCE}",
                 "right kid, other key": "signature does not verify",
                 "a subject two users hold": "external id of more than one user",
+                "an exp that is no number": "its exp claim is not a number",
             }
             for case, token in hostile.items():
                 status, body, headers = await svc.request("GET", WHOAMI, token)

@@ -639,3 +639,18 @@ def test_a_failed_condition_is_named_whatever_its_times(
     )
     encoded = base64.b64encode(xml.encode()).decode()
     assert said in saml._failed_condition(encoded, SP_ENTITY)
+
+
+async def test_a_certificate_chain_from_the_environment_still_serves(
+    database_url: str, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review finding: the set-time rule (one certificate) also ran where SAML is set up, so
+    a chain in the environment, which pysaml2 reads by its first certificate, made every
+    SAML route 503 where it had worked."""
+    env = saml_settings(database_url, keys)
+    env["SVC_SAML_SP_CERT"] = keys.sp_cert + keys.rogue_cert.read_text()
+    async with running(settings_for(database_url, **env)) as svc:
+        await configured(svc)
+        status, _, _ = await svc.request("GET", "/saml/metadata")
+        assert status == 200
+        assert any("its first certificate is used" in r.message for r in caplog.records)

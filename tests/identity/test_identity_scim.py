@@ -728,6 +728,13 @@ async def test_azure_and_okta_patches_of_the_user_schema_are_taken(database_url:
         home = {"op": "replace", "path": 'emails[type eq "home"].primary', "value": True}
         status, got = await patch(home)
         assert status == 200 and [e["primary"] for e in got["emails"]] == [False, True], got
+        quoted_bool = {"op": "replace", "path": 'emails[primary eq "true"].type', "value": "hq"}
+        status, got = await patch(quoted_bool)  # `"true"` read as filters elsewhere read it
+        assert status == 200 and got["emails"][1]["type"] == "hq", got
+        status, got = await patch(
+            {"op": "replace", "path": "emails[primary eq true].type", "value": "home"}
+        )
+        assert status == 200, got
         status, got = await patch({"op": "remove", "path": 'emails[type eq "home"]'})
         assert status == 200 and [e["value"] for e in got["emails"]] == ["a2@example.com"], got
         # An email's `display` is not kept: left alone, as a POST leaves it.
