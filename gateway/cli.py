@@ -787,11 +787,17 @@ async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_conversations(args: argparse.Namespace, settings: Settings) -> int:
     key: ActorKey = conversation_key(args.conversation_id)
     async with open_platform(settings, background=False) as platform:
-        stream = Stream(platform.store, key, args.workspace or None)
+        # Scoped as the help says: the default workspace unless --workspace names another
+        # (QA finding: no --workspace read, and abandoned turns in, any workspace).
+        workspace = _workspace(args, platform.settings)
+        stream = Stream(platform.store, key, workspace)
         first = await stream.read(1, 1)
         if not first:
-            where = f" in workspace {args.workspace}" if args.workspace else ""
-            raise NotFound(f"no conversation {echoed(args.conversation_id)}{where}")
+            other = "" if args.workspace else "; name its workspace with --workspace"
+            raise NotFound(
+                f"no conversation {echoed(args.conversation_id)} in workspace "
+                f"{one_line(workspace)}{other}"
+            )
         snapshot = await snapshot_of(stream)
         newest = await stream.newest_version()
         state_of = _StateAt(stream, snapshot)

@@ -28,7 +28,7 @@ from gateway.settings import Settings
 from gateway.state import DATABASE, RUNTIME, SETTINGS
 from gateway.turn_sweep import AbandonedTurnSweep
 from projections.queries import Turn, analytics, list_turns, overview
-from schemas.errors import InvalidInput, Unavailable
+from schemas.errors import InvalidInput, NotFound, Unavailable
 
 MODEL = "stub-model"
 LATER = timedelta(minutes=10)
@@ -229,11 +229,17 @@ async def test_an_operator_abandons_a_turn_that_never_expires(
     async with stalled_turn(database_url, started_under_s=0) as stalled:
         settings = stalled.svc.app[SETTINGS]
         abandon = ["conversations", "abandon", stalled.conversation]
+        # Without --workspace, the default workspace's, as its help says (QA finding: any
+        # workspace's conversation was reached).
+        unscoped = build_parser().parse_args(abandon)
+        with pytest.raises(NotFound, match="name its workspace with --workspace"):
+            await cmd_conversations(unscoped, settings)
+        abandon += ["--workspace", stalled.workspace]
         wrong = build_parser().parse_args([*abandon, "--turn", "no-such-turn"])
         with pytest.raises(InvalidInput, match="not running in conversation"):
             await cmd_conversations(wrong, settings)
 
-        args = build_parser().parse_args([*abandon, "--workspace", stalled.workspace])
+        args = build_parser().parse_args(abandon)
         assert await cmd_conversations(args, settings) == 0
         assert stalled.turn.turn_id in capsys.readouterr().out
         turn = await _turn(stalled.svc, stalled.workspace, stalled.conversation, "failed")
