@@ -455,25 +455,23 @@ async def _chat(base: str, headers: dict[str, str]) -> str:
 
 
 async def _replay_and_rebuild(data_dir: Path, conversation: str) -> None:
+    # Of workspace w2: not the default's, which a replay without --workspace reads.
     code, out, err = await _run(data_dir, "conversations", "replay", conversation)
+    assert code == 2 and "in workspace default; name its workspace with --workspace" in err
+    replay = ("conversations", "replay", conversation, "--workspace", "w2")
+    code, out, err = await _run(data_dir, *replay)
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("v1\t") and "conversation.started" in lines[0]
     assert any("hello replay" in line for line in lines)
     assert "\u009b" not in out and "\\u009b31mRED" in out and "\u00e9t\u00e9" in out
     assert "# state at version" in out and "\\u009b31mRED" in out.split("# state at version")[1]
-    code, out, _ = await _run(
-        data_dir, "conversations", "replay", conversation, "--at-version", "1"
-    )
+    code, out, _ = await _run(data_dir, *replay, "--at-version", "1")
     assert code == 0 and "# state at version 1" in out and "v2\t" not in out
     # Version 0 is the state before any event, as in the admin API's at_version.
-    code, out, _ = await _run(
-        data_dir, "conversations", "replay", conversation, "--at-version", "0"
-    )
+    code, out, _ = await _run(data_dir, *replay, "--at-version", "0")
     assert code == 0 and "# state at version 0" in out and "v1\t" not in out
-    code, _, err = await _run(
-        data_dir, "conversations", "replay", conversation, "--at-version", "99"
-    )
+    code, _, err = await _run(data_dir, *replay, "--at-version", "99")
     assert code == 2 and "between 0 and " in err
     code, _, err = await _run(
         data_dir, "conversations", "replay", conversation, "--workspace", "elsewhere"
