@@ -88,19 +88,8 @@ async def issue_key(request: web.Request) -> web.Response:
     read_query(request, NoQuery)
     body = await read_json(request, ApiKeyCreate)
     check_delegation(principal, tuple(body.scopes))
-    key = generate_key()
-    command = IssueApiKey(
-        command_id=command_id(request),
-        workspace_id=principal.workspace_id,
-        key_id="key_" + uuid.uuid4().hex,
-        name=body.name,
-        key_hash=hash_key(key),
-        prefix=key[:PREFIX_LEN],
-        scopes=tuple(body.scopes),
-        rate_limit_rpm=body.rate_limit_rpm,
-        expires_at=body.expires_at,
-        at=datetime.now(UTC),
-        by=describe(principal),
+    command, key = issue_command(
+        command_id(request), principal.workspace_id, body, describe(principal)
     )
     outcome = await _execute(request, principal, command)
     # Not applied in time, the key is answered all the same, since it is shown only this
@@ -118,6 +107,29 @@ async def issue_key(request: web.Request) -> web.Response:
         status=201,
         headers={"Cache-Control": "no-store"},  # the only copy of the key there will be
     )
+
+
+def issue_command(
+    cid: str, workspace_id: str, body: ApiKeyCreate, by: str
+) -> tuple[IssueApiKey, str]:
+    """The command that issues a key of `body` (both issuing routes), and the key itself,
+    which only its answer shows: the command carries its hash and prefix. `cid`: the
+    request's command id (from its Idempotency-Key)."""
+    key = generate_key()
+    command = IssueApiKey(
+        command_id=cid,
+        workspace_id=workspace_id,
+        key_id="key_" + uuid.uuid4().hex,
+        name=body.name,
+        key_hash=hash_key(key),
+        prefix=key[:PREFIX_LEN],
+        scopes=tuple(body.scopes),
+        rate_limit_rpm=body.rate_limit_rpm,
+        expires_at=body.expires_at,
+        at=datetime.now(UTC),
+        by=by,
+    )
+    return command, key
 
 
 def new_key(request: web.Request, issued: IssueApiKey, key: str, cursor: str) -> NewApiKey:

@@ -147,7 +147,10 @@ def closest(word: str, choices: Iterable[str]) -> str | None:
     return near[0] if near else None
 
 
-SECRET_SHAPED = re.compile(r"svc_[A-Za-z0-9_-]{40,}|-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+PEM_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+"""The opening line of a PEM private key, of any kind (PKCS#8, RSA, EC, encrypted)."""
+
+SECRET_SHAPED = re.compile(rf"svc_[A-Za-z0-9_-]{{40,}}|{PEM_PRIVATE_KEY.pattern}")
 """The form of the service's API keys, SCIM tokens and OAuth client secrets, and of a PEM
 private key (pasted where a certificate goes)."""
 
@@ -165,14 +168,14 @@ def echoed(text: str) -> str:
     (a 404 for an id of 3,000 characters said all 3,000). A key or token pasted into the
     wrong field is not said back: an answer may be logged where the access log's
     redaction does not reach."""
-    if _PLAIN.fullmatch(text) and not SECRET_SHAPED.search(text):
+    if _PLAIN.fullmatch(text) and not secret_shaped(text):
         return text
     return quoted(text)
 
 
 def quoted(text: str) -> str:
     """As `echoed`, always in quotes (`'gpt-4o'`, as OpenAI's messages quote a model)."""
-    if SECRET_SHAPED.search(text):
+    if secret_shaped(text):
         return NOT_REPEATED
     if len(text) <= 64:
         return repr(text)

@@ -16,6 +16,7 @@ from cryptography import x509
 from defusedxml import DefusedXmlException, ElementTree  # type: ignore[import-untyped]
 from yarl import URL
 
+from schemas.errors import PEM_PRIVATE_KEY
 from schemas.identity import MAX_ROLE_NAME, ROLE_NAME_PATTERN
 from schemas.workspace import RESERVED_WORKSPACE_ID
 
@@ -186,7 +187,7 @@ def _ray_address(raw: str) -> bool:
 
 def pem_certificate_problem(text: str) -> str | None:
     """Why `text` is not one PEM X.509 certificate, or None."""
-    if "PRIVATE KEY-----" in text:
+    if PEM_PRIVATE_KEY.search(text):
         return "it holds a private key, which goes in the saml/sp_key secret, never a setting"
     if text.count("-----BEGIN CERTIFICATE-----") > 1:
         return "it holds more than one certificate: give the SP's own"

@@ -19,7 +19,7 @@ from actors.behaviour import CommandOutcome
 from actors.identity import directory_key, session_key
 from actors.workspace import workspace_key
 from eventstore.errors import InvalidCursor
-from gateway.admin_keys import new_key
+from gateway.admin_keys import issue_command, new_key
 from gateway.auth import (
     KEY_MODELS,
     check_delegation,
@@ -117,7 +117,7 @@ from schemas.identity import (
     secret_sized,
 )
 from schemas.identity_api import IssuedUserKey, OAuthClientPage, OAuthClientView
-from schemas.workspace import IssueApiKey, RevokeApiKey, unknown_scopes
+from schemas.workspace import RevokeApiKey, unknown_scopes
 
 
 def _not_blank(value: SecretStr) -> SecretStr:
@@ -767,20 +767,8 @@ async def issue_user_key(request: web.Request) -> web.Response:
             f"user {user.user_id} is deactivated: no key can be issued on the account",
             code="user_inactive",
         )
-    key, key_id = generate_key(), new_id("key_")
-    issue = IssueApiKey(
-        command_id=command_id(request),
-        workspace_id=ws,
-        key_id=key_id,
-        name=body.name,
-        key_hash=hash_key(key),
-        prefix=key[:8],
-        scopes=scopes,
-        rate_limit_rpm=body.rate_limit_rpm,
-        expires_at=body.expires_at,
-        at=now(),
-        by=actor_of(request),
-    )
+    issue, key = issue_command(command_id(request), ws, body, actor_of(request))
+    key_id = issue.key_id
     outcome = await request.app[RUNTIME].ask(workspace_key(ws), issue)
     refuse_repeat(outcome, "a key", "GET /v1/admin/apikeys lists it (its name and prefix)")
     if outcome.cursor:

@@ -38,7 +38,8 @@ from gateway.identity.service import Identity, identity
 from gateway.identity.vault import INSTANCE
 from gateway.state import Principal
 from projections.identity_queries import find_oauth_client
-from schemas.errors import SvcError, Unauthorized, echoed
+from schemas.errors import SvcError, Unauthorized
+from schemas.workspace import unknown_scopes
 
 OAUTH_ISSUER = "svc-oauth"
 AUDIENCE = "svc"
@@ -235,14 +236,9 @@ async def _issue(request: web.Request) -> dict[str, Any]:
     scopes = set(client.scopes)
     if isinstance(requested, str) and requested.strip():
         scopes = set(requested.split())
-        unknown = sorted(scope for scope in scopes if scope not in SCOPES)
-        if unknown:
-            raise OAuthError(
-                400,
-                "invalid_scope",
-                f"unknown scope {' '.join(echoed(scope) for scope in unknown[:5])}; the scopes "
-                f"are {', '.join(sorted(SCOPES))}",
-            )
+        problem = unknown_scopes(scopes)
+        if problem:
+            raise OAuthError(400, "invalid_scope", problem)
         beyond = sorted(scope for scope in scopes if not _covers(client.scopes, scope))
         if beyond:
             raise OAuthError(

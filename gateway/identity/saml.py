@@ -36,7 +36,6 @@ import functools
 import hashlib
 import logging
 import os
-import re
 import shutil
 import string
 import tempfile
@@ -69,7 +68,14 @@ from gateway.identity.service import Identity, identity
 from gateway.identity.sessions import set_session_cookies
 from gateway.identity.vault import INSTANCE
 from projections.identity_queries import UserRow, find_user_by_name
-from schemas.errors import FeatureDisabled, InvalidInput, SvcError, Unauthorized, Unavailable
+from schemas.errors import (
+    PEM_PRIVATE_KEY,
+    FeatureDisabled,
+    InvalidInput,
+    SvcError,
+    Unauthorized,
+    Unavailable,
+)
 from schemas.setting_rules import pem_certificate_problem, saml_idp_metadata_problem
 
 
@@ -226,7 +232,7 @@ def _xmlsec1() -> str:
 
 def sp_key_problem(text: str) -> str | None:
     """Why `text` is not a usable SP signing key, or None. Never quotes the key."""
-    if len(re.findall(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----", text)) > 1:
+    if len(PEM_PRIVATE_KEY.findall(text)) > 1:
         return "it holds more than one private key: give the SP's own"
     try:
         key = serialization.load_pem_private_key(text.strip().encode(), password=None)

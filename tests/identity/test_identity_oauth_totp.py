@@ -165,7 +165,7 @@ async def test_a_client_with_every_scope_gets_a_narrower_token(database_url: str
         status, err, _ = await svc.request("POST", "/v1/oauth/token", data=form, headers=auth)
         assert status == 400 and err["error"] == "invalid_scope"
         # Named as unknown, not as beyond the client's (QA finding, for a `*` client).
-        assert err["error_description"].startswith("unknown scope telepathy; the scopes are")
+        assert err["error_description"].startswith("unknown scope 'telepathy'; the scopes are")
 
 
 async def test_a_client_authenticated_by_basic_may_name_itself_in_the_body(
