@@ -27,7 +27,7 @@ from eventstore.db import Database
 from gateway import admin, admin_agents, chat, feeds, settings_api, system, telemetry, unbuilt
 from gateway.auth import IDENTIFY, Authenticator, KeyLookup, KeyRecord, add_rate_limit_headers
 from gateway.bootstrap import open_platform
-from gateway.errors import error_middleware, note_response_started
+from gateway.errors import add_request_id, error_middleware, note_response_started
 from gateway.feeds import FEED_HUB
 from gateway.identity import routes as identity_routes
 from gateway.identity.authn import identify
@@ -131,6 +131,7 @@ def create_app(
     telemetry.install(app)  # first to open, last to close: spans of the shutdown get out
     app.cleanup_ctx.append(platform_ctx)
     app.on_response_prepare.append(note_response_started)
+    app.on_response_prepare.append(add_request_id)
     app.on_response_prepare.append(add_security_headers)
     app.on_response_prepare.append(add_rate_limit_headers)
     app.on_shutdown.append(begin_shutdown)

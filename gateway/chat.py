@@ -742,7 +742,7 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
 
 
 async def _internal_stream_error(sender: _ChunkSender, exc: BaseException) -> None:
-    hidden = internal_failure("chat stream", exc)
+    hidden = internal_failure("chat stream", exc, sender.request)
     TURN_ERRORS.labels(hidden.code).inc()
     cursor = exc.recorded_cursor if isinstance(exc, SvcError) else None
     await sender.error(hidden.message, hidden.error_type, hidden.code, cursor=cursor)
@@ -758,7 +758,7 @@ class _ChunkSender:
         turn: _Turn,
         include_usage: bool,
     ) -> None:
-        self._request = request
+        self.request = request
         self.response = response
         self._turn = turn
         self._model = turn.model
@@ -841,14 +841,14 @@ class _ChunkSender:
         as the feeds cut a stalled reader, so it holds neither this handler nor the answer's
         undelivered text. The turn goes on and is recorded, as for a client that left."""
         log.info("chat client took nothing for %g s; its stream is cut off", STREAM_WRITE_TIMEOUT_S)
-        transport = self._request.transport
+        transport = self.request.transport
         if transport is not None:
             transport.abort()
         self._gone()
 
     def _gone(self) -> None:
         self.client_gone = True
-        client_gone(self._request)
+        client_gone(self.request)
         log.info("chat client went away mid-stream; the turn continues and is recorded")
 
     async def delta(self, text: str) -> None:
@@ -898,7 +898,7 @@ class _ChunkSender:
         await self._send(body, id=self._public(cursor))
 
     def _public(self, cursor: str | None) -> str | None:
-        return self._request.app[CURSORS].seal(cursor) if cursor else None
+        return self.request.app[CURSORS].seal(cursor) if cursor else None
 
     async def close(self) -> None:
         await self._write(self.response.write_eof())

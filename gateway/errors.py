@@ -226,14 +226,32 @@ def _http_message(exc: web.HTTPException) -> str:
     return exc.reason or f"HTTP {exc.status}"
 
 
-def _error_id() -> str:
-    return f"svc-{uuid.uuid4()}"
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("svc_request_id", str)
+REQUEST_ID_HEADER = "X-Request-Id"
 
 
-def internal_failure(what: str, exc: BaseException) -> SvcError:
+def request_id(request: web.BaseRequest) -> str:
+    """This request's id, made on first use: its response's X-Request-Id, its access log
+    line's last field, and the id a 500 (or a stream's internal error frame) names, under
+    which the log holds the traceback. The service makes it; one a client or proxy sends is
+    not taken, so that an id in the log is always one this service gave once."""
+    known = request.get(REQUEST_ID)
+    if known is None:
+        known = f"svc-{uuid.uuid4()}"
+        request[REQUEST_ID] = known
+    return known
+
+
+async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: every response the application makes names its request."""
+    response.headers[REQUEST_ID_HEADER] = request_id(request)
+
+
+def internal_failure(what: str, exc: BaseException, request: web.BaseRequest) -> SvcError:
     """An internal failure as a client may see it once its response has begun (a stream's
-    error frame): an id to quote; the detail, with its traceback, in the log under that id."""
-    error_id = _error_id()
+    error frame): the request's id to quote; the detail, with its traceback, in the log
+    under that id."""
+    error_id = request_id(request)
     log.error("%s failed (%s)", what, error_id, exc_info=(type(exc), exc, exc.__traceback__))
     return SvcError(f"internal error (id {error_id})")
 
@@ -245,7 +263,7 @@ def logged_path(request: web.BaseRequest) -> str:
 
 
 def internal_error(request: web.BaseRequest, exc: BaseException) -> web.Response:
-    error_id = _error_id()
+    error_id = request_id(request)
     log.error(
         "unhandled error %s on %s %s",
         error_id,

@@ -333,7 +333,7 @@ class FeedFanout:
             if self.shutting_down or self._tailer is None:
                 self._end(conn, "shutdown")
             else:
-                await self._catch_up_or_end(conn, resp, self._tailer)
+                await self._catch_up_or_end(request, conn, resp, self._tailer)
             reason = await conn.ended
             if reason != "gone":
                 await self._finish(request, resp, conn, reason)
@@ -341,7 +341,11 @@ class FeedFanout:
             self._remove(conn)
 
     async def _catch_up_or_end(
-        self, conn: FeedConnection, resp: web.StreamResponse, tailer: LogTailer
+        self,
+        request: web.Request,
+        conn: FeedConnection,
+        resp: web.StreamResponse,
+        tailer: LogTailer,
     ) -> None:
         """`_catch_up`, ending the feed with its final frame when that cannot go on. The
         response's headers are long sent, so no error may escape to the HTTP layer, which
@@ -354,7 +358,9 @@ class FeedFanout:
         except SvcError as exc:
             # The history read failed: the database is out or the pool exhausted (a 503 the
             # client may read), or anything else (a 500: logged, and named to it by an id).
-            failure = exc if exc.http_status != 500 else internal_failure("feed catch-up", exc)
+            failure = (
+                exc if exc.http_status != 500 else internal_failure("feed catch-up", exc, request)
+            )
             self._end(conn, "failed", failure)
 
     async def _catch_up(

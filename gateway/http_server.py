@@ -31,9 +31,11 @@ from gateway.control_chars import one_line
 from gateway.errors import (
     CLIENT_CLOSED,
     CLIENT_GONE,
+    REQUEST_ID_HEADER,
     client_gone,
     from_http_exception,
     internal_error,
+    request_id,
     status_envelope,
 )
 from gateway.security import client_ip, security_headers
@@ -89,6 +91,7 @@ class EnvelopeRequestHandler(RequestHandler):
         # No application saw the request, so none of its response hooks run: the headers
         # every response carries are set here.
         response.headers.update(security_headers(cast(_EnvelopeServer, self._manager).settings))
+        response.headers[REQUEST_ID_HEADER] = request_id(request)
         response.force_close()
         return response
 
@@ -276,12 +279,17 @@ finishes its headers would hold a socket. Longer than the idle upstream connecti
 reverse proxies keep (nginx: 60 s), so a proxy never reuses one the gateway has closed."""
 
 
+ACCESS_LOG_FORMAT = AccessLogger.LOG_FORMAT + " %{X-Request-Id}o"
+"""aiohttp's own line, then the response's X-Request-Id (`gateway.errors.request_id`)."""
+
+
 class GatewayRunner(web.AppRunner):
     """`web.AppRunner` whose server answers aiohttp's own errors with the envelope, logs
     with `GatewayAccessLogger` and closes connections idle for IDLE_CONNECTION_S."""
 
     def __init__(self, app: web.Application, **kwargs: Any) -> None:
         kwargs.setdefault("access_log_class", GatewayAccessLogger)
+        kwargs.setdefault("access_log_format", ACCESS_LOG_FORMAT)
         kwargs.setdefault("keepalive_timeout", IDLE_CONNECTION_S)
         super().__init__(app, **kwargs)
 

@@ -41,7 +41,7 @@ CORS_HEADERS = "Authorization, Content-Type, Idempotency-Key, Last-Event-ID, X-S
 # without it they retry a failure that the same request will meet again.
 EXPOSED_HEADERS = (
     "X-SVC-Conversation-Id, X-SVC-Cursor, Retry-After, X-RateLimit-Limit, "
-    "X-RateLimit-Remaining, X-RateLimit-Reset, x-should-retry"
+    "X-RateLimit-Remaining, X-RateLimit-Reset, x-should-retry, X-Request-Id"
 )
 # Orchestrators probe these, and Prometheus scrapes the last, over plain HTTP from the node
 # or the pod network, not from loopback. None carries a secret or a tenant's data (but for

@@ -715,7 +715,9 @@ async def test_a_turn_ended_by_a_defect_answers_500_with_its_failures_cursor(
             failed.cursor
         )
         text = await resp.text()
-    assert "internal error (id " in text and "detail-only" not in text
+    # The id it names is the request's, also in X-Request-Id, the streaming answer's too.
+    assert f"internal error (id {resp.headers['X-Request-Id']})" in text
+    assert "detail-only" not in text
     # The same request again gets the recorded failure, which a retry cannot mend.
     replayed = await chat.raw_post(body, **key)
     answer = await replayed.text()

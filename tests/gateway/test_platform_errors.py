@@ -155,6 +155,30 @@ async def test_unexpected_exception_is_500_with_id_and_traceback(
         assert status == 200
 
 
+REQUEST_ID = r"svc-[0-9a-f-]{36}"
+
+
+async def test_every_response_names_its_request(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """QA finding: no response carried an id, so a client reporting a problem could name
+    neither its request nor the log lines about it (the openai SDKs read X-Request-Id into
+    `request_id`). Each answer has its own; a 500's message and traceback name the same."""
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    async with running(settings_for(database_url)) as svc:
+        answers = [
+            await svc.request("GET", path, headers={"X-Request-Id": "from-the-client"})
+            for path in ("/healthz", "/healthz", "/no/such/thing", BOOM)
+        ]
+        ids = [headers["X-Request-Id"] for _, _, headers in answers]
+        assert all(re.fullmatch(REQUEST_ID, i) for i in ids) and len(set(ids)) == len(ids)
+        _, failed, _ = answers[-1]
+        assert assert_envelope(failed)["message"] == f"internal error (id {ids[-1]})"
+        await access_logged(caplog.records, ids[-1])
+        access = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+        assert {line.rsplit(" ", 1)[1] for line in access} >= set(ids)
+
+
 async def test_internal_svc_error_is_opaque_500_with_id(
     database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -266,6 +290,7 @@ async def test_requests_the_http_parser_refuses_get_the_envelope(
                 # No application saw the request; its answer is still a response of this one.
                 assert headers["x-content-type-options"] == "nosniff", case
                 assert headers["content-security-policy"] == "default-src 'none'", case
+                assert re.fullmatch(REQUEST_ID, headers["x-request-id"]), case
         assert not [r for r in caplog.records if "s3cret" in r.getMessage() + str(r.exc_info)]
         # Each has its access line, naming the client, and none is an error of the service.
         access = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
