@@ -865,9 +865,12 @@ class _ChunkSender:
             await self.delta(result.content)
         else:
             await self._complete_text(result.content)
-        delta = {} if self._sent_role else {"role": "assistant"}
-        self._sent_role = True
-        final = self._chunk(delta, finish_reason=result.finish_reason)
+        if not self._sent_role:
+            # An empty answer: as OpenAI, the role comes in a chunk of its own, with empty
+            # content, and the finishing chunk's delta is empty whatever came before it.
+            self._sent_role = True
+            await self._send(self._chunk({"role": "assistant", "content": ""}))
+        final = self._chunk({}, finish_reason=result.finish_reason)
         await self._send(final, id=self._public(result.cursor))
         if self._include_usage:
             await self._send(self._chunk(None, usage=_usage(result)))

@@ -586,7 +586,7 @@ async def _from_stream(
                 yield TextDelta(text)
             reason = choice.get("finish_reason")
             if isinstance(reason, str) and reason:
-                finish_reason = reason
+                finish_reason = _finish_reason(reason)
     else:
         if not seen_data and content_type != "text/event-stream":
             # Not a stream cut short (which a retry may mend) but no stream at all: an HTML
@@ -604,6 +604,19 @@ async def _from_stream(
     yield Finished(finish_reason=finish_reason or "stop", usage=usage)
 
 
+CALLS_NOT_PASSED_ON = frozenset({"tool_calls", "function_call"})
+
+
+def _finish_reason(reason: object) -> str:
+    """The upstream's reason the answer ended, as the client gets and the log records it.
+    Empty or absent is `stop`. So is a tool or function call: this endpoint sends the model
+    no tools and passes no call on, and a client told `tool_calls` looks for calls that are
+    not in the answer (the openai SDKs' `message.tool_calls` is None)."""
+    if not isinstance(reason, str) or not reason or reason in CALLS_NOT_PASSED_ON:
+        return "stop"
+    return reason
+
+
 async def _from_completion(
     data: object, messages: tuple[ChatMessage, ...]
 ) -> AsyncIterator[ModelEvent]:
@@ -615,14 +628,10 @@ async def _from_completion(
     text = _answer_text(choices[0].get("message"))
     if text:
         yield TextDelta(text)
-    reason = choices[0].get("finish_reason")
     usage = _usage(chunk.get("usage")) or Usage(
         estimate_prompt_tokens(messages), estimate_tokens(text)
     )
-    # As in a stream, an empty or absent reason is a plain stop.
-    yield Finished(
-        finish_reason=reason if isinstance(reason, str) and reason else "stop", usage=usage
-    )
+    yield Finished(finish_reason=_finish_reason(choices[0].get("finish_reason")), usage=usage)
 
 
 def _answer_text(message: object) -> str:

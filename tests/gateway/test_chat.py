@@ -1417,6 +1417,44 @@ async def test_a_tool_message_needs_its_text(chat: Chat) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
+async def test_an_upstream_tool_call_ends_the_answer_as_a_stop(chat: Chat, stream: bool) -> None:
+    """QA finding: a model server that answered a tool call (this endpoint sends it no
+    tools) gave the client `finish_reason: "tool_calls"` and no calls, and an agent loop
+    iterating `message.tool_calls` failed on None. The call is not passed on, so the answer
+    ended as a stop; an empty one streams its role first and an empty finishing delta."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    if stream:
+        chunks = [
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        ]
+        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        fault = stub_upstream.Fault(200, body, content_type="text/event-stream")
+    else:
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+        fault = stub_upstream.Fault(
+            200, json.dumps({"choices": [choice]}), content_type="application/json"
+        )
+    chat.stub.faults.append(fault)
+    raw = await chat.client().chat.completions.with_raw_response.create(
+        model=UPSTREAM_MODEL, messages=HELLO, stream=stream
+    )
+    parsed = raw.parse()
+    if isinstance(parsed, openai.AsyncStream):
+        got = [c.choices[0] async for c in parsed if c.choices]
+        assert [(c.delta.role, c.delta.content, c.finish_reason) for c in got] == [
+            ("assistant", "", None),
+            (None, None, "stop"),
+        ]
+    else:
+        assert parsed.choices[0].finish_reason == "stop"
+        assert parsed.choices[0].message.content == ""
+    completed = await chat.wait_for_event(raw.headers["X-SVC-Conversation-Id"], COMPLETED)
+    assert completed.data["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
 async def test_a_refusal_is_the_answer_recorded_and_returned(chat: Chat, stream: bool) -> None:
     """A model that declines answers content null and a `refusal`: that text is the answer,
     not an empty one."""
