@@ -59,6 +59,23 @@ class TextPart(BaseModel):
     text: str  # bounded with the others, joined (ChatMessageIn._content_fits)
 
 
+class RefusalPart(BaseModel):
+    """A part of an assistant's content in which the model declined, as OpenAI returns it
+    and its clients send it back as history: the refusal is the assistant's text."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["refusal"]
+    refusal: str
+
+    @property
+    def text(self) -> str:
+        return self.refusal
+
+
+_PART_TYPES = {"text": "text parts", "refusal": "an assistant's refusal parts"}
+
+
 class ChatMessageIn(BaseModel):
     """A message of the request. `content` takes OpenAI's three forms: a string, an array of
     text parts (joined without a separator, as OpenAI-compatible gateways flatten them), or
@@ -71,7 +88,7 @@ class ChatMessageIn(BaseModel):
     role: Role
     # No max_length here: on the union it spoke of "items" for a string too long; the text's
     # length, parts joined, is checked by `_content_fits` (the body's 4 MiB bounds the parse).
-    content: str | list[TextPart] | None
+    content: str | list[TextPart | RefusalPart] | None
     name: str | None = Field(default=None, max_length=200)
     # An assistant message the model refused to write, as OpenAI returns it (content null):
     # sent back as history, the refusal is the assistant's text (as this service answers one).
@@ -107,10 +124,10 @@ class ChatMessageIn(BaseModel):
                 kind = part.get("type")
                 if kind is None:
                     raise ValueError(f'part {index} needs "type": "text"')
-                if kind != "text":
+                if kind not in _PART_TYPES:
                     raise ValueError(
                         f"part {index} is of type {echoed(str(kind))}, which is not "
-                        "supported: only text parts"
+                        f"supported: only {' and '.join(_PART_TYPES.values())}"
                     )
         return value
 
@@ -118,6 +135,10 @@ class ChatMessageIn(BaseModel):
     def _content_fits(self) -> ChatMessageIn:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content: null is for assistant only")
+        if self.role != "assistant" and any(
+            isinstance(part, RefusalPart) for part in self.content or ()
+        ):
+            raise ValueError(f"a refusal part is an assistant's: a {self.role} message sends text")
         if len(self.text) > MAX_CONTENT:
             raise ValueError(f"a message's content is at most {MAX_CONTENT:,} characters")
         return self
@@ -205,12 +226,14 @@ class ChatCompletionRequest(BaseModel):
             )
         return value
 
-    @field_validator("tools", "functions", "function_call")
+    @field_validator("tools", "functions")
     @classmethod
     def _no_tools(cls, value: object) -> object:
-        # "none" is the legacy spelling of tool_choice "none", which is taken: no function.
-        if value and value != "none":
-            raise ValueError("client-defined tools are not supported on this endpoint")
+        if value:
+            raise ValueError(
+                "client-defined tools are not supported on this endpoint; send the request "
+                "without them"
+            )
         return value
 
     @field_validator("moderation")
@@ -223,11 +246,14 @@ class ChatCompletionRequest(BaseModel):
             )
         return value
 
-    @field_validator("tool_choice")
+    @field_validator("tool_choice", "function_call")
     @classmethod
     def _no_tool_choice(cls, value: object) -> object:
+        # function_call is tool_choice's legacy spelling: "none" and "auto" choose no tool.
         if value not in (None, "none", "auto"):
-            raise ValueError("only 'none' or 'auto': client-defined tools are not supported")
+            raise ValueError(
+                "only 'none' or 'auto' (or leave it out): client-defined tools are not supported"
+            )
         return value
 
     @field_validator("response_format")

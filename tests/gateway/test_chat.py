@@ -263,7 +263,7 @@ async def test_the_offline_model_stops_at_a_stop_sequence(chat: Chat) -> None:
         ("response_format", {"type": "json_object"}),
         ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
         ("functions", [{"name": "f", "parameters": {}}]),
-        ("function_call", "auto"),
+        ("function_call", {"name": "f"}),
         ("tool_choice", "required"),
         ("tool_choice", {"type": "function", "function": {"name": "f"}}),
         ("top_logprobs", 3),
@@ -298,14 +298,17 @@ async def test_a_body_of_many_faults_gets_a_short_answer(chat: Chat) -> None:
     assert len(message) < 5000 and "more problems" in message, message[:200]
 
 
-async def test_no_op_values_of_those_fields_are_accepted(chat: Chat) -> None:
+@pytest.mark.parametrize("choice", ["none", "auto"])
+async def test_no_op_values_of_those_fields_are_accepted(chat: Chat, choice: str) -> None:
+    """`auto` chooses no tool when none is given, in `function_call` (its legacy spelling,
+    once refused) as in `tool_choice`."""
     no_ops = {
         "response_format": {"type": "text"},
-        "tool_choice": "none",
+        "tool_choice": choice,
         "modalities": ["text"],
         "logit_bias": {},
         "functions": [],
-        "function_call": "none",
+        "function_call": choice,
         "moderation": None,
         "user": "someone",
         "metadata": {"k": "v"},
@@ -1452,6 +1455,22 @@ async def test_an_upstream_tool_call_ends_the_answer_as_a_stop(chat: Chat, strea
         assert parsed.choices[0].message.content == ""
     completed = await chat.wait_for_event(raw.headers["X-SVC-Conversation-Id"], COMPLETED)
     assert completed.data["finish_reason"] == "stop"
+
+
+async def test_an_assistants_refusal_part_is_its_text(chat: Chat) -> None:
+    """QA finding: OpenAI's clients may send a declined answer back as a `refusal` part, a
+    shape its SDK types allow for assistant content; it was a 400. It is the assistant's
+    text, as a refusal with content null is; a user's message still sends text only."""
+    declined = {"role": "assistant", "content": [{"type": "refusal", "refusal": "I won't."}]}
+    messages: Any = [*HELLO, declined, {"role": "user", "content": "why?"}]
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": messages})
+    assert resp.status == 200, await resp.text()
+    sent = chat.stub.bodies[-1]["messages"]
+    assert {"role": "assistant", "content": "I won't."} in sent
+    user_refusal: Any = [{"role": "user", "content": [{"type": "refusal", "refusal": "x"}]}]
+    resp = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": user_refusal})
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and "a refusal part is an assistant's" in error["message"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
