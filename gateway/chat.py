@@ -117,8 +117,14 @@ TURN_ERRORS = Counter(
 )
 
 
+SERVING_SINCE: web.AppKey[int] = web.AppKey("svc_models_serving_since", int)
+"""A served model's `created` in GET /v1/models: when this gateway began serving it (a
+model server's models have no creation time it tells; 0 showed as 1970 in clients)."""
+
+
 def add_routes(app: web.Application) -> None:
     app[AGENTS] = AgentDirectory()
+    app[SERVING_SINCE] = int(time.time())
     app.router.add_post(CHAT_PATH, chat_completions)
     app.router.add_get(MODELS_PATH, list_models)
     # `.+`: a model name may hold '/' (`meta-llama/Llama-3-8B`), which clients that do not
@@ -263,13 +269,13 @@ async def get_model(request: web.Request) -> web.Response:
     card = next((c for c in await _model_cards(request, principal) if c.id == model_id), None)
     if card is None:
         provider = select(_providers(request.app) or [], model_id)  # NotFound: model_not_found
-        card = ModelCard(id=model_id, owned_by=getattr(provider, "name", "svc"))
+        card = _served_card(request.app, model_id, provider)
     return web.Response(body=card.model_dump_json().encode(), content_type="application/json")
 
 
 async def _model_cards(request: web.Request, principal: Principal) -> list[ModelCard]:
     cards = [
-        ModelCard(id=name, owned_by=getattr(provider, "name", "svc"))
+        _served_card(request.app, name, provider)
         for provider in _providers(request.app) or []
         for name in getattr(provider, "model_names", ())
     ]
@@ -284,6 +290,10 @@ async def _model_cards(request: web.Request, principal: Principal) -> list[Model
             for a in agents
         ]
     return cards
+
+
+def _served_card(app: web.Application, name: str, provider: ModelProvider) -> ModelCard:
+    return ModelCard(id=name, created=app[SERVING_SINCE], owned_by=getattr(provider, "name", "svc"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -419,7 +419,7 @@ class ModelCard(BaseModel):
 
     id: str
     object: Literal["model"] = "model"
-    created: int = 0
+    created: int
     owned_by: str
 
 

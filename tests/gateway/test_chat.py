@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -324,6 +325,9 @@ async def test_models_list(chat: Chat) -> None:
     assert {m.id for m in models.data} == {OFFLINE, UPSTREAM_MODEL}
     one = await chat.client().models.retrieve(OFFLINE)
     assert (one.id, one.object) == (OFFLINE, "model")
+    # QA finding: `created` was 0, shown as 1970: it is when this gateway began serving it.
+    assert {m.created for m in models.data} == {one.created}
+    assert abs(one.created - time.time()) < 3600
     with pytest.raises(openai.NotFoundError) as caught:
         await chat.client().models.retrieve("no-such-model")
     assert caught.value.code == "model_not_found"
