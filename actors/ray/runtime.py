@@ -180,7 +180,7 @@ def connect_ray(settings: RaySettings) -> bool:
         return False
     # "local" always starts a new Ray: a bare ray.init() would silently join a cluster that
     # `ray start` left on this machine, and `stop()` would then end hosts it does not own.
-    with _keeping_signal_handlers():
+    with _keeping_signal_handlers(), _rays_own_process_groups():
         ray.init(
             address="local",
             namespace=settings.namespace,
@@ -205,6 +205,34 @@ def _keeping_signal_handlers() -> Iterator[None]:
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+@contextmanager
+def _rays_own_process_groups() -> Iterator[None]:
+    """Each process Ray starts here (GCS, raylet and, through it, the actor hosts) leads a
+    process group of its own. In this process's group, a SIGTERM to the whole group (`kill
+    -- -PGID`, a supervisor stopping a group) ended them at once, and Ray's driver in this
+    process exits the moment its raylet dies ("Raylet IPC connection failed"): the graceful
+    stop, the embedded database's and the last log line never came. Out of it, they are
+    ended by the gateway's stop, after the turns. Ray's fate sharing still ends them when
+    this process dies, by SIGKILL too. Ray starts them with its `ConsolePopen`; a Ray that
+    has none is left as it is."""
+    services: Any = getattr(getattr(ray, "_private", None), "services", None)
+    popen: Any = getattr(services, "ConsolePopen", None)
+    if popen is None:
+        yield
+        return
+
+    class OwnGroupPopen(popen):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("process_group", 0)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnGroupPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = popen
 
 
 def _probe(address: str) -> None:

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -224,15 +224,20 @@ async def sigterm_mid_turn(
     stub: StallingUpstream,
     log_path: Path,
     answered: Callable[[int, bytes], None] = _interrupted,
+    *,
+    whole_group: bool = False,
+    before_signal: Callable[[int], Awaitable[None]] | None = None,
 ) -> tuple[int, float]:
     """`svc serve` with `env` (on `SVC_GATEWAY_ADDR=127.0.0.1:0`), a key made by `svc
-    apikeys create`, a chat turn stalled at `stub`, then SIGTERM: the turn's client is
-    `answered` (by default `interrupted`). Returns the server's exit code and the seconds
-    from the signal to the exit."""
+    apikeys create`, a chat turn stalled at `stub`, then SIGTERM, to the server's whole
+    process group when `whole_group`: the turn's client is `answered` (by default
+    `interrupted`). Returns the server's exit code and the seconds from the signal to the
+    exit. `before_signal` is given the server's pid, with the turn under way."""
     with log_path.open("wb") as log_file:
         server = await asyncio.create_subprocess_exec(
-            *SVC, "serve", env=env, stdout=log_file, stderr=log_file, cwd=ROOT
-        )
+            *SVC, "serve", env=env, stdout=log_file, stderr=log_file, cwd=ROOT,
+            start_new_session=whole_group,
+        )  # fmt: skip
         try:
             url = await serving_url(server, log_path)
             created = await asyncio.to_thread(
@@ -251,7 +256,12 @@ async def sigterm_mid_turn(
                     _post(http, url, key, {"model": MODEL, "messages": HELLO})
                 )
                 await stub.until_calls(1)
-                server.send_signal(signal.SIGTERM)
+                if before_signal is not None:
+                    await before_signal(server.pid)
+                if whole_group:
+                    os.killpg(server.pid, signal.SIGTERM)
+                else:
+                    server.send_signal(signal.SIGTERM)
                 signalled = time.monotonic()
                 answered(*await reply)
                 async with asyncio.timeout(120):

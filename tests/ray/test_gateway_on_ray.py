@@ -8,8 +8,10 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import socket
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,6 +171,54 @@ async def test_sigterm_shuts_a_ray_gateway_down_gracefully(
     assert code == 0, log
     stopped = next(line for line in log.splitlines() if "svc stopped in" in line)
     assert "1 left running on the shared actor hosts" in stopped, stopped
+
+
+async def test_a_sigterm_to_the_whole_group_stops_a_gateway_with_its_own_ray(
+    database_url: str, tmp_path: Path
+) -> None:
+    """QA finding: `kill -TERM -- -PGID` of a gateway that started its own Ray ended Ray's
+    processes with it, and Ray's driver in the gateway exits the moment its raylet dies: the
+    turn was not recorded as interrupted, no `svc stopped` line was written, and the embedded
+    PostgreSQL was left running. Ray's processes lead groups of their own, so the gateway
+    stops them itself, after the turn."""
+    ray_dir = tempfile.mkdtemp(prefix="svc-ray-", dir="/tmp")  # Ray's socket paths are short
+    log_path = tmp_path / "serve.log"
+    try:
+        async with StallingUpstream().running() as stub:
+            env = {
+                **{k: v for k, v in os.environ.items() if not k.startswith("SVC_")},
+                **shutdown_config(database_url, stub.base_url, tmp_path),
+                "SVC_GATEWAY_ADDR": "127.0.0.1:0",
+                "SVC_ACTOR_RUNTIME": "ray",
+                "SVC_ACTOR_HOSTS": "1",
+                "RAY_TMPDIR": ray_dir,
+            }
+
+            async def outside_its_group(pid: int) -> None:
+                groups = {int(line.split()[0]) for line in await _processes_under(ray_dir)}
+                assert groups and os.getpgid(pid) not in groups, (pid, groups)
+
+            code, _ = await sigterm_mid_turn(
+                env, stub, log_path, whole_group=True, before_signal=outside_its_group
+            )
+        log = log_path.read_text(errors="replace")
+        assert code == 0, log
+        stopped = next((line for line in log.splitlines() if "svc stopped in" in line), None)
+        assert stopped is not None, log[-3000:]
+        async with asyncio.timeout(30):  # and nothing of its Ray outlives it
+            while await _processes_under(ray_dir):  # noqa: ASYNC110
+                await asyncio.sleep(0.5)
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+async def _processes_under(directory: str) -> list[str]:
+    """`pgid args` of each process whose command line names `directory`."""
+    ps = await asyncio.create_subprocess_exec(
+        "ps", "-ww", "-eo", "pgid,args", stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await ps.communicate()
+    return [line.strip() for line in out.decode().splitlines() if directory in line]
 
 
 def left_running(status: int, raw: bytes) -> None:
