@@ -52,6 +52,7 @@ from actors.errors import (
     CommandInterrupted,
     RecordedTurnFailure,
     TurnCrashed,
+    TurnInProgress,
 )
 from actors.models.port import (
     ChatMessage,
@@ -803,10 +804,13 @@ def recorded_result(
     turn = state.turns[turn_id]
     _check_same_body(state, turn, command)
     if turn.status == "running":
-        raise Conflict(
-            f"turn {turn_id} of conversation {state.conversation_id} is still in progress; "
-            "retry shortly with the same Idempotency-Key",
-            code="turn_in_progress",
+        expires_at = None if turn.never_expires or turn.expires_at is None else turn.expires_at
+        raise TurnInProgress.of(
+            turn_id,
+            state.conversation_id,
+            None
+            if expires_at is None
+            else expires_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         )
     if turn.status == "failed":
         raise RecordedTurnFailure(

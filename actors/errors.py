@@ -130,6 +130,50 @@ class ConflictRetriesExhausted(Conflict):
     default_code = "concurrency_conflict"
 
 
+class TurnInProgress(Conflict):
+    """A RunTurn whose command id names a turn recorded as running: a client's retry under
+    its Idempotency-Key while the first attempt runs, or the runtime's own retry after the
+    host running the turn was lost (the `ray` runtime), whose run died with that host. The
+    log cannot tell the two apart before the turn's expiry (actors/conversation.py), when a
+    turn still running is recorded as abandoned; `expires_at` is that time (ISO 8601), or
+    None for a turn whose calls have no time limit."""
+
+    default_code = "turn_in_progress"
+    expires_at: str | None = None
+
+    @classmethod
+    def of(cls, turn_id: str, conversation_id: str, expires_at: str | None) -> TurnInProgress:
+        until = (
+            f"; if it has not finished by {expires_at} (the process running it may have "
+            "stopped), it is recorded as failed with turn_abandoned"
+            if expires_at is not None
+            else ""
+        )
+        error = cls(
+            f"turn {turn_id} of conversation {conversation_id} is still in progress{until}; "
+            "retry with the same Idempotency-Key to get its answer or its failure"
+        )
+        error.expires_at = expires_at
+        return error
+
+    def unkeyed(self, conversation_id: str) -> str:
+        """The message for a request that sent no Idempotency-Key, which cannot ask for the
+        turn again: what became of it is read in the conversation."""
+        until = (
+            f"by {self.expires_at}, when it is recorded as failed with turn_abandoned if it "
+            "has not finished"
+            if self.expires_at is not None
+            else "when it finishes"
+        )
+        return (
+            "the actor host running this request's turn stopped answering, and the turn is "
+            f"still recorded as running in conversation {conversation_id}; its outcome is "
+            f"recorded there {until}. Read the conversation's messages, or continue it with "
+            "X-SVC-Conversation-Id; sending this request again runs a new turn (send an "
+            "Idempotency-Key with a chat request to be able to ask for its answer again)"
+        )
+
+
 class StoreRequired(Unavailable):
     default_code = "store_required"
 

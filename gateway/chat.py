@@ -53,7 +53,13 @@ from pydantic import ValidationError
 
 from actors.behaviour import ActorKey
 from actors.conversation import TurnResult, conversation_key
-from actors.errors import AnswerAbandoned, MailboxFull, RuntimeNotStarted, RuntimeStopping
+from actors.errors import (
+    AnswerAbandoned,
+    MailboxFull,
+    RuntimeNotStarted,
+    RuntimeStopping,
+    TurnInProgress,
+)
 from actors.models.port import ModelProvider, TextDelta
 from actors.models.registry import ProviderSet, select
 from actors.runtime import ActorRuntime
@@ -346,6 +352,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 _no_retry(exc)
         elif (
             (exc.http_status < 500 or _refused_unrun(exc))
+            and not isinstance(exc, TurnInProgress)
             and ids is not None
             and ids.new_conversation
         ):
@@ -358,6 +365,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if isinstance(exc, AnswerAbandoned) and not (ids is not None and ids.keyed):
             # The turn runs on: an SDK's retry without a key would run it a second time.
             _no_retry(exc)
+        if isinstance(exc, TurnInProgress) and ids is not None and not ids.keyed:
+            # Only the runtime's own retry, after losing the host running the turn, finds a
+            # keyless request's turn running; the client has no key to ask for it again.
+            unkeyed = TurnInProgress(exc.unkeyed(ids.conversation_id))
+            _no_retry(unkeyed)
+            raise unkeyed from None
         raise
     except ValidationError:
         _count_failed(turn, "invalid_request")  # a 400, as gateway/errors.py maps it

@@ -9,6 +9,7 @@ at the store's version fence.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
@@ -240,6 +241,11 @@ async def test_a_turn_another_process_is_still_running_is_left_to_it(
     with pytest.raises(Conflict) as raised:
         await other.ask(conversation_key(cid), command)
     assert raised.value.code == "turn_in_progress" and provider.calls == 0
+    # QA finding: it said "retry shortly", where the turn's end may only come at its expiry
+    # (its process gone): the message names that time, and what a retry then gets.
+    expiry = re.search(r"if it has not finished by (\S+) ", raised.value.message)
+    assert expiry is not None and "turn_abandoned" in raised.value.message
+    assert datetime.fromisoformat(expiry.group(1)) > datetime.now(UTC)
     rename = RenameConversation(
         command_id=uuid.uuid4().hex, workspace_id=WS, title="meanwhile", at=_now()
     )

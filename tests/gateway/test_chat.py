@@ -33,7 +33,7 @@ import gateway.chat
 import gateway.http_server
 from actors.behaviour import CommandOutcome
 from actors.conversation import TurnResult
-from actors.errors import AnswerAbandoned, RuntimeStopping
+from actors.errors import AnswerAbandoned, RuntimeStopping, TurnInProgress
 from actors.models.openai_compat import OpenAICompatProvider
 from actors.models.port import TextDelta
 from actors.workspace import workspace_key
@@ -1391,6 +1391,35 @@ async def test_a_turn_the_runtime_refused_unrun_names_no_conversation(
     assert (await resp.json())["error"]["code"] == "answer_abandoned"
     assert resp.headers["x-should-retry"] == "false"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+async def test_a_turn_found_running_after_a_host_was_lost(
+    chat: Chat, monkeypatch: pytest.MonkeyPatch, keyed: bool
+) -> None:
+    """QA finding (Ray, a host killed mid-turn): the runtime's retry met the turn still
+    recorded as running, and a request without a key was told to "retry shortly with the
+    same Idempotency-Key", with no conversation named, and an SDK retry ran the turn again
+    in a new conversation. It names the conversation where the outcome is recorded, and says
+    not to retry; a keyed request is told when the turn is given up."""
+    expires_at = "2027-01-01T00:00:00Z"
+
+    async def lost(key: Any, command: Any, **_: Any) -> Any:
+        raise TurnInProgress.of("t1", key.id, expires_at)
+
+    monkeypatch.setattr(chat.service.app[RUNTIME], "ask", lost)
+    headers = {"Idempotency-Key": uid("idem-")} if keyed else {}
+    resp = await chat.raw_post({"model": OFFLINE, "messages": HELLO}, **headers)
+    error = (await resp.json())["error"]
+    assert resp.status == 409 and error["code"] == "turn_in_progress", error
+    conversation = resp.headers["X-SVC-Conversation-Id"]
+    assert expires_at in error["message"]
+    if keyed:
+        assert "same Idempotency-Key" in error["message"]
+    else:
+        assert f"running in conversation {conversation}" in error["message"]
+        assert "sending this request again runs a new turn" in error["message"]
+        assert resp.headers["x-should-retry"] == "false"
 
 
 async def test_tool_output_joins_no_two_speakers_under_one_name(chat: Chat) -> None:
