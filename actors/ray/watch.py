@@ -15,6 +15,7 @@ attempt went to is gone.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 import ray.exceptions
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Raised by Ray when the host process is dead, restarting or unreachable, or (ValueError) when
 # a named host does not exist (yet): nothing a retry against the current map can't fix.
@@ -121,6 +123,15 @@ class HostWatch:
         known = self._pids.get(host)
         self._pids[host] = pid
         if known is not None and known != pid:
+            # The only word of it in the gateway's log: Ray reports the death in its own.
+            log.warning(
+                "actor host %s restarted (process %d is gone, %d answers now): the commands "
+                "sent to the old process are sent again; a chat turn it was running is "
+                "recorded as turn_abandoned once past its expiry",
+                host,
+                known,
+                pid,
+            )
             self._attempts.abandon(host)
             self._on_restart(host)
             future = self._restarted.pop(host, None)

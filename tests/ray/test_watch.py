@@ -7,6 +7,7 @@ call that has not answered yet (the only part of an ObjectRef the watch uses).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
@@ -63,16 +64,23 @@ async def test_the_first_sighting_of_a_host_is_not_a_restart() -> None:
     task.cancel()
 
 
-async def test_a_restart_is_reported_once_per_new_process() -> None:
+async def test_a_restart_is_reported_once_per_new_process(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """QA finding: the gateway's log said nothing of a host killed and restarted; only Ray's
+    own lines told of it. It is logged once, at warning, naming both processes."""
     restarted: list[str] = []
     watch = HostWatch(Attempts(), on_restart=restarted.append)
-    watch.seen("h0", 100)
-    watch.seen("h1", 200)
-    watch.seen("h0", 100)
-    assert restarted == []
-    watch.seen("h0", 101)
-    watch.seen("h0", 101)
+    with caplog.at_level(logging.WARNING, logger="actors.ray.watch"):
+        watch.seen("h0", 100)
+        watch.seen("h1", 200)
+        watch.seen("h0", 100)
+        assert restarted == [] and not caplog.records
+        watch.seen("h0", 101)
+        watch.seen("h0", 101)
     assert restarted == ["h0"]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("actor host h0 restarted (process 100 is gone, 101 answers now)")
 
 
 async def test_a_moved_shard_abandons_only_its_own_attempts() -> None:
