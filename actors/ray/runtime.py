@@ -409,6 +409,8 @@ class RayRuntime:
 
     async def _connect(self) -> Database:
         self._started_ray = connect_ray(self._settings)
+        if self._started_ray:
+            _check_hosts_fit(self._settings)
         self._db = db = await Database.connect(self._dsn, min_size=1, max_size=4)
         await apply_migrations(db, [STORE_MIGRATIONS, SHARD_MIGRATIONS])
         return db
@@ -1276,6 +1278,20 @@ def _not_started(failed: Mapping[str, str], s: RaySettings) -> str:
             else "Lower SVC_ACTOR_HOSTS (0: one host per CPU) or the CPU each host reserves"
         )
     )
+
+
+def _check_hosts_fit(s: RaySettings) -> None:
+    """A Ray of this process's own has this machine's CPUs and never more: hosts that need
+    more never start, and the start would wait `host_start_timeout_s` (120 s) to say so."""
+    total = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+    if s.hosts and s.hosts * s.host_num_cpus > total:
+        ray.shutdown()
+        raise HostUnavailable(
+            f"SVC_ACTOR_HOSTS={s.hosts} asks for {s.hosts} actor hosts of "
+            f"{s.host_num_cpus:g} CPU each, and the Ray this gateway starts has this "
+            f"machine's {total:g} CPUs: lower SVC_ACTOR_HOSTS (0: one host per CPU), or join "
+            "a larger cluster (SVC_RAY_ADDRESS)"
+        )
 
 
 def _cpu_hosts(per_host: float) -> int:

@@ -212,6 +212,41 @@ async def test_a_sigterm_to_the_whole_group_stops_a_gateway_with_its_own_ray(
         shutil.rmtree(ray_dir, ignore_errors=True)
 
 
+async def test_more_hosts_than_a_local_ray_has_cpus_is_refused_at_once(
+    database_url: str, tmp_path: Path
+) -> None:
+    """QA finding: SVC_ACTOR_HOSTS above the CPUs of the Ray a gateway starts itself held
+    the start two minutes, the port unbound, before saying so."""
+    ray_dir = tempfile.mkdtemp(prefix="svc-ray-", dir="/tmp")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SVC_")},
+        "SVC_DATABASE_URL": database_url,
+        "SVC_DATA_DIR": str(tmp_path),
+        "SVC_GATEWAY_ADDR": "127.0.0.1:0",
+        "SVC_ACTOR_RUNTIME": "ray",
+        "SVC_ACTOR_HOSTS": "64",
+        "RAY_TMPDIR": ray_dir,
+    }
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "serve",
+            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), 90)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        text = out.decode(errors="replace")
+        assert proc.returncode != 0, text
+        assert "SVC_ACTOR_HOSTS=64 asks for 64 actor hosts" in text, text[-2000:]
+        assert "lower SVC_ACTOR_HOSTS" in text and "Traceback" not in text, text[-2000:]
+        assert not await _processes_under(ray_dir)
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+
 async def _processes_under(directory: str) -> list[str]:
     """`pgid args` of each process whose command line names `directory`."""
     ps = await asyncio.create_subprocess_exec(
