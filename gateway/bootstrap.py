@@ -57,7 +57,7 @@ from eventstore.tailer import LogTailer, SubscriberTooSlow
 from eventstore.tasks import cancel_and_wait, cancel_unless_done
 from gateway.cursor_keys import load_cursor_seal
 from gateway.cursor_seal import CursorSeal
-from gateway.log_levels import apply_log_level
+from gateway.log_levels import apply_log_level, log_to_stderr
 from gateway.ratelimit import RateLimiter
 from gateway.secrets import DatabaseVault
 from gateway.settings import Settings, SettingsService, read_stored_layer
@@ -262,7 +262,8 @@ class HostBehaviours:
         self._closing: set[asyncio.Task[None]] = set()
 
     def __call__(self) -> list[Behaviour[Any]]:
-        apply_log_level(self.config.log_level)  # in the host's process: its creator's level
+        log_to_stderr()  # in the host's process: to its Ray worker log, at its creator's level
+        apply_log_level(self.config.log_level)
         self._providers = ProviderSet.from_config(self.config.model)
         return behaviours(self._providers, lambda: self.config.model.call_timeout_s)
 

@@ -57,7 +57,7 @@ from gateway.control_chars import json_visible, one_line
 from gateway.cursor_keys import rotate_cursor_key
 from gateway.errors import validation_problems
 from gateway.feed_frames import redact_model
-from gateway.log_levels import apply_log_level
+from gateway.log_levels import apply_log_level, log_to_stderr
 from gateway.settings import Settings, Source, storable_spec, storable_value
 from gateway.shutdown import Shutdown
 from projections import default_projectors, queries
@@ -1152,7 +1152,7 @@ def _configure_logging(settings: Settings | None, command: str) -> None:
         # A one-shot command's output is its own; its log says only what went wrong, unless
         # an operator asks for everything (an internal error's traceback is logged at DEBUG).
         level = "WARNING"
-    logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr()
     apply_log_level(level)
     if command == "migrate" and level != "DEBUG":
         # A long operation shows its progress: each migration as it starts.

@@ -6,6 +6,17 @@ user's attributes): an operator debugging SVC must not get that in its log."""
 from __future__ import annotations
 
 import logging
+import sys
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def log_to_stderr() -> None:
+    """One line per record on standard error, with its time, level and logger; a no-op
+    where logging is already set up. An actor host calls it too: without a handler, Python
+    wrote only each record's message to a Ray worker's log."""
+    logging.basicConfig(stream=sys.stderr, format=LOG_FORMAT)
+
 
 PROJECT_LOGGERS = ("gateway", "actors", "eventstore", "projections", "schemas", "svc")
 """The loggers of SVC's packages (named by module) and `svc` (`svc.client`, the access log)."""

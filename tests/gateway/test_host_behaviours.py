@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import re
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +19,8 @@ from actors.models.registry import ModelConfig
 from gateway import bootstrap
 from gateway.bootstrap import HostBehaviours, HostConfig
 from schemas.errors import FeatureDisabled
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -124,3 +130,24 @@ def test_a_host_follows_the_newest_log_level(monkeypatch: pytest.MonkeyPatch) ->
     factory.reconfigure(HostConfig(model, "info", log_read_at=6))
     assert applied == ["debug", "info"]
     assert factory._providers is not None and not factory._closing  # the model part stayed
+
+
+def test_a_hosts_lines_carry_their_time_and_level() -> None:
+    """QA finding: in a Ray worker, where nothing sets logging up, a host's lines were the
+    bare message (Python's last-resort handler): no time, level or logger."""
+    program = (
+        "import logging\n"
+        "from gateway.bootstrap import HostBehaviours, HostConfig\n"
+        "from actors.models.registry import ModelConfig\n"
+        "HostBehaviours(HostConfig(ModelConfig(model='m'), 'info'))()\n"
+        "logging.getLogger('actors.ray.host').warning('a host line')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.search(
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ WARNING actors.ray.host: a host line$",
+        done.stderr,
+        re.M,
+    ), done.stderr
