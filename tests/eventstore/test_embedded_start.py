@@ -161,6 +161,34 @@ async def test_a_server_that_died_under_the_process_is_started_again(
     assert not lock.exists()  # the server started again is the one the stop stops
 
 
+async def test_a_server_told_to_stop_under_held_sessions_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QA finding: a plain SIGTERM asks PostgreSQL for a smart shutdown, which waits for
+    every session to end; the gateway's pool keeps its own open, so the server refused every
+    new session (the CLI, the pool's growth) and never stopped, while the pool's sessions
+    still answered. The watch makes it a fast stop, then starts it again."""
+    monkeypatch.setattr(bootstrap, "EMBEDDED_CHECK_S", 0.1)
+    settings = Settings(environment={"SVC_DATA_DIR": str(tmp_path / "svc")})
+    async with bootstrap.database_url(settings) as url:
+        held = await asyncpg.connect(url)  # as a pool's session
+        lock = tmp_path / "svc" / "pgdata" / "postmaster.pid"
+        first = int(lock.read_text().split("\n", 1)[0])
+        os.kill(first, signal.SIGTERM)
+        try:
+            for _ in range(300):  # liveness bound: 30 s
+                try:
+                    if await _answers(url):
+                        break
+                except (OSError, asyncpg.PostgresError):
+                    pass
+                await asyncio.sleep(0.1)
+            assert int(lock.read_text().split("\n", 1)[0]) != first
+            assert await _answers(url)
+        finally:
+            held.terminate()
+
+
 def test_a_server_still_recovering_is_waited_for(tmp_path: Path) -> None:
     """The wheel gives a start 10 s; crash recovery on a slow disk takes longer, and the
     start failed with a message about an unreadable lock file, the server recovering on."""
@@ -181,6 +209,10 @@ def test_a_server_still_recovering_is_waited_for(tmp_path: Path) -> None:
     assert not embedded.wait_for_recovery(tmp_path, 30.0)
     write("starting")
     assert not embedded.wait_for_recovery(tmp_path, 0.3)  # still starting at the bound
+    # Shutting down is no start to wait for (a CLI waited 600 s, calling it a recovery).
+    write("stopping")
+    with pytest.raises(StoreUnavailable, match="is shutting down"):
+        embedded.wait_for_recovery(tmp_path, 30.0)
 
 
 async def test_a_process_missing_from_the_list_of_users_is_put_back(tmp_path: Path) -> None:
