@@ -149,7 +149,7 @@ def translate_errors() -> Iterator[None]:
         reason = "timed out" if isinstance(exc, TimeoutError) else "is unreachable"
         raise StoreUnavailable.with_detail(
             f"the event store database {reason}; retry shortly",
-            f"{exc}; check that PostgreSQL is running and reachable",
+            f"{str(exc) or type(exc).__name__}; check that PostgreSQL is running and reachable",
         ) from exc
 
 

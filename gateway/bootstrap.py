@@ -469,13 +469,17 @@ async def _watch_settings(store: PostgresEventStore, service: SettingsService) -
             await asyncio.sleep(1.0)
 
 
-async def _every(interval_s: float, job: Callable[[], Awaitable[object]]) -> None:
+async def _every(interval_s: float, job: Callable[[], Awaitable[object]], what: str) -> None:
+    """Run `job` every `interval_s`. A database away is one line naming the job (the outage
+    is logged elsewhere too); anything else, the job's defect, comes with its traceback."""
     while True:
         await asyncio.sleep(interval_s)
         try:
             await job()
+        except StoreUnavailable as exc:
+            log.warning("%s: %s; trying again in %.0f s", what, exc, interval_s)
         except Exception:
-            log.exception("periodic job failed; will retry")
+            log.exception("%s failed; trying again in %.0f s", what, interval_s)
 
 
 def _background(stack: AsyncExitStack, coro: Coroutine[Any, Any, None], name: str) -> None:
@@ -534,9 +538,11 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
             await _identity_up_to_date(projections)
             await projections.start()
             _background(stack, _watch_settings(store, service), "svc-settings-watcher")
-            _background(stack, _every(PRUNE_EVERY_S, limiter.prune), "svc-rate-limit-prune")
+            prune = _every(PRUNE_EVERY_S, limiter.prune, "the rate limits' prune")
+            _background(stack, prune, "svc-rate-limit-prune")
             sweep = AbandonedTurnSweep(settings, store.db, runtime).sweep
-            _background(stack, _every(SWEEP_EVERY_S, sweep), "svc-abandoned-turn-sweep")
+            swept = _every(SWEEP_EVERY_S, sweep, "the abandoned-turn sweep")
+            _background(stack, swept, "svc-abandoned-turn-sweep")
         yield Platform(
             settings,
             store.db,

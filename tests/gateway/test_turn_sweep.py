@@ -10,6 +10,7 @@ changed.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,7 +23,9 @@ import pytest
 from platform_support import Running, StallingUpstream, running, settings_for, uid
 
 from actors.conversation import TURN_MARGIN_S
-from gateway import turn_sweep
+from eventstore.db import translate_errors
+from eventstore.tasks import cancel_and_wait
+from gateway import bootstrap, turn_sweep
 from gateway.cli import build_parser, cmd_conversations
 from gateway.settings import Settings
 from gateway.state import DATABASE, RUNTIME, SETTINGS
@@ -272,3 +275,32 @@ async def test_a_turn_without_a_recorded_expiry_is_swept_by_its_age(database_url
 
 def _migration(name: str) -> str:
     return resources.files("projections.migrations").joinpath(name).read_text()
+
+
+async def test_a_periodic_job_in_an_outage_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """QA finding: with the database frozen, the sweep logged "periodic job failed" and a
+    50-line traceback every round, naming itself only inside it, and the store's message
+    read "retry shortly (; check ...)" for an error with no text (a bare TimeoutError)."""
+    failures: list[BaseException] = []
+
+    async def job() -> None:
+        with translate_errors():
+            raise failures.pop(0)
+
+    failures += [TimeoutError(), KeyError("defect")]
+    task = asyncio.create_task(bootstrap._every(0.01, job, "the abandoned-turn sweep"))
+    with caplog.at_level(logging.WARNING, logger="gateway.bootstrap"):
+        async with asyncio.timeout(10):
+            while len(caplog.records) < 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+    await cancel_and_wait(task)
+    outage, defect = caplog.records[:2]
+    assert outage.levelno == logging.WARNING and outage.exc_info is None
+    assert outage.getMessage().startswith(
+        "the abandoned-turn sweep: the event store database timed out; retry shortly "
+        "(TimeoutError; check that PostgreSQL is running and reachable)"
+    ), outage.getMessage()
+    assert defect.levelno == logging.ERROR and defect.exc_info is not None
+    assert defect.getMessage().startswith("the abandoned-turn sweep failed")
