@@ -273,6 +273,12 @@ class OpenAICompatProvider:
                     yield event
         except aiohttp.ServerTimeoutError:
             raise TimeoutError from None
+        except aiohttp.ClientConnectorError:
+            # Before the connection errors it is one of: nothing answered at the address.
+            raise _Transient(
+                "could not connect (ClientConnectorError); check that the model server at "
+                "SVC_LLM_GATEWAY_URL runs and is reachable from here"
+            ) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise _Transient(type(exc).__name__) from None
         except aiohttp.RedirectClientError as exc:

@@ -3,6 +3,7 @@ the deltas, one `chat.completion` when only the outcome is read; and its SSE lin
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ import stub_upstream
 
 from actors.models.openai_compat import OpenAICompatProvider, _sse_data
 from actors.models.port import ChatMessage, Finished, ModelEvent, ModelRequest, TextDelta
+from schemas.errors import UpstreamError
 
 
 @pytest.fixture
@@ -51,6 +53,19 @@ async def test_a_streamed_request_gets_every_chunk_with_the_same_outcome(stub: A
     finished = events[-1]
     assert isinstance(finished, Finished) and finished.finish_reason == "stop"
     assert (finished.usage.prompt_tokens, finished.usage.completion_tokens) == (2, 5)
+
+
+async def test_a_model_server_nobody_answers_for_is_named_by_its_setting() -> None:
+    """QA finding: "model server unavailable after 4 attempts: ClientConnectorError" told an
+    operator neither what failed nor where to look."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+    with pytest.raises(UpstreamError) as caught:
+        await collect(url, stream=True)
+    assert caught.value.code == "upstream_unavailable"
+    assert "could not connect (ClientConnectorError)" in caught.value.message
+    assert "SVC_LLM_GATEWAY_URL" in caught.value.message and "127.0.0.1" not in str(caught.value)
 
 
 class _Chunks:
