@@ -139,6 +139,17 @@ async def test_an_unreadable_list_of_users_does_not_stop_every_start(tmp_path: P
         again.stop()
 
 
+async def _until_answering(url: str, bound_s: float) -> None:
+    """Until the server at `url` answers, or `bound_s` (a liveness bound) has passed."""
+    for _ in range(int(bound_s * 10)):
+        try:
+            if await _answers(url):
+                return
+        except (OSError, asyncpg.PostgresError):
+            pass
+        await asyncio.sleep(0.1)
+
+
 async def test_a_server_that_died_under_the_process_is_started_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -149,13 +160,7 @@ async def test_a_server_that_died_under_the_process_is_started_again(
         lock = tmp_path / "svc" / "pgdata" / "postmaster.pid"
         first = int(lock.read_text().split("\n", 1)[0])
         os.kill(first, signal.SIGKILL)
-        for _ in range(600):  # liveness bound: 60 s
-            try:
-                if await _answers(url):
-                    break
-            except (OSError, asyncpg.PostgresError):
-                pass
-            await asyncio.sleep(0.1)
+        await _until_answering(url, 60.0)
         assert await _answers(url)
         assert int(lock.read_text().split("\n", 1)[0]) != first
     assert not lock.exists()  # the server started again is the one the stop stops
@@ -176,13 +181,7 @@ async def test_a_server_told_to_stop_under_held_sessions_is_started_again(
         first = int(lock.read_text().split("\n", 1)[0])
         os.kill(first, signal.SIGTERM)
         try:
-            for _ in range(300):  # liveness bound: 30 s
-                try:
-                    if await _answers(url):
-                        break
-                except (OSError, asyncpg.PostgresError):
-                    pass
-                await asyncio.sleep(0.1)
+            await _until_answering(url, 30.0)
             assert int(lock.read_text().split("\n", 1)[0]) != first
             assert await _answers(url)
         finally:

@@ -1452,6 +1452,30 @@ async def test_a_tool_message_needs_its_text(chat: Chat) -> None:
     assert chat.stub.calls == 0
 
 
+async def _upstream_answers_once(
+    chat: Chat, message: dict[str, Any], finish_reason: str, *, stream: bool
+) -> Any:
+    """A chat whose upstream answers `message` with `finish_reason`: one chat.completion, or
+    as a stream, its whole message as the first delta then a finishing chunk. The SDK's raw
+    response."""
+    if stream:
+        chunks = [
+            {"choices": [{"index": 0, "delta": message}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason}]},
+        ]
+        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        fault = stub_upstream.Fault(200, body, content_type="text/event-stream")
+    else:
+        choice = {"index": 0, "message": message, "finish_reason": finish_reason}
+        fault = stub_upstream.Fault(
+            200, json.dumps({"choices": [choice]}), content_type="application/json"
+        )
+    chat.stub.faults.append(fault)
+    return await chat.client().chat.completions.with_raw_response.create(
+        model=UPSTREAM_MODEL, messages=HELLO, stream=stream
+    )
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_upstream_tool_call_ends_the_answer_as_a_stop(chat: Chat, stream: bool) -> None:
     """QA finding: a model server that answered a tool call (this endpoint sends it no
@@ -1459,23 +1483,8 @@ async def test_an_upstream_tool_call_ends_the_answer_as_a_stop(chat: Chat, strea
     iterating `message.tool_calls` failed on None. The call is not passed on, so the answer
     ended as a stop; an empty one streams its role first and an empty finishing delta."""
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    if stream:
-        chunks = [
-            {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}}]},
-            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
-        ]
-        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-        fault = stub_upstream.Fault(200, body, content_type="text/event-stream")
-    else:
-        message = {"role": "assistant", "content": None, "tool_calls": [call]}
-        choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
-        fault = stub_upstream.Fault(
-            200, json.dumps({"choices": [choice]}), content_type="application/json"
-        )
-    chat.stub.faults.append(fault)
-    raw = await chat.client().chat.completions.with_raw_response.create(
-        model=UPSTREAM_MODEL, messages=HELLO, stream=stream
-    )
+    answer = {"role": "assistant", "content": None, "tool_calls": [call]}
+    raw = await _upstream_answers_once(chat, answer, "tool_calls", stream=stream)
     parsed = raw.parse()
     if isinstance(parsed, openai.AsyncStream):
         got = [c.choices[0] async for c in parsed if c.choices]
@@ -1511,23 +1520,8 @@ async def test_a_refusal_is_the_answer_recorded_and_returned(chat: Chat, stream:
     """A model that declines answers content null and a `refusal`: that text is the answer,
     not an empty one."""
     refusal = "I can\u2019t help with that."
-    if stream:
-        chunks = [
-            {"choices": [{"index": 0, "delta": {"content": None, "refusal": refusal}}]},
-            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-        ]
-        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-        fault = stub_upstream.Fault(200, body, content_type="text/event-stream")
-    else:
-        message = {"role": "assistant", "content": None, "refusal": refusal}
-        choice = {"index": 0, "message": message, "finish_reason": "stop"}
-        fault = stub_upstream.Fault(
-            200, json.dumps({"choices": [choice]}), content_type="application/json"
-        )
-    chat.stub.faults.append(fault)
-    raw = await chat.client().chat.completions.with_raw_response.create(
-        model=UPSTREAM_MODEL, messages=HELLO, stream=stream
-    )
+    answer = {"role": "assistant", "content": None, "refusal": refusal}
+    raw = await _upstream_answers_once(chat, answer, "stop", stream=stream)
     parsed = raw.parse()
     if isinstance(parsed, openai.AsyncStream):
         chunks_got = [c async for c in parsed]
