@@ -147,7 +147,7 @@ class TurnInProgress(Conflict):
             f"; if it has not finished by {expires_at} (the process running it may have "
             "stopped), it is recorded as failed with turn_abandoned"
             if expires_at is not None
-            else ""
+            else f"; {_NEVER_GIVEN_UP.format(conversation_id=conversation_id)}"
         )
         error = cls(
             f"turn {turn_id} of conversation {conversation_id} is still in progress{until}; "
@@ -163,7 +163,7 @@ class TurnInProgress(Conflict):
             f"by {self.expires_at}, when it is recorded as failed with turn_abandoned if it "
             "has not finished"
             if self.expires_at is not None
-            else "when it finishes"
+            else f"when it finishes ({_NEVER_GIVEN_UP.format(conversation_id=conversation_id)})"
         )
         return (
             "the actor host running this request's turn stopped answering, and the turn is "
@@ -172,6 +172,13 @@ class TurnInProgress(Conflict):
             "X-SVC-Conversation-Id; sending this request again runs a new turn (send an "
             "Idempotency-Key with a chat request to be able to ask for its answer again)"
         )
+
+
+_NEVER_GIVEN_UP = (
+    "it is never given up by itself, model calls having no time limit with "
+    "SVC_LLM_CALL_TIMEOUT_S 0: if the process running it has stopped, an operator records "
+    "it as failed with `svc conversations abandon {conversation_id}`"
+)
 
 
 class StoreRequired(Unavailable):

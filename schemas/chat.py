@@ -50,27 +50,30 @@ _NO_TOOL_CALLS = (
 )
 
 
-class TextPart(BaseModel):
-    """One part of a message's content in the array form: text only here."""
+class ContentPart(BaseModel):
+    """One part of a message's content in the array form: `{"type": "text", "text": ...}`,
+    or, in an assistant's content, `{"type": "refusal", "refusal": ...}`, a part in which
+    the model declined, as OpenAI returns it and its clients send it back as history (the
+    refusal is the assistant's text). One model for both, so that a part missing its field
+    is one error naming it, not one per kind of part."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    type: Literal["text"]
-    text: str  # bounded with the others, joined (ChatMessageIn._content_fits)
+    type: Literal["text", "refusal"]
+    # Bounded with the others, joined (ChatMessageIn._content_fits).
+    text_field: str | None = Field(default=None, alias="text")
+    refusal: str | None = None
 
-
-class RefusalPart(BaseModel):
-    """A part of an assistant's content in which the model declined, as OpenAI returns it
-    and its clients send it back as history: the refusal is the assistant's text."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    type: Literal["refusal"]
-    refusal: str
+    @model_validator(mode="after")
+    def _has_its_field(self) -> ContentPart:
+        field_name = "text" if self.type == "text" else "refusal"
+        if getattr(self, "text_field" if self.type == "text" else "refusal") is None:
+            raise ValueError(f'a {self.type} part needs "{field_name}" (a string)')
+        return self
 
     @property
     def text(self) -> str:
-        return self.refusal
+        return (self.text_field if self.type == "text" else self.refusal) or ""
 
 
 _PART_TYPES = {"text": "text parts", "refusal": "an assistant's refusal parts"}
@@ -88,7 +91,7 @@ class ChatMessageIn(BaseModel):
     role: Role
     # No max_length here: on the union it spoke of "items" for a string too long; the text's
     # length, parts joined, is checked by `_content_fits` (the body's 4 MiB bounds the parse).
-    content: str | list[TextPart | RefusalPart] | None
+    content: str | list[ContentPart] | None
     name: str | None = Field(default=None, max_length=200)
     # An assistant message the model refused to write, as OpenAI returns it (content null):
     # sent back as history, the refusal is the assistant's text (as this service answers one).
@@ -135,8 +138,10 @@ class ChatMessageIn(BaseModel):
     def _content_fits(self) -> ChatMessageIn:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content: null is for assistant only")
-        if self.role != "assistant" and any(
-            isinstance(part, RefusalPart) for part in self.content or ()
+        if (
+            self.role != "assistant"
+            and isinstance(self.content, list)
+            and any(part.type == "refusal" for part in self.content)
         ):
             raise ValueError(f"a refusal part is an assistant's: a {self.role} message sends text")
         if len(self.text) > MAX_CONTENT:

@@ -273,11 +273,12 @@ class OpenAICompatProvider:
                     yield event
         except aiohttp.ServerTimeoutError:
             raise TimeoutError from None
-        except aiohttp.ClientConnectorError:
-            # Before the connection errors it is one of: nothing answered at the address.
+        except aiohttp.ClientConnectorError as exc:
+            # Caught before ClientConnectionError, its base: no connection was made (refused,
+            # a name that does not resolve, a certificate that does not verify, a proxy).
             raise _Transient(
-                "could not connect (ClientConnectorError); check that the model server at "
-                "SVC_LLM_GATEWAY_URL runs and is reachable from here"
+                f"could not connect ({type(exc).__name__}); check SVC_LLM_GATEWAY_URL and "
+                "that the model server runs and is reachable from here"
             ) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise _Transient(type(exc).__name__) from None

@@ -216,10 +216,16 @@ def _rays_own_process_groups() -> Iterator[None]:
     stop, the embedded database's and the last log line never came. Out of it, they are
     ended by the gateway's stop, after the turns. Ray's fate sharing still ends them when
     this process dies, by SIGKILL too. Ray starts them with its `ConsolePopen`; a Ray that
-    has none is left as it is."""
-    services: Any = getattr(getattr(ray, "_private", None), "services", None)
+    has none, or a system without fate sharing, is left as it is."""
+    private: Any = getattr(ray, "_private", None)
+    services: Any = getattr(private, "services", None)
     popen: Any = getattr(services, "ConsolePopen", None)
-    if popen is None:
+    fate_sharing: Any = getattr(
+        getattr(private, "utils", None), "detect_fate_sharing_support", None
+    )
+    if popen is None or fate_sharing is None or not fate_sharing():
+        # Without the kernel's fate sharing (not Linux), Ray's reaper ends Ray's processes
+        # when this one dies, by ending its own process group: they must stay in it.
         yield
         return
 

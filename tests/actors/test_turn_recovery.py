@@ -20,6 +20,7 @@ from test_conversation_turns import eventually_recorded, run_turn, types_of
 
 from actors import ConversationBehaviour, RecordedTurnFailure, TurnResult, conversation_key
 from actors.conversation import ABANDONED, TURN_MARGIN_S, ConversationState, expired_turns
+from actors.errors import TurnInProgress
 from actors.models.port import Finished, ModelEvent, ModelRequest, TextDelta, Usage
 from eventstore import PostgresEventStore
 from schemas.conversation import (
@@ -426,3 +427,12 @@ def test_recover_leaves_a_turn_whose_recorded_expiry_is_still_ahead() -> None:
     assert behaviour.decide(state, recover(early)) == []
     [failed] = behaviour.decide(state, recover(late))
     assert isinstance(failed, TurnFailed) and failed.error_code == ABANDONED
+
+
+def test_a_turn_never_given_up_names_what_ends_it() -> None:
+    """Review finding: with no call time limit a turn is never recorded as abandoned, and
+    "retry to get its answer or its failure" would have a client loop for ever."""
+    in_progress = TurnInProgress.of("t1", "c1", None)
+    for message in (in_progress.message, in_progress.unkeyed("c1")):
+        assert "never given up by itself" in message
+        assert "svc conversations abandon c1" in message

@@ -1401,25 +1401,44 @@ async def test_a_turn_found_running_after_a_host_was_lost(
     recorded as running, and a request without a key was told to "retry shortly with the
     same Idempotency-Key", with no conversation named, and an SDK retry ran the turn again
     in a new conversation. It names the conversation where the outcome is recorded, and says
-    not to retry; a keyed request is told when the turn is given up."""
+    not to retry; a keyed request is told when the turn is given up. A stream that had
+    begun gets the same words in its error frame (review finding: it had the keyed ones)."""
     expires_at = "2027-01-01T00:00:00Z"
 
     async def lost(key: Any, command: Any, **_: Any) -> Any:
         raise TurnInProgress.of("t1", key.id, expires_at)
 
-    monkeypatch.setattr(chat.service.app[RUNTIME], "ask", lost)
+    async def lost_mid_stream(key: Any, command: Any, **_: Any) -> AsyncIterator[Any]:
+        yield TextDelta("half an answer ")
+        await lost(key, command)
+
+    runtime = chat.service.app[RUNTIME]
+    monkeypatch.setattr(runtime, "ask", lost)
+    monkeypatch.setattr(runtime, "stream", lost_mid_stream)
     headers = {"Idempotency-Key": uid("idem-")} if keyed else {}
     resp = await chat.raw_post({"model": OFFLINE, "messages": HELLO}, **headers)
     error = (await resp.json())["error"]
     assert resp.status == 409 and error["code"] == "turn_in_progress", error
-    conversation = resp.headers["X-SVC-Conversation-Id"]
-    assert expires_at in error["message"]
+    _assert_told_of_the_running_turn(error["message"], resp.headers, keyed, expires_at)
+    headers = {"Idempotency-Key": uid("idem-")} if keyed else {}
+    resp = await chat.raw_post({"model": OFFLINE, "messages": HELLO, "stream": True}, **headers)
+    assert resp.status == 200
+    frames = [f async for f in _frames(resp)]
+    error = json.loads(frames[-1].data)["error"]
+    assert error["code"] == "turn_in_progress", error
+    _assert_told_of_the_running_turn(error["message"], resp.headers, keyed, expires_at)
+
+
+def _assert_told_of_the_running_turn(
+    message: str, headers: Any, keyed: bool, expires_at: str
+) -> None:
+    conversation = headers["X-SVC-Conversation-Id"]
+    assert expires_at in message
     if keyed:
-        assert "same Idempotency-Key" in error["message"]
+        assert "same Idempotency-Key" in message
     else:
-        assert f"running in conversation {conversation}" in error["message"]
-        assert "sending this request again runs a new turn" in error["message"]
-        assert resp.headers["x-should-retry"] == "false"
+        assert f"running in conversation {conversation}" in message
+        assert "sending this request again runs a new turn" in message
 
 
 async def test_tool_output_joins_no_two_speakers_under_one_name(chat: Chat) -> None:

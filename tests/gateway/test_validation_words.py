@@ -118,7 +118,7 @@ def test_a_union_value_of_one_members_kind_is_told_its_contents_problem() -> Non
         {"model": "m", "messages": [{"role": "user", "content": [{"type": "text"}]}]}
     )
     assert problems(ChatCompletionRequest, part) == (
-        "invalid request: messages.0.content.0.text: is required"
+        'invalid request: messages.0.content.0: a text part needs "text" (a string)'
     )
     untyped = orjson.dumps(
         {"model": "m", "messages": [{"role": "user", "content": [{"text": "a"}]}]}
