@@ -16,7 +16,7 @@ import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple, TypeAlias
 from urllib.parse import parse_qs, urlsplit
@@ -33,6 +33,8 @@ Connection: TypeAlias = Any
 
 READER_ROLE = "svc_reader"
 """Least-privilege role for workspace-scoped reads; created by migration 0002."""
+LOG_READER_ROLE = "svc_log_reader"
+"""Least-privilege role for workspace-scoped reads of the log; created by migration 0009."""
 
 # SQLSTATE classes and codes meaning "the database cannot serve us right now", as opposed to
 # "this statement is wrong": connection exceptions (08), insufficient resources such as too
@@ -491,14 +493,15 @@ class Database:
             yield conn
 
     @asynccontextmanager
-    async def scoped(self, workspace_id: str) -> AsyncIterator[Connection]:
+    async def scoped(self, workspace_id: str, role: str = READER_ROLE) -> AsyncIterator[Connection]:
         """A transaction as the least-privilege reader, seeing one workspace's rows.
 
         Read-model tables carry row-level security on `current_setting('svc.workspace_id')`
-        (ARCHITECTURE.md decision 6). Both settings are made in one statement and are
-        transaction-local (`set_config(..., true)` is `SET LOCAL`; the role is the `role`
-        setting), so a pooled connection never carries one request's workspace or role into
-        the next, and the pool's reset round trip is skipped on release.
+        (ARCHITECTURE.md decision 6) for `READER_ROLE`, the log for `LOG_READER_ROLE`. Both
+        settings are made in one statement and are transaction-local (`set_config(...,
+        true)` is `SET LOCAL`; the role is the `role` setting), so a pooled connection never
+        carries one request's workspace or role into the next, and the pool's reset round
+        trip is skipped on release.
 
         The transaction is REPEATABLE READ: every statement of it sees one snapshot, so a
         page and its total, or a row and its children, agree with each other while
@@ -511,8 +514,16 @@ class Database:
             self.acquire(stateless=True) as conn,
             conn.transaction(isolation="repeatable_read"),
         ):
-            await conn.execute(_SCOPE, READER_ROLE, workspace_id)
+            await conn.execute(_SCOPE, role, workspace_id)
             yield conn
+
+    def log_reading(self, workspace_id: str | None) -> AbstractAsyncContextManager[Connection]:
+        """A connection for a read of the log. One workspace's read runs as the log reader,
+        which row-level security limits to that workspace's events whatever the query says
+        (`scoped`); a read of the whole log (the projections, the live tail) as the service."""
+        if workspace_id is None:
+            return self.acquire(stateless=True)
+        return self.scoped(workspace_id, LOG_READER_ROLE)
 
     def pool_stats(self) -> PoolStats:
         return PoolStats(

@@ -37,24 +37,28 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 """
 
 
-# The login must be able to `SET LOCAL ROLE svc_reader` (db.py's scoped reads). Migration
-# 0002 grants the membership when the login is no member; but since PostgreSQL 16 a role's
-# creator is a member with ADMIN only, neither SET nor INHERIT, so a login with CREATEROLE
-# (the usual managed-database owner) passed that test and every scoped read then failed.
-# Checked on every run, so databases migrated before this check are mended too.
+# The login must be able to `SET LOCAL ROLE` to the readers (db.py's scoped reads: svc_reader
+# from migration 0002, svc_log_reader from 0009). The migrations grant the membership when
+# the login is no member; but since PostgreSQL 16 a role's creator is a member with ADMIN
+# only, neither SET nor INHERIT, so a login with CREATEROLE (the usual managed-database
+# owner) passed that test and every scoped read then failed. Checked on every run, so
+# databases migrated before this check are mended too.
 _READER_MEMBERSHIP = """
 DO $$
 DECLARE
     modern boolean := current_setting('server_version_num')::int >= 160000;
+    reader text;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'svc_reader') THEN
-        RETURN;
-    END IF;
-    IF modern AND NOT pg_has_role(current_user, 'svc_reader', 'SET') THEN
-        EXECUTE format('GRANT svc_reader TO %I WITH INHERIT FALSE, SET TRUE', current_user);
-    ELSIF NOT modern AND NOT pg_has_role(current_user, 'svc_reader', 'MEMBER') THEN
-        EXECUTE format('GRANT svc_reader TO %I', current_user);
-    END IF;
+    FOREACH reader IN ARRAY ARRAY['svc_reader', 'svc_log_reader'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = reader) THEN
+            CONTINUE;
+        END IF;
+        IF modern AND NOT pg_has_role(current_user, reader, 'SET') THEN
+            EXECUTE format('GRANT %I TO %I WITH INHERIT FALSE, SET TRUE', reader, current_user);
+        ELSIF NOT modern AND NOT pg_has_role(current_user, reader, 'MEMBER') THEN
+            EXECUTE format('GRANT %I TO %I', reader, current_user);
+        END IF;
+    END LOOP;
 END
 $$
 """
@@ -221,9 +225,10 @@ async def _ensure_reader_membership(db: Database, wait: _LockWait) -> None:
     except StoreError as exc:
         if isinstance(exc.__cause__, asyncpg.InsufficientPrivilegeError):
             raise StoreError(
-                "the database user cannot switch to the role svc_reader, which scoped reads "
-                "need, and may not grant itself that right; have a DBA run: GRANT svc_reader "
-                "TO <this user> WITH SET TRUE (PostgreSQL 16 and later; before 16, GRANT "
-                "svc_reader TO <this user>), see docs/operations.md, 'Requirements'"
+                "the database user cannot switch to the roles svc_reader and svc_log_reader, "
+                "which scoped reads need, and may not grant itself that right; have a DBA "
+                "run, for each: GRANT svc_reader TO <this user> WITH SET TRUE (PostgreSQL 16 "
+                "and later; before 16, GRANT svc_reader TO <this user>), see "
+                "docs/operations.md, 'Requirements'"
             ) from exc
         raise

@@ -503,7 +503,7 @@ class PostgresEventStore:
         # Versions are int4: a bound past the column's range is the same as no bound.
         first = min(max(from_version, 1), _MAX_VERSION)
         last = _MAX_VERSION if to_version is None else min(to_version, _MAX_VERSION)
-        async with self._db.acquire(stateless=True) as conn:
+        async with self._db.log_reading(workspace_id) as conn:
             if workspace_id is None:
                 rows = await conn.fetch(_READ_STREAM, stream_id, first, last)
             else:
@@ -520,12 +520,12 @@ class PostgresEventStore:
     ) -> list[tuple[int, int]]:
         first = min(max(from_version, 1), _MAX_VERSION)
         last = min(to_version, _MAX_VERSION)
-        async with self._db.acquire(stateless=True) as conn:
+        async with self._db.log_reading(workspace_id) as conn:
             rows = await conn.fetch(_STREAM_SIZES, stream_id, first, last, workspace_id)
         return [(int(r[0]), int(r[1])) for r in rows]
 
     async def stream_version(self, stream_id: str, *, workspace_id: str | None = None) -> int:
-        async with self._db.acquire(stateless=True) as conn:
+        async with self._db.log_reading(workspace_id) as conn:
             version: int = await conn.fetchval(_STREAM_VERSION, stream_id, workspace_id)
         return version
 
@@ -541,7 +541,7 @@ class PostgresEventStore:
         if limit < 1:
             return []
         limit = min(limit, _MAX_READ_LIMIT)
-        async with self._db.acquire(stateless=True) as conn:
+        async with self._db.log_reading(workspace_id) as conn:
             return await read_log(conn, point, limit, workspace_id, types)
 
     def subscribe(
@@ -575,7 +575,7 @@ class PostgresEventStore:
         return None if row is None else Snapshot(*row)
 
     async def head(self, workspace_id: str | None = None) -> str:
-        async with self._db.acquire(stateless=True) as conn:
+        async with self._db.log_reading(workspace_id) as conn:
             point = await log_head(conn, workspace_id)
         return "" if point == ORIGIN else encode_cursor(point)
 

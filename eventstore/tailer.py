@@ -283,7 +283,7 @@ class LogTailer:
         stored data (the first always taken), scoped in the query; and whether more may
         follow. For a reader that sizes its pages itself (the feeds, by the bytes they
         write): a page is held whole, so large events must make it short."""
-        async with self._db.acquire() as conn:
+        async with self._db.log_reading(workspace_id) as conn:
             return await read_log_cut(conn, after, limit, max_bytes, types, workspace_id)
 
     async def _history(

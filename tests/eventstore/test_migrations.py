@@ -30,6 +30,7 @@ STORE_LABELS = [
     "eventstore/0006_append_set",
     "eventstore/0007_log_order_key",
     "eventstore/0008_append_lock_waits",
+    "eventstore/0009_log_reader",
 ]
 
 
@@ -90,6 +91,7 @@ async def test_concurrent_runs_on_a_fresh_database_apply_each_migration_once(
             ("eventstore", 6, "append_set"),
             ("eventstore", 7, "log_order_key"),
             ("eventstore", 8, "append_lock_waits"),
+            ("eventstore", 9, "log_reader"),
         ]
         assert await apply_migrations(dbs[1], [STORE_MIGRATIONS]) == []
     finally:
@@ -226,6 +228,34 @@ async def test_scoped_transactions_run_as_the_reader_in_one_workspace(db: Databa
                 await conn.fetch(f"SELECT * FROM {table} LIMIT 1")
 
 
+async def test_one_workspaces_reads_of_the_log_see_only_its_events(db: Database) -> None:
+    """QA finding: the log's per-workspace reads (event history, feed catch-up) were scoped by
+    their query alone, as the service's login; a query that lost its condition would have
+    read every tenant's events. As the log reader, the database keeps them to one."""
+    await apply_migrations(db, [STORE_MIGRATIONS])
+    store = PostgresEventStore(db)
+    mine, theirs = f"ws-{uuid.uuid4().hex[:8]}", f"ws-{uuid.uuid4().hex[:8]}"
+    for workspace in (mine, theirs):
+        await store.append(
+            f"s-{workspace}",
+            [NewEvent("t.Said", {"by": workspace})],
+            expected_version=0,
+            command_id=f"c-{workspace}",
+            workspace_id=workspace,
+        )
+    async with db.log_reading(mine) as conn:
+        who = await conn.fetchval("SELECT current_user")
+        seen = {r[0] for r in await conn.fetch("SELECT DISTINCT workspace_id FROM events")}
+    assert (who, seen) == ("svc_log_reader", {mine})
+    assert await store.read_stream(f"s-{theirs}", workspace_id=mine) == []
+    assert await store.stream_version(f"s-{theirs}", workspace_id=mine) == 0
+    assert [e.data for e in await store.read_all(workspace_id=mine)] == [{"by": mine}]
+    # The service's own reads of the whole log see every workspace, as the projections must.
+    async with db.log_reading(None) as conn:
+        every = {r[0] for r in await conn.fetch("SELECT DISTINCT workspace_id FROM events")}
+    assert {mine, theirs} <= every
+
+
 async def test_a_store_restored_into_a_new_cluster_is_refused(db: Database) -> None:
     await apply_migrations(db, [STORE_MIGRATIONS])
     await check_xid_horizon(db)
@@ -319,21 +349,25 @@ async def test_a_login_that_only_administers_the_reader_role_is_given_set(
     async with own_login(pg_server_url) as (name, url, admin):
         if await admin.fetchval("SHOW server_version_num") < "160000":
             pytest.skip("membership options (SET, INHERIT) exist from PostgreSQL 16")
-        if not await admin.fetchval("SELECT 1 FROM pg_roles WHERE rolname = 'svc_reader'"):
-            await admin.execute("CREATE ROLE svc_reader NOLOGIN")
-        # What CREATE ROLE gives its creator on PostgreSQL 16 and later.
-        await admin.execute(
-            f'GRANT svc_reader TO "{name}" WITH ADMIN TRUE, INHERIT FALSE, SET FALSE'
-        )
+        readers = ("svc_reader", "svc_log_reader")
+        for reader in readers:
+            if not await admin.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", reader):
+                await admin.execute(f"CREATE ROLE {reader} NOLOGIN")
+            # What CREATE ROLE gives its creator on PostgreSQL 16 and later.
+            await admin.execute(
+                f'GRANT {reader} TO "{name}" WITH ADMIN TRUE, INHERIT FALSE, SET FALSE'
+            )
         db = await Database.connect(url, max_size=2)
         try:
             await apply_migrations(db, [STORE_MIGRATIONS])
-            async with db.transaction() as conn:
-                await conn.execute("SET LOCAL ROLE svc_reader")
-                assert await conn.fetchval("SELECT current_user") == "svc_reader"
+            for reader in readers:
+                async with db.transaction() as conn:
+                    await conn.execute(f"SET LOCAL ROLE {reader}")
+                    assert await conn.fetchval("SELECT current_user") == reader
         finally:
             await db.close()
-        await admin.execute(f'REVOKE svc_reader FROM "{name}" CASCADE')
+        for reader in readers:
+            await admin.execute(f'REVOKE {reader} FROM "{name}" CASCADE')
 
 
 async def test_a_database_that_does_not_exist_is_named_as_such(pg_server_url: str) -> None:
