@@ -115,7 +115,8 @@ active conversation's state, and written into each of its snapshots, took 16 MB 
 NUL = "\x00"  # PostgreSQL text and jsonb cannot hold it
 ABANDONED = "turn_abandoned"
 ABANDONED_MESSAGE = (
-    "the turn was abandoned: the service process running it stopped before the model answered"
+    "the turn was abandoned: its outcome was never recorded within its time (the process "
+    "running it stopped, or lost the database, before it could record one)"
 )
 
 

@@ -77,16 +77,16 @@ class EnvelopeRequestHandler(RequestHandler):
         else:
             # The parser's own message may quote the bytes it refused (a header's value, which
             # can be a credential): neither the client nor the log gets it.
-            log.info(
-                "refused a malformed HTTP request from %s with %d (%s)",
-                request.remote,
-                status,
-                type(exc).__name__ if exc is not None else "no detail",
-            )
             response = (
                 status_envelope(415, UNSUPPORTED_ENCODING)
                 if isinstance(exc, ContentEncodingError)
                 else status_envelope(status, MALFORMED_REQUEST)
+            )
+            log.info(
+                "refused a malformed HTTP request from %s with %d (%s)",
+                request.remote,
+                response.status,
+                type(exc).__name__ if exc is not None else "no detail",
             )
         # No application saw the request, so none of its response hooks run: the headers
         # every response carries are set here.

@@ -28,6 +28,28 @@ response whole, at ERROR (a megabyte of an anonymous client's XML per request). 
 their refusals itself (gateway/identity/saml.py)."""
 
 
+ONE_LINE_LOGGERS = ("asyncpg.pool",)
+"""Libraries that log a failure they retry with its whole traceback: asyncpg's pool, each try
+to reconnect in a database outage (every 1 s at first), 40 lines apiece."""
+
+
+class _CauseOnOneLine(logging.Filter):
+    """Keeps a record's exception as its kind and text on the record's own line, without
+    the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            record.msg = f"{record.getMessage()} ({type(exc).__name__}: {exc})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_ONE_LINE = _CauseOnOneLine()
+
+
 def apply_log_level(level: str) -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -37,3 +59,5 @@ def apply_log_level(level: str) -> None:
         logging.getLogger(name).setLevel(numeric)
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    for name in ONE_LINE_LOGGERS:
+        logging.getLogger(name).addFilter(_ONE_LINE)  # once: a filter is added only once

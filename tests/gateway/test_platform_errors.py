@@ -323,6 +323,9 @@ async def test_bodies_that_do_not_decode_are_client_errors(
             assert error["code"] == "unsupported_media_type" and "gzip" in error["message"]
             assert headers["x-content-type-options"] == "nosniff"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    # The log says the status sent (QA finding: it said 400 of the 415).
+    refusals = [r.getMessage() for r in caplog.records if "malformed HTTP" in r.getMessage()]
+    assert any("with 415 (ContentEncodingError)" in line for line in refusals), refusals
 
 
 async def test_a_failure_after_a_stream_began_cuts_it_short_without_a_second_response(

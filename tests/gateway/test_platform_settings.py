@@ -1001,6 +1001,22 @@ def test_debug_is_for_the_services_own_loggers() -> None:
     assert not logging.getLogger("eventstore.store").isEnabledFor(logging.INFO)
 
 
+@pytest.mark.usefixtures("log_levels")
+def test_a_pools_retried_reconnects_are_one_line_each(caplog: pytest.LogCaptureFixture) -> None:
+    """QA finding: in a database restart asyncpg's pool logged each try to reconnect with a
+    whole traceback, 114 lines in 10 s: its cause is kept on the line, the traceback not."""
+    apply_log_level("info")
+    try:
+        raise ConnectionRefusedError(111, "Connect call failed")
+    except ConnectionRefusedError:
+        with caplog.at_level(logging.WARNING, logger="asyncpg.pool"):
+            logging.getLogger("asyncpg.pool").warning("Failed to restore; retrying", exc_info=True)
+    (record,) = [r for r in caplog.records if r.name == "asyncpg.pool"]
+    assert record.exc_info is None and record.getMessage() == (
+        "Failed to restore; retrying (ConnectionRefusedError: [Errno 111] Connect call failed)"
+    )
+
+
 async def test_a_refresh_under_way_does_not_undo_a_set(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
