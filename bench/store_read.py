@@ -59,6 +59,24 @@ async def read_everything(db: Database, page: int) -> tuple[int, float]:
         after = batch[-1].point
 
 
+async def read_one_workspace(
+    db: Database, workspace: str, page: int, *, as_log_reader: bool
+) -> tuple[int, float]:
+    """A feed's catch-up of one workspace: as the log reader under row-level security (as
+    the store reads it), or as the login with the query's own condition only."""
+    count = 0
+    after = ORIGIN
+    started = time.perf_counter()
+    while True:
+        reading = db.log_reading(workspace) if as_log_reader else db.acquire(stateless=True)
+        async with reading as conn:
+            batch = await read_log(conn, after, page, workspace)
+        count += len(batch)
+        if len(batch) < page:
+            return count, time.perf_counter() - started
+        after = batch[-1].point
+
+
 async def read_all_api(store: PostgresEventStore, page: int) -> tuple[int, float]:
     count = 0
     cursor: str | None = None
@@ -97,6 +115,19 @@ async def bench(dsn: str, events: int, rounds: int) -> None:
             count, elapsed = await read_all_api(store, 1000)
             best = max(best, count / elapsed)
         print(f"store.read_all(after=cursor), limit 1000: {best:>9,.0f} events/s")
+        # One workspace of the seven, read alternately as the login and as the log reader.
+        best_by = {False: 0.0, True: 0.0}
+        for _ in range(rounds):
+            for as_log_reader in (False, True):
+                count, elapsed = await read_one_workspace(
+                    db, "ws3", 1000, as_log_reader=as_log_reader
+                )
+                best_by[as_log_reader] = max(best_by[as_log_reader], count / elapsed)
+        print(
+            f"one workspace ({count:,} events), limit 1000: as the login "
+            f"{best_by[False]:>9,.0f} events/s, as svc_log_reader (row-level security) "
+            f"{best_by[True]:>9,.0f} events/s"
+        )
     finally:
         await db.close()
 
