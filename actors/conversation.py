@@ -115,8 +115,8 @@ active conversation's state, and written into each of its snapshots, took 16 MB 
 NUL = "\x00"  # PostgreSQL text and jsonb cannot hold it
 ABANDONED = "turn_abandoned"
 ABANDONED_MESSAGE = (
-    "the turn was abandoned: its outcome was never recorded within its time (the process "
-    "running it stopped, or lost the database, before it could record one)"
+    "the turn was abandoned: its outcome was never recorded (the process running it "
+    "stopped, or lost the database, before it could record one)"
 )
 
 
@@ -809,6 +809,7 @@ def recorded_result(
         raise TurnInProgress.of(
             turn_id,
             state.conversation_id,
+            state.workspace_id,
             None
             if expires_at is None
             else expires_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

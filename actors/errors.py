@@ -140,20 +140,24 @@ class TurnInProgress(Conflict):
 
     default_code = "turn_in_progress"
     expires_at: str | None = None
+    workspace_id: str = ""
 
     @classmethod
-    def of(cls, turn_id: str, conversation_id: str, expires_at: str | None) -> TurnInProgress:
+    def of(
+        cls, turn_id: str, conversation_id: str, workspace_id: str, expires_at: str | None
+    ) -> TurnInProgress:
         until = (
             f"; if it has not finished by {expires_at} (the process running it may have "
             "stopped), it is recorded as failed with turn_abandoned"
             if expires_at is not None
-            else f"; {_NEVER_GIVEN_UP.format(conversation_id=conversation_id)}"
+            else f"; {_never_given_up(conversation_id, workspace_id)}"
         )
         error = cls(
             f"turn {turn_id} of conversation {conversation_id} is still in progress{until}; "
             "retry with the same Idempotency-Key to get its answer or its failure"
         )
         error.expires_at = expires_at
+        error.workspace_id = workspace_id
         return error
 
     def unkeyed(self, conversation_id: str) -> str:
@@ -163,7 +167,7 @@ class TurnInProgress(Conflict):
             f"by {self.expires_at}, when it is recorded as failed with turn_abandoned if it "
             "has not finished"
             if self.expires_at is not None
-            else f"when it finishes ({_NEVER_GIVEN_UP.format(conversation_id=conversation_id)})"
+            else f"when it finishes ({_never_given_up(conversation_id, self.workspace_id)})"
         )
         return (
             "the actor host running this request's turn stopped answering, and the turn is "
@@ -174,11 +178,13 @@ class TurnInProgress(Conflict):
         )
 
 
-_NEVER_GIVEN_UP = (
-    "it is never given up by itself, model calls having no time limit with "
-    "SVC_LLM_CALL_TIMEOUT_S 0: if the process running it has stopped, an operator records "
-    "it as failed with `svc conversations abandon {conversation_id}`"
-)
+def _never_given_up(conversation_id: str, workspace_id: str) -> str:
+    return (
+        "it is never given up by itself, model calls having no time limit with "
+        "SVC_LLM_CALL_TIMEOUT_S 0: if the process running it has stopped, an operator "
+        "records it as failed with `svc conversations abandon --workspace "
+        f"{workspace_id} {conversation_id}`"
+    )
 
 
 class StoreRequired(Unavailable):

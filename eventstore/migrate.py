@@ -227,8 +227,8 @@ async def _ensure_reader_membership(db: Database, wait: _LockWait) -> None:
             raise StoreError(
                 "the database user cannot switch to the roles svc_reader and svc_log_reader, "
                 "which scoped reads need, and may not grant itself that right; have a DBA "
-                "run, for each: GRANT svc_reader TO <this user> WITH SET TRUE (PostgreSQL 16 "
-                "and later; before 16, GRANT svc_reader TO <this user>), see "
-                "docs/operations.md, 'Requirements'"
+                "run: GRANT svc_reader, svc_log_reader TO <this user> WITH SET TRUE "
+                "(PostgreSQL 16 and later; before 16, GRANT svc_reader, svc_log_reader TO "
+                "<this user>), see docs/operations.md, 'Requirements'"
             ) from exc
         raise

@@ -40,7 +40,8 @@ class _CauseOnOneLine(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None:
-            record.msg = f"{record.getMessage()} ({type(exc).__name__}: {exc})"
+            said = " ".join(str(exc).split())  # a server error's DETAIL and HINT lines too
+            record.msg = f"{record.getMessage()} ({type(exc).__name__}: {said})"
             record.args = None
             record.exc_info = None
             record.exc_text = None

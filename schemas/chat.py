@@ -64,6 +64,16 @@ class ContentPart(BaseModel):
     text_field: str | None = Field(default=None, alias="text")
     refusal: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _own_kinds_field_only(cls, value: object) -> object:
+        # The other kind's field is no part of this one: ignored as any unknown key is.
+        if isinstance(value, dict):
+            other = {"text": "refusal", "refusal": "text"}.get(str(value.get("type")))
+            if other is not None and other in value:
+                return {k: v for k, v in value.items() if k != other}
+        return value
+
     @model_validator(mode="after")
     def _has_its_field(self) -> ContentPart:
         field_name = "text" if self.type == "text" else "refusal"

@@ -5,7 +5,13 @@
 -- role of its own rather than `svc_reader`: event data holds what the read models keep from
 -- `svc_reader` (credential hashes), and `svc_reader` is the role of any query a user may
 -- shape. The service's login owns the log (or has BYPASSRLS) and reads all of it, as the
--- projections and the live tail must; the policy is for the log reader alone.
+-- projections and the live tail must; the policy is for the log reader alone, and for a
+-- session whose login may act as the log's owner: `svc_log_reader` is one role for the
+-- whole cluster, and another SVC database's login, a member of it too, must not read this
+-- database's events by connecting here. (The owner test is evaluated once per query.)
+-- A role neither the owner nor BYPASSRLS (a monitoring role, a `pg_dump -t events` by
+-- another login) reads no events from here on. ENABLE and CREATE POLICY take an ACCESS
+-- EXCLUSIVE lock on `events` for a moment: run it while no long transaction holds one.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'svc_log_reader') THEN
@@ -25,4 +31,8 @@ GRANT SELECT ON events TO svc_log_reader;
 ALTER TABLE events ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS events_of_the_workspace ON events;
 CREATE POLICY events_of_the_workspace ON events FOR SELECT TO svc_log_reader
-    USING (workspace_id = current_setting('svc.workspace_id', true));
+    USING (
+        workspace_id = current_setting('svc.workspace_id', true)
+        AND (SELECT pg_has_role(session_user, c.relowner, 'USAGE')
+             FROM pg_class c WHERE c.oid = 'events'::regclass)
+    );

@@ -9,17 +9,20 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from eventstore import migrate
+from eventstore.cursor import ORIGIN
 from eventstore.db import Database
 from eventstore.errors import StoreError
 from eventstore.migrate import STORE_MIGRATIONS, MigrationSource, apply_migrations
 from eventstore.records import NewEvent
 from eventstore.store import PostgresEventStore, check_xid_horizon
+from eventstore.tailer import LogTailer
 
 STORE_LABELS = [
     "eventstore/0001_event_store",
@@ -250,6 +253,23 @@ async def test_one_workspaces_reads_of_the_log_see_only_its_events(db: Database)
     assert await store.read_stream(f"s-{theirs}", workspace_id=mine) == []
     assert await store.stream_version(f"s-{theirs}", workspace_id=mine) == 0
     assert [e.data for e in await store.read_all(workspace_id=mine)] == [{"by": mine}]
+    # Each read of one workspace goes through the log reader (the query's own condition
+    # alone would return the same rows: this pins the role the reads run as).
+    scoped: list[str | None] = []
+    reading = db.log_reading
+
+    def spied(workspace_id: str | None) -> Any:
+        scoped.append(workspace_id)
+        return reading(workspace_id)
+
+    db.log_reading = spied  # type: ignore[method-assign]
+    try:
+        await store.head(workspace_id=mine)
+        await store.stream_sizes(f"s-{mine}", 1, 9, workspace_id=mine)
+        await LogTailer(db, cast(Any, None)).history_page(ORIGIN, mine, None, 10)
+    finally:
+        db.log_reading = reading  # type: ignore[method-assign]
+    assert scoped == [mine, mine, mine]
     # The service's own reads of the whole log see every workspace, as the projections must.
     async with db.log_reading(None) as conn:
         every = {r[0] for r in await conn.fetch("SELECT DISTINCT workspace_id FROM events")}
@@ -322,6 +342,34 @@ async def own_login(pg_server_url: str) -> AsyncIterator[tuple[str, str, asyncpg
         await admin.execute(f'DROP OWNED BY "{name}" CASCADE')
         await admin.execute(f'DROP ROLE IF EXISTS "{name}"')
         await admin.close()
+
+
+async def test_another_databases_login_reads_no_events_as_the_log_reader(
+    db: Database, database_url: str, pg_server_url: str
+) -> None:
+    """Review finding: `svc_log_reader` is one role for the whole cluster; another SVC
+    database's login, a member of it too, connected here and read a workspace's events,
+    credential hashes included. The policy also asks that the login may act as the log's
+    owner."""
+    await apply_migrations(db, [STORE_MIGRATIONS])
+    workspace = f"ws-{uuid.uuid4().hex[:8]}"
+    await PostgresEventStore(db).append(
+        "s-1", [NewEvent("t.Said", {})], expected_version=0, command_id="c", workspace_id=workspace
+    )
+    async with own_login(pg_server_url) as (name, url, admin):
+        await admin.execute(f'GRANT svc_log_reader TO "{name}"')
+        here = urlunsplit(urlsplit(url)._replace(path=urlsplit(database_url).path))
+        other = await asyncpg.connect(here)
+        try:
+            async with other.transaction():
+                await other.execute("SET LOCAL ROLE svc_log_reader")
+                await other.execute("SELECT set_config('svc.workspace_id', $1, true)", workspace)
+                assert await other.fetchval("SELECT count(*) FROM events") == 0
+        finally:
+            await other.close()
+        await admin.execute(f'REVOKE svc_log_reader FROM "{name}"')
+    async with db.log_reading(workspace) as conn:  # this database's own login still reads
+        assert await conn.fetchval("SELECT count(*) FROM events") == 1
 
 
 async def test_a_missing_privilege_names_the_migration_and_where_to_read(

@@ -1406,7 +1406,7 @@ async def test_a_turn_found_running_after_a_host_was_lost(
     expires_at = "2027-01-01T00:00:00Z"
 
     async def lost(key: Any, command: Any, **_: Any) -> Any:
-        raise TurnInProgress.of("t1", key.id, expires_at)
+        raise TurnInProgress.of("t1", key.id, command.workspace_id, expires_at)
 
     async def lost_mid_stream(key: Any, command: Any, **_: Any) -> AsyncIterator[Any]:
         yield TextDelta("half an answer ")

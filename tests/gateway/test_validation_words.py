@@ -150,3 +150,15 @@ def test_an_integer_with_bounds_in_a_union_is_still_an_integer() -> None:
     assert _takes_integer(Annotated[int, Field(ge=1)] | None)
     assert _takes_integer(int | None) and _takes_integer(int)
     assert not _takes_integer(str | None) and not _takes_integer(Annotated[str, Field()])
+
+
+def test_a_parts_other_kinds_field_is_ignored_as_any_unknown_key() -> None:
+    """Review finding: with refusal parts taken, a text part carrying a non-string `refusal`
+    (or a refusal part a `text`) was refused, where any other unknown key is ignored."""
+    mixed = [
+        {"role": "user", "content": [{"type": "text", "text": "a", "refusal": 5}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "no", "text": 7}]},
+        {"role": "user", "content": "b"},
+    ]
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": mixed})
+    assert [m.text for m in request.messages] == ["a", "no", "b"]
