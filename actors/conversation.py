@@ -805,7 +805,7 @@ def recorded_result(
     turn = state.turns[turn_id]
     _check_same_body(state, turn, command)
     if turn.status == "running":
-        expires_at = None if turn.never_expires or turn.expires_at is None else turn.expires_at
+        expires_at = turn.expires_at
         raise TurnInProgress.of(
             turn_id,
             state.conversation_id,
@@ -813,6 +813,7 @@ def recorded_result(
             None
             if expires_at is None
             else expires_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            never_expires=turn.never_expires,
         )
     if turn.status == "failed":
         raise RecordedTurnFailure(

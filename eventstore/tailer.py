@@ -280,9 +280,10 @@ class LogTailer:
         max_bytes: int = HISTORY_PAGE_BYTES,
     ) -> tuple[list[RecordedEvent], bool]:
         """One page of `history`: up to `limit` events after `after` and `max_bytes` of their
-        stored data (the first always taken), scoped in the query; and whether more may
-        follow. For a reader that sizes its pages itself (the feeds, by the bytes they
-        write): a page is held whole, so large events must make it short."""
+        stored data (the first always taken), one workspace's read as the log reader, which
+        row-level security limits to it; and whether more may follow. For a reader that
+        sizes its pages itself (the feeds, by the bytes they write): a page is held whole,
+        so large events must make it short."""
         async with self._db.log_reading(workspace_id) as conn:
             return await read_log_cut(conn, after, limit, max_bytes, types, workspace_id)
 

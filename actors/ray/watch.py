@@ -127,7 +127,8 @@ class HostWatch:
             log.warning(
                 "actor host %s restarted (process %d is gone, %d answers now): the commands "
                 "sent to the old process are sent again; a chat turn it was running is "
-                "recorded as turn_abandoned once past its expiry",
+                "recorded as turn_abandoned once past its expiry (never by itself when "
+                "SVC_LLM_CALL_TIMEOUT_S is 0: `svc conversations abandon`)",
                 host,
                 known,
                 pid,

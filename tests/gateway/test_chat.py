@@ -1420,6 +1420,8 @@ async def test_a_turn_found_running_after_a_host_was_lost(
     error = (await resp.json())["error"]
     assert resp.status == 409 and error["code"] == "turn_in_progress", error
     _assert_told_of_the_running_turn(error["message"], resp.headers, keyed, expires_at)
+    if not keyed:  # an SDK's retry would run the turn again, in a new conversation
+        assert resp.headers["x-should-retry"] == "false"
     headers = {"Idempotency-Key": uid("idem-")} if keyed else {}
     resp = await chat.raw_post({"model": OFFLINE, "messages": HELLO, "stream": True}, **headers)
     assert resp.status == 200
