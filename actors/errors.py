@@ -135,13 +135,14 @@ class TurnInProgress(Conflict):
     its Idempotency-Key while the first attempt runs, or the runtime's own retry after the
     host running the turn was lost (the `ray` runtime), whose run died with that host. The
     log cannot tell the two apart before the turn's expiry (actors/conversation.py), when a
-    turn still running is recorded as abandoned; `expires_at` is that time (ISO 8601), or
-    None for a turn whose calls have no time limit."""
+    turn still running is recorded as abandoned; `expires_at` is that time (ISO 8601), None
+    for a turn recorded before turns carried it; `never_expires` when calls had no limit."""
 
     default_code = "turn_in_progress"
+    conversation_id: str = ""
+    workspace_id: str = ""
     expires_at: str | None = None
     never_expires: bool = False
-    workspace_id: str = ""
 
     @classmethod
     def of(
@@ -153,49 +154,47 @@ class TurnInProgress(Conflict):
         *,
         never_expires: bool = False,
     ) -> TurnInProgress:
-        if never_expires:
-            until = f"; {_never_given_up(conversation_id, workspace_id)}"
-        else:
-            # A turn recorded before turns carried their expiry expires as any other would.
-            by = expires_at or "SVC_LLM_CALL_TIMEOUT_S plus a minute after its start"
-            until = (
-                f"; if it has not finished by {by} (the process running it may have "
-                "stopped), it is recorded as failed with turn_abandoned"
-            )
+        given_up = _given_up(conversation_id, workspace_id, expires_at, never_expires)
         error = cls(
-            f"turn {turn_id} of conversation {conversation_id} is still in progress{until}; "
-            "retry with the same Idempotency-Key to get its answer or its failure"
+            f"turn {turn_id} of conversation {conversation_id} is still in progress; "
+            f"{given_up}; retry with the same Idempotency-Key to get its answer or its failure"
         )
-        error.expires_at = expires_at
-        error.never_expires = never_expires
-        error.workspace_id = workspace_id
+        error.conversation_id, error.workspace_id = conversation_id, workspace_id
+        error.expires_at, error.never_expires = expires_at, never_expires
         return error
 
-    def unkeyed(self, conversation_id: str) -> str:
+    def unkeyed(self) -> str:
         """The message for a request that sent no Idempotency-Key, which cannot ask for the
         turn again: what became of it is read in the conversation."""
-        if self.never_expires:
-            until = f"when it finishes ({_never_given_up(conversation_id, self.workspace_id)})"
-        else:
-            by = self.expires_at or "SVC_LLM_CALL_TIMEOUT_S plus a minute after its start"
-            until = (
-                f"by {by}, when it is recorded as failed with turn_abandoned if it has not finished"
-            )
+        given_up = _given_up(
+            self.conversation_id, self.workspace_id, self.expires_at, self.never_expires
+        )
         return (
             "the actor host running this request's turn stopped answering, and the turn is "
-            f"still recorded as running in conversation {conversation_id}; its outcome is "
-            f"recorded there {until}. Read the conversation's messages, or continue it with "
-            "X-SVC-Conversation-Id; sending this request again runs a new turn (send an "
-            "Idempotency-Key with a chat request to be able to ask for its answer again)"
+            f"still recorded as running in conversation {self.conversation_id}; its outcome "
+            f"is recorded there when it finishes; {given_up}. Read the "
+            "conversation's messages, or continue it with X-SVC-Conversation-Id; sending this "
+            "request again runs a new turn (send an Idempotency-Key with a chat request to be "
+            "able to ask for its answer again)"
         )
 
 
-def _never_given_up(conversation_id: str, workspace_id: str) -> str:
+def _given_up(
+    conversation_id: str, workspace_id: str, expires_at: str | None, never_expires: bool
+) -> str:
+    """When a turn still running, if it never finishes, is recorded as failed, and by what."""
+    if never_expires:
+        return (
+            "it is never given up by itself, model calls having no time limit with "
+            "SVC_LLM_CALL_TIMEOUT_S 0: if the process running it has stopped, an operator "
+            "records it as failed with `svc conversations abandon --workspace "
+            f"{workspace_id} {conversation_id}`"
+        )
+    # A turn recorded before turns carried their expiry expires as any other would.
+    by = expires_at or "SVC_LLM_CALL_TIMEOUT_S plus a minute after its start"
     return (
-        "it is never given up by itself, model calls having no time limit with "
-        "SVC_LLM_CALL_TIMEOUT_S 0: if the process running it has stopped, an operator "
-        "records it as failed with `svc conversations abandon --workspace "
-        f"{workspace_id} {conversation_id}`"
+        f"if it has not finished by {by} (the process running it may have stopped), it is "
+        "recorded as failed with turn_abandoned"
     )
 
 

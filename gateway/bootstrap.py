@@ -169,15 +169,16 @@ async def _keep_running(embedded: EmbeddedPostgres) -> None:
     while True:
         await asyncio.sleep(wait_s)
         try:
-            if embedded.running() and embedded.shutting_down():
-                log.warning(
-                    "the embedded PostgreSQL in %s is shutting down (something sent it a stop "
-                    "signal): ending its sessions so that it stops, then starting it again",
-                    embedded.pgdata,
-                )
-                await asyncio.to_thread(embedded.hasten_stop)
-                continue  # seen stopped at the next look, and started again
             if embedded.running():
+                if embedded.shutting_down():
+                    log.warning(
+                        "the embedded PostgreSQL in %s is shutting down (something sent it a "
+                        "stop signal): ending its sessions so that it stops, then starting it "
+                        "again",
+                        embedded.pgdata,
+                    )
+                    await asyncio.to_thread(embedded.hasten_stop)
+                    continue  # seen stopped at the next look, and started again
                 await asyncio.to_thread(embedded.stay_listed)
                 wait_s = EMBEDDED_CHECK_S
                 continue

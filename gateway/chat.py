@@ -391,7 +391,7 @@ def _told(exc: SvcError, turn: _Turn) -> SvcError:
     the host running the turn, finds a keyless request's turn running: that client has no
     key to ask for it again, and an SDK's retry would run it again in a new conversation."""
     if isinstance(exc, TurnInProgress) and not turn.keyed:
-        unkeyed = TurnInProgress(exc.unkeyed(turn.key.id))
+        unkeyed = TurnInProgress(exc.unkeyed())
         _no_retry(unkeyed)
         return unkeyed
     return exc

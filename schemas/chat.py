@@ -76,14 +76,16 @@ class ContentPart(BaseModel):
 
     @model_validator(mode="after")
     def _has_its_field(self) -> ContentPart:
-        field_name = "text" if self.type == "text" else "refusal"
-        if getattr(self, "text_field" if self.type == "text" else "refusal") is None:
-            raise ValueError(f'a {self.type} part needs "{field_name}" (a string)')
+        if self._own_field() is None:  # each kind's field is named as the kind is
+            raise ValueError(f'a {self.type} part needs "{self.type}" (a string)')
         return self
+
+    def _own_field(self) -> str | None:
+        return self.text_field if self.type == "text" else self.refusal
 
     @property
     def text(self) -> str:
-        return (self.text_field if self.type == "text" else self.refusal) or ""
+        return self._own_field() or ""
 
 
 _PART_TYPES = {"text": "text parts", "refusal": "an assistant's refusal parts"}

@@ -1272,7 +1272,7 @@ its own before a restart) to answer that it is ready, before leaving it to the s
 
 def _not_started(failed: Mapping[str, str], s: RaySettings) -> str:
     free = float(ray.available_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
-    total = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+    total = _cluster_cpus()
     hosts = ", ".join(f"{name} ({why})" for name, why in failed.items())
     return (
         f"Ray did not start actor host(s) {hosts}. Each host reserves {s.host_num_cpus:g} CPU "
@@ -1289,7 +1289,7 @@ def _not_started(failed: Mapping[str, str], s: RaySettings) -> str:
 def _check_hosts_fit(s: RaySettings) -> None:
     """A Ray of this process's own has this machine's CPUs and never more: hosts that need
     more never start, and the start would wait `host_start_timeout_s` (120 s) to say so."""
-    total = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+    total = _cluster_cpus()
     if s.hosts and s.hosts * s.host_num_cpus > total:
         ray.shutdown()
         raise HostUnavailable(
@@ -1301,8 +1301,13 @@ def _check_hosts_fit(s: RaySettings) -> None:
 
 
 def _cpu_hosts(per_host: float) -> int:
-    cpus = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+    cpus = _cluster_cpus()
     return max(1, int(cpus // per_host) if per_host > 0 else 1)
+
+
+def _cluster_cpus() -> float:
+    """The CPUs of the Ray this process joined or started, on every node."""
+    return float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
 
 
 # --- `svc cluster` ------------------------------------------------------------------------

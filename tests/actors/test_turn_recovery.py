@@ -433,12 +433,12 @@ def test_a_turn_never_given_up_names_what_ends_it() -> None:
     """Review finding: with no call time limit a turn is never recorded as abandoned, and
     "retry to get its answer or its failure" would have a client loop for ever."""
     in_progress = TurnInProgress.of("t1", "c1", "ws-9", None, never_expires=True)
-    for message in (in_progress.message, in_progress.unkeyed("c1")):
+    for message in (in_progress.message, in_progress.unkeyed()):
         assert "never given up by itself" in message
         assert "svc conversations abandon --workspace ws-9 c1" in message
     # One recorded before turns carried their expiry is given up as any other (review
     # finding: it was told never to be).
     older = TurnInProgress.of("t1", "c1", "ws-9", None)
-    for message in (older.message, older.unkeyed("c1")):
+    for message in (older.message, older.unkeyed()):
         assert "never given up" not in message
         assert "SVC_LLM_CALL_TIMEOUT_S plus a minute after its start" in message
