@@ -21,7 +21,7 @@ from gateway.admin_common import (
     ok,
     read_your_writes,
 )
-from gateway.control_chars import visible_controls
+from gateway.control_chars import one_line, visible_controls
 from gateway.errors import abort_connection, client_gone, read_query
 from gateway.http_server import watching_stalls
 from gateway.state import DATABASE
@@ -227,8 +227,10 @@ def _markdown_message(m: ConversationMessage) -> str:
 def _line(text: str) -> str:
     """One line of literal text: whitespace collapsed, and every ASCII punctuation character
     backslash-escaped (CommonMark allows it for all of them), so a title or a name reads as
-    itself, never as emphasis, a link, an entity or inline HTML."""
-    return _PUNCTUATION.sub(r"\\\g<0>", visible_controls(" ".join(text.split())))
+    itself, never as emphasis, a link, an entity or inline HTML. Overrides of the text's
+    direction and characters that show as nothing are escapes too: an override in a
+    message's name would show the rest of its heading, the time included, reversed."""
+    return _PUNCTUATION.sub(r"\\\g<0>", one_line(" ".join(text.split())))
 
 
 def _longest_backtick_run(text: str) -> int:

@@ -13,7 +13,8 @@ _IN_A_BLOCK = {code: f"\\x{code:02x}" for code in _C0_C1 if chr(code) not in "\n
 _ON_ONE_LINE = (
     _IN_A_BLOCK
     | {code: f"\\u{code:04x}" for code in (0x2028, 0x2029)}
-    # Marks and overrides of the text's direction (a name stored before they were refused).
+    # Marks and overrides of the text's direction and characters that show as nothing: a
+    # key name stored before they were refused, a conversation's title, a message's name.
     | {ord(c): f"\\u{ord(c):04x}" for c in DIRECTION_CONTROLS | INVISIBLE}
     | {ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r"}
 )
