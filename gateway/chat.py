@@ -117,8 +117,9 @@ TURN_DURATION = Histogram(
 )
 TURN_ERRORS = Counter(
     "svc_turn_errors_total",
-    "Chat turns that ended in an error (of the requests that reached the conversation actor, "
-    "as svc_turn_duration_seconds counts them), by error code.",
+    "Chat answers that were errors, by error code, of the requests that reached the "
+    "conversation actor (as svc_turn_duration_seconds counts them); a retry answered from a "
+    "recorded failure counts again.",
     ["code"],
 )
 

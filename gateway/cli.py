@@ -706,8 +706,9 @@ _LOGGED_EVERY = 10
 @dataclass
 class _RebuildProgress:
     """The rebuild's progress on stderr: a bar redrawn in place on a terminal; elsewhere (a
-    log file, a CI job) a line at each phase and every tenth of the events, with no carriage
-    returns or terminal escapes to garble the file."""
+    log file, a CI job) a line at each phase and at most one per tenth of the events (the
+    rebuild counts a replay batch at a time), with no carriage returns or terminal escapes to
+    garble the file."""
 
     terminal: bool
     last: tuple[str, int] | None = None
