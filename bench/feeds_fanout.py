@@ -141,12 +141,12 @@ async def serve_gateway(database_url: str, out: Path) -> None:
 # -- subscriber processes ---------------------------------------------------------------------
 
 # A frame as gateway/sse.py encodes it starts `id: <cursor>\nevent: <type>\n`; the closing
-# frames (`event: error` / `event: shutdown`) carry the cursor to resume from, not an event,
-# and so does the first (`retry: 3000\nid: <the start>`), which has no `event:`.
+# frames (`event: feed_error` / `event: shutdown`) carry the cursor to resume from, not an
+# event, and so does the first (`retry: 3000\nid: <the start>\nevent: cursor`).
 # Literal-prefixed patterns: the regex engine skips to each "\nid: " at C speed.
-_ID_LINE = re.compile(rb"\nid: ([^\n]+)\nevent: ")
-_CLOSING = re.compile(rb"\nid: [^\n]*\nevent: (error|shutdown)\n")
-_CLOSING_MARKS = (b"\nevent: error\n", b"\nevent: shutdown\n")
+_ID_LINE = re.compile(rb"\nid: ([^\n]+)\nevent: (?!cursor\n)")
+_CLOSING = re.compile(rb"\nid: [^\n]*\nevent: (feed_error|shutdown)\n")
+_CLOSING_MARKS = (b"\nevent: feed_error\n", b"\nevent: shutdown\n")
 
 
 class FeedClient(asyncio.Protocol):

@@ -22,7 +22,7 @@ that point; events at or before the connection's `point` are dropped on either s
 Slow consumers: a live connection's only buffer is its transport's. One holding more than
 `max_buffer_bytes` unsent, or whose socket took none of its unsent data for `write_timeout_s`
 (a client that reads slowly but steadily, a large frame over a slow link, is not one), is cut
-off: it gets a final `event: error` frame with the cursor of the last event written to it,
+off: it gets a final `event: feed_error` frame with the cursor of the last event written to it,
 after the events already buffered, and its socket is aborted if that does not drain within
 `write_timeout_s`. Nothing ever waits for it. A sweep every `tick_s` sends heartbeats to idle
 connections and notices closed sockets.
@@ -30,7 +30,7 @@ connections and notices closed sockets.
 Credentials: a feed is authorised when it opens, and its credential is checked again by every
 sweep (and at once on `recheck_soon`, for a revocation made in this process), one check per
 distinct credential, under the rules of a new request. A feed whose credential is refused
-(revoked, expired, its user deactivated, its rights withdrawn) gets a final `event: error`
+(revoked, expired, its user deactivated, its rights withdrawn) gets a final `event: feed_error`
 frame with the refusal and its cursor, and nothing after it.
 """
 
@@ -53,7 +53,7 @@ from eventstore.tailer import LogTailer, SubscriberTooSlow
 from eventstore.tasks import cancel_and_wait
 from gateway.cursor_seal import CursorSeal
 from gateway.errors import abort_connection, internal_failure
-from gateway.feed_frames import HEARTBEAT_FRAME, FrameCache, closing_frame
+from gateway.feed_frames import FEED_ERROR_EVENT, HEARTBEAT_FRAME, FrameCache, closing_frame
 from schemas.errors import RateLimited, SvcError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -766,7 +766,7 @@ HEARTBEAT = Payload.of(HEARTBEAT_FRAME)
 
 
 def _closing_event(reason: EndReason) -> str:
-    return "shutdown" if reason == "shutdown" else "error"
+    return "shutdown" if reason == "shutdown" else FEED_ERROR_EVENT
 
 
 def _closing_error(conn: FeedConnection, reason: EndReason) -> SvcError:

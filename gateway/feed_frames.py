@@ -118,14 +118,35 @@ def closing_payload(cursor: str, message: str, error_type: str, code: str) -> st
     return orjson.dumps(body).decode()
 
 
+FEED_ERROR_EVENT = "feed_error"
+"""The event name of a final frame that ends a feed on an error. Not `error`: an
+`EventSource` fires its own `error` event when the connection drops, and a handler that
+closes on `error` would never resume from the frame's cursor. Like `cursor`, it has no dot,
+so no event type of the log can take it."""
+CURSOR_EVENT = "cursor"
+
+
+def opening_frame(retry_ms: int, cursor: str) -> bytes:
+    """The first frame: the reconnection delay, and where the feed starts as its id and its
+    data (`{"cursor": ...}`). It carries data because a parser that dispatches only frames
+    with data (npm `eventsource`) ignores a bare `id:`, and its EventSource, reconnecting
+    before the first event the feed selects, would start a `start=latest` feed again at the
+    new head, skipping what was committed between."""
+    frame = encode_event(orjson.dumps({"cursor": cursor}), event=CURSOR_EVENT, id=cursor)
+    return b"retry: %d\n" % max(0, retry_ms) + frame
+
+
 def closing_frame(event: str, cursor: str, error: SvcError) -> bytes:
-    """The last frame of a feed (`event: error` or `event: shutdown`), carrying the public
-    cursor to resume from as its `id` and in its body."""
+    """The last frame of a feed (`event: feed_error` or `event: shutdown`), carrying the
+    public cursor to resume from as its `id` and in its body."""
     data = closing_payload(cursor, error.message, error.error_type, error.code)
     return encode_event(data, event=event, id=cursor or None)
 
 
-HEARTBEAT_FRAME = b": heartbeat\n\n"
+# A comment line and no blank line after it: a blank line dispatches, and a parser that keeps
+# the last id (httpx-sse, the openai SDK's) hands its consumer an empty event for each
+# heartbeat. The comment joins the next frame, whose parsers skip it.
+HEARTBEAT_FRAME = b": heartbeat\n"
 
 
 class FrameCache:

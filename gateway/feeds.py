@@ -14,9 +14,9 @@ learns nothing from it of the rest of the instance's log.
 
 A feed's credential is checked again while it is open (by the fan-out's sweep, and at once
 on `FeedFanout.recheck_soon`, for a revocation made in this process): a feed whose credential
-a new request would be refused with is closed with a final `event: error` frame. A consumer that
-falls behind is cut off by the fan-out (`SubscriberTooSlow`) the same way, with its cursor;
-other consumers are never slowed. See docs/feeds.md.
+a new request would be refused with is closed with a final `event: feed_error` frame. A
+consumer that falls behind is cut off by the fan-out (`SubscriberTooSlow`) the same way, with
+its cursor; other consumers are never slowed. See docs/feeds.md.
 """
 
 from __future__ import annotations
@@ -39,11 +39,12 @@ from gateway.feed_frames import (
     closing_payload,
     frame_payload,
     is_secret_field,
+    opening_frame,
     redact,
 )
 from gateway.identity.roles import require_access
 from gateway.openapi import document
-from gateway.sse import open_sse, send_retry
+from gateway.sse import open_sse
 from gateway.state import AUTH, CURSORS, SETTINGS, STORE, TAILER, Principal
 from schemas.admin import FeedEvent, FeedQuery
 from schemas.errors import InvalidInput
@@ -271,9 +272,9 @@ def _handler(spec: FeedSpec) -> Callable[[web.Request], Any]:
             # The frame's id is where the feed starts: an EventSource that reconnects before
             # the first event it selects (hours, with a rare ?types=) resumes from there,
             # where a `start=latest` feed would otherwise start again at the new head,
-            # skipping all that was committed between.
-            start_id = request.app[CURSORS].seal(cursor) if cursor else None
-            await send_retry(resp, RETRY_MS, id=start_id)
+            # skipping all that was committed between. A feed from the start names the origin.
+            start_id = request.app[CURSORS].seal(cursor or encode_cursor(ORIGIN))
+            await resp.write(opening_frame(RETRY_MS, start_id))
             try:
                 await hub.serve(request, resp, feed_filter, credential(request, spec), cursor)
             except (TimeoutError, ConnectionError):
@@ -299,8 +300,9 @@ def add_routes(app: web.Application) -> None:
             "GET",
             spec.path,
             summary=f"SSE feed ({spec.rights}): {spec.summary} Frames: id = cursor, "
-            "event = type, data = FeedEvent; a final event: error (too slow, credential no "
-            "longer valid) or shutdown carries FeedClosing. See docs/feeds.md.",
+            "event = type, data = FeedEvent; the first frame, event: cursor, names where the "
+            "feed starts ({cursor}); a final event: feed_error (too slow, credential no longer "
+            "valid) or shutdown carries FeedClosing. See docs/feeds.md.",
             tag="Events",
             query=FeedQuery,
             response=FeedEvent,

@@ -2,11 +2,10 @@
 
 `open_sse` prepares a `text/event-stream` response that proxies must not buffer or cache;
 `send_event` writes one frame (`id:`, `event:`, one `data:` line per line of data, blank line);
-`send_comment` writes a `:` comment line, used as a heartbeat; `send_retry` sets the client's
-reconnect delay. Each write is flushed to the transport at once. A client that has gone away
-surfaces as a `ConnectionError` from the write (reset, broken pipe, or aiohttp's "Connection
-lost" when it hangs up while a write waits to drain), which callers treat as the end of the
-stream.
+`send_comment` writes a `:` comment line, used as a heartbeat. Each write is flushed to the
+transport at once. A client that has gone away surfaces as a `ConnectionError` from the write
+(reset, broken pipe, or aiohttp's "Connection lost" when it hangs up while a write waits to
+drain), which callers treat as the end of the stream.
 """
 
 from __future__ import annotations
@@ -46,13 +45,6 @@ async def send_event(
 
 async def send_comment(resp: web.StreamResponse, text: str = "") -> None:
     await resp.write(b"".join(b": " + line + b"\n" for line in _lines(text.encode())) + b"\n")
-
-
-async def send_retry(resp: web.StreamResponse, ms: int, *, id: str | None = None) -> None:
-    """The reconnection delay; with `id`, also the point a reconnecting EventSource sends
-    back as Last-Event-ID (a frame without data still sets it, by the HTML standard)."""
-    field = b"" if id is None else b"id: " + _field(id) + b"\n"
-    await resp.write(b"retry: %d\n%s\n" % (max(0, int(ms)), field))
 
 
 def encode_event(data: bytes | str, *, event: str | None = None, id: str | None = None) -> bytes:

@@ -647,7 +647,7 @@ class FeedErrorBody(_Wire):
 
 
 class FeedClosing(_Wire):
-    """The last frame of a feed the service ends (`event: error` or `event: shutdown`):
+    """The last frame of a feed the service ends (`event: feed_error` or `event: shutdown`):
     resume from `cursor` to continue without skipping or repeating anything."""
 
     error: FeedErrorBody

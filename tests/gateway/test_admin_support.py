@@ -207,6 +207,11 @@ class Frame:
     def json(self) -> Any:
         return orjson.loads(self.data)
 
+    @property
+    def is_event(self) -> bool:
+        """An event of the log: not a comment, nor the feed's opening `cursor` frame."""
+        return self.event not in (None, "cursor")
+
 
 class SseReader:
     """Frames of an open event-stream response, one at a time."""
@@ -215,7 +220,8 @@ class SseReader:
         self.resp = resp
 
     async def frame(self, wait_s: float = READ_TIMEOUT_S) -> Frame | None:
-        """The next frame; None at the end of the stream."""
+        """The next frame; None at the end of the stream. A comment line before any field
+        (a feed's heartbeat, which no blank line follows) is a frame of its own here."""
         async with asyncio.timeout(wait_s):
             frame, seen = Frame(), False
             data: list[str] = []
@@ -229,9 +235,11 @@ class SseReader:
                         frame.data = "\n".join(data)
                         return frame
                     continue
-                seen = True
                 name, _, value = line.partition(":")
                 value = value[1:] if value.startswith(" ") else value
+                if name == "" and not seen:
+                    return Frame(comment=value)
+                seen = True
                 if name == "":
                     frame.comment = value
                 elif name == "id":
@@ -244,12 +252,12 @@ class SseReader:
                     frame.retry = int(value)
 
     async def events(self, count: int, wait_s: float = READ_TIMEOUT_S) -> list[Frame]:
-        """The next `count` event frames (comments and retry frames skipped)."""
+        """The next `count` event frames (comments and the opening `cursor` frame skipped)."""
         out: list[Frame] = []
         while len(out) < count:
             frame = await self.frame(wait_s)
             assert frame is not None, f"stream ended after {len(out)} of {count} events"
-            if frame.event is not None:
+            if frame.is_event:
                 out.append(frame)
         return out
 

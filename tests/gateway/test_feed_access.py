@@ -48,9 +48,9 @@ async def until_closed(
             while True:
                 frame = await reader.frame()
                 assert frame is not None, "the feed ended without its final frame"
-                if frame.event in ("error", "shutdown"):
+                if frame.event in ("feed_error", "shutdown"):
                     break
-                if frame.event is not None:
+                if frame.is_event:
                     events.append(frame)
             assert await reader.frame() is None, "something was sent after the final frame"
     finally:
@@ -115,7 +115,7 @@ async def test_revoking_a_key_closes_its_open_feeds(
     await revoke(service, admin, key_id)
     events, final = await until_closed(resp, reader)
     body = final.json()
-    assert final.event == "error"
+    assert final.event == "feed_error"
     assert body["error"]["code"] == "unauthorized"
     assert body["error"]["type"] == "authentication_error"
     delivered = [seen, *events]
@@ -149,7 +149,7 @@ async def test_a_local_revocation_closes_feeds_at_once(
     await reader.frame()
     await revoke(service, admin, key_id)
     _, final = await until_closed(resp, reader)
-    assert final.event == "error" and final.json()["error"]["code"] == "unauthorized"
+    assert final.event == "feed_error" and final.json()["error"]["code"] == "unauthorized"
     assert hub.unauthorized_total == 1
 
 
@@ -293,7 +293,7 @@ async def test_deactivating_the_owning_user_closes_the_feed(
     )
     assert patched.status == 200, await patched.text()
     _, final = await until_closed(resp, reader)
-    assert final.event == "error" and final.json()["error"]["code"] == "unauthorized"
+    assert final.event == "feed_error" and final.json()["error"]["code"] == "unauthorized"
 
 
 async def sign_in_member(
@@ -341,7 +341,7 @@ async def test_logging_out_closes_a_session_feed(
         assert logout.status == 200, await logout.text()
         _, final = await until_closed(resp, reader)
     assert seen.event == "conversation.started"
-    assert final.event == "error" and final.json()["error"]["code"] == "unauthorized"
+    assert final.event == "feed_error" and final.json()["error"]["code"] == "unauthorized"
 
 
 async def test_losing_the_right_closes_a_session_feed(
@@ -360,7 +360,7 @@ async def test_losing_the_right_closes_a_session_feed(
         again = await session.get(service.url(EVENTS), params={"start": "latest"})
         again.close()
     error = final.json()["error"]
-    assert final.event == "error"
+    assert final.event == "feed_error"
     assert error["code"] == "insufficient_scope" and error["type"] == "permission_error"
     assert again.status == 403
 
@@ -489,7 +489,7 @@ async def test_a_latest_start_tells_nothing_of_other_workspaces(service: Service
     resp, reader = await open_feed(service, EVENTS, key, last_event_id=start)
     try:
         frame = await reader.frame()
-        while frame is not None and frame.event is None:  # the retry advice, heartbeats
+        while frame is not None and not frame.is_event:  # the start, heartbeats
             frame = await reader.frame()
     finally:
         resp.close()
