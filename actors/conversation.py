@@ -1063,6 +1063,9 @@ class ConversationBehaviour(Behaviour[ConversationState]):
             outcome = await _resent_while_lost(ctx, complete, what)
         except (Exception, asyncio.CancelledError) as exc:
             cursor = await self._record_failure(ctx, command, exc, _elapsed_ms(began))
+            ended = _ended_elsewhere(ctx.state, command.turn_id) if cursor is None else None
+            if ended is not None and isinstance(exc, Exception):
+                raise _outcome_not_recorded(ended) from exc
             if (
                 isinstance(exc, Exception)
                 and complete is not None
@@ -1155,6 +1158,15 @@ class ConversationBehaviour(Behaviour[ConversationState]):
                     )
                     ctx.interruption = CommandInterrupted(ANSWER_RECORDED_MESSAGE)
                 return None  # else the caller answers with it
+            ended = _ended_elsewhere(ctx.state, command.turn_id)
+            if ended is not None:
+                log.warning(
+                    "turn %s was recorded as failed (%s) by another process while this one "
+                    "ran it; its outcome here is not recorded",
+                    command.turn_id,
+                    ended.error_code,
+                )
+                return None
             # The original error matters more to the caller; the turn stays "running" in the
             # log until the next command of this conversation records it as abandoned.
             log.exception("could not record the failure of turn %s", command.turn_id)
@@ -1196,6 +1208,24 @@ ANSWER_RECORDED_MESSAGE = (
 def _answer_recorded(state: ConversationState, turn_id: str) -> bool:
     turn = state.turns.get(turn_id)
     return turn is not None and turn.status == "completed"
+
+
+def _ended_elsewhere(state: ConversationState, turn_id: str) -> TurnRecord | None:
+    """The turn, failed in the log, once this process could record none of its outcome:
+    another process recorded its end while this one still ran it (an operator's `svc
+    conversations abandon`, or a recovery that took its expiry for a process gone)."""
+    turn = state.turns.get(turn_id)
+    return turn if turn is not None and turn.status == "failed" else None
+
+
+def _outcome_not_recorded(turn: TurnRecord) -> RecordedTurnFailure:
+    return RecordedTurnFailure(
+        f"turn {turn.turn_id} was recorded as failed ({turn.error_code}) while this process "
+        "still ran it, by `svc conversations abandon` or by a recovery that took it for "
+        "abandoned; what the model answered is not recorded: send the request again with a "
+        "new Idempotency-Key",
+        code=turn.error_code,
+    )
 
 
 def _overlong(model: str) -> UpstreamError:

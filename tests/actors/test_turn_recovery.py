@@ -20,7 +20,7 @@ from test_conversation_turns import eventually_recorded, run_turn, types_of
 
 from actors import ConversationBehaviour, RecordedTurnFailure, TurnResult, conversation_key
 from actors.conversation import ABANDONED, TURN_MARGIN_S, ConversationState, expired_turns
-from actors.errors import TurnInProgress
+from actors.errors import TurnInProgress, UpstreamError
 from actors.models.port import Finished, ModelEvent, ModelRequest, TextDelta, Usage
 from eventstore import PostgresEventStore
 from schemas.conversation import (
@@ -44,9 +44,10 @@ class GatedProvider:
 
     name = "gated"
 
-    def __init__(self) -> None:
+    def __init__(self, fails: bool = False) -> None:
         self.gate = asyncio.Event()
         self.calls = 0
+        self.fails = fails
 
     def serves(self, model: str) -> bool:
         return model == "scripted"
@@ -55,6 +56,8 @@ class GatedProvider:
         self.calls += 1
         yield TextDelta("partial")
         await self.gate.wait()
+        if self.fails:
+            raise UpstreamError("the model server answered 500")
         yield Finished("stop", Usage(prompt_tokens=1, completion_tokens=1))
 
 
@@ -65,10 +68,12 @@ async def dead_incarnation(
     command: RunTurn,
     clock: Callable[[], datetime] | None = None,
     budget_s: float | None = None,
+    fails: bool = False,
 ) -> tuple[GatedProvider, asyncio.Task[object]]:
     """A table that started `command`'s turn (at `clock()`, under the call budget `budget_s`;
-    None: a lifetime of zero) and will not finish it until the gate opens."""
-    gated = GatedProvider()
+    None: a lifetime of zero) and will not finish it until the gate opens (then failing, if
+    `fails`)."""
+    gated = GatedProvider(fails)
     behaviour = ConversationBehaviour([gated], clock=clock or _now, call_budget_s=_budget(budget_s))
     old = await make_runtime([behaviour])
     task: asyncio.Task[object] = asyncio.create_task(old.ask(conversation_key(cid), command))
@@ -82,7 +87,7 @@ async def fresh_table(make_runtime: MakeRuntime) -> tuple[RuntimeUnderTest, Scri
 
 
 async def test_retry_after_a_dead_incarnation_gets_the_recorded_failure(
-    make_runtime: MakeRuntime, store: PostgresEventStore
+    make_runtime: MakeRuntime, store: PostgresEventStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     cid = uuid.uuid4().hex
     command = run_turn(command_id=f"key-{uuid.uuid4().hex}")
@@ -108,11 +113,36 @@ async def test_retry_after_a_dead_incarnation_gets_the_recorded_failure(
             pass
     assert provider.calls == 0
 
-    # The old incarnation was alive after all: its answer loses at the version fence.
+    # The old incarnation was alive after all: its answer loses at the version fence. Its
+    # caller is told what became of the turn and what to do (QA finding: "turn ... already
+    # ended (failed)", a 409, and an ERROR with a traceback in the log).
     gated.gate.set()
-    with pytest.raises(Conflict, match="already ended"):
+    with pytest.raises(RecordedTurnFailure) as lost:
         await old_task
+    assert lost.value.code == ABANDONED and "new Idempotency-Key" in lost.value.message
     assert (await types_of(store, cid))[-1] == FAILED
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
+async def test_a_turn_abandoned_while_its_model_call_fails_is_told_so_without_an_error_logged(
+    make_runtime: MakeRuntime, store: PostgresEventStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """QA finding: the failure could not be recorded over the abandonment, and the log got
+    an ERROR with a traceback for what the docs call the expected outcome."""
+    cid = uuid.uuid4().hex
+    command = run_turn(command_id=f"key-{uuid.uuid4().hex}")
+    gated, old_task = await dead_incarnation(make_runtime, store, cid, command, fails=True)
+    runtime, _ = await fresh_table(make_runtime)
+    with pytest.raises(RecordedTurnFailure):
+        await runtime.ask(conversation_key(cid), command)  # records it abandoned
+
+    gated.gate.set()
+    with pytest.raises(RecordedTurnFailure) as lost:
+        await old_task
+    assert lost.value.code == ABANDONED and "not recorded" in lost.value.message
+    assert (await types_of(store, cid)).count(FAILED) == 1
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    assert "recorded as failed (turn_abandoned) by another process" in caplog.text
 
 
 async def test_the_next_command_sees_the_turn_failed_and_a_new_key_runs_a_new_turn(
@@ -133,7 +163,7 @@ async def test_the_next_command_sees_the_turn_failed_and_a_new_key_runs_a_new_tu
     assert (await types_of(store, cid))[-1] == "conversation.assistant_message_completed"
 
     gated.gate.set()
-    with pytest.raises(Conflict):
+    with pytest.raises(RecordedTurnFailure, match="not recorded"):
         await old_task
 
 
@@ -156,7 +186,7 @@ async def test_a_later_activation_still_answers_the_retry_from_the_log(
     assert (await types_of(store, cid)).count(FAILED) == 1
 
     gated.gate.set()
-    with pytest.raises(Conflict):
+    with pytest.raises(RecordedTurnFailure):
         await old_task
 
 
@@ -283,7 +313,7 @@ async def test_a_running_turn_older_than_its_lifetime_is_abandoned(
         await other.ask(conversation_key(cid), started_long_ago)
     assert raised.value.code == ABANDONED
     gated.gate.set()
-    with pytest.raises(Conflict):
+    with pytest.raises(RecordedTurnFailure):
         await first
 
 
