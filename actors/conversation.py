@@ -461,11 +461,13 @@ async def _resent_while_lost(
             return await ctx.execute(command)
         except StatementAborted:
             raise
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
             now = asyncio.get_running_loop().time()
             if wait_s is None or now + wait_s > deadline:
                 raise
-            log.warning("%s: the store lost %s; sending it again", ctx.key.stream_id, what)
+            log.warning(
+                "%s: the store lost %s (%s); sending it again", ctx.key.stream_id, what, exc
+            )
             await asyncio.sleep(wait_s)
     raise AssertionError("unreachable: the last try returns or raises")
 

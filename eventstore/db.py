@@ -52,6 +52,9 @@ _UNAVAILABLE_STATES = frozenset({"25P03", "55P03"})
 _ABORTED_CLASSES = ("40",)
 _CREDENTIALS_REFUSED_CLASS = "28"
 """Invalid authorization specification: the server refused the user or its password."""
+_TOO_MANY_CONNECTIONS = "53300"
+"""No connection slot free: PostgreSQL's "too many clients already", "remaining connection
+slots are reserved ..." once only the reserved ones are left, or a login's CONNECTION LIMIT."""
 _ABORTED_STATES = frozenset({"57014", "55P03"})
 
 
@@ -114,6 +117,15 @@ def translate_errors() -> Iterator[None]:
                 "started?); check the database URL's credentials and that the user may "
                 "connect, then restart the service",
                 f"{type(exc).__name__}: {exc}",
+            ) from exc
+        if _sqlstate(exc) == _TOO_MANY_CONNECTIONS:
+            # Unavailable to a client (it may pass), but a retry is not the operator's cure.
+            raise StoreUnavailable.with_detail(
+                "the event store database is unavailable; retry shortly",
+                f"{type(exc).__name__}: {exc}; the server has no connection slot free for "
+                "this login: raise its max_connections (or the login's CONNECTION LIMIT), or "
+                "lower SVC_DB_POOL_SIZE (each gateway and Ray actor host opens up to that "
+                "many; docs/operations.md, Requirements)",
             ) from exc
         if is_unavailable_state(_sqlstate(exc)):
             raise StoreUnavailable.with_detail(

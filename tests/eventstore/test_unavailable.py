@@ -415,6 +415,33 @@ async def test_credentials_refused_while_running_are_unavailable_and_say_what_to
         await admin.close()
 
 
+async def test_no_connection_slot_free_names_the_limits_to_raise(database_url: str) -> None:
+    """QA finding: a server out of connection slots read "unavailable; retry shortly" in the
+    operator's log and CLI, and the cause went unnamed where the retries were logged."""
+    role = f"svc_limited_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw-{role}' CONNECTION LIMIT 1")
+        parts = urlsplit(database_url)
+        host = parts.netloc.rsplit("@", 1)[-1]
+        url = urlunsplit(parts._replace(netloc=f"{role}:pw-{role}@{host}"))
+        db = await Database.connect(url, min_size=1, max_size=2)  # its one slot taken
+        try:
+            with pytest.raises(StoreUnavailable) as caught:
+                async with db.acquire() as first, db.acquire() as second:
+                    await first.fetchval("SELECT 1")
+                    await second.fetchval("SELECT 1")
+            assert "retry shortly" in caught.value.message  # what a client is told
+            assert "max_connections" in caught.value.detail
+            assert "SVC_DB_POOL_SIZE" in caught.value.detail
+            assert "pw-" not in str(caught.value)
+        finally:
+            await db.close()
+    finally:
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
+
+
 async def test_the_pool_notes_when_a_borrowers_work_last_ended(store_db: Database) -> None:
     """What the readiness probe (gateway/system.py) reads to tell a busy pool from one
     whose every connection is stuck on a frozen database."""
