@@ -167,8 +167,9 @@ async def apply_migrations(db: Database, sources: Sequence[MigrationSource]) -> 
     """
     wait = _LockWait()
     async with db.transaction() as conn:
+        server = await _check_server(conn)
         await _lock(conn, wait)
-        await conn.execute(_LEDGER_DDL)
+        await _create_ledger(conn, server)
         await _refuse_newer(conn, sources)
     applied: list[str] = []
     for source in sources:
@@ -187,6 +188,56 @@ async def apply_migrations(db: Database, sources: Sequence[MigrationSource]) -> 
                 raise
     await _ensure_reader_membership(db, wait)
     return applied
+
+
+_OLDEST_WORKING = 130000
+"""PostgreSQL 13 brought what the store's gap-free reads need: `xid8`, `pg_current_xact_id()`,
+`pg_snapshot_xmin()`."""
+_OLDEST_SUPPORTED = 160000
+
+
+@dataclass(frozen=True)
+class _Server:
+    login: str
+    database: str
+    version: str
+
+
+async def _check_server(conn: Connection) -> _Server:
+    """Refuses a PostgreSQL the store cannot run on; warns of one older than we support (it
+    runs, but its grants differ, and the tests do not run on it)."""
+    row = await conn.fetchrow(
+        "SELECT current_user AS login, current_database() AS database, "
+        "current_setting('server_version') AS version, "
+        "current_setting('server_version_num')::int AS number"
+    )
+    assert row is not None
+    server = _Server(row["login"], row["database"], row["version"])
+    if row["number"] < _OLDEST_WORKING:
+        raise StoreError(
+            f"PostgreSQL {server.version} is too old for the event store, which needs 13 or "
+            "newer (xid8, pg_current_xact_id); use PostgreSQL 16 or newer "
+            "(docs/operations.md, Requirements)"
+        )
+    if row["number"] < _OLDEST_SUPPORTED:
+        log.warning(
+            "PostgreSQL %s is older than 16, the oldest release SVC supports: the store runs "
+            "on it, but its tests do not; upgrade it (docs/operations.md, Requirements)",
+            server.version,
+        )
+    return server
+
+
+async def _create_ledger(conn: Connection, server: _Server) -> None:
+    try:
+        await conn.execute(_LEDGER_DDL)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise StoreError(
+            f"the login {server.login} may not create SVC's tables in database "
+            f"{server.database} ({exc}): SVC's login must own its database; a DBA runs "
+            f'`ALTER DATABASE "{server.database}" OWNER TO "{server.login}";` '
+            "(docs/operations.md, Requirements), then `svc migrate` again"
+        ) from exc
 
 
 async def _refuse_newer(conn: Connection, sources: Sequence[MigrationSource]) -> None:

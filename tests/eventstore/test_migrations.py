@@ -389,6 +389,39 @@ async def test_a_missing_privilege_names_the_migration_and_where_to_read(
     assert "docs/operations.md" in message
 
 
+async def test_a_login_that_does_not_own_its_database_is_told_the_dbas_command(
+    pg_server_url: str,
+) -> None:
+    """QA finding: such a login met "event store query failed (42501 ... permission denied
+    for schema public)", with no migration named and nothing to do."""
+    async with own_login(pg_server_url) as (name, url, admin):
+        await admin.execute(f'ALTER DATABASE "{name}" OWNER TO CURRENT_USER')
+        db = await Database.connect(url, max_size=2)
+        try:
+            with pytest.raises(StoreError) as caught:
+                await apply_migrations(db, [STORE_MIGRATIONS])
+        finally:
+            await db.close()
+    message = caught.value.message
+    assert "must own its database" in message, message
+    assert f'ALTER DATABASE "{name}" OWNER TO "{name}";' in message
+    assert "pw-" not in message
+
+
+async def test_a_server_older_than_supported_is_named_and_one_too_old_refused(
+    db: Database, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """QA ran on Debian's PostgreSQL 15, which operations.md calls unsupported, and nothing
+    said so. (This server's version stands in, the floors raised above it.)"""
+    monkeypatch.setattr(migrate, "_OLDEST_SUPPORTED", 10_000_000)
+    with caplog.at_level(logging.WARNING, logger="eventstore.migrate"):
+        await apply_migrations(db, [STORE_MIGRATIONS])
+    assert "older than 16, the oldest release SVC supports" in caplog.text
+    monkeypatch.setattr(migrate, "_OLDEST_WORKING", 10_000_000)
+    with pytest.raises(StoreError, match="too old for the event store"):
+        await apply_migrations(db, [STORE_MIGRATIONS])
+
+
 async def test_a_login_that_only_administers_the_reader_role_is_given_set(
     pg_server_url: str,
 ) -> None:
