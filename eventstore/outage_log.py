@@ -47,5 +47,6 @@ class OutageLog:
     def succeeded(self) -> None:
         """The loop works again: said once, after a failure."""
         if self.failures:
-            self._log.info("%s works again after %d failures", self._what, self.failures)
+            failures = "1 failure" if self.failures == 1 else f"{self.failures} failures"
+            self._log.info("%s works again after %s", self._what, failures)
             self.failures = 0

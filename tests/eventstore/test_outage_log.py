@@ -32,6 +32,9 @@ def test_an_outage_is_one_warning_then_reminders_then_its_end(
     assert "(1 in a row)" in warnings[0] and "(51 in a row)" in warnings[1]
     assert infos == ["test read works again after 51 failures"]
     assert outage.failures == 0
+    outage.failed(ConnectionError("database away"))
+    outage.succeeded()
+    assert caplog.records[-1].getMessage() == "test read works again after 1 failure"  # QA
 
 
 async def test_the_open_transaction_sampler_logs_an_outage_once(
