@@ -488,12 +488,15 @@ def _background(stack: AsyncExitStack, coro: Coroutine[Any, Any, None], name: st
 
 
 def _apply_live(
-    settings: Settings, providers: ProviderSet, runtime: ActorRuntime
+    settings: Settings, providers: ProviderSet, runtime: ActorRuntime, *, serving: bool
 ) -> Callable[[str], None]:
     def on_change(key: str) -> None:
         if key.startswith("SVC_LLM_"):
             providers.apply_live(model_config(settings))
-        if key == "SVC_LOG_LEVEL":
+        if key == "SVC_LOG_LEVEL" and serving:
+            # A stored level is the service's. A command's level is fixed at its start
+            # (gateway/cli.py: warnings and errors, debug when its environment asks): one it
+            # stored, or read in a refresh, printed INFO lines amid its own output.
             apply_log_level(settings.text("SVC_LOG_LEVEL"))
         if key.startswith("SVC_LLM_") or key == "SVC_LOG_LEVEL":
             runtime.configure(host_config(settings))  # the Ray hosts'; the local one ignores it
@@ -528,7 +531,7 @@ async def open_platform(settings: Settings, *, background: bool = True) -> Async
         shutdown = Shutdown(runtime, settings.shutdown_grace_s, report)
         stack.push_async_callback(shutdown.stop_runtime)
         service = SettingsService(settings, runtime, store, vault, serving=background)
-        settings.on_live_change(_apply_live(settings, providers, runtime))
+        settings.on_live_change(_apply_live(settings, providers, runtime, serving=background))
         # Who set each stored value, and when, for the listings; after the listener above,
         # so a live change another process made since the settings were loaded is applied.
         await service.refresh()

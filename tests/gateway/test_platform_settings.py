@@ -1076,3 +1076,27 @@ async def test_a_value_written_another_way_is_no_change_waiting_for_a_restart(
         assert settings.pending_restart() == []
         moved = await service.set("SVC_LLM_RETRIES", "6")
         assert moved.restart_required and settings.pending_restart() == ["SVC_LLM_RETRIES"]
+
+
+@pytest.mark.usefixtures("log_levels")
+async def test_a_stored_log_level_applies_to_the_service_not_to_a_command(
+    database_url: str,
+) -> None:
+    """QA finding: a command that stored SVC_LOG_LEVEL=info (or read it in a refresh) took
+    it as its own level and printed INFO lines amid its output; commands other than serve
+    log warnings and errors only (docs/gateway-platform.md). The service applies it live."""
+    from gateway import cli
+    from gateway.bootstrap import open_platform
+
+    settings = settings_for(database_url)
+    cli._configure_logging(settings, "settings")
+    async with open_platform(settings, background=False) as platform:
+        await platform.settings_service.set("SVC_LOG_LEVEL", "info")
+        assert not logging.getLogger("projections.runner").isEnabledFor(logging.INFO)
+        await platform.settings_service.set("SVC_LOG_LEVEL", "debug")
+        assert not logging.getLogger("gateway.bootstrap").isEnabledFor(logging.INFO)
+        await platform.settings_service.unset("SVC_LOG_LEVEL")
+    async with running(settings_for(database_url)) as svc:
+        await svc.app[SETTINGS_SERVICE].set("SVC_LOG_LEVEL", "debug")
+        assert logging.getLogger("projections.runner").isEnabledFor(logging.DEBUG)
+        await svc.app[SETTINGS_SERVICE].unset("SVC_LOG_LEVEL")
