@@ -712,8 +712,13 @@ class _RebuildProgress:
 
     terminal: bool
     last: tuple[str, int] | None = None
+    phase: str = ""
+    """The last phase reported: what an interruption left behind depends on it."""
+    line_open: bool = False
+    """A bar is drawn without its line end: anything else written starts a line first."""
 
     def __call__(self, done: int, total: int, phase: str) -> None:
+        self.phase = phase
         width = 30
         whole = total == 0 and phase != "checking"
         filled = width if whole else int(width * done / max(total, 1))
@@ -722,6 +727,7 @@ class _RebuildProgress:
             # \x1b[K clears what a longer line before this one left on the terminal.
             bar = "#" * filled + "-" * (width - filled)
             sys.stderr.write(f"\r[{bar}] {line}\x1b[K")
+            self.line_open = True
         else:
             step = (phase, 100 if whole else done * 100 // max(total, 1) // _LOGGED_EVERY)
             if step == self.last:
@@ -731,8 +737,28 @@ class _RebuildProgress:
         sys.stderr.flush()
 
     def end(self) -> None:
-        if self.terminal:
-            sys.stderr.write("\n")  # ends the bar's line, before any error message
+        """Ends the bar's line, before any other message."""
+        if self.line_open:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self.line_open = False
+
+    def interrupted(self, name: str) -> str:
+        """What a signal during the rebuild of `name` left: the rebuild replays into copies
+        and switches them in by one transaction (projections/rebuild.py), so before the
+        switch the live read model is untouched, and during it the transaction either
+        committed whole or not at all."""
+        again = f"`svc projections rebuild {name}` starts it again"
+        if self.phase in ("switching", "done"):
+            return (
+                f"svc: rebuild of {name} interrupted while switching the rebuilt rows in: the "
+                "live read model is either the old one or the rebuilt one, whole (one "
+                f"transaction); {again}"
+            )
+        return (
+            f"svc: rebuild of {name} interrupted: the live read model is unchanged (the "
+            f"rebuild worked on copies, now dropped); {again}"
+        )
 
 
 def check_projections_args(args: argparse.Namespace, settings: Settings) -> None:
@@ -760,6 +786,10 @@ async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
             progress = _RebuildProgress(terminal=sys.stderr.isatty())
             try:
                 count = await runner.rebuild(args.name, progress)
+            except asyncio.CancelledError:  # a signal (_until_signalled): exits 128 + it
+                progress.end()
+                _out(progress.interrupted(args.name), sys.stderr)
+                raise
             finally:
                 progress.end()
             _out(f"rebuilt {args.name} from {count} events of its types")

@@ -4,6 +4,9 @@ that say what they show."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -126,3 +129,51 @@ async def test_a_stored_default_workspace_is_named_where_the_cli_takes_it(
     args = argparse.Namespace(workspace="acme", **create)
     assert await cli.cmd_apikeys(args, settings_for(database_url)) == 0
     assert "note" not in capsys.readouterr().err
+
+
+async def test_a_rebuild_interrupted_ends_its_line_and_says_the_model_is_unchanged(
+    database_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QA finding: Ctrl-C during `svc projections rebuild` exited 130 without a word, the
+    progress line left unended. The rebuild replays into copies (projections/rebuild.py):
+    interrupted before its switch, the live read model is as it was."""
+    settings = settings_for(database_url)
+    create = argparse.Namespace(
+        action="create", scopes="chat", workspace="w", rate_limit_rpm=None, name="kept"
+    )
+    assert await cli.cmd_apikeys(create, settings) == 0
+    listing = argparse.Namespace(action="list", workspace="w", json=False)
+    assert await cli.cmd_apikeys(listing, settings) == 0
+    listed = capsys.readouterr().out.splitlines()[-1]
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the bar, drawn in place
+    draw = cli._RebuildProgress.__call__
+
+    def interrupting(self: cli._RebuildProgress, done: int, total: int, phase: str) -> None:
+        draw(self, done, total, phase)
+        if phase == "replaying" and not signalled:
+            signalled.append(True)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, taken by _until_signalled
+
+    signalled: list[bool] = []
+    monkeypatch.setattr(cli._RebuildProgress, "__call__", interrupting)
+    rebuild = argparse.Namespace(action="rebuild", name="api_keys")
+    code = await cli._until_signalled(cli.cmd_projections(rebuild, settings))
+    assert code == 130
+    err = capsys.readouterr().err
+    bar, said = err.rstrip("\n").rsplit("\n", 1)
+    assert bar.startswith("\r[") and err.endswith("\n"), err
+    assert said == (
+        "svc: rebuild of api_keys interrupted: the live read model is unchanged (the rebuild "
+        "worked on copies, now dropped); `svc projections rebuild api_keys` starts it again"
+    )
+    monkeypatch.undo()
+    assert await cli.cmd_apikeys(listing, settings) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == listed
+
+
+def test_a_rebuild_interrupted_while_switching_does_not_promise_the_old_model() -> None:
+    progress = cli._RebuildProgress(terminal=False)
+    progress(3, 3, "switching")
+    said = progress.interrupted("messages")
+    assert "either the old one or the rebuilt one, whole" in said and "unchanged" not in said
