@@ -92,9 +92,14 @@ class _Parser(argparse.ArgumentParser):
     commands: dict[tuple[str, ...], _Parser]
     """The parser of each command (`("settings", "set")`), to say a mistake with its usage."""
 
+    dashed_value_also = ""
+    """What else this command offers for such a value (`settings set`: standard input)."""
+
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         # Kept to tell a whole mistyped option from a word inside a value (see below).
         self._argv = tuple(sys.argv[1:] if args is None else args)
+        for command in getattr(self, "commands", {}).values():
+            command._argv = self._argv  # each command's errors look at the arguments too
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             # argparse reports what a subcommand did not take from the top: with `svc`'s
@@ -115,22 +120,50 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> Any:
         self.print_usage(sys.stderr)
-        self.exit(USAGE_ERROR, f"svc: error: {_unquoted_extras(message, self._argv)}\n")
+        said = _unquoted_extras(message, self._argv, self._dashed_value())
+        if message.startswith(_REQUIRED) and self._took_a_value_for_an_option():
+            said += f"; {self._dashed_value()}"
+        self.exit(USAGE_ERROR, f"svc: error: {said}\n")
+
+    def _took_a_value_for_an_option(self) -> bool:
+        """Whether an argument that starts with '-' is none of this command's options: a
+        value argparse took for one (`svc apikeys revoke -x`), and then reported as a
+        missing argument."""
+        known = {option for action in self._actions for option in action.option_strings}
+        return any(
+            arg.startswith("-") and arg != "--" and arg.split("=")[0] not in known
+            for arg in self._argv
+        )
+
+    def _dashed_value(self) -> str:
+        """Why an argument that starts with '-' was not taken, and how to pass one, with
+        this command's own arguments; never the argument itself (it may be a secret)."""
+        names = [
+            action.dest
+            for action in self._actions
+            if not action.option_strings and not isinstance(action, argparse._SubParsersAction)
+        ]
+        said = (
+            "an argument that starts with '-' is read as an option (not repeated: it may be "
+            "a secret's value); "
+        )
+        if not names:
+            return said + "this command takes no such value: see its --help"
+        *before, last = names
+        example = " ".join([self.prog, *(n.upper() for n in before), "--", f"-{last}"])
+        return (
+            f"{said}put a value that starts with '-' after '--', any options before it "
+            f"({example}){self.dashed_value_also}"
+        )
 
 
 _UNRECOGNIZED = "unrecognized arguments: "
+_REQUIRED = "the following arguments are required: "
 _IGNORED_EXPLICIT = "ignored explicit argument"
 _OPTION_LIKE = re.compile(r"--[a-z]{1,20}+(?:-[a-z]{1,20}+){0,3}+")
 
 
-_DASHED_VALUE = (
-    "an argument that starts with '-' is no option here (not repeated: it may be a "
-    "secret's value); put a value that starts with '-' after '--' "
-    "(svc settings set KEY -- -value), or give it on standard input"
-)
-
-
-def _unquoted_extras(message: str, argv: Sequence[str] = ()) -> str:
+def _unquoted_extras(message: str, argv: Sequence[str], dashed_value: str) -> str:
     """argparse's message, unless it repeats an argument that may be a secret: a value that
     starts with `-` is taken for an option, and `svc settings set KEY -k3y...` had the
     secret on stderr. A mistyped option (`--nme`) is still named when it was a whole
@@ -138,11 +171,11 @@ def _unquoted_extras(message: str, argv: Sequence[str] = ()) -> str:
     if not _quotes_a_value(message):
         return message
     if _IGNORED_EXPLICIT in message:
-        return _DASHED_VALUE
+        return dashed_value
     extras = message.removeprefix(_UNRECOGNIZED).split(" ")
     options = [extra for extra in extras if _OPTION_LIKE.fullmatch(extra) and extra in argv]
     if any(extra.startswith("-") and extra not in options for extra in extras):
-        return _DASHED_VALUE
+        return dashed_value
     # Values the command does not take: an extra word, or one after a mistyped option.
     named = f"unrecognized option {', '.join(options)}, and " if options else ""
     return (
@@ -1057,6 +1090,7 @@ def _settings_parser(sub: Any) -> None:
     p.set_defaults(run=cmd_settings, check=check_settings_args)
     acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
     s = acts.add_parser("set", help="store a value")
+    s.dashed_value_also = ", or give it on standard input"
     s.add_argument("key", help=_SETTING_KEY)
     s.add_argument(
         "value",

@@ -827,3 +827,40 @@ def test_a_data_directory_it_cannot_use_is_refused_before_it_is_announced(
     assert done.returncode == 2, done.stderr
     assert "contains a space" in done.stderr and "no database in" not in done.stderr
     assert not spaced.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "example"),
+    [
+        (["apikeys", "revoke", "-x"], "(svc apikeys revoke -- -key_id)"),
+        (["apikeys", "revoke", "--workspace", "w", "-x"], "(svc apikeys revoke -- -key_id)"),
+        (["conversations", "replay", "-x"], "(svc conversations replay -- -conversation_id)"),
+        (["projections", "rebuild", "-x"], "(svc projections rebuild -- -name)"),
+        (["cluster", "scale", "-5x"], "(svc cluster scale -- -hosts)"),
+        (["settings", "set", "-x"], "(svc settings set KEY -- -value), or give it on standard"),
+    ],
+)
+def test_a_value_that_starts_with_a_dash_is_said_how_to_pass(
+    args: list[str], example: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """QA finding: argparse took the value for an option, then said the argument was
+    missing ("the following arguments are required: key_id") although one was given; only
+    `settings set` said how to pass such a value."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(args)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "the following arguments are required" in err, err
+    assert "put a value that starts with '-' after '--', any options before it" in err, err
+    assert example in err and args[-1] not in err.split("svc: error:")[1], err
+
+
+@pytest.mark.parametrize(
+    "args", [["apikeys", "revoke"], ["apikeys", "revoke", "--workspace", "w"], ["cluster", "scale"]]
+)
+def test_a_missing_argument_is_only_said_missing(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(args)
+    err = capsys.readouterr().err
+    assert "arguments are required" in err and "'--'" not in err, err
