@@ -96,6 +96,7 @@ class EmbeddedPostgres:
         # The server listens on a Unix socket in pgdata and trusts local connections. When
         # that path is too long for a socket, the wheel would put the socket in a shared
         # runtime directory any local user can reach: refuse instead.
+        self._check_directory()
         socket_path = self.pgdata.resolve() / ".s.PGSQL.5432"
         if any(c.isspace() for c in str(socket_path)):
             # The wheel hands the socket directory to postgres as `-k <dir>` unquoted, which
@@ -110,6 +111,17 @@ class EmbeddedPostgres:
                 f"the data directory path {self.data_dir.resolve()} is too long for the "
                 f"embedded PostgreSQL's Unix socket ({_MAX_SOCKET_PATH} bytes at most for "
                 f"{socket_path}); use a shorter SVC_DATA_DIR"
+            )
+
+    def _check_directory(self) -> None:
+        """The data directory, or the nearest of its parents that exists, is a directory: a
+        file there was announced as a new database and then failed to be made (exit 1)."""
+        existing = next((p for p in (self.pgdata, *self.pgdata.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise UnusableDataDirectory(
+                f"cannot use {self.data_dir} as the data directory (SVC_DATA_DIR): {existing} "
+                "is a file, not a directory; point SVC_DATA_DIR at a directory (a missing one "
+                "is created)"
             )
 
     def running(self) -> bool:

@@ -9,7 +9,7 @@ import re
 import zoneinfo
 from collections.abc import Callable
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import orjson
 from cryptography import x509
@@ -39,6 +39,7 @@ TextRule = Literal[
     "pem_certificate",
     "saml_idp_metadata",
     "trimmed",
+    "postgres_url",
 ]
 
 OFFLINE_PROVIDERS = frozenset({"offline", "svc-offline"})
@@ -185,6 +186,44 @@ def _ray_address(raw: str) -> bool:
     return bool(sep and host and "://" not in text and port is not None and 0 < port < 65536)
 
 
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+"""libpq's sslmode values (the driver takes verify_ca and verify_full too)."""
+
+
+def postgres_url_problem(raw: str) -> str | None:
+    """What is wrong with a PostgreSQL URL's form, or None (blank: the embedded database).
+    Said without quoting the URL, which may hold a password: the driver's own refusal of a
+    malformed one came only once a command ran, as an unreachable database (exit 1)."""
+    text = raw.strip()
+    if not text:
+        return None
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme.lower() not in POSTGRES_SCHEMES:
+        return "it does not start with postgresql:// (or postgres://)"
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" not in authority and "@" in rest:  # the authority cut short inside the password
+        return "its user name or password holds a / ? or # that is not percent-encoded"
+    hosts = authority.rpartition("@")[2]  # the user name and password before it
+    if any(not _a_port(host) for host in hosts.split(",")):  # a list of hosts: libpq's too
+        return "its port is not a number from 1 to 65535"
+    query = text.partition("?")[2].partition("#")[0]
+    modes = parse_qs(query, keep_blank_values=True).get("sslmode", [])
+    if any(mode.replace("_", "-") not in SSL_MODES for mode in modes):
+        return f"its sslmode is none of {', '.join(SSL_MODES)}"
+    return None
+
+
+def _a_port(host: str) -> bool:
+    """Whether `host` (`name`, `name:port`, `[v6]:port`) has no port or a valid one."""
+    after_address = host.rpartition("]")[2] if host.startswith("[") else host
+    _, sep, port_text = after_address.rpartition(":")
+    if not sep:
+        return True
+    port = port_number(port_text)
+    return port is not None and 0 < port < 65536
+
+
 def pem_certificate_problem(text: str) -> str | None:
     """Why `text` is not one PEM X.509 certificate, or None."""
     if PEM_PRIVATE_KEY.search(text):
@@ -291,6 +330,12 @@ TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
         "blank (a local Ray), auto, or the host:port of a Ray head to join as a node (its GCS "
         "port, 6379 by default); not ray:// (Ray Client cannot stream)",
     ),
+    "postgres_url": (
+        lambda raw: postgres_url_problem(raw) is None,
+        "blank (the embedded PostgreSQL) or postgresql://user:password@host:port/database"
+        "?options, with / ? # @ : in the user name and password percent-encoded (%2F %3F %23 "
+        "%40 %3A)",
+    ),
     "origins": (
         _origins,
         "blank or a comma list of browser origins, scheme://host[:port] with no path, e.g. "
@@ -298,3 +343,8 @@ TEXT_RULES: dict[TextRule, tuple[Callable[[str], bool], str]] = {
     ),
 }
 """Each rule's check, and what a valid value looks like (for the error message)."""
+
+RULE_PROBLEMS: dict[TextRule, Callable[[str], str | None]] = {
+    "postgres_url": postgres_url_problem,
+}
+"""Rules that can say what is wrong with a value, besides what a valid one looks like."""

@@ -21,7 +21,7 @@ from functools import lru_cache
 from typing import Literal
 
 from schemas.errors import NOT_REPEATED, InvalidInput, NotFound, closest, echoed, secret_shaped
-from schemas.setting_rules import TEXT_RULES, TextRule
+from schemas.setting_rules import RULE_PROBLEMS, TEXT_RULES, TextRule
 from schemas.text import is_utf8
 
 SettingType = Literal["bool", "int", "text", "enum", "duration"]
@@ -135,8 +135,11 @@ def _invalid(spec: SettingSpec, raw: str) -> InvalidInput:
     # A refused URL may hold a password (refused for that very reason): never quoted back.
     masked = _USERINFO.sub(r"\1***@", raw)
     shown = "(secret value)" if spec.secret else _quoted_short(masked)
+    rule = spec.set_rule or spec.new_rule or spec.rule
+    said = RULE_PROBLEMS[rule](raw) if rule in RULE_PROBLEMS else None
+    wrong = f"{said}; " if said else ""
     return InvalidInput(
-        f"invalid value {shown} for {spec.key}: expected {spec.expected()}",
+        f"invalid value {shown} for {spec.key}: {wrong}expected {spec.expected()}",
         code="invalid_setting_value",
     )
 
@@ -1704,7 +1707,7 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_MAX_BODY_BYTES": {"min_value": 1024.0, "storable": False, "note": _BUILD_TIME},
     "SVC_FEEDS_PER_OWNER": {"min_value": 0.0, "max_value": 1_000_000.0},
     "SVC_SHUTDOWN_GRACE_SEC": {"storable": False, "note": _BUILD_TIME},
-    "SVC_DATABASE_URL": {"storable": False, "note": _NOT_STORABLE},
+    "SVC_DATABASE_URL": {"storable": False, "note": _NOT_STORABLE, "rule": "postgres_url"},
     "SVC_GATEWAY_ADDR": {
         "storable": False,
         "note": "where this process listens, which only its environment can know: a stored "

@@ -223,8 +223,10 @@ def test_a_malformed_database_url_is_refused_without_its_password(data_dir: Path
     for password in ("s3cr/et-pw", "s3cr?et-pw", "s3cr#et-pw"):
         url = f"postgresql://svc:{password}@127.0.0.1:5432/svc"
         done = svc(data_dir, "migrate", SVC_DATABASE_URL=url, SVC_LOG_LEVEL="debug")
-        assert done.returncode == 1, done.stderr
-        assert "percent-encode" in done.stderr, done.stderr
+        # Bad input, told where the settings are read: not an unavailable database (1).
+        assert done.returncode == 2, done.stderr
+        assert "password holds a / ? or # that is not percent-encoded" in done.stderr
+        assert "percent-encoded (%2F %3F %23 %40 %3A)" in done.stderr, done.stderr
         for part in password.split(password[4]):
             assert part not in done.stderr + done.stdout, (password, done.stderr)
 
@@ -864,3 +866,37 @@ def test_a_missing_argument_is_only_said_missing(
         build_parser().parse_args(args)
     err = capsys.readouterr().err
     assert "arguments are required" in err and "'--'" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("not a url", "it does not start with postgresql:// (or postgres://)"),
+        ("mysql://svc:Pw-s3cret@db/svc", "it does not start with postgresql://"),
+        ("postgresql://svc:Pw-s3cret@db:notaport/svc", "its port is not a number from 1 to"),
+        ("postgresql://svc:Pw-s3cret@db/svc?sslmode=bogus", "its sslmode is none of disable"),
+    ],
+)
+def test_a_database_url_of_the_wrong_form_is_bad_input(data_dir: Path, url: str, said: str) -> None:
+    """QA finding: such a URL exited 1 (an unavailable database), and a bad sslmode came
+    with advice about sslrootcert."""
+    done = svc(data_dir, "apikeys", "list", SVC_DATABASE_URL=url)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("svc: error: invalid value (secret value) for SVC_DATABASE_URL")
+    assert said in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert "s3cret" not in done.stderr and "sslrootcert" not in done.stderr, done.stderr
+
+
+def test_a_data_directory_that_is_a_file_is_one_error(data_dir: Path) -> None:
+    """QA finding: a note said a new database would start there, then the command failed
+    with exit 1."""
+    a_file = data_dir / "a-file"
+    a_file.write_text("not a directory")
+    for path in (a_file, a_file / "below"):
+        done = svc(data_dir, "apikeys", "list", SVC_DATA_DIR=str(path))
+        assert done.returncode == 2, done.stderr
+        assert done.stderr == (
+            f"svc: error: cannot use {path} as the data directory (SVC_DATA_DIR): {a_file} "
+            "is a file, not a directory; point SVC_DATA_DIR at a directory (a missing one is "
+            "created)\n"
+        )

@@ -1100,3 +1100,25 @@ async def test_a_stored_log_level_applies_to_the_service_not_to_a_command(
         await svc.app[SETTINGS_SERVICE].set("SVC_LOG_LEVEL", "debug")
         assert logging.getLogger("projections.runner").isEnabledFor(logging.DEBUG)
         await svc.app[SETTINGS_SERVICE].unset("SVC_LOG_LEVEL")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "postgresql://svc:pw@db:5432/svc",
+        "postgres://svc@db/svc?sslmode=verify_full&sslrootcert=system",
+        "postgresql://svc:p%2Fw@[::1]:5432/svc?sslmode=verify-ca",
+        "postgresql://h1:5432,h2:5433/svc",
+        "postgresql:///svc?host=/var/run/postgresql",
+    ],
+)
+def test_a_postgres_url_of_any_form_libpq_takes_is_accepted(url: str) -> None:
+    assert Settings({"SVC_DATABASE_URL": url}).database_url == (url or None)
+
+
+def test_a_database_url_refused_says_what_is_wrong_without_the_password() -> None:
+    with pytest.raises(InvalidInput) as refused:
+        Settings({"SVC_DATABASE_URL": "postgresql://svc:Pw-s3cret@db:5432/svc?sslmode=on"})
+    assert "its sslmode is none of disable, allow, prefer" in refused.value.message
+    assert "s3cret" not in refused.value.message
