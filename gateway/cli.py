@@ -644,7 +644,11 @@ async def _apikeys_list(args: argparse.Namespace, platform: Platform) -> int:
     except ProjectionFailed as exc:
         _out(f"svc: warning: whose each key is may be out of date: {exc.message}", sys.stderr)
     if await queries.get_workspace(platform.db, workspace) is None:
-        raise NotFound(f"workspace {workspace} does not exist")  # as revoke says
+        shown = one_line(workspace)
+        raise NotFound(
+            f"workspace {shown} does not exist; check --workspace (a workspace comes to exist "
+            f"with its first key: `svc apikeys create --scopes ... --workspace {shown}`)"
+        )
     keys = await queries.list_api_keys(platform.db, workspace)
     if args.json:
         # The API's record type, so the CLI's rows and GET /v1/admin/apikeys cannot drift.
@@ -857,17 +861,29 @@ async def cmd_conversations(args: argparse.Namespace, settings: Settings) -> int
         stream = Stream(platform.store, key, workspace)
         first = await stream.read(1, 1)
         if not first:
-            other = "" if args.workspace else "; name its workspace with --workspace"
-            raise NotFound(
-                f"no conversation {echoed(args.conversation_id)} in workspace "
-                f"{one_line(workspace)}{other}"
-            )
+            raise NotFound(_no_conversation(args, workspace, platform.settings))
         snapshot = await snapshot_of(stream)
         newest = await stream.newest_version()
         state_of = _StateAt(stream, snapshot)
         if args.action == "abandon":
             return await _abandon(args, platform, first[0].workspace_id, state_of, newest)
         return await _replay(args, stream, state_of, newest)
+
+
+def _no_conversation(args: argparse.Namespace, workspace: str, settings: Settings) -> str:
+    """What to check when a conversation is not found: its id, and the workspace it was
+    looked for in (the default one unless --workspace named another)."""
+    said = f"no conversation {echoed(args.conversation_id)} in workspace {one_line(workspace)}"
+    default = one_line(settings.default_workspace_id)
+    if not args.workspace:
+        return (
+            f"{said}, the default one (SVC_DEFAULT_WORKSPACE_ID); check the id (the "
+            "X-SVC-Conversation-Id chat answered), or name its workspace with --workspace"
+        )
+    return (
+        f"{said}; check the id (the X-SVC-Conversation-Id chat answered) and the workspace "
+        f"(without --workspace: the default workspace, {default})"
+    )
 
 
 @dataclass(frozen=True, slots=True)

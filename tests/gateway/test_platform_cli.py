@@ -459,7 +459,8 @@ async def _chat(base: str, headers: dict[str, str]) -> str:
 async def _replay_and_rebuild(data_dir: Path, conversation: str) -> None:
     # Of workspace w2: not the default's, which a replay without --workspace reads.
     code, out, err = await _run(data_dir, "conversations", "replay", conversation)
-    assert code == 2 and "in workspace default; name its workspace with --workspace" in err
+    assert code == 2 and "in workspace default, the default one (SVC_DEFAULT_WORKSPACE_ID)" in err
+    assert "or name its workspace with --workspace" in err
     replay = ("conversations", "replay", conversation, "--workspace", "w2")
     code, out, err = await _run(data_dir, *replay)
     assert code == 0, err
@@ -900,3 +901,19 @@ def test_a_data_directory_that_is_a_file_is_one_error(data_dir: Path) -> None:
             "is a file, not a directory; point SVC_DATA_DIR at a directory (a missing one is "
             "created)\n"
         )
+
+
+def test_a_workspace_or_conversation_not_found_says_what_to_check(data_dir: Path) -> None:
+    """QA finding: `workspace nonexistent does not exist` and `no conversation ... in
+    workspace nope` said nothing of what to do next."""
+    done = svc(data_dir, "apikeys", "list", "--workspace", "nonexistent")
+    assert done.returncode == 2, done.stderr
+    assert "workspace nonexistent does not exist; check --workspace" in done.stderr
+    assert "`svc apikeys create --scopes ... --workspace nonexistent`" in done.stderr
+    done = svc(data_dir, "conversations", "replay", "c1", "--workspace", "nope")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "svc: error: no conversation c1 in workspace nope; check the id (the "
+        "X-SVC-Conversation-Id chat answered) and the workspace (without --workspace: the "
+        "default workspace, default)"
+    )
