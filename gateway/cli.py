@@ -1,5 +1,6 @@
 """The `svc` command line.
 
+    svc --version                     the package's version
     svc serve                         run the gateway on SVC_GATEWAY_ADDR
     svc migrate                       apply pending database migrations
     svc settings set KEY [VALUE] | get KEY | list [--json] | unset KEY
@@ -58,6 +59,7 @@ from gateway.cursor_keys import rotate_cursor_key
 from gateway.errors import validation_problems
 from gateway.feed_frames import redact_model
 from gateway.log_levels import apply_log_level, log_to_stderr
+from gateway.metrics import build_version
 from gateway.settings import Settings, Source, storable_spec, storable_value
 from gateway.shutdown import Shutdown
 from projections import default_projectors, queries
@@ -1031,7 +1033,12 @@ def _status_table(status: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="svc", description="SVC: event-sourced AI agent platform")
+    parser = _Parser(
+        prog="svc", description="SVC: event-sourced AI agent platform", epilog=_TOP_EPILOG
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"svc {build_version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser(
         "serve",
@@ -1066,6 +1073,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.commands = _commands_of(parser)
     return parser
+
+
+_TOP_EPILOG = (
+    "Every command opens the database of SVC_DATABASE_URL, else the embedded PostgreSQL in "
+    "SVC_DATA_DIR (default ./.svc, relative to the current directory: run each command where "
+    "`svc serve` runs, or set SVC_DATA_DIR to its data directory). Settings come from the "
+    "environment, the env file and stored values (docs/settings.md)."
+)
 
 
 def _commands_of(

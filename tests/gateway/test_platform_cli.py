@@ -917,3 +917,15 @@ def test_a_workspace_or_conversation_not_found_says_what_to_check(data_dir: Path
         "X-SVC-Conversation-Id chat answered) and the workspace (without --workspace: the "
         "default workspace, default)"
     )
+
+
+def test_version_and_where_the_data_directory_is_are_in_the_help() -> None:
+    """QA finding: no `svc --version`, and the top-level help did not say that the embedded
+    database's default directory is relative to the current one."""
+    from gateway.metrics import build_version
+
+    done = subprocess.run([*SVC, "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == f"svc {build_version()}\n", done
+    done = subprocess.run([*SVC, "--help"], capture_output=True, text=True, timeout=60)
+    said = " ".join(done.stdout.split())
+    assert "SVC_DATA_DIR (default ./.svc, relative to the current directory" in said, said
