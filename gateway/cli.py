@@ -513,12 +513,20 @@ async def _settings_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _scopes(raw: str) -> tuple[str, ...]:
-    scopes = tuple(dict.fromkeys(s.strip() for s in raw.split(",") if s.strip()))
-    unknown = [s for s in scopes if s not in SCOPES]
-    if not scopes or unknown:
+    """A comma list of scopes, spaces around each forgiven. An empty item is refused, as the
+    admin API refuses an empty scope: `chat,,admin:read` is more likely a scope lost from a
+    script's list than two meant."""
+    items = [s.strip() for s in raw.split(",")]
+    expected = f"use a comma list of {', '.join(sorted(SCOPES))}"
+    if not raw.strip():
+        raise InvalidInput(f"no scope in --scopes; {expected}")
+    if "" in items:
         raise InvalidInput(
-            f"invalid --scopes {quoted(raw)}: use a comma list of {', '.join(sorted(SCOPES))}"
+            f"invalid --scopes {quoted(raw)}: an empty scope in the list; {expected}"
         )
+    scopes = tuple(dict.fromkeys(items))
+    if any(s not in SCOPES for s in scopes):
+        raise InvalidInput(f"invalid --scopes {quoted(raw)}: {expected}")
     return scopes
 
 
@@ -1141,15 +1149,29 @@ def _apikeys_parser(sub: Any) -> None:
     p.set_defaults(run=cmd_apikeys, check=check_apikeys_args)
     acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
     c = acts.add_parser("create", help="issue a key; prints it alone on stdout")
-    c.add_argument("--scopes", required=True, help="comma list: " + ",".join(sorted(SCOPES)))
-    c.add_argument("--workspace", type=_workspace_id, help="workspace id (created when missing)")
+    c.add_argument(
+        "--scopes",
+        required=True,
+        action=_Once,
+        once_hint=", as one comma list (--scopes chat,admin:read)",
+        help="comma list: " + ",".join(sorted(SCOPES)),
+    )
+    c.add_argument(
+        "--workspace",
+        type=_workspace_id,
+        action=_Once,
+        help="workspace id (created when missing)",
+    )
     c.add_argument(
         "--rate-limit-rpm",
         type=_rate_limit,
+        action=_Once,
         dest="rate_limit_rpm",
         help=f"requests a minute for this key, 1 to {MAX_RATE_LIMIT_RPM:,} (default: none)",
     )
-    c.add_argument("--name", help="a name to know the key by in listings (default: cli)")
+    c.add_argument(
+        "--name", action=_Once, help="a name to know the key by in listings (default: cli)"
+    )
     ls = acts.add_parser("list", help="keys of a workspace")
     ls.add_argument("--workspace", type=_workspace_id, help=_DEFAULT_WORKSPACE_HELP)
     ls.add_argument("--json", action="store_true", help="the rows of GET /v1/admin/apikeys")
@@ -1159,6 +1181,29 @@ def _apikeys_parser(sub: Any) -> None:
 
 
 _DEFAULT_WORKSPACE_HELP = "workspace id (default: SVC_DEFAULT_WORKSPACE_ID)"
+
+
+class _Once(argparse.Action):
+    """An option a key's issue takes once. Given twice, argparse kept the last without a
+    word: `--scopes chat --scopes '*'` issued a full-access key."""
+
+    def __init__(self, *args: Any, once_hint: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.once_hint = once_hint
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(
+                f"argument {option_string}: given more than once, and only one would count; "
+                f"give it once{self.once_hint}"
+            )
+        setattr(namespace, self.dest, values)
 
 
 def _projections_parser(sub: Any) -> None:

@@ -17,6 +17,7 @@ from eventstore.records import NewEvent
 from gateway import cli
 from gateway.auth import generate_key, hash_key
 from gateway.bootstrap import Platform, ensure_workspace, open_platform
+from schemas.errors import InvalidInput
 from schemas.workspace import IssueApiKey
 
 
@@ -193,3 +194,45 @@ async def test_the_command_line_records_its_user_as_the_settings_commands_do(
     assert [e.data["by"] for e in events if e.type == "workspace.api_key_revoked"] == [
         "cli:ops-ann"
     ]
+
+
+@pytest.mark.parametrize(
+    ("scopes", "said"),
+    [
+        ("chat,,admin:read", "invalid --scopes 'chat,,admin:read': an empty scope in the list"),
+        ("chat,", "invalid --scopes 'chat,': an empty scope in the list"),
+        ("", "no scope in --scopes"),
+    ],
+)
+def test_a_scope_list_with_an_empty_item_is_refused(scopes: str, said: str) -> None:
+    """QA finding: the empty item was dropped and the key issued; the admin API refuses an
+    empty scope."""
+    args = cli.build_parser().parse_args(["apikeys", "create", "--scopes", scopes])
+    with pytest.raises(InvalidInput) as refused:
+        cli.check_apikeys_args(args, cli.Settings({}))
+    assert refused.value.message.startswith(said), refused.value.message
+    assert cli.exit_code(refused.value) == cli.USAGE_ERROR
+
+
+def test_spaces_around_scopes_are_forgiven() -> None:
+    args = cli.build_parser().parse_args(["apikeys", "create", "--scopes", "chat, admin:read"])
+    assert cli._scopes(args.scopes) == ("chat", "admin:read")
+
+
+@pytest.mark.parametrize(
+    ("twice", "said"),
+    [
+        (["--scopes", "*"], "argument --scopes: given more than once"),
+        (["--workspace", "a", "--workspace", "b"], "argument --workspace: given more than once"),
+        (["--name", "a", "--name", "b"], "argument --name: given more than once"),
+    ],
+)
+def test_an_option_of_a_new_key_given_twice_is_refused(
+    twice: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """QA finding: `--scopes chat --scopes '*'` issued a full-access key, the last value
+    winning without a word."""
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(["apikeys", "create", "--scopes", "chat", *twice])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and said in err and "give it once" in err, err
