@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -766,14 +767,13 @@ class _RebuildProgress:
 
     def __call__(self, done: int, total: int, phase: str) -> None:
         self.phase = phase
-        width = 30
         whole = total == 0 and phase != "checking"
-        filled = width if whole else int(width * done / max(total, 1))
         line = f"{done}/{total} events{_PHASE_STEPS.get(phase, f': {phase}')}"
         if self.terminal:
+            share = 1.0 if whole else done / max(total, 1)
+            columns = shutil.get_terminal_size().columns  # read each time: a window resized
             # \x1b[K clears what a longer line before this one left on the terminal.
-            bar = "#" * filled + "-" * (width - filled)
-            sys.stderr.write(f"\r[{bar}] {line}\x1b[K")
+            sys.stderr.write(f"\r{_bar_line(share, line, columns)}\x1b[K")
             self.line_open = True
         else:
             step = (phase, 100 if whole else done * 100 // max(total, 1) // _LOGGED_EVERY)
@@ -808,6 +808,30 @@ class _RebuildProgress:
         )
 
 
+_BAR_WIDTH = 30
+_NARROWEST_BAR = 10
+
+
+def _bar_line(share: float, text: str, columns: int) -> str:
+    """`[####------] text` in fewer than `columns` characters: a line that reaches the last
+    column wraps on most terminals, and the carriage return then redraws only its second
+    half, leaving a trail of bars. The bar narrows first, then the text is cut."""
+    room = max(columns - 1, 1)
+    width = min(_BAR_WIDTH, room - len(text) - 3)  # "[", "] "
+    if width < _NARROWEST_BAR:
+        width = _NARROWEST_BAR if room >= _NARROWEST_BAR + 3 + 1 else 0
+    filled = int(width * min(share, 1.0))
+    bar = f"[{'#' * filled}{'-' * (width - filled)}] " if width else ""
+    return (bar + text)[:room]
+
+
+def _draws_in_place() -> bool:
+    """Whether the rebuild's progress is a bar redrawn in place: on a terminal that takes
+    the escape that clears a line's end (not TERM=dumb, an editor's or CI's pseudo-terminal,
+    which shows `\x1b[K` as text)."""
+    return sys.stderr.isatty() and os.environ.get("TERM", "") not in ("dumb", "")
+
+
 def check_projections_args(args: argparse.Namespace, settings: Settings) -> None:
     """Before a database is opened: a projection the rebuild names exists."""
     if args.action == "rebuild":
@@ -830,7 +854,7 @@ async def cmd_projections(args: argparse.Namespace, settings: Settings) -> int:
     async with open_platform(settings, background=False) as platform:
         runner = platform.projections
         if args.action == "rebuild":
-            progress = _RebuildProgress(terminal=sys.stderr.isatty())
+            progress = _RebuildProgress(terminal=_draws_in_place())
             try:
                 count = await runner.rebuild(args.name, progress)
             except asyncio.CancelledError:  # a signal (_until_signalled): exits 128 + it

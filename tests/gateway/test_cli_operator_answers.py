@@ -177,3 +177,33 @@ def test_a_rebuild_interrupted_while_switching_does_not_promise_the_old_model() 
     progress(3, 3, "switching")
     said = progress.interrupted("messages")
     assert "either the old one or the rebuilt one, whole" in said and "unchanged" not in said
+
+
+@pytest.mark.parametrize("columns", [1, 12, 20, 40, 60, 80, 200])
+def test_the_rebuild_bar_fits_the_terminal(
+    columns: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QA finding: in a 60-column terminal the 105-character line wrapped, and each redraw
+    (a carriage return) left a trail of bars."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    progress = cli._RebuildProgress(terminal=True)
+    for phase in ("checking", "replaying", "switching"):
+        progress(4000, 18603, phase)
+        drawn = capsys.readouterr().err
+        assert drawn.startswith("\r") and drawn.endswith("\x1b[K"), drawn
+        assert len(drawn) - len("\r\x1b[K") <= max(columns - 1, 1), drawn
+    if columns >= 200:  # room enough: the whole bar and the whole text
+        assert drawn == (
+            "\r[######------------------------] 4000/18603 events: switching the rebuilt rows "
+            "in (one transaction; readers see the old rows)\x1b[K"
+        )
+
+
+@pytest.mark.parametrize(("term", "in_place"), [("xterm-256color", True), ("dumb", False)])
+def test_a_dumb_terminal_gets_the_plain_progress_lines(
+    term: str, in_place: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QA finding: with TERM=dumb the bar still sent ESC[K, which such a terminal shows."""
+    monkeypatch.setenv("TERM", term)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert cli._draws_in_place() is in_place
