@@ -345,7 +345,9 @@ def _s(key: str, group: str, type_: str, default: str, apply: str, effect: str) 
     )
 
 
-# The spec's tables, transcribed key by key (brand words already neutralised by the spec).
+# The spec's tables, transcribed key by key (brand words already neutralised by the spec;
+# where its text put "the service" for the cloud speech recognizer's name, the CLOUDSTT
+# keys' own name is used: "the cloud speech recognizer", engine cloudstt).
 _SPEC_TABLES: tuple[SettingSpec, ...] = (
     _s(
         "SVC_PERSONAL_API_KEYS",
@@ -701,7 +703,7 @@ _SPEC_TABLES: tuple[SettingSpec, ...] = (
         "text",
         "",
         "R",
-        "key of the the service recognizer (engine the service); may also come from SVC_STT_API_KEY",
+        "key of the cloud speech recognizer (engine cloudstt); may also come from SVC_STT_API_KEY",
     ),
     _s(
         "SVC_CLOUDSTT_MODEL",
@@ -709,7 +711,7 @@ _SPEC_TABLES: tuple[SettingSpec, ...] = (
         "text",
         "a vendor model id (omitted)",
         "R",
-        "model of the the service recognizer; depends on the key's access",
+        "model of the cloud speech recognizer (engine cloudstt); depends on the key's access",
     ),
     _s(
         "SVC_CLOUDSTT_URL",
@@ -717,7 +719,7 @@ _SPEC_TABLES: tuple[SettingSpec, ...] = (
         "text",
         "",
         "R",
-        "base of the the service recognizer API; blank = its vendor default",
+        "base of the cloud speech recognizer's API (engine cloudstt); blank = its vendor default",
     ),
     _s(
         "SVC_IMAGE_BASE_URL",
@@ -758,7 +760,7 @@ _SPEC_TABLES: tuple[SettingSpec, ...] = (
         "enum",
         "local",
         "R",
-        "local (free local sidecar at SVC_STT_URL), the service (key SVC_CLOUDSTT_API_KEY), off; the subscription transport does not support audio transcription",
+        "local (free local sidecar at SVC_STT_URL), cloudstt (the cloud speech recognizer, key SVC_CLOUDSTT_API_KEY), off; the subscription transport does not support audio transcription",
     ),
     _s(
         "SVC_STT_LANGUAGE",
@@ -766,7 +768,7 @@ _SPEC_TABLES: tuple[SettingSpec, ...] = (
         "text",
         "",
         "R",
-        "BCP-47 language (e.g. ru, en), used by the the service engine; blank = auto",
+        "BCP-47 language (e.g. ru, en), used by the cloudstt engine; blank = auto",
     ),
     _s(
         "SVC_STT_MODEL",
@@ -1655,7 +1657,8 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_NATIVE_API": {"choices": ("", "chat", "responses"), "note": "blank = auto"},
     "SVC_STT_ENGINE": {
         "choices": ("local", "cloudstt", "off"),
-        "note": "the spec's 'the service' engine is spelled cloudstt here",
+        "note": "the spec's text garbles the cloud engine's name ('the service'); it is spelled "
+        "cloudstt here, after its keys (SVC_CLOUDSTT_*), as the spec names the recognizer",
     },
     "SVC_MEMORY_CAPTURE": {"choices": ("auto", "review", "off")},
     "SVC_MEMORY_RETRIEVAL": {"choices": ("fulltext", "embedding")},

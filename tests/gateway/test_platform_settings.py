@@ -1122,3 +1122,15 @@ def test_a_database_url_refused_says_what_is_wrong_without_the_password() -> Non
         Settings({"SVC_DATABASE_URL": "postgresql://svc:Pw-s3cret@db:5432/svc?sslmode=on"})
     assert "its sslmode is none of disable, allow, prefer" in refused.value.message
     assert "s3cret" not in refused.value.message
+
+
+def test_the_catalog_names_the_cloud_speech_recognizer_and_its_engine() -> None:
+    """QA finding: the spec's texts put "the service" where the recognizer's name was
+    (`key of the the service recognizer (engine the service)`), and SVC_STT_ENGINE offered
+    a choice "the service" where the choice is cloudstt."""
+    garbled = re.compile(r"\bthe the\b|\bthe service (recognizer|engine)\b|engine the service")
+    for spec in CATALOG.values():
+        assert not garbled.search(spec.effect), (spec.key, spec.effect)
+    engine = CATALOG["SVC_STT_ENGINE"]
+    assert all(f"{choice} (" in engine.effect for choice in engine.choices if choice != "off")
+    assert "the service (" not in engine.effect
