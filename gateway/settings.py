@@ -667,7 +667,7 @@ class SettingsService:
         self._stored.pop(key, None)
         self._changes.pop(key, None)
         self._settings.apply_stored(key, None, outcome.last_version)
-        return _change_result(spec, self._settings, self._serving)
+        return _change_result(spec, self._settings, self._serving, removed=True)
 
     def _secret_changing(self, spec: SettingSpec) -> AbstractAsyncContextManager[None]:
         """A secret's changes, one at a time across processes: an unset deletes every
@@ -695,6 +695,15 @@ class SettingsService:
         return view(self._settings, spec, self._changes.get(spec.key))
 
 
+_LAYER_NAMES = {
+    Source.DEFAULT: "the default",
+    Source.ENVIRONMENT: "from the environment",
+    Source.ENV_FILE: "from the env file",
+    Source.STORED: "stored",
+}
+"""Where the value an unset leaves comes from, as its answer says it."""
+
+
 def _blank_shown(shown: str) -> str:
     """A value as a message says it: a blank one as such, not as nothing."""
     return shown if shown else "(blank)"
@@ -704,10 +713,14 @@ def _command_id() -> str:
     return f"settings-{uuid.uuid4()}"
 
 
-def _change_result(spec: SettingSpec, settings: Settings, serving: bool) -> SettingChangeResult:
+def _change_result(
+    spec: SettingSpec, settings: Settings, serving: bool, *, removed: bool = False
+) -> SettingChangeResult:
     """What the change means now: the value the next start uses, and whether the serving
-    process already uses it (a live key applied, or a restart key set to what it runs)."""
-    raw = settings.resolve(spec.key).raw
+    process already uses it (a live key applied, or a restart key set to what it runs).
+    `removed`: the change was an unset, whose value is the next layer's."""
+    resolved = settings.resolve(spec.key)
+    raw = resolved.raw
     shown = display_value(spec, raw)
     runs_it = same_setting(spec, settings.raw(spec.key), raw)
     in_force = runs_it and (serving or spec.live)
@@ -719,10 +732,17 @@ def _change_result(spec: SettingSpec, settings: Settings, serving: bool) -> Sett
         # The CLI serves nothing: whether a running gateway already uses the value is that
         # gateway's to say (the CLI said "restart required" of a value it ran).
         effect = (
-            "stored; a gateway uses it from its next start (a running one says whether a "
-            f"restart is pending: GET /v1/admin/settings/{spec.key})"
+            f"{'' if removed else 'stored; '}a gateway uses it from its next start (a running "
+            f"one says whether a restart is pending: GET /v1/admin/settings/{spec.key})"
         )
-    message = f"{spec.key} = {_blank_shown(shown)}; {effect}"
+    if removed:
+        # `KEY = 3; stored` read as if a value had been stored, not taken away.
+        message = (
+            f"{spec.key}: the stored value is removed; it is now {_blank_shown(shown)} "
+            f"({_LAYER_NAMES[resolved.source]}); {effect}"
+        )
+    else:
+        message = f"{spec.key} = {_blank_shown(shown)}; {effect}"
     surprise = dialect_surprise(spec, raw)
     if surprise is not None:
         message += f"; note: {surprise}"

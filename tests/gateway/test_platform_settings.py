@@ -1124,6 +1124,31 @@ def test_a_database_url_refused_says_what_is_wrong_without_the_password() -> Non
     assert "s3cret" not in refused.value.message
 
 
+async def test_an_unset_says_the_stored_value_is_removed_and_what_the_value_is_now(
+    database_url: str,
+) -> None:
+    """QA finding: `svc settings unset X` answered `X = 2; stored; ...`, which read as if a
+    value had been stored."""
+    from gateway.bootstrap import open_platform
+
+    settings = settings_for(database_url, SVC_LLM_RETRIES="5")
+    async with open_platform(settings, background=False) as platform:
+        service = platform.settings_service
+        await service.set("SVC_LLM_RETRIES", "2")
+        removed = await service.unset("SVC_LLM_RETRIES")
+        assert removed.message == (
+            "SVC_LLM_RETRIES: the stored value is removed; it is now 5 (from the environment); "
+            "a gateway uses it from its next start (a running one says whether a restart is "
+            "pending: GET /v1/admin/settings/SVC_LLM_RETRIES)"
+        )
+        await service.set("SVC_LLM_TEMPERATURE", "0.5")
+        removed = await service.unset("SVC_LLM_TEMPERATURE")
+        assert removed.message == (
+            "SVC_LLM_TEMPERATURE: the stored value is removed; it is now (blank) (the "
+            "default); applied"
+        )
+
+
 def test_the_catalog_names_the_cloud_speech_recognizer_and_its_engine() -> None:
     """QA finding: the spec's texts put "the service" where the recognizer's name was
     (`key of the the service recognizer (engine the service)`), and SVC_STT_ENGINE offered
