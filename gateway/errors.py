@@ -329,10 +329,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         abort_connection(request)
         return response
     gone = request.transport is None and not request.get(CLIENT_GONE)
-    if gone and response.status < 400 and not response.prepared:
+    if gone and not response.prepared:
         # The client left while the handler worked (a chat turn runs on and is recorded):
-        # its answer reaches no one, and the access log shows a hang-up, not a 200. A
-        # stream already under way (a feed, whose normal end is its client leaving) is not.
+        # its answer, a 200 or an error, reaches no one, and the access log shows a hang-up.
+        # A stream already under way (a feed, whose normal end is its client leaving) is not.
+        log.info(
+            "%s %s: the client closed the connection before its answer (%d)",
+            request.method,
+            logged_path(request),
+            response.status,
+        )
         client_gone(request)
     return response
 

@@ -30,6 +30,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, get_
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from actors.conversation import TurnResult
+from gateway.errors import CLIENT_CLOSED, CLIENT_GONE
 from gateway.metrics import build_version
 from gateway.state import SETTINGS
 from schemas.errors import SvcError
@@ -134,9 +135,12 @@ async def tracing_middleware(request: web.Request, handler: Handler) -> web.Stre
     name = f"{request.method} {route}"
     with _span(tracer, name, SpanKind.SERVER, attributes, parent=caller) as span:
         response = await handler(request)
-        span.set_attribute("http.response.status_code", response.status)
-        if response.status >= 500:
+        # As the access log shows it: 499 when the client left before its answer was out.
+        status = CLIENT_CLOSED if request.get(CLIENT_GONE) else response.status
+        span.set_attribute("http.response.status_code", status)
+        if status >= 500:
             span.set_status(Status(StatusCode.ERROR))
+            span.set_attribute("error.type", str(status))  # OpenTelemetry's HTTP convention
         return response
 
 
@@ -176,6 +180,10 @@ def _span(
     ) as span:
         try:
             yield span
+        except ConnectionResetError:
+            # A client's hang-up is not the service's failure: the answer is a 499, and a
+            # turn goes on in its actor and is recorded.
+            raise
         except BaseException as exc:
             _mark_failed(span, exc)
             raise

@@ -1647,6 +1647,30 @@ async def test_a_json_client_that_leaves_mid_turn_is_a_hang_up_and_the_turn_is_r
     assert left == retried == 1, answered
 
 
+async def test_a_json_client_that_leaves_before_its_turn_fails_is_a_hang_up_too(
+    chat: Chat, caplog: pytest.LogCaptureFixture
+) -> None:
+    """QA finding: the answer (an upstream's 502) reached no one, and the access log and the
+    metrics said 502, where a 200 in its place was a 499; and no line said the client left."""
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    caplog.set_level(logging.INFO, logger="gateway.errors")
+    hang_ups = await closed_by_clients(chat)
+    chat.stub.delay_s = 0.5
+    failed = stub_upstream.Fault(500, "the model server failed")
+    chat.stub.faults.extend([failed, failed])  # and its one retry (SVC_LLM_RETRIES)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.2):  # leaves while the model is thinking
+            await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO})
+    async with asyncio.timeout(10):
+        while await closed_by_clients(chat) == hang_ups:  # noqa: ASYNC110 (a metric: polled)
+            await asyncio.sleep(0.05)
+    assert await closed_by_clients(chat) == hang_ups + 1
+    assert _logged(caplog, "gateway.errors", "the client closed the connection before its")
+    assert _logged(caplog, "gateway.errors", "502 upstream_error")  # the turn did fail
+    (access,) = _logged(caplog, "aiohttp.access", "POST /v1/chat/completions")
+    assert '" 499 ' in access, access
+
+
 async def _stream_never_read(
     chat: Chat, stream: bool = True
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -195,6 +195,52 @@ async def test_a_stream_that_fails_after_its_first_chunk_is_a_failed_span(
     assert list(turn.events) == []
 
 
+async def test_a_client_that_leaves_is_a_499_and_its_turn_no_failure(database_url: str) -> None:
+    """QA finding: a stream whose client left before its first chunk made the turn span a
+    failure (`ClientConnectionResetError`), and a JSON request's span said 200 where the
+    access log and the metrics said 499. The turns ran on and were recorded."""
+    stub = await StubUpstream(delay_s=0.5).start()
+    collector = Collector()
+    try:
+        async with collector.running() as endpoint:
+            settings = settings_for(
+                database_url,
+                SVC_OTEL_ENDPOINT=endpoint,
+                SVC_LLM_GATEWAY_URL=stub.base_url,
+                SVC_LLM_MODEL="upstream-model",
+            )
+            async with running(settings) as svc:
+                key, _ = await svc.issue_key("ws-otel-leaving")
+                for stream in (True, False):
+                    chat = {
+                        "model": "upstream-model",
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "stream": stream,
+                    }
+                    with pytest.raises(TimeoutError):
+                        async with asyncio.timeout(0.2):  # leaves while the model thinks
+                            await svc.request("POST", "/v1/chat/completions", key, json=chat)
+                async with asyncio.timeout(10):
+                    while len(stub.headers) < 2 or not await _hang_ups(svc, 2):  # noqa: ASYNC110
+                        await asyncio.sleep(0.05)
+    finally:
+        await stub.stop()
+
+    requests = [span for span in collector.spans if span.name == "POST /v1/chat/completions"]
+    assert [_attributes(span.attributes)["http.response.status_code"] for span in requests] == [
+        499,
+        499,
+    ]
+    turns = [span for span in collector.spans if span.name == "chat turn"]
+    assert len(turns) == 2
+    assert all(turn.status.code != turn.status.STATUS_CODE_ERROR for turn in turns), turns
+
+
+async def _hang_ups(svc: Any, count: int) -> bool:
+    _, text, _ = await svc.request("GET", "/metrics")
+    return f'svc_http_errors_total{{status="499"}} {float(count)}' in text
+
+
 async def test_no_endpoint_no_tracing(database_url: str) -> None:
     async with running(settings_for(database_url)) as svc:
         assert TRACER not in svc.app
