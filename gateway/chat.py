@@ -122,6 +122,22 @@ TURN_ERRORS = Counter(
     "recorded failure counts again.",
     ["code"],
 )
+TURN_ERROR_CODES = (
+    *("context_length_exceeded", "string_above_max_length"),
+    *("content_policy_violation", "invalid_prompt", "model_not_found"),
+    *("conversation_not_found", "concurrency_conflict", "idempotency_key_reused"),
+    *("idempotency_key_expired", "turn_in_progress", "turn_abandoned", "internal_error"),
+    *("upstream_rejected", "upstream_auth_failed", "upstream_model_not_found"),
+    *("upstream_quota_exceeded", "upstream_unavailable", "upstream_interrupted"),
+    *("upstream_bad_stream", "upstream_bad_response", "upstream_misconfigured"),
+    *("upstream_error", "stream_interrupted", "actor_busy", "runtime_stopping"),
+    *("answer_abandoned", "interrupted", "ErrCallTimeout", "store_unavailable"),
+)
+"""The codes a turn's request that reached the actor can be answered with (docs/chat.md),
+exported at 0 from the start: `rate()` needs two samples of a series, so a code whose series
+first appeared with a burst in it kept that burst from the error-rate alerts."""
+for _code in TURN_ERROR_CODES:
+    TURN_ERRORS.labels(_code)
 
 
 SERVING_SINCE: web.AppKey[int] = web.AppKey("svc_models_serving_since", int)

@@ -41,7 +41,8 @@ from eventstore.records import RecordedEvent
 from gateway.app import create_app
 from gateway.auth import generate_key, hash_key
 from gateway.bootstrap import ensure_workspace
-from gateway.chat import _keyed_command_id
+from gateway.chat import TURN_ERROR_CODES, _keyed_command_id
+from gateway.metrics import ANSWERED_STATUSES
 from gateway.settings import Settings
 from gateway.state import PROJECTIONS, RUNTIME, STORE, Principal
 from schemas.workspace import IssueApiKey
@@ -1580,6 +1581,25 @@ async def test_content_as_text_parts_and_null_assistant_content(chat: Chat) -> N
         await chat.client().chat.completions.create(
             model=UPSTREAM_MODEL, messages=[{"role": "user", "content": None}]
         )
+
+
+async def test_every_error_series_is_exported_before_its_first_error(chat: Chat) -> None:
+    """QA finding: a series appeared at its code's first error, and `rate()`, which needs two
+    samples, left that burst out of the error-rate alerts. Every code exported is one
+    docs/chat.md lists."""
+    text = await (await chat.service.http.get(chat.service.url("/metrics"))).text()
+    for code in TURN_ERROR_CODES:
+        assert f'svc_turn_errors_total{{code="{code}"}}' in text, code
+    for status in ANSWERED_STATUSES:
+        assert f'svc_http_errors_total{{status="{status}"}}' in text, status
+    table = Path(__file__).parents[2] / "docs" / "chat.md"
+    documented = {
+        code.strip()
+        for row in table.read_text(encoding="utf-8").splitlines()
+        if re.match(r"\| \d{3} \|", row)
+        for code in row.split("|")[3].split(",")
+    }
+    assert set(TURN_ERROR_CODES) <= documented, set(TURN_ERROR_CODES) - documented
 
 
 async def closed_by_clients(chat: Chat) -> float:
