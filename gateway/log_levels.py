@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -51,6 +52,53 @@ class _CauseOnOneLine(logging.Filter):
 _ONE_LINE = _CauseOnOneLine()
 
 
+TELEMETRY_LINE_EVERY_S = 60.0
+_JUDGED = "svc_telemetry_line_passes"
+
+
+class _TelemetryExportThrottled(logging.Filter):
+    """OpenTelemetry's exporter logs each batch it could not send (an ERROR a batch and a
+    WARNING a retry: twenty lines a minute while a collector is down, an ERROR a batch while
+    it answers 500). Its lines pass as warnings, one per TELEMETRY_LINE_EVERY_S, without a
+    traceback, the next one saying how many were held back: an outage of the collector is
+    not the service's error, and spans are dropped, never requests slowed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._passed_at = float("-inf")
+        self._held = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("opentelemetry") or record.levelno < logging.WARNING:
+            return True
+        # Each handler asks: the record's first answer is every handler's.
+        judged: bool | None = getattr(record, _JUDGED, None)
+        if judged is None:
+            judged = self._judge(record)
+            setattr(record, _JUDGED, judged)
+        return judged
+
+    def _judge(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now - self._passed_at < TELEMETRY_LINE_EVERY_S:
+            self._held += 1
+            return False
+        self._passed_at = now
+        said = " ".join(record.getMessage().split())
+        if record.exc_info and record.exc_info[1] is not None:
+            said += f" ({type(record.exc_info[1]).__name__})"
+        if self._held:
+            said += f" ({self._held} more such lines in the last {TELEMETRY_LINE_EVERY_S:.0f} s)"
+        self._held = 0
+        record.msg, record.args = f"telemetry export: {said}; spans are dropped", None
+        record.exc_info = record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_TELEMETRY = _TelemetryExportThrottled()
+
+
 def apply_log_level(level: str) -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -62,3 +110,7 @@ def apply_log_level(level: str) -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     for name in ONE_LINE_LOGGERS:
         logging.getLogger(name).addFilter(_ONE_LINE)  # once: a filter is added only once
+    for handler in logging.getLogger().handlers:
+        # On the handlers: a logger's filter sees only the records of that very logger, and
+        # the exporter's modules (and their names) change between its releases.
+        handler.addFilter(_TELEMETRY)

@@ -14,6 +14,7 @@ import pytest
 from platform_support import running, settings_for
 
 from eventstore.errors import StoreUnavailable
+from gateway import log_levels as log_levels_module
 from gateway.bootstrap import HostBehaviours, HostConfig, host_config, model_config, ray_settings
 from gateway.log_levels import PROJECT_LOGGERS, QUIET_LOGGERS, apply_log_level
 from gateway.secrets import DatabaseVault
@@ -1015,6 +1016,52 @@ def test_a_pools_retried_reconnects_are_one_line_each(caplog: pytest.LogCaptureF
     assert record.exc_info is None and record.getMessage() == (
         "Failed to restore; retrying (ConnectionRefusedError: [Errno 111] Connect call failed)"
     )
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.usefixtures("log_levels")
+def test_a_collectors_outage_is_a_warning_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """QA finding: with the collector down the exporter logged 21 lines a minute, a third of
+    them ERROR, for spans dropped while the service served on as usual."""
+    throttle = log_levels_module._TELEMETRY
+    monkeypatch.setattr(throttle, "_passed_at", float("-inf"))  # no line passed yet
+    monkeypatch.setattr(throttle, "_held", 0)
+    lines = _Lines()
+    root = logging.getLogger()
+    root.addHandler(lines)
+    try:
+        apply_log_level("info")
+        exporter = logging.getLogger("opentelemetry.exporter.otlp.common.http")
+        for _ in range(5):
+            exporter.error("Failed to export %s batch due to timeout", "span")
+        exporter.info("an exporter's INFO line passes as it is")
+        monkeypatch.setattr(log_levels_module, "TELEMETRY_LINE_EVERY_S", 0.0)  # a minute has passed
+        exporter.warning("Transient error %s encountered", "ConnectError")
+        logging.getLogger("gateway.chat").error("the service's own errors pass as they are")
+    finally:
+        root.removeHandler(lines)
+    said = [(r.levelname, r.getMessage()) for r in lines.records]
+    assert said == [
+        (
+            "WARNING",
+            "telemetry export: Failed to export span batch due to timeout; spans are dropped",
+        ),
+        ("INFO", "an exporter's INFO line passes as it is"),
+        (
+            "WARNING",
+            "telemetry export: Transient error ConnectError encountered (4 more such lines in "
+            "the last 0 s); spans are dropped",
+        ),
+        ("ERROR", "the service's own errors pass as they are"),
+    ]
 
 
 async def test_a_refresh_under_way_does_not_undo_a_set(
