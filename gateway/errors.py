@@ -360,12 +360,15 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.http_status > 500 and exc.code != "not_built":
             # str(): with what only the log may see (a StoreUnavailable's driver detail). A
             # capability not built is the client's news, as a 404 is, not the operator's.
+            # The request's id ties the line to its access log line and the client's
+            # X-Request-Id (the access log is INFO: at SVC_LOG_LEVEL=warning, only this).
             log.warning(
-                "%s %s -> %d %s: %s",
+                "%s %s -> %d %s (%s): %s",
                 request.method,
                 logged_path(request),
                 exc.http_status,
                 exc.code,
+                request_id(request),
                 exc,
             )
         return from_svc_error(exc)

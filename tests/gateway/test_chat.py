@@ -1667,6 +1667,20 @@ async def test_a_json_client_that_leaves_mid_turn_is_a_hang_up_and_the_turn_is_r
     assert left == retried == 1, answered
 
 
+async def test_the_warning_of_a_failed_turn_names_its_request_id(
+    chat: Chat, caplog: pytest.LogCaptureFixture
+) -> None:
+    """QA finding: the WARNING line of a 502 could not be tied to its request: only the
+    access log line (INFO, gone at SVC_LOG_LEVEL=warning) held the id the client saw."""
+    caplog.set_level(logging.WARNING, logger="gateway.errors")
+    failed = stub_upstream.Fault(500, "the model server failed")
+    chat.stub.faults.extend([failed, failed])  # and its one retry (SVC_LLM_RETRIES)
+    answer = await chat.raw_post({"model": UPSTREAM_MODEL, "messages": HELLO})
+    assert answer.status == 502
+    (line,) = _logged(caplog, "gateway.errors", "POST /v1/chat/completions -> 502")
+    assert f"({answer.headers['X-Request-Id']})" in line, line
+
+
 async def test_a_json_client_that_leaves_before_its_turn_fails_is_a_hang_up_too(
     chat: Chat, caplog: pytest.LogCaptureFixture
 ) -> None:
