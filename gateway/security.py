@@ -24,7 +24,7 @@ from yarl import URL
 from gateway.errors import error_body
 from gateway.settings import Settings
 from gateway.state import SETTINGS
-from schemas.errors import Forbidden, InvalidInput, NotFound
+from schemas.errors import Forbidden, InvalidInput, NotFound, UnsupportedEncoding
 from schemas.settings_catalog import Network, parse_networks
 from schemas.text import is_utf8
 
@@ -147,8 +147,17 @@ def _is_loopback(request: web.Request, settings: Settings) -> bool:
     ip = _ip(client_ip(request))
     if ip is None or not ip.is_loopback:
         return False
-    proxied = "X-Forwarded-Proto" in request.headers
-    return not (proxied and _trusted(request.remote, _proxies(settings)))
+    if not _trusted(request.remote, _proxies(settings)):
+        return True
+    # A trusted proxy's request that says it was forwarded but names no client (an empty
+    # or unreadable X-Forwarded-For) is for a client that may be anywhere; one with no
+    # forwarding headers at all is a local tool's, on the gateway's own port.
+    forwarded = ",".join(request.headers.getall("X-Forwarded-For", ()))
+    if "X-Forwarded-For" in request.headers and not any(
+        _ip(_without_port(hop.strip())) for hop in forwarded.split(",")
+    ):
+        return False
+    return "X-Forwarded-Proto" not in request.headers
 
 
 _warned_of_local_proxy = False
@@ -272,6 +281,43 @@ def _is_preflight(request: web.Request) -> bool:
     )
 
 
+_HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+(?:%25[\w.~-]+)?\]|[A-Za-z0-9._-]+)(?::(\d{1,5}))?")
+"""RFC 9110's Host: a name or IPv4 address (letters, digits, `.`, `-`, `_`), or an IPv6
+address in brackets, and a port: no user, path, space, or list."""
+
+
+def _check_host(request: web.Request) -> None:
+    """RFC 9112 (3.2): a Host that is not a host (and port) is a 400. The redirect to HTTPS
+    writes the Host into its Location when SVC_PUBLIC_URL is unset, and a Location of
+    `https://good.example@evil.example/...` sends the client elsewhere."""
+    host = request.headers.get("Host")
+    if host is None:  # HTTP/1.0 (the parser refuses an HTTP/1.1 request without one)
+        return
+    found = _HOST.fullmatch(host)
+    if found is None or (found.group(1) is not None and int(found.group(1)) > 65535):
+        raise InvalidInput(
+            "the Host header is not a host name or address with an optional port "
+            "(example.com:8780, [2001:db8::1]:443)",
+            code="invalid_header",
+        )
+
+
+DECODED_ENCODINGS = frozenset({"gzip", "deflate", "identity"})
+
+
+def _check_content_encoding(request: web.Request) -> None:
+    """One coding the HTTP parser decodes, or none: it decodes gzip and deflate and passes
+    any other coding (`x-gzip`, `compress`, a list such as `gzip, gzip`) through as it is,
+    so the service would read bytes that a proxy in front read otherwise."""
+    codings = ",".join(request.headers.getall("Content-Encoding", ()))
+    named = [c.strip().lower() for c in codings.split(",")] if codings else []
+    if len(named) > 1 or (named and named[0] not in DECODED_ENCODINGS):
+        raise UnsupportedEncoding(
+            "the request's Content-Encoding is not one this service decodes: send the body "
+            "uncompressed, or in one of gzip or deflate"
+        )
+
+
 def _check_header_encoding(request: web.Request) -> None:
     """aiohttp keeps header bytes that are not UTF-8 as lone surrogates, which every later
     `encode()` (key hashing, JWT decoding, JSON rendering) would fail on: refuse them here,
@@ -284,6 +330,8 @@ def _check_header_encoding(request: web.Request) -> None:
 @web.middleware
 async def security_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     _check_header_encoding(request)
+    _check_host(request)
+    _check_content_encoding(request)
     path = request.path
     if path in HIDDEN_EXACT or path.startswith(HIDDEN_PREFIXES):
         raise NotFound("not found: no such endpoint")

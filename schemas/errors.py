@@ -75,6 +75,14 @@ class PayloadTooLarge(SvcError):
     default_code = "payload_too_large"
 
 
+class UnsupportedEncoding(SvcError):
+    """A request body in a Content-Encoding the service does not decode."""
+
+    http_status = 415
+    error_type = "invalid_request_error"
+    default_code = "unsupported_media_type"
+
+
 class RequestTimeout(SvcError):
     """The client took too long to send its request's body; the connection is closed after
     the answer (what is left of the body may still be on its way)."""

@@ -117,6 +117,22 @@ async def test_a_body_that_is_not_in_its_content_encoding_is_400(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+async def test_a_coding_the_parser_would_pass_through_is_refused(database_url: str) -> None:
+    """QA finding: codings the HTTP parser does not decode (`x-foo`, `compress`, `x-gzip`, a
+    list such as `gzip, identity`) were read as plain bytes, where a proxy in front would
+    read them otherwise; `br` and `zstd` were a 415."""
+    plain = b'{"name": "x", "count": 1}'
+    async with running(settings_for(database_url)) as svc:
+        for coding in ("x-foo", "compress", "x-gzip", "gzip, identity", "gzip, gzip"):
+            headers = {"Content-Encoding": coding, "Content-Type": "application/json"}
+            status, body, _ = await svc.request("POST", ECHO, data=plain, headers=headers)
+            assert status == 415 and body["error"]["code"] == "unsupported_media_type", coding
+        for coding in ("identity", "Identity "):
+            headers = {"Content-Encoding": coding, "Content-Type": "application/json"}
+            status, body, _ = await svc.request("POST", ECHO, data=plain, headers=headers)
+            assert status == 200, (coding, body)
+
+
 async def test_an_expect_header_the_server_does_not_know_gets_the_envelope(
     database_url: str,
 ) -> None:

@@ -705,6 +705,21 @@ async def test_require_secure_behind_a_trusted_proxy(database_url: str) -> None:
             "GET", "/v1/ping", headers={"X-Forwarded-Proto": "https"}, allow_redirects=False
         )
         assert status == 200
+        # QA finding: a trusted proxy that said it forwarded and named no client (an empty or
+        # unreadable X-Forwarded-For) had its requests taken for local ones.
+        for unnamed in ({"X-Forwarded-For": ""}, {"X-Forwarded-For": ",,,"}):
+            status, _, _ = await svc.request(
+                "GET", "/v1/ping", headers=unnamed, allow_redirects=False
+            )
+            assert status == 308, unnamed
+        assert (await svc.request("GET", "/v1/ping", headers=local))[0] == 200  # named local
+        assert (await svc.request("GET", "/v1/ping"))[0] == 200  # a local tool, not forwarded
+        # QA finding: a Host that is no host went into the redirect's Location as it was.
+        for host in ("good.example@evil.example", "evil.example/x?", "a b", "h:99999", "[::1"):
+            status, body, _ = await svc.request(
+                "GET", "/v1/ping", headers={**remote, "Host": host}, allow_redirects=False
+            )
+            assert status == 400 and body["error"]["code"] == "invalid_header", host
 
 
 async def test_https_redirect_goes_to_the_public_url(database_url: str) -> None:
