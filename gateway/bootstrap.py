@@ -246,15 +246,25 @@ class HostConfig:
     log_level: str = "info"
     log_read_at: int = 0
     """The version of the stored settings `log_level` was read at."""
+    log_format: str = "text"
+    """`SVC_LOG_FORMAT` of the gateway that made the host: fixed for the host's life."""
 
     def newest(self, sent: HostConfig) -> HostConfig:
         log_part = sent if sent.log_read_at >= self.log_read_at else self
-        return HostConfig(self.model.newest(sent.model), log_part.log_level, log_part.log_read_at)
+        return HostConfig(
+            self.model.newest(sent.model),
+            log_part.log_level,
+            log_part.log_read_at,
+            self.log_format,
+        )
 
 
 def host_config(settings: Settings) -> HostConfig:
     return HostConfig(
-        model_config(settings), settings.text("SVC_LOG_LEVEL"), settings.stored_version
+        model_config(settings),
+        settings.text("SVC_LOG_LEVEL"),
+        settings.stored_version,
+        settings.text("SVC_LOG_FORMAT"),
     )
 
 
@@ -271,7 +281,8 @@ class HostBehaviours:
         self._closing: set[asyncio.Task[None]] = set()
 
     def __call__(self) -> list[Behaviour[Any]]:
-        log_to_stderr()  # in the host's process: to its Ray worker log, at its creator's level
+        # In the host's process: to its Ray worker log, as its creator logs, at its level.
+        log_to_stderr(self.config.log_format)
         apply_log_level(self.config.log_level)
         self._providers = ProviderSet.from_config(self.config.model)
         return behaviours(self._providers, lambda: self.config.model.call_timeout_s)

@@ -1317,7 +1317,7 @@ def _configure_logging(settings: Settings | None, command: str) -> None:
         # A one-shot command's output is its own; its log says only what went wrong, unless
         # an operator asks for everything (an internal error's traceback is logged at DEBUG).
         level = "WARNING"
-    log_to_stderr()
+    log_to_stderr(settings.text("SVC_LOG_FORMAT") if settings else "text")
     apply_log_level(level)
     if command == "migrate" and level != "DEBUG":
         # A long operation shows its progress: each migration as it starts.

@@ -8,15 +8,40 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from datetime import UTC, datetime
+
+import orjson
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def log_to_stderr() -> None:
-    """One line per record on standard error, with its time, level and logger; a no-op
-    where logging is already set up. An actor host calls it too: without a handler, Python
-    wrote only each record's message to a Ray worker's log."""
-    logging.basicConfig(stream=sys.stderr, format=LOG_FORMAT)
+class JsonLines(logging.Formatter):
+    """A record as one JSON object on one line (SVC_LOG_FORMAT=json), for log collectors:
+    `time` (UTC, ISO 8601, microseconds), `level`, `logger`, `message`, and `exc` with the
+    traceback when there is one. A line break in a message stays inside its string."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, str] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exc"] = record.exc_text
+        return orjson.dumps(line).decode()
+
+
+def log_to_stderr(log_format: str = "text") -> None:
+    """One line per record on standard error, with its time, level and logger, as text or
+    (`json`) as one JSON object; a no-op where logging is already set up. An actor host
+    calls it too: without a handler, Python wrote only each record's message to a Ray
+    worker's log."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines() if log_format == "json" else logging.Formatter(LOG_FORMAT))
+    logging.basicConfig(handlers=[handler])
 
 
 PROJECT_LOGGERS = ("gateway", "actors", "eventstore", "projections", "schemas", "svc")

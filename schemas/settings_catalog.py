@@ -1503,6 +1503,15 @@ _OPERATIONAL: tuple[SettingSpec, ...] = (
     ),
     _s("SVC_LOG_LEVEL", _OPS, "enum", "info", "L", "log level: debug, info, warning, error"),
     _s(
+        "SVC_LOG_FORMAT",
+        _OPS,
+        "enum",
+        "text",
+        "R",
+        "log lines on standard error: text (time LEVEL logger: message) or json (one object a "
+        "line: time, level, logger, message, and exc with a traceback), for log collectors",
+    ),
+    _s(
         "SVC_SHUTDOWN_GRACE_SEC",
         _OPS,
         "int",
@@ -1689,6 +1698,12 @@ _REFINEMENTS: dict[str, dict[str, object]] = {
     "SVC_ACTOR_RUNTIME": {"choices": ("local", "ray")},
     "SVC_TRUSTED_PROXIES": {"networks": True},
     "SVC_LOG_LEVEL": {"choices": ("debug", "info", "warning", "error")},
+    "SVC_LOG_FORMAT": {
+        "choices": ("text", "json"),
+        "storable": False,
+        "note": "chosen as the process starts, before the database is open: set it in the "
+        "environment or env file",
+    },
     "SVC_ACTOR_IDLE_SEC": {"min_value": 1.0},
     "SVC_ACTOR_MAX_ACTIVE": {"min_value": 1.0},
     "SVC_ACTOR_HOSTS": {"min_value": 0.0, "max_value": 1024.0},

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
+import orjson
 import pytest
 from platform_support import running, settings_for
 
@@ -1025,6 +1027,30 @@ class _Lines(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+def test_a_json_log_line_is_one_object_on_one_line() -> None:
+    try:
+        raise ValueError("bad\nvalue")
+    except ValueError:
+        record = logging.LogRecord(
+            "gateway.chat",
+            logging.ERROR,
+            __file__,
+            1,
+            "failed: %s",
+            ("two\nlines",),
+            sys.exc_info(),
+        )
+    line = log_levels_module.JsonLines().format(record)
+    assert "\n" not in line
+    parsed = orjson.loads(line)
+    assert (parsed["level"], parsed["logger"], parsed["message"]) == (
+        "ERROR",
+        "gateway.chat",
+        "failed: two\nlines",
+    )
+    assert parsed["exc"].startswith("Traceback") and "ValueError: bad" in parsed["exc"]
 
 
 @pytest.mark.usefixtures("log_levels")
