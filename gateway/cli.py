@@ -42,7 +42,7 @@ from aiohttp import web
 from pydantic import TypeAdapter, ValidationError
 
 from actors.behaviour import ActorKey
-from actors.conversation import ConversationState, conversation_key
+from actors.conversation import ConversationState, TurnRecord, conversation_key
 from actors.errors import ConflictRetriesExhausted
 from actors.shards import NUM_SHARDS
 from actors.workspace import workspace_key
@@ -948,6 +948,8 @@ async def _abandon(
     if not chosen:
         _out(f"no turn is running in conversation {args.conversation_id}")
         return 0
+    if not args.force:
+        _refuse_a_turn_within_its_lifetime([state.turns[t] for t in chosen])
     command = RecoverAbandonedTurns(
         command_id=service_command_id("abandon", uuid.uuid4().hex),
         workspace_id=workspace_id,
@@ -959,6 +961,23 @@ async def _abandon(
     ended = [e.turn_id for e in outcome.events if isinstance(e, TurnFailed)]
     _out(f"recorded as abandoned: {', '.join(ended) or 'none (they ended meanwhile)'}")
     return 0
+
+
+def _refuse_a_turn_within_its_lifetime(turns: Sequence[TurnRecord]) -> None:
+    """A turn whose expiry is ahead may still run in a live process, which would then lose
+    its answer (QA: an abandon while the service ran the turn); its expiry ends it anyway.
+    A turn that never expires is what the command is for."""
+    now = datetime.now(UTC)
+    live = [t for t in turns if t.expires_at is not None and t.expires_at > now]
+    if live:
+        until = ", ".join(
+            f"{t.turn_id} until {t.expires_at:%Y-%m-%dT%H:%M:%SZ}" for t in live if t.expires_at
+        )
+        raise InvalidInput(
+            f"turn {until} may still be running in a live process, whose answer would then "
+            "not be recorded; it is recorded as abandoned at that time by itself if it has "
+            "not ended. Once you know its process is gone, pass --force"
+        )
 
 
 async def _replay(args: argparse.Namespace, stream: Stream, state_of: _StateAt, newest: int) -> int:
@@ -1264,6 +1283,12 @@ def _conversations_parser(sub: Any) -> None:
     a.add_argument("conversation_id", help=_CONVERSATION_ID)
     a.add_argument("--turn", action="append", default=[], help="this turn only (repeatable)")
     a.add_argument("--workspace", type=_workspace_id, help=_DEFAULT_WORKSPACE_HELP)
+    a.add_argument(
+        "--force",
+        action="store_true",
+        help="also a turn whose expiry is still ahead (it may be running in a live process, "
+        "which then loses its answer)",
+    )
 
 
 def _workspace_id(raw: str) -> str:

@@ -251,6 +251,27 @@ async def test_an_operator_abandons_a_turn_that_never_expires(
         assert "no turn is running" in capsys.readouterr().out
 
 
+async def test_abandoning_a_turn_within_its_lifetime_asks_for_force(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """QA finding: an operator abandoned a turn the service was still running, which lost
+    its answer, and nothing said that its expiry would have ended it anyway."""
+    async with stalled_turn(database_url, started_under_s=600) as stalled:
+        settings = stalled.svc.app[SETTINGS]
+        abandon = ["conversations", "abandon", stalled.conversation]
+        abandon += ["--workspace", stalled.workspace]
+        with pytest.raises(InvalidInput, match="may still be running in a live process") as said:
+            await cmd_conversations(build_parser().parse_args(abandon), settings)
+        assert "pass --force" in said.value.message and stalled.turn.turn_id in said.value.message
+        await _turn(stalled.svc, stalled.workspace, stalled.conversation, "running")
+        assert (
+            await cmd_conversations(build_parser().parse_args([*abandon, "--force"]), settings) == 0
+        )
+        assert stalled.turn.turn_id in capsys.readouterr().out
+        turn = await _turn(stalled.svc, stalled.workspace, stalled.conversation, "failed")
+        assert turn.error_code == "turn_abandoned"
+
+
 async def test_a_turn_without_a_recorded_expiry_is_swept_by_its_age(database_url: str) -> None:
     """A read-model row from before turns recorded an expiry (NULL), and the migration that
     gives the rows of turns still running their recorded one, run again as a later start
