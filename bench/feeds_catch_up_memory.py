@@ -54,7 +54,7 @@ async def record_turns(
 async def read_feed(http: aiohttp.ClientSession, base: str, key: str, until: str) -> int:
     """Frames read until the one whose id is `until` (the log's head when the load ended).
     Only `id:` lines are looked at; the megabyte `data:` lines are skipped as they stream."""
-    frames = 0
+    frames = -1  # the first frame (`event: cursor`) names where the feed starts: no event
     headers = {"Authorization": f"Bearer {key}"}
     timeout = aiohttp.ClientTimeout(total=900)
     line = b""
