@@ -519,11 +519,15 @@ def expired_turns(
     return tuple(
         t.turn_id
         for t in state.turns.values()
-        if t.status == "running" and (expiry := _expiry(t, lifetime)) is not None and expiry < now
+        if t.status == "running"
+        and (expiry := turn_expiry(t, lifetime)) is not None
+        and expiry < now
     )
 
 
-def _expiry(turn: TurnRecord, lifetime: timedelta | None) -> datetime | None:
+def turn_expiry(turn: TurnRecord, lifetime: timedelta | None) -> datetime | None:
+    """When `turn` is given up if it has not ended: its recorded expiry, or for a turn
+    recorded before turns carried one, its start plus `lifetime`; None: never."""
     if turn.never_expires:
         return None
     if turn.expires_at is not None:

@@ -124,8 +124,9 @@ def translate_errors() -> Iterator[None]:
                 "the event store database is unavailable; retry shortly",
                 f"{type(exc).__name__}: {exc}; the server has no connection slot free for "
                 "this login: raise its max_connections (or the login's CONNECTION LIMIT), or "
-                "lower SVC_DB_POOL_SIZE (each gateway and Ray actor host opens up to that "
-                "many; docs/operations.md, Requirements)",
+                "lower SVC_DB_POOL_SIZE (each gateway opens up to that many) or "
+                "SVC_ACTOR_HOST_POOL_SIZE (each Ray actor host); docs/operations.md, "
+                "Requirements",
             ) from exc
         if is_unavailable_state(_sqlstate(exc)):
             raise StoreUnavailable.with_detail(

@@ -116,7 +116,10 @@ class EmbeddedPostgres:
     def _check_directory(self) -> None:
         """The data directory, or the nearest of its parents that exists, is a directory: a
         file there was announced as a new database and then failed to be made (exit 1)."""
-        existing = next((p for p in (self.pgdata, *self.pgdata.parents) if p.exists()), None)
+        try:
+            existing = next((p for p in (self.pgdata, *self.pgdata.parents) if p.exists()), None)
+        except OSError:
+            return  # a parent this user may not enter: making the directory says so
         if existing is not None and not existing.is_dir():
             raise UnusableDataDirectory(
                 f"cannot use {self.data_dir} as the data directory (SVC_DATA_DIR): {existing} "

@@ -123,7 +123,7 @@ TURN_ERRORS = Counter(
     ["code"],
 )
 TURN_ERROR_CODES = (
-    *("context_length_exceeded", "string_above_max_length"),
+    *("invalid_request", "context_length_exceeded", "string_above_max_length"),
     *("content_policy_violation", "invalid_prompt", "model_not_found"),
     *("conversation_not_found", "concurrency_conflict", "idempotency_key_reused"),
     *("idempotency_key_expired", "turn_in_progress", "turn_abandoned", "internal_error"),

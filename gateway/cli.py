@@ -35,14 +35,14 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from aiohttp import web
 from pydantic import TypeAdapter, ValidationError
 
 from actors.behaviour import ActorKey
-from actors.conversation import ConversationState, TurnRecord, conversation_key
+from actors.conversation import ConversationState, TurnRecord, conversation_key, turn_expiry
 from actors.errors import ConflictRetriesExhausted
 from actors.shards import NUM_SHARDS
 from actors.workspace import workspace_key
@@ -63,6 +63,7 @@ from gateway.log_levels import apply_log_level, log_to_stderr
 from gateway.metrics import build_version
 from gateway.settings import Settings, Source, storable_spec, storable_value
 from gateway.shutdown import Shutdown
+from gateway.turn_sweep import stale_after
 from projections import default_projectors, queries
 from projections.errors import ProjectionFailed
 from projections.identity import IdentityProjector
@@ -934,8 +935,9 @@ class _StateAt:
 async def _abandon(
     args: argparse.Namespace, platform: Platform, workspace_id: str, state_of: _StateAt, newest: int
 ) -> int:
-    """Record running turns as abandoned whatever their expiry: the operator knows the
-    process that ran them is gone (a turn started with no call time limit never expires)."""
+    """Record running turns as abandoned: the operator knows the process that ran them is
+    gone (a turn started with no call time limit never expires). One whose expiry is still
+    ahead only with --force."""
     state = await state_of(newest)
     running = [t.turn_id for t in state.turns.values() if t.status == "running"]
     chosen = list(dict.fromkeys(args.turn)) or running
@@ -949,7 +951,8 @@ async def _abandon(
         _out(f"no turn is running in conversation {args.conversation_id}")
         return 0
     if not args.force:
-        _refuse_a_turn_within_its_lifetime([state.turns[t] for t in chosen])
+        lifetime = stale_after(platform.settings)
+        _refuse_a_turn_within_its_lifetime([state.turns[t] for t in chosen], lifetime)
     command = RecoverAbandonedTurns(
         command_id=service_command_id("abandon", uuid.uuid4().hex),
         workspace_id=workspace_id,
@@ -963,16 +966,17 @@ async def _abandon(
     return 0
 
 
-def _refuse_a_turn_within_its_lifetime(turns: Sequence[TurnRecord]) -> None:
+def _refuse_a_turn_within_its_lifetime(
+    turns: Sequence[TurnRecord], lifetime: timedelta | None
+) -> None:
     """A turn whose expiry is ahead may still run in a live process, which would then lose
     its answer (QA: an abandon while the service ran the turn); its expiry ends it anyway.
     A turn that never expires is what the command is for."""
     now = datetime.now(UTC)
-    live = [t for t in turns if t.expires_at is not None and t.expires_at > now]
+    expiries = [(t.turn_id, turn_expiry(t, lifetime)) for t in turns]
+    live = [(turn_id, at) for turn_id, at in expiries if at is not None and at > now]
     if live:
-        until = ", ".join(
-            f"{t.turn_id} until {t.expires_at:%Y-%m-%dT%H:%M:%SZ}" for t in live if t.expires_at
-        )
+        until = ", ".join(f"{turn_id} until {at:%Y-%m-%dT%H:%M:%SZ}" for turn_id, at in live)
         raise InvalidInput(
             f"turn {until} may still be running in a live process, whose answer would then "
             "not be recorded; it is recorded as abandoned at that time by itself if it has "
@@ -1277,8 +1281,8 @@ def _conversations_parser(sub: Any) -> None:
     r.add_argument("--workspace", type=_workspace_id, help=_DEFAULT_WORKSPACE_HELP)
     a = acts.add_parser(
         "abandon",
-        help="record running turns as failed (turn_abandoned) whatever their expiry, once the "
-        "process that ran them is known to be gone",
+        help="record running turns as failed (turn_abandoned) once the process that ran them "
+        "is known to be gone (one whose expiry is still ahead only with --force)",
     )
     a.add_argument("conversation_id", help=_CONVERSATION_ID)
     a.add_argument("--turn", action="append", default=[], help="this turn only (repeatable)")

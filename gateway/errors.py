@@ -329,18 +329,26 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         abort_connection(request)
         return response
     gone = request.transport is None and not request.get(CLIENT_GONE)
-    if gone and not response.prepared:
+    if gone and response.status < 400 and not response.prepared:
         # The client left while the handler worked (a chat turn runs on and is recorded):
-        # its answer, a 200 or an error, reaches no one, and the access log shows a hang-up.
-        # A stream already under way (a feed, whose normal end is its client leaving) is not.
-        log.info(
-            "%s %s: the client closed the connection before its answer (%d)",
-            request.method,
-            logged_path(request),
-            response.status,
-        )
-        client_gone(request)
+        # its answer reaches no one, and the access log shows a hang-up, not a 200. (An error
+        # answer meets the same in `_answer`, before it is counted.) A stream already under
+        # way (a feed, whose normal end is its client leaving) is not.
+        return _hung_up(request, response.status)
     return response
+
+
+def _hung_up(request: web.Request, status: int) -> web.Response:
+    """The answer (of `status`) to a client that left while its handler worked: logged at
+    INFO and counted once, as a 499, the access log's status for it too."""
+    log.info(
+        "%s %s: the client closed the connection before its answer (%d)",
+        request.method,
+        logged_path(request),
+        status,
+    )
+    client_gone(request)
+    return web.Response(status=CLIENT_CLOSED)
 
 
 async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -371,6 +379,8 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
                 request_id(request),
                 exc,
             )
+        if request.transport is None:  # its client left meanwhile: no one gets the answer
+            return _hung_up(request, exc.http_status)
         return from_svc_error(exc)
     except ValidationError as exc:
         return envelope(400, describe_validation(exc), "invalid_request_error", "invalid_request")

@@ -41,6 +41,7 @@ from gateway.errors import (
 from gateway.security import client_ip, security_headers
 from gateway.settings import Settings
 from gateway.state import SETTINGS
+from schemas.errors import UNSUPPORTED_ENCODING_MESSAGE
 from schemas.redaction import redact
 
 log = logging.getLogger(__name__)
@@ -53,10 +54,7 @@ MALFORMED_REQUEST = (
     "most 128 header lines); the connection is closed"
 )
 
-UNSUPPORTED_ENCODING = (
-    "the request's Content-Encoding is not one this service decodes: send the body "
-    "uncompressed, or as gzip or deflate; the connection is closed"
-)
+UNSUPPORTED_ENCODING = f"{UNSUPPORTED_ENCODING_MESSAGE}; the connection is closed"
 
 
 class EnvelopeRequestHandler(RequestHandler):

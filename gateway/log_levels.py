@@ -31,7 +31,13 @@ class JsonLines(logging.Formatter):
             line["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:
             line["exc"] = record.exc_text
-        return orjson.dumps(line).decode()
+        try:
+            return orjson.dumps(line).decode()
+        except TypeError:
+            # A lone surrogate (a header byte that is not UTF-8, kept so by aiohttp, in an
+            # access line): JSON cannot carry it, so it is written as its escape.
+            escaped = {k: v.encode("utf-8", "backslashreplace").decode() for k, v in line.items()}
+            return orjson.dumps(escaped).decode()
 
 
 def log_to_stderr(log_format: str = "text") -> None:
@@ -78,6 +84,14 @@ _ONE_LINE = _CauseOnOneLine()
 
 
 TELEMETRY_LINE_EVERY_S = 60.0
+EXPORT_LOGGERS = (
+    "opentelemetry.exporter",
+    "opentelemetry.sdk.trace.export",
+    "opentelemetry.sdk._shared_internal",
+)
+"""Where OpenTelemetry's span export logs its failures (the exporter; the batch processor,
+whose home moved between releases). Its other warnings (a context not detached, an
+attribute of a bad type) are not export failures, and pass as they are."""
 _JUDGED = "svc_telemetry_line_passes"
 
 
@@ -94,7 +108,7 @@ class _TelemetryExportThrottled(logging.Filter):
         self._held = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith("opentelemetry") or record.levelno < logging.WARNING:
+        if not record.name.startswith(EXPORT_LOGGERS) or record.levelno < logging.WARNING:
             return True
         # Each handler asks: the record's first answer is every handler's.
         judged: bool | None = getattr(record, _JUDGED, None)

@@ -27,7 +27,10 @@ HTTP_ERRORS = Counter(
     "Non-2xx responses sent by the gateway, by HTTP status.",
     ["status"],
 )
-ANSWERED_STATUSES = (400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 499, 500, 501, 502, 503, 504)
+ANSWERED_STATUSES = (
+    *(400, 401, 403, 404, 405, 406, 408, 409, 411, 413, 415, 417, 429, 499),
+    *(500, 501, 502, 503, 504),
+)
 """The statuses the gateway answers errors with, exported at 0 from the start: `rate()` needs
 two samples of a series, so a series that first appeared with a burst in it would keep that
 burst from the error-rate alerts (ops/prometheus/svc-rules.yaml)."""

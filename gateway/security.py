@@ -24,7 +24,13 @@ from yarl import URL
 from gateway.errors import error_body
 from gateway.settings import Settings
 from gateway.state import SETTINGS
-from schemas.errors import Forbidden, InvalidInput, NotFound, UnsupportedEncoding
+from schemas.errors import (
+    UNSUPPORTED_ENCODING_MESSAGE,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    UnsupportedEncoding,
+)
 from schemas.settings_catalog import Network, parse_networks
 from schemas.text import is_utf8
 
@@ -102,17 +108,22 @@ def client_ip(request: web.Request) -> str:
     networks = _proxies(request.app[SETTINGS])
     result = peer
     if _trusted(peer, networks):
-        # Every line: a proxy may add a line of its own after the client's rather than
-        # append to it (HAProxy's `option forwardfor`), and the first line alone would be
-        # the client's own writing.
-        forwarded = ",".join(request.headers.getall("X-Forwarded-For", ()))
-        hops = [_without_port(h.strip()) for h in forwarded.split(",")]
+        hops = [_without_port(h) for h in _forwarded(request, "X-Forwarded-For")]
         for hop in reversed([h for h in hops if h]):
             result = hop
             if not _trusted(hop, networks):
                 break
     request[CLIENT_IP] = result
     return result
+
+
+def _forwarded(request: web.Request, name: str) -> list[str]:
+    """The comma-separated values of a forwarding header over all its lines, in order, each
+    stripped: a proxy may add a line of its own after the client's rather than append to it
+    (HAProxy's `option forwardfor`), and the first line alone would be the client's own
+    writing."""
+    joined = ",".join(request.headers.getall(name, ()))
+    return [value.strip() for value in joined.split(",")]
 
 
 def _without_port(hop: str) -> str:
@@ -133,9 +144,7 @@ def _is_secure(request: web.Request, settings: Settings) -> bool:
         # The rightmost value is the one the trusted proxy in front of us set; values to
         # its left came with the request, from a client that may have written them itself.
         # A proxy may add a header line of its own rather than append to the client's.
-        forwarded = ",".join(request.headers.getall("X-Forwarded-Proto", ()))
-        proto = forwarded.split(",")[-1].strip().lower()
-        return proto == "https"
+        return _forwarded(request, "X-Forwarded-Proto")[-1].lower() == "https"
     return False
 
 
@@ -152,9 +161,8 @@ def _is_loopback(request: web.Request, settings: Settings) -> bool:
     # A trusted proxy's request that says it was forwarded but names no client (an empty
     # or unreadable X-Forwarded-For) is for a client that may be anywhere; one with no
     # forwarding headers at all is a local tool's, on the gateway's own port.
-    forwarded = ",".join(request.headers.getall("X-Forwarded-For", ()))
     if "X-Forwarded-For" in request.headers and not any(
-        _ip(_without_port(hop.strip())) for hop in forwarded.split(",")
+        _ip(_without_port(hop)) for hop in _forwarded(request, "X-Forwarded-For")
     ):
         return False
     return "X-Forwarded-Proto" not in request.headers
@@ -281,9 +289,9 @@ def _is_preflight(request: web.Request) -> bool:
     )
 
 
-_HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+(?:%25[\w.~-]+)?\]|[A-Za-z0-9._-]+)(?::(\d{1,5}))?")
-"""RFC 9110's Host: a name or IPv4 address (letters, digits, `.`, `-`, `_`), or an IPv6
-address in brackets, and a port: no user, path, space, or list."""
+_HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+(?:%25[\w.~-]+)?\]|[A-Za-z0-9._~-]+)(?::(\d{0,5}))?")
+"""RFC 9110's Host: a name or IPv4 address (letters, digits, `.`, `-`, `_`, `~`), or an IPv6
+address in brackets, and a port (possibly empty): no user, path, space, or list."""
 
 
 def _check_host(request: web.Request) -> None:
@@ -294,7 +302,7 @@ def _check_host(request: web.Request) -> None:
     if host is None:  # HTTP/1.0 (the parser refuses an HTTP/1.1 request without one)
         return
     found = _HOST.fullmatch(host)
-    if found is None or (found.group(1) is not None and int(found.group(1)) > 65535):
+    if found is None or (found.group(1) and int(found.group(1)) > 65535):
         raise InvalidInput(
             "the Host header is not a host name or address with an optional port "
             "(example.com:8780, [2001:db8::1]:443)",
@@ -312,10 +320,7 @@ def _check_content_encoding(request: web.Request) -> None:
     codings = ",".join(request.headers.getall("Content-Encoding", ()))
     named = [c.strip().lower() for c in codings.split(",")] if codings else []
     if len(named) > 1 or (named and named[0] not in DECODED_ENCODINGS):
-        raise UnsupportedEncoding(
-            "the request's Content-Encoding is not one this service decodes: send the body "
-            "uncompressed, or in one of gzip or deflate"
-        )
+        raise UnsupportedEncoding(UNSUPPORTED_ENCODING_MESSAGE)
 
 
 def _check_header_encoding(request: web.Request) -> None:

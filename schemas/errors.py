@@ -75,6 +75,12 @@ class PayloadTooLarge(SvcError):
     default_code = "payload_too_large"
 
 
+UNSUPPORTED_ENCODING_MESSAGE = (
+    "the request's Content-Encoding is not one this service decodes: send the body "
+    "uncompressed, or in one of gzip or deflate"
+)
+
+
 class UnsupportedEncoding(SvcError):
     """A request body in a Content-Encoding the service does not decode."""
 

@@ -334,7 +334,8 @@ async def test_retry_on_a_second_activation_finds_the_first_turn_abandoned(
 ) -> None:
     # Routing gives a key one process, so a second activation takes the first for dead and
     # records its running turn as abandoned; the first, if alive after all, loses at the
-    # version fence (tests/actors/test_turn_recovery.py covers this in depth).
+    # version fence and tells its caller that its answer is not recorded
+    # (tests/actors/test_turn_recovery.py covers this in depth).
     # 2 s of turn: time for the second host to record it abandoned first, under Ray too.
     slow = ScriptedProvider(deltas=["a"] * 5, delay_s=0.4)
     first_host = await make_runtime([ConversationBehaviour([slow])])
@@ -346,7 +347,7 @@ async def test_retry_on_a_second_activation_finds_the_first_turn_abandoned(
     with pytest.raises(RecordedTurnFailure) as raised:
         await second_host.ask(conversation_key(cid), command)
     assert raised.value.code == "turn_abandoned"
-    with pytest.raises(Conflict, match="already ended"):
+    with pytest.raises(RecordedTurnFailure, match="is not recorded"):
         await running
 
 

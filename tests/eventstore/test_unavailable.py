@@ -387,6 +387,13 @@ async def test_sslrootcert_system_verifies_against_the_system_roots(
         await Database.connect(url.replace("verify_full", "require"), max_size=1)
 
 
+def _as_login(database_url: str, role: str) -> str:
+    """`database_url` with `role` (password `pw-<role>`) as its user."""
+    parts = urlsplit(database_url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{role}:pw-{role}@{host}"))
+
+
 async def test_credentials_refused_while_running_are_unavailable_and_say_what_to_check(
     database_url: str,
 ) -> None:
@@ -397,9 +404,7 @@ async def test_credentials_refused_while_running_are_unavailable_and_say_what_to
     admin = await asyncpg.connect(database_url)
     try:
         await admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw-{role}'")
-        parts = urlsplit(database_url)
-        host = parts.netloc.rsplit("@", 1)[-1]
-        url = urlunsplit(parts._replace(netloc=f"{role}:pw-{role}@{host}"))
+        url = _as_login(database_url, role)
         db = await Database.connect(url, min_size=0)  # running, no connection open yet
         try:
             await admin.execute(f"ALTER ROLE {role} NOLOGIN")
@@ -422,9 +427,7 @@ async def test_no_connection_slot_free_names_the_limits_to_raise(database_url: s
     admin = await asyncpg.connect(database_url)
     try:
         await admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw-{role}' CONNECTION LIMIT 1")
-        parts = urlsplit(database_url)
-        host = parts.netloc.rsplit("@", 1)[-1]
-        url = urlunsplit(parts._replace(netloc=f"{role}:pw-{role}@{host}"))
+        url = _as_login(database_url, role)
         db = await Database.connect(url, min_size=1, max_size=2)  # its one slot taken
         try:
             with pytest.raises(StoreUnavailable) as caught:

@@ -1667,6 +1667,26 @@ async def test_a_json_client_that_leaves_mid_turn_is_a_hang_up_and_the_turn_is_r
     assert left == retried == 1, answered
 
 
+async def test_a_body_cut_short_is_one_hang_up(chat: Chat) -> None:
+    """Review finding: a client that left in the middle of its body was counted as two
+    hang-ups, by the handler's answer and again by the check for a client gone."""
+    hang_ups = await closed_by_clients(chat)
+    host, port = chat.service.server.host, chat.service.server.port
+    _, writer = await asyncio.open_connection(host, port)
+    writer.write(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
+        f"{chat.key}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        '{"model": '.encode()
+    )
+    await writer.drain()
+    writer.close()
+    async with asyncio.timeout(10):
+        while await closed_by_clients(chat) == hang_ups:  # noqa: ASYNC110 (a metric: polled)
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # a second count would come within this
+    assert await closed_by_clients(chat) == hang_ups + 1
+
+
 async def test_the_warning_of_a_failed_turn_names_its_request_id(
     chat: Chat, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1689,6 +1709,7 @@ async def test_a_json_client_that_leaves_before_its_turn_fails_is_a_hang_up_too(
     caplog.set_level(logging.INFO, logger="aiohttp.access")
     caplog.set_level(logging.INFO, logger="gateway.errors")
     hang_ups = await closed_by_clients(chat)
+    upstream_errors = await _metric(chat, r'svc_http_errors_total\{status="502"\}')
     chat.stub.delay_s = 0.5
     failed = stub_upstream.Fault(500, "the model server failed")
     chat.stub.faults.extend([failed, failed])  # and its one retry (SVC_LLM_RETRIES)
@@ -1701,6 +1722,8 @@ async def test_a_json_client_that_leaves_before_its_turn_fails_is_a_hang_up_too(
     assert await closed_by_clients(chat) == hang_ups + 1
     assert _logged(caplog, "gateway.errors", "the client closed the connection before its")
     assert _logged(caplog, "gateway.errors", "502 upstream_error")  # the turn did fail
+    # Counted once, as what the client got: a hang-up, not a 502 it never received.
+    assert await _metric(chat, r'svc_http_errors_total\{status="502"\}') == upstream_errors
     (access,) = _logged(caplog, "aiohttp.access", "POST /v1/chat/completions")
     assert '" 499 ' in access, access
 

@@ -21,7 +21,7 @@ import orjson
 import pytest
 from test_admin_support import Service, service, uid
 
-EVENTSOURCE = "eventsource@4.1.1"
+EVENTSOURCE = "eventsource@3.0.7"  # node 18 and later (Debian 12 ships 18)
 HARNESS = Path(__file__).with_name("eventsource_harness.mjs")
 EVENTS = "/v1/events/stream"
 

@@ -720,6 +720,11 @@ async def test_require_secure_behind_a_trusted_proxy(database_url: str) -> None:
                 "GET", "/v1/ping", headers={**remote, "Host": host}, allow_redirects=False
             )
             assert status == 400 and body["error"]["code"] == "invalid_header", host
+        for host in ("example.com:", "ex~ample.com:8443", "[2001:db8::1]:443"):  # RFC 9110 hosts
+            status, _, _ = await svc.request(
+                "GET", "/v1/ping", headers={**remote, "Host": host}, allow_redirects=False
+            )
+            assert status == 308, host
 
 
 async def test_https_redirect_goes_to_the_public_url(database_url: str) -> None:
