@@ -41,7 +41,7 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Literal
 
@@ -239,6 +239,10 @@ class FeedFanout:
         self.catch_up_concurrency = 8
         self._catch_up_slots: asyncio.Semaphore | None = None
         self._by_owner: Counter[Hashable] = Counter()
+        self._place_freed = asyncio.Event()
+        # How long a feed over its owner's places waits for the places of feeds whose
+        # clients are gone to be given back (their handlers end within a few loop turns).
+        self.make_room_s = 1.0
         # A round waits this long for its checks; one still running then (a slow identity
         # provider, a busy pool) finishes on its own and its credential sits out later rounds
         # until it has, so one slow check never holds back every other feed's.
@@ -290,6 +294,32 @@ class FeedFanout:
             for conn in list(conns):
                 self._end(conn, "shutdown")
 
+    async def make_room(self, owner: Hashable, most: int) -> None:
+        """Before `admitted` of an owner at its `most` places: ends the feeds whose clients
+        are gone (a socket closed, that the sweep would find within `tick_s`), and waits
+        a moment for their places. A browser reconnects 3 s after its connection dropped,
+        before the sweep has freed the place of the feed it dropped, and an EventSource
+        answered 429 never tries again: the feed would be over for good."""
+        if not most or self._by_owner[owner] < most:
+            return
+        for conns in list(self._by_ws.values()):
+            for conn in list(conns):
+                if conn.outlet.closing:
+                    self._end(conn, "gone")
+        with suppress(TimeoutError):
+            async with asyncio.timeout(self.make_room_s):
+                while self._by_owner[owner] >= most:
+                    freed = self._place_freed
+                    await freed.wait()
+
+    def _free_place(self, owner: Hashable) -> None:
+        self._by_owner[owner] -= 1
+        if not self._by_owner[owner]:
+            del self._by_owner[owner]
+        # Wakes every wait of `make_room`; later waits take a new event.
+        self._place_freed.set()
+        self._place_freed = asyncio.Event()
+
     @contextmanager
     def admitted(self, owner: Hashable, most: int) -> Iterator[None]:
         """One of `owner`'s `most` places (0: no bound) while its feed is open; 429
@@ -309,9 +339,7 @@ class FeedFanout:
         try:
             yield
         finally:
-            self._by_owner[owner] -= 1
-            if not self._by_owner[owner]:
-                del self._by_owner[owner]
+            self._free_place(owner)
 
     # -- one connection ---------------------------------------------------------------------
 

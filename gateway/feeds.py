@@ -266,7 +266,9 @@ def _handler(spec: FeedSpec) -> Callable[[web.Request], Any]:
             frozenset(types) if types is not None else None,
         )
         most = request.app[SETTINGS].integer("SVC_FEEDS_PER_OWNER")
-        with hub.admitted((principal.workspace_id, principal.owner()), most):
+        owner = (principal.workspace_id, principal.owner())
+        await hub.make_room(owner, most)
+        with hub.admitted(owner, most):
             resp = await open_sse(request)
             # Also sends the headers: the fan-out writes below aiohttp's writer from here on.
             # The frame's id is where the feed starts: an EventSource that reconnects before

@@ -497,6 +497,31 @@ async def test_a_latest_start_tells_nothing_of_other_workspaces(service: Service
     assert await first_id(start="latest") != start
 
 
+async def test_a_reconnection_gets_the_place_of_the_feed_it_dropped(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QA finding (a browser): a tab's connection dropped, its EventSource came back 3 s
+    later, before the sweep had noticed the old feed gone, and got 429 too_many_feeds, after
+    which an EventSource never tries again. The place of a feed whose socket is closed is
+    given back to the owner asking for it."""
+    hub = service.app[feeds.FEED_HUB]
+    monkeypatch.setattr(hub, "_check", lambda conn, now: None)  # no sweep notices the close
+    await service.app[SETTINGS_SERVICE].set("SVC_FEEDS_PER_OWNER", "1")
+    _, admin = await new_workspace(service)
+    _, key = await new_key(service, admin, ["admin:read"])
+    dropped, reader = await open_feed(service, EVENTS, key, start="latest")
+    first = await reader.frame()
+    assert first is not None and first.event == "cursor"
+    dropped.close()  # the socket closes; no sweep will notice it
+    again, reader = await open_feed(service, EVENTS, key, last_event_id=first.id or "")
+    try:
+        frame = await reader.frame()
+        assert frame is not None and frame.id == first.id
+    finally:
+        again.close()
+        await service.app[SETTINGS_SERVICE].set("SVC_FEEDS_PER_OWNER", "32")
+
+
 async def test_an_owner_holds_a_bounded_number_of_feeds(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
