@@ -372,19 +372,24 @@ async def test_another_databases_login_reads_no_events_as_the_log_reader(
         assert await conn.fetchval("SELECT count(*) FROM events") == 1
 
 
+async def _migration_refusal(url: str) -> str:
+    """The message with which the store's migrations refuse to run as `url`'s login."""
+    db = await Database.connect(url, max_size=2)
+    try:
+        with pytest.raises(StoreError) as caught:
+            await apply_migrations(db, [STORE_MIGRATIONS])
+    finally:
+        await db.close()
+    return caught.value.message
+
+
 async def test_a_missing_privilege_names_the_migration_and_where_to_read(
     pg_server_url: str,
 ) -> None:
     """A login that owns its database but may not create or grant roles: the first
     migration's `svc_reader` step needs one or the other (docs/operations.md)."""
     async with own_login(pg_server_url) as (_, url, _admin):
-        db = await Database.connect(url, max_size=2)
-        try:
-            with pytest.raises(StoreError) as caught:
-                await apply_migrations(db, [STORE_MIGRATIONS])
-        finally:
-            await db.close()
-    message = caught.value.message
+        message = await _migration_refusal(url)
     assert message.startswith("migration eventstore/0002_roles needs a privilege"), message
     assert "docs/operations.md" in message
 
@@ -396,13 +401,7 @@ async def test_a_login_that_does_not_own_its_database_is_told_the_dbas_command(
     for schema public)", with no migration named and nothing to do."""
     async with own_login(pg_server_url) as (name, url, admin):
         await admin.execute(f'ALTER DATABASE "{name}" OWNER TO CURRENT_USER')
-        db = await Database.connect(url, max_size=2)
-        try:
-            with pytest.raises(StoreError) as caught:
-                await apply_migrations(db, [STORE_MIGRATIONS])
-        finally:
-            await db.close()
-    message = caught.value.message
+        message = await _migration_refusal(url)
     assert "must own its database" in message, message
     assert f'ALTER DATABASE "{name}" OWNER TO "{name}";' in message
     assert "pw-" not in message

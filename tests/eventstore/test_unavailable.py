@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -387,11 +387,20 @@ async def test_sslrootcert_system_verifies_against_the_system_roots(
         await Database.connect(url.replace("verify_full", "require"), max_size=1)
 
 
-def _as_login(database_url: str, role: str) -> str:
-    """`database_url` with `role` (password `pw-<role>`) as its user."""
-    parts = urlsplit(database_url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{role}:pw-{role}@{host}"))
+@contextlib.asynccontextmanager
+async def _own_login(database_url: str, options: str = "") -> AsyncIterator[tuple[str, Any]]:
+    """A login of its own (password `pw-<role>`, `options` added to CREATE ROLE): its URL
+    to `database_url`'s database, and an admin connection; both dropped afterwards."""
+    role = f"svc_login_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw-{role}' {options}")
+        parts = urlsplit(database_url)
+        host = parts.netloc.rsplit("@", 1)[-1]
+        yield urlunsplit(parts._replace(netloc=f"{role}:pw-{role}@{host}")), admin
+    finally:
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
 
 
 async def test_credentials_refused_while_running_are_unavailable_and_say_what_to_check(
@@ -400,13 +409,10 @@ async def test_credentials_refused_while_running_are_unavailable_and_say_what_to
     """Review finding: the user's password rotated (or its login taken away) while the
     service ran, each request that opened a new pooled connection was a 500 with nothing to
     act on; only startup said what was wrong."""
-    role = f"svc_locked_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(database_url)
-    try:
-        await admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw-{role}'")
-        url = _as_login(database_url, role)
+    async with _own_login(database_url) as (url, admin):
         db = await Database.connect(url, min_size=0)  # running, no connection open yet
         try:
+            role = urlsplit(url).username
             await admin.execute(f"ALTER ROLE {role} NOLOGIN")
             with pytest.raises(StoreUnavailable) as caught:
                 async with db.acquire() as conn:
@@ -415,19 +421,12 @@ async def test_credentials_refused_while_running_are_unavailable_and_say_what_to
             assert "pw-" not in str(caught.value)
         finally:
             await db.close()
-    finally:
-        await admin.execute(f"DROP ROLE IF EXISTS {role}")
-        await admin.close()
 
 
 async def test_no_connection_slot_free_names_the_limits_to_raise(database_url: str) -> None:
     """QA finding: a server out of connection slots read "unavailable; retry shortly" in the
     operator's log and CLI, and the cause went unnamed where the retries were logged."""
-    role = f"svc_limited_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(database_url)
-    try:
-        await admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw-{role}' CONNECTION LIMIT 1")
-        url = _as_login(database_url, role)
+    async with _own_login(database_url, "CONNECTION LIMIT 1") as (url, _):
         db = await Database.connect(url, min_size=1, max_size=2)  # its one slot taken
         try:
             with pytest.raises(StoreUnavailable) as caught:
@@ -440,9 +439,6 @@ async def test_no_connection_slot_free_names_the_limits_to_raise(database_url: s
             assert "pw-" not in str(caught.value)
         finally:
             await db.close()
-    finally:
-        await admin.execute(f"DROP ROLE IF EXISTS {role}")
-        await admin.close()
 
 
 async def test_the_pool_notes_when_a_borrowers_work_last_ended(store_db: Database) -> None:

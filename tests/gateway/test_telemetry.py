@@ -129,16 +129,12 @@ async def test_requests_and_turns_are_exported_as_spans(database_url: str) -> No
         assert private not in everything, private
 
 
-async def _traced_upstream_turn(
-    database_url: str, stub: StubUpstream, workspace: str, *, stream: bool
-) -> tuple[Collector, int, Any]:
-    """One chat turn against `stub`, traced to a collector: the spans, status and body."""
-    collector = Collector()
-    chat = {
-        "model": "upstream-model",
-        "messages": [{"role": "user", "content": "hi"}],
-        "stream": stream,
-    }
+@asynccontextmanager
+async def _traced_service(
+    database_url: str, stub: StubUpstream, collector: Collector
+) -> AsyncIterator[Any]:
+    """A service whose model server is `stub` (stopped afterwards), traced to `collector`;
+    leaving it flushes the last spans."""
     try:
         async with collector.running() as endpoint:
             settings = settings_for(
@@ -148,10 +144,27 @@ async def _traced_upstream_turn(
                 SVC_LLM_MODEL="upstream-model",
             )
             async with running(settings) as svc:
-                key, _ = await svc.issue_key(workspace)
-                status, body, _ = await svc.request("POST", "/v1/chat/completions", key, json=chat)
+                yield svc
     finally:
         await stub.stop()
+
+
+def _chat(stream: bool) -> dict[str, Any]:
+    return {
+        "model": "upstream-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+    }
+
+
+async def _traced_upstream_turn(
+    database_url: str, stub: StubUpstream, workspace: str, *, stream: bool
+) -> tuple[Collector, int, Any]:
+    """One chat turn against `stub`, traced to a collector: the spans, status and body."""
+    collector = Collector()
+    async with _traced_service(database_url, stub, collector) as svc:
+        key, _ = await svc.issue_key(workspace)
+        status, body, _ = await svc.request("POST", "/v1/chat/completions", key, json=_chat(stream))
     return collector, status, body
 
 
@@ -202,31 +215,16 @@ async def test_a_client_that_leaves_is_a_499_and_its_turn_no_failure(database_ur
     access log and the metrics said 499. The turns ran on and were recorded."""
     stub = await StubUpstream(delay_s=0.5).start()
     collector = Collector()
-    try:
-        async with collector.running() as endpoint:
-            settings = settings_for(
-                database_url,
-                SVC_OTEL_ENDPOINT=endpoint,
-                SVC_LLM_GATEWAY_URL=stub.base_url,
-                SVC_LLM_MODEL="upstream-model",
-            )
-            async with running(settings) as svc:
-                key, _ = await svc.issue_key("ws-otel-leaving")
-                before = await _hang_ups(svc)  # the counter is the process's: other tests'
-                for stream in (True, False):
-                    chat = {
-                        "model": "upstream-model",
-                        "messages": [{"role": "user", "content": "hi"}],
-                        "stream": stream,
-                    }
-                    with pytest.raises(TimeoutError):
-                        async with asyncio.timeout(0.2):  # leaves while the model thinks
-                            await svc.request("POST", "/v1/chat/completions", key, json=chat)
-                async with asyncio.timeout(10):
-                    while len(stub.headers) < 2 or await _hang_ups(svc) < before + 2:  # noqa: ASYNC110
-                        await asyncio.sleep(0.05)
-    finally:
-        await stub.stop()
+    async with _traced_service(database_url, stub, collector) as svc:
+        key, _ = await svc.issue_key("ws-otel-leaving")
+        before = await _hang_ups(svc)  # the counter is the process's: other tests' too
+        for stream in (True, False):
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):  # leaves while the model thinks
+                    await svc.request("POST", "/v1/chat/completions", key, json=_chat(stream))
+        async with asyncio.timeout(10):
+            while len(stub.headers) < 2 or await _hang_ups(svc) < before + 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
 
     requests = [span for span in collector.spans if span.name == "POST /v1/chat/completions"]
     assert [_attributes(span.attributes)["http.response.status_code"] for span in requests] == [
