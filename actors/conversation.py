@@ -118,6 +118,10 @@ ABANDONED_MESSAGE = (
     "the turn was abandoned: its outcome was never recorded (the process running it "
     "stopped, or lost the database, before it could record one)"
 )
+ABANDONED_BY_AN_OPERATOR = (
+    "the turn was recorded as abandoned by an operator (`svc conversations abandon`); what "
+    "its model answered, if anything, is not recorded"
+)
 
 
 def conversation_key(conversation_id: str) -> ActorKey:
@@ -428,7 +432,7 @@ def _decide_recover(state: ConversationState, c: RecoverAbandonedTurns) -> list[
                 conversation_id=state.conversation_id,
                 turn_id=turn_id,
                 error_code=ABANDONED,
-                error_message=ABANDONED_MESSAGE,
+                error_message=ABANDONED_BY_AN_OPERATOR if c.force else ABANDONED_MESSAGE,
                 duration_ms=min(max(0, elapsed), MAX_DURATION_MS),
                 retryable=True,
                 at=c.at,

@@ -127,6 +127,9 @@ class _Parser(argparse.ArgumentParser):
         said = _unquoted_extras(message, self._argv, self._dashed_value())
         if message.startswith(_REQUIRED) and self._took_a_value_for_an_option():
             said += f"; {self._dashed_value()}"
+        elif message.endswith(_EXPECTED_ONE):
+            # `--name -x`: the value was read as an option, as a positional one would be.
+            said += "; an option's value that starts with '-' is given with '=' (--name=-value)"
         self.exit(USAGE_ERROR, f"svc: error: {said}\n")
 
     def _took_a_value_for_an_option(self) -> bool:
@@ -163,6 +166,7 @@ class _Parser(argparse.ArgumentParser):
 
 _UNRECOGNIZED = "unrecognized arguments: "
 _REQUIRED = "the following arguments are required: "
+_EXPECTED_ONE = ": expected one argument"
 _IGNORED_EXPLICIT = "ignored explicit argument"
 _OPTION_LIKE = re.compile(r"--[a-z]{1,20}+(?:-[a-z]{1,20}+){0,3}+")
 

@@ -5,6 +5,8 @@ CLI (a forged entry), and an ESC sequence must not run in the terminal that show
 
 from __future__ import annotations
 
+import re
+
 from schemas.admin import DIRECTION_CONTROLS, INVISIBLE
 
 _C0_C1 = [*range(0x20), 0x7F, *range(0x80, 0xA0)]
@@ -20,10 +22,31 @@ _ON_ONE_LINE = (
 )
 
 
+# What else shows as nothing on one line: Unicode's format characters (but the joiners, which
+# emoji and several scripts need), the combining grapheme joiner, the Mongolian and the text
+# variation selectors (not U+FE0F, an emoji's), blank braille, and the tag characters that
+# can spell hidden words after a visible one.
+_SHOWS_AS_NOTHING = re.compile(
+    "[\u0600-\u0605\u06dd\u070f\u0890\u0891\u08e2\u034f\u180b-\u180f\u2065"
+    "\u206a-\u206f\u2800\ufe00-\ufe0e\ufff9-\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e0fff]"
+)
+
+
+def _escape(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 def one_line(text: str) -> str:
-    """`text` on one line: every control character (line breaks and tabs too) and the Unicode
-    line and paragraph separators as escapes (`\\n`, `\\x1b`, `\\u2028`)."""
-    return text.translate(_ON_ONE_LINE)
+    """`text` on one line: every control character (line breaks and tabs too), the Unicode
+    line and paragraph separators, and the characters that show as nothing, as escapes
+    (`\\n`, `\\x1b`, `\\u2028`, `\\u200b`, `\\U000e0069`)."""
+    shown = text.translate(_ON_ONE_LINE)
+    if _SHOWS_AS_NOTHING.search(shown) is None:  # the usual text: one scan, no copy
+        return shown
+    return _SHOWS_AS_NOTHING.sub(_escape, shown)
 
 
 def visible_controls(text: str) -> str:

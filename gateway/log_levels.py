@@ -123,7 +123,7 @@ class _TelemetryExportThrottled(logging.Filter):
             self._held += 1
             return False
         self._passed_at = now
-        said = " ".join(record.getMessage().split())
+        said = " ".join(record.getMessage().split()).rstrip(".")
         if record.exc_info and record.exc_info[1] is not None:
             said += f" ({type(record.exc_info[1]).__name__})"
         if self._held:

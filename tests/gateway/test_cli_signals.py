@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from gateway import cli, entry
 from gateway.cli import _until_signalled
 
 
@@ -87,3 +88,16 @@ async def test_an_ignored_sighup_stays_ignored() -> None:
             assert await running == 0 and finished.is_set()
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_ctrl_c_before_the_command_runs_is_130_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """QA finding: a Ctrl-C while the parser was being built (before the CLI's own handling)
+    ended the process by the signal, with a traceback."""
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "main", interrupted)
+    assert entry.main() == 130

@@ -85,6 +85,20 @@ def test_a_name_cannot_turn_its_heading_around() -> None:
     assert fenced(text) == [HEBREW + "\n"]
 
 
+def test_no_character_that_shows_as_nothing_hides_in_a_name() -> None:
+    """QA finding: tag characters spelled hidden words after a visible name, and other
+    format characters (U+206E, U+1D173, U+FFF9) passed as they were. Emoji keep their
+    joiner and presentation selector."""
+    hidden = "alice\U000e0069\U000e0067"
+    title = "Report\u206e\U0001d173\ufff9x\ufffb \u2764\ufe0f \U0001f469\u200d\U0001f4bb"
+    text = to_markdown(export(message("user", "hi", name=hidden), title=title))
+    assert sections(text) == [f"user (alice\\U000e0069\\U000e0067) · {AT_TEXT}"]
+    head = text.splitlines()[0]
+    for escape in ("\\u206e", "\\U0001d173", "\\ufff9", "\\ufffb"):
+        assert escape in head, head
+    assert "\u2764\ufe0f" in head and "\U0001f469\u200d\U0001f4bb" in head
+
+
 def test_terminal_controls_are_written_as_visible_escapes() -> None:
     """Shown with `cat`, the export runs no terminal escape; line breaks and tabs stay."""
     content = "\x1b[31mred\x1b[0m \x07 a\tb\r\nc\x0b\x0c\x9b\rd"  # a lone CR is a line break

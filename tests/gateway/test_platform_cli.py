@@ -873,6 +873,25 @@ def test_a_value_that_starts_with_a_dash_is_said_how_to_pass(
 
 
 @pytest.mark.parametrize(
+    "args",
+    [
+        ["apikeys", "create", "--scopes", "chat", "--name", "-x"],
+        ["apikeys", "list", "--workspace", "-ws"],
+        ["conversations", "abandon", "c", "--turn", "-t"],
+    ],
+)
+def test_an_options_value_that_starts_with_a_dash_is_said_how_to_pass(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """QA finding: `--name -x` got argparse's "expected one argument" alone."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(args)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "expected one argument" in err, err
+    assert "is given with '=' (--name=-value)" in err, err
+
+
+@pytest.mark.parametrize(
     "args", [["apikeys", "revoke"], ["apikeys", "revoke", "--workspace", "w"], ["cluster", "scale"]]
 )
 def test_a_missing_argument_is_only_said_missing(

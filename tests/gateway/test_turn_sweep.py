@@ -270,6 +270,8 @@ async def test_abandoning_a_turn_within_its_lifetime_asks_for_force(
         assert stalled.turn.turn_id in capsys.readouterr().out
         turn = await _turn(stalled.svc, stalled.workspace, stalled.conversation, "failed")
         assert turn.error_code == "turn_abandoned"
+        # QA finding: its retry said the turn's process had stopped, which it had not.
+        assert turn.error_message is not None and "by an operator" in turn.error_message
 
 
 async def test_a_turn_without_a_recorded_expiry_is_swept_by_its_age(database_url: str) -> None:
