@@ -652,11 +652,18 @@ def _answer_text(message: object) -> str:
 
 def _text_of(content: object) -> str:
     """A string, or the text parts of an array of parts joined without a separator, as the
-    request's content is read (schemas/chat.py); parts of other types are no text."""
+    request's content is read (schemas/chat.py); parts of other types are no text. Absent
+    or null is no text; any other JSON value is no answer at all, not an empty one."""
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
+    if content is None:
         return ""
+    if not isinstance(content, list):
+        raise UpstreamError(
+            f"model server answered content that is {_JSON_KIND.get(type(content), 'a value')},"
+            " not text or an array of parts",
+            code="upstream_bad_response",
+        )
     return "".join(
         part["text"]
         for part in content
@@ -664,6 +671,14 @@ def _text_of(content: object) -> str:
         and part.get("type") == "text"
         and isinstance(part.get("text"), str)
     )
+
+
+_JSON_KIND: dict[type, str] = {
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    dict: "an object",
+}
 
 
 async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[str]:

@@ -458,6 +458,18 @@ async def test_an_answer_in_parts_or_a_refusal_is_its_text(
     assert isinstance(finished, Finished) and finished.usage.completion_tokens > 0
 
 
+@pytest.mark.parametrize("content", [12345, True, {"text": "hi"}])
+async def test_an_answer_whose_content_is_no_text_is_a_bad_response(
+    stub: Any, content: object
+) -> None:
+    """QA finding: `"content": 12345` was recorded and answered as an empty answer, 200."""
+    body = message_body({"content": content})
+    stub.faults.append(stub_upstream.Fault(200, body, content_type="application/json"))
+    with pytest.raises(UpstreamError) as caught:
+        await collect(provider(stub.base_url), request())
+    assert caught.value.code == "upstream_bad_response" and "not text" in caught.value.message
+
+
 async def test_a_json_completion_with_an_empty_finish_reason_is_a_stop(stub: Any) -> None:
     body = completion_body("hello", "")
     stub.faults.append(stub_upstream.Fault(200, body, content_type="application/json"))
