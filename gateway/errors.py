@@ -102,6 +102,12 @@ def abort_connection(request: web.BaseRequest) -> None:
         request.transport.abort()
 
 
+def status_shown(request: web.BaseRequest, response: web.StreamResponse) -> int:
+    """The status a response is logged and traced with: CLIENT_CLOSED (499) when its client
+    left before it was out (`client_gone`), else its own."""
+    return CLIENT_CLOSED if request.get(CLIENT_GONE) else response.status
+
+
 def client_gone(request: web.BaseRequest) -> None:
     """The client left while its response was being written (a stream): the access log
     (gateway/http_server.py) and the metrics show it as a hang-up, like one before the
@@ -338,14 +344,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     return response
 
 
-def _hung_up(request: web.Request, status: int) -> web.Response:
-    """The answer (of `status`) to a client that left while its handler worked: logged at
-    INFO and counted once, as a 499, the access log's status for it too."""
+def _hung_up(request: web.Request, status: int | None = None) -> web.Response:
+    """The answer to a client that left while its handler worked (before its answer of
+    `status`, or mid-body: None): nobody reads it, and a client's hang-up is not the
+    service's error to log. Logged at INFO and counted once, as 499, the status proxies
+    record for it, in the access log too."""
+    before = "" if status is None else f" before its answer ({status})"
     log.info(
-        "%s %s: the client closed the connection before its answer (%d)",
-        request.method,
-        logged_path(request),
-        status,
+        "%s %s: the client closed the connection%s", request.method, logged_path(request), before
     )
     client_gone(request)
     return web.Response(status=CLIENT_CLOSED)
@@ -384,14 +390,8 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
         return from_svc_error(exc)
     except ValidationError as exc:
         return envelope(400, describe_validation(exc), "invalid_request_error", "invalid_request")
-    except ConnectionResetError:
-        # The client hung up (mid-body, or before a stream's headers went out): nobody reads
-        # an answer, and a client's hang-up is not the service's error to log. 499 is the
-        # status proxies record for it; it only reaches the access log and the metrics.
-        log.info("%s %s: the client closed the connection", request.method, logged_path(request))
-        return envelope(
-            CLIENT_CLOSED, "client closed the connection", "invalid_request_error", None
-        )
+    except ConnectionResetError:  # mid-body, or before a stream's headers went out
+        return _hung_up(request)
     except Exception as exc:
         return internal_error(request, exc)
 

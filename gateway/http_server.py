@@ -29,14 +29,13 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.control_chars import one_line
 from gateway.errors import (
-    CLIENT_CLOSED,
-    CLIENT_GONE,
     REQUEST_ID_HEADER,
     client_gone,
     from_http_exception,
     internal_error,
     request_id,
     status_envelope,
+    status_shown,
 )
 from gateway.security import client_ip, security_headers
 from gateway.settings import Settings
@@ -264,8 +263,7 @@ class GatewayAccessLogger(AccessLogger):
     (`gateway.errors.client_gone`) is logged as 499, like a hang-up before the response."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        status = CLIENT_CLOSED if request.get(CLIENT_GONE) else response.status
-        shown: Any = _AsSent(response, status, request.writer.output_size)
+        shown: Any = _AsSent(response, status_shown(request, response), request.writer.output_size)
         logged: Any = _AsLogged(request)
         super().log(logged, shown, time)
 

@@ -108,7 +108,7 @@ def client_ip(request: web.Request) -> str:
     networks = _proxies(request.app[SETTINGS])
     result = peer
     if _trusted(peer, networks):
-        hops = [_without_port(h) for h in _forwarded(request, "X-Forwarded-For")]
+        hops = [_without_port(h) for h in _list_values(request, "X-Forwarded-For")]
         for hop in reversed([h for h in hops if h]):
             result = hop
             if not _trusted(hop, networks):
@@ -117,12 +117,14 @@ def client_ip(request: web.Request) -> str:
     return result
 
 
-def _forwarded(request: web.Request, name: str) -> list[str]:
-    """The comma-separated values of a forwarding header over all its lines, in order, each
-    stripped: a proxy may add a line of its own after the client's rather than append to it
-    (HAProxy's `option forwardfor`), and the first line alone would be the client's own
-    writing."""
-    joined = ",".join(request.headers.getall(name, ()))
+def _list_values(request: web.Request, name: str) -> list[str]:
+    """The values of a comma-list header over all its lines, in order, each stripped ([] when
+    it is absent): a proxy may add a forwarding line of its own after the client's rather
+    than append to it (HAProxy's `option forwardfor`), and the first line alone would be the
+    client's own writing."""
+    if name not in request.headers:
+        return []
+    joined = ",".join(request.headers.getall(name))
     return [value.strip() for value in joined.split(",")]
 
 
@@ -144,7 +146,8 @@ def _is_secure(request: web.Request, settings: Settings) -> bool:
         # The rightmost value is the one the trusted proxy in front of us set; values to
         # its left came with the request, from a client that may have written them itself.
         # A proxy may add a header line of its own rather than append to the client's.
-        return _forwarded(request, "X-Forwarded-Proto")[-1].lower() == "https"
+        proto = _list_values(request, "X-Forwarded-Proto")
+        return bool(proto) and proto[-1].lower() == "https"
     return False
 
 
@@ -162,7 +165,7 @@ def _is_loopback(request: web.Request, settings: Settings) -> bool:
     # or unreadable X-Forwarded-For) is for a client that may be anywhere; one with no
     # forwarding headers at all is a local tool's, on the gateway's own port.
     if "X-Forwarded-For" in request.headers and not any(
-        _ip(_without_port(hop)) for hop in _forwarded(request, "X-Forwarded-For")
+        _ip(_without_port(hop)) for hop in _list_values(request, "X-Forwarded-For")
     ):
         return False
     return "X-Forwarded-Proto" not in request.headers
@@ -317,8 +320,8 @@ def _check_content_encoding(request: web.Request) -> None:
     """One coding the HTTP parser decodes, or none: it decodes gzip and deflate and passes
     any other coding (`x-gzip`, `compress`, a list such as `gzip, gzip`) through as it is,
     so the service would read bytes that a proxy in front read otherwise."""
-    codings = ",".join(request.headers.getall("Content-Encoding", ()))
-    named = [c.strip().lower() for c in codings.split(",")] if codings else []
+    values = _list_values(request, "Content-Encoding")
+    named = [] if values == [""] else [coding.lower() for coding in values]  # one empty: none
     if len(named) > 1 or (named and named[0] not in DECODED_ENCODINGS):
         raise UnsupportedEncoding(UNSUPPORTED_ENCODING_MESSAGE)
 

@@ -30,7 +30,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, get_
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from actors.conversation import TurnResult
-from gateway.errors import CLIENT_CLOSED, CLIENT_GONE
+from gateway.errors import status_shown
 from gateway.metrics import build_version
 from gateway.state import SETTINGS
 from schemas.errors import SvcError
@@ -135,8 +135,7 @@ async def tracing_middleware(request: web.Request, handler: Handler) -> web.Stre
     name = f"{request.method} {route}"
     with _span(tracer, name, SpanKind.SERVER, attributes, parent=caller) as span:
         response = await handler(request)
-        # As the access log shows it: 499 when the client left before its answer was out.
-        status = CLIENT_CLOSED if request.get(CLIENT_GONE) else response.status
+        status = status_shown(request, response)  # as the access log shows it
         span.set_attribute("http.response.status_code", status)
         if status >= 500:
             span.set_status(Status(StatusCode.ERROR))
