@@ -529,6 +529,11 @@ def expired_turns(
     )
 
 
+def expiry_stamp(at: datetime) -> str:
+    """A turn's expiry as its messages name it: UTC, to the second."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def turn_expiry(turn: TurnRecord, lifetime: timedelta | None) -> datetime | None:
     """When `turn` is given up if it has not ended: its recorded expiry, or for a turn
     recorded before turns carried one, its start plus `lifetime`; None: never."""
@@ -820,9 +825,7 @@ def recorded_result(
             turn_id,
             state.conversation_id,
             state.workspace_id,
-            None
-            if expires_at is None
-            else expires_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            None if expires_at is None else expiry_stamp(expires_at),
             never_expires=turn.never_expires,
         )
     if turn.status == "failed":

@@ -42,7 +42,13 @@ from aiohttp import web
 from pydantic import TypeAdapter, ValidationError
 
 from actors.behaviour import ActorKey
-from actors.conversation import ConversationState, TurnRecord, conversation_key, turn_expiry
+from actors.conversation import (
+    ConversationState,
+    TurnRecord,
+    conversation_key,
+    expiry_stamp,
+    turn_expiry,
+)
 from actors.errors import ConflictRetriesExhausted
 from actors.shards import NUM_SHARDS
 from actors.workspace import workspace_key
@@ -980,7 +986,7 @@ def _refuse_a_turn_within_its_lifetime(
     expiries = [(t.turn_id, turn_expiry(t, lifetime)) for t in turns]
     live = [(turn_id, at) for turn_id, at in expiries if at is not None and at > now]
     if live:
-        until = ", ".join(f"{turn_id} until {at:%Y-%m-%dT%H:%M:%SZ}" for turn_id, at in live)
+        until = ", ".join(f"{turn_id} until {expiry_stamp(at)}" for turn_id, at in live)
         raise InvalidInput(
             f"turn {until} may still be running in a live process, whose answer would then "
             "not be recorded; it is recorded as abandoned at that time by itself if it has "
